@@ -1,0 +1,306 @@
+package tps
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+)
+
+// ClusterStep is one optimizer step of the whole job, aggregated over ranks.
+// Column meanings and units are documented in docs/parquet.md.
+type ClusterStep struct {
+	Job       string `json:"job" parquet:"job,dict"`
+	Attempt   int64  `json:"attempt" parquet:"attempt"`
+	Step      int64  `json:"step" parquet:"step"`
+	WorldSize int64  `json:"world_size" parquet:"world_size"`
+
+	RanksReported    int64 `json:"ranks_reported" parquet:"ranks_reported"`
+	RanksMissing     int64 `json:"ranks_missing" parquet:"ranks_missing"`
+	DuplicateRecords int64 `json:"duplicate_records" parquet:"duplicate_records"`
+	Replicas         int64 `json:"replicas" parquet:"replicas"`
+	ReplicasReported int64 `json:"replicas_reported" parquet:"replicas_reported"`
+	// TokenMismatchReplicas counts replicas whose ranks reported different
+	// token counts; their tokens are taken from the lowest rank that reported.
+	TokenMismatchReplicas int64 `json:"token_mismatch_replicas" parquet:"token_mismatch_replicas"`
+
+	Tokens      int64   `json:"tokens" parquet:"tokens"`
+	FLOPs       float64 `json:"flops" parquet:"flops"`
+	StepTimeNs  int64   `json:"step_time_ns" parquet:"step_time_ns"`
+	SlowestRank int64   `json:"slowest_rank" parquet:"slowest_rank"`
+	StartUnixNs int64   `json:"start_unix_ns" parquet:"start_unix_ns"`
+	EndUnixNs   int64   `json:"end_unix_ns" parquet:"end_unix_ns"`
+
+	TPS       float64 `json:"tps" parquet:"tps"`
+	TPSPerGPU float64 `json:"tps_per_gpu" parquet:"tps_per_gpu"`
+	MFU       float64 `json:"mfu" parquet:"mfu"`
+	HFU       float64 `json:"hfu" parquet:"hfu"`
+
+	CommFractionMean      float64 `json:"comm_fraction_mean" parquet:"comm_fraction_mean"`
+	CommFractionMax       float64 `json:"comm_fraction_max" parquet:"comm_fraction_max"`
+	CommOverlap           float64 `json:"comm_overlap" parquet:"comm_overlap"`
+	BubbleFractionMean    float64 `json:"bubble_fraction_mean" parquet:"bubble_fraction_mean"`
+	BubbleFractionMax     float64 `json:"bubble_fraction_max" parquet:"bubble_fraction_max"`
+	DataStallFractionMean float64 `json:"data_stall_fraction_mean" parquet:"data_stall_fraction_mean"`
+	DataStallFractionMax  float64 `json:"data_stall_fraction_max" parquet:"data_stall_fraction_max"`
+	CkptFractionMean      float64 `json:"ckpt_fraction_mean" parquet:"ckpt_fraction_mean"`
+	ComputeNsMean         float64 `json:"compute_ns_mean" parquet:"compute_ns_mean"`
+
+	LossMean     float64 `json:"loss_mean" parquet:"loss_mean"`
+	SkippedRanks int64   `json:"skipped_ranks" parquet:"skipped_ranks"`
+}
+
+// Complete reports whether every rank reported.
+func (c *ClusterStep) Complete() bool { return c.RanksMissing == 0 }
+
+// AccumulatorConfig describes the job a StepAccumulator aggregates for.
+// FLOPs figures are optional; with them the step gets MFU and HFU.
+type AccumulatorConfig struct {
+	Topology Topology
+	// FLOPsPerToken is the model FLOPs per token (mfu.Model.FLOPsPerToken);
+	// used when ranks do not report flops themselves.
+	FLOPsPerToken float64
+	// HWFLOPsPerToken adds activation recompute (for HFU).
+	HWFLOPsPerToken float64
+	// PeakFLOPSPerGPU is the dense peak of one GPU at the training dtype.
+	PeakFLOPSPerGPU float64
+}
+
+// StepAccumulator aggregates the records of one (job, attempt, step) as they
+// arrive, in memory proportional to the world size (a bit per rank, a token
+// count per replica) rather than to the records. Not safe for concurrent use.
+type StepAccumulator struct {
+	cfg     AccumulatorConfig
+	job     string
+	attempt int64
+	step    int64
+	world   int64
+
+	seen          []uint64
+	replicaSeen   []uint64
+	replicaTokens []int64
+	replicaFLOPs  []float64
+	replicaRank   []int64 // lowest rank whose tokens were taken
+	mismatched    []uint64
+
+	reported, dupes, skipped int64
+	maxDur, slowest          int64
+	minStart, maxEnd         int64
+	sumDur, sumCompute       float64
+	sumExposed, maxExposed   float64
+	sumComm                  float64
+	sumPP, maxPP             float64
+	sumData, maxData         float64
+	sumCkpt                  float64
+	sumLoss                  float64
+	nLoss                    int64
+}
+
+// NewStepAccumulator starts the aggregation of one step. The topology must
+// match world (see Topology.Validate).
+func NewStepAccumulator(job string, attempt, step, world int64, cfg AccumulatorConfig) (*StepAccumulator, error) {
+	if world <= 0 || world > MaxWorldSize {
+		return nil, fmt.Errorf("%w: world_size %d out of range", ErrInvalidRecord, world)
+	}
+	if cfg.Topology == (Topology{}) {
+		cfg.Topology = DataParallel(int(world))
+	}
+	if err := cfg.Topology.Validate(int(world)); err != nil {
+		return nil, err
+	}
+	a := &StepAccumulator{}
+	a.reset(job, attempt, step, world, cfg)
+	return a, nil
+}
+
+func words(n int64) int { return int((n + 63) / 64) }
+
+func (a *StepAccumulator) reset(job string, attempt, step, world int64, cfg AccumulatorConfig) {
+	dp := int64(cfg.Topology.normalized().DP)
+	*a = StepAccumulator{
+		cfg: cfg, job: job, attempt: attempt, step: step, world: world,
+		seen:          make([]uint64, words(world)),
+		replicaSeen:   make([]uint64, words(dp)),
+		mismatched:    make([]uint64, words(dp)),
+		replicaTokens: make([]int64, dp),
+		replicaRank:   make([]int64, dp),
+		minStart:      math.MaxInt64,
+		slowest:       -1,
+	}
+}
+
+// Key returns what the accumulator aggregates.
+func (a *StepAccumulator) Key() (job string, attempt, step int64) { return a.job, a.attempt, a.step }
+
+// Reported is the number of distinct ranks added so far.
+func (a *StepAccumulator) Reported() int64 { return a.reported }
+
+// Full reports whether every rank of the world has reported.
+func (a *StepAccumulator) Full() bool { return a.reported == a.world }
+
+// Add folds one validated record in. It returns false, and counts a
+// duplicate, when the rank already reported this step: a duplicate never
+// counts twice. A record of another step or job is an error.
+func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
+	if r.Job != a.job || r.Attempt != a.attempt || r.Step != a.step {
+		return false, fmt.Errorf("%w: record of %s/%d/%d added to step %s/%d/%d", ErrInvalidRecord, r.Job, r.Attempt, r.Step, a.job, a.attempt, a.step)
+	}
+	if r.WorldSize != a.world {
+		return false, fieldErr("world_size", r.WorldSize, ReasonInvalid, "the step has world_size %d", a.world)
+	}
+	if r.Rank < 0 || r.Rank >= a.world {
+		return false, fieldErr("rank", r.Rank, ReasonOutOfRange, "must be in [0, %d)", a.world)
+	}
+	rep := int64(a.cfg.Topology.ReplicaOf(r))
+	if rep < 0 || rep >= int64(len(a.replicaTokens)) {
+		return false, fieldErr("dp_rank", rep, ReasonOutOfRange, "the job has %d data-parallel replicas", len(a.replicaTokens))
+	}
+	w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
+	if a.seen[w]&b != 0 {
+		a.dupes++
+		return false, nil
+	}
+	a.seen[w] |= b
+	a.reported++
+
+	rw, rb := rep/64, uint64(1)<<(rep%64)
+	if a.replicaSeen[rw]&rb == 0 {
+		a.replicaSeen[rw] |= rb
+		a.replicaTokens[rep] = r.Tokens
+		a.replicaRank[rep] = r.Rank
+		if r.FLOPs > 0 {
+			a.setFLOPs(rep, r.FLOPs)
+		}
+	} else {
+		if a.replicaTokens[rep] != r.Tokens {
+			a.mismatched[rw] |= rb
+		}
+		// Keep the lowest rank's figures so the result does not depend on
+		// arrival order.
+		if r.Rank < a.replicaRank[rep] {
+			a.replicaTokens[rep] = r.Tokens
+			a.replicaRank[rep] = r.Rank
+			if r.FLOPs > 0 {
+				a.setFLOPs(rep, r.FLOPs)
+			}
+		}
+	}
+
+	d := r.DurationNs
+	if d > a.maxDur || (d == a.maxDur && r.Rank < a.slowest) {
+		a.maxDur, a.slowest = d, r.Rank
+	}
+	a.minStart = min(a.minStart, r.StartUnixNs)
+	a.maxEnd = max(a.maxEnd, r.EndUnixNs)
+	a.sumDur += float64(d)
+	a.sumCompute += float64(r.ComputeNs())
+	a.sumExposed += float64(r.ExposedCommNs)
+	a.maxExposed = max(a.maxExposed, float64(r.ExposedCommNs))
+	a.sumComm += float64(r.CommNs)
+	a.sumPP += float64(r.PPWaitNs)
+	a.maxPP = max(a.maxPP, float64(r.PPWaitNs))
+	a.sumData += float64(r.DataWaitNs)
+	a.maxData = max(a.maxData, float64(r.DataWaitNs))
+	a.sumCkpt += float64(r.CkptNs)
+	if r.Loss != nil {
+		a.sumLoss += *r.Loss
+		a.nLoss++
+	}
+	if r.Skipped {
+		a.skipped++
+	}
+	return true, nil
+}
+
+func (a *StepAccumulator) setFLOPs(rep int64, f float64) {
+	if a.replicaFLOPs == nil {
+		a.replicaFLOPs = make([]float64, len(a.replicaTokens))
+	}
+	a.replicaFLOPs[rep] = f
+}
+
+// Result computes the cluster step from what has arrived so far; missing
+// ranks are reported in RanksMissing. Step time is the slowest rank's
+// duration: a synchronous step ends when its slowest rank ends.
+func (a *StepAccumulator) Result() ClusterStep {
+	c := ClusterStep{
+		Job: a.job, Attempt: a.attempt, Step: a.step, WorldSize: a.world,
+		RanksReported: a.reported, RanksMissing: a.world - a.reported,
+		DuplicateRecords: a.dupes, Replicas: int64(len(a.replicaTokens)),
+		StepTimeNs: a.maxDur, SlowestRank: a.slowest, SkippedRanks: a.skipped,
+	}
+	if a.reported == 0 {
+		return c
+	}
+	c.StartUnixNs, c.EndUnixNs = a.minStart, a.maxEnd
+	var reportedFLOPs float64
+	for i := range a.replicaTokens {
+		if a.replicaSeen[i/64]&(1<<(i%64)) == 0 {
+			continue
+		}
+		c.ReplicasReported++
+		c.Tokens += a.replicaTokens[i]
+		if a.replicaFLOPs != nil {
+			reportedFLOPs += a.replicaFLOPs[i]
+		}
+	}
+	for _, w := range a.mismatched {
+		c.TokenMismatchReplicas += int64(bits.OnesCount64(w))
+	}
+	n := float64(a.reported)
+	D := float64(a.maxDur)
+	if D > 0 {
+		sec := D / 1e9
+		c.TPS = float64(c.Tokens) / sec
+		c.TPSPerGPU = c.TPS / float64(a.world)
+		c.CommFractionMean = a.sumExposed / n / D
+		c.CommFractionMax = a.maxExposed / D
+		c.BubbleFractionMean = a.sumPP / n / D
+		c.BubbleFractionMax = a.maxPP / D
+		c.DataStallFractionMean = a.sumData / n / D
+		c.DataStallFractionMax = a.maxData / D
+		c.CkptFractionMean = a.sumCkpt / n / D
+	}
+	if a.sumComm > 0 {
+		c.CommOverlap = 1 - a.sumExposed/a.sumComm
+	}
+	c.ComputeNsMean = a.sumCompute / n
+	if a.nLoss > 0 {
+		c.LossMean = a.sumLoss / float64(a.nLoss)
+	}
+	switch {
+	case reportedFLOPs > 0:
+		c.FLOPs = reportedFLOPs
+	case a.cfg.FLOPsPerToken > 0:
+		c.FLOPs = float64(c.Tokens) * a.cfg.FLOPsPerToken
+	}
+	if peak := a.cfg.PeakFLOPSPerGPU; peak > 0 && D > 0 {
+		denom := D / 1e9 * float64(a.world) * peak
+		c.MFU = c.FLOPs / denom
+		if a.cfg.HWFLOPsPerToken > 0 && a.cfg.FLOPsPerToken > 0 {
+			c.HFU = c.MFU * a.cfg.HWFLOPsPerToken / a.cfg.FLOPsPerToken
+		} else {
+			c.HFU = c.MFU
+		}
+	}
+	return c
+}
+
+// Aggregate computes one cluster step from the records of one step, applying
+// the once-per-replica token rule. All records must share job, attempt, step
+// and world size; duplicates are counted, not summed.
+func Aggregate(records []StepRecord, cfg AccumulatorConfig) (ClusterStep, error) {
+	if len(records) == 0 {
+		return ClusterStep{}, fmt.Errorf("%w: no records to aggregate", ErrInvalidRecord)
+	}
+	r0 := &records[0]
+	a, err := NewStepAccumulator(r0.Job, r0.Attempt, r0.Step, r0.WorldSize, cfg)
+	if err != nil {
+		return ClusterStep{}, err
+	}
+	for i := range records {
+		if _, err := a.Add(&records[i]); err != nil {
+			return ClusterStep{}, err
+		}
+	}
+	return a.Result(), nil
+}

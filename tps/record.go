@@ -1,0 +1,271 @@
+package tps
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+)
+
+// StepRecord is what one rank reports about one optimizer step. Units are in
+// the field names: nanoseconds (Ns), tokens, FLOPs. The JSON and Parquet names
+// are the wire and file names documented in docs/intake.md and docs/parquet.md.
+//
+// The parallel coordinates and LocalRank are pointers because "absent" and
+// "zero" differ: an absent coordinate is derived from the rank and the job's
+// Topology, a zero one is rank 0 of that dimension.
+type StepRecord struct {
+	Job       string `json:"job" parquet:"job,dict"`
+	Attempt   int64  `json:"attempt,omitempty" parquet:"attempt"`
+	Step      int64  `json:"step" parquet:"step"`
+	Rank      int64  `json:"rank" parquet:"rank"`
+	WorldSize int64  `json:"world_size" parquet:"world_size"`
+
+	DPRank *int32 `json:"dp_rank,omitempty" parquet:"dp_rank,optional"`
+	TPRank *int32 `json:"tp_rank,omitempty" parquet:"tp_rank,optional"`
+	PPRank *int32 `json:"pp_rank,omitempty" parquet:"pp_rank,optional"`
+	CPRank *int32 `json:"cp_rank,omitempty" parquet:"cp_rank,optional"`
+	EPRank *int32 `json:"ep_rank,omitempty" parquet:"ep_rank,optional"`
+
+	Node      string `json:"node,omitempty" parquet:"node,dict"`
+	LocalRank *int32 `json:"local_rank,omitempty" parquet:"local_rank,optional"`
+	GPUUUID   string `json:"gpu_uuid,omitempty" parquet:"gpu_uuid,dict"`
+
+	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns"`
+	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns"`
+	DurationNs  int64 `json:"duration_ns,omitempty" parquet:"duration_ns"`
+
+	Tokens       int64 `json:"tokens" parquet:"tokens"`
+	PaddedTokens int64 `json:"padded_tokens,omitempty" parquet:"padded_tokens"`
+	Samples      int64 `json:"samples,omitempty" parquet:"samples"`
+
+	DataWaitNs    int64 `json:"data_wait_ns,omitempty" parquet:"data_wait_ns"`
+	FwdNs         int64 `json:"fwd_ns,omitempty" parquet:"fwd_ns"`
+	BwdNs         int64 `json:"bwd_ns,omitempty" parquet:"bwd_ns"`
+	OptimNs       int64 `json:"optim_ns,omitempty" parquet:"optim_ns"`
+	CommNs        int64 `json:"comm_ns,omitempty" parquet:"comm_ns"`
+	ExposedCommNs int64 `json:"exposed_comm_ns,omitempty" parquet:"exposed_comm_ns"`
+	PPWaitNs      int64 `json:"pp_wait_ns,omitempty" parquet:"pp_wait_ns"`
+	CkptNs        int64 `json:"ckpt_ns,omitempty" parquet:"ckpt_ns"`
+
+	// FLOPs are the model FLOPs of the step for this rank's data-parallel
+	// replica, when the training code computes them itself (variable-length
+	// batches). Like Tokens, they are counted once per replica.
+	FLOPs   float64  `json:"flops,omitempty" parquet:"flops"`
+	Loss    *float64 `json:"loss,omitempty" parquet:"loss,optional"`
+	Skipped bool     `json:"skipped,omitempty" parquet:"skipped"`
+}
+
+// Limits that separate a plausible record from a broken one. They are wide on
+// purpose: a rejection must mean the producer is wrong, not that the job is big.
+const (
+	MaxWorldSize  = 1 << 22          // 4,194,304 ranks
+	MaxStepNs     = int64(24 * time.Hour)
+	MaxTokens     = int64(1) << 40   // per replica per step
+	MaxStringLen  = 256              // node, gpu_uuid
+	MinUnixNs     = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
+	maxJobLen     = 64
+	maxParallelID = MaxWorldSize
+)
+
+// ErrInvalidRecord is wrapped by every validation error of this package.
+var ErrInvalidRecord = errors.New("tps: invalid record")
+
+// Reasons a field is rejected; with the field name they make the bounded set
+// of labels that intake and collector count rejections by.
+const (
+	ReasonMissing    = "missing"
+	ReasonNegative   = "negative"
+	ReasonOutOfRange = "out_of_range"
+	ReasonInvalid    = "invalid"
+)
+
+// FieldError names the field of a record that failed validation and why.
+type FieldError struct {
+	Field  string // wire name, e.g. "tokens"
+	Value  any
+	Reason string // one of the Reason constants
+	Detail string
+}
+
+func (e *FieldError) Error() string {
+	return fmt.Sprintf("tps: invalid record: %s = %v: %s", e.Field, e.Value, e.Detail)
+}
+
+// Unwrap makes errors.Is(err, ErrInvalidRecord) hold.
+func (e *FieldError) Unwrap() error { return ErrInvalidRecord }
+
+// Code is a short, bounded label for counting rejections: "field:reason".
+func (e *FieldError) Code() string { return e.Field + ":" + e.Reason }
+
+func fieldErr(field string, value any, reason, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Value: value, Reason: reason, Detail: fmt.Sprintf(format, args...)}
+}
+
+// ValidJobID reports whether s can be a job id: 1 to 64 characters of
+// [A-Za-z0-9_-], so it is a single NATS subject token and a safe directory name.
+func ValidJobID(s string) bool {
+	if len(s) == 0 || len(s) > maxJobLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// Normalize fills the fields that have defaults: DurationNs becomes
+// EndUnixNs−StartUnixNs when it was left out.
+func (r *StepRecord) Normalize() {
+	if r.DurationNs == 0 && r.EndUnixNs > r.StartUnixNs {
+		r.DurationNs = r.EndUnixNs - r.StartUnixNs
+	}
+}
+
+// Validate checks a record on its own (not against a topology or a clock) and
+// returns a *FieldError naming the first bad field. Call Normalize first.
+func (r *StepRecord) Validate() error {
+	if r.Job == "" {
+		return fieldErr("job", r.Job, ReasonMissing, "required")
+	}
+	if !ValidJobID(r.Job) {
+		return fieldErr("job", truncate(r.Job, 80), ReasonInvalid, "must be 1-64 characters of [A-Za-z0-9_-]")
+	}
+	if r.Attempt < 0 {
+		return fieldErr("attempt", r.Attempt, ReasonNegative, "must not be negative")
+	}
+	if r.Step < 0 {
+		return fieldErr("step", r.Step, ReasonNegative, "must not be negative")
+	}
+	if r.WorldSize <= 0 {
+		return fieldErr("world_size", r.WorldSize, ReasonMissing, "required, at least 1")
+	}
+	if r.WorldSize > MaxWorldSize {
+		return fieldErr("world_size", r.WorldSize, ReasonOutOfRange, "above the limit of %d ranks", MaxWorldSize)
+	}
+	if r.Rank < 0 || r.Rank >= r.WorldSize {
+		return fieldErr("rank", r.Rank, ReasonOutOfRange, "must be in [0, world_size=%d)", r.WorldSize)
+	}
+	for _, c := range [...]struct {
+		name string
+		v    *int32
+	}{{"dp_rank", r.DPRank}, {"tp_rank", r.TPRank}, {"pp_rank", r.PPRank}, {"cp_rank", r.CPRank}, {"ep_rank", r.EPRank}, {"local_rank", r.LocalRank}} {
+		if c.v != nil && (*c.v < 0 || int64(*c.v) >= r.WorldSize) {
+			return fieldErr(c.name, *c.v, ReasonOutOfRange, "must be in [0, world_size=%d)", r.WorldSize)
+		}
+	}
+	if len(r.Node) > MaxStringLen || !printable(r.Node) {
+		return fieldErr("node", truncate(r.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+	}
+	if len(r.GPUUUID) > MaxStringLen || !printable(r.GPUUUID) {
+		return fieldErr("gpu_uuid", truncate(r.GPUUUID, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+	}
+	if r.StartUnixNs == 0 {
+		return fieldErr("start_unix_ns", r.StartUnixNs, ReasonMissing, "required")
+	}
+	if r.EndUnixNs == 0 {
+		return fieldErr("end_unix_ns", r.EndUnixNs, ReasonMissing, "required")
+	}
+	if r.StartUnixNs < MinUnixNs {
+		return fieldErr("start_unix_ns", r.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
+	}
+	if r.EndUnixNs < r.StartUnixNs {
+		return fieldErr("end_unix_ns", r.EndUnixNs, ReasonOutOfRange, "before start_unix_ns=%d", r.StartUnixNs)
+	}
+	if r.EndUnixNs-r.StartUnixNs > MaxStepNs {
+		return fieldErr("end_unix_ns", r.EndUnixNs, ReasonOutOfRange, "step longer than 24h after start_unix_ns=%d", r.StartUnixNs)
+	}
+	if r.DurationNs <= 0 {
+		return fieldErr("duration_ns", r.DurationNs, ReasonOutOfRange, "must be positive (or left out when end > start)")
+	}
+	if r.DurationNs > MaxStepNs {
+		return fieldErr("duration_ns", r.DurationNs, ReasonOutOfRange, "longer than 24h")
+	}
+	if r.Tokens < 0 {
+		return fieldErr("tokens", r.Tokens, ReasonNegative, "must not be negative")
+	}
+	if r.Tokens > MaxTokens {
+		return fieldErr("tokens", r.Tokens, ReasonOutOfRange, "above %d per replica per step", MaxTokens)
+	}
+	if r.PaddedTokens < 0 {
+		return fieldErr("padded_tokens", r.PaddedTokens, ReasonNegative, "must not be negative")
+	}
+	if r.PaddedTokens > MaxTokens {
+		return fieldErr("padded_tokens", r.PaddedTokens, ReasonOutOfRange, "above %d", MaxTokens)
+	}
+	if r.Samples < 0 {
+		return fieldErr("samples", r.Samples, ReasonNegative, "must not be negative")
+	}
+	// Phases that block the step are parts of its wall time; the others
+	// (compute phases, total comm with its overlapped part) only need to be sane.
+	for _, p := range [...]struct {
+		name    string
+		v       int64
+		blocked bool
+	}{
+		{"data_wait_ns", r.DataWaitNs, true}, {"exposed_comm_ns", r.ExposedCommNs, true},
+		{"pp_wait_ns", r.PPWaitNs, true}, {"ckpt_ns", r.CkptNs, true},
+		{"fwd_ns", r.FwdNs, false}, {"bwd_ns", r.BwdNs, false}, {"optim_ns", r.OptimNs, false}, {"comm_ns", r.CommNs, false},
+	} {
+		if p.v < 0 {
+			return fieldErr(p.name, p.v, ReasonNegative, "must not be negative")
+		}
+		if p.blocked && p.v > r.DurationNs {
+			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than the step's duration_ns=%d", r.DurationNs)
+		}
+		if p.v > MaxStepNs {
+			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than 24h")
+		}
+	}
+	if r.CommNs > 0 && r.ExposedCommNs > r.CommNs {
+		return fieldErr("exposed_comm_ns", r.ExposedCommNs, ReasonOutOfRange, "above comm_ns=%d: exposed communication is part of all communication", r.CommNs)
+	}
+	if math.IsNaN(r.FLOPs) || math.IsInf(r.FLOPs, 0) || r.FLOPs < 0 {
+		return fieldErr("flops", r.FLOPs, ReasonOutOfRange, "must be a finite, non-negative number")
+	}
+	if r.Loss != nil && (math.IsNaN(*r.Loss) || math.IsInf(*r.Loss, 0)) {
+		return fieldErr("loss", *r.Loss, ReasonInvalid, "must be finite")
+	}
+	return nil
+}
+
+// CheckClock rejects a record whose timestamps lie further in the future than
+// tolerance from now: a producer with a broken clock or unit (µs for ns).
+// Steps already measured with durations stay valid under modest clock skew,
+// because step time is taken from each rank's own DurationNs.
+func (r *StepRecord) CheckClock(now time.Time, tolerance time.Duration) error {
+	if limit := now.Add(tolerance).UnixNano(); r.EndUnixNs > limit {
+		return fieldErr("end_unix_ns", r.EndUnixNs, ReasonOutOfRange, "%s in the future", time.Duration(r.EndUnixNs-now.UnixNano()).Round(time.Second))
+	}
+	return nil
+}
+
+// ComputeNs is the time the rank spent neither waiting for data, for
+// pipeline peers nor on exposed communication: the basis of straggler scores.
+func (r *StepRecord) ComputeNs() int64 {
+	c := r.DurationNs - r.ExposedCommNs - r.DataWaitNs - r.PPWaitNs
+	if c < 0 {
+		return 0
+	}
+	return c
+}
+
+func printable(s string) bool {
+	for _, c := range s {
+		if c < 0x20 || c == 0x7f || c == 0xfffd {
+			return false
+		}
+	}
+	return true
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,218 @@
+package tps
+
+import (
+	"cmp"
+	"math"
+	"slices"
+)
+
+// Dist summarises a distribution of values.
+type Dist struct {
+	Mean float64 `json:"mean"`
+	P50  float64 `json:"p50"`
+	P90  float64 `json:"p90"`
+	P95  float64 `json:"p95"`
+	P99  float64 `json:"p99"`
+	Min  float64 `json:"min"`
+	Max  float64 `json:"max"`
+}
+
+// NewDist summarises xs (which it sorts in place). Percentiles interpolate
+// linearly between the closest ranks (the "type 7" rule of R and NumPy).
+func NewDist(xs []float64) Dist {
+	if len(xs) == 0 {
+		return Dist{}
+	}
+	slices.Sort(xs)
+	var sum float64
+	for _, x := range xs {
+		sum += x
+	}
+	return Dist{
+		Mean: sum / float64(len(xs)),
+		P50:  Quantile(xs, 0.50),
+		P90:  Quantile(xs, 0.90),
+		P95:  Quantile(xs, 0.95),
+		P99:  Quantile(xs, 0.99),
+		Min:  xs[0],
+		Max:  xs[len(xs)-1],
+	}
+}
+
+// Quantile returns the q-quantile of sorted values, interpolating linearly.
+func Quantile(sorted []float64, q float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return math.NaN()
+	}
+	if n == 1 {
+		return sorted[0]
+	}
+	h := q * float64(n-1)
+	lo := int(math.Floor(h))
+	if lo >= n-1 {
+		return sorted[n-1]
+	}
+	return sorted[lo] + (h-float64(lo))*(sorted[lo+1]-sorted[lo])
+}
+
+// MedianMAD returns the median and the median absolute deviation of xs,
+// without changing xs.
+func MedianMAD(xs []float64) (median, mad float64) {
+	if len(xs) == 0 {
+		return math.NaN(), math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	median = Quantile(s, 0.5)
+	for i, x := range s {
+		s[i] = math.Abs(x - median)
+	}
+	slices.Sort(s)
+	return median, Quantile(s, 0.5)
+}
+
+// WindowOptions tune Summarize.
+type WindowOptions struct {
+	// Warmup, when ≥ 0, excludes exactly that many leading steps of each
+	// attempt. When negative (AutoWarmup), the rule is: the first step of each
+	// attempt, plus the leading steps after it that are slower than
+	// median + 3·MAD of the run's step times.
+	Warmup int
+}
+
+// AutoWarmup selects the automatic warm-up rule.
+const AutoWarmup = -1
+
+// Summary is the steady-state view of a window of cluster steps.
+type Summary struct {
+	Steps           int   `json:"steps"`
+	WarmupSteps     int   `json:"warmup_steps"`
+	SteadySteps     int   `json:"steady_steps"`
+	IncompleteSteps int   `json:"incomplete_steps"`
+	Attempts        int   `json:"attempts"`
+	WorldSize       int64 `json:"world_size"`
+
+	StepTimeS Dist `json:"step_time_s"`
+	TPS       Dist `json:"tps"`
+	// TPSPerGPU is the mean step TPS divided by the world size.
+	TPSPerGPU float64 `json:"tps_per_gpu"`
+	// AggregateTPS is Σtokens / Σstep time over steady steps.
+	AggregateTPS float64 `json:"aggregate_tps"`
+	// WallTPS is Σtokens / wall time from the first steady step's start to the
+	// last one's end: it includes the gaps between steps (eval, checkpoint).
+	WallTPS float64 `json:"wall_tps"`
+
+	Tokens int64   `json:"tokens"`
+	MFU    float64 `json:"mfu"`
+	HFU    float64 `json:"hfu"`
+
+	CommFraction      float64 `json:"comm_fraction"`
+	CommFractionMax   float64 `json:"comm_fraction_max"`
+	BubbleFraction    float64 `json:"bubble_fraction"`
+	DataStallFraction float64 `json:"data_stall_fraction"`
+	CkptFraction      float64 `json:"ckpt_fraction"`
+	TokenMismatch     int64   `json:"token_mismatch_replicas"`
+}
+
+// WarmupMask marks, for steps sorted by (attempt, step), which are warm-up.
+func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
+	mask := make([]bool, len(steps))
+	if len(steps) == 0 {
+		return mask
+	}
+	threshold := math.Inf(1)
+	if opt.Warmup < 0 {
+		times := make([]float64, len(steps))
+		for i := range steps {
+			times[i] = float64(steps[i].StepTimeNs)
+		}
+		med, mad := MedianMAD(times)
+		threshold = med + 3*mad
+	}
+	pos := 0 // position within the current attempt
+	inWarmup := true
+	for i := range steps {
+		if i == 0 || steps[i].Attempt != steps[i-1].Attempt {
+			pos, inWarmup = 0, true
+		}
+		if opt.Warmup >= 0 {
+			mask[i] = pos < opt.Warmup
+		} else {
+			if inWarmup && (pos == 0 || float64(steps[i].StepTimeNs) > threshold) {
+				mask[i] = true
+			} else {
+				inWarmup = false
+			}
+		}
+		pos++
+	}
+	return mask
+}
+
+// SortSteps orders cluster steps by attempt, then step.
+func SortSteps(steps []ClusterStep) {
+	slices.SortFunc(steps, func(a, b ClusterStep) int {
+		return cmp.Or(cmp.Compare(a.Attempt, b.Attempt), cmp.Compare(a.Step, b.Step))
+	})
+}
+
+// Summarize sorts steps and computes the steady-state summary.
+func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
+	SortSteps(steps)
+	mask := WarmupMask(steps, opt)
+	s := Summary{Steps: len(steps)}
+	var times, tps []float64
+	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt float64
+	first, last := int64(math.MaxInt64), int64(0)
+	attempts := map[int64]bool{}
+	for i := range steps {
+		c := &steps[i]
+		attempts[c.Attempt] = true
+		s.WorldSize = max(s.WorldSize, c.WorldSize)
+		if !c.Complete() {
+			s.IncompleteSteps++
+		}
+		if mask[i] {
+			s.WarmupSteps++
+			continue
+		}
+		if c.StepTimeNs <= 0 {
+			continue
+		}
+		s.SteadySteps++
+		times = append(times, float64(c.StepTimeNs)/1e9)
+		tps = append(tps, c.TPS)
+		sumTok += float64(c.Tokens)
+		sumDur += float64(c.StepTimeNs) / 1e9
+		s.Tokens += c.Tokens
+		sumMFU += c.MFU
+		sumHFU += c.HFU
+		sumComm += c.CommFractionMean
+		s.CommFractionMax = max(s.CommFractionMax, c.CommFractionMax)
+		sumBubble += c.BubbleFractionMean
+		sumData += c.DataStallFractionMean
+		sumCkpt += c.CkptFractionMean
+		s.TokenMismatch += c.TokenMismatchReplicas
+		first = min(first, c.StartUnixNs)
+		last = max(last, c.EndUnixNs)
+	}
+	s.Attempts = len(attempts)
+	if s.SteadySteps == 0 {
+		return s
+	}
+	n := float64(s.SteadySteps)
+	s.StepTimeS = NewDist(times)
+	s.TPS = NewDist(tps)
+	if s.WorldSize > 0 {
+		s.TPSPerGPU = s.TPS.Mean / float64(s.WorldSize)
+	}
+	s.AggregateTPS = sumTok / sumDur
+	if last > first {
+		s.WallTPS = sumTok / (float64(last-first) / 1e9)
+	}
+	s.MFU, s.HFU = sumMFU/n, sumHFU/n
+	s.CommFraction, s.BubbleFraction = sumComm/n, sumBubble/n
+	s.DataStallFraction, s.CkptFraction = sumData/n, sumCkpt/n
+	return s
+}
