@@ -1,0 +1,361 @@
+package cli
+
+import (
+	"encoding/json"
+
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tpsprof/tpsprof/mfu"
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+const mfuExamples = `  # MFU of a Llama 3 8B job on 64 H100s running at 400K tokens/s
+  tpsprof mfu --model llama3-8b --gpus 64 --gpu h100-sxm --tps 400k
+
+  # the same from step time and global batch, with full recompute, as JSON
+  tpsprof mfu --model llama3-8b --gpus 64 --gpu h100-sxm --step-time 2.6s --batch-tokens 1M --recompute full --json
+
+  # a model from its Hugging Face config, trained at 4096 tokens
+  tpsprof mfu --hf-config config.json --seq 4096 --gpus 8 --gpu "NVIDIA A100-SXM4-80GB" --tps 30k
+
+  # what TPS does 40% MFU mean for Llama 3 70B on 512 H100s, and how long is 15T tokens?
+  tpsprof mfu --model llama3-70b --gpus 512 --gpu h100-sxm --mfu 0.4 --train-tokens 15T --gpu-hour-usd 2.5
+`
+
+// mfuJSON is the --json output. The first keys are always present (null when
+// their inputs are not given); the last two only with their inputs.
+type mfuJSON struct {
+	Model              string   `json:"model"`
+	ParamsTotal        float64  `json:"params_total"`
+	ParamsActive       float64  `json:"params_active"`
+	FLOPsPerToken      float64  `json:"flops_per_token"`
+	HWFLOPsPerToken    float64  `json:"hw_flops_per_token"`
+	DenseFLOPsPerToken float64  `json:"dense_flops_per_token"`
+	AttnFLOPsPerToken  float64  `json:"attention_flops_per_token"`
+	Attention          string   `json:"attention"`
+	Recompute          string   `json:"recompute"`
+	GPU                *string  `json:"gpu"`
+	DType              string   `json:"dtype"`
+	GPUs               *int     `json:"gpus"`
+	PeakTFLOPS         *float64 `json:"peak_tflops"`
+	TokensPerSec       *float64 `json:"tokens_per_sec"`
+	TokensPerSecPerGPU *float64 `json:"tokens_per_sec_per_gpu"`
+	TFLOPSPerGPU       *float64 `json:"tflops_per_gpu"`
+	HWTFLOPSPerGPU     *float64 `json:"hw_tflops_per_gpu"`
+	MFU                *float64 `json:"mfu"`
+	HFU                *float64 `json:"hfu"`
+	TimeToTrainS       *float64 `json:"time_to_train_s,omitempty"`
+	CostPerMTokUSD     *float64 `json:"cost_per_million_tokens_usd,omitempty"`
+}
+
+func runMFU(args []string, stdout, stderr io.Writer) int {
+	const cmd = "mfu"
+	fs := newFlagSet(cmd, "mfu (--model PRESET | --hf-config FILE | shape flags | --params N) [throughput] [--gpus N --gpu NAME | --peak-tflops X] [flags]", mfuExamples, stderr)
+	var (
+		preset    = fs.String("model", "", "model preset: "+strings.Join(mfu.PresetNames(), ", "))
+		hfConfig  = fs.String("hf-config", "", "Hugging Face config.json of the model (Llama, Mistral/Mixtral, Qwen keys)")
+		params    quantity
+		layers    = fs.Int("layers", 0, "transformer layers")
+		hidden    = fs.Int("hidden", 0, "hidden size")
+		heads     = fs.Int("heads", 0, "attention heads")
+		kvHeads   = fs.Int("kv-heads", 0, "key/value heads (GQA; default: heads)")
+		headDim   = fs.Int("head-dim", 0, "head dimension (default: hidden/heads)")
+		ffn       = fs.Int("ffn", 0, "FFN (intermediate) size")
+		gated     = fs.Bool("gated", false, "gated FFN with three matrices (SwiGLU)")
+		vocab     = fs.Int("vocab", 0, "vocabulary size")
+		tied      = fs.Bool("tied", false, "input embedding and output projection share weights")
+		experts   = fs.Int("experts", 0, "routed experts (MoE)")
+		topK      = fs.Int("top-k", 0, "experts per token (MoE)")
+		shared    = fs.Int("shared-experts", 0, "always-active shared experts (MoE)")
+		moeFFN    = fs.Int("moe-ffn", 0, "expert FFN size (MoE; default: --ffn)")
+		denseL    = fs.Int("dense-layers", 0, "leading layers with a dense FFN (MoE)")
+		seq       = fs.Int("seq", 0, "training sequence length (sets the attention term)")
+		tpsFlag   quantity
+		stepTime  seconds
+		batchTok  quantity
+		gpus      = fs.Int("gpus", 0, "GPUs in the whole job (world size)")
+		gpuName   = fs.String("gpu", "", "GPU model: a table key (h100-sxm) or the name NVML reports (\"NVIDIA H100 80GB HBM3\")")
+		peakTF    quantity
+		dtypeFlag = fs.String("dtype", "bf16", "training dtype: fp32, tf32, bf16, fp16, fp8, fp4")
+		recompute = fs.String("recompute", "none", "activation recompute, for HFU: none, selective, full")
+		attention = fs.String("attention", "full", "causal-attention FLOPs convention: full (PaLM, Megatron) or causal (halved)")
+		trainTok  quantity
+		usd       quantity
+		target    quantity
+		asJSON    = fs.Bool("json", false, "print one JSON object instead of the table")
+		listGPUs  = fs.Bool("list-gpus", false, "print the peak table with sources and exit")
+	)
+	fs.Var(&params, "params", "bare parameter count instead of a shape (e.g. 540B); with --layers --heads --head-dim --seq it gets the attention term")
+	fs.Var(&tpsFlag, "tps", "cluster training throughput in tokens/s, counted once per data-parallel replica (e.g. 1.2M)")
+	fs.Var(&stepTime, "step-time", "seconds per optimizer step (e.g. 2.5s, 850ms), with --batch-tokens")
+	fs.Var(&batchTok, "batch-tokens", "tokens per optimizer step, whole job (global batch × sequence length)")
+	fs.Var(&peakTF, "peak-tflops", "dense peak TFLOP/s of one GPU at --dtype; overrides the table")
+	fs.Var(&trainTok, "train-tokens", "token budget, for the time to train (e.g. 15T)")
+	fs.Var(&usd, "gpu-hour-usd", "price of one GPU-hour in USD, for the cost per million tokens")
+	fs.Var(&target, "mfu", "target MFU as a fraction (0.4): print the tokens/s it means")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	set := setFlags(fs)
+	if *listGPUs {
+		return printGPUTable(stdout, *asJSON)
+	}
+
+	// Model: preset or config file, then shape flags on top.
+	var m mfu.Model
+	switch {
+	case set["model"] && set["hf-config"]:
+		return usageErr(stderr, cmd, "--model and --hf-config both given: choose one")
+	case set["model"]:
+		p, err := mfu.Preset(*preset)
+		if err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+		m = p
+	case set["hf-config"]:
+		data, err := os.ReadFile(*hfConfig)
+		if err != nil {
+			return usageErr(stderr, cmd, "read --hf-config: %v", err)
+		}
+		c, err := mfu.FromHFConfig(data)
+		if err != nil {
+			return usageErr(stderr, cmd, "%s: %v", *hfConfig, err)
+		}
+		m = c
+	}
+	if set["params"] {
+		if m.HasShape() || set["hidden"] || set["ffn"] || set["vocab"] {
+			return usageErr(stderr, cmd, "--params replaces the shape: drop --model/--hf-config/--hidden/--ffn/--vocab, or drop --params")
+		}
+		m.Params = float64(params)
+	}
+	intFlags := map[string]*int{"layers": &m.Layers, "hidden": &m.Hidden, "heads": &m.Heads, "kv-heads": &m.KVHeads, "head-dim": &m.HeadDim,
+		"ffn": &m.FFN, "vocab": &m.Vocab, "experts": &m.Experts, "top-k": &m.TopK, "shared-experts": &m.SharedExperts,
+		"moe-ffn": &m.MoEFFN, "dense-layers": &m.DenseLayers, "seq": &m.Seq}
+	intVals := map[string]*int{"layers": layers, "hidden": hidden, "heads": heads, "kv-heads": kvHeads, "head-dim": headDim,
+		"ffn": ffn, "vocab": vocab, "experts": experts, "top-k": topK, "shared-experts": shared,
+		"moe-ffn": moeFFN, "dense-layers": denseL, "seq": seq}
+	for name, dst := range intFlags {
+		if set[name] {
+			*dst = *intVals[name]
+		}
+	}
+	if set["gated"] {
+		m.Gated = *gated
+	}
+	if set["tied"] {
+		m.Tied = *tied
+	}
+	if m.HasShape() && m.Seq == 0 {
+		return usageErr(stderr, cmd, "--seq is required: the training sequence length sets the attention FLOPs (a config's max_position_embeddings is the model's limit, not the training length)")
+	}
+	att := mfu.Attention(*attention)
+	rc := mfu.Recompute(*recompute)
+	counts, err := m.Count(att, rc)
+	if err != nil {
+		return usageErr(stderr, cmd, "%v", err)
+	}
+	dt, err := mfu.ParseDType(*dtypeFlag)
+	if err != nil {
+		return usageErr(stderr, cmd, "%v", err)
+	}
+
+	// Throughput: --tps, or --step-time with --batch-tokens, or --mfu.
+	var tokensPerSec float64
+	switch {
+	case set["tps"] && (set["step-time"] || set["batch-tokens"]):
+		return usageErr(stderr, cmd, "--tps and --step-time/--batch-tokens both given: give one throughput")
+	case set["mfu"] && (set["tps"] || set["step-time"]):
+		return usageErr(stderr, cmd, "--mfu asks for the throughput; drop --tps/--step-time")
+	case set["step-time"] != set["batch-tokens"]:
+		return usageErr(stderr, cmd, "--step-time and --batch-tokens go together")
+	case set["tps"]:
+		if tpsFlag <= 0 || math.IsInf(float64(tpsFlag), 0) {
+			return usageErr(stderr, cmd, "--tps %v must be positive", float64(tpsFlag))
+		}
+		tokensPerSec = float64(tpsFlag)
+	case set["step-time"]:
+		if stepTime <= 0 || batchTok <= 0 {
+			return usageErr(stderr, cmd, "--step-time and --batch-tokens must be positive")
+		}
+		tokensPerSec = float64(batchTok) / time.Duration(stepTime).Seconds()
+	}
+	needHW := tokensPerSec > 0 || set["mfu"]
+	if needHW && *gpus <= 0 {
+		return usageErr(stderr, cmd, "--gpus is required with a throughput or --mfu (the whole job's GPU count)")
+	}
+	var peak float64
+	var gpuKey *string
+	if set["peak-tflops"] {
+		if peakTF <= 0 {
+			return usageErr(stderr, cmd, "--peak-tflops must be positive")
+		}
+		peak = float64(peakTF) * 1e12
+		s := "custom"
+		gpuKey = &s
+	} else if set["gpu"] {
+		g, err := mfu.LookupGPU(*gpuName)
+		if err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+		if peak, err = g.Peak(dt); err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+		gpuKey = &g.Key
+	} else if needHW {
+		return usageErr(stderr, cmd, "give --gpu NAME or --peak-tflops X for the GPU's dense peak")
+	}
+	if set["mfu"] {
+		if tokensPerSec, err = mfu.TokensPerSecForMFU(m, att, float64(target), *gpus, peak); err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+	}
+	if (set["train-tokens"] || set["gpu-hour-usd"]) && tokensPerSec == 0 {
+		return usageErr(stderr, cmd, "--train-tokens and --gpu-hour-usd need a throughput (--tps, --step-time with --batch-tokens, or --mfu)")
+	}
+
+	out := mfuJSON{
+		Model: describeModel(m), ParamsTotal: counts.ParamsTotal, ParamsActive: counts.ParamsActive,
+		FLOPsPerToken: counts.FLOPsPerToken, HWFLOPsPerToken: counts.HWFLOPsPerToken,
+		DenseFLOPsPerToken: counts.DenseFLOPsPerToken, AttnFLOPsPerToken: counts.AttentionFLOPsPerToken,
+		Attention: string(counts.Attention), Recompute: string(counts.Recompute), GPU: gpuKey, DType: string(dt),
+	}
+	if peak > 0 {
+		p := peak / 1e12
+		out.PeakTFLOPS = &p
+	}
+	if *gpus > 0 {
+		out.GPUs = gpus
+	}
+	if tokensPerSec > 0 {
+		r, err := mfu.Compute(mfu.Inputs{Model: m, Attention: att, Recompute: rc, TokensPerSec: tokensPerSec, GPUs: *gpus, PeakFLOPS: peak})
+		if err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+		out.TokensPerSec, out.TokensPerSecPerGPU = &r.TokensPerSec, &r.TokensPerSecPerGPU
+		out.TFLOPSPerGPU, out.HWTFLOPSPerGPU = &r.TFLOPSPerGPU, &r.HWTFLOPSPerGPU
+		out.MFU, out.HFU = &r.MFU, &r.HFU
+	}
+	if set["train-tokens"] {
+		d, err := tps.TimeToTrain(float64(trainTok), tokensPerSec)
+		if err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+		s := d.Seconds()
+		out.TimeToTrainS = &s
+	}
+	if set["gpu-hour-usd"] {
+		c, err := tps.CostPerMillionTokens(tokensPerSec, *gpus, float64(usd))
+		if err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+		out.CostPerMTokUSD = &c
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			fmt.Fprintf(stderr, "tpsprof mfu: %v\n", err)
+			return exitError
+		}
+		return exitOK
+	}
+	printMFUTable(stdout, out, float64(trainTok), float64(usd))
+	return exitOK
+}
+
+func describeModel(m mfu.Model) string {
+	name := m.Name
+	if name == "" {
+		name = "custom"
+	}
+	if !m.HasShape() {
+		return fmt.Sprintf("%s (%s parameters)", name, human(m.Params))
+	}
+	ffn := "FFN"
+	if m.Gated {
+		ffn = "gated FFN"
+	}
+	kv := m.KVHeads
+	if kv == 0 {
+		kv = m.Heads
+	}
+	s := fmt.Sprintf("%s: %d layers, hidden %d, %d heads (%d kv), %s %d, vocab %d, seq %d", name, m.Layers, m.Hidden, m.Heads, kv, ffn, m.FFN, m.Vocab, m.Seq)
+	if m.Experts > 0 {
+		s += fmt.Sprintf(", %d experts top-%d", m.Experts, max(m.TopK, 1))
+	}
+	return s
+}
+
+// human prints a count with a B/T/M suffix.
+func human(v float64) string {
+	switch a := math.Abs(v); {
+	case a >= 1e12:
+		return fmt.Sprintf("%.2fT", v/1e12)
+	case a >= 1e9:
+		return fmt.Sprintf("%.2fB", v/1e9)
+	case a >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case a >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.3g", v)
+}
+
+func printMFUTable(w io.Writer, o mfuJSON, trainTokens, usd float64) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("model", "%s", o.Model)
+	row("parameters", "%s total, %s active", human(o.ParamsTotal), human(o.ParamsActive))
+	row("model FLOPs/token", "%.2f GFLOP (dense %.2f + attention %.2f; attention=%s)", o.FLOPsPerToken/1e9, o.DenseFLOPsPerToken/1e9, o.AttnFLOPsPerToken/1e9, o.Attention)
+	row("hardware FLOPs/token", "%.2f GFLOP (recompute=%s)", o.HWFLOPsPerToken/1e9, o.Recompute)
+	if o.PeakTFLOPS != nil {
+		row("peak", "%.1f TFLOP/s dense per GPU (%s, %s)", *o.PeakTFLOPS, *o.GPU, o.DType)
+	}
+	if o.TokensPerSec != nil {
+		row("throughput", "%s tokens/s cluster, %s tokens/s per GPU on %d GPUs", human(*o.TokensPerSec), human(*o.TokensPerSecPerGPU), *o.GPUs)
+		row("TFLOP/s per GPU", "%.1f model, %.1f hardware", *o.TFLOPSPerGPU, *o.HWTFLOPSPerGPU)
+		row("MFU", "%.1f%%", 100**o.MFU)
+		row("HFU", "%.1f%%", 100**o.HFU)
+	}
+	if o.TimeToTrainS != nil {
+		d := time.Duration(*o.TimeToTrainS * 1e9)
+		row("time to train", "%s tokens in %.1f days (%s)", human(trainTokens), d.Hours()/24, d.Round(time.Minute))
+	}
+	if o.CostPerMTokUSD != nil {
+		row("cost", "$%.4f per million tokens at $%.2f per GPU-hour", *o.CostPerMTokUSD, usd)
+		if o.TimeToTrainS != nil {
+			row("cost to train", "$%s", human(*o.CostPerMTokUSD*trainTokens/1e6))
+		}
+	}
+	tw.Flush()
+}
+
+func printGPUTable(w io.Writer, asJSON bool) int {
+	gs := mfu.GPUs()
+	if asJSON {
+		if err := json.NewEncoder(w).Encode(gs); err != nil {
+			return exitError
+		}
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "key\tname\tfp32\ttf32\tbf16\tfp8\tfp4\tsource")
+	for _, g := range gs {
+		cell := func(d mfu.DType) string {
+			if v, ok := g.Peaks[d]; ok {
+				return fmt.Sprintf("%g", v)
+			}
+			return "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Key, g.Name, cell(mfu.FP32), cell(mfu.TF32), cell(mfu.BF16), cell(mfu.FP8), cell(mfu.FP4), g.Source)
+	}
+	tw.Flush()
+	return exitOK
+}

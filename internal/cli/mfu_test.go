@@ -1,0 +1,171 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var o, e bytes.Buffer
+	code = Main(args, &o, &e)
+	return o.String(), e.String(), code
+}
+
+func TestMFUJSON(t *testing.T) {
+	out, errOut, code := run(t, "mfu", "--model", "llama3-8b", "--gpus", "64", "--gpu", "NVIDIA H100 80GB HBM3",
+		"--tps", "400k", "--train-tokens", "15T", "--gpu-hour-usd", "2.5", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got map[string]any
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatalf("--json output does not parse: %v\n%s", err, out)
+	}
+	for _, k := range []string{"params_total", "params_active", "flops_per_token", "hw_flops_per_token", "tokens_per_sec",
+		"tokens_per_sec_per_gpu", "tflops_per_gpu", "hw_tflops_per_gpu", "mfu", "hfu", "peak_tflops", "attention",
+		"time_to_train_s", "cost_per_million_tokens_usd"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("key %q missing", k)
+		}
+	}
+	// 400k tokens/s × 57.91 GFLOP/token / 64 / 989.4 TFLOP/s
+	if mfu := got["mfu"].(float64); math.Abs(mfu-400e3*57.912852480e9/64/989.4e12) > 1e-9 {
+		t.Errorf("mfu: got %g", mfu)
+	}
+	if s := got["time_to_train_s"].(float64); math.Abs(s-15e12/400e3) > 1e-3 {
+		t.Errorf("time_to_train_s: got %g, want %g", s, 15e12/400e3)
+	}
+	if c := got["cost_per_million_tokens_usd"].(float64); math.Abs(c-2.5*64/3600/400e3*1e6) > 1e-12 {
+		t.Errorf("cost: got %g", c)
+	}
+	if got["attention"] != "full" {
+		t.Errorf("attention: got %v", got["attention"])
+	}
+}
+
+func TestMFUTableAndInverse(t *testing.T) {
+	out, errOut, code := run(t, "mfu", "--model", "llama3-70b", "--gpus", "512", "--gpu", "h100-sxm", "--mfu", "0.4")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if !strings.Contains(out, "MFU                   40.0%") {
+		t.Errorf("inverse does not round-trip to 40%%:\n%s", out)
+	}
+	out, _, code = run(t, "mfu", "--model", "llama3-8b")
+	if code != 0 || !strings.Contains(out, "8.03B total") || strings.Contains(out, "MFU") {
+		t.Errorf("model-only run (exit %d):\n%s", code, out)
+	}
+}
+
+func TestMFUShapeFlagsAndConfig(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.json")
+	os.WriteFile(cfg, []byte(`{"model_type":"llama","hidden_size":4096,"num_hidden_layers":32,"num_attention_heads":32,
+	  "num_key_value_heads":8,"intermediate_size":14336,"vocab_size":128256,"max_position_embeddings":131072}`), 0o644)
+	a, _, c1 := run(t, "mfu", "--hf-config", cfg, "--seq", "8192", "--json")
+	b, _, c2 := run(t, "mfu", "--layers", "32", "--hidden", "4096", "--heads", "32", "--kv-heads", "8", "--ffn", "14336",
+		"--gated", "--vocab", "128256", "--seq", "8192", "--json")
+	p, _, c3 := run(t, "mfu", "--model", "llama3-8b", "--json")
+	if c1 != 0 || c2 != 0 || c3 != 0 {
+		t.Fatalf("exit codes %d %d %d", c1, c2, c3)
+	}
+	fpt := func(s string) float64 {
+		var m map[string]any
+		json.Unmarshal([]byte(s), &m)
+		return m["flops_per_token"].(float64)
+	}
+	if fpt(a) != fpt(p) || fpt(b) != fpt(p) {
+		t.Errorf("config %g, shape %g and preset %g disagree", fpt(a), fpt(b), fpt(p))
+	}
+	// A preset with an override.
+	o, _, _ := run(t, "mfu", "--model", "llama3-8b", "--seq", "4096", "--attention", "causal", "--json")
+	if fpt(o) >= fpt(p) {
+		t.Errorf("shorter causal sequence did not lower FLOPs/token")
+	}
+}
+
+func TestMFUBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no model", []string{"mfu", "--tps", "1"}, "give a preset"},
+		{"two models", []string{"mfu", "--model", "llama3-8b", "--hf-config", "x.json"}, "choose one"},
+		{"unknown preset", []string{"mfu", "--model", "llama9"}, "presets:"},
+		{"two throughputs", []string{"mfu", "--model", "llama3-8b", "--tps", "1", "--step-time", "1s", "--batch-tokens", "1"}, "give one throughput"},
+		{"step time alone", []string{"mfu", "--model", "llama3-8b", "--step-time", "1s"}, "go together"},
+		{"no gpus", []string{"mfu", "--model", "llama3-8b", "--tps", "1k", "--gpu", "h100"}, "--gpus is required"},
+		{"no peak", []string{"mfu", "--model", "llama3-8b", "--tps", "1k", "--gpus", "8"}, "--gpu NAME or --peak-tflops"},
+		{"unknown gpu", []string{"mfu", "--model", "llama3-8b", "--tps", "1k", "--gpus", "8", "--gpu", "RTX 9090"}, "--peak-tflops"},
+		{"fp8 on A100", []string{"mfu", "--model", "llama3-8b", "--tps", "1k", "--gpus", "8", "--gpu", "a100-sxm", "--dtype", "fp8"}, "no dense fp8"},
+		{"impossible", []string{"mfu", "--model", "llama3-8b", "--tps", "10M", "--gpus", "8", "--gpu", "h100-sxm"}, "above 100%"},
+		{"bad number", []string{"mfu", "--model", "llama3-8b", "--tps", "fast"}, "not a number"},
+		{"negative tps", []string{"mfu", "--model", "llama3-8b", "--tps", "-5", "--gpus", "8", "--gpu", "h100"}, "must be positive"},
+		{"bad recompute", []string{"mfu", "--model", "llama3-8b", "--recompute", "some"}, "none, selective or full"},
+		{"budget without throughput", []string{"mfu", "--model", "llama3-8b", "--train-tokens", "1T"}, "need a throughput"},
+		{"shape without seq", []string{"mfu", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "100"}, "--seq is required"},
+		{"params with shape", []string{"mfu", "--model", "llama3-8b", "--params", "8B"}, "--params replaces the shape"},
+		{"stray argument", []string{"mfu", "--model", "llama3-8b", "extra"}, "unexpected argument"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			out, errOut, code := run(t, tc.args...)
+			if code != 2 {
+				t.Errorf("got exit %d, want 2 (stdout %q)", code, out)
+			}
+			if !strings.Contains(errOut, tc.want) {
+				t.Errorf("stderr %q does not contain %q", errOut, tc.want)
+			}
+			if n := strings.Count(strings.TrimSpace(errOut), "\n"); n != 0 {
+				t.Errorf("want one error line, got %d:\n%s", n+1, errOut)
+			}
+		})
+	}
+}
+
+func TestMFUHelpDocumentsEveryFlag(t *testing.T) {
+	_, errOut, code := run(t, "mfu", "--help")
+	if code != 0 {
+		t.Fatalf("--help exit %d", code)
+	}
+	for _, f := range []string{"-model", "-hf-config", "-params", "-layers", "-hidden", "-heads", "-kv-heads", "-head-dim", "-ffn",
+		"-gated", "-vocab", "-tied", "-experts", "-top-k", "-seq", "-tps", "-step-time", "-batch-tokens", "-gpus", "-gpu",
+		"-peak-tflops", "-dtype", "-recompute", "-attention", "-train-tokens", "-gpu-hour-usd", "-mfu", "-json", "Examples:"} {
+		if !strings.Contains(errOut, f) {
+			t.Errorf("--help does not mention %s", f)
+		}
+	}
+}
+
+// The real binary, as a subprocess: exit codes and output reach the shell.
+func TestBinaryExitCodes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	bin := filepath.Join(t.TempDir(), "tpsprof")
+	build := exec.Command("go", "build", "-o", bin, "github.com/tpsprof/tpsprof/cmd/tpsprof")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(bin, "mfu", "--model", "gpt3-175b", "--gpus", "1024", "--gpu", "a100-sxm", "--tps", "100k", "--json").Output()
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatalf("output does not parse: %v", err)
+	}
+	cmd := exec.Command(bin, "mfu", "--model", "nope")
+	err = cmd.Run()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 {
+		t.Errorf("bad flag: got %v, want exit status 2", err)
+	}
+}
