@@ -18,7 +18,11 @@ import "fmt"
 //	rank = tp + TP·(cp + CP·(dp + DP·pp))
 //	ep   = dp mod EP
 type Topology struct {
-	DP, TP, PP, CP, EP int
+	DP int `json:"dp"`
+	TP int `json:"tp"`
+	PP int `json:"pp"`
+	CP int `json:"cp,omitempty"`
+	EP int `json:"ep,omitempty"`
 }
 
 // Coords is one rank's position in a Topology.

@@ -1,0 +1,202 @@
+package tps
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tpsprof/tpsprof/mfu"
+)
+
+// Event kinds. Custom kinds are allowed; these are the ones goodput reads.
+const (
+	EventJobStart          = "job_start"
+	EventJobEnd            = "job_end"
+	EventAttemptStart      = "attempt_start"
+	EventAttemptEnd        = "attempt_end"
+	EventCheckpointSave    = "checkpoint_save"
+	EventCheckpointRestore = "checkpoint_restore"
+	EventEval              = "eval"
+)
+
+// Event is something that happened to a run outside the step loop: a
+// restart, a checkpoint, an evaluation. EndUnixNs equals StartUnixNs for an
+// instant.
+type Event struct {
+	Job         string `json:"job" parquet:"job,dict"`
+	Attempt     int64  `json:"attempt" parquet:"attempt"`
+	Kind        string `json:"kind" parquet:"kind,dict"`
+	Name        string `json:"name,omitempty" parquet:"name"`
+	Rank        int64  `json:"rank" parquet:"rank"`
+	Node        string `json:"node,omitempty" parquet:"node,dict"`
+	Step        int64  `json:"step" parquet:"step"`
+	StartUnixNs int64  `json:"start_unix_ns" parquet:"start_unix_ns"`
+	EndUnixNs   int64  `json:"end_unix_ns" parquet:"end_unix_ns"`
+	ExitCode    int64  `json:"exit_code,omitempty" parquet:"exit_code"`
+	Detail      string `json:"detail,omitempty" parquet:"detail"`
+}
+
+// Validate checks an event.
+func (e *Event) Validate() error {
+	if !ValidJobID(e.Job) {
+		return fieldErr("job", truncate(e.Job, 80), ReasonInvalid, "must be 1-64 characters of [A-Za-z0-9_-]")
+	}
+	if e.Kind == "" || len(e.Kind) > 64 || !printable(e.Kind) {
+		return fieldErr("kind", truncate(e.Kind, 80), ReasonInvalid, "must be 1-64 printable characters")
+	}
+	if len(e.Name) > MaxStringLen || !printable(e.Name) {
+		return fieldErr("name", truncate(e.Name, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+	}
+	if len(e.Detail) > 4*MaxStringLen || !printable(e.Detail) {
+		return fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "must be at most %d printable characters", 4*MaxStringLen)
+	}
+	if len(e.Node) > MaxStringLen || !printable(e.Node) {
+		return fieldErr("node", truncate(e.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+	}
+	if e.Attempt < 0 {
+		return fieldErr("attempt", e.Attempt, ReasonNegative, "must not be negative")
+	}
+	if e.StartUnixNs < MinUnixNs {
+		return fieldErr("start_unix_ns", e.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
+	}
+	if e.EndUnixNs == 0 {
+		e.EndUnixNs = e.StartUnixNs
+	}
+	if e.EndUnixNs < e.StartUnixNs {
+		return fieldErr("end_unix_ns", e.EndUnixNs, ReasonOutOfRange, "before start_unix_ns=%d", e.StartUnixNs)
+	}
+	return nil
+}
+
+// RunMeta describes a job: topology, model, hardware and price. It comes from
+// the launcher, from rank 0, or from a file given to the collector; later
+// fields override earlier ones field by field (see Merge).
+type RunMeta struct {
+	Job          string     `json:"job"`
+	Topology     Topology   `json:"topology"`
+	MicroBatches int        `json:"micro_batches,omitempty"`
+	Interleave   int        `json:"interleave,omitempty"` // virtual pipeline stages per rank
+	ModelPreset  string     `json:"model_preset,omitempty"`
+	Model        *mfu.Model `json:"model,omitempty"`
+	Seq          int        `json:"seq,omitempty"` // overrides the model's
+	DType        string     `json:"dtype,omitempty"`
+	GPU          string     `json:"gpu,omitempty"` // table key or NVML name
+	PeakTFLOPS   float64    `json:"peak_tflops,omitempty"`
+	Attention    string     `json:"attention,omitempty"`
+	Recompute    string     `json:"recompute,omitempty"`
+	GPUHourUSD   float64    `json:"gpu_hour_usd,omitempty"`
+}
+
+// Merge overlays the fields o sets onto m.
+func (m *RunMeta) Merge(o RunMeta) {
+	if o.Job != "" {
+		m.Job = o.Job
+	}
+	if o.Topology != (Topology{}) {
+		m.Topology = o.Topology
+	}
+	if o.MicroBatches > 0 {
+		m.MicroBatches = o.MicroBatches
+	}
+	if o.Interleave > 0 {
+		m.Interleave = o.Interleave
+	}
+	if o.ModelPreset != "" {
+		m.ModelPreset, m.Model = o.ModelPreset, nil
+	}
+	if o.Model != nil {
+		m.Model, m.ModelPreset = o.Model, ""
+	}
+	if o.Seq > 0 {
+		m.Seq = o.Seq
+	}
+	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}} {
+		if *f.src != "" {
+			*f.dst = *f.src
+		}
+	}
+	if o.PeakTFLOPS > 0 {
+		m.PeakTFLOPS = o.PeakTFLOPS
+	}
+	if o.GPUHourUSD > 0 {
+		m.GPUHourUSD = o.GPUHourUSD
+	}
+}
+
+// ResolvedModel returns the model spec of the meta, with Seq applied.
+func (m *RunMeta) ResolvedModel() (mfu.Model, bool, error) {
+	var model mfu.Model
+	switch {
+	case m.Model != nil:
+		model = *m.Model
+	case m.ModelPreset != "":
+		p, err := mfu.Preset(m.ModelPreset)
+		if err != nil {
+			return mfu.Model{}, false, err
+		}
+		model = p
+	default:
+		return mfu.Model{}, false, nil
+	}
+	if m.Seq > 0 {
+		model.Seq = m.Seq
+	}
+	return model, true, nil
+}
+
+// Peak returns the dense peak FLOP/s per GPU: the explicit figure, or the
+// table's for GPU at DType (bf16 by default). gpuSeen is the name NVML
+// reported, used when the meta names none.
+func (m *RunMeta) Peak(gpuSeen string) (float64, error) {
+	if m.PeakTFLOPS > 0 {
+		return m.PeakTFLOPS * 1e12, nil
+	}
+	name := m.GPU
+	if name == "" {
+		name = gpuSeen
+	}
+	if name == "" {
+		return 0, fmt.Errorf("%w: no GPU named and none reported by NVML", mfu.ErrNoPeak)
+	}
+	g, err := mfu.LookupGPU(name)
+	if err != nil {
+		return 0, err
+	}
+	dt := mfu.BF16
+	if m.DType != "" {
+		if dt, err = mfu.ParseDType(m.DType); err != nil {
+			return 0, err
+		}
+	}
+	return g.Peak(dt)
+}
+
+// AccumulatorConfig derives the aggregation settings of the job: its
+// topology for world, and FLOPs and peak when the meta allows. The error
+// says why MFU cannot be computed; the config is usable regardless.
+func (m *RunMeta) AccumulatorConfig(world int, gpuSeen string) (AccumulatorConfig, error) {
+	cfg := AccumulatorConfig{Topology: m.Topology}
+	if cfg.Topology == (Topology{}) || cfg.Topology.Validate(world) != nil {
+		cfg.Topology = DataParallel(world)
+	}
+	model, ok, err := m.ResolvedModel()
+	if err != nil {
+		return cfg, err
+	}
+	if !ok {
+		return cfg, fmt.Errorf("no model in the run metadata: MFU is not computed")
+	}
+	c, err := model.Count(mfu.Attention(m.Attention), mfu.Recompute(m.Recompute))
+	if err != nil {
+		return cfg, err
+	}
+	cfg.FLOPsPerToken, cfg.HWFLOPsPerToken = c.FLOPsPerToken, c.HWFLOPsPerToken
+	peak, err := m.Peak(gpuSeen)
+	if err != nil {
+		return cfg, err
+	}
+	if math.IsNaN(peak) || peak <= 0 {
+		return cfg, fmt.Errorf("peak %g is not positive", peak)
+	}
+	cfg.PeakFLOPSPerGPU = peak
+	return cfg, nil
+}

@@ -1,0 +1,141 @@
+package wire
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+func sample() []tps.StepRecord {
+	dp, tp, lr := int32(3), int32(7), int32(5)
+	loss := 2.125
+	return []tps.StepRecord{
+		{Job: "llama", Attempt: 1, Step: 100, Rank: 63, WorldSize: 64, DPRank: &dp, TPRank: &tp, LocalRank: &lr,
+			Node: "node-7", GPUUUID: "GPU-1234", StartUnixNs: 1_760_000_000_000_000_000, EndUnixNs: 1_760_000_001_000_000_000,
+			DurationNs: 1e9, Tokens: 131072, PaddedTokens: 140000, Samples: 16, DataWaitNs: 1, FwdNs: 2, BwdNs: 3, OptimNs: 4,
+			CommNs: 5, ExposedCommNs: 4, PPWaitNs: 6, CkptNs: 7, FLOPs: 1.5e16, Loss: &loss, Skipped: true},
+		{Job: "llama", Step: 100, Rank: 0, WorldSize: 64, StartUnixNs: 1, EndUnixNs: 2, Tokens: -5}, // decoded, not validated
+	}
+}
+
+func TestStepsRoundTrip(t *testing.T) {
+	in := sample()
+	b := AppendSteps(nil, in)
+	out, err := DecodeSteps(b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", out, in)
+	}
+	js, _ := json.Marshal(in[0])
+	one := AppendSteps(nil, in[:1])
+	if len(one)*2 > len(js) {
+		t.Errorf("binary record is %d bytes, JSON %d: expected well under half", len(one), len(js))
+	}
+}
+
+func TestDecodeRejectsCorruptAtomically(t *testing.T) {
+	b := AppendSteps(nil, sample())
+	prev := []tps.StepRecord{{Job: "kept"}}
+	for cut := 0; cut < len(b); cut++ {
+		out, err := DecodeSteps(b[:cut], prev)
+		if err == nil {
+			t.Fatalf("truncated at %d of %d accepted", cut, len(b))
+		}
+		if len(out) != 1 || out[0].Job != "kept" {
+			t.Fatalf("truncated at %d: dst changed to %d records", cut, len(out))
+		}
+	}
+	if _, err := DecodeSteps([]byte(`{"job":"x"}`), nil); !errors.Is(err, ErrBadMagic) {
+		t.Errorf("JSON on the step subject: got %v, want ErrBadMagic", err)
+	}
+	huge := append(magic[:], 0xff, 0xff, 0xff, 0xff, 0x0f)
+	if _, err := DecodeSteps(huge, nil); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("huge count: got %v, want ErrTooLarge", err)
+	}
+	if _, err := DecodeSteps(append(b, 0), nil); err == nil {
+		t.Error("trailing byte accepted")
+	}
+}
+
+func TestSubjects(t *testing.T) {
+	job, kind, node, err := ParseSubject(StepsSubject("j-1", NodeToken("gpu.node 3")))
+	if err != nil || job != "j-1" || kind != "steps" || node != "gpu_node_3" {
+		t.Errorf("got %q %q %q %v", job, kind, node, err)
+	}
+	for _, bad := range []string{"tpsprof.v2.j.steps.n", "tpsprof.v1.j.steps", "tpsprof.v1.j.events.x", "other.v1.j.meta", "tpsprof.v1.j$.meta"} {
+		if _, _, _, err := ParseSubject(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+func FuzzDecodeSteps(f *testing.F) {
+	f.Add(AppendSteps(nil, sample()))
+	f.Add(AppendSteps(nil, nil))
+	f.Add([]byte("TPS\x01\x01"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := DecodeSteps(data, nil)
+		if err != nil {
+			if len(recs) != 0 {
+				t.Fatalf("error %v with %d records returned", err, len(recs))
+			}
+			return
+		}
+		// Whatever decodes must re-encode to the same records (compared as
+		// bytes: NaN floats defeat DeepEqual).
+		enc := AppendSteps(nil, recs)
+		again, err := DecodeSteps(enc, nil)
+		if err != nil || string(AppendSteps(nil, again)) != string(enc) {
+			t.Fatalf("re-encode: %v", err)
+		}
+		for i := range recs {
+			_ = recs[i].Validate() // must not panic
+		}
+	})
+}
+
+func BenchmarkDecodeSteps(b *testing.B) {
+	recs := make([]tps.StepRecord, 512)
+	for i := range recs {
+		recs[i] = sample()[0]
+		recs[i].Rank = int64(i)
+	}
+	data := AppendSteps(nil, recs)
+	var dst []tps.StepRecord
+	b.ReportAllocs()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		var err error
+		dst, err = DecodeSteps(data, dst[:0])
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(recs))*float64(b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+func BenchmarkDecodeJSONBaseline(b *testing.B) {
+	recs := make([]tps.StepRecord, 512)
+	var lines [][]byte
+	for i := range recs {
+		recs[i] = sample()[0]
+		recs[i].Rank = int64(i)
+		l, _ := json.Marshal(recs[i])
+		lines = append(lines, l)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		for _, l := range lines {
+			var r tps.StepRecord
+			if err := json.Unmarshal(l, &r); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportMetric(float64(len(recs))*float64(b.N)/b.Elapsed().Seconds(), "records/s")
+}
