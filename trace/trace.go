@@ -1,0 +1,320 @@
+// Package trace writes and reads tpsprof's Parquet traces: one directory per
+// job with a folder per table (rank_steps, cluster_steps, gpu_samples,
+// events), each a set of part files. docs/parquet.md documents every column.
+//
+// A part is written under a hidden temporary name (".part-….parquet.tmp"),
+// synced, and renamed to "part-….parquet" only when complete, so a crash
+// never leaves a torn file where readers look (readers, DuckDB's
+// "rank_steps/*.parquet" included, ignore the hidden names).
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/parquet-go/parquet-go"
+)
+
+// SchemaVersion is written in every part's key-value metadata.
+const SchemaVersion = "1"
+
+// Table names.
+const (
+	RankSteps    = "rank_steps"
+	ClusterSteps = "cluster_steps"
+	GPUSamples   = "gpu_samples"
+	Events       = "events"
+)
+
+// Metadata keys.
+const (
+	MetaSchemaVersion = "tpsprof.schema_version"
+	MetaJob           = "tpsprof.job"
+	MetaTable         = "tpsprof.table"
+	MetaWriter        = "tpsprof.writer"
+	MetaRun           = "tpsprof.run_meta" // JSON of tps.RunMeta: topology, model, GPU, peak
+)
+
+// WriterOptions bound parts and row groups.
+type WriterOptions struct {
+	// RowsPerGroup bounds a row group (memory held before a flush).
+	RowsPerGroup int64
+	// RowsPerPart and PartAge rotate parts, so data reaches readers while a
+	// job runs and no part grows without bound.
+	RowsPerPart int64
+	PartAge     time.Duration
+	// WriterID distinguishes the parts of several collectors in one folder.
+	WriterID string
+	// Metadata is called when a part is finalised; its pairs are added to
+	// the part's key-value metadata.
+	Metadata func() map[string]string
+}
+
+func (o *WriterOptions) defaults() {
+	if o.RowsPerGroup <= 0 {
+		o.RowsPerGroup = 64 * 1024
+	}
+	if o.RowsPerPart <= 0 {
+		o.RowsPerPart = 4 * 1024 * 1024
+	}
+	if o.PartAge <= 0 {
+		o.PartAge = time.Minute
+	}
+	if o.WriterID == "" {
+		h, _ := os.Hostname()
+		o.WriterID = fmt.Sprintf("%s-%d", sanitize(h), os.Getpid())
+	}
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' {
+			return r
+		}
+		return '_'
+	}, s)
+}
+
+// PartWriter writes rows of T into rotating part files of one table folder.
+// Not safe for concurrent use.
+type PartWriter[T any] struct {
+	dir, table, job string
+	opt             WriterOptions
+	seq             int
+
+	f       *os.File
+	w       *parquet.GenericWriter[T]
+	tmp     string
+	rows    int64
+	opened  time.Time
+	written int64
+	parts   []string
+}
+
+// NewPartWriter writes table parts under root/job/table.
+func NewPartWriter[T any](root, job, table string, opt WriterOptions) (*PartWriter[T], error) {
+	opt.defaults()
+	dir := filepath.Join(root, job, table)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	return &PartWriter[T]{dir: dir, table: table, job: job, opt: opt}, nil
+}
+
+// Dir is the table folder.
+func (p *PartWriter[T]) Dir() string { return p.dir }
+
+// Parts lists the finalised part files so far.
+func (p *PartWriter[T]) Parts() []string { return slices.Clone(p.parts) }
+
+// Rows is the number of rows in finalised parts.
+func (p *PartWriter[T]) Rows() int64 { return p.written }
+
+// Pending is the number of rows written to the open part.
+func (p *PartWriter[T]) Pending() int64 { return p.rows }
+
+func (p *PartWriter[T]) open() error {
+	p.seq++
+	now := time.Now()
+	name := fmt.Sprintf("part-%s-%s-%05d.parquet", now.UTC().Format("20060102T150405.000000000Z"), p.opt.WriterID, p.seq)
+	p.tmp = filepath.Join(p.dir, "."+name+".tmp")
+	f, err := os.OpenFile(p.tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+	if err != nil {
+		return fmt.Errorf("trace: create part: %w", err)
+	}
+	p.f, p.opened, p.rows = f, now, 0
+	p.w = parquet.NewGenericWriter[T](f,
+		parquet.Compression(&parquet.Zstd),
+		parquet.MaxRowsPerRowGroup(p.opt.RowsPerGroup),
+		parquet.KeyValueMetadata(MetaSchemaVersion, SchemaVersion),
+		parquet.KeyValueMetadata(MetaJob, p.job),
+		parquet.KeyValueMetadata(MetaTable, p.table),
+		parquet.KeyValueMetadata(MetaWriter, p.opt.WriterID),
+	)
+	return nil
+}
+
+// Write appends rows to the open part, opening one if needed, and rotates
+// the part when it is full. On error the open part is discarded (its rows
+// are lost, the error says how many) and no file is left behind.
+func (p *PartWriter[T]) Write(rows []T) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	if p.w == nil {
+		if err := p.open(); err != nil {
+			return err
+		}
+	}
+	if _, err := p.w.Write(rows); err != nil {
+		lost := p.rows + int64(len(rows))
+		p.discard()
+		return fmt.Errorf("trace: write %s: %w (%d rows of the open part lost)", p.table, err, lost)
+	}
+	p.rows += int64(len(rows))
+	if p.rows >= p.opt.RowsPerPart {
+		return p.Rotate()
+	}
+	return nil
+}
+
+// Due reports whether the open part is older than PartAge.
+func (p *PartWriter[T]) Due(now time.Time) bool {
+	return p.w != nil && now.Sub(p.opened) >= p.opt.PartAge
+}
+
+// Rotate finalises the open part: footer, sync, rename into place.
+func (p *PartWriter[T]) Rotate() error {
+	if p.w == nil {
+		return nil
+	}
+	if p.opt.Metadata != nil {
+		for k, v := range p.opt.Metadata() {
+			p.w.SetKeyValueMetadata(k, v)
+		}
+	}
+	rows := p.rows
+	err := p.w.Close()
+	if err == nil {
+		err = p.f.Sync()
+	}
+	if cerr := p.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(p.tmp)
+		p.w, p.f = nil, nil
+		return fmt.Errorf("trace: finalise %s part: %w (%d rows lost)", p.table, err, rows)
+	}
+	final := filepath.Join(p.dir, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p.tmp), "."), ".tmp"))
+	if err := os.Rename(p.tmp, final); err != nil {
+		os.Remove(p.tmp)
+		p.w, p.f = nil, nil
+		return fmt.Errorf("trace: rename %s part: %w (%d rows lost)", p.table, err, rows)
+	}
+	syncDir(p.dir)
+	p.parts = append(p.parts, final)
+	p.written += rows
+	p.w, p.f, p.rows = nil, nil, 0
+	return nil
+}
+
+func (p *PartWriter[T]) discard() {
+	if p.f != nil {
+		p.f.Close()
+		os.Remove(p.tmp)
+	}
+	p.w, p.f, p.rows = nil, nil, 0
+}
+
+// Close finalises the open part.
+func (p *PartWriter[T]) Close() error { return p.Rotate() }
+
+func syncDir(dir string) {
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+}
+
+// PartFiles lists the complete part files of a table folder, in name order
+// (which is creation order per writer). Temporary files are skipped.
+func PartFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		n := e.Name()
+		if e.Type().IsRegular() && !strings.HasPrefix(n, ".") && strings.HasSuffix(n, ".parquet") {
+			out = append(out, filepath.Join(dir, n))
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// Each streams the rows of every part of a table folder through fn, a row
+// group's worth at a time, so memory stays bounded whatever the trace size.
+// The slice passed to fn is reused.
+func Each[T any](dir string, fn func(rows []T) error) error {
+	files, err := PartFiles(dir)
+	if err != nil {
+		return err
+	}
+	buf := make([]T, 4096)
+	for _, path := range files {
+		if err := eachInFile(path, buf, fn); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	r := parquet.NewGenericReader[T](f)
+	defer r.Close()
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if ferr := fn(buf[:n]); ferr != nil {
+				return ferr
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("trace: read %s: %w", path, err)
+		}
+	}
+}
+
+// ReadAll reads every row of a table folder into memory; for small traces
+// and tests. Use Each for large ones.
+func ReadAll[T any](dir string) ([]T, error) {
+	var out []T
+	err := Each(dir, func(rows []T) error {
+		out = append(out, rows...)
+		return nil
+	})
+	return out, err
+}
+
+// FileMetadata returns the key-value metadata of one part file.
+func FileMetadata(path string) (map[string]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	pf, err := parquet.OpenFile(f, st.Size())
+	if err != nil {
+		return nil, fmt.Errorf("trace: open %s: %w", path, err)
+	}
+	out := map[string]string{}
+	for _, kv := range pf.Metadata().KeyValueMetadata {
+		out[kv.Key] = kv.Value
+	}
+	return out, nil
+}

@@ -1,0 +1,118 @@
+package trace
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+func rows(n int) []tps.StepRecord {
+	out := make([]tps.StepRecord, n)
+	for i := range out {
+		dp := int32(i % 7)
+		out[i] = tps.StepRecord{Job: "j", Step: int64(i / 64), Rank: int64(i % 64), WorldSize: 64, DPRank: &dp,
+			Node: "node-" + string(rune('a'+i%8)), StartUnixNs: 1_760_000_000_000_000_000 + int64(i), EndUnixNs: 1_760_000_000_100_000_000 + int64(i),
+			DurationNs: 1e8, Tokens: int64(1000 + i)}
+		if i%3 == 0 {
+			l := float64(i) / 10
+			out[i].Loss = &l
+		}
+	}
+	return out
+}
+
+func TestRoundTripWithRotation(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{RowsPerGroup: 1000, RowsPerPart: 3000,
+		WriterID: "test", Metadata: func() map[string]string { return map[string]string{MetaRun: `{"job":"j"}`} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := rows(10000)
+	for i := 0; i < len(in); i += 512 {
+		if err := w.Write(in[i:min(i+512, len(in))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Before Close, the last part is still hidden.
+	files, _ := PartFiles(w.Dir())
+	if len(files) != 3 {
+		t.Errorf("got %d complete parts before close, want 3", len(files))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	files, _ = PartFiles(w.Dir())
+	if len(files) != 4 || w.Rows() != 10000 {
+		t.Fatalf("got %d parts, %d rows; want 4 and 10000", len(files), w.Rows())
+	}
+	out, err := ReadAll[tps.StepRecord](w.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(in, out) {
+		for i := range in {
+			if !reflect.DeepEqual(in[i], out[i]) {
+				t.Fatalf("row %d: got %+v, want %+v", i, out[i], in[i])
+			}
+		}
+		t.Fatalf("got %d rows, want %d", len(out), len(in))
+	}
+	md, err := FileMetadata(files[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md[MetaSchemaVersion] != SchemaVersion || md[MetaJob] != "j" || md[MetaTable] != RankSteps || md[MetaRun] != `{"job":"j"}` {
+		t.Errorf("metadata: %v", md)
+	}
+	entries, _ := os.ReadDir(w.Dir())
+	for _, e := range entries {
+		if strings.HasSuffix(e.Name(), ".tmp") {
+			t.Errorf("temporary file left: %s", e.Name())
+		}
+	}
+}
+
+// A writer that dies mid-part (kill -9) leaves only a hidden temporary file,
+// which readers skip; the complete parts stay readable.
+func TestCrashLeavesNoTornPart(t *testing.T) {
+	root := t.TempDir()
+	w, _ := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{RowsPerPart: 100, WriterID: "a"})
+	r := rows(150)
+	if err := w.Write(r[:100]); err != nil { // one complete part
+		t.Fatal(err)
+	}
+	if err := w.Write(r[100:]); err != nil { // one open part
+		t.Fatal(err)
+	}
+	// abandon w without Close
+	got, err := ReadAll[tps.StepRecord](filepath.Join(root, "j", RankSteps))
+	if err != nil {
+		t.Fatalf("complete parts unreadable: %v", err)
+	}
+	if len(got) != 100 {
+		t.Errorf("got %d rows, want the 100 of the complete part", len(got))
+	}
+}
+
+func TestUnwritableDirectory(t *testing.T) {
+	if os.Geteuid() == 0 {
+		// root ignores permission bits; use a path under a regular file instead.
+		f := filepath.Join(t.TempDir(), "file")
+		os.WriteFile(f, nil, 0o644)
+		if _, err := NewPartWriter[tps.StepRecord](f, "j", RankSteps, WriterOptions{}); err == nil {
+			t.Fatal("writer under a regular file accepted")
+		}
+		return
+	}
+	dir := t.TempDir()
+	os.Chmod(dir, 0o500)
+	defer os.Chmod(dir, 0o700)
+	if _, err := NewPartWriter[tps.StepRecord](dir, "j", RankSteps, WriterOptions{}); err == nil {
+		t.Fatal("writer in a read-only directory accepted")
+	}
+}
