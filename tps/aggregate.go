@@ -304,3 +304,7 @@ func Aggregate(records []StepRecord, cfg AccumulatorConfig) (ClusterStep, error)
 	}
 	return a.Result(), nil
 }
+
+// SeenBits returns a copy of the bitset of ranks that reported (bit r%64 of
+// word r/64), for recognising late duplicates after the step is closed.
+func (a *StepAccumulator) SeenBits() []uint64 { return append([]uint64(nil), a.seen...) }

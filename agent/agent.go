@@ -1,0 +1,318 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/internal/ratelog"
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// DefaultSocket is the intake socket path when none is given:
+// $XDG_RUNTIME_DIR/tpsprof.sock, else /tmp/tpsprof-$UID.sock.
+func DefaultSocket() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "tpsprof.sock")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d.sock", os.Getuid()))
+}
+
+// Config configures an Agent.
+type Config struct {
+	// Socket is the intake socket path (default DefaultSocket()).
+	Socket string
+	// SocketMode is the socket's permission bits (default 0600: owner only).
+	SocketMode os.FileMode
+	// NATS is where to publish.
+	NATS natsconn.Options
+	// Node names this machine in records and subjects (default: host name).
+	Node string
+	// GPUUUIDs maps local_rank to the GPU's UUID, for records that leave
+	// gpu_uuid out.
+	GPUUUIDs map[int32]string
+	// BatchRecords and FlushInterval bound how long a record waits.
+	BatchRecords  int
+	FlushInterval time.Duration
+	// BufferBytes bounds the encoded batches held while NATS is unreachable
+	// (default 64 MiB); past it the oldest are dropped and counted.
+	BufferBytes int
+	// MaxLineBytes caps one intake line (default 64 KiB).
+	MaxLineBytes int
+	// ClockTolerance rejects records further in the future (default 10m).
+	ClockTolerance time.Duration
+	// MetaInterval is how often run metadata is published again, for
+	// collectors that start late (default 10s).
+	MetaInterval time.Duration
+	Logger       *slog.Logger
+}
+
+func (c *Config) defaults() error {
+	if c.Socket == "" {
+		c.Socket = DefaultSocket()
+	}
+	if c.SocketMode == 0 {
+		c.SocketMode = 0o600
+	}
+	if c.Node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			h = "unknown"
+		}
+		c.Node = h
+	}
+	if c.BatchRecords <= 0 {
+		c.BatchRecords = 1024
+	}
+	if c.FlushInterval <= 0 {
+		c.FlushInterval = 100 * time.Millisecond
+	}
+	if c.BufferBytes <= 0 {
+		c.BufferBytes = 64 << 20
+	}
+	if c.MaxLineBytes <= 0 {
+		c.MaxLineBytes = 64 << 10
+	}
+	if c.ClockTolerance <= 0 {
+		c.ClockTolerance = 10 * time.Minute
+	}
+	if c.MetaInterval <= 0 {
+		c.MetaInterval = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.NATS.URL == "" {
+		return errors.New("agent: no NATS URL")
+	}
+	return nil
+}
+
+// Stats are the agent's counters since start.
+type Stats struct {
+	Connections    int64            `json:"connections"`
+	Lines          int64            `json:"lines"`
+	Records        int64            `json:"records"`          // step records accepted
+	Events         int64            `json:"events"`           //
+	Metas          int64            `json:"metas"`            //
+	Rejected       map[string]int64 `json:"rejected"`         // by reason
+	Published      int64            `json:"published"`        // step records handed to NATS
+	Dropped        int64            `json:"dropped"`          // step records dropped past the buffer bound
+	BufferedBytes  int64            `json:"buffered_bytes"`   // held while NATS is unreachable
+	GPUSamples     int64            `json:"gpu_samples"`      //
+	NATSConnected  bool             `json:"nats_connected"`   //
+	PublishErrors  int64            `json:"publish_errors"`   //
+	BatchesPending int64            `json:"batches_buffered"` //
+}
+
+// Agent is the per-node intake and publisher.
+type Agent struct {
+	cfg Config
+	nc  *nats.Conn
+	ln  net.Listener
+	log *ratelog.Logger
+	pub *publisher
+
+	mu       sync.Mutex
+	rejected map[string]int64
+	conns    map[net.Conn]struct{}
+
+	connections, lines, records, events, metas atomic.Int64
+
+	done      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// ErrSocketInUse means another agent already serves the socket path.
+var ErrSocketInUse = errors.New("agent: socket already served by a running agent")
+
+// Start opens the intake socket and connects to NATS (in the background if
+// NATS is not reachable yet) and returns the running agent.
+func Start(cfg Config) (*Agent, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]struct{}{}, done: make(chan struct{}),
+		log: ratelog.New(cfg.Logger, 10*time.Second)}
+	if cfg.NATS.Name == "" {
+		cfg.NATS.Name = "tpsprof-agent-" + cfg.Node
+	}
+	if cfg.NATS.ReconnectBufBytes == 0 {
+		// The agent's own bounded queue holds data while NATS is away; the
+		// client's buffer would hide drops from the counters.
+		cfg.NATS.ReconnectBufBytes = -1
+	}
+	ln, err := listenUnix(cfg.Socket, cfg.SocketMode)
+	if err != nil {
+		return nil, err
+	}
+	a.ln = ln
+	nc, err := natsconn.Connect(cfg.NATS,
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			a.log.Warn("disconnect", "NATS disconnected; buffering", "err", err)
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { cfg.Logger.Info("NATS reconnected") }))
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	a.nc = nc
+	a.pub = newPublisher(a)
+	a.wg.Add(2)
+	go a.acceptLoop()
+	go a.pub.loop()
+	return a, nil
+}
+
+// listenUnix binds path with the given mode. A stale socket file (no one
+// answering) is replaced; a live one is ErrSocketInUse.
+func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
+	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: %s", ErrSocketInUse, path)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("agent: %s exists and is not a socket; not replacing it", path)
+		}
+		os.Remove(path)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("agent: socket directory: %w", err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("agent: listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, mode); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("agent: chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Socket is the intake socket path.
+func (a *Agent) Socket() string { return a.cfg.Socket }
+
+// Node is the node name the agent stamps on records.
+func (a *Agent) Node() string { return a.cfg.Node }
+
+func (a *Agent) reject(reason string) {
+	a.mu.Lock()
+	a.rejected[reason]++
+	a.mu.Unlock()
+}
+
+// Stats returns the counters.
+func (a *Agent) Stats() Stats {
+	s := Stats{Connections: a.connections.Load(), Lines: a.lines.Load(), Records: a.records.Load(),
+		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc.IsConnected()}
+	a.mu.Lock()
+	s.Rejected = make(map[string]int64, len(a.rejected))
+	for k, v := range a.rejected {
+		s.Rejected[k] = v
+	}
+	a.mu.Unlock()
+	a.pub.stats(&s)
+	return s
+}
+
+// SubmitStep validates and enriches one record and queues it for publishing,
+// as if it came through the socket. The launcher and in-process ranks use it.
+func (a *Agent) SubmitStep(r tps.StepRecord) error {
+	r.Normalize()
+	if r.Node == "" {
+		r.Node = a.cfg.Node
+	}
+	if r.GPUUUID == "" && r.LocalRank != nil {
+		r.GPUUUID = a.cfg.GPUUUIDs[*r.LocalRank]
+	}
+	if err := r.Validate(); err != nil {
+		a.rejectErr(err)
+		return err
+	}
+	if err := r.CheckClock(time.Now(), a.cfg.ClockTolerance); err != nil {
+		a.rejectErr(err)
+		return err
+	}
+	a.records.Add(1)
+	a.pub.addStep(r)
+	return nil
+}
+
+// SubmitEvent validates and publishes a run event.
+func (a *Agent) SubmitEvent(e tps.Event) error {
+	if e.Node == "" {
+		e.Node = a.cfg.Node
+	}
+	if err := e.Validate(); err != nil {
+		a.rejectErr(err)
+		return err
+	}
+	a.events.Add(1)
+	return a.pub.publishJSON(eventsSubject(e.Job), e)
+}
+
+// SubmitMeta validates run metadata, publishes it and republishes it every
+// MetaInterval.
+func (a *Agent) SubmitMeta(m tps.RunMeta) error {
+	if !tps.ValidJobID(m.Job) {
+		a.reject("meta:job")
+		return fmt.Errorf("agent: run metadata: invalid job id %q", m.Job)
+	}
+	if err := m.Topology.Validate(0); err != nil {
+		a.reject("meta:topology")
+		return err
+	}
+	a.metas.Add(1)
+	a.pub.setMeta(m)
+	return nil
+}
+
+func (a *Agent) rejectErr(err error) {
+	var fe *tps.FieldError
+	code := "record:invalid"
+	if errors.As(err, &fe) {
+		code = fe.Code()
+	}
+	a.reject(code)
+	a.log.Warn(code, "record rejected", "err", err)
+}
+
+// Flush publishes what is batched and waits until NATS has it (or timeout).
+func (a *Agent) Flush(timeout time.Duration) error {
+	a.pub.flushNow()
+	if err := a.nc.FlushTimeout(timeout); err != nil {
+		return fmt.Errorf("agent: flush: %w", err)
+	}
+	return nil
+}
+
+// Close stops accepting, publishes what it holds (waiting up to a few
+// seconds for NATS) and disconnects. Connected clients are closed.
+func (a *Agent) Close() error {
+	a.closeOnce.Do(func() {
+		a.ln.Close()
+		a.mu.Lock()
+		for c := range a.conns {
+			c.Close()
+		}
+		a.mu.Unlock()
+		close(a.done)
+		a.wg.Wait()
+		a.pub.final(5 * time.Second)
+		a.nc.Close()
+		os.Remove(a.cfg.Socket)
+	})
+	return nil
+}

@@ -1,0 +1,170 @@
+package agent
+
+import (
+	"encoding/json"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// ClientOptions tune a Client.
+type ClientOptions struct {
+	// Queue bounds the records waiting to be written (default 4096); a
+	// record that finds it full is dropped and counted, never waited for.
+	Queue int
+	// WriteTimeout bounds one write to the socket (default 1s).
+	WriteTimeout time.Duration
+	// RetryInterval is the pause between connection attempts (default 1s).
+	RetryInterval time.Duration
+}
+
+type clientItem struct {
+	step tps.StepRecord
+	raw  []byte // a pre-encoded line (event, meta) when not nil
+}
+
+// Client sends records to an agent's intake socket. It implements tps.Sink,
+// so a Recorder can send through it. Sends never block the caller: they
+// queue, a background goroutine writes, and when the agent is gone or slow
+// the records are dropped and counted.
+type Client struct {
+	path string
+	opt  ClientOptions
+	q    chan clientItem
+
+	sent, dropped, failed atomic.Int64
+	closeOnce             sync.Once
+	done                  chan struct{}
+	stopped               chan struct{}
+}
+
+// NewClient returns a client for the socket at path. It connects in the
+// background and keeps reconnecting; it never fails.
+func NewClient(path string, opt ClientOptions) *Client {
+	if opt.Queue <= 0 {
+		opt.Queue = 4096
+	}
+	if opt.WriteTimeout <= 0 {
+		opt.WriteTimeout = time.Second
+	}
+	if opt.RetryInterval <= 0 {
+		opt.RetryInterval = time.Second
+	}
+	c := &Client{path: path, opt: opt, q: make(chan clientItem, opt.Queue), done: make(chan struct{}), stopped: make(chan struct{})}
+	go c.run()
+	return c
+}
+
+var _ tps.Sink = (*Client)(nil)
+
+// RecordStep queues a step record; it returns at once.
+func (c *Client) RecordStep(r tps.StepRecord) { c.enqueue(clientItem{step: r}) }
+
+// SendEvent queues a run event.
+func (c *Client) SendEvent(e tps.Event) { c.sendJSON("event", e) }
+
+// SendMeta queues run metadata.
+func (c *Client) SendMeta(m tps.RunMeta) { c.sendJSON("meta", m) }
+
+func (c *Client) sendJSON(kind string, v any) {
+	b, err := json.Marshal(v)
+	if err != nil || len(b) < 2 {
+		c.failed.Add(1)
+		return
+	}
+	// Insert the discriminator: {"type":"event",...}
+	line := append([]byte(`{"type":"`+kind+`",`), b[1:]...)
+	if string(b) == "{}" {
+		line = []byte(`{"type":"` + kind + `"}`)
+	}
+	c.enqueue(clientItem{raw: append(line, '\n')})
+}
+
+func (c *Client) enqueue(it clientItem) {
+	select {
+	case <-c.done:
+		c.dropped.Add(1)
+		return
+	default:
+	}
+	select {
+	case c.q <- it:
+	default:
+		c.dropped.Add(1)
+	}
+}
+
+// Counts returns records written, dropped (queue full, agent gone) and
+// failed to encode.
+func (c *Client) Counts() (sent, dropped, failed int64) {
+	return c.sent.Load(), c.dropped.Load(), c.failed.Load()
+}
+
+func (c *Client) run() {
+	defer close(c.stopped)
+	var conn net.Conn
+	var lastTry time.Time
+	buf := make([]byte, 0, 1024)
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	for {
+		var it clientItem
+		select {
+		case it = <-c.q:
+		case <-c.done:
+			// drain what is queued, then stop
+			select {
+			case it = <-c.q:
+			default:
+				return
+			}
+		}
+		if conn == nil {
+			if time.Since(lastTry) < c.opt.RetryInterval && !lastTry.IsZero() {
+				c.dropped.Add(1)
+				continue
+			}
+			lastTry = time.Now()
+			var err error
+			conn, err = net.DialTimeout("unix", c.path, c.opt.WriteTimeout)
+			if err != nil {
+				conn = nil
+				c.dropped.Add(1)
+				continue
+			}
+		}
+		line := it.raw
+		if line == nil {
+			b, err := json.Marshal(&it.step)
+			if err != nil {
+				c.failed.Add(1)
+				continue
+			}
+			buf = append(append(buf[:0], b...), '\n')
+			line = buf
+		}
+		conn.SetWriteDeadline(time.Now().Add(c.opt.WriteTimeout))
+		if _, err := conn.Write(line); err != nil {
+			conn.Close()
+			conn = nil
+			c.dropped.Add(1)
+			continue
+		}
+		c.sent.Add(1)
+	}
+}
+
+// Close writes what is queued (for at most timeout) and disconnects.
+func (c *Client) Close(timeout time.Duration) {
+	c.closeOnce.Do(func() { close(c.done) })
+	select {
+	case <-c.stopped:
+	case <-time.After(timeout):
+	}
+}

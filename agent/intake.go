@@ -1,0 +1,162 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// MaxConnections bounds concurrent intake connections (ranks of one node).
+const MaxConnections = 4096
+
+// lineType is the discriminator of an intake line; absent means "step".
+type lineType struct {
+	Type string `json:"type"`
+}
+
+var typeKey = []byte(`"type"`)
+
+func (a *Agent) acceptLoop() {
+	defer a.wg.Done()
+	for {
+		c, err := a.ln.Accept()
+		if err != nil {
+			select {
+			case <-a.done:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			a.log.Warn("accept", "accept failed", "err", err)
+			continue
+		}
+		a.mu.Lock()
+		if len(a.conns) >= MaxConnections {
+			a.mu.Unlock()
+			a.reject("conn:too_many")
+			c.Close()
+			continue
+		}
+		a.conns[c] = struct{}{}
+		a.mu.Unlock()
+		a.connections.Add(1)
+		a.wg.Add(1)
+		go a.serve(c)
+	}
+}
+
+// serve reads JSON lines from one client until it hangs up.
+func (a *Agent) serve(c net.Conn) {
+	defer a.wg.Done()
+	defer func() {
+		a.mu.Lock()
+		delete(a.conns, c)
+		a.mu.Unlock()
+		c.Close()
+	}()
+	r := bufio.NewReaderSize(c, a.cfg.MaxLineBytes)
+	for {
+		line, err := r.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			a.lines.Add(1)
+			a.reject("line:oversized")
+			a.log.Warn("oversized", "intake line over the cap; skipped", "cap_bytes", a.cfg.MaxLineBytes)
+			if !discardLine(r) {
+				return
+			}
+			continue
+		}
+		if len(line) > 0 {
+			a.handleLine(line)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+				a.log.Warn("read", "intake read failed", "err", err)
+			}
+			return
+		}
+	}
+}
+
+// discardLine skips to the end of the current line; false at end of input.
+func discardLine(r *bufio.Reader) bool {
+	for {
+		_, err := r.ReadSlice('\n')
+		if err == nil {
+			return true
+		}
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return false
+		}
+	}
+}
+
+// HandleLine processes one intake line as the socket does (exported for
+// fuzzing and for embedding the intake elsewhere).
+func (a *Agent) HandleLine(line []byte) { a.handleLine(line) }
+
+func (a *Agent) handleLine(line []byte) {
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 {
+		return
+	}
+	a.lines.Add(1)
+	if line[0] != '{' {
+		a.reject("line:not_json_object")
+		a.log.Warn("json", "intake line is not a JSON object", "prefix", prefix(line))
+		return
+	}
+	kind := "step"
+	if bytes.Contains(line, typeKey) {
+		var t lineType
+		if err := json.Unmarshal(line, &t); err != nil {
+			a.reject("line:json")
+			a.log.Warn("json", "intake line is not valid JSON", "err", err)
+			return
+		}
+		if t.Type != "" {
+			kind = t.Type
+		}
+	}
+	switch kind {
+	case "step":
+		var r tps.StepRecord
+		if err := json.Unmarshal(line, &r); err != nil {
+			a.reject("line:json")
+			a.log.Warn("json", "step line does not decode", "err", err)
+			return
+		}
+		_ = a.SubmitStep(r) // counted inside
+	case "event":
+		var e tps.Event
+		if err := json.Unmarshal(line, &e); err != nil {
+			a.reject("line:json")
+			return
+		}
+		_ = a.SubmitEvent(e)
+	case "meta":
+		var m tps.RunMeta
+		if err := json.Unmarshal(line, &m); err != nil {
+			a.reject("line:json")
+			return
+		}
+		_ = a.SubmitMeta(m)
+	default:
+		a.reject("line:unknown_type")
+		a.log.Warn("type", "intake line of unknown type", "type", prefix([]byte(kind)))
+	}
+}
+
+func prefix(b []byte) string {
+	if len(b) > 40 {
+		b = b[:40]
+	}
+	return string(bytes.ToValidUTF8(b, []byte("?")))
+}

@@ -1,0 +1,177 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// Environment variables a launched rank reads (the Python hook and
+// RecorderConfigFromEnv use them).
+const (
+	EnvSocket   = "TPSPROF_SOCKET"
+	EnvJob      = "TPSPROF_JOB"
+	EnvAttempt  = "TPSPROF_ATTEMPT"
+	EnvTopology = "TPSPROF_TOPOLOGY" // "dp=4,tp=8,pp=2,cp=1,ep=1"
+	EnvNode     = "TPSPROF_NODE"
+)
+
+// LaunchConfig describes a command to run under tpsprof.
+type LaunchConfig struct {
+	Job     string
+	Attempt int64
+	// Meta is published before the command starts (topology, model, GPU…).
+	Meta tps.RunMeta
+	// Agent configures the in-process agent started when no agent serves
+	// Agent.Socket yet. Its NATS URL is needed only then.
+	Agent          Config
+	Command        []string
+	Stdout, Stderr io.Writer
+	// Env is added to the command's environment.
+	Env []string
+}
+
+// FormatTopology writes a topology as TPSPROF_TOPOLOGY holds it.
+func FormatTopology(t tps.Topology) string {
+	return fmt.Sprintf("dp=%d,tp=%d,pp=%d,cp=%d,ep=%d", max(t.DP, 1), max(t.TP, 1), max(t.PP, 1), max(t.CP, 1), max(t.EP, 1))
+}
+
+// Launch runs the command with what a rank needs in its environment,
+// starting an agent in process if none serves the node, and records
+// attempt_start and attempt_end events. SIGINT and SIGTERM are forwarded to
+// the command. It returns the command's exit code (128+signal when killed
+// by one).
+func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
+	if !tps.ValidJobID(cfg.Job) {
+		return 2, fmt.Errorf("agent: launch: invalid job id %q (1-64 characters of [A-Za-z0-9_-])", cfg.Job)
+	}
+	if len(cfg.Command) == 0 {
+		return 2, errors.New("agent: launch: no command")
+	}
+	if cfg.Attempt < 0 {
+		return 2, fmt.Errorf("agent: launch: attempt %d is negative", cfg.Attempt)
+	}
+	if cfg.Agent.Socket == "" {
+		cfg.Agent.Socket = DefaultSocket()
+	}
+	cfg.Meta.Job = cfg.Job
+
+	// Use the node's agent if one serves the socket, else run our own.
+	var send func(tps.Event)
+	var node string
+	var stop func()
+	if c, err := net.DialTimeout("unix", cfg.Agent.Socket, 200*time.Millisecond); err == nil {
+		c.Close()
+		cl := NewClient(cfg.Agent.Socket, ClientOptions{})
+		if cfg.Meta.Topology != (tps.Topology{}) || cfg.Meta.ModelPreset != "" || cfg.Meta.Model != nil {
+			cl.SendMeta(cfg.Meta)
+		}
+		send = cl.SendEvent
+		stop = func() { cl.Close(5 * time.Second) }
+		node, _ = os.Hostname()
+	} else {
+		if cfg.Agent.NATS.URL == "" {
+			return 2, fmt.Errorf("agent: launch: no agent serves %s and no NATS URL was given to start one (run a collector and pass its URL)", cfg.Agent.Socket)
+		}
+		a, err := Start(cfg.Agent)
+		if err != nil {
+			return 1, err
+		}
+		if cfg.Meta.Topology != (tps.Topology{}) || cfg.Meta.ModelPreset != "" || cfg.Meta.Model != nil {
+			if err := a.SubmitMeta(cfg.Meta); err != nil {
+				a.Close()
+				return 2, err
+			}
+		}
+		send = func(e tps.Event) { _ = a.SubmitEvent(e) }
+		stop = func() { a.Close() }
+		node = a.Node()
+	}
+	defer stop()
+
+	cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
+	cmd.Stdin = os.Stdin
+	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
+	cmd.Env = append(os.Environ(),
+		EnvSocket+"="+cfg.Agent.Socket,
+		EnvJob+"="+cfg.Job,
+		EnvAttempt+"="+strconv.FormatInt(cfg.Attempt, 10),
+		EnvNode+"="+node,
+	)
+	if cfg.Meta.Topology != (tps.Topology{}) {
+		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
+	}
+	cmd.Env = append(cmd.Env, cfg.Env...)
+	// Signals go to the command, which decides how to stop; we wait for it.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
+
+	start := time.Now()
+	send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptStart, Node: node, Rank: -1,
+		StartUnixNs: start.UnixNano(), Detail: truncateDetail(fmt.Sprint(cfg.Command))})
+	if err := cmd.Start(); err != nil {
+		send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: node, Rank: -1,
+			StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: 127, Detail: truncateDetail(err.Error())})
+		return 127, fmt.Errorf("agent: launch: %w", err)
+	}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- cmd.Wait() }()
+	var err error
+wait:
+	for {
+		select {
+		case s := <-sigs:
+			cmd.Process.Signal(s)
+		case err = <-waitErr:
+			break wait
+		}
+	}
+	code := exitCode(cmd, err)
+	send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: node, Rank: -1,
+		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code)})
+	return code, nil
+}
+
+func exitCode(cmd *exec.Cmd, err error) int {
+	if cmd.ProcessState == nil {
+		return 1
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	if c := cmd.ProcessState.ExitCode(); c >= 0 {
+		return c
+	}
+	if err != nil {
+		return 1
+	}
+	return 0
+}
+
+// truncateDetail makes s a valid event detail: printable, bounded.
+func truncateDetail(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, strings.ToValidUTF8(s, "?"))
+	if len(s) > 1000 {
+		s = strings.ToValidUTF8(s[:1000], "")
+	}
+	return s
+}

@@ -1,0 +1,198 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+func eventsSubject(job string) string { return wire.EventsSubject(job) }
+
+type outMsg struct {
+	subject string
+	data    []byte
+	records int // step records inside, for drop counts
+}
+
+// publisher batches step records per job and publishes them. While NATS is
+// unreachable it holds encoded batches up to BufferBytes, dropping the
+// oldest past that bound (counted): memory never grows without limit.
+type publisher struct {
+	a    *Agent
+	kick chan struct{}
+
+	mu         sync.Mutex
+	pending    map[string][]tps.StepRecord
+	pendingN   int
+	queue      []outMsg
+	queueBytes int
+	metas      map[string][]byte
+	metaSent   time.Time
+
+	published, dropped, errors atomic.Int64
+}
+
+func newPublisher(a *Agent) *publisher {
+	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{}}
+}
+
+func (p *publisher) addStep(r tps.StepRecord) {
+	p.mu.Lock()
+	p.pending[r.Job] = append(p.pending[r.Job], r)
+	p.pendingN++
+	full := p.pendingN >= p.a.cfg.BatchRecords
+	p.mu.Unlock()
+	if full {
+		select {
+		case p.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (p *publisher) setMeta(m tps.RunMeta) {
+	b, _ := json.Marshal(m)
+	p.mu.Lock()
+	p.metas[m.Job] = b
+	p.enqueue(outMsg{subject: wire.MetaSubject(m.Job), data: b})
+	p.mu.Unlock()
+	p.flushNow()
+}
+
+func (p *publisher) publishJSON(subject string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("agent: encode: %w", err)
+	}
+	p.mu.Lock()
+	p.enqueue(outMsg{subject: subject, data: b})
+	p.mu.Unlock()
+	p.flushNow()
+	return nil
+}
+
+// publishRaw queues an already encoded message (GPU samples).
+func (p *publisher) publishRaw(subject string, data []byte) {
+	p.mu.Lock()
+	p.enqueue(outMsg{subject: subject, data: data})
+	p.mu.Unlock()
+}
+
+// enqueue adds a message, dropping the oldest past the bound; mu held.
+func (p *publisher) enqueue(m outMsg) {
+	p.queue = append(p.queue, m)
+	p.queueBytes += len(m.data)
+	for p.queueBytes > p.a.cfg.BufferBytes && len(p.queue) > 1 {
+		old := p.queue[0]
+		p.queue = p.queue[1:]
+		p.queueBytes -= len(old.data)
+		p.dropped.Add(int64(old.records))
+		p.a.log.Warn("drop", "buffer full while NATS is unreachable; dropping the oldest batch", "records", old.records, "buffer_bytes", p.a.cfg.BufferBytes)
+	}
+}
+
+// batch encodes the pending records into messages; mu held.
+func (p *publisher) batch() {
+	if p.pendingN == 0 {
+		return
+	}
+	subj := wire.StepsSubject
+	node := wire.NodeToken(p.a.cfg.Node)
+	for job, recs := range p.pending {
+		for i := 0; i < len(recs); i += p.a.cfg.BatchRecords {
+			chunk := recs[i:min(i+p.a.cfg.BatchRecords, len(recs))]
+			p.enqueue(outMsg{subject: subj(job, node), data: wire.AppendSteps(nil, chunk), records: len(chunk)})
+		}
+		delete(p.pending, job)
+	}
+	p.pendingN = 0
+}
+
+// drain publishes queued messages while NATS is connected.
+func (p *publisher) drain() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.batch()
+	if time.Since(p.metaSent) >= p.a.cfg.MetaInterval && len(p.metas) > 0 {
+		for job, b := range p.metas {
+			p.enqueue(outMsg{subject: wire.MetaSubject(job), data: b})
+		}
+		p.metaSent = time.Now()
+	}
+	nc := p.a.nc
+	for len(p.queue) > 0 && nc.IsConnected() {
+		m := p.queue[0]
+		if err := nc.Publish(m.subject, m.data); err != nil {
+			p.errors.Add(1)
+			p.a.log.Warn("publish", "publish failed; keeping the batch", "err", err)
+			return
+		}
+		p.queue[0] = outMsg{}
+		p.queue = p.queue[1:]
+		p.queueBytes -= len(m.data)
+		p.published.Add(int64(m.records))
+	}
+}
+
+func (p *publisher) flushNow() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (p *publisher) loop() {
+	defer p.a.wg.Done()
+	t := time.NewTicker(p.a.cfg.FlushInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.a.done:
+			return
+		case <-t.C:
+			p.drain()
+		case <-p.kick:
+			p.drain()
+		}
+	}
+}
+
+// final publishes what is left, waiting up to timeout for NATS to be
+// reachable; what still cannot be sent is counted as dropped.
+func (p *publisher) final(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		p.drain()
+		p.mu.Lock()
+		left := len(p.queue)
+		p.mu.Unlock()
+		if left == 0 {
+			p.a.nc.FlushTimeout(max(time.Until(deadline), 100*time.Millisecond))
+			return
+		}
+		if time.Now().After(deadline) {
+			p.mu.Lock()
+			for _, m := range p.queue {
+				p.dropped.Add(int64(m.records))
+			}
+			p.a.cfg.Logger.Error("NATS unreachable at shutdown; records dropped", "batches", len(p.queue))
+			p.queue, p.queueBytes = nil, 0
+			p.mu.Unlock()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *publisher) stats(s *Stats) {
+	s.Published, s.Dropped, s.PublishErrors = p.published.Load(), p.dropped.Load(), p.errors.Load()
+	p.mu.Lock()
+	s.BufferedBytes = int64(p.queueBytes)
+	s.BatchesPending = int64(len(p.queue))
+	p.mu.Unlock()
+}

@@ -1,0 +1,371 @@
+package collector
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+type stepKey struct{ attempt, step int64 }
+
+type openStep struct {
+	acc   *tps.StepAccumulator
+	first time.Time
+}
+
+// closedSteps remembers which ranks reported the recently closed steps, so
+// a late duplicate is still recognised. Memory: one bit per rank per step.
+type closedSteps struct {
+	seen  map[stepKey][]uint64
+	order []stepKey
+	limit int
+}
+
+func (c *closedSteps) add(k stepKey, bits []uint64) {
+	if len(c.order) >= c.limit {
+		delete(c.seen, c.order[0])
+		c.order = c.order[1:]
+	}
+	c.seen[k] = bits
+	c.order = append(c.order, k)
+}
+
+const liveWindow = 512
+
+type job struct {
+	id      string
+	meta    tps.RunMeta
+	hasMeta bool
+	gpuSeen string // GPU name NVML reported on this job's nodes
+
+	world  int64
+	cfg    tps.AccumulatorConfig
+	cfgErr string
+
+	open        map[stepKey]*openStep
+	closed      closedSteps
+	maxClosed   map[int64]int64 // highest closed step per attempt
+	rankNode    map[int64]string
+	recent      []tps.ClusterStep // ring of the last liveWindow cluster steps
+	recentNext  int
+	newSinceLog bool
+
+	ranks   *trace.PartWriter[tps.StepRecord]
+	cluster *trace.PartWriter[tps.ClusterStep]
+	events  *trace.PartWriter[tps.Event]
+	gpus    *trace.PartWriter[tps.GPUSample]
+	rankBuf []tps.StepRecord
+}
+
+func newJob(c *Collector, id string) *job {
+	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, rankNode: map[int64]string{},
+		closed: closedSteps{seen: map[stepKey][]uint64{}, limit: 64}}
+	if c.cfg.Meta != nil {
+		j.meta = *c.cfg.Meta
+		j.meta.Job = id
+		j.hasMeta = true
+	}
+	opt := c.cfg.Writer
+	opt.Metadata = j.fileMetadata
+	// Creating the folders cannot fail silently: the first write reports it.
+	var err error
+	if j.ranks, err = trace.NewPartWriter[tps.StepRecord](c.cfg.OutDir, id, trace.RankSteps, opt); err == nil {
+		if j.cluster, err = trace.NewPartWriter[tps.ClusterStep](c.cfg.OutDir, id, trace.ClusterSteps, opt); err == nil {
+			if j.events, err = trace.NewPartWriter[tps.Event](c.cfg.OutDir, id, trace.Events, opt); err == nil {
+				j.gpus, err = trace.NewPartWriter[tps.GPUSample](c.cfg.OutDir, id, trace.GPUSamples, opt)
+			}
+		}
+	}
+	if err != nil {
+		c.cfg.Logger.Error("cannot create the trace folders; nothing of this job is written", "job", id, "err", err)
+		c.stats.WriteErrors++
+	}
+	return j
+}
+
+// fileMetadata is stored in every part: the run metadata as known when the
+// part is finalised.
+func (j *job) fileMetadata() map[string]string {
+	m := j.meta
+	m.Job = j.id
+	if m.GPU == "" {
+		m.GPU = j.gpuSeen
+	}
+	b, _ := json.Marshal(m)
+	out := map[string]string{trace.MetaRun: string(b)}
+	if j.cfg.PeakFLOPSPerGPU > 0 {
+		out["tpsprof.peak_tflops"] = fmt.Sprint(j.cfg.PeakFLOPSPerGPU / 1e12)
+	}
+	if j.cfg.FLOPsPerToken > 0 {
+		out["tpsprof.flops_per_token"] = fmt.Sprint(j.cfg.FLOPsPerToken)
+	}
+	out["tpsprof.topology"] = j.cfg.Topology.String()
+	return out
+}
+
+func (j *job) setMeta(c *Collector, m tps.RunMeta) {
+	j.meta.Merge(m)
+	j.hasMeta = true
+	if j.world > 0 {
+		j.configure(c, j.world)
+	}
+}
+
+// configure derives the aggregation settings for world; steps opened from
+// now on use them.
+func (j *job) configure(c *Collector, world int64) {
+	j.world = world
+	cfg, err := j.meta.AccumulatorConfig(int(world), j.gpuSeen)
+	j.cfg = cfg
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg != j.cfgErr && msg != "" {
+		c.cfg.Logger.Warn("MFU not computed for this job", "job", j.id, "why", msg)
+	}
+	j.cfgErr = msg
+	if t := j.meta.Topology; t != (tps.Topology{}) && t.Validate(int(world)) != nil {
+		c.cfg.Logger.Warn("the job's topology does not match its world size; assuming pure data parallelism", "job", j.id, "topology", t.String(), "world_size", world)
+	}
+}
+
+func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) {
+	if j.world != r.WorldSize {
+		if j.world != 0 && len(j.open) > 0 {
+			// A relaunch at another size: close what the old size left open.
+			j.closeAll(c)
+		}
+		j.configure(c, r.WorldSize)
+	}
+	if r.Node != "" && j.rankNode[r.Rank] != r.Node && len(j.rankNode) < tps.MaxWorldSize {
+		j.rankNode[r.Rank] = r.Node
+	}
+	k := stepKey{r.Attempt, r.Step}
+	st, ok := j.open[k]
+	if !ok {
+		if bits, closed := j.closed.seen[k]; closed {
+			w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
+			if w < int64(len(bits)) && bits[w]&b != 0 {
+				c.stats.Duplicates++
+				return
+			}
+			if w < int64(len(bits)) {
+				bits[w] |= b
+			}
+			j.late(c, r)
+			return
+		}
+		if hi, ok := j.maxClosed[r.Attempt]; ok && r.Step <= hi {
+			j.late(c, r) // closed too long ago to check for duplicates
+			return
+		}
+		acc, err := tps.NewStepAccumulator(j.id, r.Attempt, r.Step, r.WorldSize, j.cfg)
+		if err != nil {
+			c.countInvalid(err)
+			return
+		}
+		st = &openStep{acc: acc, first: now}
+		j.open[k] = st
+		if len(j.open) > c.cfg.MaxOpenSteps {
+			j.closeOldest(c)
+		}
+	}
+	added, err := st.acc.Add(r)
+	if err != nil {
+		c.countInvalid(err)
+		return
+	}
+	if !added {
+		c.stats.Duplicates++
+		return
+	}
+	c.stats.Records++
+	j.rankBuf = append(j.rankBuf, *r)
+	if len(j.rankBuf) >= 4096 {
+		j.flushRanks(c)
+	}
+	if st.acc.Full() {
+		j.closeStep(c, k, st)
+	}
+}
+
+func (j *job) late(c *Collector, r *tps.StepRecord) {
+	c.stats.Late++
+	j.rankBuf = append(j.rankBuf, *r)
+}
+
+func (j *job) flushRanks(c *Collector) {
+	if len(j.rankBuf) == 0 || j.ranks == nil {
+		return
+	}
+	buf := j.rankBuf
+	c.write(j, func() error {
+		err := j.ranks.Write(buf)
+		if err != nil {
+			c.stats.RowsLost += int64(len(buf))
+		}
+		return err
+	})
+	j.rankBuf = j.rankBuf[:0]
+}
+
+func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
+	delete(j.open, k)
+	row := st.acc.Result()
+	j.closed.add(k, st.acc.SeenBits())
+	if hi, ok := j.maxClosed[k.attempt]; !ok || k.step > hi {
+		j.maxClosed[k.attempt] = k.step
+	}
+	c.stats.StepsClosed++
+	if !row.Complete() {
+		c.stats.Incomplete++
+	}
+	if len(j.recent) < liveWindow {
+		j.recent = append(j.recent, row)
+	} else {
+		j.recent[j.recentNext] = row
+		j.recentNext = (j.recentNext + 1) % liveWindow
+	}
+	j.newSinceLog = true
+	if j.cluster != nil {
+		c.write(j, func() error { return j.cluster.Write([]tps.ClusterStep{row}) })
+	}
+}
+
+func (j *job) closeOldest(c *Collector) {
+	keys := slices.SortedFunc(maps.Keys(j.open), cmpKey)
+	j.closeStep(c, keys[0], j.open[keys[0]])
+}
+
+func cmpKey(a, b stepKey) int {
+	if a.attempt != b.attempt {
+		return int(a.attempt - b.attempt)
+	}
+	switch {
+	case a.step < b.step:
+		return -1
+	case a.step > b.step:
+		return 1
+	}
+	return 0
+}
+
+func (j *job) closeExpired(c *Collector, now time.Time) {
+	if len(j.open) == 0 {
+		return
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(j.open), cmpKey) {
+		if st := j.open[k]; now.Sub(st.first) >= c.cfg.Grace {
+			j.closeStep(c, k, st)
+		}
+	}
+}
+
+func (j *job) closeAll(c *Collector) {
+	for _, k := range slices.SortedFunc(maps.Keys(j.open), cmpKey) {
+		j.closeStep(c, k, j.open[k])
+	}
+}
+
+func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
+	if len(s) == 0 || j.gpus == nil {
+		return
+	}
+	if j.gpuSeen == "" && s[0].Name != "" {
+		j.gpuSeen = s[0].Name
+		if j.world > 0 {
+			j.configure(c, j.world) // the GPU model may make MFU computable
+		}
+	}
+	c.write(j, func() error { return j.gpus.Write(s) })
+}
+
+func (j *job) rotateDue(c *Collector, now time.Time) {
+	j.flushRanks(c)
+	if j.ranks == nil {
+		return
+	}
+	if j.ranks.Due(now) {
+		c.write(j, j.ranks.Rotate)
+	}
+	if j.cluster.Due(now) {
+		c.write(j, j.cluster.Rotate)
+	}
+	if j.events.Due(now) {
+		c.write(j, j.events.Rotate)
+	}
+	if j.gpus.Due(now) {
+		c.write(j, j.gpus.Rotate)
+	}
+}
+
+func (j *job) recentSteps() []tps.ClusterStep {
+	out := make([]tps.ClusterStep, 0, len(j.recent))
+	out = append(out, j.recent[j.recentNext:]...)
+	out = append(out, j.recent[:j.recentNext]...)
+	return out
+}
+
+func (j *job) liveLine() string {
+	if !j.newSinceLog || len(j.recent) == 0 {
+		return ""
+	}
+	j.newSinceLog = false
+	steps := j.recentSteps()
+	last := steps[len(steps)-1]
+	// Average over the last few steps so the line does not jitter.
+	n := min(len(steps), 10)
+	var tpsSum, mfuSum, commSum float64
+	for _, s := range steps[len(steps)-n:] {
+		tpsSum += s.TPS
+		mfuSum += s.MFU
+		commSum += s.CommFractionMean
+	}
+	mfuText := "MFU n/a"
+	if last.MFU > 0 {
+		mfuText = fmt.Sprintf("MFU %.1f%%", 100*mfuSum/float64(n))
+	}
+	node := j.rankNode[last.SlowestRank]
+	if node != "" {
+		node = " on " + node
+	}
+	return fmt.Sprintf("[%s] %s step %d | TPS %s (%s/GPU) | %s | comm %.1f%% | slowest rank %d%s | ranks %d/%d",
+		time.Now().Format("15:04:05"), j.id, last.Step, si(tpsSum/float64(n)), si(tpsSum/float64(n)/float64(max(last.WorldSize, 1))),
+		mfuText, 100*commSum/float64(n), last.SlowestRank, node, last.RanksReported, last.WorldSize)
+}
+
+func si(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2fG", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+func (j *job) close(c *Collector) error {
+	j.closeAll(c)
+	j.flushRanks(c)
+	if j.ranks == nil {
+		return fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
+	}
+	var first error
+	for _, fn := range []func() error{j.ranks.Close, j.cluster.Close, j.events.Close, j.gpus.Close} {
+		if err := fn(); err != nil {
+			c.stats.WriteErrors++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
