@@ -291,7 +291,7 @@ func (a *Agent) rejectErr(err error) {
 
 // Flush publishes what is batched and waits until NATS has it (or timeout).
 func (a *Agent) Flush(timeout time.Duration) error {
-	a.pub.flushNow()
+	a.pub.drain()
 	if err := a.nc.FlushTimeout(timeout); err != nil {
 		return fmt.Errorf("agent: flush: %w", err)
 	}

@@ -73,13 +73,13 @@ func (c *Config) defaults() error {
 
 // Stats are the collector's counters since start.
 type Stats struct {
-	Records      int64            `json:"records"`       // step records accepted (first copy)
-	Duplicates   int64            `json:"duplicates"`    // repeated (job, attempt, step, rank)
-	Late         int64            `json:"late"`          // after their step closed; written, not aggregated
-	Rejected     map[string]int64 `json:"rejected"`      // by reason: "field:reason", "batch:decode", …
-	Events       int64            `json:"events"`        //
-	MetaUpdates  int64            `json:"meta_updates"`  //
-	StepsClosed  int64            `json:"steps_closed"`  //
+	Records      int64            `json:"records"`      // step records accepted (first copy)
+	Duplicates   int64            `json:"duplicates"`   // repeated (job, attempt, step, rank)
+	Late         int64            `json:"late"`         // after their step closed; written, not aggregated
+	Rejected     map[string]int64 `json:"rejected"`     // by reason: "field:reason", "batch:decode", …
+	Events       int64            `json:"events"`       //
+	MetaUpdates  int64            `json:"meta_updates"` //
+	StepsClosed  int64            `json:"steps_closed"` //
 	Incomplete   int64            `json:"steps_incomplete"`
 	WriteErrors  int64            `json:"write_errors"`
 	RowsLost     int64            `json:"rows_lost"`

@@ -5,8 +5,11 @@
 package e2e
 
 import (
+	"encoding/json"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,10 +56,31 @@ func startEnv(t *testing.T, nodes int, grace time.Duration) *env {
 	return e
 }
 
-// finish flushes agents, waits for the collector to have everything and
-// closes it (finalising the Parquet parts).
-func (e *env) finish(t *testing.T) {
+// waitLines waits until the agents together have read n intake lines.
+func (e *env) waitLines(t *testing.T, n int64) {
 	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got int64
+		for _, a := range e.agents {
+			got += a.Stats().Lines
+		}
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agents read %d lines, want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// finish waits until the agents have read lines intake lines, flushes
+// them, waits for the collector to have everything and closes it
+// (finalising the Parquet parts).
+func (e *env) finish(t *testing.T, lines int64) {
+	t.Helper()
+	e.waitLines(t, lines)
 	for _, a := range e.agents {
 		if err := a.Flush(5 * time.Second); err != nil {
 			t.Fatal(err)
@@ -109,7 +133,7 @@ func TestEndToEndClusterTPS(t *testing.T) {
 			t.Fatalf("client dropped %d (sent %d)", dropped, sent)
 		}
 	}
-	e.finish(t)
+	e.finish(t, 161)
 
 	st := e.col.Stats()
 	if st.Records != 160 || st.Duplicates != 1 || st.StepsClosed != steps || st.Incomplete != 0 {
@@ -146,5 +170,92 @@ func TestEndToEndClusterTPS(t *testing.T) {
 		if r.Node != want {
 			t.Fatalf("rank %d: node %q, want %q (filled by the agent)", r.Rank, r.Node, want)
 		}
+	}
+}
+
+// A rank that never reports: the step closes after the grace period with the
+// missing rank counted; its record arriving later is written to rank_steps
+// as late and does not change the closed row.
+func TestEndToEndMissingAndLateRanks(t *testing.T) {
+	e := startEnv(t, 1, 300*time.Millisecond)
+	c := agent.NewClient(e.agents[0].Socket(), agent.ClientOptions{})
+	for r := int64(0); r < 3; r++ { // rank 3 of 4 is missing
+		c.RecordStep(stepRec("miss", 0, r, 4, 100, 1e9))
+	}
+	c.Close(5 * time.Second)
+	e.waitLines(t, 3)
+	e.agents[0].Flush(5 * time.Second)
+	e.col.Sync(5 * time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for e.col.Stats().StepsClosed == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("step not closed after the grace period")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	late := agent.NewClient(e.agents[0].Socket(), agent.ClientOptions{})
+	late.RecordStep(stepRec("miss", 0, 3, 4, 100, 1e9))
+	late.RecordStep(stepRec("miss", 0, 3, 4, 100, 1e9)) // and its duplicate
+	late.Close(5 * time.Second)
+	e.finish(t, 5)
+
+	st := e.col.Stats()
+	if st.Late != 1 || st.Duplicates != 1 || st.Incomplete != 1 {
+		t.Errorf("got late=%d duplicates=%d incomplete=%d, want 1 1 1", st.Late, st.Duplicates, st.Incomplete)
+	}
+	rows, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(e.out, "miss", trace.ClusterSteps))
+	if len(rows) != 1 || rows[0].RanksMissing != 1 || rows[0].RanksReported != 3 || rows[0].Tokens != 300 {
+		t.Fatalf("cluster rows: %+v", rows)
+	}
+	ranks, _ := trace.ReadAll[tps.StepRecord](filepath.Join(e.out, "miss", trace.RankSteps))
+	if len(ranks) != 4 {
+		t.Errorf("got %d rank rows, want 4 (the late one included, its duplicate not)", len(ranks))
+	}
+}
+
+// Garbage on the socket is counted by reason and everything else goes on.
+func TestEndToEndBadLinesCounted(t *testing.T) {
+	e := startEnv(t, 1, 5*time.Second)
+	conn, err := net.Dial("unix", e.agents[0].Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := stepRec("bad", 0, 0, 1, 10, 1e9)
+	goodLine, _ := json.Marshal(good)
+	lines := []string{
+		"not json at all",
+		`{"job":"bad","step":"zero"}`,
+		`{"job":"bad","step":0,"rank":0,"world_size":1,"tokens":-1,"start_unix_ns":1760000000000000000,"end_unix_ns":1760000001000000000}`,
+		`{"job":"no spaces allowed","step":0,"rank":0,"world_size":1,"tokens":1,"start_unix_ns":1760000000000000000,"end_unix_ns":1760000001000000000}`,
+		`{"type":"mystery"}`,
+		"\x00\x01\x02\xff\xfe",
+		`{"job":"bad","step":0,"rank":0,"world_size":1,"tokens":1,"start_unix_ns":1,"end_unix_ns":2}`,
+		strings.Repeat("x", 100<<10), // over the 64 KiB cap
+		string(goodLine),
+	}
+	for _, l := range lines {
+		if _, err := conn.Write([]byte(l + "\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for e.agents[0].Stats().Lines < int64(len(lines)) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	st := e.agents[0].Stats()
+	want := map[string]int64{"line:not_json_object": 2, "line:json": 1, "tokens:negative": 1, "job:invalid": 1,
+		"line:unknown_type": 1, "start_unix_ns:out_of_range": 1, "line:oversized": 1}
+	for k, v := range want {
+		if st.Rejected[k] != v {
+			t.Errorf("rejected[%s] = %d, want %d (all: %v)", k, st.Rejected[k], v, st.Rejected)
+		}
+	}
+	if st.Records != 1 {
+		t.Errorf("accepted %d records, want the 1 good one", st.Records)
+	}
+	e.finish(t, int64(len(lines)))
+	if got := e.col.Stats().Records; got != 1 {
+		t.Errorf("collector got %d records, want 1", got)
 	}
 }

@@ -1,0 +1,234 @@
+"""tpsprof hook: time training steps and send them to the node's tpsprof agent.
+
+One stdlib-only file: copy it next to your training script or put it on the
+PYTHONPATH. It never blocks and never raises into the training loop: sends are
+non-blocking writes to the agent's unix socket; when the agent is missing, slow
+or restarting, records are dropped and counted (``hook.dropped``).
+
+    from tpsprof_hook import TPSProf
+    prof = TPSProf()                       # job, rank, world size from the environment
+    for step, batch in enumerate(loader):
+        prof.start(step)
+        with prof.phase("data_wait"):
+            batch = next(it)
+        loss = train_step(batch)
+        prof.end(tokens=tokens_of_my_replica, loss=float(loss))
+
+``tokens`` are the tokens this rank's data-parallel replica consumed in the
+step (all micro-batches), real tokens, not padding. Ranks of one replica
+(tensor/pipeline/context-parallel peers) report the same number; tpsprof
+counts it once per replica.
+
+Environment (set by ``tpsprof launch``; torchrun sets RANK, WORLD_SIZE,
+LOCAL_RANK): TPSPROF_SOCKET, TPSPROF_JOB, TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY
+("dp=4,tp=8,pp=2"), RANK, WORLD_SIZE, LOCAL_RANK.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import tempfile
+import time
+
+__all__ = ["TPSProf"]
+
+_PHASES = ("data_wait", "fwd", "bwd", "optim", "comm", "exposed_comm", "pp_wait", "ckpt")
+
+
+def _default_socket():
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "tpsprof.sock")
+    return os.path.join(tempfile.gettempdir(), "tpsprof-%d.sock" % os.getuid())
+
+
+def _topology_coords(spec, rank):
+    """Coordinates of rank in "dp=..,tp=..,pp=..,cp=.." (Megatron order tp-cp-dp-pp)."""
+    sizes = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
+    for part in spec.split(","):
+        if "=" in part:
+            k, v = part.split("=", 1)
+            sizes[k.strip()] = int(v)
+    tp, cp, dp = sizes["tp"], sizes["cp"], sizes["dp"]
+    r = rank
+    c = {"tp_rank": r % tp}
+    r //= tp
+    c["cp_rank"] = r % cp
+    r //= cp
+    c["dp_rank"] = r % dp
+    c["pp_rank"] = r // dp
+    c["ep_rank"] = c["dp_rank"] % sizes["ep"]
+    return c
+
+
+class TPSProf:
+    """Times steps of one rank and sends one JSON line per step to the agent."""
+
+    def __init__(self, job=None, rank=None, world_size=None, local_rank=None, attempt=None,
+                 socket_path=None, topology=None, max_pending_bytes=1 << 20, reconnect_interval=1.0):
+        env = os.environ
+        self.job = job or env.get("TPSPROF_JOB", "default")
+        self.rank = int(rank if rank is not None else env.get("RANK", 0))
+        self.world_size = int(world_size if world_size is not None else env.get("WORLD_SIZE", 1))
+        lr = local_rank if local_rank is not None else env.get("LOCAL_RANK")
+        self.local_rank = int(lr) if lr is not None else None
+        self.attempt = int(attempt if attempt is not None else
+                           env.get("TPSPROF_ATTEMPT", env.get("TORCHELASTIC_RESTART_COUNT", 0)))
+        self.path = socket_path or env.get("TPSPROF_SOCKET") or _default_socket()
+        topo = topology or env.get("TPSPROF_TOPOLOGY")
+        self._coords = {}
+        if topo:
+            try:
+                self._coords = _topology_coords(topo, self.rank)
+            except (ValueError, ZeroDivisionError):
+                self._coords = {}
+        self.max_pending_bytes = max_pending_bytes
+        self.reconnect_interval = reconnect_interval
+        self.sent = 0
+        self.dropped = 0
+        self._sock = None
+        self._pending = b""
+        self._next_try = 0.0
+        self._step = None
+        self._t0 = 0
+        self._t0_wall = 0
+        self._phases = {}
+
+    # -- timing -----------------------------------------------------------
+    def start(self, step):
+        """Marks the start of optimizer step ``step``."""
+        self._step = int(step)
+        self._phases = {}
+        self._t0_wall = time.time_ns()
+        self._t0 = time.perf_counter_ns()
+
+    def add_phase(self, name, seconds):
+        """Adds ``seconds`` to a phase of the current step (see _PHASES)."""
+        if name in _PHASES and seconds > 0:
+            self._phases[name] = self._phases.get(name, 0) + int(seconds * 1e9)
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        """Times a block as a phase: ``with prof.phase("data_wait"): ...``."""
+        t = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            if name in _PHASES:
+                self._phases[name] = self._phases.get(name, 0) + time.perf_counter_ns() - t
+
+    def end(self, tokens, loss=None, flops=None, samples=None, padded_tokens=None, skipped=False):
+        """Closes the current step and sends its record. Never raises."""
+        try:
+            if self._step is None:
+                return
+            dur = max(time.perf_counter_ns() - self._t0, 1)
+            rec = {
+                "job": self.job, "attempt": self.attempt, "step": self._step,
+                "rank": self.rank, "world_size": self.world_size,
+                "start_unix_ns": self._t0_wall, "end_unix_ns": self._t0_wall + dur,
+                "duration_ns": dur, "tokens": int(tokens),
+            }
+            if self.local_rank is not None:
+                rec["local_rank"] = self.local_rank
+            rec.update(self._coords)
+            for k, v in self._phases.items():
+                rec[k + "_ns"] = int(v)
+            if loss is not None and loss == loss and abs(loss) != float("inf"):
+                rec["loss"] = float(loss)
+            if flops:
+                rec["flops"] = float(flops)
+            if samples:
+                rec["samples"] = int(samples)
+            if padded_tokens:
+                rec["padded_tokens"] = int(padded_tokens)
+            if skipped:
+                rec["skipped"] = True
+            self._step = None
+            self._send(rec)
+        except Exception:  # never into the training loop
+            self.dropped += 1
+
+    def event(self, kind, name=None, start_unix_ns=None, end_unix_ns=None, step=None, detail=None):
+        """Sends a run event (checkpoint_save, eval, ...). Never raises."""
+        try:
+            now = time.time_ns()
+            ev = {"type": "event", "job": self.job, "attempt": self.attempt, "kind": kind, "rank": self.rank,
+                  "start_unix_ns": start_unix_ns or now, "end_unix_ns": end_unix_ns or start_unix_ns or now}
+            if name:
+                ev["name"] = name
+            if step is not None:
+                ev["step"] = int(step)
+            if detail:
+                ev["detail"] = str(detail)[:1000]
+            self._send(ev)
+        except Exception:
+            self.dropped += 1
+
+    # -- transport --------------------------------------------------------
+    def _send(self, obj):
+        line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+        if self._sock is None and not self._connect():
+            self.dropped += 1
+            return
+        if len(self._pending) + len(line) > self.max_pending_bytes:
+            self.dropped += 1  # the agent is not reading; keep the stream whole
+            self._flush()
+            return
+        self._pending += line
+        if self._flush():
+            self.sent += 1
+
+    def _flush(self):
+        """Writes what is pending without blocking; False if the agent is gone."""
+        if not self._pending:
+            return True
+        try:
+            n = self._sock.send(self._pending)
+            self._pending = self._pending[n:]
+            return True
+        except (BlockingIOError, InterruptedError):
+            return True  # kernel buffer full: keep it pending
+        except OSError:
+            self._close()
+            return False
+
+    def _connect(self):
+        now = time.monotonic()
+        if now < self._next_try:
+            return False
+        self._next_try = now + self.reconnect_interval
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.settimeout(0.05)
+            s.connect(self.path)
+            s.setblocking(False)
+        except OSError:
+            s.close()
+            return False
+        self._sock = s
+        self._pending = b""
+        return True
+
+    def _close(self):
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            except OSError:
+                pass
+        self._sock = None
+        # A partial line would corrupt the next connection's stream: drop it.
+        if self._pending:
+            self.dropped += 1
+        self._pending = b""
+
+    def close(self, timeout=2.0):
+        """Tries to write what is pending for up to ``timeout`` seconds, then disconnects."""
+        deadline = time.monotonic() + timeout
+        while self._pending and self._sock is not None and time.monotonic() < deadline:
+            if not self._flush():
+                break
+            if self._pending:
+                time.sleep(0.005)
+        self._close()
