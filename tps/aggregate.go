@@ -23,12 +23,16 @@ type ClusterStep struct {
 	// token counts; their tokens are taken from the lowest rank that reported.
 	TokenMismatchReplicas int64 `json:"token_mismatch_replicas" parquet:"token_mismatch_replicas"`
 
-	Tokens      int64   `json:"tokens" parquet:"tokens"`
-	FLOPs       float64 `json:"flops" parquet:"flops"`
-	StepTimeNs  int64   `json:"step_time_ns" parquet:"step_time_ns"`
-	SlowestRank int64   `json:"slowest_rank" parquet:"slowest_rank"`
-	StartUnixNs int64   `json:"start_unix_ns" parquet:"start_unix_ns"`
-	EndUnixNs   int64   `json:"end_unix_ns" parquet:"end_unix_ns"`
+	Tokens     int64   `json:"tokens" parquet:"tokens"`
+	FLOPs      float64 `json:"flops" parquet:"flops"`
+	StepTimeNs int64   `json:"step_time_ns" parquet:"step_time_ns"`
+	// SlowestRank is the rank with the most compute time (duration less
+	// exposed communication, data wait and pipeline wait): in a synchronous
+	// step every rank's duration is about the same, and the others' waiting
+	// shows up as their exposed communication.
+	SlowestRank int64 `json:"slowest_rank" parquet:"slowest_rank"`
+	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns"`
+	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns"`
 
 	TPS       float64 `json:"tps" parquet:"tps"`
 	TPSPerGPU float64 `json:"tps_per_gpu" parquet:"tps_per_gpu"`
@@ -83,7 +87,8 @@ type StepAccumulator struct {
 	mismatched    []uint64
 
 	reported, dupes, skipped int64
-	maxDur, slowest          int64
+	maxDur, maxCompute       int64
+	slowest                  int64
 	minStart, maxEnd         int64
 	sumDur, sumCompute       float64
 	sumExposed, maxExposed   float64
@@ -186,8 +191,9 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	}
 
 	d := r.DurationNs
-	if d > a.maxDur || (d == a.maxDur && r.Rank < a.slowest) {
-		a.maxDur, a.slowest = d, r.Rank
+	a.maxDur = max(a.maxDur, d)
+	if c := r.ComputeNs(); a.slowest < 0 || c > a.maxCompute || (c == a.maxCompute && r.Rank < a.slowest) {
+		a.maxCompute, a.slowest = c, r.Rank
 	}
 	a.minStart = min(a.minStart, r.StartUnixNs)
 	a.maxEnd = max(a.maxEnd, r.EndUnixNs)

@@ -406,3 +406,33 @@ func BenchmarkAccumulator(b *testing.B) {
 	}
 	b.ReportMetric(float64(world)*float64(b.N)/b.Elapsed().Seconds(), "records/s")
 }
+
+func TestStragglerScores(t *testing.T) {
+	compute := map[int64][]float64{0: {10, 11, 10}, 1: {10, 10, 10}, 2: {14, 15, 30}, 3: {12, 12, 12}}
+	nodes := map[int64]string{0: "a", 1: "a", 2: "b", 3: "b"}
+	s := StragglerScores(compute, nodes)
+	if s[0].Rank != 2 || math.Abs(s[0].Score-10.0/15) > 1e-12 || !s[0].Straggler {
+		t.Errorf("slowest: got %+v, want rank 2 scored 0.667 and flagged", s[0])
+	}
+	if s[1].Rank != 3 || s[1].Straggler {
+		t.Errorf("second: got %+v, want rank 3 not flagged (0.833)", s[1])
+	}
+	n := NodeScores(s)
+	if n[0].Node != "b" || !n[0].Straggler || n[1].Straggler {
+		t.Errorf("nodes: got %+v", n)
+	}
+}
+
+// Narayanan et al. 2021, section 2.2: bubble (p−1)/(m+p−1) for 1F1B, and
+// (p−1)/(v·m) ... of the ideal time with v interleaved stages.
+func TestTheoreticalBubble(t *testing.T) {
+	if got := TheoreticalBubble(4, 8, 1); math.Abs(got-3.0/11) > 1e-12 {
+		t.Errorf("p=4 m=8: got %g, want 3/11", got)
+	}
+	if got := TheoreticalBubble(4, 8, 2); math.Abs(got-3.0/16) > 1e-12 {
+		t.Errorf("interleaved: got %g, want 3/16", got)
+	}
+	if TheoreticalBubble(1, 8, 1) != 0 {
+		t.Error("no pipeline, no bubble")
+	}
+}

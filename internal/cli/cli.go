@@ -30,6 +30,11 @@ type command struct {
 
 func commands() []command {
 	return []command{
+		{"demo", "run a simulated 64-GPU job through the whole product and print its report", runDemo},
+		{"collector", "aggregate steps from NATS and write Parquet traces (embedded NATS by default)", runCollector},
+		{"agent", "serve the node's intake socket and publish records to NATS", runAgent},
+		{"launch", "run a training command under tpsprof (starts an agent when none runs)", runLaunch},
+		{"report", "analyse a job's Parquet traces", runReport},
 		{"mfu", "compute FLOPs per token, MFU and HFU, time and cost to train", runMFU},
 		{"version", "print the version", runVersion},
 	}
@@ -72,6 +77,8 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stdout, "tpsprof", v)
 	return exitOK
 }
+
+var flagErrHelp = flag.ErrHelp
 
 // flagSet is a command's flags with its help text.
 type flagSet struct {

@@ -1,0 +1,363 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/internal/demo"
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// natsFlags registers the connection flags agent, collector and launch share.
+// Secrets can come from the environment instead of the command line, where
+// other users could read them.
+func natsFlags(fs *flagSet, o *natsconn.Options) {
+	fs.StringVar(&o.URL, "nats", "", "NATS server URL, e.g. nats://10.0.0.5:4222 (tls:// for TLS)")
+	fs.StringVar(&o.User, "nats-user", "", "NATS user name")
+	fs.StringVar(&o.CredsFile, "nats-creds", "", "NATS credentials file (JWT and NKey seed)")
+	fs.StringVar(&o.NKeyFile, "nats-nkey", "", "NATS NKey seed file")
+	fs.StringVar(&o.TLSCA, "nats-tls-ca", "", "CA certificate that signed the NATS server's certificate")
+	fs.StringVar(&o.TLSCert, "nats-tls-cert", "", "client certificate for mutual TLS")
+	fs.StringVar(&o.TLSKey, "nats-tls-key", "", "client key for mutual TLS")
+}
+
+// natsSecrets reads password and token from the environment.
+func natsSecrets(o *natsconn.Options) {
+	o.Password = os.Getenv("TPSPROF_NATS_PASSWORD")
+	o.Token = os.Getenv("TPSPROF_NATS_TOKEN")
+}
+
+const natsEnvHelp = "\nSecrets come from the environment, never from flags: TPSPROF_NATS_PASSWORD (with --nats-user), TPSPROF_NATS_TOKEN.\n"
+
+func newLogger(w io.Writer, verbose bool) *slog.Logger {
+	lvl := slog.LevelInfo
+	if verbose {
+		lvl = slog.LevelDebug
+	}
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+func printJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+func runCollector(args []string, stdout, stderr io.Writer) int {
+	const cmd = "collector"
+	fs := newFlagSet(cmd, "collector --out DIR [--nats URL | --listen HOST:PORT] [flags]", `  # embedded NATS on port 4222, traces under ./traces
+  tpsprof collector --out traces
+
+  # an existing NATS cluster, with a credentials file and TLS
+  tpsprof collector --out /data/tpsprof --nats tls://nats.internal:4222 --nats-creds agent.creds --nats-tls-ca ca.pem
+`+natsEnvHelp, stderr)
+	var no natsconn.Options
+	natsFlags(fs, &no)
+	out := fs.String("out", "", "output directory; one folder per job (required)")
+	listen := fs.String("listen", "127.0.0.1:4222", "address of the embedded NATS server when --nats is not given")
+	grace := fs.Duration("grace", 30*time.Second, "how long a step waits for missing ranks")
+	metaFile := fs.String("meta", "", "run metadata JSON (topology, model, gpu, dtype, gpu_hour_usd) applied to every job")
+	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
+	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
+	verbose := fs.Bool("v", false, "verbose logging")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	natsSecrets(&no)
+	if *out == "" {
+		return usageErr(stderr, cmd, "--out is required")
+	}
+	log := newLogger(stderr, *verbose)
+	var meta *tps.RunMeta
+	if *metaFile != "" {
+		b, err := os.ReadFile(*metaFile)
+		if err != nil {
+			return usageErr(stderr, cmd, "read --meta: %v", err)
+		}
+		var m tps.RunMeta
+		if err := json.Unmarshal(b, &m); err != nil {
+			return usageErr(stderr, cmd, "--meta %s: %v", *metaFile, err)
+		}
+		meta = &m
+	}
+	if no.URL == "" {
+		host, port, err := splitHostPort(*listen)
+		if err != nil {
+			return usageErr(stderr, cmd, "--listen: %v", err)
+		}
+		srv, err := natsconn.StartEmbedded(host, port, "")
+		if err != nil {
+			fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
+			return exitError
+		}
+		defer srv.Shutdown()
+		no.URL = srv.URL()
+		fmt.Fprintf(stdout, "embedded NATS server listening; agents connect with: --nats %s\n", srv.URL())
+	}
+	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log}
+	cfg.Writer.PartAge = *partAge
+	if *live > 0 {
+		cfg.Live, cfg.LiveInterval = stdout, *live
+	}
+	c, err := collector.New(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
+		return exitError
+	}
+	fmt.Fprintf(stdout, "collecting into %s (Ctrl-C to stop)\n", *out)
+	ctx, cancel := signalContext()
+	defer cancel()
+	<-ctx.Done()
+	fmt.Fprintln(stdout, "stopping: closing open steps and finalising Parquet parts")
+	err = c.Close()
+	printJSON(stdout, c.Stats())
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func splitHostPort(s string) (string, int, error) {
+	i := strings.LastIndex(s, ":")
+	if i < 0 {
+		return "", 0, fmt.Errorf("%q is not HOST:PORT", s)
+	}
+	var port int
+	if _, err := fmt.Sscanf(s[i+1:], "%d", &port); err != nil || port < -1 || port > 65535 {
+		return "", 0, fmt.Errorf("%q: bad port", s)
+	}
+	return s[:i], port, nil
+}
+
+func runAgent(args []string, stdout, stderr io.Writer) int {
+	const cmd = "agent"
+	fs := newFlagSet(cmd, "agent --nats URL [--socket PATH] [flags]", `  tpsprof agent --nats nats://collector-host:4222
+  tpsprof agent --nats nats://collector-host:4222 --socket /run/tpsprof.sock --node gpu-node-17
+`+natsEnvHelp, stderr)
+	var no natsconn.Options
+	natsFlags(fs, &no)
+	socket := fs.String("socket", agent.DefaultSocket(), "intake unix socket the ranks write JSON lines to")
+	mode := fs.Uint("socket-mode", 0o600, "permission bits of the socket (default owner only; 0660 lets the group write)")
+	node := fs.String("node", "", "node name stamped on records (default: host name)")
+	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
+	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
+	verbose := fs.Bool("v", false, "verbose logging")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	natsSecrets(&no)
+	if no.URL == "" {
+		return usageErr(stderr, cmd, "--nats is required (the URL the collector printed)")
+	}
+	if *mode > 0o777 {
+		return usageErr(stderr, cmd, "--socket-mode %o is not a permission mode", *mode)
+	}
+	log := newLogger(stderr, *verbose)
+	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
+		BufferBytes: *buffer << 20, Logger: log})
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof agent: %v\n", err)
+		return exitError
+	}
+	fmt.Fprintf(stdout, "agent for node %s: ranks write to %s, publishing to %s\n", a.Node(), a.Socket(), natsconn.Redacted(no.URL))
+	ctx, cancel := signalContext()
+	defer cancel()
+	var tick <-chan time.Time
+	if *stats > 0 {
+		t := time.NewTicker(*stats)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			a.Close()
+			printJSON(stdout, a.Stats())
+			return exitOK
+		case <-tick:
+			s := a.Stats()
+			log.Info("agent", "records", s.Records, "published", s.Published, "dropped", s.Dropped, "rejected", s.Rejected, "nats_connected", s.NATSConnected)
+		}
+	}
+}
+
+func runLaunch(args []string, stdout, stderr io.Writer) int {
+	const cmd = "launch"
+	fs := newFlagSet(cmd, "launch --job ID [flags] -- COMMAND [ARGS...]", `  # torchrun under tpsprof: ranks find the agent through TPSPROF_SOCKET
+  tpsprof launch --job llama-8b --nats nats://collector:4222 --dp 4 --tp 8 --pp 2 --model llama3-8b --gpu h100-sxm \
+      -- torchrun --nproc-per-node 8 train.py
+
+It starts an agent in process when none serves the socket, exports TPSPROF_SOCKET, TPSPROF_JOB,
+TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY and TPSPROF_NODE, forwards SIGINT and SIGTERM, records
+attempt_start and attempt_end events and exits with the command's exit code.
+`+natsEnvHelp, stderr)
+	var no natsconn.Options
+	natsFlags(fs, &no)
+	job := fs.String("job", os.Getenv(agent.EnvJob), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB)")
+	attempt := fs.Int64("attempt", 0, "restart count of the job (0 for the first launch)")
+	socket := fs.String("socket", agent.DefaultSocket(), "intake socket of the node's agent")
+	var topo tps.Topology
+	fs.IntVar(&topo.DP, "dp", 0, "data-parallel size")
+	fs.IntVar(&topo.TP, "tp", 0, "tensor-parallel size")
+	fs.IntVar(&topo.PP, "pp", 0, "pipeline-parallel size")
+	fs.IntVar(&topo.CP, "cp", 0, "context-parallel size")
+	fs.IntVar(&topo.EP, "ep", 0, "expert-parallel size (carved out of dp)")
+	micro := fs.Int("micro-batches", 0, "micro-batches per step (for the theoretical pipeline bubble)")
+	model := fs.String("model", "", "model preset, for MFU")
+	gpu := fs.String("gpu", "", "GPU name or table key, for MFU (default: what NVML reports)")
+	dtype := fs.String("dtype", "", "training dtype (default bf16)")
+	price := fs.Float64("gpu-hour-usd", 0, "price of a GPU-hour, for cost per million tokens")
+	dash := len(args)
+	for i, a := range args {
+		if a == "--" {
+			dash = i
+			break
+		}
+	}
+	if code, ok := parseFlags(fs, args[:dash], stderr); !ok {
+		return code
+	}
+	natsSecrets(&no)
+	if dash >= len(args)-1 {
+		return usageErr(stderr, cmd, "no command: put it after --")
+	}
+	if !tps.ValidJobID(*job) {
+		return usageErr(stderr, cmd, "--job %q: give 1-64 characters of [A-Za-z0-9_-]", *job)
+	}
+	if topo != (tps.Topology{}) {
+		if err := topo.Validate(0); err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+	}
+	if *model != "" {
+		if _, _, err := (&tps.RunMeta{ModelPreset: *model}).ResolvedModel(); err != nil {
+			return usageErr(stderr, cmd, "%v", err)
+		}
+	}
+	meta := tps.RunMeta{Topology: topo, MicroBatches: *micro, ModelPreset: *model, GPU: *gpu, DType: *dtype, GPUHourUSD: *price}
+	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: *job, Attempt: *attempt, Meta: meta,
+		Agent: agent.Config{Socket: *socket, NATS: no, Logger: newLogger(stderr, false)}, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof launch: %v\n", err)
+	}
+	return code
+}
+
+func runDemo(args []string, stdout, stderr io.Writer) int {
+	const cmd = "demo"
+	d := demo.Defaults()
+	fs := newFlagSet(cmd, "demo [--out DIR] [--steps N] [--dp N --tp N --pp N] [flags]", `  # the whole product on this machine: embedded NATS, a collector, 8 agents, 64 simulated ranks
+  tpsprof demo
+
+  # a bigger job, faster
+  tpsprof demo --out /tmp/demo --steps 300 --dp 16 --tp 8 --pp 2 --step-interval 20ms
+`, stderr)
+	fs.StringVar(&d.Out, "out", d.Out, "output directory")
+	fs.StringVar(&d.Job, "job", d.Job, "job id")
+	fs.IntVar(&d.Steps, "steps", d.Steps, "optimizer steps to simulate")
+	fs.IntVar(&d.Topology.DP, "dp", d.Topology.DP, "data-parallel size")
+	fs.IntVar(&d.Topology.TP, "tp", d.Topology.TP, "tensor-parallel size")
+	fs.IntVar(&d.Topology.PP, "pp", d.Topology.PP, "pipeline-parallel size")
+	fs.IntVar(&d.GPUsPerNode, "gpus-per-node", d.GPUsPerNode, "GPUs (ranks) per simulated node")
+	fs.IntVar(&d.MicroBatches, "micro-batches", d.MicroBatches, "micro-batches per replica per step")
+	fs.StringVar(&d.Model, "model", d.Model, "model preset")
+	fs.StringVar(&d.GPU, "gpu", d.GPU, "GPU of the simulated nodes")
+	fs.IntVar(&d.StragglerNode, "straggler-node", d.StragglerNode, "node slowed down from a fifth of the run on (-1: none)")
+	fs.Float64Var(&d.StragglerSlowdown, "straggler-slowdown", d.StragglerSlowdown, "how much slower the straggler node computes")
+	fs.DurationVar(&d.StepInterval, "step-interval", d.StepInterval, "real time between simulated steps")
+	fs.Uint64Var(&d.Seed, "seed", d.Seed, "random seed")
+	verbose := fs.Bool("v", false, "verbose logging")
+	if code, ok := parseFlags(fs, args, stderr); !ok {
+		return code
+	}
+	if d.Steps <= 0 || d.Steps > 1_000_000 {
+		return usageErr(stderr, cmd, "--steps %d: give 1 to 1,000,000", d.Steps)
+	}
+	if d.StragglerSlowdown < 1 {
+		return usageErr(stderr, cmd, "--straggler-slowdown %g must be at least 1", d.StragglerSlowdown)
+	}
+	d.Live, d.Progress = stdout, stdout
+	if *verbose {
+		d.Logger = newLogger(stderr, true)
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	res, err := demo.Run(ctx, d)
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof demo: %v\n", err)
+		return exitError
+	}
+	fmt.Fprintf(stdout, "\n%d rank records sent (%d dropped), %d accepted by the collector, %d cluster steps, in %s\n\n",
+		res.Records, res.Dropped, res.Stats.Records, res.Stats.StepsClosed, res.Duration.Round(100*time.Millisecond))
+	rep, err := report.Analyze(res.JobDir, report.Options{Warmup: tps.AutoWarmup})
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof demo: %v\n", err)
+		return exitError
+	}
+	report.WriteText(stdout, rep)
+	abs, _ := filepath.Abs(res.JobDir)
+	fmt.Fprintf(stdout, "\nParquet traces: %s/{rank_steps,cluster_steps,gpu_samples,events}/*.parquet\n", abs)
+	fmt.Fprintf(stdout, "e.g. duckdb -c \"select step, tps, mfu, comm_fraction_mean from '%s/cluster_steps/*.parquet' order by step\"\n", abs)
+	return exitOK
+}
+
+func runReport(args []string, stdout, stderr io.Writer) int {
+	const cmd = "report"
+	fs := newFlagSet(cmd, "report [flags] JOB_DIR", `  tpsprof report traces/llama-8b
+  tpsprof report --json --warmup 10 traces/llama-8b
+`, stderr)
+	asJSON := fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)")
+	warmup := fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)")
+	var train, price quantity
+	fs.Var(&train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
+	fs.Var(&price, "gpu-hour-usd", "price of a GPU-hour (overrides the run metadata)")
+	// the job folder may come before or after the flags
+	var dir string
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		dir, args = args[0], args[1:]
+	}
+	if err := fs.Parse(args); err != nil {
+		if err == flagErrHelp {
+			fs.help()
+			return exitOK
+		}
+		return usageErr(stderr, cmd, "%v (see --help)", err)
+	}
+	if dir == "" && fs.NArg() == 1 {
+		dir = fs.Arg(0)
+	} else if fs.NArg() > 0 {
+		return usageErr(stderr, cmd, "unexpected argument %q", fs.Arg(0))
+	}
+	if dir == "" {
+		return usageErr(stderr, cmd, "give the job folder (OUT/JOB) to report on")
+	}
+	rep, err := report.Analyze(dir, report.Options{Warmup: *warmup, TrainTokens: float64(train), GPUHourUSD: float64(price)})
+	if err != nil {
+		fmt.Fprintf(stderr, "tpsprof report: %v\n", err)
+		return exitError
+	}
+	if *asJSON {
+		printJSON(stdout, rep)
+		return exitOK
+	}
+	report.WriteText(stdout, rep)
+	return exitOK
+}

@@ -1,0 +1,71 @@
+package demo
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// The demo's traces are consistent: every cluster row equals the
+// aggregation of its step's rank rows read back from Parquet, and the report
+// finds the injected straggler node.
+func TestDemoTracesConsistent(t *testing.T) {
+	cfg := Defaults()
+	cfg.Out = t.TempDir()
+	cfg.Steps = 40
+	cfg.StepInterval = 0
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Dropped != 0 || res.Stats.Records != 64*40 || res.Stats.StepsClosed != 40 || res.Stats.Incomplete != 0 {
+		t.Fatalf("result: %+v", res)
+	}
+	ranks, err := trace.ReadAll[tps.StepRecord](filepath.Join(res.JobDir, trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, err := trace.ReadAll[tps.ClusterStep](filepath.Join(res.JobDir, trace.ClusterSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byStep := map[int64][]tps.StepRecord{}
+	for _, r := range ranks {
+		byStep[r.Step] = append(byStep[r.Step], r)
+	}
+	if len(cluster) != 40 || len(byStep) != 40 {
+		t.Fatalf("got %d cluster rows for %d steps", len(cluster), len(byStep))
+	}
+	for _, c := range cluster {
+		again, err := tps.Aggregate(byStep[c.Step], tps.AccumulatorConfig{Topology: cfg.Topology})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.Tokens != c.Tokens || again.StepTimeNs != c.StepTimeNs || again.SlowestRank != c.SlowestRank ||
+			math.Abs(again.CommFractionMean-c.CommFractionMean) > 1e-12 || again.RanksReported != 64 {
+			t.Fatalf("step %d: cluster row %+v, rank rows aggregate to %+v", c.Step, c, again)
+		}
+		// DP 4 × 16 micro-batches × 8192 tokens, once per replica.
+		if c.Tokens != 4*16*8192 {
+			t.Fatalf("step %d: tokens %d", c.Step, c.Tokens)
+		}
+		if c.MFU <= 0 || c.MFU >= 1 {
+			t.Fatalf("step %d: MFU %g", c.Step, c.MFU)
+		}
+	}
+	rep, err := report.Analyze(res.JobDir, report.Options{Warmup: tps.AutoWarmup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Nodes) == 0 || rep.Nodes[0].Node != "node-5" || !rep.Nodes[0].Straggler {
+		t.Errorf("straggler nodes: %+v, want node-5 flagged first", rep.Nodes)
+	}
+	if rep.Meta == nil || rep.Meta.ModelPreset != "llama3-8b" || rep.Meta.Topology != cfg.Topology {
+		t.Errorf("run metadata from the Parquet footer: %+v", rep.Meta)
+	}
+}

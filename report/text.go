@@ -1,0 +1,113 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
+
+func si(v float64) string {
+	switch a := v; {
+	case a >= 1e9:
+		return fmt.Sprintf("%.2fG", v/1e9)
+	case a >= 1e6:
+		return fmt.Sprintf("%.2fM", v/1e6)
+	case a >= 1e3:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	}
+	return fmt.Sprintf("%.1f", v)
+}
+
+// WriteText prints the report as a readable summary.
+func WriteText(w io.Writer, r *Report) error {
+	s := r.Summary
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "  %s\t%s\n", k, fmt.Sprintf(format, a...)) }
+	fmt.Fprintf(tw, "job %s (%s)\n", r.Job, r.Dir)
+	if m := r.Meta; m != nil {
+		model := m.ModelPreset
+		if model == "" && m.Model != nil {
+			model = "custom model"
+		}
+		row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
+	}
+	row("steps", "%d (%d warm-up excluded, %d steady, %d incomplete, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, s.IncompleteSteps, s.Attempts)
+	if s.SteadySteps == 0 {
+		tw.Flush()
+		fmt.Fprintln(w, "  no steady steps to summarise")
+		return nil
+	}
+	row("step TPS", "mean %s  p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s",
+		si(s.TPS.Mean), si(s.TPS.P50), si(s.TPS.P95), si(s.TPS.P99), si(s.TPS.Min), si(s.TPS.Max))
+	row("TPS per GPU", "%s tokens/s", si(s.TPSPerGPU))
+	row("wall TPS", "%s tokens/s (includes gaps between steps: %.1f%% below step TPS)", si(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
+	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
+	if s.MFU > 0 {
+		row("MFU / HFU", "%s / %s", pct(s.MFU), pct(s.HFU))
+	} else {
+		row("MFU / HFU", "not computed (no model or GPU in the run metadata)")
+	}
+	b := r.Breakdown
+	bubble := pct(b.Bubble)
+	if b.BubbleTheoretical > 0 {
+		bubble += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
+	}
+	row("time breakdown", "compute %s | exposed comm %s | bubble %s | data stall %s | checkpoint %s",
+		pct(b.Compute), pct(b.ExposedComm), bubble, pct(b.DataStall), pct(b.Checkpoint))
+	if b.CommOverlap > 0 {
+		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
+	}
+	if s.TokenMismatch > 0 {
+		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
+	}
+	var flagged []string
+	for _, n := range r.Nodes {
+		if n.Straggler {
+			flagged = append(flagged, fmt.Sprintf("%s (%.2f)", n.Node, n.Score))
+		}
+	}
+	if len(flagged) > 0 {
+		row("straggler nodes", "%s", strings.Join(flagged, ", "))
+	} else {
+		row("straggler nodes", "none below %.2f", 0.75)
+	}
+	var ranks []string
+	for _, x := range r.Stragglers {
+		mark := ""
+		if x.Straggler {
+			mark = "!"
+		}
+		ranks = append(ranks, fmt.Sprintf("%d@%s %.2f%s", x.Rank, orDash(x.Node), x.Score, mark))
+	}
+	row("slowest ranks", "%s  (score = fastest median compute / rank's; ! below 0.75)", strings.Join(ranks, ", "))
+	if len(r.Events) > 0 {
+		var ev []string
+		for _, k := range sortedKeys(r.Events) {
+			ev = append(ev, fmt.Sprintf("%s %d", k, r.Events[k]))
+		}
+		row("events", "%s", strings.Join(ev, ", "))
+	}
+	if r.CostPerMTok != nil {
+		row("cost", "$%.4f per million tokens at wall TPS", *r.CostPerMTok)
+	}
+	if r.TimeToTrainS != nil {
+		d := time.Duration(*r.TimeToTrainS * 1e9)
+		row("time to train", "%.1f days at wall TPS", d.Hours()/24)
+	}
+	return tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func sortedKeys(m map[string]int64) []string { return slices.Sorted(maps.Keys(m)) }
