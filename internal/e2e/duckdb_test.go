@@ -1,0 +1,87 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/internal/demo"
+)
+
+// duckdbModules returns a node_modules folder holding @duckdb/node-api:
+// $TPSPROF_DUCKDB_NODE_MODULES, or the repository's .cache, installing it
+// there from the npm registry when missing.
+func duckdbModules(t *testing.T) string {
+	if d := os.Getenv("TPSPROF_DUCKDB_NODE_MODULES"); d != "" {
+		return d
+	}
+	cache := filepath.Join(repoRoot(t), ".cache", "duckdb-node")
+	mods := filepath.Join(cache, "node_modules")
+	if _, err := os.Stat(filepath.Join(mods, "@duckdb", "node-api")); err == nil {
+		return mods
+	}
+	if _, err := exec.LookPath("npm"); err != nil {
+		t.Fatalf("DuckDB check needs node and npm: %v", err)
+	}
+	os.MkdirAll(cache, 0o755)
+	cmd := exec.Command("npm", "install", "--no-audit", "--no-fund", "--prefix", cache, "@duckdb/node-api@1.5.6-r.1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("npm install @duckdb/node-api: %v\n%s", err, out)
+	}
+	return mods
+}
+
+// DuckDB reads the demo's Parquet as documented, and its figures match.
+func TestDuckDBReadsTraces(t *testing.T) {
+	mods := duckdbModules(t)
+	cfg := demo.Defaults()
+	cfg.Out, cfg.Steps, cfg.StepInterval = t.TempDir(), 30, 0
+	res, err := demo.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "duckdb_check.mjs")
+	// Node resolves packages from the script's folder upwards; point it at the cache.
+	work := t.TempDir()
+	os.Symlink(mods, filepath.Join(work, "node_modules"))
+	b, _ := os.ReadFile(script)
+	os.WriteFile(filepath.Join(work, "check.mjs"), b, 0o644)
+	out, err := exec.Command("node", filepath.Join(work, "check.mjs"), res.JobDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	var got struct {
+		Cluster struct {
+			N, Tokens     string
+			RanksReported string `json:"ranks_reported"`
+		} `json:"cluster"`
+		Ranks struct {
+			N, Ranks string
+			NullDP   string `json:"null_dp"`
+		} `json:"ranks"`
+		TokensFromRanks struct{ Tokens string } `json:"tokens_from_ranks"`
+		Events          struct{ N string }      `json:"events"`
+		Meta            struct{ V string }      `json:"meta"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	num := func(s string) int64 { n, _ := strconv.ParseInt(s, 10, 64); return n }
+	wantTokens := int64(30 * 4 * 16 * 8192)
+	if num(got.Cluster.N) != 30 || num(got.Cluster.Tokens) != wantTokens || num(got.Cluster.RanksReported) != 30*64 {
+		t.Errorf("cluster_steps through DuckDB: %+v", got.Cluster)
+	}
+	if num(got.Ranks.N) != 30*64 || num(got.Ranks.Ranks) != 64 || num(got.Ranks.NullDP) != 0 {
+		t.Errorf("rank_steps through DuckDB: %+v", got.Ranks)
+	}
+	if num(got.TokensFromRanks.Tokens) != wantTokens {
+		t.Errorf("tokens recomputed from rank_steps: %s, want %d", got.TokensFromRanks.Tokens, wantTokens)
+	}
+	if got.Meta.V != "1" {
+		t.Errorf("schema version metadata: %q", got.Meta.V)
+	}
+}
