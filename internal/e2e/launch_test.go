@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+func launchEnv(t *testing.T) (*natsconn.Embedded, *collector.Collector, string, string) {
+	t.Helper()
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := os.MkdirTemp("", "tpsprof-launch")
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return srv, col, out, filepath.Join(dir, "agent.sock")
+}
+
+// tpsprof launch runs the Python training loop as a real subprocess with an
+// agent it starts itself; the steps, the metadata and the attempt events
+// reach Parquet, and the command's exit code comes back.
+func TestLaunchRunsCommandWithAgent(t *testing.T) {
+	srv, col, out, sock := launchEnv(t)
+	var stdout bytes.Buffer
+	code, err := agent.Launch(context.Background(), agent.LaunchConfig{
+		Job: "launched", Attempt: 2,
+		Meta:    tps.RunMeta{Topology: tps.Topology{DP: 1}, ModelPreset: "llama3-8b", GPU: "h100-sxm"},
+		Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "launch-node"},
+		Command: []string{python(t), filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"), "--steps", "12", "--synthetic"},
+		Stdout:  &stdout, Stderr: &stdout,
+	})
+	if err != nil || code != 0 {
+		t.Fatalf("launch: code %d err %v\n%s", code, err, stdout.String())
+	}
+	if !strings.Contains(stdout.String(), "12 steps sent, 0 dropped") {
+		t.Fatalf("the command did not find the agent through TPSPROF_SOCKET:\n%s", stdout.String())
+	}
+	col.Sync(5 * time.Second)
+	col.Close()
+	rows, _ := trace.ReadAll[tps.StepRecord](filepath.Join(out, "launched", trace.RankSteps))
+	if len(rows) != 12 || rows[0].Attempt != 2 || rows[0].Node != "launch-node" {
+		t.Fatalf("rank rows: %d, first %+v", len(rows), rows)
+	}
+	events, _ := trace.ReadAll[tps.Event](filepath.Join(out, "launched", trace.Events))
+	kinds := map[string]tps.Event{}
+	for _, e := range events {
+		kinds[e.Kind] = e
+	}
+	if _, ok := kinds[tps.EventAttemptStart]; !ok {
+		t.Errorf("no attempt_start event: %+v", events)
+	}
+	if e, ok := kinds[tps.EventAttemptEnd]; !ok || e.ExitCode != 0 || e.Attempt != 2 {
+		t.Errorf("attempt_end: %+v", e)
+	}
+	cluster, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "launched", trace.ClusterSteps))
+	if len(cluster) != 12 || cluster[0].MFU <= 0 {
+		t.Errorf("cluster rows %d, MFU %v: metadata from launch not applied", len(cluster), cluster)
+	}
+}
+
+func TestLaunchExitCodeAndSignals(t *testing.T) {
+	srv, col, _, sock := launchEnv(t)
+	defer col.Close()
+	cfg := agent.LaunchConfig{Job: "codes", Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}}}
+	cfg.Command = []string{"sh", "-c", "exit 7"}
+	if code, _ := agent.Launch(context.Background(), cfg); code != 7 {
+		t.Errorf("exit code: got %d, want 7", code)
+	}
+	cfg.Command = []string{"/nonexistent/binary"}
+	if code, err := agent.Launch(context.Background(), cfg); code != 127 || err == nil {
+		t.Errorf("missing command: got %d %v, want 127 and an error", code, err)
+	}
+	// SIGTERM to the launcher is forwarded: the child dies of it (128+15).
+	ready := filepath.Join(t.TempDir(), "ready")
+	cfg.Command = []string{"sh", "-c", "touch " + ready + "; exec sleep 30"}
+	done := make(chan int, 1)
+	go func() {
+		code, _ := agent.Launch(context.Background(), cfg)
+		done <- code
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("child did not start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // let sh exec into sleep
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	select {
+	case code := <-done:
+		if code != 128+int(syscall.SIGTERM) {
+			t.Errorf("signalled child: got exit %d, want %d", code, 128+int(syscall.SIGTERM))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM was not forwarded")
+	}
+	cfg.Job = "bad job"
+	if code, err := agent.Launch(context.Background(), cfg); code != 2 || err == nil {
+		t.Errorf("bad job id: got %d %v", code, err)
+	}
+}
