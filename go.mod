@@ -9,6 +9,7 @@ require (
 )
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.2-0 // indirect
 	github.com/andybalholm/brotli v1.1.1 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/google/go-tpm v0.9.8 // indirect

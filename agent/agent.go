@@ -53,7 +53,14 @@ type Config struct {
 	// MetaInterval is how often run metadata is published again, for
 	// collectors that start late (default 10s).
 	MetaInterval time.Duration
-	Logger       *slog.Logger
+	// GPU, when set, is sampled every GPUInterval (default 1s) and the
+	// samples are published for every job the node serves. The agent closes
+	// it on Close.
+	GPU         GPUReader
+	GPUInterval time.Duration
+	// Clock stamps GPU samples (default time.Now; the demo runs a simulated one).
+	Clock  func() time.Time
+	Logger *slog.Logger
 }
 
 func (c *Config) defaults() error {
@@ -91,6 +98,18 @@ func (c *Config) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.GPUInterval <= 0 {
+		c.GPUInterval = time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = time.Now
+	}
+	if c.GPU != nil && c.GPUUUIDs == nil {
+		c.GPUUUIDs = map[int32]string{}
+		for _, d := range c.GPU.Devices() {
+			c.GPUUUIDs[int32(d.Index)] = d.UUID
+		}
+	}
 	if c.NATS.URL == "" {
 		return errors.New("agent: no NATS URL")
 	}
@@ -109,6 +128,7 @@ type Stats struct {
 	Dropped        int64            `json:"dropped"`          // step records dropped past the buffer bound
 	BufferedBytes  int64            `json:"buffered_bytes"`   // held while NATS is unreachable
 	GPUSamples     int64            `json:"gpu_samples"`      //
+	GPUErrors      int64            `json:"gpu_errors"`       // failed device readings
 	NATSConnected  bool             `json:"nats_connected"`   //
 	PublishErrors  int64            `json:"publish_errors"`   //
 	BatchesPending int64            `json:"batches_buffered"` //
@@ -127,6 +147,7 @@ type Agent struct {
 	conns    map[net.Conn]struct{}
 
 	connections, lines, records, events, metas atomic.Int64
+	gpuSamples, gpuErrors                      atomic.Int64
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -171,6 +192,10 @@ func Start(cfg Config) (*Agent, error) {
 	a.wg.Add(2)
 	go a.acceptLoop()
 	go a.pub.loop()
+	if cfg.GPU != nil {
+		a.wg.Add(1)
+		go a.sampleGPUs()
+	}
 	return a, nil
 }
 
@@ -216,7 +241,8 @@ func (a *Agent) reject(reason string) {
 // Stats returns the counters.
 func (a *Agent) Stats() Stats {
 	s := Stats{Connections: a.connections.Load(), Lines: a.lines.Load(), Records: a.records.Load(),
-		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc.IsConnected()}
+		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc.IsConnected(),
+		GPUSamples: a.gpuSamples.Load(), GPUErrors: a.gpuErrors.Load()}
 	a.mu.Lock()
 	s.Rejected = make(map[string]int64, len(a.rejected))
 	for k, v := range a.rejected {
@@ -312,6 +338,9 @@ func (a *Agent) Close() error {
 		a.wg.Wait()
 		a.pub.final(5 * time.Second)
 		a.nc.Close()
+		if a.cfg.GPU != nil {
+			a.cfg.GPU.Close()
+		}
 		os.Remove(a.cfg.Socket)
 	})
 	return nil

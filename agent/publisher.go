@@ -33,16 +33,21 @@ type publisher struct {
 	queueBytes int
 	metas      map[string][]byte
 	metaSent   time.Time
+	seenJobs   map[string]struct{}
 
 	published, dropped, errors atomic.Int64
 }
 
 func newPublisher(a *Agent) *publisher {
-	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{}}
+	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{},
+		seenJobs: map[string]struct{}{}}
 }
 
 func (p *publisher) addStep(r tps.StepRecord) {
 	p.mu.Lock()
+	if _, ok := p.seenJobs[r.Job]; !ok && len(p.seenJobs) < 1024 {
+		p.seenJobs[r.Job] = struct{}{}
+	}
 	p.pending[r.Job] = append(p.pending[r.Job], r)
 	p.pendingN++
 	full := p.pendingN >= p.a.cfg.BatchRecords
@@ -59,6 +64,7 @@ func (p *publisher) setMeta(m tps.RunMeta) {
 	b, _ := json.Marshal(m)
 	p.mu.Lock()
 	p.metas[m.Job] = b
+	p.seenJobs[m.Job] = struct{}{}
 	p.enqueue(outMsg{subject: wire.MetaSubject(m.Job), data: b})
 	p.mu.Unlock()
 	p.flushNow()
@@ -74,6 +80,17 @@ func (p *publisher) publishJSON(subject string, v any) error {
 	p.mu.Unlock()
 	p.flushNow()
 	return nil
+}
+
+// jobs lists the jobs this node has served.
+func (p *publisher) jobs() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, 0, len(p.seenJobs))
+	for j := range p.seenJobs {
+		out = append(out, j)
+	}
+	return out
 }
 
 // publishRaw queues an already encoded message (GPU samples).

@@ -1,0 +1,72 @@
+package agent
+
+import (
+	"errors"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// GPUReader is what the agent needs from a GPU library: the node's devices
+// and one reading of each. The go-nvml adapter (OpenNVML) is one; the demo's
+// simulated GPUs are another.
+type GPUReader interface {
+	// Devices lists the GPUs; the index is what Sample takes.
+	Devices() []GPUInfo
+	// Sample reads device i. Fields the device does not support stay nil.
+	// An error means the device could not be read at all this time.
+	Sample(i int) (tps.GPUSample, error)
+	Close() error
+}
+
+// GPUInfo identifies one GPU.
+type GPUInfo struct {
+	Index int    `json:"index"`
+	UUID  string `json:"uuid"`
+	Name  string `json:"name"`
+}
+
+// ErrNoNVML means GPU telemetry is unavailable: no NVIDIA driver, or a
+// build without cgo.
+var ErrNoNVML = errors.New("agent: NVML unavailable")
+
+// sampleGPUs reads every GPU each interval and publishes the samples on the
+// gpu subject of every job the node has seen (or "node" before any).
+func (a *Agent) sampleGPUs() {
+	defer a.wg.Done()
+	r := a.cfg.GPU
+	devs := r.Devices()
+	t := time.NewTicker(a.cfg.GPUInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-a.done:
+			return
+		case <-t.C:
+		}
+		now := a.cfg.Clock()
+		batch := make([]tps.GPUSample, 0, len(devs))
+		for _, d := range devs {
+			s, err := r.Sample(d.Index)
+			if err != nil {
+				a.gpuErrors.Add(1)
+				a.log.Warn("gpu", "GPU reading failed", "index", d.Index, "uuid", d.UUID, "err", err)
+				continue
+			}
+			s.Node, s.UnixNs = a.cfg.Node, now.UnixNano()
+			batch = append(batch, s)
+		}
+		if len(batch) == 0 {
+			continue
+		}
+		a.gpuSamples.Add(int64(len(batch)))
+		data, err := wire.EncodeGPUSamples(batch)
+		if err != nil {
+			continue
+		}
+		for _, job := range a.pub.jobs() {
+			a.pub.publishRaw(wire.GPUSubject(job, wire.NodeToken(a.cfg.Node)), data)
+		}
+	}
+}
