@@ -17,6 +17,7 @@ type GPUReader interface {
 	// Sample reads device i. Fields the device does not support stay nil.
 	// An error means the device could not be read at all this time.
 	Sample(i int) (tps.GPUSample, error)
+	// Close releases the library; calling it again does nothing.
 	Close() error
 }
 

@@ -23,10 +23,11 @@ func OpenNVML() (GPUReader, error) {
 // nvmlReader adapts go-nvml's Interface (the real library or its mocks) to
 // GPUReader.
 type nvmlReader struct {
-	lib  nvml.Interface
-	mu   sync.Mutex
-	devs []nvmlDev
-	xid  nvml.EventSet
+	lib    nvml.Interface
+	mu     sync.Mutex
+	devs   []nvmlDev
+	xid    nvml.EventSet
+	closed bool
 }
 
 type nvmlDev struct {
@@ -122,6 +123,9 @@ func i64(v int64) *int64     { return &v }
 func (r *nvmlReader) Sample(i int) (tps.GPUSample, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return tps.GPUSample{}, fmt.Errorf("%w: reader closed", ErrNoNVML)
+	}
 	if i < 0 || i >= len(r.devs) {
 		return tps.GPUSample{}, fmt.Errorf("agent: no GPU %d", i)
 	}
@@ -232,9 +236,15 @@ func (r *nvmlReader) gpmMetrics(d *nvmlDev, s *tps.GPUSample) {
 	d.gpmPrev, d.gpmCur = d.gpmCur, d.gpmPrev
 }
 
+// Close frees the GPM samples and the event set and shuts NVML down. It is
+// safe to call more than once.
 func (r *nvmlReader) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.closed {
+		return nil
+	}
+	r.closed = true
 	for _, d := range r.devs {
 		if d.gpm {
 			d.gpmPrev.Free()

@@ -83,7 +83,9 @@ func newFakeNode(t *testing.T) *fakeNode {
 			d.GetCurrentClocksEventReasonsFunc = func() (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
 			d.GetFieldValuesFunc = func([]nvml.FieldValue) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
 			d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED }
-			d.GetTotalEccErrorsFunc = func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }
+			d.GetTotalEccErrorsFunc = func(nvml.MemoryErrorType, nvml.EccCounterType) (uint64, nvml.Return) {
+				return 0, nvml.ERROR_NOT_SUPPORTED
+			}
 			d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
 		}
 	}
@@ -169,6 +171,12 @@ func TestNVMLReaderFields(t *testing.T) {
 	}
 	if err := r.Close(); err != nil {
 		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil { // idempotent: no double free
+		t.Fatal(err)
+	}
+	if _, err := r.Sample(0); !errors.Is(err, ErrNoNVML) {
+		t.Errorf("sample after close: %v", err)
 	}
 }
 

@@ -43,6 +43,9 @@ type Config struct {
 	// Live receives the live line every LiveInterval (default 5s); nil is silent.
 	Live         io.Writer
 	LiveInterval time.Duration
+	// GPUJoinWait is how long a closed step waits for the GPU samples that
+	// cover it before its row is written without them (default 5s).
+	GPUJoinWait time.Duration
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
 	// Logger receives errors and warnings, rate-limited; nil discards them.
@@ -61,6 +64,9 @@ func (c *Config) defaults() error {
 	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute
+	}
+	if c.GPUJoinWait <= 0 {
+		c.GPUJoinWait = 5 * time.Second
 	}
 	if c.LiveInterval <= 0 {
 		c.LiveInterval = 5 * time.Second

@@ -60,10 +60,13 @@ type job struct {
 	events  *trace.PartWriter[tps.Event]
 	gpus    *trace.PartWriter[tps.GPUSample]
 	rankBuf []tps.StepRecord
+
+	gpuSeries map[string]*gpuSeries // node/uuid → samples
+	pending   []pendingRow          // closed rows waiting for GPU samples
 }
 
 func newJob(c *Collector, id string) *job {
-	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, rankNode: map[int64]string{},
+	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, rankNode: map[int64]string{}, gpuSeries: map[string]*gpuSeries{},
 		closed: closedSteps{seen: map[stepKey][]uint64{}, limit: 64}}
 	if c.cfg.Meta != nil {
 		j.meta = *c.cfg.Meta
@@ -233,9 +236,8 @@ func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
 		j.recentNext = (j.recentNext + 1) % liveWindow
 	}
 	j.newSinceLog = true
-	if j.cluster != nil {
-		c.write(j, func() error { return j.cluster.Write([]tps.ClusterStep{row}) })
-	}
+	j.pending = append(j.pending, pendingRow{row: row, closedAt: time.Now()})
+	j.writeRows(c, time.Now(), false)
 }
 
 func (j *job) closeOldest(c *Collector) {
@@ -277,6 +279,18 @@ func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
 	if len(s) == 0 || j.gpus == nil {
 		return
 	}
+	for i := range s {
+		key := s[i].Node + "/" + s[i].UUID
+		g, ok := j.gpuSeries[key]
+		if !ok {
+			if len(j.gpuSeries) >= 1<<16 {
+				continue
+			}
+			g = &gpuSeries{}
+			j.gpuSeries[key] = g
+		}
+		g.add(&s[i])
+	}
 	if j.gpuSeen == "" && s[0].Name != "" {
 		j.gpuSeen = s[0].Name
 		if j.world > 0 {
@@ -288,6 +302,7 @@ func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
 
 func (j *job) rotateDue(c *Collector, now time.Time) {
 	j.flushRanks(c)
+	j.writeRows(c, now, false)
 	if j.ranks == nil {
 		return
 	}
@@ -354,6 +369,7 @@ func si(v float64) string {
 
 func (j *job) close(c *Collector) error {
 	j.closeAll(c)
+	j.writeRows(c, time.Now(), true)
 	j.flushRanks(c)
 	if j.ranks == nil {
 		return fmt.Errorf("collector: job %s: trace folders could not be created", j.id)

@@ -39,6 +39,17 @@ type Breakdown struct {
 	CommOverlap       float64 `json:"comm_overlap"`
 }
 
+// Energy sums up the GPU samples joined to steady steps.
+type Energy struct {
+	TokensPerJoule float64 `json:"tokens_per_joule"`
+	JoulesPerToken float64 `json:"joules_per_token"`
+	PowerWMean     float64 `json:"power_w_mean"` // per GPU
+	SMClockMHzMean float64 `json:"sm_clock_mhz_mean"`
+	// ThrottledSteps are steady steps during which some GPU reported a
+	// clock-event reason other than idle or application clocks.
+	ThrottledSteps int `json:"throttled_steps"`
+}
+
 // Report is the analysis of one job. Its JSON form is documented in
 // docs/report.md; keys are stable.
 type Report struct {
@@ -51,6 +62,7 @@ type Report struct {
 	Nodes        []tps.NodeScore  `json:"straggler_nodes"`
 	RankRows     int64            `json:"rank_rows"`
 	Events       map[string]int64 `json:"events"`
+	Energy       *Energy          `json:"energy,omitempty"`
 	CostPerMTok  *float64         `json:"cost_per_million_tokens_usd,omitempty"`
 	TimeToTrainS *float64         `json:"time_to_train_s,omitempty"`
 }
@@ -77,6 +89,8 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	mask := tps.WarmupMask(steps, tps.WindowOptions{Warmup: opt.Warmup})
 	steady := map[[2]int64]bool{}
 	var n float64
+	var energy Energy
+	var eSteps, eTokens, eJoules float64
 	for i, c := range steps {
 		if mask[i] || c.StepTimeNs <= 0 {
 			continue
@@ -85,6 +99,23 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		n++
 		rep.Breakdown.Compute += c.ComputeNsMean / float64(c.StepTimeNs)
 		rep.Breakdown.CommOverlap += c.CommOverlap
+		if c.GPUsJoined > 0 && c.EnergyJ > 0 {
+			eSteps++
+			eTokens += float64(c.Tokens)
+			eJoules += c.EnergyJ
+			energy.PowerWMean += c.PowerWMean
+			energy.SMClockMHzMean += c.SMClockMHzMean
+			// bits 0 (GPU idle) and 1 (application clocks) are not throttling
+			if c.ClockEventReasons&^0x3 != 0 {
+				energy.ThrottledSteps++
+			}
+		}
+	}
+	if eSteps > 0 {
+		energy.TokensPerJoule, energy.JoulesPerToken = eTokens/eJoules, eJoules/eTokens
+		energy.PowerWMean /= eSteps
+		energy.SMClockMHzMean /= eSteps
+		rep.Energy = &energy
 	}
 	s := rep.Summary
 	if n > 0 {

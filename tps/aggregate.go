@@ -51,6 +51,14 @@ type ClusterStep struct {
 
 	LossMean     float64 `json:"loss_mean" parquet:"loss_mean"`
 	SkippedRanks int64   `json:"skipped_ranks" parquet:"skipped_ranks"`
+
+	// Joined from GPU samples of the job's nodes (0 when there are none).
+	GPUsJoined        int64   `json:"gpus_joined" parquet:"gpus_joined"`
+	EnergyJ           float64 `json:"energy_j" parquet:"energy_j"`
+	TokensPerJoule    float64 `json:"tokens_per_joule" parquet:"tokens_per_joule"`
+	PowerWMean        float64 `json:"power_w_mean" parquet:"power_w_mean"`
+	SMClockMHzMean    float64 `json:"sm_clock_mhz_mean" parquet:"sm_clock_mhz_mean"`
+	ClockEventReasons int64   `json:"clock_event_reasons" parquet:"clock_event_reasons"`
 }
 
 // Complete reports whether every rank reported.

@@ -436,3 +436,37 @@ func TestTheoreticalBubble(t *testing.T) {
 		t.Error("no pipeline, no bubble")
 	}
 }
+
+func TestJoinGPU(t *testing.T) {
+	s := int64(1e9)
+	// 500 W, counter in mJ advancing 500 J per second, samples every second.
+	var ps []GPUPoint
+	for i := int64(0); i <= 10; i++ {
+		ps = append(ps, GPUPoint{UnixNs: t0 + i*s, EnergyMJ: 1_000_000 + i*500_000, PowerW: 500, SMClock: 1980})
+	}
+	ps[4].Reasons = 0x8 // HW slowdown in one sample
+	w, ok := JoinGPU(ps, t0+2*s+s/2, t0+5*s)
+	if !ok || !w.HasEnergy || math.Abs(w.EnergyJ-1250) > 1e-9 || w.PowerW != 500 || w.Reasons != 0x8 {
+		t.Errorf("counter join: %+v %v, want 1250 J from the counter", w, ok)
+	}
+	// The counter resets inside the window: fall back to power × time.
+	reset := append([]GPUPoint(nil), ps...)
+	for i := 4; i < len(reset); i++ {
+		reset[i].EnergyMJ = (int64(i) - 4) * 500_000
+	}
+	w, ok = JoinGPU(reset, t0+2*s+s/2, t0+5*s)
+	if !ok || w.HasEnergy || math.Abs(w.EnergyJ-1250) > 1e-9 {
+		t.Errorf("reset: %+v, want 1250 J from mean power, not from the counter", w)
+	}
+	// No counter at all.
+	noCounter := append([]GPUPoint(nil), ps...)
+	for i := range noCounter {
+		noCounter[i].EnergyMJ = -1
+	}
+	if w, _ = JoinGPU(noCounter, t0+s, t0+3*s); w.HasEnergy || math.Abs(w.EnergyJ-1000) > 1e-9 {
+		t.Errorf("no counter: %+v", w)
+	}
+	if _, ok := JoinGPU(nil, t0, t0+s); ok {
+		t.Error("join with no points succeeded")
+	}
+}

@@ -35,6 +35,7 @@ func commands() []command {
 		{"agent", "serve the node's intake socket and publish records to NATS", runAgent},
 		{"launch", "run a training command under tpsprof (starts an agent when none runs)", runLaunch},
 		{"report", "analyse a job's Parquet traces", runReport},
+		{"gpus", "print what this node's GPUs report through NVML", runGPUs},
 		{"mfu", "compute FLOPs per token, MFU and HFU, time and cost to train", runMFU},
 		{"version", "print the version", runVersion},
 	}

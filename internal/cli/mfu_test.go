@@ -169,3 +169,14 @@ func TestBinaryExitCodes(t *testing.T) {
 		t.Errorf("bad flag: got %v, want exit status 2", err)
 	}
 }
+
+// Without an NVIDIA driver (CI, this machine), tpsprof gpus says so clearly.
+func TestGPUsWithoutDriver(t *testing.T) {
+	if _, err := os.Stat("/dev/nvidiactl"); err == nil {
+		t.Skip("an NVIDIA driver is present; the real path is exercised instead")
+	}
+	_, errOut, code := run(t, "gpus")
+	if code != 1 || !strings.Contains(errOut, "no GPU telemetry on this node") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}

@@ -159,6 +159,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	node := fs.String("node", "", "node name stamped on records (default: host name)")
 	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
 	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
+	gpuEvery := fs.Duration("gpu-interval", time.Second, "GPU sampling interval through NVML (0 turns GPU telemetry off)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -171,8 +172,18 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, cmd, "--socket-mode %o is not a permission mode", *mode)
 	}
 	log := newLogger(stderr, *verbose)
+	var gpu agent.GPUReader
+	if *gpuEvery > 0 {
+		r, err := agent.OpenNVML()
+		if err != nil {
+			log.Warn("GPU telemetry is off; step records are served as usual", "why", err)
+		} else {
+			gpu = r
+			log.Info("GPU telemetry on", "gpus", len(r.Devices()), "interval", *gpuEvery)
+		}
+	}
 	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
-		BufferBytes: *buffer << 20, Logger: log})
+		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery})
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof agent: %v\n", err)
 		return exitError
@@ -253,8 +264,18 @@ attempt_start and attempt_end events and exits with the command's exit code.
 		}
 	}
 	meta := tps.RunMeta{Topology: topo, MicroBatches: *micro, ModelPreset: *model, GPU: *gpu, DType: *dtype, GPUHourUSD: *price}
+	log := newLogger(stderr, false)
+	acfg := agent.Config{Socket: *socket, NATS: no, Logger: log}
+	if r, err := agent.OpenNVML(); err == nil {
+		acfg.GPU = r // used only if launch starts its own agent
+	} else {
+		log.Debug("GPU telemetry off", "why", err)
+	}
 	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: *job, Attempt: *attempt, Meta: meta,
-		Agent: agent.Config{Socket: *socket, NATS: no, Logger: newLogger(stderr, false)}, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
+		Agent: acfg, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
+	if acfg.GPU != nil {
+		acfg.GPU.Close() // the agent Launch started has closed it already; Close is idempotent
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof launch: %v\n", err)
 	}

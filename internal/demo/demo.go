@@ -16,6 +16,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
@@ -121,9 +122,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer os.RemoveAll(sockDir)
 	nodes := world / cfg.GPUsPerNode
 	agents := make([]*agent.Agent, nodes)
+	clock := &simClock{}
+	var stepNow atomic.Int64 // the step being simulated, for the GPUs' straggler state
+	gpuInterval := max(cfg.StepInterval, 5*time.Millisecond)
 	for n := range agents {
+		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
-			NATS: natsconn.Options{URL: srv.URL()}, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger})
+			NATS: natsconn.Options{URL: srv.URL()}, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
+			GPU: newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: gpuInterval, Clock: clock.Now})
 		if err != nil {
 			return Result{}, err
 		}
@@ -158,7 +164,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	// kernel efficiency; the bubble follows the 1F1B formula.
 	sim := newSim(cfg, counts.FLOPsPerToken, peak, world)
 	simStart := time.Now().Add(-time.Duration(float64(cfg.Steps)*sim.nominalStep*1.6*1e9) - time.Minute)
-	clock := simStart
+	now := simStart
+	clock.Set(now)
 	tick := time.NewTicker(max(cfg.StepInterval, time.Millisecond))
 	defer tick.Stop()
 	sent := int64(0)
@@ -167,9 +174,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return Result{}, err
 		}
 		step := sim.step(s)
+		stepNow.Store(int64(s))
 		for r := 0; r < world; r++ {
 			p := step.ranks[r]
-			start := clock.Add(p.offset)
+			start := now.Add(p.offset)
 			if err := recs[r].Record(int64(s), start, start.Add(p.duration), sim.replicaTokens, p.phases); err != nil {
 				return Result{}, fmt.Errorf("demo: rank %d step %d: %w", r, s, err)
 			}
@@ -177,12 +185,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		if step.ckpt > 0 {
 			clients[0].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventCheckpointSave, Step: int64(s), Rank: 0,
-				StartUnixNs: clock.Add(step.wall - step.ckpt).UnixNano(), EndUnixNs: clock.Add(step.wall).UnixNano()})
+				StartUnixNs: now.Add(step.wall - step.ckpt).UnixNano(), EndUnixNs: now.Add(step.wall).UnixNano()})
 		}
-		clock = clock.Add(step.wall + step.gapAfter)
+		now = now.Add(step.wall + step.gapAfter)
+		clock.Set(now)
 		if step.gapAfter > time.Second {
 			clients[0].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventEval, Step: int64(s), Rank: 0,
-				StartUnixNs: clock.Add(-step.gapAfter).UnixNano(), EndUnixNs: clock.UnixNano()})
+				StartUnixNs: now.Add(-step.gapAfter).UnixNano(), EndUnixNs: now.UnixNano()})
 		}
 		if cfg.StepInterval > 0 {
 			select {

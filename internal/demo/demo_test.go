@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
@@ -18,7 +19,7 @@ func TestDemoTracesConsistent(t *testing.T) {
 	cfg := Defaults()
 	cfg.Out = t.TempDir()
 	cfg.Steps = 40
-	cfg.StepInterval = 0
+	cfg.StepInterval = 10 * time.Millisecond // GPU samples every step or so
 	res, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -56,6 +57,31 @@ func TestDemoTracesConsistent(t *testing.T) {
 		}
 		if c.MFU <= 0 || c.MFU >= 1 {
 			t.Fatalf("step %d: MFU %g", c.Step, c.MFU)
+		}
+	}
+	// The simulated GPUs went through the agents' sampler into gpu_samples
+	// and were joined to the steps; the straggler node's throttling shows.
+	samples, err := trace.ReadAll[tps.GPUSample](filepath.Join(res.JobDir, trace.GPUSamples))
+	if err != nil || len(samples) == 0 {
+		t.Fatalf("gpu_samples: %d rows, %v", len(samples), err)
+	}
+	// The first steps close before any node has reported GPU samples for the
+	// job (a node publishes them once it has seen the job), so they have none.
+	for _, c := range cluster[5 : len(cluster)-1] {
+		if c.GPUsJoined != 64 || c.TokensPerJoule <= 0 || c.PowerWMean < 500 || c.PowerWMean > 700 {
+			t.Fatalf("step %d: GPU join %d GPUs, %g tokens/J, %g W", c.Step, c.GPUsJoined, c.TokensPerJoule, c.PowerWMean)
+		}
+		// energy ≈ 64 GPUs × mean power × step time, within 20% (the simulated
+		// counter integrates the power of sparse samples)
+		want := 64 * c.PowerWMean * float64(c.StepTimeNs) / 1e9
+		if math.Abs(c.EnergyJ-want) > 0.2*want {
+			t.Fatalf("step %d: energy %g J, want about %g", c.Step, c.EnergyJ, want)
+		}
+		// Samples come about once a step at a random phase, so the steps
+		// next to the change may see either state.
+		throttled := c.ClockEventReasons&reasonHWSlowdown != 0
+		if from := int64(cfg.Steps / 5); c.Step < from-2 && throttled || c.Step > from+2 && !throttled {
+			t.Fatalf("step %d: throttle flags %#x (straggler from step %d)", c.Step, c.ClockEventReasons, from)
 		}
 	}
 	rep, err := report.Analyze(res.JobDir, report.Options{Warmup: tps.AutoWarmup})

@@ -1,0 +1,111 @@
+package collector
+
+import (
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// maxGPUPoints bounds the samples kept per GPU (10 minutes at 1 s).
+const maxGPUPoints = 600
+
+// gpuSeries is one GPU's recent samples, oldest first.
+type gpuSeries struct {
+	points []tps.GPUPoint
+}
+
+func (g *gpuSeries) add(s *tps.GPUSample) {
+	if n := len(g.points); n > 0 && s.UnixNs <= g.points[n-1].UnixNs {
+		return // stale or repeated
+	}
+	p := tps.GPUPoint{UnixNs: s.UnixNs, EnergyMJ: -1}
+	if s.EnergyMJ != nil {
+		p.EnergyMJ = *s.EnergyMJ
+	}
+	if s.PowerW != nil {
+		p.PowerW = *s.PowerW
+	}
+	if s.SMClockMHz != nil {
+		p.SMClock = float64(*s.SMClockMHz)
+	}
+	if s.ClockEventReason != nil {
+		p.Reasons = *s.ClockEventReason
+	}
+	if len(g.points) >= maxGPUPoints {
+		copy(g.points, g.points[1:])
+		g.points = g.points[:len(g.points)-1]
+	}
+	g.points = append(g.points, p)
+}
+
+func (g *gpuSeries) last() int64 {
+	if len(g.points) == 0 {
+		return 0
+	}
+	return g.points[len(g.points)-1].UnixNs
+}
+
+type pendingRow struct {
+	row      tps.ClusterStep
+	closedAt time.Time
+}
+
+// gpuCovered reports whether every GPU has reported past t.
+func (j *job) gpuCovered(t int64) bool {
+	for _, g := range j.gpuSeries {
+		if g.last() < t {
+			return false
+		}
+	}
+	return true
+}
+
+// joinGPU adds energy, power, clock and throttle reasons to a cluster row.
+func (j *job) joinGPU(c *tps.ClusterStep) {
+	var power, clock float64
+	for _, g := range j.gpuSeries {
+		w, ok := tps.JoinGPU(g.points, c.StartUnixNs, c.EndUnixNs)
+		if !ok {
+			continue
+		}
+		c.GPUsJoined++
+		c.EnergyJ += w.EnergyJ
+		power += w.PowerW
+		clock += w.SMClock
+		c.ClockEventReasons |= w.Reasons
+	}
+	if c.GPUsJoined > 0 {
+		c.PowerWMean = power / float64(c.GPUsJoined)
+		c.SMClockMHzMean = clock / float64(c.GPUsJoined)
+		if c.EnergyJ > 0 {
+			c.TokensPerJoule = float64(c.Tokens) / c.EnergyJ
+		}
+	}
+}
+
+// writeRows writes the closed cluster rows whose GPU data has arrived (or
+// that waited long enough, or all with force).
+func (j *job) writeRows(c *Collector, now time.Time, force bool) {
+	n := 0
+	for n < len(j.pending) {
+		p := &j.pending[n]
+		if !force && len(j.gpuSeries) > 0 && !j.gpuCovered(p.row.EndUnixNs) && now.Sub(p.closedAt) < c.cfg.GPUJoinWait {
+			break // rows are written in closing order
+		}
+		if len(j.gpuSeries) > 0 {
+			j.joinGPU(&p.row)
+		}
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	rows := make([]tps.ClusterStep, n)
+	for i := range rows {
+		rows[i] = j.pending[i].row
+	}
+	j.pending = j.pending[n:]
+	if j.cluster != nil {
+		c.write(j, func() error { return j.cluster.Write(rows) })
+	}
+}
