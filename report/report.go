@@ -1,14 +1,18 @@
 // Package report analyses a job's Parquet traces after the fact: steady-state
-// throughput, MFU, the time breakdown, stragglers and cost. It streams the
-// part files, so memory follows the number of ranks and steps kept for
-// medians, not the size of the trace.
+// throughput, MFU, the time breakdown, goodput, stragglers, energy and cost,
+// and draws the plots. It streams rank_steps and gpu_samples a row group at a
+// time: memory follows the number of ranks and steps (a bounded sample per
+// rank, a fixed heatmap grid), not the number of rows.
 package report
 
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+
+	"github.com/parquet-go/parquet-go"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -25,6 +29,8 @@ type Options struct {
 	GPUHourUSD float64
 	// TopStragglers is how many ranks and nodes to list (default 5).
 	TopStragglers int
+	// Progress, when set, is called as rank rows are read (done of total).
+	Progress func(done, total int64)
 }
 
 // Breakdown is where a steady step's time goes, as fractions of step time
@@ -50,21 +56,44 @@ type Energy struct {
 	ThrottledSteps int `json:"throttled_steps"`
 }
 
-// Report is the analysis of one job. Its JSON form is documented in
-// docs/report.md; keys are stable.
+// CommFit is the least-squares line of step TPS against the exposed
+// communication fraction over steady steps: how much throughput each point
+// of exposed communication costs.
+type CommFit struct {
+	Slope     float64 `json:"slope_tps_per_fraction"`
+	Intercept float64 `json:"intercept_tps"`
+	R2        float64 `json:"r2"`
+}
+
+// Report is the analysis of one job. Its JSON keys are stable and
+// documented in docs/report.md.
 type Report struct {
 	Job          string           `json:"job"`
 	Dir          string           `json:"dir"`
 	Meta         *tps.RunMeta     `json:"meta,omitempty"`
 	Summary      tps.Summary      `json:"summary"`
 	Breakdown    Breakdown        `json:"breakdown"`
+	CommFit      CommFit          `json:"comm_fit"`
+	Goodput      Goodput          `json:"goodput"`
 	Stragglers   []tps.RankScore  `json:"straggler_ranks"`
 	Nodes        []tps.NodeScore  `json:"straggler_nodes"`
 	RankRows     int64            `json:"rank_rows"`
+	GPUSamples   int64            `json:"gpu_samples"`
 	Events       map[string]int64 `json:"events"`
 	Energy       *Energy          `json:"energy,omitempty"`
 	CostPerMTok  *float64         `json:"cost_per_million_tokens_usd,omitempty"`
 	TimeToTrainS *float64         `json:"time_to_train_s,omitempty"`
+
+	data plotData
+}
+
+// plotData is what the plots draw, kept small whatever the trace size.
+type plotData struct {
+	steps  []tps.ClusterStep
+	warm   []bool
+	heat   *heatGrid
+	gpu    *gpuSeries
+	nodeOf map[int64]string
 }
 
 // Analyze reads the traces of the job folder dir (OUT/<job>).
@@ -85,20 +114,124 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		return nil, fmt.Errorf("report: no cluster steps under %s", clusterDir)
 	}
 	rep.Meta = readMeta(clusterDir)
-	rep.Summary = tps.Summarize(steps, tps.WindowOptions{Warmup: opt.Warmup})
-	mask := tps.WarmupMask(steps, tps.WindowOptions{Warmup: opt.Warmup})
-	steady := map[[2]int64]bool{}
-	var n float64
-	var energy Energy
-	var eSteps, eTokens, eJoules float64
+	wopt := tps.WindowOptions{Warmup: opt.Warmup}
+	rep.Summary = tps.Summarize(steps, wopt) // sorts steps
+	warm := tps.WarmupMask(steps, wopt)
+	rep.data.steps, rep.data.warm = steps, warm
+	rep.breakdown(steps, warm)
+
+	// One pass over rank_steps: per-rank compute medians of steady steps and
+	// the heatmap grid.
+	index := make(map[[2]int64]int, len(steps))
 	for i, c := range steps {
-		if mask[i] || c.StepTimeNs <= 0 {
+		index[[2]int64{c.Attempt, c.Step}] = i
+	}
+	rankDir := filepath.Join(dir, trace.RankSteps)
+	total := countRows(rankDir)
+	medians := map[int64]*tps.Median{}
+	nodes := map[int64]string{}
+	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
+	var done int64
+	err = trace.Each(rankDir, func(rows []tps.StepRecord) error {
+		for i := range rows {
+			r := &rows[i]
+			rep.RankRows++
+			si, ok := index[[2]int64{r.Attempt, r.Step}]
+			if !ok {
+				continue
+			}
+			comp := float64(r.ComputeNs())
+			heat.add(si, r.Rank, comp)
+			if r.Node != "" && nodes[r.Rank] == "" {
+				nodes[r.Rank] = r.Node
+			}
+			if warm[si] {
+				continue
+			}
+			m := medians[r.Rank]
+			if m == nil {
+				m = &tps.Median{}
+				medians[r.Rank] = m
+			}
+			m.Add(comp)
+		}
+		done += int64(len(rows))
+		if opt.Progress != nil {
+			opt.Progress(done, total)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	med := make(map[int64]float64, len(medians))
+	for r, m := range medians {
+		med[r] = m.Value()
+	}
+	scores := tps.ScoreMedians(med, nodes)
+	rep.Nodes = tps.NodeScores(scores)
+	rep.Stragglers = scores[:min(len(scores), opt.TopStragglers)]
+	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
+	rep.data.heat, rep.data.nodeOf = heat, nodes
+
+	var events []tps.Event
+	if err := trace.Each(filepath.Join(dir, trace.Events), func(rows []tps.Event) error {
+		for _, e := range rows {
+			rep.Events[e.Kind]++
+			events = append(events, e)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	rep.Goodput = ComputeGoodput(steps, warm, events)
+
+	gpu := newGPUSeries(steps)
+	if err := trace.Each(filepath.Join(dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
+		for i := range rows {
+			rep.GPUSamples++
+			gpu.add(&rows[i])
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if rep.GPUSamples > 0 {
+		rep.data.gpu = gpu
+	}
+
+	s := rep.Summary
+	price := opt.GPUHourUSD
+	if price <= 0 && rep.Meta != nil {
+		price = rep.Meta.GPUHourUSD
+	}
+	if price > 0 && s.WallTPS > 0 && s.WorldSize > 0 {
+		if c, err := tps.CostPerMillionTokens(s.WallTPS, int(s.WorldSize), price); err == nil {
+			rep.CostPerMTok = &c
+		}
+	}
+	if opt.TrainTokens > 0 && s.WallTPS > 0 {
+		if d, err := tps.TimeToTrain(opt.TrainTokens, s.WallTPS); err == nil {
+			x := d.Seconds()
+			rep.TimeToTrainS = &x
+		}
+	}
+	return rep, nil
+}
+
+func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
+	s := rep.Summary
+	var n, eSteps, eTokens, eJoules float64
+	var energy Energy
+	var xs, ys []float64
+	for i, c := range steps {
+		if warm[i] || c.StepTimeNs <= 0 {
 			continue
 		}
-		steady[[2]int64{c.Attempt, c.Step}] = true
 		n++
 		rep.Breakdown.Compute += c.ComputeNsMean / float64(c.StepTimeNs)
 		rep.Breakdown.CommOverlap += c.CommOverlap
+		xs, ys = append(xs, c.CommFractionMean), append(ys, c.TPS)
 		if c.GPUsJoined > 0 && c.EnergyJ > 0 {
 			eSteps++
 			eTokens += float64(c.Tokens)
@@ -111,13 +244,6 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			}
 		}
 	}
-	if eSteps > 0 {
-		energy.TokensPerJoule, energy.JoulesPerToken = eTokens/eJoules, eJoules/eTokens
-		energy.PowerWMean /= eSteps
-		energy.SMClockMHzMean /= eSteps
-		rep.Energy = &energy
-	}
-	s := rep.Summary
 	if n > 0 {
 		rep.Breakdown.Compute /= n
 		rep.Breakdown.CommOverlap /= n
@@ -127,57 +253,60 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	if rep.Meta != nil {
 		rep.Breakdown.BubbleTheoretical = tps.TheoreticalBubble(rep.Meta.Topology.PP, rep.Meta.MicroBatches, rep.Meta.Interleave)
 	}
+	rep.CommFit = fitLine(xs, ys)
+	if eSteps > 0 {
+		energy.TokensPerJoule, energy.JoulesPerToken = eTokens/eJoules, eJoules/eTokens
+		energy.PowerWMean /= eSteps
+		energy.SMClockMHzMean /= eSteps
+		rep.Energy = &energy
+	}
+}
 
-	// Straggler scores from the steady steps' per-rank compute times.
-	compute := map[int64][]float64{}
-	nodes := map[int64]string{}
-	err = trace.Each(filepath.Join(dir, trace.RankSteps), func(rows []tps.StepRecord) error {
-		for i := range rows {
-			r := &rows[i]
-			rep.RankRows++
-			if !steady[[2]int64{r.Attempt, r.Step}] {
-				continue
+// fitLine is ordinary least squares of y on x.
+func fitLine(xs, ys []float64) CommFit {
+	n := float64(len(xs))
+	if n < 2 {
+		return CommFit{}
+	}
+	var sx, sy, sxx, sxy, syy float64
+	for i := range xs {
+		sx += xs[i]
+		sy += ys[i]
+		sxx += xs[i] * xs[i]
+		sxy += xs[i] * ys[i]
+		syy += ys[i] * ys[i]
+	}
+	vx := sxx - sx*sx/n
+	vy := syy - sy*sy/n
+	if vx <= 0 {
+		return CommFit{Intercept: sy / n}
+	}
+	slope := (sxy - sx*sy/n) / vx
+	f := CommFit{Slope: slope, Intercept: (sy - slope*sx) / n}
+	if vy > 0 {
+		r := (sxy - sx*sy/n) / math.Sqrt(vx*vy)
+		f.R2 = r * r
+	}
+	return f
+}
+
+// countRows sums the row counts in the part footers (for progress).
+func countRows(dir string) int64 {
+	files, _ := trace.PartFiles(dir)
+	var n int64
+	for _, p := range files {
+		f, err := os.Open(p)
+		if err != nil {
+			continue
+		}
+		if st, err := f.Stat(); err == nil {
+			if pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true)); err == nil {
+				n += pf.NumRows()
 			}
-			compute[r.Rank] = append(compute[r.Rank], float64(r.ComputeNs()))
-			if r.Node != "" && nodes[r.Rank] == "" {
-				nodes[r.Rank] = r.Node
-			}
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
+		f.Close()
 	}
-	scores := tps.StragglerScores(compute, nodes)
-	rep.Nodes = tps.NodeScores(scores)
-	rep.Stragglers = scores[:min(len(scores), opt.TopStragglers)]
-	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
-
-	if err := trace.Each(filepath.Join(dir, trace.Events), func(rows []tps.Event) error {
-		for _, e := range rows {
-			rep.Events[e.Kind]++
-		}
-		return nil
-	}); err != nil {
-		return nil, err
-	}
-
-	price := opt.GPUHourUSD
-	if price <= 0 && rep.Meta != nil {
-		price = rep.Meta.GPUHourUSD
-	}
-	if price > 0 && s.AggregateTPS > 0 && s.WorldSize > 0 {
-		if c, err := tps.CostPerMillionTokens(s.WallTPS, int(s.WorldSize), price); err == nil {
-			rep.CostPerMTok = &c
-		}
-	}
-	if opt.TrainTokens > 0 && s.WallTPS > 0 {
-		if d, err := tps.TimeToTrain(opt.TrainTokens, s.WallTPS); err == nil {
-			x := d.Seconds()
-			rep.TimeToTrainS = &x
-		}
-	}
-	return rep, nil
+	return n
 }
 
 // readMeta takes the run metadata from the newest cluster_steps part.
@@ -194,4 +323,76 @@ func readMeta(dir string) *tps.RunMeta {
 		}
 	}
 	return nil
+}
+
+// heatGrid is the per-rank compute time over steps, binned to at most
+// 400 step columns and 512 rank rows.
+type heatGrid struct {
+	stepBins, rankBins int
+	stepsPer, ranksPer int
+	sum                []float64
+	n                  []int32
+}
+
+func newHeatGrid(steps, ranks int) *heatGrid {
+	ranks = max(ranks, 1)
+	h := &heatGrid{stepsPer: (steps + 399) / 400, ranksPer: (ranks + 511) / 512}
+	h.stepsPer, h.ranksPer = max(h.stepsPer, 1), max(h.ranksPer, 1)
+	h.stepBins = (steps + h.stepsPer - 1) / h.stepsPer
+	h.rankBins = (ranks + h.ranksPer - 1) / h.ranksPer
+	h.sum = make([]float64, h.stepBins*h.rankBins)
+	h.n = make([]int32, h.stepBins*h.rankBins)
+	return h
+}
+
+func (h *heatGrid) add(step int, rank int64, v float64) {
+	c, r := step/h.stepsPer, int(rank)/h.ranksPer
+	if c >= h.stepBins || r >= h.rankBins || r < 0 {
+		return
+	}
+	h.sum[r*h.stepBins+c] += v
+	h.n[r*h.stepBins+c]++
+}
+
+func (h *heatGrid) value(c, r int) float64 {
+	i := r*h.stepBins + c
+	if h.n[i] == 0 {
+		return math.NaN()
+	}
+	return h.sum[i] / float64(h.n[i])
+}
+
+// gpuSeries bins GPU samples over the run's time into at most 600 buckets.
+type gpuSeries struct {
+	t0, width    int64
+	power, clock []float64
+	util         []float64
+	n, nUtil     []int
+}
+
+func newGPUSeries(steps []tps.ClusterStep) *gpuSeries {
+	lo, hi := steps[0].StartUnixNs, steps[0].EndUnixNs
+	for _, c := range steps {
+		lo, hi = min(lo, c.StartUnixNs), max(hi, c.EndUnixNs)
+	}
+	g := &gpuSeries{t0: lo, width: max((hi-lo)/600+1, 1)}
+	g.power, g.clock, g.util = make([]float64, 600), make([]float64, 600), make([]float64, 600)
+	g.n, g.nUtil = make([]int, 600), make([]int, 600)
+	return g
+}
+
+func (g *gpuSeries) add(s *tps.GPUSample) {
+	b := (s.UnixNs - g.t0) / g.width
+	if b < 0 || b >= 600 {
+		return
+	}
+	if s.PowerW != nil && s.SMClockMHz != nil {
+		g.power[b] += *s.PowerW
+		g.clock[b] += float64(*s.SMClockMHz)
+		g.n[b]++
+	}
+	if s.GPUUtilPct != nil {
+		g.util[b] += *s.GPUUtilPct
+		g.nUtil[b]++
+	}
 }

@@ -63,6 +63,19 @@ func WriteText(w io.Writer, r *Report) error {
 	if b.CommOverlap > 0 {
 		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}
+	if f := r.CommFit; f.Slope != 0 {
+		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", si(-f.Slope/100), f.R2)
+	}
+	if g := r.Goodput; g.ElapsedS > 0 {
+		var bad []string
+		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {
+			bad = append(bad, fmt.Sprintf("%s %s", k, pct(g.BadputS[k]/g.ElapsedS)))
+		}
+		row("goodput", "%s of %.0fs elapsed; badput: %s", pct(g.Goodput), g.ElapsedS, strings.Join(bad, ", "))
+		if g.Restarts > 0 {
+			row("restarts", "%d, %d steps redone", g.Restarts, g.RedoneSteps)
+		}
+	}
 	if s.TokenMismatch > 0 {
 		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}

@@ -24,14 +24,23 @@ const StragglerThreshold = 0.75
 // StepRecord.ComputeNs). The result is sorted slowest first. computeNs maps
 // rank to its steps' compute times and is reordered in place.
 func StragglerScores(computeNs map[int64][]float64, nodes map[int64]string) []RankScore {
-	out := make([]RankScore, 0, len(computeNs))
-	best := 0.0
+	med := make(map[int64]float64, len(computeNs))
 	for r, xs := range computeNs {
 		if len(xs) == 0 {
 			continue
 		}
 		slices.Sort(xs)
-		m := Quantile(xs, 0.5)
+		med[r] = Quantile(xs, 0.5)
+	}
+	return ScoreMedians(med, nodes)
+}
+
+// ScoreMedians scores ranks from their median compute times (see
+// StragglerScores), slowest first.
+func ScoreMedians(medianComputeNs map[int64]float64, nodes map[int64]string) []RankScore {
+	out := make([]RankScore, 0, len(medianComputeNs))
+	best := 0.0
+	for r, m := range medianComputeNs {
 		if m <= 0 {
 			continue
 		}

@@ -3,6 +3,7 @@ package tps
 import (
 	"errors"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -468,5 +469,27 @@ func TestJoinGPU(t *testing.T) {
 	}
 	if _, ok := JoinGPU(nil, t0, t0+s); ok {
 		t.Error("join with no points succeeded")
+	}
+}
+
+func TestStreamingMedian(t *testing.T) {
+	for _, n := range []int{1, 4, 5, 101, 1024, 10000, 100000} {
+		var e Median
+		xs := make([]float64, n)
+		for i := range xs {
+			// a skewed, shuffled stream
+			v := float64((i*7919)%n) + 1
+			xs[i] = v * v
+			e.Add(xs[i])
+		}
+		slices.Sort(xs)
+		// exact below the reservoir size; beyond it, within the 45th-55th percentiles
+		lo, hi := Quantile(xs, 0.45), Quantile(xs, 0.55)
+		if n <= 1024 {
+			lo, hi = Quantile(xs, 0.5), Quantile(xs, 0.5)
+		}
+		if got := e.Value(); got < lo || got > hi {
+			t.Errorf("n=%d: streaming median %g, want in [%g, %g]", n, got, lo, hi)
+		}
 	}
 }

@@ -77,7 +77,9 @@ type WindowOptions struct {
 	// Warmup, when ≥ 0, excludes exactly that many leading steps of each
 	// attempt. When negative (AutoWarmup), the rule is: the first step of each
 	// attempt, plus the leading steps after it that are slower than
-	// median + 3·MAD of the run's step times.
+	// median + max(3·MAD, 5% of the median) of the run's step times. (The
+	// floor keeps a run of near-identical steps, whose MAD is about zero,
+	// from calling every slightly slow early step warm-up.)
 	Warmup int
 }
 
@@ -128,7 +130,7 @@ func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
 			times[i] = float64(steps[i].StepTimeNs)
 		}
 		med, mad := MedianMAD(times)
-		threshold = med + 3*mad
+		threshold = med + max(3*mad, 0.05*med)
 	}
 	pos := 0 // position within the current attempt
 	inWarmup := true

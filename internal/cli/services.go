@@ -335,6 +335,11 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	report.WriteText(stdout, rep)
 	abs, _ := filepath.Abs(res.JobDir)
+	if figs, err := rep.Figures(); err == nil {
+		if paths, err := report.SaveFigures(figs, filepath.Join(res.JobDir, "report")); err == nil {
+			fmt.Fprintf(stdout, "\n%d plots (PNG and SVG): %s/report/\n", len(paths), abs)
+		}
+	}
 	fmt.Fprintf(stdout, "\nParquet traces: %s/{rank_steps,cluster_steps,gpu_samples,events}/*.parquet\n", abs)
 	fmt.Fprintf(stdout, "e.g. duckdb -c \"select step, tps, mfu, comm_fraction_mean from '%s/cluster_steps/*.parquet' order by step\"\n", abs)
 	return exitOK
@@ -342,43 +347,127 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	const cmd = "report"
-	fs := newFlagSet(cmd, "report [flags] JOB_DIR", `  tpsprof report traces/llama-8b
+	fs := newFlagSet(cmd, "report [flags] JOB_DIR   |   report --compare JOB_DIR_A JOB_DIR_B", `  tpsprof report traces/llama-8b                 # summary, plus plots in traces/llama-8b/report/
   tpsprof report --json --warmup 10 traces/llama-8b
+  tpsprof report --markdown --no-plots traces/llama-8b >> review.md
+  tpsprof report --compare traces/run-a traces/run-b
 `, stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)")
+	asMD := fs.Bool("markdown", false, "print the report as Markdown")
+	compare := fs.Bool("compare", false, "compare two job folders side by side")
+	plots := fs.String("plots", "", "folder for the plots (PNG and SVG); default JOB_DIR/report")
+	noPlots := fs.Bool("no-plots", false, "do not draw plots")
 	warmup := fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)")
 	var train, price quantity
 	fs.Var(&train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
 	fs.Var(&price, "gpu-hour-usd", "price of a GPU-hour (overrides the run metadata)")
-	// the job folder may come before or after the flags
-	var dir string
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		dir, args = args[0], args[1:]
-	}
-	if err := fs.Parse(args); err != nil {
-		if err == flagErrHelp {
-			fs.help()
-			return exitOK
+	// job folders may come before, between or after the flags
+	var dirs, rest []string
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") && (len(rest) == 0 || !needsValue(rest[len(rest)-1])) {
+			dirs = append(dirs, a)
+		} else {
+			rest = append(rest, a)
 		}
-		return usageErr(stderr, cmd, "%v (see --help)", err)
 	}
-	if dir == "" && fs.NArg() == 1 {
-		dir = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		return usageErr(stderr, cmd, "unexpected argument %q", fs.Arg(0))
+	if code, ok := parseFlags(fs, rest, stderr); !ok {
+		return code
 	}
+	if *asJSON && *asMD {
+		return usageErr(stderr, cmd, "--json and --markdown both given: choose one")
+	}
+	want := 1
+	if *compare {
+		want = 2
+	}
+	if len(dirs) != want {
+		return usageErr(stderr, cmd, "give %d job folder(s) (OUT/JOB), got %d", want, len(dirs))
+	}
+	opt := report.Options{Warmup: *warmup, TrainTokens: float64(train), GPUHourUSD: float64(price)}
+	if isTerminal(stderr) {
+		opt.Progress = progressPrinter(stderr)
+	}
+	var reps []*report.Report
+	for _, d := range dirs {
+		rep, err := report.Analyze(d, opt)
+		if opt.Progress != nil {
+			fmt.Fprint(stderr, "\r\033[K")
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "tpsprof report: %v\n", err)
+			return exitError
+		}
+		reps = append(reps, rep)
+	}
+	if *compare {
+		report.WriteCompare(stdout, reps[0], reps[1])
+		return exitOK
+	}
+	rep := reps[0]
+	switch {
+	case *asJSON:
+		printJSON(stdout, rep)
+	case *asMD:
+		report.WriteMarkdown(stdout, rep)
+	default:
+		report.WriteText(stdout, rep)
+	}
+	if *noPlots {
+		return exitOK
+	}
+	dir := *plots
 	if dir == "" {
-		return usageErr(stderr, cmd, "give the job folder (OUT/JOB) to report on")
+		dir = filepath.Join(dirs[0], "report")
 	}
-	rep, err := report.Analyze(dir, report.Options{Warmup: *warmup, TrainTokens: float64(train), GPUHourUSD: float64(price)})
+	figs, err := rep.Figures()
+	if err == nil {
+		var paths []string
+		paths, err = report.SaveFigures(figs, dir)
+		if err == nil && !*asJSON && !*asMD {
+			fmt.Fprintf(stdout, "\n%d plots written to %s\n", len(paths), dir)
+		}
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof report: %v\n", err)
 		return exitError
 	}
-	if *asJSON {
-		printJSON(stdout, rep)
-		return exitOK
-	}
-	report.WriteText(stdout, rep)
 	return exitOK
+}
+
+// needsValue reports whether a flag takes the next argument as its value.
+func needsValue(flagArg string) bool {
+	name := strings.TrimLeft(flagArg, "-")
+	if strings.Contains(name, "=") {
+		return false
+	}
+	switch name {
+	case "plots", "warmup", "train-tokens", "gpu-hour-usd":
+		return true
+	}
+	return false
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// progressPrinter redraws one progress line at most ten times a second.
+func progressPrinter(w io.Writer) func(done, total int64) {
+	var last time.Time
+	return func(done, total int64) {
+		if time.Since(last) < 100*time.Millisecond && done < total {
+			return
+		}
+		last = time.Now()
+		if total > 0 {
+			fmt.Fprintf(w, "\rreading rank_steps: %d of %d rows (%.0f%%)", done, total, 100*float64(done)/float64(total))
+		} else {
+			fmt.Fprintf(w, "\rreading rank_steps: %d rows", done)
+		}
+	}
 }

@@ -1,0 +1,165 @@
+package report
+
+import (
+	"sort"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// Goodput splits the job's elapsed time, across attempts, into productive
+// step time and badput by cause. The parts add up to ElapsedS.
+type Goodput struct {
+	ElapsedS    float64            `json:"elapsed_s"`
+	ProductiveS float64            `json:"productive_s"`
+	Goodput     float64            `json:"goodput"` // productive / elapsed
+	BadputS     map[string]float64 `json:"badput_s"`
+	RedoneSteps int                `json:"redone_steps"`
+	Restarts    int                `json:"restarts"`
+}
+
+// Badput causes.
+const (
+	BadStartup    = "startup"    // attempt start to its first step
+	BadWarmup     = "warmup"     // warm-up steps
+	BadCheckpoint = "checkpoint" // blocking checkpoint time in steps and checkpoint events between steps
+	BadDataStall  = "data_stall" // data-loader waits inside steady steps
+	BadRestart    = "restart"    // from an attempt's last step to the next attempt's start
+	BadRedone     = "redone"     // steps repeated after a restart (progress lost)
+	BadEval       = "eval"       // evaluation between steps
+	BadIdle       = "idle"       // other gaps between steps, and the tail of an attempt
+)
+
+// ComputeGoodput analyses steps (sorted by attempt, step) with the warm-up
+// mask and the run's events.
+func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Goodput {
+	g := Goodput{BadputS: map[string]float64{}}
+	if len(steps) == 0 {
+		return g
+	}
+	// Steps of an attempt at or beyond where the next attempt resumed were redone.
+	firstOf := map[int64]int64{} // attempt → first step
+	var attempts []int64
+	for _, c := range steps {
+		if _, ok := firstOf[c.Attempt]; !ok {
+			firstOf[c.Attempt] = c.Step
+			attempts = append(attempts, c.Attempt)
+		}
+	}
+	resumeAfter := map[int64]int64{} // attempt → step the next attempt resumed from
+	for i := 0; i+1 < len(attempts); i++ {
+		resumeAfter[attempts[i]] = firstOf[attempts[i+1]]
+	}
+	g.Restarts = len(attempts) - 1
+
+	starts := map[int64]int64{}
+	ends := map[int64]int64{}
+	var evals, ckpts [][2]int64
+	for _, e := range events {
+		switch e.Kind {
+		case tps.EventAttemptStart, tps.EventJobStart:
+			if s, ok := starts[e.Attempt]; !ok || e.StartUnixNs < s {
+				starts[e.Attempt] = e.StartUnixNs
+			}
+		case tps.EventAttemptEnd, tps.EventJobEnd:
+			end := max(e.EndUnixNs, e.StartUnixNs)
+			ends[e.Attempt] = max(ends[e.Attempt], end)
+		case tps.EventEval:
+			evals = append(evals, [2]int64{e.StartUnixNs, e.EndUnixNs})
+		case tps.EventCheckpointSave:
+			ckpts = append(ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
+		}
+	}
+	sec := func(ns int64) float64 { return float64(ns) / 1e9 }
+	begin, finish := steps[0].StartUnixNs, steps[0].EndUnixNs
+	for _, c := range steps {
+		begin, finish = min(begin, c.StartUnixNs), max(finish, c.EndUnixNs)
+	}
+	for _, s := range starts {
+		begin = min(begin, s)
+	}
+	for _, e := range ends {
+		finish = max(finish, e)
+	}
+	g.ElapsedS = sec(finish - begin)
+
+	for i, c := range steps {
+		d := sec(c.StepTimeNs)
+		if ra, ok := resumeAfter[c.Attempt]; ok && c.Step >= ra {
+			g.BadputS[BadRedone] += d
+			g.RedoneSteps++
+		} else if warm[i] {
+			g.BadputS[BadWarmup] += d
+		} else {
+			stall := d * c.DataStallFractionMean
+			ck := d * c.CkptFractionMean
+			g.BadputS[BadDataStall] += stall
+			g.BadputS[BadCheckpoint] += ck
+			g.ProductiveS += d - stall - ck
+		}
+		// The wall time between this step's end and the next one's start.
+		first := i == 0 || steps[i-1].Attempt != c.Attempt
+		if first {
+			if s, ok := starts[c.Attempt]; ok && s < c.StartUnixNs {
+				g.BadputS[BadStartup] += sec(c.StartUnixNs - s)
+			}
+			if i > 0 { // restart gap: previous attempt's end of steps to this attempt's start
+				from := steps[i-1].EndUnixNs
+				to := c.StartUnixNs
+				if s, ok := starts[c.Attempt]; ok && s < to {
+					to = s
+				}
+				if to > from {
+					g.BadputS[BadRestart] += sec(to - from)
+				}
+			}
+		}
+		// Step time is the slowest rank's duration, measured from the
+		// earliest start: rank start skew goes to idle.
+		if skew := (c.EndUnixNs - c.StartUnixNs) - c.StepTimeNs; skew > 0 {
+			g.BadputS[BadIdle] += sec(skew)
+		}
+		last := i+1 == len(steps) || steps[i+1].Attempt != c.Attempt
+		if !last {
+			gapStart, gapEnd := c.EndUnixNs, steps[i+1].StartUnixNs
+			if gapEnd > gapStart {
+				ev := overlap(evals, gapStart, gapEnd)
+				ck := overlap(ckpts, gapStart, gapEnd)
+				g.BadputS[BadEval] += sec(ev)
+				g.BadputS[BadCheckpoint] += sec(ck)
+				g.BadputS[BadIdle] += sec(max(gapEnd-gapStart-ev-ck, 0))
+			}
+		} else if e, ok := ends[c.Attempt]; ok && e > c.EndUnixNs {
+			g.BadputS[BadIdle] += sec(e - c.EndUnixNs)
+		}
+	}
+	if g.ElapsedS > 0 {
+		g.Goodput = g.ProductiveS / g.ElapsedS
+	}
+	for k, v := range g.BadputS {
+		if v <= 0 {
+			delete(g.BadputS, k)
+		}
+	}
+	return g
+}
+
+// overlap is how much of [a, b) the intervals cover (they may overlap each other).
+func overlap(iv [][2]int64, a, b int64) int64 {
+	var segs [][2]int64
+	for _, x := range iv {
+		s, e := max(x[0], a), min(x[1], b)
+		if e > s {
+			segs = append(segs, [2]int64{s, e})
+		}
+	}
+	sort.Slice(segs, func(i, j int) bool { return segs[i][0] < segs[j][0] })
+	var total, cur int64 = 0, a
+	for _, s := range segs {
+		if s[1] <= cur {
+			continue
+		}
+		total += s[1] - max(s[0], cur)
+		cur = s[1]
+	}
+	return total
+}

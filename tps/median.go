@@ -1,0 +1,48 @@
+package tps
+
+import "slices"
+
+// medianKeep is how many values a Median holds.
+const medianKeep = 1024
+
+// Median is a streaming median in bounded memory: exact for up to 1024
+// values, then the median of a uniform reservoir sample of 1024 (Vitter's
+// algorithm R), whose rank error is about ±1.5% at one standard deviation
+// whatever the order of the stream. The sampling is deterministic, so a
+// report over the same trace gives the same numbers.
+type Median struct {
+	vals []float64
+	n    uint64
+	rng  uint64
+}
+
+// Add observes x.
+func (m *Median) Add(x float64) {
+	m.n++
+	if len(m.vals) < medianKeep {
+		m.vals = append(m.vals, x)
+		return
+	}
+	// splitmix64 step: cheap, deterministic
+	m.rng += 0x9e3779b97f4a7c15
+	z := m.rng
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	z ^= z >> 31
+	if j := z % m.n; j < medianKeep {
+		m.vals[j] = x
+	}
+}
+
+// Count is the number of observations.
+func (m *Median) Count() int { return int(m.n) }
+
+// Value is the median so far (0 with none).
+func (m *Median) Value() float64 {
+	if len(m.vals) == 0 {
+		return 0
+	}
+	s := slices.Clone(m.vals)
+	slices.Sort(s)
+	return Quantile(s, 0.5)
+}
