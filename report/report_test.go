@@ -102,7 +102,7 @@ func generate(t testing.TB, root string, steps0, steps1 int) genTrace {
 		}
 		if attempt == 0 {
 			g.attempt0End = now - 100e6 // the last step's end
-			now += 60e9 // a minute until the relaunch
+			now += 60e9                 // a minute until the relaunch
 		} else {
 			evs = append(evs, tps.Event{Job: "gen", Attempt: attempt, Kind: tps.EventAttemptEnd, Rank: -1, StartUnixNs: now, EndUnixNs: now})
 		}
