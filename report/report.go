@@ -132,7 +132,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
 	var done int64
-	err = trace.Each(rankDir, func(rows []tps.StepRecord) error {
+	err = trace.Each(rankDir, func(rows []rankCompute) error {
 		for i := range rows {
 			r := &rows[i]
 			rep.RankRows++
@@ -140,7 +140,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			if !ok {
 				continue
 			}
-			comp := float64(r.ComputeNs())
+			comp := float64(r.computeNs())
 			heat.add(si, r.Rank, comp)
 			if r.Node != "" && nodes[r.Rank] == "" {
 				nodes[r.Rank] = r.Node
@@ -323,6 +323,25 @@ func readMeta(dir string) *tps.RunMeta {
 		}
 	}
 	return nil
+}
+
+// rankCompute is the projection of rank_steps the report reads: decoding
+// only these columns is several times faster than whole records.
+type rankCompute struct {
+	Attempt       int64  `parquet:"attempt"`
+	Step          int64  `parquet:"step"`
+	Rank          int64  `parquet:"rank"`
+	Node          string `parquet:"node"`
+	DurationNs    int64  `parquet:"duration_ns"`
+	ExposedCommNs int64  `parquet:"exposed_comm_ns"`
+	DataWaitNs    int64  `parquet:"data_wait_ns"`
+	PPWaitNs      int64  `parquet:"pp_wait_ns"`
+	CkptNs        int64  `parquet:"ckpt_ns"`
+}
+
+func (r *rankCompute) computeNs() int64 {
+	s := tps.StepRecord{DurationNs: r.DurationNs, ExposedCommNs: r.ExposedCommNs, DataWaitNs: r.DataWaitNs, PPWaitNs: r.PPWaitNs, CkptNs: r.CkptNs}
+	return s.ComputeNs()
 }
 
 // heatGrid is the per-rank compute time over steps, binned to at most

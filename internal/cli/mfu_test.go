@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
 	"os"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tpsprof/tpsprof/internal/demo"
 )
 
 func run(t *testing.T, args ...string) (stdout, stderr string, code int) {
@@ -178,5 +181,45 @@ func TestGPUsWithoutDriver(t *testing.T) {
 	_, errOut, code := run(t, "gpus")
 	if code != 1 || !strings.Contains(errOut, "no GPU telemetry on this node") {
 		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestReportCommand(t *testing.T) {
+	out := t.TempDir()
+	cfg := demo.Defaults()
+	cfg.Out, cfg.Steps, cfg.StepInterval = out, 30, 0
+	res, err := demo.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, errOut, code := run(t, "report", "--json", "--no-plots", res.JobDir)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var rep map[string]any
+	if err := json.Unmarshal([]byte(js), &rep); err != nil {
+		t.Fatalf("report --json does not parse: %v", err)
+	}
+	for _, k := range []string{"summary", "breakdown", "goodput", "straggler_ranks", "straggler_nodes", "comm_fit"} {
+		if _, ok := rep[k]; !ok {
+			t.Errorf("key %s missing", k)
+		}
+	}
+	txt, _, code := run(t, "report", res.JobDir, "--plots", filepath.Join(out, "plots"))
+	if code != 0 || !strings.Contains(txt, "plots written to") {
+		t.Errorf("text report (exit %d):\n%s", code, txt)
+	}
+	if files, _ := filepath.Glob(filepath.Join(out, "plots", "*.png")); len(files) < 5 {
+		t.Errorf("got %d PNG plots", len(files))
+	}
+	cmp, _, code := run(t, "report", "--compare", res.JobDir, res.JobDir)
+	if code != 0 || !strings.Contains(cmp, "+0.0%") {
+		t.Errorf("compare (exit %d):\n%s", code, cmp)
+	}
+	if _, e, code := run(t, "report"); code != 2 || !strings.Contains(e, "job folder") {
+		t.Errorf("no folder: exit %d %q", code, e)
+	}
+	if _, e, code := run(t, "report", filepath.Join(out, "missing")); code != 1 || !strings.Contains(e, "not a job folder") {
+		t.Errorf("missing folder: exit %d %q", code, e)
 	}
 }
