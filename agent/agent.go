@@ -142,9 +142,10 @@ type Agent struct {
 	log *ratelog.Logger
 	pub *publisher
 
-	mu       sync.Mutex
-	rejected map[string]int64
-	conns    map[net.Conn]struct{}
+	mu        sync.Mutex
+	rejected  map[string]int64
+	conns     map[net.Conn]struct{}
+	gpuPerDev []int64
 
 	connections, lines, records, events, metas atomic.Int64
 	gpuSamples, gpuErrors                      atomic.Int64
@@ -224,6 +225,12 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
 		return nil, fmt.Errorf("agent: chmod %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+func (a *Agent) gpuPerDevice() []int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return append([]int64(nil), a.gpuPerDev...)
 }
 
 // Socket is the intake socket path.

@@ -57,6 +57,14 @@ func (a *Agent) sampleGPUs() {
 			}
 			s.Node, s.UnixNs = a.cfg.Node, now.UnixNano()
 			batch = append(batch, s)
+			a.mu.Lock()
+			for len(a.gpuPerDev) <= d.Index && len(a.gpuPerDev) < 1024 {
+				a.gpuPerDev = append(a.gpuPerDev, 0)
+			}
+			if d.Index < len(a.gpuPerDev) {
+				a.gpuPerDev[d.Index]++
+			}
+			a.mu.Unlock()
 		}
 		if len(batch) == 0 {
 			continue

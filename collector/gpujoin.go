@@ -79,6 +79,7 @@ func (j *job) joinGPU(c *tps.ClusterStep) {
 		c.SMClockMHzMean = clock / float64(c.GPUsJoined)
 		if c.EnergyJ > 0 {
 			c.TokensPerJoule = float64(c.Tokens) / c.EnergyJ
+			j.lastTPJ = c.TokensPerJoule
 		}
 	}
 }

@@ -63,6 +63,60 @@ type job struct {
 
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
 	pending   []pendingRow          // closed rows waiting for GPU samples
+
+	// live figures for metrics and the live page
+	closedSteps, incompleteSteps, tokens int64
+	lastTPJ                              float64
+	computeEWMA                          []float64 // per rank, ns
+}
+
+// ewmaAlpha weighs the last step in a rank's recent compute time.
+const ewmaAlpha = 0.1
+
+// observeCompute folds a rank's compute time into its moving average.
+func (j *job) observeCompute(rank int64, ns float64) {
+	if int64(len(j.computeEWMA)) != j.world {
+		j.computeEWMA = make([]float64, j.world)
+	}
+	if rank < 0 || rank >= int64(len(j.computeEWMA)) {
+		return
+	}
+	if e := j.computeEWMA[rank]; e == 0 {
+		j.computeEWMA[rank] = ns
+	} else {
+		j.computeEWMA[rank] = e + ewmaAlpha*(ns-e)
+	}
+}
+
+// slowRanks returns the ranks with their score (fastest recent compute /
+// theirs), slowest first, at most n.
+func (j *job) slowRanks(n int) []tps.RankScore {
+	med := make(map[int64]float64, len(j.computeEWMA))
+	for r, v := range j.computeEWMA {
+		if v > 0 {
+			med[int64(r)] = v
+		}
+	}
+	s := tps.ScoreMedians(med, j.rankNode)
+	return s[:min(n, len(s))]
+}
+
+// stragglers counts ranks below the straggler threshold.
+func (j *job) stragglers() int {
+	n := 0
+	for _, r := range j.slowRanks(len(j.computeEWMA)) {
+		if r.Straggler {
+			n++
+		}
+	}
+	return n
+}
+
+func (j *job) lastRow() tps.ClusterStep {
+	if len(j.recent) < liveWindow {
+		return j.recent[len(j.recent)-1]
+	}
+	return j.recent[(j.recentNext+liveWindow-1)%liveWindow]
 }
 
 func newJob(c *Collector, id string) *job {
@@ -189,6 +243,7 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) {
 		return
 	}
 	c.stats.Records++
+	j.observeCompute(r.Rank, float64(r.ComputeNs()))
 	j.rankBuf = append(j.rankBuf, *r)
 	if len(j.rankBuf) >= 4096 {
 		j.flushRanks(c)
@@ -226,8 +281,11 @@ func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
 		j.maxClosed[k.attempt] = k.step
 	}
 	c.stats.StepsClosed++
+	j.closedSteps++
+	j.tokens += row.Tokens
 	if !row.Complete() {
 		c.stats.Incomplete++
+		j.incompleteSteps++
 	}
 	if len(j.recent) < liveWindow {
 		j.recent = append(j.recent, row)

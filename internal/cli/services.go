@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -76,6 +78,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	metaFile := fs.String("meta", "", "run metadata JSON (topology, model, gpu, dtype, gpu_hour_usd) applied to every job")
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
+	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -121,6 +124,16 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
 		return exitError
 	}
+	if *httpAddr != "" {
+		url, stop, err := serveHTTP(*httpAddr, c.Handler())
+		if err != nil {
+			c.Close()
+			fmt.Fprintf(stderr, "tpsprof collector: --http: %v\n", err)
+			return exitError
+		}
+		defer stop()
+		fmt.Fprintf(stdout, "live page %s · metrics %smetrics\n", url, url)
+	}
 	fmt.Fprintf(stdout, "collecting into %s (Ctrl-C to stop)\n", *out)
 	ctx, cancel := signalContext()
 	defer cancel()
@@ -133,6 +146,17 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	return exitOK
+}
+
+// serveHTTP serves h on addr and returns its base URL and a stop function.
+func serveHTTP(addr string, h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return "http://" + ln.Addr().String() + "/", func() { srv.Close() }, nil
 }
 
 func splitHostPort(s string) (string, int, error) {
@@ -160,6 +184,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
 	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
 	gpuEvery := fs.Duration("gpu-interval", time.Second, "GPU sampling interval through NVML (0 turns GPU telemetry off)")
+	httpAddr := fs.String("http", "", "address of the agent's /metrics, e.g. 127.0.0.1:9466 (empty: off)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -189,6 +214,16 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		return exitError
 	}
 	fmt.Fprintf(stdout, "agent for node %s: ranks write to %s, publishing to %s\n", a.Node(), a.Socket(), natsconn.Redacted(no.URL))
+	if *httpAddr != "" {
+		url, stop, err := serveHTTP(*httpAddr, a.Handler())
+		if err != nil {
+			a.Close()
+			fmt.Fprintf(stderr, "tpsprof agent: --http: %v\n", err)
+			return exitError
+		}
+		defer stop()
+		fmt.Fprintf(stdout, "metrics at %smetrics\n", url)
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	var tick <-chan time.Time
@@ -305,6 +340,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&d.StragglerSlowdown, "straggler-slowdown", d.StragglerSlowdown, "how much slower the straggler node computes")
 	fs.DurationVar(&d.StepInterval, "step-interval", d.StepInterval, "real time between simulated steps")
 	fs.Uint64Var(&d.Seed, "seed", d.Seed, "random seed")
+	fs.StringVar(&d.HTTP, "http", "127.0.0.1:0", "address of the live page and /metrics during the run (empty: off)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code

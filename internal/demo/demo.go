@@ -14,6 +14,8 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -46,7 +48,10 @@ type Config struct {
 	Seed         uint64
 	Live         io.Writer
 	Progress     io.Writer
-	Logger       *slog.Logger
+	// HTTP, when set, serves the collector's live page and metrics there
+	// during the run (":0" or "127.0.0.1:0" picks a free port).
+	HTTP   string
+	Logger *slog.Logger
 }
 
 // Defaults are a Llama-3-8B-like job on 64 H100s (DP 4 × TP 8 × PP 2).
@@ -114,6 +119,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, err
 	}
 	defer col.Close()
+	if cfg.HTTP != "" {
+		ln, err := net.Listen("tcp", cfg.HTTP)
+		if err != nil {
+			return Result{}, fmt.Errorf("demo: live page: %w", err)
+		}
+		hs := &http.Server{Handler: col.Handler(), ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(ln)
+		defer hs.Close()
+		fmt.Fprintf(progress, "live page: http://%s/ (metrics at /metrics)\n", ln.Addr())
+	}
 
 	sockDir, err := os.MkdirTemp("", "tpsprof-demo-")
 	if err != nil {

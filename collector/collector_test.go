@@ -1,0 +1,185 @@
+package collector
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+func startCollector(t *testing.T) (*Collector, *nats.Conn) {
+	t.Helper()
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	c, err := New(Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return c, nc
+}
+
+// publishSteps sends steps [from, to) of a 4-rank pure-DP job, 1000 tokens
+// per rank, 1 s per step, 10% exposed communication.
+func publishSteps(t *testing.T, nc *nats.Conn, job string, from, to int64) {
+	t.Helper()
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	var recs []tps.StepRecord
+	for s := from; s < to; s++ {
+		for r := int64(0); r < 4; r++ {
+			recs = append(recs, tps.StepRecord{Job: job, Step: s, Rank: r, WorldSize: 4, Tokens: 1000,
+				StartUnixNs: t0 + s*2e9, EndUnixNs: t0 + s*2e9 + 1e9, DurationNs: 1e9, ExposedCommNs: 1e8, CommNs: 2e8})
+		}
+	}
+	if err := nc.Publish(wire.StepsSubject(job, "n0"), wire.AppendSteps(nil, recs)); err != nil {
+		t.Fatal(err)
+	}
+	nc.Publish(wire.StepsSubject(job, "n0"), []byte("garbage")) // counted as batch:decode
+	nc.Flush()
+}
+
+func TestMetricsExposition(t *testing.T) {
+	c, nc := startCollector(t)
+	publishSteps(t, nc, "m1", 0, 5)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP tpsprof_cluster_tokens_per_second Training tokens per second of the job's last closed step (tokens counted once per data-parallel replica).
+# TYPE tpsprof_cluster_tokens_per_second gauge
+tpsprof_cluster_tokens_per_second{job="m1"} 4000
+# HELP tpsprof_cluster_tokens_per_second_per_gpu Tokens per second of the last closed step divided by the world size.
+# TYPE tpsprof_cluster_tokens_per_second_per_gpu gauge
+tpsprof_cluster_tokens_per_second_per_gpu{job="m1"} 1000
+# HELP tpsprof_exposed_comm_ratio Exposed communication as a fraction of step time, mean over ranks, last closed step.
+# TYPE tpsprof_exposed_comm_ratio gauge
+tpsprof_exposed_comm_ratio{job="m1"} 0.1
+# HELP tpsprof_last_step Step number of the last closed step.
+# TYPE tpsprof_last_step gauge
+tpsprof_last_step{job="m1"} 4
+# HELP tpsprof_records_accepted_total Step records accepted (first copies).
+# TYPE tpsprof_records_accepted_total counter
+tpsprof_records_accepted_total 20
+# HELP tpsprof_records_rejected_total Records and messages rejected, by reason.
+# TYPE tpsprof_records_rejected_total counter
+tpsprof_records_rejected_total{reason="batch:decode"} 1
+# HELP tpsprof_step_time_seconds Duration of the last closed step (slowest rank).
+# TYPE tpsprof_step_time_seconds gauge
+tpsprof_step_time_seconds{job="m1"} 1
+# HELP tpsprof_steps_closed_total Cluster steps closed.
+# TYPE tpsprof_steps_closed_total counter
+tpsprof_steps_closed_total{job="m1"} 5
+# HELP tpsprof_stragglers Ranks whose recent compute time is more than 1/0.75 of the fastest rank's.
+# TYPE tpsprof_stragglers gauge
+tpsprof_stragglers{job="m1"} 0
+# HELP tpsprof_tokens_total Training tokens of all closed steps.
+# TYPE tpsprof_tokens_total counter
+tpsprof_tokens_total{job="m1"} 20000
+# HELP tpsprof_nats_connected 1 when the collector is connected to NATS.
+# TYPE tpsprof_nats_connected gauge
+tpsprof_nats_connected 1
+`
+	names := []string{"tpsprof_cluster_tokens_per_second", "tpsprof_cluster_tokens_per_second_per_gpu", "tpsprof_exposed_comm_ratio",
+		"tpsprof_last_step", "tpsprof_records_accepted_total", "tpsprof_records_rejected_total", "tpsprof_step_time_seconds",
+		"tpsprof_steps_closed_total", "tpsprof_stragglers", "tpsprof_tokens_total", "tpsprof_nats_connected"}
+	if err := testutil.CollectAndCompare(metricsCollector{c}, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	// The same through HTTP, with a linter pass over every metric.
+	if problems, err := testutil.CollectAndLint(metricsCollector{c}); err != nil || len(problems) > 0 {
+		t.Errorf("lint: %v %+v", err, problems)
+	}
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `tpsprof_cluster_tokens_per_second{job="m1"} 4000`) || !strings.Contains(string(body), "go_goroutines") {
+		t.Errorf("/metrics:\n%.2000s", body)
+	}
+}
+
+// The live page in a real headless browser: it loads, draws a non-empty
+// chart, and shows new steps as they arrive.
+func TestLivePageInBrowser(t *testing.T) {
+	browser := ""
+	for _, b := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(b); err == nil {
+			browser = p
+			break
+		}
+	}
+	if browser == "" {
+		t.Fatal("the live-page test needs Debian's chromium package (.ci/run installs it)")
+	}
+	c, nc := startCollector(t)
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	publishSteps(t, nc, "live", 0, 30)
+	c.Sync(5 * time.Second)
+
+	dump := func() string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		dir := t.TempDir()
+		cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+			"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+dir,
+			"--virtual-time-budget=5000", "--dump-dom", srv.URL+"/")
+		cmd.Env = append(os.Environ(), "HOME="+dir)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%s: %v", browser, err)
+		}
+		return string(out)
+	}
+	dom := dump()
+	if !strings.Contains(dom, `id="job-live"`) {
+		t.Fatalf("the page shows no job:\n%.3000s", dom)
+	}
+	path := regexp.MustCompile(`<path d="M([0-9.,L]+)"[^>]*class="series"`).FindStringSubmatch(dom)
+	if path == nil || strings.Count(path[1], "L") < 20 {
+		t.Fatalf("no chart line with the steps' points:\n%.3000s", dom)
+	}
+	stepOf := func(dom string) int {
+		m := regexp.MustCompile(`<b class="v-step">(\d+)</b>`).FindStringSubmatch(dom)
+		if m == nil {
+			t.Fatalf("no step figure:\n%.3000s", dom)
+		}
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	if got := stepOf(dom); got != 29 {
+		t.Errorf("page shows step %d, want 29", got)
+	}
+	publishSteps(t, nc, "live", 30, 45)
+	c.Sync(5 * time.Second)
+	if got := stepOf(dump()); got != 44 {
+		t.Errorf("after more steps the page shows step %d, want 44", got)
+	}
+}

@@ -1,0 +1,99 @@
+package collector
+
+import (
+	_ "embed"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+//go:embed live.html
+var liveHTML []byte
+
+// LiveStep is one step on the live page.
+type LiveStep struct {
+	Step      int64   `json:"step"`
+	TPS       float64 `json:"tps"`
+	MFU       float64 `json:"mfu"`
+	Comm      float64 `json:"comm"`
+	StepTimeS float64 `json:"step_time_s"`
+}
+
+// LiveJob is one job's current state, as /api/summary serves it.
+type LiveJob struct {
+	Job          string             `json:"job"`
+	WorldSize    int64              `json:"world_size"`
+	LastStep     int64              `json:"last_step"`
+	TPS          float64            `json:"tps"`
+	TPSPerGPU    float64            `json:"tps_per_gpu"`
+	MFU          float64            `json:"mfu"`
+	Breakdown    map[string]float64 `json:"breakdown"`
+	Steps        []LiveStep         `json:"steps"`
+	SlowestRanks []tps.RankScore    `json:"slowest_ranks"`
+	StepsClosed  int64              `json:"steps_closed"`
+	Incomplete   int64              `json:"steps_incomplete"`
+	TokensTotal  int64              `json:"tokens_total"`
+}
+
+// LiveSummary is the /api/summary document.
+type LiveSummary struct {
+	OutDir        string    `json:"out_dir"`
+	GeneratedUnix int64     `json:"generated_unix_ms"`
+	Jobs          []LiveJob `json:"jobs"`
+	Stats         Stats     `json:"stats"`
+}
+
+// Summary returns the live state of every job: the last 200 steps, the
+// breakdown over the last 10, and the slowest ranks by recent compute time.
+func (c *Collector) Summary() LiveSummary {
+	st := c.Stats()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := LiveSummary{OutDir: c.cfg.OutDir, GeneratedUnix: time.Now().UnixMilli(), Stats: st}
+	for _, j := range c.sortedJobs() {
+		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
+			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5)}
+		steps := j.recentSteps()
+		if n := len(steps); n > 0 {
+			last := steps[n-1]
+			lj.LastStep, lj.TPS, lj.TPSPerGPU, lj.MFU = last.Step, last.TPS, last.TPSPerGPU, last.MFU
+			k := min(n, 10)
+			for _, s := range steps[n-k:] {
+				if s.StepTimeNs > 0 {
+					lj.Breakdown["compute"] += s.ComputeNsMean / float64(s.StepTimeNs) / float64(k)
+				}
+				lj.Breakdown["exposed_comm"] += s.CommFractionMean / float64(k)
+				lj.Breakdown["bubble"] += s.BubbleFractionMean / float64(k)
+				lj.Breakdown["data_stall"] += s.DataStallFractionMean / float64(k)
+				lj.Breakdown["checkpoint"] += s.CkptFractionMean / float64(k)
+			}
+			for _, s := range steps[max(0, n-200):] {
+				lj.Steps = append(lj.Steps, LiveStep{Step: s.Step, TPS: s.TPS, MFU: s.MFU, Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
+			}
+		}
+		out.Jobs = append(out.Jobs, lj)
+	}
+	return out
+}
+
+// Handler serves /metrics (Prometheus), /api/summary (JSON) and / (the
+// live page, self-contained: no CDN, refreshes itself).
+func (c *Collector) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /api/summary", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		json.NewEncoder(w).Encode(c.Summary())
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'")
+		w.Write(liveHTML)
+	})
+	return mux
+}
