@@ -40,6 +40,7 @@ func (a *Agent) sampleGPUs() {
 	devs := r.Devices()
 	t := time.NewTicker(a.cfg.GPUInterval)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-a.done:
@@ -47,6 +48,10 @@ func (a *Agent) sampleGPUs() {
 		case <-t.C:
 		}
 		now := a.cfg.Clock()
+		if !now.After(last) {
+			continue // the clock has not moved (a simulated one): nothing new to read
+		}
+		last = now
 		batch := make([]tps.GPUSample, 0, len(devs))
 		for _, d := range devs {
 			s, err := r.Sample(d.Index)

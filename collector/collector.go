@@ -367,30 +367,24 @@ func (c *Collector) Recent(job string) []tps.ClusterStep {
 	return nil
 }
 
-// Sync makes sure every message published before it has been handled:
-// it round-trips to the server, then waits until the subscriptions have
-// drained their pending messages (or timeout).
+// Sync makes sure every message published before it (on connections that
+// have flushed) has been handled: it round-trips to the server, so the
+// client holds everything the server sent before, then waits for a barrier
+// queued behind those messages on every subscription (or timeout). Messages
+// arriving meanwhile do not extend the wait.
 func (c *Collector) Sync(timeout time.Duration) error {
 	if err := c.nc.FlushTimeout(timeout); err != nil {
 		return fmt.Errorf("collector: flush: %w", err)
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		pending := 0
-		for _, s := range c.subs {
-			n, _, _ := s.Pending()
-			pending += n
-		}
-		if pending == 0 {
-			// the handler of the last message may still run; the lock waits for it
-			c.mu.Lock()
-			c.mu.Unlock()
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("collector: %d messages still pending after %v", pending, timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
+	done := make(chan struct{})
+	if err := c.nc.Barrier(func() { close(done) }); err != nil {
+		return fmt.Errorf("collector: barrier: %w", err)
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(timeout):
+		return fmt.Errorf("collector: messages received before the sync still unhandled after %v", timeout)
 	}
 }
 

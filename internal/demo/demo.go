@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	agents := make([]*agent.Agent, nodes)
 	clock := &simClock{}
 	var stepNow atomic.Int64 // the step being simulated, for the GPUs' straggler state
-	gpuInterval := max(cfg.StepInterval, 5*time.Millisecond)
+	gpuInterval := max(cfg.StepInterval, 20*time.Millisecond)
 	for n := range agents {
 		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
