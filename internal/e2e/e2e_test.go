@@ -144,7 +144,7 @@ func TestEndToEndClusterTPS(t *testing.T) {
 			t.Fatalf("client dropped %d (sent %d)", dropped, sent)
 		}
 	}
-	e.finish(t, 161)
+	e.finish(t, 162) // 161 record lines and the metadata
 
 	st := e.col.Stats()
 	if st.Records != 160 || st.Duplicates != 1 || st.StepsClosed != steps || st.Incomplete != 0 {
