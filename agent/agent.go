@@ -248,7 +248,7 @@ func (a *Agent) reject(reason string) {
 // Stats returns the counters.
 func (a *Agent) Stats() Stats {
 	s := Stats{Connections: a.connections.Load(), Lines: a.lines.Load(), Records: a.records.Load(),
-		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc.IsConnected(),
+		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc != nil && a.nc.IsConnected(),
 		GPUSamples: a.gpuSamples.Load(), GPUErrors: a.gpuErrors.Load()}
 	a.mu.Lock()
 	s.Rejected = make(map[string]int64, len(a.rejected))

@@ -139,3 +139,20 @@ func BenchmarkDecodeJSONBaseline(b *testing.B) {
 	}
 	b.ReportMetric(float64(len(recs))*float64(b.N)/b.Elapsed().Seconds(), "records/s")
 }
+
+func FuzzDecodeGPUSamples(f *testing.F) {
+	f.Add([]byte(`[{"node":"n","index":0,"uuid":"GPU-1","name":"NVIDIA H100 80GB HBM3","unix_ns":1760000000000000000,"power_w":650.5,"energy_mj":12345}]`))
+	f.Add([]byte(`[{"power_w":-1}]`))
+	f.Add([]byte(`{}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := DecodeGPUSamples(data)
+		if err != nil {
+			return
+		}
+		for i := range s {
+			if s[i].Validate() == nil && s[i].PowerW != nil && *s[i].PowerW < 0 {
+				t.Fatalf("negative power validated: %+v", s[i])
+			}
+		}
+	})
+}
