@@ -58,6 +58,11 @@ type Config struct {
 	// it on Close.
 	GPU         GPUReader
 	GPUInterval time.Duration
+	// ResubscribeGrace is how long the agent holds its buffer after a
+	// reconnect, so collectors have resubscribed before it is delivered
+	// (default 2s). Core NATS drops messages no one subscribes to; for
+	// delivery that survives any outage, run the collector with --durable.
+	ResubscribeGrace time.Duration
 	// Clock stamps GPU samples (default time.Now; the demo runs a simulated one).
 	Clock  func() time.Time
 	Logger *slog.Logger
@@ -103,6 +108,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Clock == nil {
 		c.Clock = time.Now
+	}
+	if c.ResubscribeGrace <= 0 {
+		c.ResubscribeGrace = 2 * time.Second
 	}
 	if c.GPU != nil && c.GPUUUIDs == nil {
 		c.GPUUUIDs = map[int32]string{}
@@ -183,7 +191,13 @@ func Start(cfg Config) (*Agent, error) {
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			a.log.Warn("disconnect", "NATS disconnected; buffering", "err", err)
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { cfg.Logger.Info("NATS reconnected") }))
+		nats.ReconnectHandler(func(*nats.Conn) {
+			// Collectors resubscribe after a server restart at the same
+			// pace as we reconnect; core NATS drops what is published to
+			// no subscriber, so hold the buffer a moment.
+			a.pub.holdFor(cfg.ResubscribeGrace)
+			cfg.Logger.Info("NATS reconnected; delivering the buffer shortly", "after", cfg.ResubscribeGrace)
+		}))
 	if err != nil {
 		ln.Close()
 		return nil, err

@@ -34,6 +34,8 @@ type publisher struct {
 	metas      map[string][]byte
 	metaSent   time.Time
 	seenJobs   map[string]struct{}
+	holdUntil  time.Time
+	sawDown    bool // NATS was seen disconnected since the last delivery
 
 	published, dropped, errors atomic.Int64
 }
@@ -130,11 +132,29 @@ func (p *publisher) batch() {
 	p.pendingN = 0
 }
 
+func (p *publisher) holdFor(d time.Duration) {
+	p.mu.Lock()
+	p.holdUntil = time.Now().Add(d)
+	p.mu.Unlock()
+}
+
 // drain publishes queued messages while NATS is connected.
 func (p *publisher) drain() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.batch()
+	// After an outage, hold the buffer a moment so collectors have
+	// resubscribed (the reconnect callback may run after we see the link up).
+	switch up := p.a.nc.IsConnected(); {
+	case !up:
+		p.sawDown = true
+	case p.sawDown:
+		p.sawDown = false
+		p.holdUntil = time.Now().Add(p.a.cfg.ResubscribeGrace)
+	}
+	if time.Now().Before(p.holdUntil) {
+		return
+	}
 	if time.Since(p.metaSent) >= p.a.cfg.MetaInterval && len(p.metas) > 0 {
 		for job, b := range p.metas {
 			p.enqueue(outMsg{subject: wire.MetaSubject(job), data: b})

@@ -1,0 +1,133 @@
+package e2e
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// NATS goes away mid-run and comes back on the same address: the agent
+// holds what the ranks send meanwhile and delivers it after reconnecting;
+// the collector resubscribes; nothing inside the buffer bound is lost.
+func TestNATSOutageBufferedAndDelivered(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := srv.Server().Addr().String()
+	url := srv.URL()
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: url}, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := os.MkdirTemp("", "tpsprof-outage")
+	defer os.RemoveAll(dir)
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: url}, Node: "n0", FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	send := func(from, to int64) {
+		for s := from; s < to; s++ {
+			for r := int64(0); r < 4; r++ {
+				if err := a.SubmitStep(stepRec("outage", s, r, 4, 100, 1e9)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	send(0, 50)
+	a.Flush(5 * time.Second)
+	col.Sync(5 * time.Second)
+
+	srv.Shutdown() // NATS is gone
+	send(50, 100)
+	time.Sleep(500 * time.Millisecond)
+	if st := a.Stats(); st.NATSConnected || st.BufferedBytes == 0 {
+		t.Fatalf("during the outage: %+v", st)
+	}
+	host, portNum, _ := splitAddr(addr)
+	srv2, err := natsconn.StartEmbedded(host, portNum, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Shutdown()
+	deadline := time.Now().Add(15 * time.Second)
+	for a.Stats().BufferedBytes > 0 || !a.Stats().NATSConnected {
+		if time.Now().After(deadline) {
+			t.Fatalf("agent did not deliver after reconnect: %+v", a.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// the collector must have resubscribed before the agent's batches arrive;
+	// give it the same reconnect window
+	a.Flush(5 * time.Second)
+	if err := col.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	col.Close()
+	t.Logf("collector: %+v", col.Stats())
+	if st := a.Stats(); st.Dropped != 0 || st.Published != 400 {
+		t.Errorf("agent: %+v", st)
+	}
+	rows, _ := trace.ReadAll[tps.StepRecord](filepath.Join(out, "outage", trace.RankSteps))
+	if len(rows) != 400 {
+		t.Errorf("got %d rank rows after the outage, want 400", len(rows))
+	}
+}
+
+// Past the buffer bound the oldest batches are dropped and counted; memory
+// does not grow.
+func TestNATSOutageBoundedBuffer(t *testing.T) {
+	dir, _ := os.MkdirTemp("", "tpsprof-bound")
+	defer os.RemoveAll(dir)
+	// Nothing listens on this port: NATS is down from the start.
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: "nats://127.0.0.1:1"},
+		Node: "n0", FlushInterval: 5 * time.Millisecond, BatchRecords: 16, BufferBytes: 8 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := int64(0); s < 500; s++ {
+		a.SubmitStep(stepRec("bound", s, 0, 1, 100, 1e9))
+		if s%50 == 0 {
+			time.Sleep(10 * time.Millisecond) // let batches form
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	st := a.Stats()
+	if st.BufferedBytes > 8<<10 {
+		t.Errorf("buffer %d bytes over its bound", st.BufferedBytes)
+	}
+	if st.Dropped == 0 {
+		t.Errorf("nothing dropped past the bound: %+v", st)
+	}
+	start := time.Now()
+	a.Close() // gives NATS a few seconds, then counts the rest as dropped
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("close took %v", took)
+	}
+	if st := a.Stats(); st.Dropped+st.Published != 500 || st.Records != 500 {
+		t.Errorf("records %d = published %d + dropped %d?", st.Records, st.Published, st.Dropped)
+	}
+}
+
+func splitAddr(a string) (string, int, error) {
+	for i := len(a) - 1; i >= 0; i-- {
+		if a[i] == ':' {
+			var p int
+			for _, c := range a[i+1:] {
+				p = p*10 + int(c-'0')
+			}
+			return a[:i], p, nil
+		}
+	}
+	return a, 0, nil
+}
