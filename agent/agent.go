@@ -188,6 +188,11 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	a.ln = ln
 	nc, err := natsconn.Connect(cfg.NATS,
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			// e.g. a permissions violation: this agent may not publish for a job
+			a.reject("nats:error")
+			a.log.Warn("nats", "NATS reported an error", "err", err)
+		}),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			a.log.Warn("disconnect", "NATS disconnected; buffering", "err", err)
 		}),
