@@ -46,6 +46,14 @@ type Config struct {
 	// GPUJoinWait is how long a closed step waits for the GPU samples that
 	// cover it before its row is written without them (default 5s).
 	GPUJoinWait time.Duration
+	// Durable reads through a JetStream stream and a durable consumer and
+	// acknowledges a message only once its data is in finalised parts (see
+	// durable.go). The NATS server must have JetStream enabled.
+	Durable bool
+	// StreamMaxAge and StreamMaxBytes bound the stream in durable mode
+	// (defaults 7 days and 8 GiB; past them the oldest messages go).
+	StreamMaxAge   time.Duration
+	StreamMaxBytes int64
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
 	// Logger receives errors and warnings, rate-limited; nil discards them.
@@ -64,6 +72,15 @@ func (c *Config) defaults() error {
 	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute
+	}
+	if c.StreamMaxAge <= 0 {
+		c.StreamMaxAge = 7 * 24 * time.Hour
+	}
+	if c.StreamMaxBytes <= 0 {
+		c.StreamMaxBytes = 8 << 30
+	}
+	if c.Writer.PartAge <= 0 {
+		c.Writer.PartAge = time.Minute
 	}
 	if c.GPUJoinWait <= 0 {
 		c.GPUJoinWait = 5 * time.Second
@@ -106,6 +123,8 @@ type Collector struct {
 	jobs     map[string]*job
 	rejected map[string]int64
 	stats    Stats
+	unacked  []ackItem // durable mode: messages waiting for their data to be in Parquet
+	durable  *durableState
 
 	records   atomic.Int64
 	closeOnce sync.Once
@@ -136,6 +155,15 @@ func New(cfg Config) (*Collector, error) {
 		return nil, err
 	}
 	c.nc = nc
+	if cfg.Durable {
+		if err := c.startDurable(); err != nil {
+			nc.Close()
+			return nil, err
+		}
+		c.wg.Add(1)
+		go c.loop()
+		return c, nil
+	}
 	for subj, h := range map[string]nats.MsgHandler{wire.AllSteps: c.onSteps, wire.AllEvents: c.onEvent, wire.AllMeta: c.onMeta, wire.AllGPU: c.onGPU} {
 		sub, err := nc.Subscribe(subj, h)
 		if err != nil {
@@ -164,27 +192,36 @@ func (c *Collector) reject(reason string, n int64) {
 	c.mu.Unlock()
 }
 
-func (c *Collector) onSteps(m *nats.Msg) {
-	subjJob, _, _, err := wire.ParseSubject(m.Subject)
+func (c *Collector) onSteps(m *nats.Msg) { c.handleSteps(m.Subject, m.Data, nil) }
+
+// handleSteps processes one step batch. With ack set (durable mode) the
+// message is registered, under the same lock, to be acknowledged once the
+// steps it fed are in finalised Parquet parts.
+func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
+	subjJob, _, _, err := wire.ParseSubject(subject)
 	if err != nil {
 		c.reject("subject:invalid", 1)
+		c.ackNow(ack)
 		return
 	}
-	recs, err := wire.DecodeSteps(m.Data, nil)
+	recs, err := wire.DecodeSteps(data, nil)
 	if err != nil {
 		c.reject("batch:decode", 1)
-		c.log.Warn("decode", "undecodable step batch", "subject", m.Subject, "bytes", len(m.Data), "err", err)
+		c.log.Warn("decode", "undecodable step batch", "subject", subject, "bytes", len(data), "err", err)
+		c.ackNow(ack)
 		return
 	}
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var touched []stepKey
+	var j *job
 	for i := range recs {
 		r := &recs[i]
 		r.Normalize()
 		if r.Job != subjJob {
 			c.rejected["job:subject_mismatch"]++
-			c.log.Warn("job", "record for another job on a job's subject", "subject", m.Subject, "job", r.Job)
+			c.log.Warn("job", "record for another job on a job's subject", "subject", subject, "job", r.Job)
 			continue
 		}
 		if err := r.Validate(); err != nil {
@@ -195,7 +232,30 @@ func (c *Collector) onSteps(m *nats.Msg) {
 			c.countInvalid(err)
 			continue
 		}
-		c.jobFor(r.Job).add(c, r, now)
+		j = c.jobFor(r.Job)
+		if k, open := j.add(c, r, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
+			touched = append(touched, k)
+		}
+	}
+	if ack != nil {
+		if j == nil {
+			j = c.jobFor(subjJob)
+		}
+		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
+	}
+}
+
+// ackNow acknowledges a message that holds nothing to keep (undecodable).
+func (c *Collector) ackNow(ack acker) {
+	if ack != nil {
+		ack.Ack()
+	}
+}
+
+// register queues a non-step message for acknowledgement at the next checkpoint.
+func (c *Collector) register(ack acker, j *job) {
+	if ack != nil {
+		c.unacked = append(c.unacked, ackItem{ack: ack, job: j})
 	}
 }
 
@@ -210,37 +270,48 @@ func (c *Collector) countInvalid(err error) {
 	c.log.Warn(code, "record rejected", "err", err)
 }
 
-func (c *Collector) onEvent(m *nats.Msg) {
+func (c *Collector) onEvent(m *nats.Msg) { c.handleEvent(m.Subject, m.Data, nil) }
+
+func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	var e tps.Event
-	if err := json.Unmarshal(m.Data, &e); err != nil {
+	if err := json.Unmarshal(data, &e); err != nil {
 		c.reject("event:decode", 1)
+		c.ackNow(ack)
 		return
 	}
-	subjJob, _, _, err := wire.ParseSubject(m.Subject)
+	subjJob, _, _, err := wire.ParseSubject(subject)
 	if err != nil || e.Job != subjJob {
 		c.reject("event:job", 1)
-		return
-	}
-	if err := e.Validate(); err != nil {
-		c.mu.Lock()
-		c.countInvalid(err)
-		c.mu.Unlock()
+		c.ackNow(ack)
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := e.Validate(); err != nil {
+		c.countInvalid(err)
+		if ack != nil {
+			ack.Ack()
+		}
+		return
+	}
 	c.stats.Events++
 	j := c.jobFor(e.Job)
-	c.write(j, func() error { return j.events.Write([]tps.Event{e}) })
+	if j.events != nil {
+		c.write(j, func() error { return j.events.Write([]tps.Event{e}) })
+	}
+	c.register(ack, j)
 }
 
-func (c *Collector) onMeta(m *nats.Msg) {
+func (c *Collector) onMeta(m *nats.Msg) { c.handleMeta(m.Subject, m.Data, nil) }
+
+func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
+	defer c.ackNow(ack) // metadata is republished by agents; nothing to keep
 	var meta tps.RunMeta
-	if err := json.Unmarshal(m.Data, &meta); err != nil {
+	if err := json.Unmarshal(data, &meta); err != nil {
 		c.reject("meta:decode", 1)
 		return
 	}
-	subjJob, _, _, err := wire.ParseSubject(m.Subject)
+	subjJob, _, _, err := wire.ParseSubject(subject)
 	if err != nil || meta.Job != subjJob {
 		c.reject("meta:job", 1)
 		return
@@ -256,20 +327,25 @@ func (c *Collector) onMeta(m *nats.Msg) {
 	c.jobFor(meta.Job).setMeta(c, meta)
 }
 
-func (c *Collector) onGPU(m *nats.Msg) {
-	subjJob, _, _, err := wire.ParseSubject(m.Subject)
+func (c *Collector) onGPU(m *nats.Msg) { c.handleGPU(m.Subject, m.Data, nil) }
+
+func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
+	subjJob, _, _, err := wire.ParseSubject(subject)
 	if err != nil {
 		c.reject("subject:invalid", 1)
+		c.ackNow(ack)
 		return
 	}
-	samples, err := wire.DecodeGPUSamples(m.Data)
+	samples, err := wire.DecodeGPUSamples(data)
 	if err != nil {
 		c.reject("gpu:decode", 1)
+		c.ackNow(ack)
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	j := c.jobFor(subjJob)
+	defer c.register(ack, j)
 	kept := samples[:0]
 	for _, s := range samples {
 		if err := s.Validate(); err != nil {
@@ -286,6 +362,7 @@ func (c *Collector) onGPU(m *nats.Msg) {
 func (c *Collector) write(j *job, fn func() error) {
 	if err := fn(); err != nil {
 		c.stats.WriteErrors++
+		j.rowsLost = true
 		c.cfg.Logger.Error("parquet write failed", "job", j.id, "err", err)
 	}
 }
@@ -312,7 +389,15 @@ func (c *Collector) loop() {
 			c.mu.Lock()
 			for _, j := range c.jobs {
 				j.closeExpired(c, now)
-				j.rotateDue(c, now)
+				if c.durable == nil {
+					j.rotateDue(c, now)
+				} else {
+					j.writeRows(c, now, false)
+					j.flushRanks(c)
+				}
+			}
+			if c.durable != nil && now.Sub(c.durable.lastRot) >= c.cfg.Writer.PartAge {
+				c.checkpoint(now)
 			}
 			live := c.cfg.Live != nil && now.Sub(lastLive) >= c.cfg.LiveInterval
 			var lines []string
@@ -376,6 +461,9 @@ func (c *Collector) Sync(timeout time.Duration) error {
 	if err := c.nc.FlushTimeout(timeout); err != nil {
 		return fmt.Errorf("collector: flush: %w", err)
 	}
+	if c.durable != nil {
+		return c.syncDurable(timeout)
+	}
 	done := make(chan struct{})
 	if err := c.nc.Barrier(func() { close(done) }); err != nil {
 		return fmt.Errorf("collector: barrier: %w", err)
@@ -393,6 +481,10 @@ func (c *Collector) Sync(timeout time.Duration) error {
 func (c *Collector) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		if c.durable != nil {
+			err = c.closeDurable()
+			return
+		}
 		// Handle what has arrived before leaving; on a dead server this
 		// times out and what the client holds is still handled below.
 		_ = c.Sync(5 * time.Second)

@@ -104,6 +104,9 @@ func (j *job) writeRows(c *Collector, now time.Time, force bool) {
 	rows := make([]tps.ClusterStep, n)
 	for i := range rows {
 		rows[i] = j.pending[i].row
+		if j.written != nil {
+			j.written[stepKey{rows[i].Attempt, rows[i].Step}] = true
+		}
 	}
 	j.pending = j.pending[n:]
 	if j.cluster != nil {

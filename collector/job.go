@@ -64,6 +64,11 @@ type job struct {
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
 	pending   []pendingRow          // closed rows waiting for GPU samples
 
+	// durable mode
+	disk     *diskKeys        // what parts not yet covered by acknowledgements hold
+	written  map[stepKey]bool // steps whose cluster rows were written since the last checkpoint
+	rowsLost bool             // a write failed since the last checkpoint
+
 	// live figures for metrics and the live page
 	closedSteps, incompleteSteps, tokens int64
 	lastTPJ                              float64
@@ -122,6 +127,9 @@ func (j *job) lastRow() tps.ClusterStep {
 func newJob(c *Collector, id string) *job {
 	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, rankNode: map[int64]string{}, gpuSeries: map[string]*gpuSeries{},
 		closed: closedSteps{seen: map[stepKey][]uint64{}, limit: 64}}
+	if c.durable != nil {
+		j.written = map[stepKey]bool{}
+	}
 	if c.cfg.Meta != nil {
 		j.meta = *c.cfg.Meta
 		j.meta.Job = id
@@ -192,7 +200,9 @@ func (j *job) configure(c *Collector, world int64) {
 	}
 }
 
-func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) {
+// add folds a record in. It returns the step's key and whether the record
+// went into an open step (whose cluster row is still to be written).
+func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (stepKey, bool) {
 	if j.world != r.WorldSize {
 		if j.world != 0 && len(j.open) > 0 {
 			// A relaunch at another size: close what the old size left open.
@@ -210,22 +220,31 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) {
 			w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
 			if w < int64(len(bits)) && bits[w]&b != 0 {
 				c.stats.Duplicates++
-				return
+				return k, false
 			}
 			if w < int64(len(bits)) {
 				bits[w] |= b
 			}
 			j.late(c, r)
-			return
+			return k, false
+		}
+		if j.disk != nil && j.disk.closed[k] { // closed before a restart (durable mode)
+			if j.disk.ranks[k][r.Rank] {
+				c.stats.Duplicates++
+			} else {
+				j.disk.markRank(k, r.Rank)
+				j.late(c, r)
+			}
+			return k, false
 		}
 		if hi, ok := j.maxClosed[r.Attempt]; ok && r.Step <= hi {
 			j.late(c, r) // closed too long ago to check for duplicates
-			return
+			return k, false
 		}
 		acc, err := tps.NewStepAccumulator(j.id, r.Attempt, r.Step, r.WorldSize, j.cfg)
 		if err != nil {
 			c.countInvalid(err)
-			return
+			return k, false
 		}
 		st = &openStep{acc: acc, first: now}
 		j.open[k] = st
@@ -236,21 +255,26 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) {
 	added, err := st.acc.Add(r)
 	if err != nil {
 		c.countInvalid(err)
-		return
+		return k, false
 	}
 	if !added {
 		c.stats.Duplicates++
-		return
+		return k, false
 	}
 	c.stats.Records++
 	j.observeCompute(r.Rank, float64(r.ComputeNs()))
-	j.rankBuf = append(j.rankBuf, *r)
+	// A rank row already written before a restart is aggregated again
+	// (its step's cluster row was not written) but not written twice.
+	if j.disk == nil || !j.disk.ranks[k][r.Rank] {
+		j.rankBuf = append(j.rankBuf, *r)
+	}
 	if len(j.rankBuf) >= 4096 {
 		j.flushRanks(c)
 	}
 	if st.acc.Full() {
 		j.closeStep(c, k, st)
 	}
+	return k, true
 }
 
 func (j *job) late(c *Collector, r *tps.StepRecord) {

@@ -493,3 +493,22 @@ func TestStreamingMedian(t *testing.T) {
 		}
 	}
 }
+
+// Clock skew between nodes moves start and end times but not durations:
+// no throughput figure changes.
+func TestClockSkewChangesNoTPS(t *testing.T) {
+	var base, skewed []StepRecord
+	for r := int64(0); r < 8; r++ {
+		x := rec("j", 3, r, 8, 1000, 1e9+r*1e6)
+		base = append(base, x)
+		x.StartUnixNs += (r - 4) * 30e9 // nodes ±2 minutes apart
+		x.EndUnixNs += (r - 4) * 30e9
+		skewed = append(skewed, x)
+	}
+	a, _ := Aggregate(base, AccumulatorConfig{})
+	b, _ := Aggregate(skewed, AccumulatorConfig{})
+	if a.TPS != b.TPS || a.StepTimeNs != b.StepTimeNs || a.SlowestRank != b.SlowestRank {
+		t.Errorf("skew changed the step: %+v vs %+v", a, b)
+	}
+}
+

@@ -286,6 +286,17 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
 	}
 }
 
+// ReadFile reads every row of one part file.
+func ReadFile[T any](path string) ([]T, error) {
+	var out []T
+	buf := make([]T, 4096)
+	err := eachInFile(path, buf, func(rows []T) error {
+		out = append(out, rows...)
+		return nil
+	})
+	return out, err
+}
+
 // ReadAll reads every row of a table folder into memory; for small traces
 // and tests. Use Each for large ones.
 func ReadAll[T any](dir string) ([]T, error) {

@@ -79,6 +79,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
+	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -105,7 +106,11 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return usageErr(stderr, cmd, "--listen: %v", err)
 		}
-		srv, err := natsconn.StartEmbedded(host, port, "")
+		store := ""
+		if *durable {
+			store = filepath.Join(*out, ".jetstream")
+		}
+		srv, err := natsconn.StartEmbedded(host, port, store)
 		if err != nil {
 			fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
 			return exitError
@@ -114,7 +119,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		no.URL = srv.URL()
 		fmt.Fprintf(stdout, "embedded NATS server listening; agents connect with: --nats %s\n", srv.URL())
 	}
-	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log}
+	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable}
 	cfg.Writer.PartAge = *partAge
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live

@@ -1,0 +1,299 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// Durable mode: agents publish as usual; a JetStream stream captures every
+// tpsprof subject, and the collector reads it through a durable consumer.
+// A message is acknowledged only after everything it fed is in Parquet
+// parts that have been renamed into place: its records' rank rows, and the
+// cluster rows of the steps they went into. A collector that dies (kill -9
+// included) loses nothing: on restart the stream redelivers the messages
+// not acknowledged, and the keys found in parts written after the last
+// acknowledgement keep them from being written or counted twice.
+
+// Stream and consumer names.
+const (
+	StreamName   = "TPSPROF"
+	ConsumerName = "tpsprof-collector"
+)
+
+type acker interface{ Ack() error }
+
+type ackItem struct {
+	ack   acker
+	job   *job
+	steps []stepKey // open steps the message's records went into
+}
+
+type durableState struct {
+	js       jetstream.JetStream
+	consume  jetstream.ConsumeContext
+	handled  atomic.Uint64 // highest stream sequence handled
+	lastRot  time.Time
+	failures int
+}
+
+// diskKeys are the step and rank keys in parts that no acknowledgement
+// covers: written before a crash, possibly from messages that will be
+// redelivered.
+type diskKeys struct {
+	closed map[stepKey]bool
+	ranks  map[stepKey]map[int64]bool
+}
+
+func (d *diskKeys) markRank(k stepKey, r int64) {
+	m := d.ranks[k]
+	if m == nil {
+		m = map[int64]bool{}
+		d.ranks[k] = m
+	}
+	m[r] = true
+}
+
+// startDurable creates (or updates) the stream and the durable consumer,
+// loads the keys of unacknowledged parts, and starts consuming.
+func (c *Collector) startDurable() error {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return fmt.Errorf("collector: jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
+		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
+	})
+	if err != nil {
+		return fmt.Errorf("collector: create stream %s: %w", StreamName, err)
+	}
+	// The stream is a work queue: acknowledged messages leave it, so it
+	// holds exactly what no collector has secured in Parquet. A consumer
+	// left by a collector that died still holds its messages as pending
+	// acknowledgements until they time out; deleting it hands them all to
+	// the new consumer at once. (One durable collector per stream.)
+	if err := js.DeleteConsumer(ctx, StreamName, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("collector: reset consumer: %w", err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, StreamName, jetstream.ConsumerConfig{
+		Durable: ConsumerName, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour, MaxAckPending: 1 << 20,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("collector: create consumer: %w", err)
+	}
+	c.durable = &durableState{js: js, lastRot: time.Now()}
+	if err := c.loadDiskKeys(ctx); err != nil {
+		return err
+	}
+	cc, err := cons.Consume(c.onDurable, jetstream.PullMaxMessages(4096))
+	if err != nil {
+		return fmt.Errorf("collector: consume: %w", err)
+	}
+	c.durable.consume = cc
+	return nil
+}
+
+func (c *Collector) onDurable(m jetstream.Msg) {
+	_, kind, _, err := wire.ParseSubject(m.Subject())
+	switch {
+	case err != nil:
+		c.reject("subject:invalid", 1)
+		m.Ack()
+	case kind == "steps":
+		c.handleSteps(m.Subject(), m.Data(), m)
+	case kind == "gpu":
+		c.handleGPU(m.Subject(), m.Data(), m)
+	case kind == "events":
+		c.handleEvent(m.Subject(), m.Data(), m)
+	default:
+		c.handleMeta(m.Subject(), m.Data(), m)
+	}
+	if md, err := m.Metadata(); err == nil {
+		for {
+			cur := c.durable.handled.Load()
+			if md.Sequence.Stream <= cur || c.durable.handled.CompareAndSwap(cur, md.Sequence.Stream) {
+				break
+			}
+		}
+	}
+}
+
+// loadDiskKeys reads the keys of the rank_steps and cluster_steps parts
+// that may hold data of messages still in the stream: the stream keeps only
+// unacknowledged messages (it is a work queue), so any part finalised before
+// its oldest message arrived holds acknowledged data alone and is skipped.
+func (c *Collector) loadDiskKeys(ctx context.Context) error {
+	st, err := c.durable.js.Stream(ctx, StreamName)
+	if err != nil {
+		return fmt.Errorf("collector: stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("collector: stream info: %w", err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	cutoff := info.State.FirstTime.Add(-time.Minute) // file times and the server's clock may differ a little
+	entries, err := os.ReadDir(c.cfg.OutDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("collector: %w", err)
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !tps.ValidJobID(e.Name()) {
+			continue
+		}
+		dir := filepath.Join(c.cfg.OutDir, e.Name())
+		d := &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
+		n := 0
+		for _, table := range []string{trace.ClusterSteps, trace.RankSteps} {
+			files, _ := trace.PartFiles(filepath.Join(dir, table))
+			for _, f := range files {
+				if fi, err := os.Stat(f); err != nil || fi.ModTime().Before(cutoff) {
+					continue
+				}
+				n++
+				if table == trace.ClusterSteps {
+					rows, err := trace.ReadFile[tps.ClusterStep](f)
+					if err != nil {
+						return err
+					}
+					for _, r := range rows {
+						d.closed[stepKey{r.Attempt, r.Step}] = true
+					}
+				} else {
+					rows, err := trace.ReadFile[tps.StepRecord](f)
+					if err != nil {
+						return err
+					}
+					for _, r := range rows {
+						d.markRank(stepKey{r.Attempt, r.Step}, r.Rank)
+					}
+				}
+			}
+		}
+		if n > 0 {
+			c.jobFor(e.Name()).disk = d
+			c.cfg.Logger.Info("durable restart: keys of recent parts loaded", "job", e.Name(), "parts", n,
+				"closed_steps", len(d.closed), "steps_with_rank_rows", len(d.ranks), "unacknowledged_messages", info.State.Msgs)
+		}
+	}
+	return nil
+}
+
+// checkpoint finalises every job's parts and acknowledges the messages whose
+// data they now hold; the caller holds mu. Messages of a job whose write
+// failed stay unacknowledged: they wait in the stream.
+func (c *Collector) checkpoint(now time.Time) {
+	failed := map[*job]bool{}
+	for _, j := range c.jobs {
+		j.writeRows(c, now, false)
+		j.flushRanks(c)
+		if j.ranks == nil {
+			failed[j] = true
+			continue
+		}
+		for _, rot := range []func() error{j.ranks.Rotate, j.cluster.Rotate, j.events.Rotate, j.gpus.Rotate} {
+			if err := rot(); err != nil {
+				c.stats.WriteErrors++
+				c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", j.id, "err", err)
+				failed[j] = true
+			}
+		}
+		if j.rowsLost {
+			failed[j] = true
+		}
+	}
+	kept := c.unacked[:0]
+	for _, it := range c.unacked {
+		settled := !failed[it.job]
+		for _, k := range it.steps {
+			if !it.job.written[k] {
+				settled = false
+				break
+			}
+		}
+		if settled {
+			it.ack.Ack()
+		} else {
+			kept = append(kept, it)
+		}
+	}
+	clear(c.unacked[len(kept):])
+	c.unacked = kept
+	for _, j := range c.jobs {
+		clear(j.written)
+		j.rowsLost = false
+	}
+	c.durable.lastRot = now
+}
+
+// syncDurable waits until every message in the stream when it was called
+// has been handled.
+func (c *Collector) syncDurable(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	st, err := c.durable.js.Stream(ctx, StreamName)
+	if err != nil {
+		return fmt.Errorf("collector: stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("collector: stream info: %w", err)
+	}
+	last := info.State.LastSeq
+	for c.durable.handled.Load() < last {
+		if ctx.Err() != nil {
+			return fmt.Errorf("collector: stream messages up to %d not handled after %v (at %d)", last, timeout, c.durable.handled.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.mu.Lock()
+	c.mu.Unlock() // the last handler has returned
+	return nil
+}
+
+// closeDurable stops consuming, writes what is ready, and acknowledges what
+// is in Parquet. Steps still open stay open: their messages are not
+// acknowledged, and the next collector aggregates them from the stream.
+func (c *Collector) closeDurable() error {
+	c.durable.consume.Stop()
+	<-c.durable.consume.Closed()
+	close(c.done)
+	c.wg.Wait()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	for _, j := range c.jobs {
+		j.writeRows(c, now, true)
+	}
+	c.checkpoint(now)
+	var err error
+	for _, j := range c.sortedJobs() {
+		if j.ranks == nil {
+			err = fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
+		}
+	}
+	if n := len(c.unacked); n > 0 {
+		c.cfg.Logger.Info("durable: messages left for the next collector", "messages", n)
+	}
+	c.nc.Close()
+	return err
+}

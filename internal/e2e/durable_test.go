@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+func buildBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "tpsprof")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/tpsprof/tpsprof/cmd/tpsprof")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// kill -9 of a durable collector at a random moment, twice, while a job
+// publishes: after the restarts every record is in rank_steps exactly once,
+// every step has exactly one complete cluster row, and no torn part exists.
+func TestDurableCollectorSurvivesKill9(t *testing.T) {
+	bin := buildBinary(t)
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	out := t.TempDir()
+	start := func() *exec.Cmd {
+		cmd := exec.Command(bin, "collector", "--durable", "--nats", srv.URL(), "--out", out, "--grace", "30s",
+			"--part-age", "150ms", "--live", "0", "--http", "")
+		logf, _ := os.Create(filepath.Join(out, fmt.Sprintf("collector-%d.log", time.Now().UnixNano())))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	col := start()
+	// wait for the stream
+	js, _ := jetstream.New(nc)
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.Stream(ctx, collector.StreamName)
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream not created: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	const steps, world = 300, 4
+	rng := rand.New(rand.NewPCG(7, 7))
+	kills := map[int]bool{60 + rng.IntN(60): true, 180 + rng.IntN(60): true}
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	for s := 0; s < steps; s++ {
+		// each rank sends its own message; rank order shuffled
+		for _, r := range rng.Perm(world) {
+			rec := tps.StepRecord{Job: "dur", Step: int64(s), Rank: int64(r), WorldSize: world, Tokens: 100,
+				StartUnixNs: t0 + int64(s)*1e9, EndUnixNs: t0 + int64(s)*1e9 + 5e8, DurationNs: 5e8}
+			if err := nc.Publish(wire.StepsSubject("dur", "n"+fmt.Sprint(r)), wire.AppendSteps(nil, []tps.StepRecord{rec})); err != nil {
+				t.Fatal(err)
+			}
+			if kills[s] && r == 1 { // mid-step: some ranks of this step are in, some not
+				nc.Flush()
+				time.Sleep(time.Duration(rng.IntN(300)) * time.Millisecond)
+				col.Process.Kill() // SIGKILL
+				col.Wait()
+				col = start()
+			}
+		}
+		if s%10 == 0 {
+			nc.Flush()
+			time.Sleep(40 * time.Millisecond) // about 1.2 s of publishing in all
+		}
+	}
+	nc.Flush()
+	time.Sleep(2 * time.Second) // let it consume and checkpoint
+	col.Process.Signal(syscall.SIGTERM)
+	if err := col.Wait(); err != nil {
+		logs, _ := filepath.Glob(filepath.Join(out, "collector-*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			t.Logf("%s:\n%s", l, b)
+		}
+		t.Fatalf("collector exit: %v", err)
+	}
+	defer func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(out, "collector-*.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("%s:\n%s", filepath.Base(l), b)
+			}
+		}
+	}()
+	ranks, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "dur", trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]int64]int{}
+	for _, r := range ranks {
+		seen[[2]int64{r.Step, r.Rank}]++
+	}
+	if len(ranks) != steps*world || len(seen) != steps*world {
+		t.Errorf("rank_steps: %d rows, %d distinct (step, rank); want %d of each", len(ranks), len(seen), steps*world)
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("step %d rank %d written %d times", k[0], k[1], n)
+		}
+	}
+	cluster, err := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "dur", trace.ClusterSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[int64]tps.ClusterStep{}
+	for _, c := range cluster {
+		if _, dup := rows[c.Step]; dup {
+			t.Errorf("step %d has two cluster rows", c.Step)
+		}
+		rows[c.Step] = c
+	}
+	if len(rows) != steps {
+		t.Errorf("got %d cluster rows, want %d", len(rows), steps)
+		for s := int64(0); s < steps; s++ {
+			if _, ok := rows[s]; !ok {
+				t.Errorf("no cluster row for step %d", s)
+			}
+		}
+	}
+	for s, c := range rows {
+		if c.RanksReported != world || c.Tokens != 400 {
+			t.Errorf("step %d: %d ranks, %d tokens; want %d and 400", s, c.RanksReported, c.Tokens, world)
+		}
+	}
+}
