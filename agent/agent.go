@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/internal/ratelog"
@@ -58,6 +59,11 @@ type Config struct {
 	// it on Close.
 	GPU         GPUReader
 	GPUInterval time.Duration
+	// Durable publishes through JetStream and waits for the stream's
+	// acknowledgement of each batch (retrying what is not acknowledged),
+	// for collectors run with --durable: nothing is lost between agent and
+	// stream even when the NATS server restarts mid-publish.
+	Durable bool
 	// ResubscribeGrace is how long the agent holds its buffer after a
 	// reconnect, so collectors have resubscribed before it is delivered
 	// (default 2s). Core NATS drops messages no one subscribes to; for
@@ -209,6 +215,15 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	a.nc = nc
 	a.pub = newPublisher(a)
+	if cfg.Durable {
+		js, err := jetstream.New(nc)
+		if err != nil {
+			nc.Close()
+			ln.Close()
+			return nil, fmt.Errorf("agent: jetstream: %w", err)
+		}
+		a.pub.js = js
+	}
 	a.wg.Add(2)
 	go a.acceptLoop()
 	go a.pub.loop()

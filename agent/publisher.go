@@ -1,11 +1,14 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
@@ -25,6 +28,7 @@ type outMsg struct {
 type publisher struct {
 	a    *Agent
 	kick chan struct{}
+	js   jetstream.JetStream // set in durable mode
 
 	mu         sync.Mutex
 	pending    map[string][]tps.StepRecord
@@ -164,7 +168,7 @@ func (p *publisher) drain() {
 	nc := p.a.nc
 	for len(p.queue) > 0 && nc.IsConnected() {
 		m := p.queue[0]
-		if err := nc.Publish(m.subject, m.data); err != nil {
+		if err := p.publish(m); err != nil {
 			p.errors.Add(1)
 			p.a.log.Warn("publish", "publish failed; keeping the batch", "err", err)
 			return
@@ -174,6 +178,18 @@ func (p *publisher) drain() {
 		p.queueBytes -= len(m.data)
 		p.published.Add(int64(m.records))
 	}
+}
+
+// publish sends one message: fire-and-forget on core NATS, or, in durable
+// mode, waiting for the stream to acknowledge it.
+func (p *publisher) publish(m outMsg) error {
+	if p.js == nil {
+		return p.a.nc.Publish(m.subject, m.data)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := p.js.Publish(ctx, m.subject, m.data)
+	return err
 }
 
 func (p *publisher) flushNow() {

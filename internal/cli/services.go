@@ -190,6 +190,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
 	gpuEvery := fs.Duration("gpu-interval", time.Second, "GPU sampling interval through NVML (0 turns GPU telemetry off)")
 	httpAddr := fs.String("http", "", "address of the agent's /metrics, e.g. 127.0.0.1:9466 (empty: off)")
+	durable := fs.Bool("durable", false, "publish through JetStream and wait for the stream's acknowledgements (for a collector run with --durable)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -213,7 +214,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
-		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery})
+		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable})
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof agent: %v\n", err)
 		return exitError
