@@ -511,4 +511,3 @@ func TestClockSkewChangesNoTPS(t *testing.T) {
 		t.Errorf("skew changed the step: %+v vs %+v", a, b)
 	}
 }
-
