@@ -131,3 +131,53 @@ func splitAddr(a string) (string, int, error) {
 	}
 	return a, 0, nil
 }
+
+// An unwritable output directory in durable mode: the error is counted and
+// logged, no part is left half-written, and the data waits in the stream.
+func TestDurableUnwritableOutputKeepsData(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	notDir := filepath.Join(t.TempDir(), "a-file")
+	os.WriteFile(notDir, []byte("x"), 0o644)
+	col, err := collector.New(collector.Config{OutDir: notDir, NATS: natsconn.Options{URL: srv.URL()}, Durable: true,
+		Writer: trace.WriterOptions{PartAge: 100 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := os.MkdirTemp("", "tpsprof-full")
+	defer os.RemoveAll(dir)
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Durable: true, FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for r := int64(0); r < 4; r++ {
+		a.SubmitStep(stepRec("full", 0, r, 4, 10, 1e9))
+	}
+	a.Flush(5 * time.Second)
+	time.Sleep(100 * time.Millisecond)
+	col.Sync(5 * time.Second)
+	time.Sleep(300 * time.Millisecond) // a few checkpoints
+	if st := col.Stats(); st.WriteErrors == 0 {
+		t.Errorf("no write error counted: %+v", st)
+	}
+	col.Close()
+	// the batch is still in the stream for a collector that can write
+	out := t.TempDir()
+	col2, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Durable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for col2.Stats().Records < 4 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	col2.Close()
+	rows, _ := trace.ReadAll[tps.StepRecord](filepath.Join(out, "full", trace.RankSteps))
+	if len(rows) != 4 {
+		t.Errorf("after fixing the output, %d rank rows, want the 4 that waited in the stream", len(rows))
+	}
+}
