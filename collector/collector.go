@@ -56,6 +56,10 @@ type Config struct {
 	StreamMaxBytes int64
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
+	// OnStep, when set, is called with every cluster step as it closes
+	// (before GPU samples are joined), under the collector's lock: it must
+	// return quickly.
+	OnStep func(tps.ClusterStep)
 	// Logger receives errors and warnings, rate-limited; nil discards them.
 	Logger *slog.Logger
 }
@@ -204,7 +208,10 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	recs, err := wire.DecodeSteps(data, nil)
+	bufp := decodeBufs.Get().(*[]tps.StepRecord)
+	defer func() { clear(*bufp); decodeBufs.Put(bufp) }()
+	recs, err := wire.DecodeSteps(data, (*bufp)[:0])
+	*bufp = recs
 	if err != nil {
 		c.reject("batch:decode", 1)
 		c.log.Warn("decode", "undecodable step batch", "subject", subject, "bytes", len(data), "err", err)
@@ -244,6 +251,9 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
 	}
 }
+
+// decodeBufs recycles the record slices batches decode into.
+var decodeBufs = sync.Pool{New: func() any { s := make([]tps.StepRecord, 0, 1024); return &s }}
 
 // ackNow acknowledges a message that holds nothing to keep (undecodable).
 func (c *Collector) ackNow(ack acker) {

@@ -300,6 +300,9 @@ func (j *job) flushRanks(c *Collector) {
 func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
 	delete(j.open, k)
 	row := st.acc.Result()
+	if c.cfg.OnStep != nil {
+		c.cfg.OnStep(row)
+	}
 	j.closed.add(k, st.acc.SeenBits())
 	if hi, ok := j.maxClosed[k.attempt]; !ok || k.step > hi {
 		j.maxClosed[k.attempt] = k.step

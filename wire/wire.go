@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -251,6 +252,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 	if n*27 > uint64(len(d.b)) {
 		return dst, ErrTruncated
 	}
+	dst = slices.Grow(dst, int(n))
 	// The optional int32 fields of the whole batch share one allocation.
 	var ints []int32
 	for i := uint64(0); i < n; i++ {

@@ -1,0 +1,114 @@
+package trace
+
+import (
+	"bufio"
+	"encoding/json"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/parquet-go/parquet-go"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+const benchRows = 1_000_000
+
+// benchRecords makes a million distinct rows of 64 ranks with measured-like
+// jitter in every duration, so compression sees realistic entropy.
+func benchRecords() []tps.StepRecord {
+	rng := rand.New(rand.NewPCG(1, 2))
+	out := make([]tps.StepRecord, benchRows)
+	coords := make([]int32, 2*64)
+	for i := range coords {
+		coords[i] = int32(i % 8)
+	}
+	for i := range out {
+		step, rank := int64(i/64), int64(i%64)
+		start := 1_760_000_000_000_000_000 + step*1_000_000_000 + rng.Int64N(500_000)
+		dur := 900_000_000 + rng.Int64N(20_000_000)
+		out[i] = tps.StepRecord{Job: "bench", Step: step, Rank: rank, WorldSize: 64, DPRank: &coords[rank%4], TPRank: &coords[64+rank%8],
+			Node: "node-" + string(rune('0'+rank/8)), StartUnixNs: start, EndUnixNs: start + dur, DurationNs: dur, Tokens: 131072,
+			DataWaitNs: 4_000_000 + rng.Int64N(1_000_000), ExposedCommNs: 90_000_000 + rng.Int64N(10_000_000), CommNs: 300_000_000 + rng.Int64N(10_000_000),
+			PPWaitNs: 50_000_000 + rng.Int64N(1_000_000), FwdNs: 300_000_000 + rng.Int64N(5_000_000), BwdNs: 500_000_000 + rng.Int64N(5_000_000)}
+	}
+	return out
+}
+
+func dirSize(t testing.TB, dir string) int64 {
+	var n int64
+	filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// BenchmarkWriteRankSteps compares, on the same million rows in the same
+// run: our PartWriter, raw parquet-go writing to one file with the same
+// options, and JSON lines.
+//
+//	go test -run '^$' -bench WriteRankSteps -benchtime 1x ./trace/
+func BenchmarkWriteRankSteps(b *testing.B) {
+	recs := benchRecords()
+	write := func(b *testing.B, name string, fn func(dir string) error) {
+		b.Run(name, func(b *testing.B) {
+			dir := b.TempDir()
+			b.ResetTimer()
+			if err := fn(dir); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(benchRows)/b.Elapsed().Seconds(), "rows/s")
+			b.ReportMetric(float64(dirSize(b, dir))/benchRows, "bytes/row")
+		})
+	}
+	write(b, "tpsprof", func(dir string) error {
+		w, err := NewPartWriter[tps.StepRecord](dir, "j", RankSteps, WriterOptions{WriterID: "b"})
+		if err != nil {
+			return err
+		}
+		for n := 0; n < benchRows; n += 8192 {
+			if err := w.Write(recs[n:min(n+8192, benchRows)]); err != nil {
+				return err
+			}
+		}
+		return w.Close()
+	})
+	write(b, "raw-parquet-go", func(dir string) error {
+		f, err := os.Create(filepath.Join(dir, "raw.parquet"))
+		if err != nil {
+			return err
+		}
+		w := parquet.NewGenericWriter[tps.StepRecord](f, parquet.Compression(&parquet.Zstd), parquet.MaxRowsPerRowGroup(64*1024))
+		for n := 0; n < benchRows; n += 8192 {
+			if _, err := w.Write(recs[n:min(n+8192, benchRows)]); err != nil {
+				return err
+			}
+		}
+		if err := w.Close(); err != nil {
+			return err
+		}
+		return f.Close()
+	})
+	write(b, "json-lines", func(dir string) error {
+		f, err := os.Create(filepath.Join(dir, "rows.jsonl"))
+		if err != nil {
+			return err
+		}
+		bw := bufio.NewWriterSize(f, 1<<20)
+		enc := json.NewEncoder(bw)
+		for n := 0; n < benchRows; n++ {
+			if err := enc.Encode(&recs[n]); err != nil {
+				return err
+			}
+		}
+		if err := bw.Flush(); err != nil {
+			return err
+		}
+		return f.Close()
+	})
+}
