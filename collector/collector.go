@@ -56,6 +56,11 @@ type Config struct {
 	StreamMaxBytes int64
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
+	// Role splits the collector's work for scale-out (docs/scale.md):
+	// "" or "all" does everything; "aggregator" merges the node partials
+	// agents publish into cluster rows (and takes events, metadata and GPU
+	// samples); "rank-writer" joins the queue group that writes rank_steps.
+	Role string
 	// OnStep, when set, is called with every cluster step as it closes
 	// (before GPU samples are joined), under the collector's lock: it must
 	// return quickly.
@@ -168,8 +173,22 @@ func New(cfg Config) (*Collector, error) {
 		go c.loop()
 		return c, nil
 	}
-	for subj, h := range map[string]nats.MsgHandler{wire.AllSteps: c.onSteps, wire.AllEvents: c.onEvent, wire.AllMeta: c.onMeta, wire.AllGPU: c.onGPU} {
-		sub, err := nc.Subscribe(subj, h)
+	handlers := map[string]nats.MsgHandler{wire.AllSteps: c.onSteps, wire.AllEvents: c.onEvent, wire.AllMeta: c.onMeta, wire.AllGPU: c.onGPU}
+	queue := ""
+	switch cfg.Role {
+	case "", "all":
+	case "aggregator":
+		delete(handlers, wire.AllSteps)
+		handlers[wire.AllPartials] = c.onPartials
+	case "rank-writer":
+		handlers = map[string]nats.MsgHandler{wire.AllSteps: c.onSteps}
+		queue = "tpsprof-rank-writers"
+	default:
+		nc.Close()
+		return nil, fmt.Errorf("collector: unknown role %q (all, aggregator, rank-writer)", cfg.Role)
+	}
+	for subj, h := range handlers {
+		sub, err := nc.QueueSubscribe(subj, queue, h)
 		if err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("collector: subscribe %s: %w", subj, err)
@@ -240,6 +259,11 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 			continue
 		}
 		j = c.jobFor(r.Job)
+		if c.cfg.Role == "rank-writer" {
+			c.stats.Records++
+			j.rankBuf = append(j.rankBuf, *r)
+			continue
+		}
 		if k, open := j.add(c, r, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
 			touched = append(touched, k)
 		}
@@ -278,6 +302,30 @@ func (c *Collector) countInvalid(err error) {
 	}
 	c.rejected[code]++
 	c.log.Warn(code, "record rejected", "err", err)
+}
+
+func (c *Collector) onPartials(m *nats.Msg) {
+	subjJob, _, _, err := wire.ParseSubject(m.Subject)
+	if err != nil {
+		c.reject("subject:invalid", 1)
+		return
+	}
+	ps, err := wire.DecodePartials(m.Data)
+	if err != nil {
+		c.reject("partial:decode", 1)
+		return
+	}
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range ps {
+		p := &ps[i]
+		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Attempt < 0 || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
+			c.rejected["partial:invalid"]++
+			continue
+		}
+		c.jobFor(p.Job).addPartial(c, p, now)
+	}
 }
 
 func (c *Collector) onEvent(m *nats.Msg) { c.handleEvent(m.Subject, m.Data, nil) }

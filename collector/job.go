@@ -2,6 +2,7 @@ package collector
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -275,6 +276,54 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (stepKey, bool
 		j.closeStep(c, k, st)
 	}
 	return k, true
+}
+
+// addPartial merges a node partial (aggregator role).
+func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) {
+	if j.world != p.WorldSize {
+		if j.world != 0 && len(j.open) > 0 {
+			j.closeAll(c)
+		}
+		j.configure(c, p.WorldSize)
+	}
+	k := stepKey{p.Attempt, p.Step}
+	st, ok := j.open[k]
+	if !ok {
+		if _, closed := j.closed.seen[k]; closed {
+			c.stats.Late += int64(len(p.Ranks))
+			return
+		}
+		if hi, ok := j.maxClosed[p.Attempt]; ok && p.Step <= hi {
+			c.stats.Late += int64(len(p.Ranks))
+			return
+		}
+		acc, err := tps.NewStepAccumulator(j.id, p.Attempt, p.Step, p.WorldSize, j.cfg)
+		if err != nil {
+			c.countInvalid(err)
+			return
+		}
+		st = &openStep{acc: acc, first: now}
+		j.open[k] = st
+		if len(j.open) > c.cfg.MaxOpenSteps {
+			j.closeOldest(c)
+		}
+	}
+	added, err := st.acc.AddPartial(p)
+	switch {
+	case errors.Is(err, tps.ErrPartialOverlap):
+		c.rejected["partial:overlap"]++
+		return
+	case err != nil:
+		c.countInvalid(err)
+		return
+	case !added:
+		c.stats.Duplicates += int64(len(p.Ranks))
+		return
+	}
+	c.stats.Records += int64(len(p.Ranks))
+	if st.acc.Full() {
+		j.closeStep(c, k, st)
+	}
 }
 
 func (j *job) late(c *Collector, r *tps.StepRecord) {

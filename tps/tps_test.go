@@ -511,3 +511,47 @@ func TestClockSkewChangesNoTPS(t *testing.T) {
 		t.Errorf("skew changed the step: %+v vs %+v", a, b)
 	}
 }
+
+// Merging node partials gives exactly the cluster step of the records.
+func TestPartialsMergeExactly(t *testing.T) {
+	topo := Topology{DP: 4, TP: 4, PP: 2}
+	world := int64(topo.WorldSize())
+	var recs []StepRecord
+	for r := int64(0); r < world; r++ {
+		x := rec("j", 9, r, world, 1000+int64(topo.Coords(int(r)).DP), 1e9+r*1e5)
+		x.ExposedCommNs, x.CommNs, x.PPWaitNs, x.DataWaitNs = 1e8+r*1e3, 3e8, 5e7, r*1e4
+		l := float64(r)
+		x.Loss = &l
+		recs = append(recs, x)
+	}
+	recs[17].Tokens = 5 // a disagreeing rank in replica 0 of pipeline stage 1
+	cfg := AccumulatorConfig{Topology: topo, FLOPsPerToken: 1e9, PeakFLOPSPerGPU: 1e15}
+	want, _ := Aggregate(recs, cfg)
+	acc, _ := NewStepAccumulator("j", 0, 9, world, cfg)
+	for n := int64(0); n < world; n += 8 { // nodes of 8 ranks, merged out of order
+		node := recs[world-n-8 : world-n]
+		p, err := NewPartial(node, topo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := acc.AddPartial(&p); !ok || err != nil {
+			t.Fatalf("node at %d: %v %v", n, ok, err)
+		}
+	}
+	got := acc.Result()
+	if got != want {
+		t.Errorf("merged partials:\n got %+v\nwant %+v", got, want)
+	}
+	// a resent node is a duplicate; an overlapping partial is refused
+	p, _ := NewPartial(recs[:8], topo)
+	if ok, err := acc.AddPartial(&p); ok || err != nil {
+		t.Errorf("duplicate partial: %v %v", ok, err)
+	}
+	acc2, _ := NewStepAccumulator("j", 0, 9, world, cfg)
+	a, _ := NewPartial(recs[:8], topo)
+	b, _ := NewPartial(recs[4:12], topo)
+	acc2.AddPartial(&a)
+	if _, err := acc2.AddPartial(&b); !errors.Is(err, ErrPartialOverlap) {
+		t.Errorf("overlap: %v", err)
+	}
+}

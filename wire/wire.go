@@ -30,6 +30,10 @@ func StepsSubject(job, node string) string { return Prefix + "." + job + ".steps
 // GPUSubject is where an agent publishes the GPU samples of node.
 func GPUSubject(job, node string) string { return Prefix + "." + job + ".gpu." + node }
 
+// PartialSubject is where an agent publishes its node's step partials
+// (tps.Partial as JSON), for aggregators (docs/scale.md).
+func PartialSubject(job, node string) string { return Prefix + "." + job + ".partial." + node }
+
 // EventsSubject carries run events.
 func EventsSubject(job string) string { return Prefix + "." + job + ".events" }
 
@@ -38,10 +42,11 @@ func MetaSubject(job string) string { return Prefix + "." + job + ".meta" }
 
 // Wildcards a collector subscribes to.
 const (
-	AllSteps  = Prefix + ".*.steps.*"
-	AllGPU    = Prefix + ".*.gpu.*"
-	AllEvents = Prefix + ".*.events"
-	AllMeta   = Prefix + ".*.meta"
+	AllSteps    = Prefix + ".*.steps.*"
+	AllGPU      = Prefix + ".*.gpu.*"
+	AllEvents   = Prefix + ".*.events"
+	AllMeta     = Prefix + ".*.meta"
+	AllPartials = Prefix + ".*.partial.*"
 )
 
 // NodeToken turns a host name into a subject token: characters outside
@@ -71,7 +76,7 @@ func ParseSubject(subj string) (job, kind, node string, err error) {
 	}
 	job, kind = parts[2], parts[3]
 	switch {
-	case (kind == "steps" || kind == "gpu") && len(parts) == 5:
+	case (kind == "steps" || kind == "gpu" || kind == "partial") && len(parts) == 5:
 		node = parts[4]
 	case (kind == "events" || kind == "meta") && len(parts) == 4:
 	default:

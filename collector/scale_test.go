@@ -1,0 +1,143 @@
+package collector
+
+import (
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// nodePartials splits each step's records into nodes of 8 ranks, as agents
+// would, and encodes one partial message per node.
+func nodePartials(t testing.TB, job string, ranks, steps int, topo tps.Topology) (partials, raw [][]byte) {
+	msgs, _ := batches(job, ranks, steps)
+	for _, m := range msgs {
+		recs, err := wire.DecodeSteps(m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < len(recs); i += 8 {
+			p, err := tps.NewPartial(recs[i:min(i+8, len(recs))], topo)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := wire.EncodePartials([]tps.Partial{p})
+			partials = append(partials, b)
+		}
+	}
+	return partials, msgs
+}
+
+// Split roles: one aggregator merging node partials and two rank writers in
+// a queue group. The cluster rows equal the aggregation of the rank rows
+// both writers wrote, and every rank row is written exactly once.
+func TestSplitRolesExact(t *testing.T) {
+	const ranks, steps = 1024, 6
+	topo := tps.Topology{DP: 32, TP: 8, PP: 4}
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	outAgg, outW := t.TempDir(), t.TempDir()
+	meta := tps.RunMeta{Topology: topo}
+	agg, err := New(Config{OutDir: outAgg, NATS: natsconn.Options{URL: srv.URL()}, Role: "aggregator", Meta: &meta, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writers []*Collector
+	for i := 0; i < 2; i++ {
+		w, err := New(Config{OutDir: outW, NATS: natsconn.Options{URL: srv.URL()}, Role: "rank-writer", Writer: trace.WriterOptions{WriterID: fmt.Sprintf("w%d", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		writers = append(writers, w)
+	}
+	partials, raw := nodePartials(t, "split", ranks, steps, topo)
+	pub, _ := nats.Connect(srv.URL())
+	defer pub.Close()
+	for _, m := range raw {
+		pub.Publish(wire.StepsSubject("split", "n"), m)
+	}
+	for _, m := range partials {
+		pub.Publish(wire.PartialSubject("split", "n"), m)
+	}
+	pub.Flush()
+	for _, c := range append(writers, agg) {
+		if err := c.Sync(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	if n := writers[0].Stats().Records + writers[1].Stats().Records; n != ranks*steps {
+		t.Errorf("writers wrote %d records, want %d", n, ranks*steps)
+	}
+	if writers[0].Stats().Records == 0 || writers[1].Stats().Records == 0 {
+		t.Errorf("the queue group did not share the work: %d and %d", writers[0].Stats().Records, writers[1].Stats().Records)
+	}
+	rows, _ := trace.ReadAll[tps.StepRecord](filepath.Join(outW, "split", trace.RankSteps))
+	byStep := map[int64][]tps.StepRecord{}
+	for _, r := range rows {
+		byStep[r.Step] = append(byStep[r.Step], r)
+	}
+	cluster, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(outAgg, "split", trace.ClusterSteps))
+	if len(cluster) != steps || len(rows) != ranks*steps {
+		t.Fatalf("%d cluster rows, %d rank rows", len(cluster), len(rows))
+	}
+	for _, c := range cluster {
+		want, err := tps.Aggregate(byStep[c.Step], tps.AccumulatorConfig{Topology: topo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Tokens != want.Tokens || c.StepTimeNs != want.StepTimeNs || c.SlowestRank != want.SlowestRank ||
+			c.RanksReported != ranks || c.CommFractionMean != want.CommFractionMean {
+			t.Errorf("step %d: from partials %+v, from rank rows %+v", c.Step, c, want)
+		}
+	}
+}
+
+// BenchmarkAggregatorPartials: the aggregator role at 131,072 ranks, fed
+// one partial per node of 8 ranks, against raw NATS moving the same bytes.
+//
+//	go test -run '^$' -bench AggregatorPartials -benchtime 1x ./collector/
+func BenchmarkAggregatorPartials(b *testing.B) {
+	const ranks, steps = 131072, 3
+	topo := tps.DataParallel(ranks)
+	partials, _ := nodePartials(b, "agg", ranks, steps, topo)
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	agg, err := New(Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Role: "aggregator", Grace: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	pub, _ := nats.Connect(srv.URL())
+	defer pub.Close()
+	b.ResetTimer()
+	t0 := time.Now()
+	for _, m := range partials {
+		pub.Publish(wire.PartialSubject("agg", "n"), m)
+	}
+	pub.Flush()
+	if err := agg.Sync(5 * time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	el := time.Since(t0)
+	b.StopTimer()
+	st := agg.Stats()
+	agg.Close()
+	if st.Records != ranks*steps || st.StepsClosed != steps {
+		b.Fatalf("aggregated %d ranks, %d steps", st.Records, st.StepsClosed)
+	}
+	b.ReportMetric(float64(ranks*steps)/el.Seconds(), "ranks/s")
+	b.ReportMetric(float64(len(partials))/el.Seconds(), "partials/s")
+}
