@@ -485,20 +485,8 @@ func (j *job) liveLine() string {
 		node = " on " + node
 	}
 	return fmt.Sprintf("[%s] %s step %d | TPS %s (%s/GPU) | %s | comm %.1f%% | slowest rank %d%s | ranks %d/%d",
-		time.Now().Format("15:04:05"), j.id, last.Step, si(tpsSum/float64(n)), si(tpsSum/float64(n)/float64(max(last.WorldSize, 1))),
+		time.Now().Format("15:04:05"), j.id, last.Step, tps.SI(tpsSum/float64(n)), tps.SI(tpsSum/float64(n)/float64(max(last.WorldSize, 1))),
 		mfuText, 100*commSum/float64(n), last.SlowestRank, node, last.RanksReported, last.WorldSize)
-}
-
-func si(v float64) string {
-	switch {
-	case v >= 1e9:
-		return fmt.Sprintf("%.2fG", v/1e9)
-	case v >= 1e6:
-		return fmt.Sprintf("%.2fM", v/1e6)
-	case v >= 1e3:
-		return fmt.Sprintf("%.1fk", v/1e3)
-	}
-	return fmt.Sprintf("%.1f", v)
 }
 
 func (j *job) close(c *Collector) error {

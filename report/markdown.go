@@ -6,6 +6,8 @@ import (
 	"maps"
 	"math"
 	"slices"
+
+	"github.com/tpsprof/tpsprof/tps"
 )
 
 // WriteMarkdown prints the report as a Markdown table, for pull requests and
@@ -20,9 +22,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 		p("| run | %s, %s, %s %s |\n", m.Topology, orDash(m.ModelPreset), orDash(m.GPU), orDash(m.DType))
 	}
 	p("| steps | %d (%d warm-up excluded, %d incomplete) |\n", s.Steps, s.WarmupSteps, s.IncompleteSteps)
-	p("| step TPS mean / p50 / p95 / p99 | %s / %s / %s / %s |\n", si(s.TPS.Mean), si(s.TPS.P50), si(s.TPS.P95), si(s.TPS.P99))
-	p("| TPS per GPU | %s |\n", si(s.TPSPerGPU))
-	p("| wall TPS | %s |\n", si(s.WallTPS))
+	p("| step TPS mean / p50 / p95 / p99 | %s / %s / %s / %s |\n", tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99))
+	p("| TPS per GPU | %s |\n", tps.SI(s.TPSPerGPU))
+	p("| wall TPS | %s |\n", tps.SI(s.WallTPS))
 	p("| MFU / HFU | %s / %s |\n", pct(s.MFU), pct(s.HFU))
 	p("| compute / exposed comm / bubble / data stall / checkpoint | %s / %s / %s (theory %s) / %s / %s |\n",
 		pct(b.Compute), pct(b.ExposedComm), pct(b.Bubble), pct(b.BubbleTheoretical), pct(b.DataStall), pct(b.Checkpoint))
@@ -58,10 +60,10 @@ func WriteCompare(w io.Writer, a, b *Report) error {
 		p("%-28s %16s %16s %10s\n", name, f(x), f(y), d)
 	}
 	sa, sb := a.Summary, b.Summary
-	row("step TPS (mean)", sa.TPS.Mean, sb.TPS.Mean, si)
-	row("step TPS (p50)", sa.TPS.P50, sb.TPS.P50, si)
-	row("TPS per GPU", sa.TPSPerGPU, sb.TPSPerGPU, si)
-	row("wall TPS", sa.WallTPS, sb.WallTPS, si)
+	row("step TPS (mean)", sa.TPS.Mean, sb.TPS.Mean, tps.SI)
+	row("step TPS (p50)", sa.TPS.P50, sb.TPS.P50, tps.SI)
+	row("TPS per GPU", sa.TPSPerGPU, sb.TPSPerGPU, tps.SI)
+	row("wall TPS", sa.WallTPS, sb.WallTPS, tps.SI)
 	row("step time p50 (s)", sa.StepTimeS.P50, sb.StepTimeS.P50, func(v float64) string { return fmt.Sprintf("%.3f", v) })
 	row("MFU", sa.MFU, sb.MFU, pct)
 	row("compute", a.Breakdown.Compute, b.Breakdown.Compute, pct)

@@ -212,7 +212,7 @@ func (rep *Report) plotScatter() ([]*plot.Plot, error) {
 		return nil, nil
 	}
 	f := rep.CommFit
-	p := newPlot(fmt.Sprintf("step TPS vs exposed communication (fit: %s tokens/s per point, R² %.2f)", si(f.Slope/100), f.R2),
+	p := newPlot(fmt.Sprintf("step TPS vs exposed communication (fit: %s tokens/s per point, R² %.2f)", tps.SI(f.Slope/100), f.R2),
 		"exposed communication (% of step time)", "step TPS (tokens/s)")
 	s, err := plotter.NewScatter(xy)
 	if err != nil {
@@ -426,7 +426,7 @@ func (siTicks) Ticks(min, max float64) []plot.Tick {
 	ts := plot.DefaultTicks{}.Ticks(min, max)
 	for i := range ts {
 		if ts[i].Label != "" {
-			ts[i].Label = si(ts[i].Value)
+			ts[i].Label = tps.SI(ts[i].Value)
 		}
 	}
 	return ts

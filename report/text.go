@@ -8,21 +8,11 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
 )
 
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
-
-func si(v float64) string {
-	switch a := v; {
-	case a >= 1e9:
-		return fmt.Sprintf("%.2fG", v/1e9)
-	case a >= 1e6:
-		return fmt.Sprintf("%.2fM", v/1e6)
-	case a >= 1e3:
-		return fmt.Sprintf("%.1fk", v/1e3)
-	}
-	return fmt.Sprintf("%.1f", v)
-}
 
 // WriteText prints the report as a readable summary.
 func WriteText(w io.Writer, r *Report) error {
@@ -44,9 +34,9 @@ func WriteText(w io.Writer, r *Report) error {
 		return nil
 	}
 	row("step TPS", "mean %s  p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s",
-		si(s.TPS.Mean), si(s.TPS.P50), si(s.TPS.P95), si(s.TPS.P99), si(s.TPS.Min), si(s.TPS.Max))
-	row("TPS per GPU", "%s tokens/s", si(s.TPSPerGPU))
-	row("wall TPS", "%s tokens/s (includes gaps between steps: %.1f%% below step TPS)", si(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
+		tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
+	row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
+	row("wall TPS", "%s tokens/s (includes gaps between steps: %.1f%% below step TPS)", tps.SI(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
 	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
 	if s.MFU > 0 {
 		row("MFU / HFU", "%s / %s", pct(s.MFU), pct(s.HFU))
@@ -64,7 +54,7 @@ func WriteText(w io.Writer, r *Report) error {
 		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}
 	if f := r.CommFit; f.Slope != 0 {
-		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", si(-f.Slope/100), f.R2)
+		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", tps.SI(-f.Slope/100), f.R2)
 	}
 	if g := r.Goodput; g.ElapsedS > 0 {
 		var bad []string

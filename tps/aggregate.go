@@ -94,18 +94,72 @@ type StepAccumulator struct {
 	replicaRank   []int64 // lowest rank whose tokens were taken
 	mismatched    []uint64
 
-	reported, dupes, skipped int64
-	maxDur, maxCompute       int64
-	slowest                  int64
-	minStart, maxEnd         int64
-	sumDur, sumCompute       float64
-	sumExposed, maxExposed   float64
-	sumComm                  float64
-	sumPP, maxPP             float64
-	sumData, maxData         float64
-	sumCkpt                  float64
-	sumLoss                  float64
-	nLoss                    int64
+	reported, dupes int64
+	sums            stepSums
+}
+
+// stepSums are a step's figures over ranks that merge by sum, max and min:
+// the same for one record, a node's partial, or the whole step.
+type stepSums struct {
+	MaxDurationNs int64   `json:"max_duration_ns"`
+	MaxComputeNs  int64   `json:"max_compute_ns"`
+	SlowestRank   int64   `json:"slowest_rank"` // -1: none yet
+	MinStartNs    int64   `json:"min_start_unix_ns"`
+	MaxEndNs      int64   `json:"max_end_unix_ns"`
+	SumDuration   float64 `json:"sum_duration_ns"`
+	SumCompute    float64 `json:"sum_compute_ns"`
+	SumExposed    float64 `json:"sum_exposed_comm_ns"`
+	MaxExposed    float64 `json:"max_exposed_comm_ns"`
+	SumComm       float64 `json:"sum_comm_ns"`
+	SumPP         float64 `json:"sum_pp_wait_ns"`
+	MaxPP         float64 `json:"max_pp_wait_ns"`
+	SumData       float64 `json:"sum_data_wait_ns"`
+	MaxData       float64 `json:"max_data_wait_ns"`
+	SumCkpt       float64 `json:"sum_ckpt_ns"`
+	SumLoss       float64 `json:"sum_loss"`
+	NLoss         int64   `json:"n_loss"`
+	Skipped       int64   `json:"skipped"`
+}
+
+func newStepSums() stepSums { return stepSums{SlowestRank: -1, MinStartNs: math.MaxInt64} }
+
+func (s *stepSums) addRecord(r *StepRecord) {
+	c := r.ComputeNs()
+	s.merge(&stepSums{MaxDurationNs: r.DurationNs, MaxComputeNs: c, SlowestRank: r.Rank, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs,
+		SumDuration: float64(r.DurationNs), SumCompute: float64(c), SumExposed: float64(r.ExposedCommNs), MaxExposed: float64(r.ExposedCommNs),
+		SumComm: float64(r.CommNs), SumPP: float64(r.PPWaitNs), MaxPP: float64(r.PPWaitNs), SumData: float64(r.DataWaitNs),
+		MaxData: float64(r.DataWaitNs), SumCkpt: float64(r.CkptNs)})
+	if r.Loss != nil {
+		s.SumLoss += *r.Loss
+		s.NLoss++
+	}
+	if r.Skipped {
+		s.Skipped++
+	}
+}
+
+// merge folds in the sums of other ranks. The slowest rank is the one with
+// the most compute time, the lowest rank on ties, so the result does not
+// depend on the order of merging.
+func (s *stepSums) merge(o *stepSums) {
+	s.MaxDurationNs = max(s.MaxDurationNs, o.MaxDurationNs)
+	if o.SlowestRank >= 0 && (s.SlowestRank < 0 || o.MaxComputeNs > s.MaxComputeNs || (o.MaxComputeNs == s.MaxComputeNs && o.SlowestRank < s.SlowestRank)) {
+		s.MaxComputeNs, s.SlowestRank = o.MaxComputeNs, o.SlowestRank
+	}
+	s.MinStartNs, s.MaxEndNs = min(s.MinStartNs, o.MinStartNs), max(s.MaxEndNs, o.MaxEndNs)
+	s.SumDuration += o.SumDuration
+	s.SumCompute += o.SumCompute
+	s.SumExposed += o.SumExposed
+	s.MaxExposed = max(s.MaxExposed, o.MaxExposed)
+	s.SumComm += o.SumComm
+	s.SumPP += o.SumPP
+	s.MaxPP = max(s.MaxPP, o.MaxPP)
+	s.SumData += o.SumData
+	s.MaxData = max(s.MaxData, o.MaxData)
+	s.SumCkpt += o.SumCkpt
+	s.SumLoss += o.SumLoss
+	s.NLoss += o.NLoss
+	s.Skipped += o.Skipped
 }
 
 // NewStepAccumulator starts the aggregation of one step. The topology must
@@ -136,8 +190,7 @@ func (a *StepAccumulator) reset(job string, attempt, step, world int64, cfg Accu
 		mismatched:    make([]uint64, words(dp)),
 		replicaTokens: make([]int64, dp),
 		replicaRank:   make([]int64, dp),
-		minStart:      math.MaxInt64,
-		slowest:       -1,
+		sums:          newStepSums(),
 	}
 }
 
@@ -174,55 +227,36 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	}
 	a.seen[w] |= b
 	a.reported++
-
-	rw, rb := rep/64, uint64(1)<<(rep%64)
-	if a.replicaSeen[rw]&rb == 0 {
-		a.replicaSeen[rw] |= rb
-		a.replicaTokens[rep] = r.Tokens
-		a.replicaRank[rep] = r.Rank
-		if r.FLOPs > 0 {
-			a.setFLOPs(rep, r.FLOPs)
-		}
-	} else {
-		if a.replicaTokens[rep] != r.Tokens {
-			a.mismatched[rw] |= rb
-		}
-		// Keep the lowest rank's figures so the result does not depend on
-		// arrival order.
-		if r.Rank < a.replicaRank[rep] {
-			a.replicaTokens[rep] = r.Tokens
-			a.replicaRank[rep] = r.Rank
-			if r.FLOPs > 0 {
-				a.setFLOPs(rep, r.FLOPs)
-			}
-		}
-	}
-
-	d := r.DurationNs
-	a.maxDur = max(a.maxDur, d)
-	if c := r.ComputeNs(); a.slowest < 0 || c > a.maxCompute || (c == a.maxCompute && r.Rank < a.slowest) {
-		a.maxCompute, a.slowest = c, r.Rank
-	}
-	a.minStart = min(a.minStart, r.StartUnixNs)
-	a.maxEnd = max(a.maxEnd, r.EndUnixNs)
-	a.sumDur += float64(d)
-	a.sumCompute += float64(r.ComputeNs())
-	a.sumExposed += float64(r.ExposedCommNs)
-	a.maxExposed = max(a.maxExposed, float64(r.ExposedCommNs))
-	a.sumComm += float64(r.CommNs)
-	a.sumPP += float64(r.PPWaitNs)
-	a.maxPP = max(a.maxPP, float64(r.PPWaitNs))
-	a.sumData += float64(r.DataWaitNs)
-	a.maxData = max(a.maxData, float64(r.DataWaitNs))
-	a.sumCkpt += float64(r.CkptNs)
-	if r.Loss != nil {
-		a.sumLoss += *r.Loss
-		a.nLoss++
-	}
-	if r.Skipped {
-		a.skipped++
-	}
+	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank})
+	a.sums.addRecord(r)
 	return true, nil
+}
+
+// mergeReplica records what some ranks of a replica reported. Tokens that
+// differ between ranks mark the replica as mismatched; the lowest rank's
+// figures are kept, so the result does not depend on arrival order.
+func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
+	w, b := x.Replica/64, uint64(1)<<(x.Replica%64)
+	if x.Mismatch {
+		a.mismatched[w] |= b
+	}
+	if a.replicaSeen[w]&b == 0 {
+		a.replicaSeen[w] |= b
+		a.replicaTokens[x.Replica], a.replicaRank[x.Replica] = x.Tokens, x.LowestRank
+		if x.FLOPs > 0 {
+			a.setFLOPs(x.Replica, x.FLOPs)
+		}
+		return
+	}
+	if a.replicaTokens[x.Replica] != x.Tokens {
+		a.mismatched[w] |= b
+	}
+	if x.LowestRank < a.replicaRank[x.Replica] {
+		a.replicaTokens[x.Replica], a.replicaRank[x.Replica] = x.Tokens, x.LowestRank
+		if x.FLOPs > 0 {
+			a.setFLOPs(x.Replica, x.FLOPs)
+		}
+	}
 }
 
 func (a *StepAccumulator) setFLOPs(rep int64, f float64) {
@@ -240,12 +274,13 @@ func (a *StepAccumulator) Result() ClusterStep {
 		Job: a.job, Attempt: a.attempt, Step: a.step, WorldSize: a.world,
 		RanksReported: a.reported, RanksMissing: a.world - a.reported,
 		DuplicateRecords: a.dupes, Replicas: int64(len(a.replicaTokens)),
-		StepTimeNs: a.maxDur, SlowestRank: a.slowest, SkippedRanks: a.skipped,
+		StepTimeNs: a.sums.MaxDurationNs, SlowestRank: a.sums.SlowestRank, SkippedRanks: a.sums.Skipped,
 	}
 	if a.reported == 0 {
 		return c
 	}
-	c.StartUnixNs, c.EndUnixNs = a.minStart, a.maxEnd
+	s := &a.sums
+	c.StartUnixNs, c.EndUnixNs = s.MinStartNs, s.MaxEndNs
 	var reportedFLOPs float64
 	for i := range a.replicaTokens {
 		if a.replicaSeen[i/64]&(1<<(i%64)) == 0 {
@@ -261,25 +296,25 @@ func (a *StepAccumulator) Result() ClusterStep {
 		c.TokenMismatchReplicas += int64(bits.OnesCount64(w))
 	}
 	n := float64(a.reported)
-	D := float64(a.maxDur)
+	D := float64(s.MaxDurationNs)
 	if D > 0 {
 		sec := D / 1e9
 		c.TPS = float64(c.Tokens) / sec
 		c.TPSPerGPU = c.TPS / float64(a.world)
-		c.CommFractionMean = a.sumExposed / n / D
-		c.CommFractionMax = a.maxExposed / D
-		c.BubbleFractionMean = a.sumPP / n / D
-		c.BubbleFractionMax = a.maxPP / D
-		c.DataStallFractionMean = a.sumData / n / D
-		c.DataStallFractionMax = a.maxData / D
-		c.CkptFractionMean = a.sumCkpt / n / D
+		c.CommFractionMean = s.SumExposed / n / D
+		c.CommFractionMax = s.MaxExposed / D
+		c.BubbleFractionMean = s.SumPP / n / D
+		c.BubbleFractionMax = s.MaxPP / D
+		c.DataStallFractionMean = s.SumData / n / D
+		c.DataStallFractionMax = s.MaxData / D
+		c.CkptFractionMean = s.SumCkpt / n / D
 	}
-	if a.sumComm > 0 {
-		c.CommOverlap = 1 - a.sumExposed/a.sumComm
+	if s.SumComm > 0 {
+		c.CommOverlap = 1 - s.SumExposed/s.SumComm
 	}
-	c.ComputeNsMean = a.sumCompute / n
-	if a.nLoss > 0 {
-		c.LossMean = a.sumLoss / float64(a.nLoss)
+	c.ComputeNsMean = s.SumCompute / n
+	if s.NLoss > 0 {
+		c.LossMean = s.SumLoss / float64(s.NLoss)
 	}
 	switch {
 	case reportedFLOPs > 0:

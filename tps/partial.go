@@ -19,24 +19,7 @@ type Partial struct {
 	Ranks    []int64       `json:"ranks"`
 	Replicas []ReplicaPart `json:"replicas"`
 
-	MaxDurationNs int64   `json:"max_duration_ns"`
-	MaxComputeNs  int64   `json:"max_compute_ns"`
-	SlowestRank   int64   `json:"slowest_rank"`
-	MinStartNs    int64   `json:"min_start_unix_ns"`
-	MaxEndNs      int64   `json:"max_end_unix_ns"`
-	SumDuration   float64 `json:"sum_duration_ns"`
-	SumCompute    float64 `json:"sum_compute_ns"`
-	SumExposed    float64 `json:"sum_exposed_comm_ns"`
-	MaxExposed    float64 `json:"max_exposed_comm_ns"`
-	SumComm       float64 `json:"sum_comm_ns"`
-	SumPP         float64 `json:"sum_pp_wait_ns"`
-	MaxPP         float64 `json:"max_pp_wait_ns"`
-	SumData       float64 `json:"sum_data_wait_ns"`
-	MaxData       float64 `json:"max_data_wait_ns"`
-	SumCkpt       float64 `json:"sum_ckpt_ns"`
-	SumLoss       float64 `json:"sum_loss"`
-	NLoss         int64   `json:"n_loss"`
-	Skipped       int64   `json:"skipped"`
+	stepSums
 }
 
 // ReplicaPart is what a partial knows of one data-parallel replica.
@@ -58,7 +41,7 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 	if topo == (Topology{}) {
 		topo = DataParallel(int(r0.WorldSize))
 	}
-	p := Partial{Job: r0.Job, Attempt: r0.Attempt, Step: r0.Step, WorldSize: r0.WorldSize, SlowestRank: -1, MinStartNs: r0.StartUnixNs}
+	p := Partial{Job: r0.Job, Attempt: r0.Attempt, Step: r0.Step, WorldSize: r0.WorldSize, stepSums: newStepSums()}
 	seen := make(map[int64]bool, len(records))
 	reps := map[int64]int{}
 	for i := range records {
@@ -87,29 +70,7 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 			reps[rep] = len(p.Replicas)
 			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank})
 		}
-		c := r.ComputeNs()
-		p.MaxDurationNs = max(p.MaxDurationNs, r.DurationNs)
-		if p.SlowestRank < 0 || c > p.MaxComputeNs || (c == p.MaxComputeNs && r.Rank < p.SlowestRank) {
-			p.MaxComputeNs, p.SlowestRank = c, r.Rank
-		}
-		p.MinStartNs, p.MaxEndNs = min(p.MinStartNs, r.StartUnixNs), max(p.MaxEndNs, r.EndUnixNs)
-		p.SumDuration += float64(r.DurationNs)
-		p.SumCompute += float64(c)
-		p.SumExposed += float64(r.ExposedCommNs)
-		p.MaxExposed = max(p.MaxExposed, float64(r.ExposedCommNs))
-		p.SumComm += float64(r.CommNs)
-		p.SumPP += float64(r.PPWaitNs)
-		p.MaxPP = max(p.MaxPP, float64(r.PPWaitNs))
-		p.SumData += float64(r.DataWaitNs)
-		p.MaxData = max(p.MaxData, float64(r.DataWaitNs))
-		p.SumCkpt += float64(r.CkptNs)
-		if r.Loss != nil {
-			p.SumLoss += *r.Loss
-			p.NLoss++
-		}
-		if r.Skipped {
-			p.Skipped++
-		}
+		p.addRecord(r)
 	}
 	slices.Sort(p.Ranks)
 	return p, nil
@@ -155,45 +116,8 @@ func (a *StepAccumulator) AddPartial(p *Partial) (bool, error) {
 	}
 	a.reported += int64(len(p.Ranks))
 	for _, x := range p.Replicas {
-		w, b := x.Replica/64, uint64(1)<<(x.Replica%64)
-		if x.Mismatch {
-			a.mismatched[w] |= b
-		}
-		if a.replicaSeen[w]&b == 0 {
-			a.replicaSeen[w] |= b
-			a.replicaTokens[x.Replica], a.replicaRank[x.Replica] = x.Tokens, x.LowestRank
-			if x.FLOPs > 0 {
-				a.setFLOPs(x.Replica, x.FLOPs)
-			}
-			continue
-		}
-		if a.replicaTokens[x.Replica] != x.Tokens {
-			a.mismatched[w] |= b
-		}
-		if x.LowestRank < a.replicaRank[x.Replica] {
-			a.replicaTokens[x.Replica], a.replicaRank[x.Replica] = x.Tokens, x.LowestRank
-			if x.FLOPs > 0 {
-				a.setFLOPs(x.Replica, x.FLOPs)
-			}
-		}
+		a.mergeReplica(x)
 	}
-	a.maxDur = max(a.maxDur, p.MaxDurationNs)
-	if a.slowest < 0 || p.MaxComputeNs > a.maxCompute || (p.MaxComputeNs == a.maxCompute && p.SlowestRank < a.slowest) {
-		a.maxCompute, a.slowest = p.MaxComputeNs, p.SlowestRank
-	}
-	a.minStart, a.maxEnd = min(a.minStart, p.MinStartNs), max(a.maxEnd, p.MaxEndNs)
-	a.sumDur += p.SumDuration
-	a.sumCompute += p.SumCompute
-	a.sumExposed += p.SumExposed
-	a.maxExposed = max(a.maxExposed, p.MaxExposed)
-	a.sumComm += p.SumComm
-	a.sumPP += p.SumPP
-	a.maxPP = max(a.maxPP, p.MaxPP)
-	a.sumData += p.SumData
-	a.maxData = max(a.maxData, p.MaxData)
-	a.sumCkpt += p.SumCkpt
-	a.sumLoss += p.SumLoss
-	a.nLoss += p.NLoss
-	a.skipped += p.Skipped
+	a.sums.merge(&p.stepSums)
 	return true, nil
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -137,15 +136,6 @@ func setFlags(fs *flagSet) map[string]bool {
 	m := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { m[f.Name] = true })
 	return m
-}
-
-func sortedKeys(m map[string]bool) []string {
-	s := make([]string, 0, len(m))
-	for k := range m {
-		s = append(s, k)
-	}
-	sort.Strings(s)
-	return s
 }
 
 // quantity is a float flag that accepts SI-like suffixes: 8B, 1.5T, 400k, 2e6.
