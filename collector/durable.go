@@ -137,13 +137,9 @@ func (c *Collector) onDurable(m jetstream.Msg) {
 // unacknowledged messages (it is a work queue), so any part finalised before
 // its oldest message arrived holds acknowledged data alone and is skipped.
 func (c *Collector) loadDiskKeys(ctx context.Context) error {
-	st, err := c.durable.js.Stream(ctx, StreamName)
+	info, err := c.streamInfo(ctx)
 	if err != nil {
-		return fmt.Errorf("collector: stream: %w", err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("collector: stream info: %w", err)
+		return err
 	}
 	if info.State.Msgs == 0 {
 		return nil
@@ -250,13 +246,9 @@ func (c *Collector) checkpoint(now time.Time) {
 func (c *Collector) syncDurable(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	st, err := c.durable.js.Stream(ctx, StreamName)
+	info, err := c.streamInfo(ctx)
 	if err != nil {
-		return fmt.Errorf("collector: stream: %w", err)
-	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("collector: stream info: %w", err)
+		return err
 	}
 	last := info.State.LastSeq
 	for c.durable.handled.Load() < last {
@@ -296,4 +288,16 @@ func (c *Collector) closeDurable() error {
 	}
 	c.nc.Close()
 	return err
+}
+
+func (c *Collector) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
+	st, err := c.durable.js.Stream(ctx, StreamName)
+	if err != nil {
+		return nil, fmt.Errorf("collector: stream: %w", err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("collector: stream info: %w", err)
+	}
+	return info, nil
 }

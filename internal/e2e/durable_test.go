@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -12,9 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -59,20 +56,7 @@ func TestDurableCollectorSurvivesKill9(t *testing.T) {
 	defer nc.Close()
 	col := start()
 	// wait for the stream
-	js, _ := jetstream.New(nc)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := js.Stream(ctx, collector.StreamName)
-		cancel()
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream not created: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitStream(t, srv.URL())
 	const steps, world = 300, 4
 	rng := rand.New(rand.NewPCG(7, 7))
 	kills := map[int]bool{60 + rng.IntN(60): true, 180 + rng.IntN(60): true}
