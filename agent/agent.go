@@ -64,6 +64,11 @@ type Config struct {
 	// for collectors run with --durable: nothing is lost between agent and
 	// stream even when the NATS server restarts mid-publish.
 	Durable bool
+	// Partials also publishes, per step, the aggregate of the node's ranks
+	// (tps.Partial) for collectors in the aggregator role (docs/scale.md).
+	// The job's topology comes from its run metadata; records without
+	// dp_rank in a job without metadata count as pure data parallel.
+	Partials bool
 	// ResubscribeGrace is how long the agent holds its buffer after a
 	// reconnect, so collectors have resubscribed before it is delivered
 	// (default 2s). Core NATS drops messages no one subscribes to; for

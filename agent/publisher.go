@@ -38,6 +38,9 @@ type publisher struct {
 	metas      map[string][]byte
 	metaSent   time.Time
 	seenJobs   map[string]struct{}
+	topology   map[string]tps.Topology   // per job, from its run metadata (partials)
+	sentRanks  map[string]map[int64]bool // job/step → ranks already in a partial
+	sentOrder  []string
 	holdUntil  time.Time
 	sawDown    bool // NATS was seen disconnected since the last delivery
 
@@ -46,7 +49,7 @@ type publisher struct {
 
 func newPublisher(a *Agent) *publisher {
 	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{},
-		seenJobs: map[string]struct{}{}}
+		seenJobs: map[string]struct{}{}, topology: map[string]tps.Topology{}, sentRanks: map[string]map[int64]bool{}}
 }
 
 func (p *publisher) addStep(r tps.StepRecord) {
@@ -71,6 +74,9 @@ func (p *publisher) setMeta(m tps.RunMeta) {
 	p.mu.Lock()
 	p.metas[m.Job] = b
 	p.seenJobs[m.Job] = struct{}{}
+	if m.Topology != (tps.Topology{}) {
+		p.topology[m.Job] = m.Topology
+	}
 	p.enqueue(outMsg{subject: wire.MetaSubject(m.Job), data: b})
 	p.mu.Unlock()
 	p.flushNow()
@@ -131,9 +137,62 @@ func (p *publisher) batch() {
 			chunk := recs[i:min(i+p.a.cfg.BatchRecords, len(recs))]
 			p.enqueue(outMsg{subject: subj(job, node), data: wire.AppendSteps(nil, chunk), records: len(chunk)})
 		}
+		if p.a.cfg.Partials {
+			p.partials(job, node, recs)
+		}
 		delete(p.pending, job)
 	}
 	p.pendingN = 0
+}
+
+// partials aggregates the batch's records into one partial per step, for
+// aggregators (docs/scale.md). A rank already sent in an earlier partial of
+// the same step is left out, so partials of a step stay disjoint.
+func (p *publisher) partials(job, node string, recs []tps.StepRecord) {
+	topo := p.topology[job]
+	byStep := map[[2]int64][]tps.StepRecord{}
+	var order [][2]int64
+	for _, r := range recs {
+		k := [2]int64{r.Attempt, r.Step}
+		sent := p.sentRanks[job+"/"+fmt.Sprint(k)]
+		if sent[r.Rank] {
+			continue
+		}
+		if _, ok := byStep[k]; !ok {
+			order = append(order, k)
+		}
+		byStep[k] = append(byStep[k], r)
+	}
+	var out []tps.Partial
+	for _, k := range order {
+		part, err := tps.NewPartial(byStep[k], topo)
+		if err != nil {
+			continue
+		}
+		key := job + "/" + fmt.Sprint(k)
+		sent := p.sentRanks[key]
+		if sent == nil {
+			sent = map[int64]bool{}
+			p.sentRanks[key] = sent
+			p.sentOrder = append(p.sentOrder, key)
+			if len(p.sentOrder) > 64 { // remember the last 64 steps
+				delete(p.sentRanks, p.sentOrder[0])
+				p.sentOrder = p.sentOrder[1:]
+			}
+		}
+		for _, r := range part.Ranks {
+			sent[r] = true
+		}
+		out = append(out, part)
+	}
+	if len(out) == 0 {
+		return
+	}
+	b, err := wire.EncodePartials(out)
+	if err != nil {
+		return
+	}
+	p.enqueue(outMsg{subject: wire.PartialSubject(job, node), data: b})
 }
 
 func (p *publisher) holdFor(d time.Duration) {

@@ -79,6 +79,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
+	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
 	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
@@ -119,7 +120,10 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		no.URL = srv.URL()
 		fmt.Fprintf(stdout, "embedded NATS server listening; agents connect with: --nats %s\n", srv.URL())
 	}
-	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable}
+	if *durable && *role != "all" {
+		return usageErr(stderr, cmd, "--durable works with --role all only, for now")
+	}
+	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role}
 	cfg.Writer.PartAge = *partAge
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
@@ -191,6 +195,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	gpuEvery := fs.Duration("gpu-interval", time.Second, "GPU sampling interval through NVML (0 turns GPU telemetry off)")
 	httpAddr := fs.String("http", "", "address of the agent's /metrics, e.g. 127.0.0.1:9466 (empty: off)")
 	durable := fs.Bool("durable", false, "publish through JetStream and wait for the stream's acknowledgements (for a collector run with --durable)")
+	partials := fs.Bool("partials", false, "also publish per-step node partials, for collectors run with --role aggregator")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
@@ -214,7 +219,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
-		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable})
+		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable, Partials: *partials})
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof agent: %v\n", err)
 		return exitError
