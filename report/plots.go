@@ -277,7 +277,7 @@ func (rep *Report) plotBreakdown() ([]*plot.Plot, error) {
 		p.Add(bc)
 		p.Legend.Add(cat.name, bc)
 	}
-	p.Y.Min, p.Y.Max = 0, 1.05
+	p.Y.Min, p.Y.Max = 0, 1.4 // headroom for the legend
 	return []*plot.Plot{p}, nil
 }
 
