@@ -276,6 +276,9 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 	}
 }
 
+// errWriteFailed reports that an earlier asynchronous write failed.
+var errWriteFailed = errors.New("collector: a rank_steps write failed since the last checkpoint")
+
 // decodeBufs recycles the record slices batches decode into.
 var decodeBufs = sync.Pool{New: func() any { s := make([]tps.StepRecord, 0, 1024); return &s }}
 
@@ -496,6 +499,10 @@ func (c *Collector) Stats() Stats {
 	s.Jobs = len(c.jobs)
 	for _, j := range c.jobs {
 		s.OpenSteps += len(j.open)
+		if j.ranks != nil {
+			s.WriteErrors += j.ranks.errors.Load()
+			s.RowsLost += j.ranks.lost.Load()
+		}
 	}
 	return s
 }

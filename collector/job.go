@@ -56,7 +56,7 @@ type job struct {
 	recentNext  int
 	newSinceLog bool
 
-	ranks   *trace.PartWriter[tps.StepRecord]
+	ranks   *rankWriter
 	cluster *trace.PartWriter[tps.ClusterStep]
 	events  *trace.PartWriter[tps.Event]
 	gpus    *trace.PartWriter[tps.GPUSample]
@@ -140,7 +140,9 @@ func newJob(c *Collector, id string) *job {
 	opt.Metadata = j.fileMetadata
 	// Creating the folders cannot fail silently: the first write reports it.
 	var err error
-	if j.ranks, err = trace.NewPartWriter[tps.StepRecord](c.cfg.OutDir, id, trace.RankSteps, opt); err == nil {
+	var rw *trace.PartWriter[tps.StepRecord]
+	if rw, err = trace.NewPartWriter[tps.StepRecord](c.cfg.OutDir, id, trace.RankSteps, opt); err == nil {
+		j.ranks = newRankWriter(rw, func(err error) { c.cfg.Logger.Error("parquet write failed", "job", id, "err", err) })
 		if j.cluster, err = trace.NewPartWriter[tps.ClusterStep](c.cfg.OutDir, id, trace.ClusterSteps, opt); err == nil {
 			if j.events, err = trace.NewPartWriter[tps.Event](c.cfg.OutDir, id, trace.Events, opt); err == nil {
 				j.gpus, err = trace.NewPartWriter[tps.GPUSample](c.cfg.OutDir, id, trace.GPUSamples, opt)
@@ -331,19 +333,13 @@ func (j *job) late(c *Collector, r *tps.StepRecord) {
 	j.rankBuf = append(j.rankBuf, *r)
 }
 
+// flushRanks hands the buffered rank rows to the job's writer goroutine.
 func (j *job) flushRanks(c *Collector) {
 	if len(j.rankBuf) == 0 || j.ranks == nil {
 		return
 	}
-	buf := j.rankBuf
-	c.write(j, func() error {
-		err := j.ranks.Write(buf)
-		if err != nil {
-			c.stats.RowsLost += int64(len(buf))
-		}
-		return err
-	})
-	j.rankBuf = j.rankBuf[:0]
+	j.ranks.write(j.rankBuf)
+	j.rankBuf = j.ranks.buffer()
 }
 
 func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
@@ -440,9 +436,7 @@ func (j *job) rotateDue(c *Collector, now time.Time) {
 	if j.ranks == nil {
 		return
 	}
-	if j.ranks.Due(now) {
-		c.write(j, j.ranks.Rotate)
-	}
+	j.ranks.rotateIfDue(now)
 	if j.cluster.Due(now) {
 		c.write(j, j.cluster.Rotate)
 	}
@@ -497,7 +491,7 @@ func (j *job) close(c *Collector) error {
 		return fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
 	}
 	var first error
-	for _, fn := range []func() error{j.ranks.Close, j.cluster.Close, j.events.Close, j.gpus.Close} {
+	for _, fn := range []func() error{j.ranks.close, j.cluster.Close, j.events.Close, j.gpus.Close} {
 		if err := fn(); err != nil {
 			c.stats.WriteErrors++
 			if first == nil {

@@ -81,7 +81,13 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descAccepted, float64(c.stats.Records))
 	counter(descDuplicate, float64(c.stats.Duplicates))
 	counter(descLate, float64(c.stats.Late))
-	counter(descWriteErr, float64(c.stats.WriteErrors))
+	writeErrors := c.stats.WriteErrors
+	for _, j := range c.jobs {
+		if j.ranks != nil {
+			writeErrors += j.ranks.errors.Load()
+		}
+	}
+	counter(descWriteErr, float64(writeErrors))
 	for reason, n := range c.rejected {
 		counter(descRejected, float64(n), reason)
 	}

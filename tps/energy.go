@@ -23,7 +23,7 @@ type GPUWindow struct {
 // ends; when the counter is absent, does not bracket the window, or reset
 // inside it (a driver reload, a GPU reset: the counter went down), it is
 // estimated as mean power × duration instead. ok is false when no point is
-// near the window.
+// inside the window or within its length plus 2 s of it.
 func JoinGPU(points []GPUPoint, start, end int64) (w GPUWindow, ok bool) {
 	if len(points) == 0 || end <= start {
 		return w, false
@@ -47,8 +47,11 @@ func JoinGPU(points []GPUPoint, start, end int64) (w GPUWindow, ok bool) {
 		}
 	}
 	if n == 0 {
+		// No sample inside: take the nearest on either side, if near enough
+		// to speak for the window (a sampling interval or two away).
+		near := (end - start) + 2*int64(1e9)
 		for _, i := range []int{lo, hi} {
-			if i >= 0 {
+			if i >= 0 && (points[i].UnixNs >= start-near && points[i].UnixNs <= end+near) {
 				w.PowerW += points[i].PowerW
 				w.SMClock += points[i].SMClock
 				w.Reasons |= points[i].Reasons
