@@ -49,6 +49,11 @@ type Config struct {
 	BufferBytes int
 	// MaxLineBytes caps one intake line (default 64 KiB).
 	MaxLineBytes int
+	// MaxLinesPerSec bounds what one connection (one rank) may send,
+	// sustained, with bursts of as many lines (default 10,000: a rank sends
+	// a few per step); lines past it are rejected as line:rate_limited, so
+	// a runaway rank cannot crowd out the others. Negative: no limit.
+	MaxLinesPerSec int
 	// ClockTolerance rejects records further in the future (default 10m).
 	ClockTolerance time.Duration
 	// MetaInterval is how often run metadata is published again, for
@@ -104,6 +109,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxLineBytes <= 0 {
 		c.MaxLineBytes = 64 << 10
+	}
+	if c.MaxLinesPerSec == 0 {
+		c.MaxLinesPerSec = 10000
 	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute

@@ -89,7 +89,7 @@ func BenchmarkIntake(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer srv.Shutdown()
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, ResubscribeGrace: time.Millisecond})
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, ResubscribeGrace: time.Millisecond, MaxLinesPerSec: -1})
 	if err != nil {
 		b.Fatal(err)
 	}

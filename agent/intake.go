@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 
+	"golang.org/x/time/rate"
+
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -62,8 +64,24 @@ func (a *Agent) serve(c net.Conn) {
 		c.Close()
 	}()
 	r := bufio.NewReaderSize(c, a.cfg.MaxLineBytes)
+	var limit *rate.Limiter
+	if n := a.cfg.MaxLinesPerSec; n > 0 {
+		limit = rate.NewLimiter(rate.Limit(n), n)
+	}
 	for {
 		line, err := r.ReadSlice('\n')
+		if limit != nil && len(line) > 0 && !limit.Allow() {
+			a.lines.Add(1)
+			a.reject("line:rate_limited")
+			a.log.Warn("rate", "a rank sends more lines than the per-connection limit; dropping", "limit_per_s", a.cfg.MaxLinesPerSec)
+			if errors.Is(err, bufio.ErrBufferFull) && !discardLine(r) {
+				return
+			}
+			if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+				return
+			}
+			continue
+		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			a.lines.Add(1)
 			a.reject("line:oversized")

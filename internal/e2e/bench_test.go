@@ -25,7 +25,7 @@ func BenchmarkPythonHook(b *testing.B) {
 	defer srv.Shutdown()
 	dir, _ := os.MkdirTemp("", "tpsprof-hookb")
 	defer os.RemoveAll(dir)
-	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, ResubscribeGrace: time.Millisecond})
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, ResubscribeGrace: time.Millisecond, MaxLinesPerSec: -1})
 	if err != nil {
 		b.Fatal(err)
 	}

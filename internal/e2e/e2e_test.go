@@ -267,3 +267,58 @@ func TestEndToEndBadLinesCounted(t *testing.T) {
 		t.Errorf("collector got %d records, want 1", got)
 	}
 }
+
+// A rank that floods the socket is rate-limited and counted; the other
+// ranks on the node are not affected.
+func TestFloodingRankIsLimited(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	dir, _ := os.MkdirTemp("", "tpsprof-flood")
+	defer os.RemoveAll(dir)
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, MaxLinesPerSec: 500,
+		FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	line, _ := json.Marshal(stepRec("flood", 0, 0, 2, 1, 1e9))
+	var flood []byte
+	for i := 0; i < 5000; i++ {
+		flood = append(append(flood, line...), '\n')
+	}
+	c, err := net.Dial("unix", a.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write(flood)
+	c.Close()
+	calm := agent.NewClient(a.Socket(), agent.ClientOptions{})
+	for s := int64(0); s < 10; s++ {
+		calm.RecordStep(stepRec("calm", s, 0, 1, 1, 1e9))
+	}
+	calm.Close(5 * time.Second)
+	deadline := time.Now().Add(10 * time.Second)
+	for accounted(a) < 5010 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	st := a.Stats()
+	limited := st.Rejected["line:rate_limited"]
+	if limited < 4000 || st.Records+limited != 5010 {
+		t.Errorf("flood: %d accepted, %d rate-limited of 5010 lines", st.Records, limited)
+	}
+	a.Flush(5 * time.Second)
+	col.Sync(5 * time.Second)
+	col.Close()
+	rows, _ := trace.ReadAll[tps.StepRecord](filepath.Join(out, "calm", trace.RankSteps))
+	if len(rows) != 10 {
+		t.Errorf("the calm rank's records were crowded out: %d of 10 reached Parquet", len(rows))
+	}
+}
