@@ -59,9 +59,9 @@ type Config struct {
 	// MetaInterval is how often run metadata is published again, for
 	// collectors that start late (default 10s).
 	MetaInterval time.Duration
-	// GPU, when set, is sampled every GPUInterval (default 1s) and the
-	// samples are published for every job the node serves. The agent closes
-	// it on Close.
+	// GPU, when set, is sampled every GPUInterval (default 1s; negative:
+	// only when SampleGPUs is called) and the samples are published for
+	// every job the node serves. The agent closes it on Close.
 	GPU         GPUReader
 	GPUInterval time.Duration
 	// Durable publishes through JetStream and waits for the stream's
@@ -122,7 +122,7 @@ func (c *Config) defaults() error {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.GPUInterval <= 0 {
+	if c.GPUInterval == 0 {
 		c.GPUInterval = time.Second
 	}
 	if c.Clock == nil {
@@ -176,6 +176,8 @@ type Agent struct {
 
 	connections, lines, records, events, metas atomic.Int64
 	gpuSamples, gpuErrors                      atomic.Int64
+	sampleMu                                   sync.Mutex
+	lastSample                                 time.Time
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -240,7 +242,7 @@ func Start(cfg Config) (*Agent, error) {
 	a.wg.Add(2)
 	go a.acceptLoop()
 	go a.pub.loop()
-	if cfg.GPU != nil {
+	if cfg.GPU != nil && cfg.GPUInterval > 0 {
 		a.wg.Add(1)
 		go a.sampleGPUs()
 	}

@@ -32,55 +32,67 @@ type GPUInfo struct {
 // build without cgo.
 var ErrNoNVML = errors.New("agent: NVML unavailable")
 
-// sampleGPUs reads every GPU each interval and publishes the samples on the
-// gpu subject of every job the node has seen (or "node" before any).
+// sampleGPUs reads every GPU each interval.
 func (a *Agent) sampleGPUs() {
 	defer a.wg.Done()
-	r := a.cfg.GPU
-	devs := r.Devices()
 	t := time.NewTicker(a.cfg.GPUInterval)
 	defer t.Stop()
-	var last time.Time
 	for {
 		select {
 		case <-a.done:
 			return
 		case <-t.C:
+			a.SampleGPUs()
 		}
-		now := a.cfg.Clock()
-		if !now.After(last) {
-			continue // the clock has not moved (a simulated one): nothing new to read
-		}
-		last = now
-		batch := make([]tps.GPUSample, 0, len(devs))
-		for _, d := range devs {
-			s, err := r.Sample(d.Index)
-			if err != nil {
-				a.gpuErrors.Add(1)
-				a.log.Warn("gpu", "GPU reading failed", "index", d.Index, "uuid", d.UUID, "err", err)
-				continue
-			}
-			s.Node, s.UnixNs = a.cfg.Node, now.UnixNano()
-			batch = append(batch, s)
-			a.mu.Lock()
-			for len(a.gpuPerDev) <= d.Index && len(a.gpuPerDev) < 1024 {
-				a.gpuPerDev = append(a.gpuPerDev, 0)
-			}
-			if d.Index < len(a.gpuPerDev) {
-				a.gpuPerDev[d.Index]++
-			}
-			a.mu.Unlock()
-		}
-		if len(batch) == 0 {
-			continue
-		}
-		a.gpuSamples.Add(int64(len(batch)))
-		data, err := wire.EncodeGPUSamples(batch)
+	}
+}
+
+// SampleGPUs reads every GPU once, now, and publishes the samples on the gpu
+// subject of every job the node has served. It does nothing when the clock
+// has not moved since the last reading (a simulated clock). The agent calls
+// it every GPUInterval; with a negative interval the caller drives it (the
+// demo does, once per simulated step).
+func (a *Agent) SampleGPUs() {
+	r := a.cfg.GPU
+	if r == nil {
+		return
+	}
+	a.sampleMu.Lock()
+	defer a.sampleMu.Unlock()
+	now := a.cfg.Clock()
+	if !now.After(a.lastSample) {
+		return
+	}
+	a.lastSample = now
+	devs := r.Devices()
+	batch := make([]tps.GPUSample, 0, len(devs))
+	for _, d := range devs {
+		s, err := r.Sample(d.Index)
 		if err != nil {
+			a.gpuErrors.Add(1)
+			a.log.Warn("gpu", "GPU reading failed", "index", d.Index, "uuid", d.UUID, "err", err)
 			continue
 		}
-		for _, job := range a.pub.jobs() {
-			a.pub.publishRaw(wire.GPUSubject(job, wire.NodeToken(a.cfg.Node)), data)
+		s.Node, s.UnixNs = a.cfg.Node, now.UnixNano()
+		batch = append(batch, s)
+		a.mu.Lock()
+		for len(a.gpuPerDev) <= d.Index && len(a.gpuPerDev) < 1024 {
+			a.gpuPerDev = append(a.gpuPerDev, 0)
 		}
+		if d.Index < len(a.gpuPerDev) {
+			a.gpuPerDev[d.Index]++
+		}
+		a.mu.Unlock()
+	}
+	if len(batch) == 0 {
+		return
+	}
+	a.gpuSamples.Add(int64(len(batch)))
+	data, err := wire.EncodeGPUSamples(batch)
+	if err != nil {
+		return
+	}
+	for _, job := range a.pub.jobs() {
+		a.pub.publishRaw(wire.GPUSubject(job, wire.NodeToken(a.cfg.Node)), data)
 	}
 }

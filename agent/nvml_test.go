@@ -4,12 +4,20 @@ package agent
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // fakeNode is go-nvml's DGX A100 mock with the readings the agent asks for.
@@ -247,5 +255,50 @@ func TestNVMLDeviceLostMidRun(t *testing.T) {
 	f.lost[3].Store(false) // it came back (reset)
 	if _, err := r.Sample(3); err != nil {
 		t.Errorf("recovered device: %v", err)
+	}
+}
+
+// The agent's periodic sampler reads the (mocked) NVML every interval and
+// publishes the samples on the job's gpu subject.
+func TestAgentSamplesPeriodically(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	msgs := make(chan *nats.Msg, 64)
+	nc.ChanSubscribe(wire.GPUSubject("gpujob", "n7"), msgs)
+	nc.Flush()
+	r, err := newNVMLReader(newFakeNode(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := os.MkdirTemp("", "tpsprof-gpu")
+	defer os.RemoveAll(dir)
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n7",
+		GPU: r, GPUInterval: 10 * time.Millisecond, FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.SubmitMeta(tps.RunMeta{Job: "gpujob"}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-msgs:
+		s, err := wire.DecodeGPUSamples(m.Data)
+		if err != nil || len(s) != 8 || s[0].Node != "n7" || s[0].PowerW == nil || s[0].Validate() != nil {
+			t.Fatalf("samples: %v %+v", err, s)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no GPU samples published")
+	}
+	if a.Stats().GPUSamples < 8 {
+		t.Errorf("stats: %+v", a.Stats())
 	}
 }

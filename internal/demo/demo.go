@@ -139,12 +139,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	agents := make([]*agent.Agent, nodes)
 	clock := &simClock{}
 	var stepNow atomic.Int64 // the step being simulated, for the GPUs' straggler state
-	gpuInterval := max(cfg.StepInterval, 20*time.Millisecond)
 	for n := range agents {
 		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
 			NATS: natsconn.Options{URL: srv.URL()}, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
-			GPU: newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: gpuInterval, Clock: clock.Now})
+			GPU: newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: clock.Now}) // sampled once per simulated step, below
 		if err != nil {
 			return Result{}, err
 		}
@@ -154,10 +153,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	fmt.Fprintf(progress, "%d agents on %d simulated nodes, %d ranks (%s), %s on %s\n", nodes, nodes, world, cfg.Topology, cfg.Model, gpu.Name)
 	meta := tps.RunMeta{Job: cfg.Job, Topology: cfg.Topology, MicroBatches: cfg.MicroBatches, ModelPreset: cfg.Model,
 		GPU: cfg.GPU, DType: "bf16", GPUHourUSD: 2.5}
-	if err := agents[0].SubmitMeta(meta); err != nil {
-		return Result{}, err
+	// As `tpsprof launch` does on every node: each agent learns the job (and
+	// so publishes its GPU samples for it from the first step on).
+	for _, a := range agents {
+		if err := a.SubmitMeta(meta); err != nil {
+			return Result{}, err
+		}
+		a.Flush(5 * time.Second)
 	}
-	agents[0].Flush(5 * time.Second)
 	if err := col.Sync(5 * time.Second); err != nil {
 		return Result{}, err
 	}
@@ -190,6 +193,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 		step := sim.step(s)
 		stepNow.Store(int64(s))
+		for _, a := range agents { // each node's sampler reads its GPUs at the step's start
+			a.SampleGPUs()
+		}
 		for r := 0; r < world; r++ {
 			p := step.ranks[r]
 			start := now.Add(p.offset)
@@ -234,6 +240,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	clock.Set(now.Add(time.Millisecond)) // a last reading after the last step
+	for _, a := range agents {
+		a.SampleGPUs()
 	}
 	for _, a := range agents {
 		if err := a.Flush(10 * time.Second); err != nil {

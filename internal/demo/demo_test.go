@@ -65,9 +65,8 @@ func TestDemoTracesConsistent(t *testing.T) {
 	if err != nil || len(samples) == 0 {
 		t.Fatalf("gpu_samples: %d rows, %v", len(samples), err)
 	}
-	// A node publishes GPU samples once it has seen the job, so the first
-	// steps (more of them on a loaded machine) join fewer than 64 GPUs.
-	// Most steps join all of them; each of those must be consistent.
+	// Every node reads its GPUs once per simulated step, so every step but
+	// perhaps the edges joins all 64 GPUs; each must be consistent.
 	full := 0
 	var relErr []float64
 	for _, c := range cluster[:len(cluster)-1] {
@@ -91,7 +90,7 @@ func TestDemoTracesConsistent(t *testing.T) {
 			t.Fatalf("step %d: throttle flags %#x (straggler from step %d)", c.Step, c.ClockEventReasons, from)
 		}
 	}
-	if full < len(cluster)/2 {
+	if full < len(cluster)-2 {
 		t.Errorf("only %d of %d steps joined all 64 GPUs", full, len(cluster))
 	}
 	if med, _ := tps.MedianMAD(relErr); med > 0.1 {
