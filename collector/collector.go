@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -135,7 +134,6 @@ type Collector struct {
 	unacked  []ackItem // durable mode: messages waiting for their data to be in Parquet
 	durable  *durableState
 
-	records   atomic.Int64
 	closeOnce sync.Once
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -350,9 +348,7 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	defer c.mu.Unlock()
 	if err := e.Validate(); err != nil {
 		c.countInvalid(err)
-		if ack != nil {
-			ack.Ack()
-		}
+		c.ackNow(ack)
 		return
 	}
 	c.stats.Events++

@@ -40,11 +40,10 @@ type ackItem struct {
 }
 
 type durableState struct {
-	js       jetstream.JetStream
-	consume  jetstream.ConsumeContext
-	handled  atomic.Uint64 // highest stream sequence handled
-	lastRot  time.Time
-	failures int
+	js      jetstream.JetStream
+	consume jetstream.ConsumeContext
+	handled atomic.Uint64 // highest stream sequence handled
+	lastRot time.Time
 }
 
 // diskKeys are the step and rank keys in parts that no acknowledgement

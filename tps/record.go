@@ -60,13 +60,12 @@ type StepRecord struct {
 // Limits that separate a plausible record from a broken one. They are wide on
 // purpose: a rejection must mean the producer is wrong, not that the job is big.
 const (
-	MaxWorldSize  = 1 << 22 // 4,194,304 ranks
-	MaxStepNs     = int64(24 * time.Hour)
-	MaxTokens     = int64(1) << 40                        // per replica per step
-	MaxStringLen  = 256                                   // node, gpu_uuid
-	MinUnixNs     = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
-	maxJobLen     = 64
-	maxParallelID = MaxWorldSize
+	MaxWorldSize = 1 << 22 // 4,194,304 ranks
+	MaxStepNs    = int64(24 * time.Hour)
+	MaxTokens    = int64(1) << 40                        // per replica per step
+	MaxStringLen = 256                                   // node, gpu_uuid
+	MinUnixNs    = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
+	maxJobLen    = 64
 )
 
 // ErrInvalidRecord is wrapped by every validation error of this package.

@@ -78,8 +78,6 @@ func runVersion(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-var flagErrHelp = flag.ErrHelp
-
 // flagSet is a command's flags with its help text.
 type flagSet struct {
 	*flag.FlagSet
