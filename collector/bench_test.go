@@ -19,7 +19,7 @@ import (
 // batches encodes steps × ranks records as agents send them: per node of 8
 // ranks... grouped into batches of at most 1024 records of one step.
 func batches(job string, ranks, steps int) (msgs [][]byte, lastOfStep []int) {
-	t0 := time.Now().Add(-time.Hour).UnixNano()
+	t0 := time.Now().Add(-time.Hour - time.Duration(steps)*time.Second).UnixNano()
 	recs := make([]tps.StepRecord, 0, 1024)
 	for s := 0; s < steps; s++ {
 		for r := 0; r < ranks; r++ {
@@ -36,15 +36,49 @@ func batches(job string, ranks, steps int) (msgs [][]byte, lastOfStep []int) {
 	return msgs, lastOfStep
 }
 
+// rawRate publishes msgs on subject to a subscriber that only counts them
+// and returns the records per second moved (records in total).
+func rawRate(b *testing.B, url, subject string, msgs [][]byte, records int64) float64 {
+	pub, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pub.Close()
+	sub, err := nats.Connect(url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Close()
+	var got atomic.Int64
+	done := make(chan struct{})
+	sub.Subscribe(subject, func(m *nats.Msg) {
+		if got.Add(1) == int64(len(msgs)) {
+			close(done)
+		}
+	})
+	sub.Flush()
+	t0 := time.Now()
+	for _, m := range msgs {
+		pub.Publish(subject, m)
+	}
+	<-done
+	return float64(records) / time.Since(t0).Seconds()
+}
+
 // BenchmarkCollectorEndToEnd publishes agent-style step batches to the
 // collector (NATS → decode → aggregation → Parquet) and, in the same run,
-// the same bytes to a raw NATS subscriber that only counts them. It reports
-// records/s of both and their ratio, and the latency from the publication
-// of a step's last batch to its cluster row.
+// the same bytes to a raw NATS subscriber that only counts them, once
+// before and once after the collector (the mean is the baseline: the
+// machine's speed drifts). It reports records/s of both and their ratio,
+// a second baseline of raw NATS carrying one message per record (the same
+// record bytes, unbatched: what a collector without batching could at most
+// do), and the latency from the publication of a step's last batch to its
+// cluster row under this saturating burst.
 //
 //	go test -run '^$' -bench CollectorEndToEnd -benchtime 1x ./collector/
 func BenchmarkCollectorEndToEnd(b *testing.B) {
-	for _, tc := range []struct{ ranks, steps int }{{64, 3000}, {1024, 200}, {16384, 16}, {131072, 3}} {
+	// About 2 M records per size, so each measurement lasts about a second.
+	for _, tc := range []struct{ ranks, steps int }{{64, 32000}, {1024, 2000}, {16384, 128}, {131072, 16}} {
 		b.Run(fmt.Sprintf("ranks=%d", tc.ranks), func(b *testing.B) {
 			msgs, lastOfStep := batches("bench", tc.ranks, tc.steps)
 			total := int64(tc.ranks * tc.steps)
@@ -60,23 +94,23 @@ func BenchmarkCollectorEndToEnd(b *testing.B) {
 			pub, _ := nats.Connect(srv.URL())
 			defer pub.Close()
 
-			// Raw baseline: one subscriber counting the same bytes.
-			raw, _ := nats.Connect(srv.URL())
-			var got atomic.Int64
-			done := make(chan struct{})
-			raw.Subscribe("bench.raw", func(m *nats.Msg) {
-				if got.Add(1) == int64(len(msgs)) {
-					close(done)
-				}
-			})
-			raw.Flush()
-			t0 := time.Now()
+			// Raw baseline, unbatched: the records of the first steps as
+			// one message each, at the same bytes per record.
+			perRecord := make([][]byte, 0, 200_000)
 			for _, m := range msgs {
-				pub.Publish("bench.raw", m)
+				if len(perRecord) >= 200_000 {
+					break
+				}
+				recs, err := wire.DecodeSteps(m, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range recs {
+					perRecord = append(perRecord, wire.AppendSteps(nil, recs[i:i+1]))
+				}
 			}
-			<-done
-			rawRate := float64(total) / time.Since(t0).Seconds()
-			raw.Close()
+			unbatched := rawRate(b, srv.URL(), "bench.raw1", perRecord, int64(len(perRecord)))
+			raw1 := rawRate(b, srv.URL(), "bench.raw", msgs, total)
 
 			// The collector.
 			var mu sync.Mutex
@@ -107,6 +141,8 @@ func BenchmarkCollectorEndToEnd(b *testing.B) {
 				b.Fatalf("collector accepted %d of %d", st.Records, total)
 			}
 			col.Close()
+			raw2 := rawRate(b, srv.URL(), "bench.raw", msgs, total)
+			raw := (raw1 + raw2) / 2
 			var lat []float64
 			for st, at := range sentAt {
 				if c, ok := closedAt[int64(st)]; ok {
@@ -116,8 +152,10 @@ func BenchmarkCollectorEndToEnd(b *testing.B) {
 			slices.Sort(lat)
 			rate := float64(total) / elapsed.Seconds()
 			b.ReportMetric(rate, "records/s")
-			b.ReportMetric(rawRate, "raw_records/s")
-			b.ReportMetric(rate/rawRate, "ratio")
+			b.ReportMetric(raw, "raw_records/s")
+			b.ReportMetric(rate/raw, "ratio")
+			b.ReportMetric(unbatched, "raw_unbatched_msgs/s")
+			b.ReportMetric(rate/unbatched, "ratio_unbatched")
 			b.ReportMetric(float64(bytes)/float64(total), "bytes/record")
 			b.ReportMetric(tps.Quantile(lat, 0.5), "p50_close_ms")
 			b.ReportMetric(tps.Quantile(lat, 0.99), "p99_close_ms")

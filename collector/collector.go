@@ -226,7 +226,12 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		return
 	}
 	bufp := decodeBufs.Get().(*[]tps.StepRecord)
-	defer func() { clear(*bufp); decodeBufs.Put(bufp) }()
+	defer func() {
+		if *bufp != nil {
+			clear(*bufp)
+			decodeBufs.Put(bufp)
+		}
+	}()
 	recs, err := wire.DecodeSteps(data, (*bufp)[:0])
 	*bufp = recs
 	if err != nil {
@@ -240,6 +245,7 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 	defer c.mu.Unlock()
 	var touched []stepKey
 	var j *job
+	kept := 0 // records whose rank row is written, moved to the front
 	for i := range recs {
 		r := &recs[i]
 		r.Normalize()
@@ -256,14 +262,38 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 			c.countInvalid(err)
 			continue
 		}
-		j = c.jobFor(r.Job)
+		if j == nil {
+			j = c.jobFor(r.Job) // every record of the batch is of subjJob
+		}
+		keep := true
 		if c.cfg.Role == "rank-writer" {
 			c.stats.Records++
-			j.rankBuf = append(j.rankBuf, *r)
-			continue
+		} else {
+			var k stepKey
+			var open bool
+			if k, open, keep = j.add(c, r, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
+				touched = append(touched, k)
+			}
 		}
-		if k, open := j.add(c, r, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
-			touched = append(touched, k)
+		if keep {
+			if kept != i {
+				recs[kept] = *r
+			}
+			kept++
+		}
+	}
+	if j != nil && kept > 0 {
+		if kept >= directHandOff && j.ranks != nil {
+			// A big batch goes to the writer as it is, without a copy; the
+			// writer returns the slice to decodeBufs.
+			j.flushRanks(c)
+			j.ranks.write(recs[:kept])
+			*bufp = nil
+		} else {
+			j.rankBuf = append(j.rankBuf, recs[:kept]...)
+			if len(j.rankBuf) >= 4096 {
+				j.flushRanks(c)
+			}
 		}
 	}
 	if ack != nil {
@@ -273,6 +303,10 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
 	}
 }
+
+// directHandOff is the batch size from which decoded records go to the
+// rank writer without being copied into the job's buffer.
+const directHandOff = 256
 
 // errWriteFailed reports that an earlier asynchronous write failed.
 var errWriteFailed = errors.New("collector: a rank_steps write failed since the last checkpoint")

@@ -2,11 +2,13 @@ package collector
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 	"github.com/tpsprof/tpsprof/wire"
 )
 
@@ -181,5 +184,83 @@ func TestLivePageInBrowser(t *testing.T) {
 	c.Sync(5 * time.Second)
 	if got := stepOf(dump()); got != 44 {
 		t.Errorf("after more steps the page shows step %d, want 44", got)
+	}
+}
+
+// TestBigBatchHandOff sends batches large enough to go to the rank writer
+// without a copy, with invalid, duplicate and late records among them:
+// exactly the accepted and late rows are written, each once, and the
+// cluster rows count only the accepted ones.
+func TestBigBatchHandOff(t *testing.T) {
+	const world = 600 // over directHandOff
+	c, nc := startCollector(t)
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	rec := func(step, rank int64) tps.StepRecord {
+		return tps.StepRecord{Job: "big", Step: step, Rank: rank, WorldSize: world, Tokens: 10, Node: fmt.Sprintf("n%d", rank/8),
+			StartUnixNs: t0 + step*2e9, EndUnixNs: t0 + step*2e9 + 1e9, DurationNs: 1e9}
+	}
+	var b1 []tps.StepRecord
+	for r := int64(0); r < world; r++ {
+		b1 = append(b1, rec(0, r))
+		if r%100 == 7 {
+			bad := rec(0, r)
+			bad.Tokens = -1 // rejected: tokens:negative
+			b1 = append(b1, bad)
+		}
+		if r%50 == 3 {
+			b1 = append(b1, rec(0, r)) // duplicate within the batch
+		}
+	}
+	// Step 1 lacks rank 5; it comes after step 1 closed by age (late).
+	var b2 []tps.StepRecord
+	for r := int64(0); r < world; r++ {
+		if r != 5 {
+			b2 = append(b2, rec(1, r))
+		}
+	}
+	b2 = append(b2, rec(0, 42)) // duplicate of a closed step
+	for _, b := range [][]tps.StepRecord{b1, b2} {
+		if err := nc.Publish(wire.StepsSubject("big", "n0"), wire.AppendSteps(nil, b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nc.Flush()
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.jobs["big"].closeAll(c)
+	c.mu.Unlock()
+	late := rec(1, 5)
+	nc.Publish(wire.StepsSubject("big", "n0"), wire.AppendSteps(nil, []tps.StepRecord{late}))
+	nc.Flush()
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.Records != 2*world-1 || st.Duplicates != 13 || st.Late != 1 || st.Rejected["tokens:negative"] != 6 {
+		t.Errorf("stats %+v", st)
+	}
+	out := c.cfg.OutDir
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "big", trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]int64]int{}
+	for _, r := range rows {
+		seen[[2]int64{r.Step, r.Rank}]++
+		if r.Tokens != 10 || r.Node != fmt.Sprintf("n%d", r.Rank/8) {
+			t.Errorf("row %+v", r)
+		}
+	}
+	if len(rows) != 2*world || len(seen) != 2*world {
+		t.Errorf("%d rank rows, %d distinct, want %d", len(rows), len(seen), 2*world)
+	}
+	cluster, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "big", trace.ClusterSteps))
+	if len(cluster) != 2 || cluster[0].RanksReported != world || cluster[1].RanksReported != world-1 {
+		t.Errorf("cluster rows %+v", cluster)
 	}
 }

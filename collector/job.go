@@ -50,8 +50,10 @@ type job struct {
 
 	open        map[stepKey]*openStep
 	closed      closedSteps
-	maxClosed   map[int64]int64 // highest closed step per attempt
-	rankNode    map[int64]string
+	maxClosed   map[int64]int64   // highest closed step per attempt
+	rankNode    []string          // by rank, world entries
+	lastKey     stepKey           // the step of the last record added...
+	lastOpen    *openStep         // ...while it is open
 	recent      []tps.ClusterStep // ring of the last liveWindow cluster steps
 	recentNext  int
 	newSinceLog bool
@@ -103,7 +105,7 @@ func (j *job) slowRanks(n int) []tps.RankScore {
 			med[int64(r)] = v
 		}
 	}
-	s := tps.ScoreMedians(med, j.rankNode)
+	s := tps.ScoreMedians(med, j.nodeMap())
 	return s[:min(n, len(s))]
 }
 
@@ -126,7 +128,7 @@ func (j *job) lastRow() tps.ClusterStep {
 }
 
 func newJob(c *Collector, id string) *job {
-	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, rankNode: map[int64]string{}, gpuSeries: map[string]*gpuSeries{},
+	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{},
 		closed: closedSteps{seen: map[stepKey][]uint64{}, limit: 64}}
 	if c.durable != nil {
 		j.written = map[stepKey]bool{}
@@ -184,9 +186,23 @@ func (j *job) setMeta(c *Collector, m tps.RunMeta) {
 	}
 }
 
+// nodeMap returns the node of every rank that named one.
+func (j *job) nodeMap() map[int64]string {
+	m := make(map[int64]string)
+	for r, n := range j.rankNode {
+		if n != "" {
+			m[int64(r)] = n
+		}
+	}
+	return m
+}
+
 // configure derives the aggregation settings for world; steps opened from
 // now on use them.
 func (j *job) configure(c *Collector, world int64) {
+	if world != j.world || j.rankNode == nil {
+		j.rankNode = make([]string, world)
+	}
 	j.world = world
 	cfg, err := j.meta.AccumulatorConfig(int(world), j.gpuSeen)
 	j.cfg = cfg
@@ -203,9 +219,11 @@ func (j *job) configure(c *Collector, world int64) {
 	}
 }
 
-// add folds a record in. It returns the step's key and whether the record
-// went into an open step (whose cluster row is still to be written).
-func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (stepKey, bool) {
+// add folds a record in. It returns the step's key, whether the record
+// went into an open step (whose cluster row is still to be written), and
+// whether its rank row is to be written (not a duplicate, not invalid, not
+// already on disk from before a restart).
+func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, open, keep bool) {
 	if j.world != r.WorldSize {
 		if j.world != 0 && len(j.open) > 0 {
 			// A relaunch at another size: close what the old size left open.
@@ -213,41 +231,46 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (stepKey, bool
 		}
 		j.configure(c, r.WorldSize)
 	}
-	if r.Node != "" && j.rankNode[r.Rank] != r.Node && len(j.rankNode) < tps.MaxWorldSize {
-		j.rankNode[r.Rank] = r.Node
+	if r.Node != "" && j.rankNode[r.Rank] != r.Node {
+		j.rankNode[r.Rank] = r.Node // Validate bounds Rank by WorldSize == len(rankNode)
 	}
-	k := stepKey{r.Attempt, r.Step}
-	st, ok := j.open[k]
-	if !ok {
+	k = stepKey{r.Attempt, r.Step}
+	// Records of a step arrive together: remember the last open step
+	// rather than hashing its key for every record.
+	st := j.lastOpen
+	if st == nil || j.lastKey != k {
+		st = j.open[k]
+	}
+	if st == nil {
 		if bits, closed := j.closed.seen[k]; closed {
 			w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
 			if w < int64(len(bits)) && bits[w]&b != 0 {
 				c.stats.Duplicates++
-				return k, false
+				return k, false, false
 			}
 			if w < int64(len(bits)) {
 				bits[w] |= b
 			}
-			j.late(c, r)
-			return k, false
+			c.stats.Late++
+			return k, false, true
 		}
 		if j.disk != nil && j.disk.closed[k] { // closed before a restart (durable mode)
 			if j.disk.ranks[k][r.Rank] {
 				c.stats.Duplicates++
-			} else {
-				j.disk.markRank(k, r.Rank)
-				j.late(c, r)
+				return k, false, false
 			}
-			return k, false
+			j.disk.markRank(k, r.Rank)
+			c.stats.Late++
+			return k, false, true
 		}
 		if hi, ok := j.maxClosed[r.Attempt]; ok && r.Step <= hi {
-			j.late(c, r) // closed too long ago to check for duplicates
-			return k, false
+			c.stats.Late++ // closed too long ago to check for duplicates
+			return k, false, true
 		}
 		acc, err := tps.NewStepAccumulator(j.id, r.Attempt, r.Step, r.WorldSize, j.cfg)
 		if err != nil {
 			c.countInvalid(err)
-			return k, false
+			return k, false, false
 		}
 		st = &openStep{acc: acc, first: now}
 		j.open[k] = st
@@ -255,29 +278,24 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (stepKey, bool
 			j.closeOldest(c)
 		}
 	}
+	j.lastKey, j.lastOpen = k, st
 	added, err := st.acc.Add(r)
 	if err != nil {
 		c.countInvalid(err)
-		return k, false
+		return k, false, false
 	}
 	if !added {
 		c.stats.Duplicates++
-		return k, false
+		return k, false, false
 	}
 	c.stats.Records++
 	j.observeCompute(r.Rank, float64(r.ComputeNs()))
-	// A rank row already written before a restart is aggregated again
-	// (its step's cluster row was not written) but not written twice.
-	if j.disk == nil || !j.disk.ranks[k][r.Rank] {
-		j.rankBuf = append(j.rankBuf, *r)
-	}
-	if len(j.rankBuf) >= 4096 {
-		j.flushRanks(c)
-	}
 	if st.acc.Full() {
 		j.closeStep(c, k, st)
 	}
-	return k, true
+	// A rank row already written before a restart is aggregated again
+	// (its step's cluster row was not written) but not written twice.
+	return k, true, j.disk == nil || !j.disk.ranks[k][r.Rank]
 }
 
 // addPartial merges a node partial (aggregator role).
@@ -328,11 +346,6 @@ func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) {
 	}
 }
 
-func (j *job) late(c *Collector, r *tps.StepRecord) {
-	c.stats.Late++
-	j.rankBuf = append(j.rankBuf, *r)
-}
-
 // flushRanks hands the buffered rank rows to the job's writer goroutine.
 func (j *job) flushRanks(c *Collector) {
 	if len(j.rankBuf) == 0 || j.ranks == nil {
@@ -344,6 +357,9 @@ func (j *job) flushRanks(c *Collector) {
 
 func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
 	delete(j.open, k)
+	if j.lastOpen == st {
+		j.lastOpen = nil
+	}
 	row := st.acc.Result()
 	if c.cfg.OnStep != nil {
 		c.cfg.OnStep(row)
@@ -474,7 +490,10 @@ func (j *job) liveLine() string {
 	if last.MFU > 0 {
 		mfuText = fmt.Sprintf("MFU %.1f%%", 100*mfuSum/float64(n))
 	}
-	node := j.rankNode[last.SlowestRank]
+	node := ""
+	if last.SlowestRank >= 0 && last.SlowestRank < int64(len(j.rankNode)) {
+		node = j.rankNode[last.SlowestRank]
+	}
 	if node != "" {
 		node = " on " + node
 	}

@@ -15,10 +15,9 @@ import (
 // order: a rotation waits for every write queued before it. The queue is
 // bounded: a writer that falls behind slows the handler, memory stays flat.
 type rankWriter struct {
-	w    *trace.PartWriter[tps.StepRecord]
-	ch   chan rankCmd
-	wg   sync.WaitGroup
-	pool sync.Pool
+	w  *trace.PartWriter[tps.StepRecord]
+	ch chan rankCmd
+	wg sync.WaitGroup
 
 	errors, lost atomic.Int64
 	failed       atomic.Bool // a write failed since the last rotation (durable mode)
@@ -34,7 +33,6 @@ type rankCmd struct {
 
 func newRankWriter(w *trace.PartWriter[tps.StepRecord], onError func(error)) *rankWriter {
 	r := &rankWriter{w: w, ch: make(chan rankCmd, 8), onError: onError}
-	r.pool.New = func() any { s := make([]tps.StepRecord, 0, 4096); return &s }
 	r.wg.Add(1)
 	go r.loop()
 	return r
@@ -49,9 +47,9 @@ func (r *rankWriter) loop() {
 			if err = r.w.Write(cmd.rows); err != nil {
 				r.lost.Add(int64(len(cmd.rows)))
 			}
+			clear(cmd.rows) // slots past len are zero already
 			rows := cmd.rows[:0]
-			clear(cmd.rows[:cap(cmd.rows)])
-			r.pool.Put(&rows)
+			decodeBufs.Put(&rows)
 		case cmd.rotate && (cmd.due.IsZero() || r.w.Due(cmd.due)):
 			err = r.w.Rotate()
 		}
@@ -69,7 +67,7 @@ func (r *rankWriter) loop() {
 }
 
 // buffer returns an empty slice to collect rows into.
-func (r *rankWriter) buffer() []tps.StepRecord { return (*r.pool.Get().(*[]tps.StepRecord))[:0] }
+func (r *rankWriter) buffer() []tps.StepRecord { return (*decodeBufs.Get().(*[]tps.StepRecord))[:0] }
 
 // write hands rows over; the caller must not touch them again.
 func (r *rankWriter) write(rows []tps.StepRecord) { r.ch <- rankCmd{rows: rows} }
