@@ -188,11 +188,7 @@ func (p *publisher) partials(job, node string, recs []tps.StepRecord) {
 	if len(out) == 0 {
 		return
 	}
-	b, err := wire.EncodePartials(out)
-	if err != nil {
-		return
-	}
-	p.enqueue(outMsg{subject: wire.PartialSubject(job, node), data: b})
+	p.enqueue(outMsg{subject: wire.PartialSubject(job, node), data: wire.EncodePartials(out)})
 }
 
 func (p *publisher) holdFor(d time.Duration) {

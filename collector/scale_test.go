@@ -28,7 +28,7 @@ func nodePartials(t testing.TB, job string, ranks, steps int, topo tps.Topology)
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, _ := wire.EncodePartials([]tps.Partial{p})
+			b := wire.EncodePartials([]tps.Partial{p})
 			partials = append(partials, b)
 		}
 	}
@@ -104,11 +104,12 @@ func TestSplitRolesExact(t *testing.T) {
 }
 
 // BenchmarkAggregatorPartials: the aggregator role at 131,072 ranks, fed
-// one partial per node of 8 ranks, against raw NATS moving the same bytes.
+// one partial message per node of 8 ranks and step, against raw NATS
+// moving the same messages in the same run.
 //
 //	go test -run '^$' -bench AggregatorPartials -benchtime 1x ./collector/
 func BenchmarkAggregatorPartials(b *testing.B) {
-	const ranks, steps = 131072, 3
+	const ranks, steps = 131072, 12
 	topo := tps.DataParallel(ranks)
 	partials, _ := nodePartials(b, "agg", ranks, steps, topo)
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
@@ -116,6 +117,11 @@ func BenchmarkAggregatorPartials(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer srv.Shutdown()
+	var bytes int64
+	for _, m := range partials {
+		bytes += int64(len(m))
+	}
+	raw := rawRate(b, srv.URL(), "bench.raw", partials, ranks*steps)
 	agg, err := New(Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Role: "aggregator", Grace: time.Minute})
 	if err != nil {
 		b.Fatal(err)
@@ -140,4 +146,6 @@ func BenchmarkAggregatorPartials(b *testing.B) {
 	}
 	b.ReportMetric(float64(ranks*steps)/el.Seconds(), "ranks/s")
 	b.ReportMetric(float64(len(partials))/el.Seconds(), "partials/s")
+	b.ReportMetric(float64(ranks*steps)/el.Seconds()/raw, "ratio")
+	b.ReportMetric(float64(bytes)/float64(len(partials)), "bytes/partial")
 }

@@ -24,18 +24,3 @@ func DecodeGPUSamples(data []byte) ([]tps.GPUSample, error) {
 	}
 	return s, nil
 }
-
-// EncodePartials encodes step partials as a JSON array.
-func EncodePartials(p []tps.Partial) ([]byte, error) { return json.Marshal(p) }
-
-// DecodePartials decodes a JSON array of step partials (not validated).
-func DecodePartials(data []byte) ([]tps.Partial, error) {
-	var p []tps.Partial
-	if err := json.Unmarshal(data, &p); err != nil {
-		return nil, fmt.Errorf("wire: partials: %w", err)
-	}
-	if len(p) > MaxGPUSamples {
-		return nil, fmt.Errorf("%w: %d partials (limit %d)", ErrTooLarge, len(p), MaxGPUSamples)
-	}
-	return p, nil
-}
