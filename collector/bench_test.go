@@ -2,8 +2,11 @@ package collector
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,17 +16,27 @@ import (
 
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 	"github.com/tpsprof/tpsprof/wire"
 )
 
-// batches encodes steps × ranks records as agents send them: per node of 8
-// ranks... grouped into batches of at most 1024 records of one step.
+// batches encodes steps × ranks records as agents send them, grouped into
+// batches of at most 1024 records of one step.
 func batches(job string, ranks, steps int) (msgs [][]byte, lastOfStep []int) {
 	t0 := time.Now().Add(-time.Hour - time.Duration(steps)*time.Second).UnixNano()
+	return batchesFrom(job, ranks, 0, steps, t0)
+}
+
+// batchesFrom encodes steps [from, from+steps), step s starting at t0 + s seconds.
+func batchesFrom(job string, ranks, from, steps int, t0 int64) (msgs [][]byte, lastOfStep []int) {
+	nodes := make([]string, (ranks+7)/8)
+	for i := range nodes {
+		nodes[i] = fmt.Sprintf("node-%d", i)
+	}
 	recs := make([]tps.StepRecord, 0, 1024)
-	for s := 0; s < steps; s++ {
+	for s := from; s < from+steps; s++ {
 		for r := 0; r < ranks; r++ {
-			recs = append(recs, tps.StepRecord{Job: job, Step: int64(s), Rank: int64(r), WorldSize: int64(ranks), Node: fmt.Sprintf("node-%d", r/8),
+			recs = append(recs, tps.StepRecord{Job: job, Step: int64(s), Rank: int64(r), WorldSize: int64(ranks), Node: nodes[r/8],
 				StartUnixNs: t0 + int64(s)*1e9, EndUnixNs: t0 + int64(s)*1e9 + 9e8, DurationNs: 9e8 - int64(r%5)*1e6,
 				Tokens: 8192, ExposedCommNs: 1e8, CommNs: 3e8, PPWaitNs: 5e7})
 			if len(recs) == 1024 || r == ranks-1 {
@@ -163,48 +176,128 @@ func BenchmarkCollectorEndToEnd(b *testing.B) {
 	}
 }
 
-// BenchmarkCollectorMemory feeds 16,384 ranks step after step and samples
-// the live heap: it stays flat because open steps are bounded and closed
-// ones are written out.
+// BenchmarkCollectorMemory feeds 16,384 ranks step after step (10,000
+// steps, 164 M records, by default; TPSPROF_MEM_STEPS changes it) and
+// samples the live heap every 25 steps: it stays flat because open steps
+// are bounded and closed ones are written out. Finished parts are removed
+// as the run goes, so the disk holds only the open ones.
 //
-//	go test -run '^$' -bench CollectorMemory -benchtime 1x ./collector/
+//	go test -run '^$' -bench CollectorMemory -benchtime 1x -timeout 1h ./collector/
 func BenchmarkCollectorMemory(b *testing.B) {
-	const ranks, steps = 16384, 300
+	const ranks, chunk = 16384, 25
+	steps := 10000
+	if v, err := strconv.Atoi(os.Getenv("TPSPROF_MEM_STEPS")); err == nil && v >= 2*chunk {
+		steps = v
+	}
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer srv.Shutdown()
-	col, err := New(Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
+	out := b.TempDir()
+	col, err := New(Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer col.Close()
 	pub, _ := nats.Connect(srv.URL())
 	defer pub.Close()
+	t0 := time.Now().Add(-time.Hour - time.Duration(steps)*time.Second).UnixNano()
 	var heaps []float64
-	for chunk := 0; chunk < steps/25; chunk++ {
-		msgs, _ := batches("mem", ranks, 25)
-		// shift the chunk's steps
-		for i := range msgs {
-			recs, _ := wire.DecodeSteps(msgs[i], nil)
-			for k := range recs {
-				recs[k].Step += int64(chunk * 25)
-			}
-			msgs[i] = wire.AppendSteps(msgs[i][:0], recs)
-		}
+	start := time.Now()
+	for from := 0; from+chunk <= steps; from += chunk {
+		msgs, _ := batchesFrom("mem", ranks, from, chunk, t0)
 		for _, m := range msgs {
 			pub.Publish(wire.StepsSubject("mem", "n"), m)
 		}
 		pub.Flush()
-		col.Sync(5 * time.Minute)
+		if err := col.Sync(5 * time.Minute); err != nil {
+			b.Fatal(err)
+		}
 		runtime.GC()
 		var ms runtime.MemStats
 		runtime.ReadMemStats(&ms)
 		heaps = append(heaps, float64(ms.HeapInuse)/(1<<20))
+		// Finished parts are not the collector's memory; drop them.
+		parts, _ := filepath.Glob(filepath.Join(out, "mem", trace.RankSteps, "part-*.parquet"))
+		for _, p := range parts {
+			os.Remove(p)
+		}
+		if len(heaps)%40 == 0 {
+			b.Logf("%d steps, %.0f s: live heap %.0f MiB", from+chunk, time.Since(start).Seconds(), heaps[len(heaps)-1])
+		}
 	}
-	b.ReportMetric(heaps[1], "heap_MiB_after_50_steps")
-	b.ReportMetric(heaps[len(heaps)-1], "heap_MiB_after_300_steps")
-	b.ReportMetric(slices.Max(heaps[1:])/slices.Min(heaps[1:]), "max/min_heap")
-	b.Logf("heap MiB every 25 steps: %.0f", heaps)
+	if st := col.Stats(); st.Records != int64(ranks*len(heaps)*chunk) || st.StepsClosed < int64(len(heaps)*chunk-1) {
+		b.Fatalf("accepted %d records, closed %d steps", st.Records, st.StepsClosed)
+	}
+	// No trend: the mean live heap of the last tenth of the run against
+	// the first (a leak in run length would make it grow).
+	tenth := max(len(heaps)/10, 1)
+	mean := func(h []float64) float64 {
+		s := 0.0
+		for _, v := range h {
+			s += v
+		}
+		return s / float64(len(h))
+	}
+	b.ReportMetric(float64(len(heaps)*chunk), "steps")
+	b.ReportMetric(mean(heaps[:tenth]), "heap_MiB_first_tenth")
+	b.ReportMetric(mean(heaps[len(heaps)-tenth:]), "heap_MiB_last_tenth")
+	b.ReportMetric(mean(heaps[len(heaps)-tenth:])/mean(heaps[:tenth]), "last/first")
+	b.ReportMetric(slices.Min(heaps), "min_heap_MiB")
+	b.ReportMetric(slices.Max(heaps), "max_heap_MiB")
+}
+
+// BenchmarkCloseLatency paces steps as a training job produces them (every
+// rank's record of a step at once, then a pause) and measures the time from
+// the publication of a step's last batch to its cluster row: the
+// collector's own latency, without the queueing of a saturating burst.
+//
+//	go test -run '^$' -bench CloseLatency -benchtime 1x ./collector/
+func BenchmarkCloseLatency(b *testing.B) {
+	for _, tc := range []struct {
+		ranks, steps int
+		every        time.Duration
+	}{{1024, 200, 50 * time.Millisecond}, {16384, 40, 250 * time.Millisecond}, {131072, 20, 500 * time.Millisecond}} {
+		b.Run(fmt.Sprintf("ranks=%d", tc.ranks), func(b *testing.B) {
+			msgs, lastOfStep := batches("lat", tc.ranks, tc.steps)
+			srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer srv.Shutdown()
+			pub, _ := nats.Connect(srv.URL())
+			defer pub.Close()
+			closed := make(chan time.Time, tc.steps)
+			col, err := New(Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute,
+				OnStep: func(tps.ClusterStep) { closed <- time.Now() }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer col.Close()
+			var lat []float64
+			first := 0
+			tick := time.NewTicker(tc.every)
+			defer tick.Stop()
+			for s := range tc.steps {
+				<-tick.C
+				for _, m := range msgs[first : lastOfStep[s]+1] {
+					pub.Publish(wire.StepsSubject("lat", "n"), m)
+				}
+				sent := time.Now() // the last record handed to NATS
+				pub.Flush()
+				first = lastOfStep[s] + 1
+				select {
+				case at := <-closed:
+					lat = append(lat, at.Sub(sent).Seconds()*1e3)
+				case <-time.After(time.Minute):
+					b.Fatalf("step %d did not close", s)
+				}
+			}
+			slices.Sort(lat)
+			b.ReportMetric(tps.Quantile(lat, 0.5), "p50_ms")
+			b.ReportMetric(tps.Quantile(lat, 0.99), "p99_ms")
+			b.ReportMetric(tc.every.Seconds()*1e3, "step_every_ms")
+		})
+	}
 }

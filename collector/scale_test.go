@@ -3,6 +3,7 @@ package collector
 import (
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,8 +64,17 @@ func TestSplitRolesExact(t *testing.T) {
 	partials, raw := nodePartials(t, "split", ranks, steps, topo)
 	pub, _ := nats.Connect(srv.URL())
 	defer pub.Close()
+	// Batches of 64 records, as 8 nodes would send them: 96 messages, so
+	// the queue group sharing them (checked below) is not left to a coin
+	// toss over a handful.
 	for _, m := range raw {
-		pub.Publish(wire.StepsSubject("split", "n"), m)
+		recs, err := wire.DecodeSteps(m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < len(recs); i += 64 {
+			pub.Publish(wire.StepsSubject("split", "n"), wire.AppendSteps(nil, recs[i:min(i+64, len(recs))]))
+		}
 	}
 	for _, m := range partials {
 		pub.Publish(wire.PartialSubject("split", "n"), m)
@@ -148,4 +158,103 @@ func BenchmarkAggregatorPartials(b *testing.B) {
 	b.ReportMetric(float64(len(partials))/el.Seconds(), "partials/s")
 	b.ReportMetric(float64(ranks*steps)/el.Seconds()/raw, "ratio")
 	b.ReportMetric(float64(bytes)/float64(len(partials)), "bytes/partial")
+}
+
+// BenchmarkSplitRoles runs the scale-out design at 131,072 ranks in one
+// process: agents' step batches go to two rank writers in a queue group,
+// their node partials (one per 8 ranks and step) to an aggregator. It
+// checks that every rank row is written once and every step closes
+// complete with exact tokens, and reports ranks/s until all three are
+// done, against one collector in the all role taking the same batches in
+// the same run.
+//
+//	go test -run '^$' -bench SplitRoles -benchtime 1x ./collector/
+func BenchmarkSplitRoles(b *testing.B) {
+	const ranks, steps = 131072, 12
+	topo := tps.DataParallel(ranks)
+	partials, raw := nodePartials(b, "split", ranks, steps, topo)
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	pub, _ := nats.Connect(srv.URL())
+	defer pub.Close()
+	url := natsconn.Options{URL: srv.URL()}
+
+	// Baseline: one collector doing everything.
+	one, err := New(Config{OutDir: b.TempDir(), NATS: url, Grace: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	oneMsgs, _ := batches("one", ranks, steps)
+	t0 := time.Now()
+	for _, m := range oneMsgs {
+		pub.Publish(wire.StepsSubject("one", "n"), m)
+	}
+	pub.Flush()
+	if err := one.Sync(5 * time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	single := float64(ranks*steps) / time.Since(t0).Seconds()
+	if st := one.Stats(); st.Records != ranks*steps {
+		b.Fatalf("single collector: %d records", st.Records)
+	}
+	one.Close()
+
+	var closed []tps.ClusterStep
+	var mu sync.Mutex
+	agg, err := New(Config{OutDir: b.TempDir(), NATS: url, Role: "aggregator", Grace: time.Minute,
+		OnStep: func(c tps.ClusterStep) { mu.Lock(); closed = append(closed, c); mu.Unlock() }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	outW := b.TempDir()
+	var writers []*Collector
+	for i := range 2 {
+		w, err := New(Config{OutDir: outW, NATS: url, Role: "rank-writer", Writer: trace.WriterOptions{WriterID: fmt.Sprintf("w%d", i)}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		writers = append(writers, w)
+	}
+	b.ResetTimer()
+	t1 := time.Now()
+	per := len(partials) / steps
+	for s := range steps { // as agents send them: a step's batches, then its partials
+		for _, m := range raw[s*len(raw)/steps : (s+1)*len(raw)/steps] {
+			pub.Publish(wire.StepsSubject("split", "n"), m)
+		}
+		for _, m := range partials[s*per : (s+1)*per] {
+			pub.Publish(wire.PartialSubject("split", "n"), m)
+		}
+	}
+	pub.Flush()
+	for _, c := range append(writers, agg) {
+		if err := c.Sync(5 * time.Minute); err != nil {
+			b.Fatal(err)
+		}
+	}
+	el := time.Since(t1)
+	b.StopTimer()
+	for _, c := range append(writers, agg) {
+		c.Close()
+	}
+	if n := writers[0].Stats().Records + writers[1].Stats().Records; n != ranks*steps {
+		b.Fatalf("writers wrote %d records, want %d", n, ranks*steps)
+	}
+	rows := 0
+	trace.Each(filepath.Join(outW, "split", trace.RankSteps), func(r []tps.StepRecord) error { rows += len(r); return nil })
+	if rows != ranks*steps || len(closed) != steps {
+		b.Fatalf("%d rank rows, %d cluster rows", rows, len(closed))
+	}
+	for _, c := range closed {
+		if !c.Complete() || c.Tokens != 8192*ranks {
+			b.Fatalf("step %d: %d ranks, %d tokens", c.Step, c.RanksReported, c.Tokens)
+		}
+	}
+	rate := float64(ranks*steps) / el.Seconds()
+	b.ReportMetric(rate, "ranks/s")
+	b.ReportMetric(single, "single_collector_ranks/s")
+	b.ReportMetric(rate/single, "ratio")
 }

@@ -132,30 +132,36 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
 	var done int64
-	err = trace.Each(rankDir, func(rows []rankCompute) error {
-		for i := range rows {
-			r := &rows[i]
+	err = trace.EachColumns(rankDir, rankColumns, "node", func(c *trace.Columns) error {
+		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
+		lastKey, si, ok := [2]int64{-1, -1}, 0, false
+		for i := range c.Rows {
 			rep.RankRows++
-			si, ok := index[[2]int64{r.Attempt, r.Step}]
+			// Rows come grouped by step: look the step up when it changes.
+			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
+				lastKey = k
+				si, ok = index[k]
+			}
 			if !ok {
 				continue
 			}
-			comp := float64(r.computeNs())
-			heat.add(si, r.Rank, comp)
-			if r.Node != "" && nodes[r.Rank] == "" {
-				nodes[r.Rank] = r.Node
+			r := rank[i]
+			comp := float64(computeNs(c, i))
+			heat.add(si, r, comp)
+			if n := c.Strings[i]; n != "" && nodes[r] == "" {
+				nodes[r] = n
 			}
 			if warm[si] {
 				continue
 			}
-			m := medians[r.Rank]
+			m := medians[r]
 			if m == nil {
 				m = &tps.Median{}
-				medians[r.Rank] = m
+				medians[r] = m
 			}
 			m.Add(comp)
 		}
-		done += int64(len(rows))
+		done += int64(c.Rows)
 		if opt.Progress != nil {
 			opt.Progress(done, total)
 		}
@@ -325,22 +331,14 @@ func readMeta(dir string) *tps.RunMeta {
 	return nil
 }
 
-// rankCompute is the projection of rank_steps the report reads: decoding
-// only these columns is several times faster than whole records.
-type rankCompute struct {
-	Attempt       int64  `parquet:"attempt"`
-	Step          int64  `parquet:"step"`
-	Rank          int64  `parquet:"rank"`
-	Node          string `parquet:"node"`
-	DurationNs    int64  `parquet:"duration_ns"`
-	ExposedCommNs int64  `parquet:"exposed_comm_ns"`
-	DataWaitNs    int64  `parquet:"data_wait_ns"`
-	PPWaitNs      int64  `parquet:"pp_wait_ns"`
-	CkptNs        int64  `parquet:"ckpt_ns"`
-}
+// rankColumns are the int64 columns of rank_steps the report reads (with
+// node): decoding these columns alone, page by page, is several times
+// faster than reading whole records (BENCHMARKS.md).
+var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns"}
 
-func (r *rankCompute) computeNs() int64 {
-	s := tps.StepRecord{DurationNs: r.DurationNs, ExposedCommNs: r.ExposedCommNs, DataWaitNs: r.DataWaitNs, PPWaitNs: r.PPWaitNs, CkptNs: r.CkptNs}
+// computeNs is row i's compute time, as tps.StepRecord.ComputeNs defines it.
+func computeNs(c *trace.Columns, i int) int64 {
+	s := tps.StepRecord{DurationNs: c.Int64[3][i], ExposedCommNs: c.Int64[4][i], DataWaitNs: c.Int64[5][i], PPWaitNs: c.Int64[6][i], CkptNs: c.Int64[7][i]}
 	return s.ComputeNs()
 }
 

@@ -1,0 +1,72 @@
+package trace
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// TestEachColumnsMatchesRows writes rank rows over several parts and row
+// groups (and more distinct nodes than one page) and checks that the
+// columnar read gives, row for row, what the row reader gives.
+func TestEachColumnsMatchesRows(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "t", RowsPerGroup: 1000, RowsPerPart: 7000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []tps.StepRecord
+	for i := range 20_000 {
+		recs = append(recs, tps.StepRecord{Job: "j", Attempt: int64(i / 15000), Step: int64(i / 100), Rank: int64(i % 100), WorldSize: 100,
+			Node: fmt.Sprintf("node-%d", (i*7919)%3000), DurationNs: int64(i) * 1000, ExposedCommNs: -int64(i), Tokens: 1 << 40})
+	}
+	for i := 0; i < len(recs); i += 1500 {
+		if err := w.Write(recs[i:min(i+1500, len(recs))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "j", RankSteps)
+	want, err := ReadAll[tps.StepRecord](dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parts, _ := PartFiles(dir); len(parts) < 3 {
+		t.Fatalf("%d parts: the test wants several", len(parts))
+	}
+	names := []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "tokens"}
+	k, groups := 0, 0
+	err = EachColumns(dir, names, "node", func(c *Columns) error {
+		groups++
+		for i := range c.Rows {
+			r := &want[k]
+			got := [...]int64{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i], c.Int64[3][i], c.Int64[4][i], c.Int64[5][i]}
+			if got != [...]int64{r.Attempt, r.Step, r.Rank, r.DurationNs, r.ExposedCommNs, r.Tokens} || c.Strings[i] != r.Node {
+				return fmt.Errorf("row %d: columns %v %q, row %+v", k, got, c.Strings[i], r)
+			}
+			k++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k != len(recs) || groups < 20 {
+		t.Errorf("%d rows in %d row groups, want %d rows in at least 20", k, groups, len(recs))
+	}
+	// A missing column, or one of another type, is an error naming it.
+	for _, tc := range []struct {
+		ints []string
+		str  string
+	}{{[]string{"nope"}, ""}, {[]string{"node"}, ""}, {nil, "step"}, {[]string{"loss"}, ""}} {
+		err := EachColumns(dir, tc.ints, tc.str, func(*Columns) error { return nil })
+		if err == nil || !strings.Contains(err.Error(), "column") {
+			t.Errorf("%v %q: %v", tc.ints, tc.str, err)
+		}
+	}
+}
