@@ -89,7 +89,10 @@ func rawRate(b *testing.B, url, subject string, msgs [][]byte, records int64) fl
 // cluster row under this saturating burst.
 //
 //	go test -run '^$' -bench CollectorEndToEnd -benchtime 1x ./collector/
+//
+// TPSPROF_BENCH_CODEC=zstd-fast (or snappy, none) picks the Parquet codec.
 func BenchmarkCollectorEndToEnd(b *testing.B) {
+	codec := os.Getenv("TPSPROF_BENCH_CODEC")
 	// About 2 M records per size, so each measurement lasts about a second.
 	for _, tc := range []struct{ ranks, steps int }{{64, 32000}, {1024, 2000}, {16384, 128}, {131072, 16}} {
 		b.Run(fmt.Sprintf("ranks=%d", tc.ranks), func(b *testing.B) {
@@ -129,6 +132,7 @@ func BenchmarkCollectorEndToEnd(b *testing.B) {
 			var mu sync.Mutex
 			closedAt := map[int64]time.Time{}
 			col, err := New(Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute,
+				Writer: trace.WriterOptions{Codec: codec},
 				OnStep: func(c tps.ClusterStep) { mu.Lock(); closedAt[c.Step] = time.Now(); mu.Unlock() }})
 			if err != nil {
 				b.Fatal(err)

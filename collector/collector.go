@@ -90,6 +90,9 @@ func (c *Config) defaults() error {
 	if c.Writer.PartAge <= 0 {
 		c.Writer.PartAge = time.Minute
 	}
+	if err := trace.CheckCodec(c.Writer.Codec); err != nil {
+		return fmt.Errorf("collector: %w", err)
+	}
 	if c.GPUJoinWait <= 0 {
 		c.GPUJoinWait = 5 * time.Second
 	}

@@ -48,8 +48,8 @@ func dirSize(t testing.TB, dir string) int64 {
 }
 
 // BenchmarkWriteRankSteps compares, on the same million rows in the same
-// run: our PartWriter, raw parquet-go writing to one file with the same
-// options, and JSON lines.
+// run: our PartWriter (with each codec; zstd is the default), raw
+// parquet-go writing to one file with the same options, and JSON lines.
 //
 //	go test -run '^$' -bench WriteRankSteps -benchtime 1x ./trace/
 func BenchmarkWriteRankSteps(b *testing.B) {
@@ -66,18 +66,24 @@ func BenchmarkWriteRankSteps(b *testing.B) {
 			b.ReportMetric(float64(dirSize(b, dir))/benchRows, "bytes/row")
 		})
 	}
-	write(b, "tpsprof", func(dir string) error {
-		w, err := NewPartWriter[tps.StepRecord](dir, "j", RankSteps, WriterOptions{WriterID: "b"})
-		if err != nil {
-			return err
+	for _, codec := range Codecs {
+		name := "tpsprof"
+		if codec != "zstd" {
+			name += "-" + codec
 		}
-		for n := 0; n < benchRows; n += 8192 {
-			if err := w.Write(recs[n:min(n+8192, benchRows)]); err != nil {
+		write(b, name, func(dir string) error {
+			w, err := NewPartWriter[tps.StepRecord](dir, "j", RankSteps, WriterOptions{WriterID: "b", Codec: codec})
+			if err != nil {
 				return err
 			}
-		}
-		return w.Close()
-	})
+			for n := 0; n < benchRows; n += 8192 {
+				if err := w.Write(recs[n:min(n+8192, benchRows)]); err != nil {
+					return err
+				}
+			}
+			return w.Close()
+		})
+	}
 	write(b, "raw-parquet-go", func(dir string) error {
 		f, err := os.Create(filepath.Join(dir, "raw.parquet"))
 		if err != nil {

@@ -70,3 +70,29 @@ func TestEachColumnsMatchesRows(t *testing.T) {
 		}
 	}
 }
+
+// Every codec writes parts that read back the same; an unknown one is
+// refused before anything is written.
+func TestCodecs(t *testing.T) {
+	recs := []tps.StepRecord{{Job: "j", Step: 1, Rank: 0, WorldSize: 2, Node: "a", Tokens: 5}, {Job: "j", Step: 1, Rank: 1, WorldSize: 2, Node: "b", Tokens: 5}}
+	for _, c := range Codecs {
+		root := t.TempDir()
+		w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "t", Codec: c})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Write(recs); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := ReadAll[tps.StepRecord](filepath.Join(root, "j", RankSteps))
+		if err != nil || len(got) != 2 || got[1].Node != "b" || got[1].Tokens != 5 {
+			t.Errorf("%s: %v %+v", c, err, got)
+		}
+	}
+	if _, err := NewPartWriter[tps.StepRecord](t.TempDir(), "j", RankSteps, WriterOptions{Codec: "lz9"}); err == nil || !strings.Contains(err.Error(), "zstd-fast") {
+		t.Errorf("unknown codec: %v", err)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // natsFlags registers the connection flags agent, collector and launch share.
@@ -78,6 +79,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	metaFile := fs.String("meta", "", "run metadata JSON (topology, model, gpu, dtype, gpu_hour_usd) applied to every job")
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
+	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
 	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
 	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream)")
@@ -88,6 +90,9 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	natsSecrets(&no)
 	if *out == "" {
 		return usageErr(stderr, cmd, "--out is required")
+	}
+	if err := trace.CheckCodec(*codec); err != nil {
+		return usageErr(stderr, cmd, "--parquet-codec: %v", err)
 	}
 	log := newLogger(stderr, *verbose)
 	var meta *tps.RunMeta
@@ -124,7 +129,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, cmd, "--durable works with --role all only, for now")
 	}
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role}
-	cfg.Writer.PartAge = *partAge
+	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
 	}
