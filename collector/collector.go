@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -60,6 +62,15 @@ type Config struct {
 	// agents publish into cluster rows (and takes events, metadata and GPU
 	// samples); "rank-writer" joins the queue group that writes rank_steps.
 	Role string
+	// Partitions > 1 splits the traffic among that many collectors of one
+	// role by hash (FNV-1a of the key, modulo Partitions); this one keeps
+	// the share numbered Partition (0-based) and drops the rest unread.
+	// The key is the job for the all and aggregator roles (a job's every
+	// message lands in one collector), the job and node for rank writers
+	// (a node's batches always reach the same writer, which can then drop
+	// resent rank rows exactly; rank writers then do not join the queue
+	// group). Not with Durable: dropping would acknowledge others' data.
+	Partition, Partitions int
 	// OnStep, when set, is called with every cluster step as it closes
 	// (before GPU samples are joined), under the collector's lock: it must
 	// return quickly.
@@ -93,6 +104,12 @@ func (c *Config) defaults() error {
 	if err := trace.CheckCodec(c.Writer.Codec); err != nil {
 		return fmt.Errorf("collector: %w", err)
 	}
+	if c.Partitions < 0 || (c.Partitions > 0 && (c.Partition < 0 || c.Partition >= c.Partitions)) || (c.Partitions == 0 && c.Partition != 0) {
+		return fmt.Errorf("collector: partition %d of %d: want 0 <= partition < partitions", c.Partition, c.Partitions)
+	}
+	if c.Partitions > 1 && c.Durable {
+		return errors.New("collector: partitions do not combine with durable mode")
+	}
 	if c.GPUJoinWait <= 0 {
 		c.GPUJoinWait = 5 * time.Second
 	}
@@ -120,6 +137,9 @@ type Stats struct {
 	Jobs         int              `json:"jobs"`
 	OpenSteps    int              `json:"open_steps"`
 	SlowConsumer int64            `json:"slow_consumer_drops"`
+	// OtherPartition counts messages of other partitions, dropped unread
+	// (Config.Partitions).
+	OtherPartition int64 `json:"other_partition"`
 }
 
 // Collector aggregates steps and writes traces. Its methods are safe for
@@ -134,8 +154,10 @@ type Collector struct {
 	jobs     map[string]*job
 	rejected map[string]int64
 	stats    Stats
-	unacked  []ackItem // durable mode: messages waiting for their data to be in Parquet
-	durable  *durableState
+	// messages of other partitions, dropped unread
+	otherPartition atomic.Int64
+	unacked        []ackItem // durable mode: messages waiting for their data to be in Parquet
+	durable        *durableState
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -183,7 +205,9 @@ func New(cfg Config) (*Collector, error) {
 		handlers[wire.AllPartials] = c.onPartials
 	case "rank-writer":
 		handlers = map[string]nats.MsgHandler{wire.AllSteps: c.onSteps}
-		queue = "tpsprof-rank-writers"
+		if cfg.Partitions <= 1 {
+			queue = "tpsprof-rank-writers"
+		}
 	default:
 		nc.Close()
 		return nil, fmt.Errorf("collector: unknown role %q (all, aggregator, rank-writer)", cfg.Role)
@@ -216,7 +240,35 @@ func (c *Collector) reject(reason string, n int64) {
 	c.mu.Unlock()
 }
 
-func (c *Collector) onSteps(m *nats.Msg) { c.handleSteps(m.Subject, m.Data, nil) }
+func (c *Collector) onSteps(m *nats.Msg) {
+	if c.mine(m.Subject) {
+		c.handleSteps(m.Subject, m.Data, nil)
+	}
+}
+
+// mine reports whether a message is of this collector's partition
+// (Config.Partitions); others are counted and dropped unread. A subject
+// that does not parse is left to the handler to reject.
+func (c *Collector) mine(subject string) bool {
+	if c.cfg.Partitions <= 1 {
+		return true
+	}
+	job, _, node, err := wire.ParseSubject(subject)
+	if err != nil {
+		return true
+	}
+	h := fnv.New32a()
+	h.Write([]byte(job))
+	if c.cfg.Role == "rank-writer" {
+		h.Write([]byte{'.'})
+		h.Write([]byte(node))
+	}
+	if int(h.Sum32()%uint32(c.cfg.Partitions)) == c.cfg.Partition {
+		return true
+	}
+	c.otherPartition.Add(1)
+	return false
+}
 
 // handleSteps processes one step batch. With ack set (durable mode) the
 // message is registered, under the same lock, to be acknowledged once the
@@ -270,7 +322,7 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		}
 		keep := true
 		if c.cfg.Role == "rank-writer" {
-			c.stats.Records++
+			keep = j.writeOnce(c, r)
 		} else {
 			var k stepKey
 			var open bool
@@ -343,6 +395,9 @@ func (c *Collector) countInvalid(err error) {
 }
 
 func (c *Collector) onPartials(m *nats.Msg) {
+	if !c.mine(m.Subject) {
+		return
+	}
 	subjJob, _, _, err := wire.ParseSubject(m.Subject)
 	if err != nil {
 		c.reject("subject:invalid", 1)
@@ -366,7 +421,11 @@ func (c *Collector) onPartials(m *nats.Msg) {
 	}
 }
 
-func (c *Collector) onEvent(m *nats.Msg) { c.handleEvent(m.Subject, m.Data, nil) }
+func (c *Collector) onEvent(m *nats.Msg) {
+	if c.mine(m.Subject) {
+		c.handleEvent(m.Subject, m.Data, nil)
+	}
+}
 
 func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	var e tps.Event
@@ -396,7 +455,11 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	c.register(ack, j)
 }
 
-func (c *Collector) onMeta(m *nats.Msg) { c.handleMeta(m.Subject, m.Data, nil) }
+func (c *Collector) onMeta(m *nats.Msg) {
+	if c.mine(m.Subject) {
+		c.handleMeta(m.Subject, m.Data, nil)
+	}
+}
 
 func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 	defer c.ackNow(ack) // metadata is republished by agents; nothing to keep
@@ -421,7 +484,11 @@ func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 	c.jobFor(meta.Job).setMeta(c, meta)
 }
 
-func (c *Collector) onGPU(m *nats.Msg) { c.handleGPU(m.Subject, m.Data, nil) }
+func (c *Collector) onGPU(m *nats.Msg) {
+	if c.mine(m.Subject) {
+		c.handleGPU(m.Subject, m.Data, nil)
+	}
+}
 
 func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
 	subjJob, _, _, err := wire.ParseSubject(subject)
@@ -530,6 +597,7 @@ func (c *Collector) Stats() Stats {
 		s.Rejected[k] = v
 	}
 	s.Jobs = len(c.jobs)
+	s.OtherPartition = c.otherPartition.Load()
 	for _, j := range c.jobs {
 		s.OpenSteps += len(j.open)
 		if j.ranks != nil {

@@ -38,6 +38,56 @@ func (c *closedSteps) add(k stepKey, bits []uint64) {
 
 const liveWindow = 512
 
+// rankSeen remembers, in the rank-writer role, which ranks' rows of the
+// last rankSeenSteps steps were written, so a resent batch is not written
+// twice. Memory: one bit per rank per step.
+type rankSeen struct {
+	bits  map[stepKey][]uint64
+	order []stepKey
+	floor map[int64]int64 // per attempt, the highest step forgotten
+}
+
+const rankSeenSteps = 256
+
+// writeOnce reports whether r's rank row is to be written: not already
+// written by this collector within the window. A step older than the
+// window is written unchecked (and counted late).
+func (j *job) writeOnce(c *Collector, r *tps.StepRecord) bool {
+	s := &j.seen
+	if s.bits == nil {
+		s.bits, s.floor = map[stepKey][]uint64{}, map[int64]int64{}
+	}
+	k := stepKey{r.Attempt, r.Step}
+	bits, ok := s.bits[k]
+	if !ok {
+		if f, ok := s.floor[r.Attempt]; ok && r.Step <= f {
+			c.stats.Late++
+			return true
+		}
+		if len(s.order) >= rankSeenSteps {
+			old := s.order[0]
+			delete(s.bits, old)
+			if f, ok := s.floor[old.attempt]; !ok || old.step > f {
+				s.floor[old.attempt] = old.step
+			}
+			s.order = s.order[1:]
+		}
+		bits = make([]uint64, (r.WorldSize+63)/64)
+		s.bits[k] = bits
+		s.order = append(s.order, k)
+	}
+	w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
+	if w < int64(len(bits)) { // else the world size changed within a step: cannot check
+		if bits[w]&b != 0 {
+			c.stats.Duplicates++
+			return false
+		}
+		bits[w] |= b
+	}
+	c.stats.Records++
+	return true
+}
+
 type job struct {
 	id      string
 	meta    tps.RunMeta
@@ -50,6 +100,7 @@ type job struct {
 
 	open        map[stepKey]*openStep
 	closed      closedSteps
+	seen        rankSeen          // rank-writer role
 	maxClosed   map[int64]int64   // highest closed step per attempt
 	rankNode    []string          // by rank, world entries
 	lastKey     stepKey           // the step of the last record added...

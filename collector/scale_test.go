@@ -3,6 +3,7 @@ package collector
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -257,4 +258,142 @@ func BenchmarkSplitRoles(b *testing.B) {
 	b.ReportMetric(rate, "ranks/s")
 	b.ReportMetric(single, "single_collector_ranks/s")
 	b.ReportMetric(rate/single, "ratio")
+}
+
+// Partitioned rank writers: each keeps the (job, node) share that hashes
+// to it, so a node's batches, resent ones included, always reach the same
+// writer, which writes every rank row exactly once.
+func TestPartitionedRankWritersExact(t *testing.T) {
+	const ranks, steps = 512, 4
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	out := t.TempDir()
+	var writers []*Collector
+	for i := range 2 {
+		w, err := New(Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Role: "rank-writer", Partition: i, Partitions: 2,
+			Writer: trace.WriterOptions{WriterID: fmt.Sprintf("w%d", i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		writers = append(writers, w)
+	}
+	msgs, _ := batches("part", ranks, steps)
+	pub, _ := nats.Connect(srv.URL())
+	defer pub.Close()
+	// As agents send them: one batch per node of 8 ranks and step, on the
+	// node's subject; every fifth batch is sent twice (a resend).
+	resent := 0
+	for _, m := range msgs {
+		recs, err := wire.DecodeSteps(m, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; i < len(recs); i += 8 {
+			node := recs[i].Node
+			b := wire.AppendSteps(nil, recs[i:i+8])
+			pub.Publish(wire.StepsSubject("part", node), b)
+			if (i/8)%5 == 0 {
+				pub.Publish(wire.StepsSubject("part", node), b)
+				resent += 8
+			}
+		}
+	}
+	pub.Flush()
+	for _, w := range writers {
+		if err := w.Sync(30 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s0, s1 := writers[0].Stats(), writers[1].Stats()
+	if s0.Records == 0 || s1.Records == 0 || s0.Records+s1.Records != ranks*steps {
+		t.Errorf("records %d + %d, want %d, shared", s0.Records, s1.Records, ranks*steps)
+	}
+	if s0.Duplicates+s1.Duplicates != int64(resent) {
+		t.Errorf("duplicates %d + %d, want %d", s0.Duplicates, s1.Duplicates, resent)
+	}
+	// Each writer saw every message and dropped the other's share unread.
+	if s0.OtherPartition+s1.OtherPartition != int64(ranks*steps/8+resent/8) {
+		t.Errorf("other partition %d + %d", s0.OtherPartition, s1.OtherPartition)
+	}
+	rows, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "part", trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]int64]bool{}
+	for _, r := range rows {
+		k := [2]int64{r.Step, r.Rank}
+		if seen[k] {
+			t.Fatalf("rank row %v written twice", k)
+		}
+		seen[k] = true
+	}
+	if len(seen) != ranks*steps {
+		t.Errorf("%d rank rows, want %d", len(seen), ranks*steps)
+	}
+}
+
+// Partitioned collectors in the all role split jobs: each job's steps,
+// metadata and events land in exactly one of them, complete.
+func TestPartitionedCollectorsSplitJobs(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	outs := []string{t.TempDir(), t.TempDir()}
+	var cols []*Collector
+	for i := range 2 {
+		c, err := New(Config{OutDir: outs[i], NATS: natsconn.Options{URL: srv.URL()}, Partition: i, Partitions: 2, Grace: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cols = append(cols, c)
+	}
+	pub, _ := nats.Connect(srv.URL())
+	defer pub.Close()
+	jobs := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+	for _, job := range jobs {
+		publishSteps(t, pub, job, 0, 3)
+	}
+	for _, c := range cols {
+		if err := c.Sync(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owners := map[int]int{}
+	for _, job := range jobs {
+		n := 0
+		for i, out := range outs {
+			rows, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, job, trace.ClusterSteps))
+			if len(rows) == 0 {
+				continue
+			}
+			n++
+			owners[i]++
+			if len(rows) != 3 || !rows[0].Complete() || rows[0].Tokens != 4000 {
+				t.Errorf("job %s in collector %d: %+v", job, i, rows)
+			}
+		}
+		if n != 1 {
+			t.Errorf("job %s written by %d collectors, want 1", job, n)
+		}
+	}
+	if owners[0] == 0 || owners[1] == 0 {
+		t.Errorf("jobs not shared: %v", owners)
+	}
+	for _, bad := range []Config{{Partition: 2, Partitions: 2}, {Partition: -1, Partitions: 2}, {Partition: 1}, {Partitions: 2, Durable: true}} {
+		bad.OutDir, bad.NATS = t.TempDir(), natsconn.Options{URL: srv.URL()}
+		if _, err := New(bad); err == nil || !strings.Contains(err.Error(), "partition") {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
 }

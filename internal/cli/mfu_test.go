@@ -117,6 +117,8 @@ func TestMFUBadFlags(t *testing.T) {
 		{"shape without seq", []string{"mfu", "--layers", "2", "--hidden", "64", "--heads", "4", "--ffn", "256", "--vocab", "100"}, "--seq is required"},
 		{"params with shape", []string{"mfu", "--model", "llama3-8b", "--params", "8B"}, "--params replaces the shape"},
 		{"stray argument", []string{"mfu", "--model", "llama3-8b", "extra"}, "unexpected argument"},
+		{"bad partition", []string{"collector", "--out", "/nonexistent", "--partition", "2/2"}, "want I/N with 0 <= I < N"},
+		{"partition and durable", []string{"collector", "--out", "/nonexistent", "--partition", "0/2", "--durable"}, "does not combine with --durable"},
 		{"unknown codec", []string{"collector", "--out", "/nonexistent", "--parquet-codec", "lz9"}, "unknown Parquet codec \"lz9\" (zstd, zstd-fast, snappy, none)"},
 	}
 	for _, tc := range tests {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -82,6 +83,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
 	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
+	partition := fs.String("partition", "", "I/N: this is collector I (0-based) of N of the same role, each keeping the share of the traffic that hashes to it: jobs for all and aggregator, a job's nodes for rank-writer (which then drops resent rank rows exactly); docs/scale.md")
 	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
@@ -93,6 +95,19 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := trace.CheckCodec(*codec); err != nil {
 		return usageErr(stderr, cmd, "--parquet-codec: %v", err)
+	}
+	part, parts := 0, 0
+	if *partition != "" {
+		i, n, ok := strings.Cut(*partition, "/")
+		a, errA := strconv.Atoi(i)
+		b, errB := strconv.Atoi(n)
+		if !ok || errA != nil || errB != nil || b < 1 || a < 0 || a >= b {
+			return usageErr(stderr, cmd, "--partition %q: want I/N with 0 <= I < N, e.g. 0/4", *partition)
+		}
+		if *durable && b > 1 {
+			return usageErr(stderr, cmd, "--partition does not combine with --durable")
+		}
+		part, parts = a, b
 	}
 	log := newLogger(stderr, *verbose)
 	var meta *tps.RunMeta
@@ -128,7 +143,8 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	if *durable && *role != "all" {
 		return usageErr(stderr, cmd, "--durable works with --role all only, for now")
 	}
-	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role}
+	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
+		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
