@@ -24,11 +24,12 @@ import (
 // batches of at most 1024 records of one step.
 func batches(job string, ranks, steps int) (msgs [][]byte, lastOfStep []int) {
 	t0 := time.Now().Add(-time.Hour - time.Duration(steps)*time.Second).UnixNano()
-	return batchesFrom(job, ranks, 0, steps, t0)
+	return batchesFrom(job, ranks, 0, steps, t0, 1024)
 }
 
-// batchesFrom encodes steps [from, from+steps), step s starting at t0 + s seconds.
-func batchesFrom(job string, ranks, from, steps int, t0 int64) (msgs [][]byte, lastOfStep []int) {
+// batchesFrom encodes steps [from, from+steps), step s starting at t0 + s
+// seconds, in batches of at most per records.
+func batchesFrom(job string, ranks, from, steps int, t0 int64, per int) (msgs [][]byte, lastOfStep []int) {
 	nodes := make([]string, (ranks+7)/8)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("node-%d", i)
@@ -39,7 +40,7 @@ func batchesFrom(job string, ranks, from, steps int, t0 int64) (msgs [][]byte, l
 			recs = append(recs, tps.StepRecord{Job: job, Step: int64(s), Rank: int64(r), WorldSize: int64(ranks), Node: nodes[r/8],
 				StartUnixNs: t0 + int64(s)*1e9, EndUnixNs: t0 + int64(s)*1e9 + 9e8, DurationNs: 9e8 - int64(r%5)*1e6,
 				Tokens: 8192, ExposedCommNs: 1e8, CommNs: 3e8, PPWaitNs: 5e7})
-			if len(recs) == 1024 || r == ranks-1 {
+			if len(recs) == per || r == ranks-1 {
 				msgs = append(msgs, wire.AppendSteps(nil, recs))
 				recs = recs[:0]
 			}
@@ -94,9 +95,17 @@ func rawRate(b *testing.B, url, subject string, msgs [][]byte, records int64) fl
 func BenchmarkCollectorEndToEnd(b *testing.B) {
 	codec := os.Getenv("TPSPROF_BENCH_CODEC")
 	// About 2 M records per size, so each measurement lasts about a second.
-	for _, tc := range []struct{ ranks, steps int }{{64, 32000}, {1024, 2000}, {16384, 128}, {131072, 16}} {
-		b.Run(fmt.Sprintf("ranks=%d", tc.ranks), func(b *testing.B) {
-			msgs, lastOfStep := batches("bench", tc.ranks, tc.steps)
+	// The last two cases send node-sized batches (8 records: one agent per
+	// node of 8 GPUs, flushing every step) instead of 1,024-record ones.
+	for _, tc := range []struct{ ranks, steps, per int }{{64, 32000, 1024}, {1024, 2000, 1024}, {16384, 128, 1024}, {131072, 16, 1024},
+		{16384, 64, 8}, {131072, 8, 8}} {
+		name := fmt.Sprintf("ranks=%d", tc.ranks)
+		if tc.per != 1024 {
+			name += fmt.Sprintf("/batch=%d", tc.per)
+		}
+		b.Run(name, func(b *testing.B) {
+			t0 := time.Now().Add(-time.Hour - time.Duration(tc.steps)*time.Second).UnixNano()
+			msgs, lastOfStep := batchesFrom("bench", tc.ranks, 0, tc.steps, t0, tc.per)
 			total := int64(tc.ranks * tc.steps)
 			var bytes int64
 			for _, m := range msgs {
@@ -210,7 +219,7 @@ func BenchmarkCollectorMemory(b *testing.B) {
 	var heaps []float64
 	start := time.Now()
 	for from := 0; from+chunk <= steps; from += chunk {
-		msgs, _ := batchesFrom("mem", ranks, from, chunk, t0)
+		msgs, _ := batchesFrom("mem", ranks, from, chunk, t0, 1024)
 		for _, m := range msgs {
 			pub.Publish(wire.StepsSubject("mem", "n"), m)
 		}

@@ -89,7 +89,7 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 	if len(data) < len(partialMagic) || [4]byte(data[:4]) != partialMagic {
 		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
 	}
-	d := decoder{b: data[4:], interned: make(map[string]string, 1)}
+	d := decoder{b: data[4:]}
 	n := d.uvarint()
 	if d.err != nil {
 		return nil, d.err

@@ -70,15 +70,21 @@ func NodeToken(node string) string {
 // ParseSubject splits a v1 subject into job, kind (steps, gpu, events, meta)
 // and node (empty for events and meta).
 func ParseSubject(subj string) (job, kind, node string, err error) {
-	parts := strings.Split(subj, ".")
-	if len(parts) < 4 || parts[0] != "tpsprof" || parts[1] != Version {
+	// Called once per message: parsed with Cut rather than Split, which
+	// allocated a slice every time.
+	rest, ok := strings.CutPrefix(subj, Prefix+".")
+	if !ok {
 		return "", "", "", fmt.Errorf("wire: subject %q is not a tpsprof %s subject", subj, Version)
 	}
-	job, kind = parts[2], parts[3]
+	job, rest, ok = strings.Cut(rest, ".")
+	if !ok {
+		return "", "", "", fmt.Errorf("wire: subject %q is not a tpsprof %s subject", subj, Version)
+	}
+	kind, node, hasNode := strings.Cut(rest, ".")
 	switch {
-	case (kind == "steps" || kind == "gpu" || kind == "partial") && len(parts) == 5:
-		node = parts[4]
-	case (kind == "events" || kind == "meta") && len(parts) == 4:
+	case (kind == "steps" || kind == "gpu" || kind == "partial") && hasNode && node != "" && !strings.Contains(node, "."):
+	case (kind == "events" || kind == "meta") && !hasNode:
+		node = ""
 	default:
 		return "", "", "", fmt.Errorf("wire: subject %q has an unknown layout", subj)
 	}
@@ -166,13 +172,19 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// decoder reads a batch, interning repeated strings (job, node) so a batch
-// of one node's ranks allocates each only once.
+// decoder reads a batch, interning repeated strings (job, node, GPU
+// UUIDs) so a batch of one node's ranks allocates each only once. The
+// first internSmall distinct strings are found by a linear scan (a node's
+// batch holds about ten: no map to allocate per message); past them, a map.
 type decoder struct {
-	b        []byte
-	err      error
-	interned map[string]string
+	b     []byte
+	err   error
+	small [internSmall]string
+	n     int
+	more  map[string]string
 }
+
+const internSmall = 16
 
 func (d *decoder) uvarint() uint64 {
 	if d.err != nil {
@@ -241,12 +253,24 @@ func (d *decoder) string(limit int) string {
 	}
 	raw := d.b[:n]
 	d.b = d.b[n:]
-	if s, ok := d.interned[string(raw)]; ok { // no allocation for the lookup
+	for _, s := range d.small[:d.n] {
+		if s == string(raw) { // no allocation for the comparison
+			return s
+		}
+	}
+	if s, ok := d.more[string(raw)]; ok {
 		return s
 	}
 	s := string(raw)
-	if len(d.interned) < 1024 {
-		d.interned[s] = s
+	switch {
+	case d.n < internSmall:
+		d.small[d.n] = s
+		d.n++
+	case len(d.more) < 1024:
+		if d.more == nil {
+			d.more = make(map[string]string)
+		}
+		d.more[s] = s
 	}
 	return s
 }
@@ -258,7 +282,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		return dst, ErrBadMagic
 	}
 	start := len(dst)
-	d := decoder{b: data[4:], interned: make(map[string]string, 4)}
+	d := decoder{b: data[4:]}
 	n := d.uvarint()
 	if d.err != nil {
 		return dst, d.err
@@ -271,8 +295,10 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		return dst, ErrTruncated
 	}
 	dst = slices.Grow(dst, int(n))
-	// The optional int32 fields of the whole batch share one allocation.
+	// The optional int32 fields of the whole batch share one allocation,
+	// the losses another.
 	var ints []int32
+	var losses []float64
 	for i := uint64(0); i < n; i++ {
 		// Decode in place: a StepRecord is 264 bytes, copying it was a
 		// fifth of the collector's time (BENCHMARKS.md).
@@ -307,8 +333,11 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		}
 		r.FLOPs = d.float()
 		if bits&hasLoss != 0 {
-			l := d.float()
-			r.Loss = &l
+			if len(losses) == cap(losses) { // one allocation per batch, like ints
+				losses = make([]float64, 0, int(min(n-i, 1024)))
+			}
+			losses = append(losses, d.float())
+			r.Loss = &losses[len(losses)-1]
 		}
 		r.Skipped = bits&isSkipped != 0
 		if d.err != nil {

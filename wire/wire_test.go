@@ -67,7 +67,13 @@ func TestSubjects(t *testing.T) {
 	if err != nil || job != "j-1" || kind != "steps" || node != "gpu_node_3" {
 		t.Errorf("got %q %q %q %v", job, kind, node, err)
 	}
-	for _, bad := range []string{"tpsprof.v2.j.steps.n", "tpsprof.v1.j.steps", "tpsprof.v1.j.events.x", "other.v1.j.meta", "tpsprof.v1.j$.meta"} {
+	for _, good := range []string{EventsSubject("j"), MetaSubject("j"), GPUSubject("j", "n"), PartialSubject("j", "n")} {
+		if _, _, _, err := ParseSubject(good); err != nil {
+			t.Errorf("%q: %v", good, err)
+		}
+	}
+	for _, bad := range []string{"tpsprof.v2.j.steps.n", "tpsprof.v1.j.steps", "tpsprof.v1.j.events.x", "other.v1.j.meta", "tpsprof.v1.j$.meta",
+		"tpsprof.v1.j.steps.n.x", "tpsprof.v1.j.steps.", "tpsprof.v1..meta", "tpsprof.v1.j", "tpsprof.v1", "tpsprof.v1.j.other.n", ""} {
 		if _, _, _, err := ParseSubject(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
