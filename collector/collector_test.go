@@ -264,3 +264,32 @@ func TestBigBatchHandOff(t *testing.T) {
 		t.Errorf("cluster rows %+v", cluster)
 	}
 }
+
+// A closed step waits for the GPUs of every node its job's records name,
+// not only for the GPUs heard from so far: a node whose sampler speaks
+// late would otherwise be missing from the first steps' energy.
+func TestGPUJoinWaitsForEveryNode(t *testing.T) {
+	c, _ := startCollector(t)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	j := c.jobFor("g")
+	j.nodes["a"], j.nodes["b"] = struct{}{}, struct{}{}
+	power := 600.0
+	sample := func(node string, at int64) tps.GPUSample {
+		return tps.GPUSample{Node: node, UUID: "GPU-" + node, UnixNs: at, PowerW: &power}
+	}
+	j.addGPU(c, []tps.GPUSample{sample("a", 100), sample("a", 300)})
+	if len(j.gpuSeries) != 1 {
+		t.Fatalf("%d GPU series", len(j.gpuSeries))
+	}
+	if j.gpuCovered(200) {
+		t.Fatal("covered with node b's GPUs not heard from")
+	}
+	j.addGPU(c, []tps.GPUSample{sample("b", 300)})
+	if !j.gpuCovered(200) {
+		t.Fatal("not covered once both nodes reported past the step")
+	}
+	if j.gpuCovered(400) {
+		t.Fatal("covered past the last sample")
+	}
+}

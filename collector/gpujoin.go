@@ -50,8 +50,16 @@ type pendingRow struct {
 	closedAt time.Time
 }
 
-// gpuCovered reports whether every GPU has reported past t.
+// gpuCovered reports whether every GPU has reported past t, and GPUs of
+// as many nodes as the job's records name have reported at all: a node
+// whose sampler has not spoken yet (it starts late, or its first message
+// is still in flight) holds the row until GPUJoinWait rather than have it
+// written with that node's GPUs missing. (Nodes are counted, not matched
+// by name: a rank may name its node differently from its agent.)
 func (j *job) gpuCovered(t int64) bool {
+	if len(j.gpuNodes) < len(j.nodes) {
+		return false
+	}
 	for _, g := range j.gpuSeries {
 		if g.last() < t {
 			return false

@@ -116,6 +116,8 @@ type job struct {
 	rankBuf []tps.StepRecord
 
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
+	nodes     map[string]struct{}   // nodes named by the job's records
+	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
 	pending   []pendingRow          // closed rows waiting for GPU samples
 
 	// durable mode
@@ -179,7 +181,7 @@ func (j *job) lastRow() tps.ClusterStep {
 }
 
 func newJob(c *Collector, id string) *job {
-	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{},
+	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{}, nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{},
 		closed: closedSteps{seen: map[stepKey][]uint64{}, limit: 64}}
 	if c.durable != nil {
 		j.written = map[stepKey]bool{}
@@ -284,6 +286,9 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 	}
 	if r.Node != "" && j.rankNode[r.Rank] != r.Node {
 		j.rankNode[r.Rank] = r.Node // Validate bounds Rank by WorldSize == len(rankNode)
+		if _, ok := j.nodes[r.Node]; !ok && len(j.nodes) < 1<<16 {
+			j.nodes[r.Node] = struct{}{}
+		}
 	}
 	k = stepKey{r.Attempt, r.Step}
 	// Records of a step arrive together: remember the last open step
@@ -485,6 +490,7 @@ func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
 			}
 			g = &gpuSeries{}
 			j.gpuSeries[key] = g
+			j.gpuNodes[s[i].Node] = struct{}{}
 		}
 		g.add(&s[i])
 	}
