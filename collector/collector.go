@@ -107,6 +107,11 @@ func (c *Config) defaults() error {
 	if c.Partitions < 0 || (c.Partitions > 0 && (c.Partition < 0 || c.Partition >= c.Partitions)) || (c.Partitions == 0 && c.Partition != 0) {
 		return fmt.Errorf("collector: partition %d of %d: want 0 <= partition < partitions", c.Partition, c.Partitions)
 	}
+	switch c.Role {
+	case "", "all", "aggregator", "rank-writer":
+	default:
+		return fmt.Errorf("collector: unknown role %q (all, aggregator, rank-writer)", c.Role)
+	}
 	if c.Partitions > 1 && c.Durable {
 		return errors.New("collector: partitions do not combine with durable mode")
 	}
@@ -395,29 +400,44 @@ func (c *Collector) countInvalid(err error) {
 }
 
 func (c *Collector) onPartials(m *nats.Msg) {
-	if !c.mine(m.Subject) {
-		return
+	if c.mine(m.Subject) {
+		c.handlePartials(m.Subject, m.Data, nil)
 	}
-	subjJob, _, _, err := wire.ParseSubject(m.Subject)
+}
+
+// handlePartials merges a message of node partials (aggregator role). With
+// ack set (durable mode) the message is acknowledged once the steps it fed
+// are in finalised parts.
+func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
+	subjJob, _, _, err := wire.ParseSubject(subject)
 	if err != nil {
 		c.reject("subject:invalid", 1)
+		c.ackNow(ack)
 		return
 	}
-	ps, err := wire.DecodePartials(m.Data)
+	ps, err := wire.DecodePartials(data)
 	if err != nil {
 		c.reject("partial:decode", 1)
+		c.ackNow(ack)
 		return
 	}
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	var touched []stepKey
+	j := c.jobFor(subjJob)
 	for i := range ps {
 		p := &ps[i]
 		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Attempt < 0 || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
 			c.rejected["partial:invalid"]++
 			continue
 		}
-		c.jobFor(p.Job).addPartial(c, p, now)
+		if k, open := j.addPartial(c, p, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
+			touched = append(touched, k)
+		}
+	}
+	if ack != nil {
+		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
 	}
 }
 

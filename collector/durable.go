@@ -25,11 +25,40 @@ import (
 // not acknowledged, and the keys found in parts written after the last
 // acknowledgement keep them from being written or counted twice.
 
-// Stream and consumer names.
+// Stream and consumer names. The stream is a work queue, whose consumers
+// must not overlap: one all-role collector, or an aggregator and a pool of
+// rank writers with the filters below, per stream.
 const (
 	StreamName   = "TPSPROF"
 	ConsumerName = "tpsprof-collector"
+	// AggregatorConsumer takes node partials, GPU samples, events and
+	// metadata; RankWriterConsumer the step batches, shared by every rank
+	// writer (each pull takes different messages).
+	AggregatorConsumer = "tpsprof-aggregator"
+	RankWriterConsumer = "tpsprof-rank-writers"
 )
+
+// durableConsumer is the consumer of the collector's role: its name, its
+// filter subjects, whether a collector starting resets it (it is alone on
+// it), and how long a message may wait for its acknowledgement before the
+// stream hands it to another reader.
+func (c *Collector) durableConsumer() jetstream.ConsumerConfig {
+	cc := jetstream.ConsumerConfig{Durable: ConsumerName, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour,
+		MaxAckPending: 1 << 20, DeliverPolicy: jetstream.DeliverAllPolicy}
+	switch c.cfg.Role {
+	case "aggregator":
+		cc.Durable = AggregatorConsumer
+		cc.FilterSubjects = []string{wire.AllPartials, wire.AllGPU, wire.AllEvents, wire.AllMeta}
+	case "rank-writer":
+		// Shared: not reset by a writer starting, so a writer that dies
+		// leaves its unacknowledged messages to the others after AckWait.
+		// Writers acknowledge at every checkpoint (PartAge).
+		cc.Durable = RankWriterConsumer
+		cc.FilterSubjects = []string{wire.AllSteps}
+		cc.AckWait = max(5*c.cfg.Writer.PartAge, 5*time.Minute)
+	}
+	return cc
+}
 
 type acker interface{ Ack() error }
 
@@ -40,10 +69,11 @@ type ackItem struct {
 }
 
 type durableState struct {
-	js      jetstream.JetStream
-	consume jetstream.ConsumeContext
-	handled atomic.Uint64 // highest stream sequence handled
-	lastRot time.Time
+	js       jetstream.JetStream
+	consumer jetstream.Consumer
+	consume  jetstream.ConsumeContext
+	handled  atomic.Uint64 // highest stream sequence handled
+	lastRot  time.Time
 }
 
 // diskKeys are the step and rank keys in parts that no acknowledgement
@@ -84,17 +114,17 @@ func (c *Collector) startDurable() error {
 	// left by a collector that died still holds its messages as pending
 	// acknowledgements until they time out; deleting it hands them all to
 	// the new consumer at once. (One durable collector per stream.)
-	if err := js.DeleteConsumer(ctx, StreamName, ConsumerName); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("collector: reset consumer: %w", err)
+	cfg := c.durableConsumer()
+	if c.cfg.Role != "rank-writer" {
+		if err := js.DeleteConsumer(ctx, StreamName, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("collector: reset consumer: %w", err)
+		}
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, StreamName, jetstream.ConsumerConfig{
-		Durable: ConsumerName, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour, MaxAckPending: 1 << 20,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-	})
+	cons, err := js.CreateOrUpdateConsumer(ctx, StreamName, cfg)
 	if err != nil {
-		return fmt.Errorf("collector: create consumer: %w", err)
+		return fmt.Errorf("collector: create consumer %s (a work-queue stream takes one all-role collector, or an aggregator and rank writers, not both): %w", cfg.Durable, err)
 	}
-	c.durable = &durableState{js: js, lastRot: time.Now()}
+	c.durable = &durableState{js: js, consumer: cons, lastRot: time.Now()}
 	if err := c.loadDiskKeys(ctx); err != nil {
 		return err
 	}
@@ -114,6 +144,10 @@ func (c *Collector) onDurable(m jetstream.Msg) {
 		m.Ack()
 	case kind == "steps":
 		c.handleSteps(m.Subject(), m.Data(), m)
+	case kind == "partial" && c.cfg.Role == "aggregator":
+		c.handlePartials(m.Subject(), m.Data(), m)
+	case kind == "partial":
+		m.Ack() // the all role aggregates the records themselves
 	case kind == "gpu":
 		c.handleGPU(m.Subject(), m.Data(), m)
 	case kind == "events":
@@ -241,15 +275,40 @@ func (c *Collector) checkpoint(now time.Time) {
 }
 
 // syncDurable waits until every message in the stream when it was called
-// has been handled.
+// (of the collector's consumer) has been handled. A rank writer, whose
+// consumer is shared, waits until the pool has handled and acknowledged
+// everything, checkpointing its own part as it waits.
 func (c *Collector) syncDurable(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	info, err := c.streamInfo(ctx)
-	if err != nil {
-		return err
+	var last uint64
+	switch c.cfg.Role {
+	case "rank-writer":
+		return c.syncShared(ctx, timeout)
+	case "aggregator":
+		// The consumer is this collector's alone: once it has nothing
+		// left to deliver, the last message it delivered is the target.
+		for {
+			ci, err := c.durable.consumer.Info(ctx)
+			if err != nil {
+				return fmt.Errorf("collector: consumer info: %w", err)
+			}
+			if ci.NumPending == 0 {
+				last = ci.Delivered.Stream
+				break
+			}
+			if ctx.Err() != nil {
+				return fmt.Errorf("collector: %d messages still to deliver after %v", ci.NumPending, timeout)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	default:
+		info, err := c.streamInfo(ctx)
+		if err != nil {
+			return err
+		}
+		last = info.State.LastSeq
 	}
-	last := info.State.LastSeq
 	for c.durable.handled.Load() < last {
 		if ctx.Err() != nil {
 			return fmt.Errorf("collector: stream messages up to %d not handled after %v (at %d)", last, timeout, c.durable.handled.Load())
@@ -259,6 +318,28 @@ func (c *Collector) syncDurable(timeout time.Duration) error {
 	c.mu.Lock()
 	c.mu.Unlock() // the last handler has returned
 	return nil
+}
+
+// syncShared is syncDurable for a consumer shared by a pool of collectors.
+func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error {
+	for {
+		c.mu.Lock()
+		if len(c.unacked) > 0 {
+			c.checkpoint(time.Now())
+		}
+		c.mu.Unlock()
+		ci, err := c.durable.consumer.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("collector: consumer info: %w", err)
+		}
+		if ci.NumPending == 0 && ci.NumAckPending == 0 {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("collector: %d messages to deliver and %d to acknowledge after %v", ci.NumPending, ci.NumAckPending, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // closeDurable stops consuming, writes what is ready, and acknowledges what

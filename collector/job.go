@@ -58,6 +58,10 @@ func (j *job) writeOnce(c *Collector, r *tps.StepRecord) bool {
 		s.bits, s.floor = map[stepKey][]uint64{}, map[int64]int64{}
 	}
 	k := stepKey{r.Attempt, r.Step}
+	if j.disk != nil && j.disk.ranks[k][r.Rank] { // written before a restart (durable mode)
+		c.stats.Duplicates++
+		return false
+	}
 	bits, ok := s.bits[k]
 	if !ok {
 		if f, ok := s.floor[r.Attempt]; ok && r.Step <= f {
@@ -354,8 +358,9 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 	return k, true, j.disk == nil || !j.disk.ranks[k][r.Rank]
 }
 
-// addPartial merges a node partial (aggregator role).
-func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) {
+// addPartial merges a node partial (aggregator role). It returns the step's
+// key and whether the partial went into an open step.
+func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) (stepKey, bool) {
 	if j.world != p.WorldSize {
 		if j.world != 0 && len(j.open) > 0 {
 			j.closeAll(c)
@@ -367,16 +372,20 @@ func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) {
 	if !ok {
 		if _, closed := j.closed.seen[k]; closed {
 			c.stats.Late += int64(len(p.Ranks))
-			return
+			return k, false
+		}
+		if j.disk != nil && j.disk.closed[k] { // its row was written before a restart (durable mode)
+			c.stats.Duplicates += int64(len(p.Ranks))
+			return k, false
 		}
 		if hi, ok := j.maxClosed[p.Attempt]; ok && p.Step <= hi {
 			c.stats.Late += int64(len(p.Ranks))
-			return
+			return k, false
 		}
 		acc, err := tps.NewStepAccumulator(j.id, p.Attempt, p.Step, p.WorldSize, j.cfg)
 		if err != nil {
 			c.countInvalid(err)
-			return
+			return k, false
 		}
 		st = &openStep{acc: acc, first: now}
 		j.open[k] = st
@@ -388,18 +397,19 @@ func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) {
 	switch {
 	case errors.Is(err, tps.ErrPartialOverlap):
 		c.rejected["partial:overlap"]++
-		return
+		return k, false
 	case err != nil:
 		c.countInvalid(err)
-		return
+		return k, false
 	case !added:
 		c.stats.Duplicates += int64(len(p.Ranks))
-		return
+		return k, false
 	}
 	c.stats.Records += int64(len(p.Ranks))
 	if st.acc.Full() {
 		j.closeStep(c, k, st)
 	}
+	return k, true
 }
 
 // flushRanks hands the buffered rank rows to the job's writer goroutine.

@@ -140,9 +140,6 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		no.URL = srv.URL()
 		fmt.Fprintf(stdout, "embedded NATS server listening; agents connect with: --nats %s\n", srv.URL())
 	}
-	if *durable && *role != "all" {
-		return usageErr(stderr, cmd, "--durable works with --role all only, for now")
-	}
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
 		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
