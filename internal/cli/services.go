@@ -84,7 +84,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
 	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
 	partition := fs.String("partition", "", "I/N: this is collector I (0-based) of N of the same role, each keeping the share of the traffic that hashes to it: jobs for all and aggregator, a job's nodes for rank-writer (which then drops resent rank rows exactly); docs/scale.md")
-	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream)")
+	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream; with --role, give every role the same --nats server with JetStream: docs/reliability.md)")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
