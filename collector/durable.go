@@ -55,7 +55,7 @@ func (c *Collector) durableConsumer() jetstream.ConsumerConfig {
 		// Writers acknowledge at every checkpoint (PartAge).
 		cc.Durable = RankWriterConsumer
 		cc.FilterSubjects = []string{wire.AllSteps}
-		cc.AckWait = max(5*c.cfg.Writer.PartAge, 5*time.Minute)
+		cc.AckWait = max(5*c.cfg.Writer.PartAge, 30*time.Second)
 	}
 	return cc
 }
