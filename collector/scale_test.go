@@ -397,3 +397,70 @@ func TestPartitionedCollectorsSplitJobs(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRankWriters: two rank writers sharing node-sized batches (8
+// records, each on its node's subject) through the queue group, against two
+// partitioned writers that each receive every batch and keep their half,
+// in the same run: the price of exact duplicate detection.
+//
+//	go test -run '^$' -bench RankWriters -benchtime 1x ./collector/
+func BenchmarkRankWriters(b *testing.B) {
+	const ranks, steps = 16384, 32
+	t0 := time.Now().Add(-time.Hour - steps*time.Second).UnixNano()
+	msgs, _ := batchesFrom("rw", ranks, 0, steps, t0, 8)
+	subjects := make([]string, len(msgs))
+	for i, m := range msgs {
+		recs, err := wire.DecodeSteps(m, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		subjects[i] = wire.StepsSubject("rw", recs[0].Node)
+	}
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer srv.Shutdown()
+	pub, _ := nats.Connect(srv.URL())
+	defer pub.Close()
+	run := func(partitioned bool) float64 {
+		var ws []*Collector
+		for i := range 2 {
+			cfg := Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Role: "rank-writer"}
+			if partitioned {
+				cfg.Partition, cfg.Partitions = i, 2
+			}
+			w, err := New(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ws = append(ws, w)
+		}
+		t := time.Now()
+		for i, m := range msgs {
+			pub.Publish(subjects[i], m)
+		}
+		pub.Flush()
+		var n int64
+		for _, w := range ws {
+			if err := w.Sync(5 * time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			n += w.Stats().Records
+		}
+		el := time.Since(t)
+		for _, w := range ws {
+			w.Close()
+		}
+		if n != ranks*steps {
+			b.Fatalf("partitioned=%v: %d records written, want %d", partitioned, n, ranks*steps)
+		}
+		return float64(n) / el.Seconds()
+	}
+	b.ResetTimer()
+	queue := run(false)
+	part := run(true)
+	b.ReportMetric(queue, "queue_group_records/s")
+	b.ReportMetric(part, "partitioned_records/s")
+	b.ReportMetric(part/queue, "ratio")
+}
