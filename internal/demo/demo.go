@@ -26,6 +26,7 @@ import (
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/mfu"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // Config shapes the simulated job.
@@ -50,7 +51,12 @@ type Config struct {
 	Progress     io.Writer
 	// HTTP, when set, serves the collector's live page and metrics there
 	// during the run (":0" or "127.0.0.1:0" picks a free port).
-	HTTP   string
+	HTTP string
+	// Split runs the scale-out path of docs/scale.md instead of one
+	// collector: agents publish node partials, an aggregator merges them
+	// into cluster rows (with the GPU join, events and the live view), two
+	// rank writers in a queue group write rank_steps, all into Out.
+	Split  bool
 	Logger *slog.Logger
 }
 
@@ -63,11 +69,14 @@ func Defaults() Config {
 
 // Result says where the traces are and what the collector counted.
 type Result struct {
-	JobDir   string
-	Stats    collector.Stats
-	Records  int64
-	Dropped  int64
-	Duration time.Duration
+	JobDir string
+	// Stats are the (aggregating) collector's; with Split its Records
+	// count ranks merged from partials.
+	Stats       collector.Stats
+	RowsWritten int64 // rank rows written
+	Records     int64
+	Dropped     int64
+	Duration    time.Duration
 }
 
 // Run simulates the job and returns once every record is in Parquet.
@@ -113,8 +122,23 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	defer srv.Shutdown()
 	fmt.Fprintf(progress, "embedded NATS at %s\n", srv.URL())
-	col, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: natsconn.Options{URL: srv.URL()}, Grace: 5 * time.Second,
-		Live: cfg.Live, LiveInterval: 2 * time.Second, Logger: cfg.Logger})
+	ccfg := collector.Config{OutDir: cfg.Out, NATS: natsconn.Options{URL: srv.URL()}, Grace: 5 * time.Second,
+		Live: cfg.Live, LiveInterval: 2 * time.Second, Logger: cfg.Logger}
+	var writers []*collector.Collector
+	if cfg.Split {
+		ccfg.Role = "aggregator"
+		for i := range 2 {
+			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: natsconn.Options{URL: srv.URL()}, Role: "rank-writer",
+				Logger: cfg.Logger, Writer: trace.WriterOptions{WriterID: fmt.Sprintf("rank-writer-%d", i)}})
+			if err != nil {
+				return Result{}, err
+			}
+			defer w.Close()
+			writers = append(writers, w)
+		}
+		fmt.Fprintf(progress, "split roles: one aggregator of node partials, %d rank writers in a queue group\n", len(writers))
+	}
+	col, err := collector.New(ccfg)
 	if err != nil {
 		return Result{}, err
 	}
@@ -143,7 +167,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
 			NATS: natsconn.Options{URL: srv.URL()}, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
-			GPU: newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: clock.Now}) // sampled once per simulated step, below
+			Partials: cfg.Split,
+			GPU:      newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: clock.Now}) // sampled once per simulated step, below
 		if err != nil {
 			return Result{}, err
 		}
@@ -250,13 +275,28 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return Result{}, err
 		}
 	}
+	for _, w := range writers {
+		if err := w.Sync(30 * time.Second); err != nil {
+			return Result{}, err
+		}
+		if err := w.Close(); err != nil {
+			return Result{}, err
+		}
+	}
 	if err := col.Sync(30 * time.Second); err != nil {
 		return Result{}, err
 	}
 	if err := col.Close(); err != nil {
 		return Result{}, err
 	}
-	return Result{JobDir: filepath.Join(cfg.Out, cfg.Job), Stats: col.Stats(), Records: sent, Dropped: dropped, Duration: time.Since(began)}, nil
+	res := Result{JobDir: filepath.Join(cfg.Out, cfg.Job), Stats: col.Stats(), Records: sent, Dropped: dropped, Duration: time.Since(began)}
+	for _, w := range writers {
+		res.RowsWritten += w.Stats().Records
+	}
+	if !cfg.Split {
+		res.RowsWritten = res.Stats.Records + res.Stats.Late
+	}
+	return res, nil
 }
 
 type rankStep struct {

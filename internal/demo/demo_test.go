@@ -107,3 +107,42 @@ func TestDemoTracesConsistent(t *testing.T) {
 		t.Errorf("run metadata from the Parquet footer: %+v", rep.Meta)
 	}
 }
+
+// The scale-out path gives the same cluster rows as one collector: the
+// same simulated job (same seed) run both ways, compared step by step, and
+// the rank writers write every rank row once.
+func TestDemoSplitMatchesSingle(t *testing.T) {
+	run := func(split bool) (Result, []tps.ClusterStep) {
+		cfg := Defaults()
+		cfg.Out, cfg.Steps, cfg.StepInterval, cfg.Split = t.TempDir(), 30, 0, split
+		res, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows, err := trace.ReadAll[tps.ClusterStep](filepath.Join(res.JobDir, trace.ClusterSteps))
+		if err != nil || len(rows) != 30 {
+			t.Fatalf("split=%v: %d cluster rows, %v", split, len(rows), err)
+		}
+		return res, rows
+	}
+	single, want := run(false)
+	split, got := run(true)
+	if split.RowsWritten != 64*30 || single.RowsWritten != 64*30 || split.Stats.Records != 64*30 {
+		t.Fatalf("rows written: split %d, single %d; ranks merged %d", split.RowsWritten, single.RowsWritten, split.Stats.Records)
+	}
+	ranks, _ := trace.ReadAll[tps.StepRecord](filepath.Join(split.JobDir, trace.RankSteps))
+	seen := map[[2]int64]bool{}
+	for _, r := range ranks {
+		seen[[2]int64{r.Step, r.Rank}] = true
+	}
+	if len(ranks) != 64*30 || len(seen) != 64*30 {
+		t.Errorf("split rank_steps: %d rows, %d distinct", len(ranks), len(seen))
+	}
+	for i := range want {
+		w, g := want[i], got[i]
+		if g.Step != w.Step || g.Tokens != w.Tokens || g.StepTimeNs != w.StepTimeNs || g.SlowestRank != w.SlowestRank ||
+			g.RanksReported != w.RanksReported || math.Abs(g.CommFractionMean-w.CommFractionMean) > 1e-12 || math.Abs(g.MFU-w.MFU) > 1e-12 {
+			t.Errorf("step %d: split %+v\nsingle %+v", w.Step, g, w)
+		}
+	}
+}
