@@ -129,6 +129,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rankDir := filepath.Join(dir, trace.RankSteps)
 	total := countRows(rankDir)
 	medians := map[int64]*tps.Median{}
+	keep := medianKeepFor(rep.Summary.WorldSize)
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
 	var done int64
@@ -156,7 +157,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			}
 			m := medians[r]
 			if m == nil {
-				m = &tps.Median{}
+				m = &tps.Median{Keep: keep}
 				medians[r] = m
 			}
 			m.Add(comp)
@@ -329,6 +330,16 @@ func readMeta(dir string) *tps.RunMeta {
 		}
 	}
 	return nil
+}
+
+// medianBudget bounds the values the per-rank medians hold together (128
+// MiB of float64), so the report's memory does not grow with the world
+// size past a few thousand ranks: up to 16,384 ranks each keeps 1,024
+// values; at 131,072 ranks, 128 (a rank error of ±4.4% instead of ±1.6%).
+const medianBudget = 16 << 20
+
+func medianKeepFor(world int64) int {
+	return int(min(max(medianBudget/max(world, 1), 64), 1024))
 }
 
 // rankColumns are the int64 columns of rank_steps the report reads (with

@@ -336,3 +336,19 @@ func generateLarge(b *testing.B, root string, world, steps int) string {
 	cluster.Close()
 	return filepath.Join(root, "big")
 }
+
+// The per-rank median reservoirs are bounded in total: 1,024 values each
+// up to 16,384 ranks, fewer beyond, never under 64.
+func TestMedianKeepBounded(t *testing.T) {
+	for _, tc := range []struct {
+		world int64
+		keep  int
+	}{{0, 1024}, {64, 1024}, {16384, 1024}, {32768, 512}, {131072, 128}, {1 << 20, 64}} {
+		if got := medianKeepFor(tc.world); got != tc.keep {
+			t.Errorf("world %d: keep %d, want %d", tc.world, got, tc.keep)
+		}
+		if tc.world >= 16384 && tc.world <= 1<<18 && int64(medianKeepFor(tc.world))*tc.world > medianBudget {
+			t.Errorf("world %d: %d values in all, over the budget", tc.world, int64(medianKeepFor(tc.world))*tc.world)
+		}
+	}
+}

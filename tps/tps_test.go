@@ -555,3 +555,24 @@ func TestPartialsMergeExactly(t *testing.T) {
 		t.Errorf("overlap: %v", err)
 	}
 }
+
+// A smaller reservoir (as the report uses at 100K+ ranks) holds at most
+// Keep values and stays within its wider error band: ±0.5/√128 ≈ 4.4% of
+// rank at one standard deviation; 3σ is checked.
+func TestStreamingMedianSmallReservoir(t *testing.T) {
+	const n = 50000
+	e := Median{Keep: 128}
+	xs := make([]float64, n)
+	for i := range xs {
+		v := float64((i*7919)%n) + 1
+		xs[i] = v * v
+		e.Add(xs[i])
+	}
+	if len(e.vals) != 128 || e.Count() != n {
+		t.Fatalf("holds %d values after %d", len(e.vals), e.Count())
+	}
+	slices.Sort(xs)
+	if got, lo, hi := e.Value(), Quantile(xs, 0.5-0.133), Quantile(xs, 0.5+0.133); got < lo || got > hi {
+		t.Errorf("median %g outside [%g, %g]", got, lo, hi)
+	}
+}
