@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -123,6 +124,8 @@ func TestDemoSplitMatchesSingle(t *testing.T) {
 		if err != nil || len(rows) != 30 {
 			t.Fatalf("split=%v: %d cluster rows, %v", split, len(rows), err)
 		}
+		// Rows are written in closing order, which may differ from step order.
+		slices.SortFunc(rows, func(a, b tps.ClusterStep) int { return int(a.Step - b.Step) })
 		return res, rows
 	}
 	single, want := run(false)
