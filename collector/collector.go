@@ -342,8 +342,14 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 			kept++
 		}
 	}
-	if j != nil && kept > 0 {
-		if kept >= directHandOff && j.ranks != nil {
+	switch {
+	case j == nil || kept == 0:
+	case j.ranks == nil: // the job's folders could not be created (counted then)
+		if c.durable == nil { // durable mode leaves the message in the stream instead
+			c.stats.RowsLost += int64(kept)
+		}
+	default:
+		if kept >= directHandOff {
 			// A big batch goes to the writer as it is, without a copy; the
 			// writer returns the slice to decodeBufs.
 			j.flushRanks(c)

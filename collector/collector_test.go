@@ -293,3 +293,33 @@ func TestGPUJoinWaitsForEveryNode(t *testing.T) {
 		t.Fatal("covered past the last sample")
 	}
 }
+
+// When a job's folders cannot be created, its rank rows are counted as
+// lost rather than buffered without bound, and the collector keeps going.
+func TestUncreatableFoldersCountRowsLost(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	notDir := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(notDir, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{OutDir: notDir, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, _ := nats.Connect(srv.URL())
+	defer nc.Close()
+	publishSteps(t, nc, "lost", 0, 100) // 400 records in one batch: the big-batch path
+	publishSteps(t, nc, "lost", 100, 101)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.Records != 404 || st.RowsLost != 404 || st.WriteErrors == 0 || st.StepsClosed != 101 {
+		t.Errorf("stats %+v", st)
+	}
+}
