@@ -9,8 +9,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -303,6 +306,29 @@ func TestAnalyzeErrors(t *testing.T) {
 func BenchmarkReport10M(b *testing.B) {
 	root := b.TempDir()
 	dir := generateLarge(b, root, 64, 156_250)
+	// The report's own peak: the live heap sampled every 100 ms while it
+	// runs, after the generation's garbage is collected.
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				if ms.HeapInuse > peak.Load() {
+					peak.Store(ms.HeapInuse)
+				}
+			}
+		}
+	}()
 	b.ResetTimer()
 	for b.Loop() {
 		rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
@@ -313,7 +339,10 @@ func BenchmarkReport10M(b *testing.B) {
 			b.Fatalf("rows %d", rep.RankRows)
 		}
 	}
+	close(stop)
 	b.ReportMetric(10e6*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+	b.ReportMetric(float64(peak.Load())/(1<<20), "peak_heap_MiB")
+	b.ReportMetric(float64(base.HeapInuse)/(1<<20), "heap_before_MiB")
 }
 
 func generateLarge(b *testing.B, root string, world, steps int) string {
