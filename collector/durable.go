@@ -315,9 +315,7 @@ func (c *Collector) syncDurable(timeout time.Duration) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	c.mu.Lock()
-	c.mu.Unlock() // the last handler has returned
-	return nil
+	return nil // handled is advanced after a message's handler returns
 }
 
 // syncShared is syncDurable for a consumer shared by a pool of collectors.
