@@ -88,10 +88,7 @@ func (a *Agent) SampleGPUs() {
 		return
 	}
 	a.gpuSamples.Add(int64(len(batch)))
-	data, err := wire.EncodeGPUSamples(batch)
-	if err != nil {
-		return
-	}
+	data := wire.EncodeGPUSamples(batch)
 	for _, job := range a.pub.jobs() {
 		a.pub.publishRaw(wire.GPUSubject(job, wire.NodeToken(a.cfg.Node)), data)
 	}

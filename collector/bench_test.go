@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -311,6 +312,89 @@ func BenchmarkCloseLatency(b *testing.B) {
 			b.ReportMetric(tps.Quantile(lat, 0.5), "p50_ms")
 			b.ReportMetric(tps.Quantile(lat, 0.99), "p99_ms")
 			b.ReportMetric(tc.every.Seconds()*1e3, "step_every_ms")
+		})
+	}
+}
+
+// fullGPUSample is a sample with every field an H100 reports.
+func fullGPUSample(node string, idx int, at int64) tps.GPUSample {
+	f := func(v float64) *float64 { return &v }
+	i := func(v int64) *int64 { return &v }
+	return tps.GPUSample{Node: node, Index: int32(idx), UUID: fmt.Sprintf("GPU-%s-%d-0000-0000-000000000000", node, idx), Name: "NVIDIA H100 80GB HBM3",
+		UnixNs: at, GPUUtilPct: f(97), MemUtilPct: f(41), MemUsedBytes: i(71 << 30), MemTotalBytes: i(80 << 30), PowerW: f(612.5),
+		PowerLimitW: f(700), EnergyMJ: i(at / 1e6 * 600), SMClockMHz: i(1980), SMClockMaxMHz: i(1980), MemClockMHz: i(2619),
+		MemClockMaxMHz: i(2619), TempC: i(63), ClockEventReason: i(0), PCIeTxBps: i(1 << 28), PCIeRxBps: i(1 << 28),
+		NVLinkTxBytes: i(at / 1e3), NVLinkRxBytes: i(at / 1e3), ECCCorrected: i(0), ECCUncorrected: i(0), RemappedCorr: i(0),
+		RemappedUncorr: i(0), XIDEvents: i(0), GPMSMUtilPct: f(88), GPMTensorPct: f(61), GPMDRAMBWPct: f(35)}
+}
+
+// BenchmarkCollectorGPU: GPU telemetry as agents send it (one message per
+// node of 8 GPUs and sampling tick, every field present) for 16,384 GPUs,
+// binary as agents send it and JSON as earlier agents did, each against
+// raw NATS moving the same messages in the same run. At one sample per GPU
+// per second, samples/s is the number of GPUs one collector can take
+// telemetry from.
+//
+//	go test -run '^$' -bench CollectorGPU -benchtime 1x ./collector/
+func BenchmarkCollectorGPU(b *testing.B) {
+	const nodes, ticks = 2048, 20
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	for _, enc := range []string{"binary", "json"} {
+		b.Run(enc, func(b *testing.B) {
+			var msgs [][]byte
+			var subjects []string
+			for k := range ticks {
+				for n := range nodes {
+					node := fmt.Sprintf("node-%d", n)
+					s := make([]tps.GPUSample, 8)
+					for g := range s {
+						s[g] = fullGPUSample(node, g, t0+int64(k)*1e9)
+					}
+					m := wire.EncodeGPUSamples(s)
+					if enc == "json" {
+						m, _ = json.Marshal(s)
+					}
+					msgs = append(msgs, m)
+					subjects = append(subjects, wire.GPUSubject("gpu", node))
+				}
+			}
+			total := int64(nodes * 8 * ticks)
+			var bytes int64
+			for _, m := range msgs {
+				bytes += int64(len(m))
+			}
+			srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer srv.Shutdown()
+			raw := rawRate(b, srv.URL(), "bench.raw", msgs, total)
+			col, err := New(Config{OutDir: b.TempDir(), NATS: natsconn.Options{URL: srv.URL()}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer col.Close()
+			pub, _ := nats.Connect(srv.URL())
+			defer pub.Close()
+			b.ResetTimer()
+			t := time.Now()
+			for i, m := range msgs {
+				pub.Publish(subjects[i], m)
+			}
+			pub.Flush()
+			if err := col.Sync(5 * time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			el := time.Since(t)
+			b.StopTimer()
+			if st := col.Stats(); len(st.Rejected) != 0 {
+				b.Fatalf("rejected %v", st.Rejected)
+			}
+			rate := float64(total) / el.Seconds()
+			b.ReportMetric(rate, "samples/s")
+			b.ReportMetric(raw, "raw_samples/s")
+			b.ReportMetric(rate/raw, "ratio")
+			b.ReportMetric(float64(bytes)/float64(total), "bytes/sample")
 		})
 	}
 }

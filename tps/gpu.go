@@ -2,7 +2,6 @@ package tps
 
 import (
 	"math"
-	"reflect"
 )
 
 // GPUSample is one reading of one GPU. Pointer fields are absent when the GPU
@@ -43,6 +42,31 @@ type GPUSample struct {
 	GPMDRAMBWPct     *float64 `json:"gpm_dram_bw_pct,omitempty" parquet:"gpm_dram_bw_pct,optional"`
 }
 
+// GPUFloatFields and GPUIntFields name the optional fields of a GPUSample
+// (their Parquet and JSON names) in the order OptionalFloats and
+// OptionalInts return them, which is also their order on the wire.
+var (
+	GPUFloatFields = [7]string{"gpu_util_pct", "mem_util_pct", "power_w", "power_limit_w", "gpm_sm_util_pct", "gpm_tensor_pct", "gpm_dram_bw_pct"}
+	GPUIntFields   = [19]string{"mem_used_bytes", "mem_total_bytes", "energy_mj", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz",
+		"mem_clock_max_mhz", "temp_c", "clock_event_reasons", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes",
+		"nvlink_rx_bytes", "ecc_corrected", "ecc_uncorrected", "remapped_rows_correctable", "remapped_rows_uncorrectable",
+		"xid_events", "last_xid"}
+)
+
+// OptionalFloats returns the addresses of the optional float fields, in
+// the order of GPUFloatFields.
+func (s *GPUSample) OptionalFloats() [7]**float64 {
+	return [...]**float64{&s.GPUUtilPct, &s.MemUtilPct, &s.PowerW, &s.PowerLimitW, &s.GPMSMUtilPct, &s.GPMTensorPct, &s.GPMDRAMBWPct}
+}
+
+// OptionalInts returns the addresses of the optional integer fields, in
+// the order of GPUIntFields.
+func (s *GPUSample) OptionalInts() [19]**int64 {
+	return [...]**int64{&s.MemUsedBytes, &s.MemTotalBytes, &s.EnergyMJ, &s.SMClockMHz, &s.SMClockMaxMHz, &s.MemClockMHz,
+		&s.MemClockMaxMHz, &s.TempC, &s.ClockEventReason, &s.PCIeTxBps, &s.PCIeRxBps, &s.NVLinkTxBytes, &s.NVLinkRxBytes,
+		&s.ECCCorrected, &s.ECCUncorrected, &s.RemappedCorr, &s.RemappedUncorr, &s.XIDEvents, &s.LastXID}
+}
+
 // Validate checks a sample: identity strings bounded, a plausible time, and
 // every present number finite and not negative.
 func (s *GPUSample) Validate() error {
@@ -57,30 +81,14 @@ func (s *GPUSample) Validate() error {
 	if s.UnixNs < MinUnixNs {
 		return fieldErr("unix_ns", s.UnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
 	}
-	v := reflect.ValueOf(s).Elem()
-	t := v.Type()
-	for i := 0; i < t.NumField(); i++ {
-		f := v.Field(i)
-		if f.Kind() != reflect.Pointer || f.IsNil() {
-			continue
+	for k, p := range s.OptionalFloats() {
+		if x := *p; x != nil && (math.IsNaN(*x) || math.IsInf(*x, 0) || *x < 0) {
+			return fieldErr(GPUFloatFields[k], *x, ReasonOutOfRange, "must be a finite, non-negative number")
 		}
-		name := t.Field(i).Tag.Get("parquet")
-		for j := 0; j < len(name); j++ {
-			if name[j] == ',' {
-				name = name[:j]
-				break
-			}
-		}
-		switch e := f.Elem(); e.Kind() {
-		case reflect.Float64:
-			x := e.Float()
-			if math.IsNaN(x) || math.IsInf(x, 0) || x < 0 {
-				return fieldErr(name, x, ReasonOutOfRange, "must be a finite, non-negative number")
-			}
-		case reflect.Int64:
-			if e.Int() < 0 {
-				return fieldErr(name, e.Int(), ReasonNegative, "must not be negative")
-			}
+	}
+	for k, p := range s.OptionalInts() {
+		if x := *p; x != nil && *x < 0 {
+			return fieldErr(GPUIntFields[k], *x, ReasonNegative, "must not be negative")
 		}
 	}
 	return nil

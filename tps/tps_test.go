@@ -3,6 +3,7 @@ package tps
 import (
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -574,5 +575,42 @@ func TestStreamingMedianSmallReservoir(t *testing.T) {
 	slices.Sort(xs)
 	if got, lo, hi := e.Value(), Quantile(xs, 0.5-0.133), Quantile(xs, 0.5+0.133); got < lo || got > hi {
 		t.Errorf("median %g outside [%g, %g]", got, lo, hi)
+	}
+}
+
+// OptionalFloats and OptionalInts cover every pointer field of GPUSample,
+// in the order and with the names of GPUFloatFields and GPUIntFields (the
+// wire layout and Validate's messages depend on it).
+func TestGPUSampleOptionalFields(t *testing.T) {
+	var s GPUSample
+	fs, is := s.OptionalFloats(), s.OptionalInts()
+	addr := map[uintptr]string{}
+	for k, p := range fs {
+		addr[reflect.ValueOf(p).Pointer()] = GPUFloatFields[k]
+	}
+	for k, p := range is {
+		addr[reflect.ValueOf(p).Pointer()] = GPUIntFields[k]
+	}
+	v := reflect.ValueOf(&s).Elem()
+	n := 0
+	for i := 0; i < v.NumField(); i++ {
+		if v.Field(i).Kind() != reflect.Pointer {
+			continue
+		}
+		n++
+		tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("parquet"), ",")
+		if got := addr[v.Field(i).Addr().Pointer()]; got != tag {
+			t.Errorf("field %s: accessor named %q, want %q", v.Type().Field(i).Name, got, tag)
+		}
+	}
+	if n != len(fs)+len(is) {
+		t.Errorf("%d pointer fields, %d accessors", n, len(fs)+len(is))
+	}
+	// Validate names the field it refuses.
+	x := -1.0
+	s = GPUSample{Node: "n", UUID: "u", Name: "g", UnixNs: 1_760_000_000_000_000_000}
+	s.GPMTensorPct = &x
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "gpm_tensor_pct") {
+		t.Errorf("negative gpm_tensor_pct: %v", err)
 	}
 }

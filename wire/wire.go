@@ -2,9 +2,10 @@
 // versioned payloads agents publish and collectors read. docs/wire.md is the
 // reference.
 //
-// Step records travel as compact binary batches (varints, about a third of
-// their JSON size and several times faster to decode); events, run metadata
-// and GPU samples, which are few, travel as JSON.
+// Step records, node partials and GPU samples, one per rank or GPU every
+// step or second, travel as compact binary messages (varints: a fraction
+// of their JSON size and many times faster to decode); events and run
+// metadata, which are few, travel as JSON.
 package wire
 
 import (

@@ -150,6 +150,8 @@ func FuzzDecodeGPUSamples(f *testing.F) {
 	f.Add([]byte(`[{"node":"n","index":0,"uuid":"GPU-1","name":"NVIDIA H100 80GB HBM3","unix_ns":1760000000000000000,"power_w":650.5,"energy_mj":12345}]`))
 	f.Add([]byte(`[{"power_w":-1}]`))
 	f.Add([]byte(`{}`))
+	f.Add(EncodeGPUSamples(sampleGPUs()))
+	f.Add([]byte("TPG\x01\x00"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := DecodeGPUSamples(data)
 		if err != nil {
@@ -159,6 +161,13 @@ func FuzzDecodeGPUSamples(f *testing.F) {
 			if s[i].Validate() == nil && s[i].PowerW != nil && *s[i].PowerW < 0 {
 				t.Fatalf("negative power validated: %+v", s[i])
 			}
+		}
+		// Whatever decodes re-encodes and decodes to the same samples
+		// (compared as bytes: NaN defeats DeepEqual).
+		enc := EncodeGPUSamples(s)
+		again, err := DecodeGPUSamples(enc)
+		if err != nil || string(EncodeGPUSamples(again)) != string(enc) {
+			t.Fatalf("re-encode: %v", err)
 		}
 	})
 }
