@@ -627,7 +627,7 @@ func (c *Collector) Stats() Stats {
 	for _, j := range c.jobs {
 		s.OpenSteps += len(j.open)
 		if j.ranks != nil {
-			s.WriteErrors += j.ranks.errors.Load()
+			s.WriteErrors += j.ranks.errors.Load() + j.gpus.errors.Load()
 			s.RowsLost += j.ranks.lost.Load()
 		}
 	}

@@ -239,7 +239,7 @@ func (c *Collector) checkpoint(now time.Time) {
 			failed[j] = true
 			continue
 		}
-		for _, rot := range []func() error{j.ranks.rotate, j.cluster.Rotate, j.events.Rotate, j.gpus.Rotate} {
+		for _, rot := range []func() error{j.ranks.rotate, j.cluster.Rotate, j.events.Rotate, j.gpus.rotate} {
 			if err := rot(); err != nil {
 				c.stats.WriteErrors++
 				c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", j.id, "err", err)

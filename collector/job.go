@@ -113,10 +113,10 @@ type job struct {
 	recentNext  int
 	newSinceLog bool
 
-	ranks   *rankWriter
+	ranks   *asyncWriter[tps.StepRecord]
 	cluster *trace.PartWriter[tps.ClusterStep]
 	events  *trace.PartWriter[tps.Event]
-	gpus    *trace.PartWriter[tps.GPUSample]
+	gpus    *asyncWriter[tps.GPUSample]
 	rankBuf []tps.StepRecord
 
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
@@ -239,13 +239,18 @@ func newJob(c *Collector, id string) *job {
 	// Creating the folders cannot fail silently: the first write reports it.
 	var err error
 	var rw *trace.PartWriter[tps.StepRecord]
+	var gw *trace.PartWriter[tps.GPUSample]
+	onError := func(err error) { c.cfg.Logger.Error("parquet write failed", "job", id, "err", err) }
 	if rw, err = trace.NewPartWriter[tps.StepRecord](c.cfg.OutDir, id, trace.RankSteps, opt); err == nil {
-		j.ranks = newRankWriter(rw, func(err error) { c.cfg.Logger.Error("parquet write failed", "job", id, "err", err) })
 		if j.cluster, err = trace.NewPartWriter[tps.ClusterStep](c.cfg.OutDir, id, trace.ClusterSteps, opt); err == nil {
 			if j.events, err = trace.NewPartWriter[tps.Event](c.cfg.OutDir, id, trace.Events, opt); err == nil {
-				j.gpus, err = trace.NewPartWriter[tps.GPUSample](c.cfg.OutDir, id, trace.GPUSamples, opt)
+				gw, err = trace.NewPartWriter[tps.GPUSample](c.cfg.OutDir, id, trace.GPUSamples, opt)
 			}
 		}
+	}
+	if err == nil {
+		j.ranks = newAsyncWriter(rw, releaseRecords, onError)
+		j.gpus = newAsyncWriter(gw, nil, onError)
 	}
 	if err != nil {
 		c.cfg.Logger.Error("cannot create the trace folders; nothing of this job is written", "job", id, "err", err)
@@ -446,7 +451,7 @@ func (j *job) flushRanks(c *Collector) {
 		return
 	}
 	j.ranks.write(j.rankBuf)
-	j.rankBuf = j.ranks.buffer()
+	j.rankBuf = recordBuffer()
 }
 
 func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
@@ -538,7 +543,7 @@ func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
 			j.configure(c, j.world) // the GPU model may make MFU computable
 		}
 	}
-	c.write(j, func() error { return j.gpus.Write(s) })
+	j.gpus.write(s) // s is not touched again
 }
 
 func (j *job) rotateDue(c *Collector, now time.Time) {
@@ -554,9 +559,7 @@ func (j *job) rotateDue(c *Collector, now time.Time) {
 	if j.events.Due(now) {
 		c.write(j, j.events.Rotate)
 	}
-	if j.gpus.Due(now) {
-		c.write(j, j.gpus.Rotate)
-	}
+	j.gpus.rotateIfDue(now)
 }
 
 func (j *job) recentSteps() []tps.ClusterStep {
@@ -605,7 +608,7 @@ func (j *job) close(c *Collector) error {
 		return fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
 	}
 	var first error
-	for _, fn := range []func() error{j.ranks.close, j.cluster.Close, j.events.Close, j.gpus.Close} {
+	for _, fn := range []func() error{j.ranks.close, j.cluster.Close, j.events.Close, j.gpus.close} {
 		if err := fn(); err != nil {
 			c.stats.WriteErrors++
 			if first == nil {

@@ -84,7 +84,7 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	writeErrors := c.stats.WriteErrors
 	for _, j := range c.jobs {
 		if j.ranks != nil {
-			writeErrors += j.ranks.errors.Load()
+			writeErrors += j.ranks.errors.Load() + j.gpus.errors.Load()
 		}
 	}
 	counter(descWriteErr, float64(writeErrors))
