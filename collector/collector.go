@@ -201,15 +201,16 @@ func New(cfg Config) (*Collector, error) {
 		go c.loop()
 		return c, nil
 	}
-	handlers := map[string]nats.MsgHandler{wire.AllSteps: c.onSteps, wire.AllEvents: c.onEvent, wire.AllMeta: c.onMeta, wire.AllGPU: c.onGPU}
+	handlers := map[string]nats.MsgHandler{wire.AllSteps: c.core(c.handleSteps), wire.AllEvents: c.core(c.handleEvent),
+		wire.AllMeta: c.core(c.handleMeta), wire.AllGPU: c.core(c.handleGPU)}
 	queue := ""
 	switch cfg.Role {
 	case "", "all":
 	case "aggregator":
 		delete(handlers, wire.AllSteps)
-		handlers[wire.AllPartials] = c.onPartials
+		handlers[wire.AllPartials] = c.core(c.handlePartials)
 	case "rank-writer":
-		handlers = map[string]nats.MsgHandler{wire.AllSteps: c.onSteps}
+		handlers = map[string]nats.MsgHandler{wire.AllSteps: c.core(c.handleSteps)}
 		if cfg.Partitions <= 1 {
 			queue = "tpsprof-rank-writers"
 		}
@@ -245,9 +246,13 @@ func (c *Collector) reject(reason string, n int64) {
 	c.mu.Unlock()
 }
 
-func (c *Collector) onSteps(m *nats.Msg) {
-	if c.mine(m.Subject) {
-		c.handleSteps(m.Subject, m.Data, nil)
+// core adapts a handler to a core NATS subscription: messages of other
+// partitions are dropped, and there is nothing to acknowledge.
+func (c *Collector) core(handle func(subject string, data []byte, ack acker)) nats.MsgHandler {
+	return func(m *nats.Msg) {
+		if c.mine(m.Subject) {
+			handle(m.Subject, m.Data, nil)
+		}
 	}
 }
 
@@ -405,12 +410,6 @@ func (c *Collector) countInvalid(err error) {
 	c.log.Warn(code, "record rejected", "err", err)
 }
 
-func (c *Collector) onPartials(m *nats.Msg) {
-	if c.mine(m.Subject) {
-		c.handlePartials(m.Subject, m.Data, nil)
-	}
-}
-
 // handlePartials merges a message of node partials (aggregator role). With
 // ack set (durable mode) the message is acknowledged once the steps it fed
 // are in finalised parts.
@@ -447,12 +446,6 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 	}
 }
 
-func (c *Collector) onEvent(m *nats.Msg) {
-	if c.mine(m.Subject) {
-		c.handleEvent(m.Subject, m.Data, nil)
-	}
-}
-
 func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	var e tps.Event
 	if err := json.Unmarshal(data, &e); err != nil {
@@ -481,12 +474,6 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	c.register(ack, j)
 }
 
-func (c *Collector) onMeta(m *nats.Msg) {
-	if c.mine(m.Subject) {
-		c.handleMeta(m.Subject, m.Data, nil)
-	}
-}
-
 func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 	defer c.ackNow(ack) // metadata is republished by agents; nothing to keep
 	var meta tps.RunMeta
@@ -508,12 +495,6 @@ func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 	defer c.mu.Unlock()
 	c.stats.MetaUpdates++
 	c.jobFor(meta.Job).setMeta(c, meta)
-}
-
-func (c *Collector) onGPU(m *nats.Msg) {
-	if c.mine(m.Subject) {
-		c.handleGPU(m.Subject, m.Data, nil)
-	}
 }
 
 func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
