@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -102,10 +103,27 @@ func (c *Collector) startDurable() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	want := jetstream.StreamConfig{
 		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
 		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
-	})
+	}
+	// Create the stream, or update it only if its limits differ: several
+	// collectors of a role start at once, and a stream update racing a
+	// consumer creation is a data race inside nats-server (seen under
+	// -race in TestDurableRankWriterSurvivesKill9).
+	st, err := js.Stream(ctx, StreamName)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		_, err = js.CreateStream(ctx, want)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			err = nil // another collector created it meanwhile
+		}
+	case err == nil:
+		if have := st.CachedInfo().Config; have.MaxAge != want.MaxAge || have.MaxBytes != want.MaxBytes ||
+			have.Retention != want.Retention || have.Discard != want.Discard || !slices.Equal(have.Subjects, want.Subjects) {
+			_, err = js.UpdateStream(ctx, want)
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("collector: create stream %s: %w", StreamName, err)
 	}

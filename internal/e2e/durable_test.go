@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,7 +12,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -176,8 +179,13 @@ func TestDurableRankWriterSurvivesKill9(t *testing.T) {
 			}
 		}
 	}()
-	a, b := start("a"), start("b")
+	// One after the other: nats-server has a data race between a stream
+	// update and a consumer creation arriving at once, which -race reports
+	// here since the server runs in the test process.
+	a := start("a")
 	waitStream(t, srv.URL())
+	waitConsumer(t, srv.URL(), collector.RankWriterConsumer)
+	b := start("b")
 	nc, err := nats.Connect(srv.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -225,5 +233,27 @@ func TestDurableRankWriterSurvivesKill9(t *testing.T) {
 	t.Logf("%d rank rows for %d records: %d written twice (at least once in this mode)", len(rows), steps*world, len(rows)-len(seen))
 	if tmp, _ := filepath.Glob(filepath.Join(out, "rw", trace.RankSteps, ".*.tmp")); len(tmp) > 0 {
 		t.Logf("%d temporary parts left by the killed writer (never read: hidden names)", len(tmp))
+	}
+}
+
+func waitConsumer(t *testing.T, url, name string) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := js.Consumer(ctx, collector.StreamName, name)
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("consumer %s not created: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -49,6 +49,16 @@ func TestNATSOutageBufferedAndDelivered(t *testing.T) {
 	col.Sync(5 * time.Second)
 
 	srv.Shutdown() // NATS is gone
+	// Records published before the client notices the closed connection go
+	// into a dead socket (core NATS loses them; durable mode is the answer,
+	// docs/reliability.md). This test is about what the agent does once it
+	// knows: wait for that, as a loaded machine may take a moment.
+	for deadline := time.Now().Add(10 * time.Second); a.Stats().NATSConnected; {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not notice the server going away")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	send(50, 100)
 	time.Sleep(500 * time.Millisecond)
 	if st := a.Stats(); st.NATSConnected || st.BufferedBytes == 0 {
