@@ -246,6 +246,18 @@ func (c *Collector) reject(reason string, n int64) {
 	c.mu.Unlock()
 }
 
+// subjectJob is the job of a message's subject; a subject that does not
+// parse is counted (and acknowledged: there is nothing to keep).
+func (c *Collector) subjectJob(subject string, ack acker) (string, bool) {
+	job, _, _, err := wire.ParseSubject(subject)
+	if err != nil {
+		c.reject("subject:invalid", 1)
+		c.ackNow(ack)
+		return "", false
+	}
+	return job, true
+}
+
 // core adapts a handler to a core NATS subscription: messages of other
 // partitions are dropped, and there is nothing to acknowledge.
 func (c *Collector) core(handle func(subject string, data []byte, ack acker)) nats.MsgHandler {
@@ -284,10 +296,8 @@ func (c *Collector) mine(subject string) bool {
 // message is registered, under the same lock, to be acknowledged once the
 // steps it fed are in finalised Parquet parts.
 func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
-	subjJob, _, _, err := wire.ParseSubject(subject)
-	if err != nil {
-		c.reject("subject:invalid", 1)
-		c.ackNow(ack)
+	subjJob, ok := c.subjectJob(subject, ack)
+	if !ok {
 		return
 	}
 	bufp := decodeBufs.Get().(*[]tps.StepRecord)
@@ -414,10 +424,8 @@ func (c *Collector) countInvalid(err error) {
 // ack set (durable mode) the message is acknowledged once the steps it fed
 // are in finalised parts.
 func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
-	subjJob, _, _, err := wire.ParseSubject(subject)
-	if err != nil {
-		c.reject("subject:invalid", 1)
-		c.ackNow(ack)
+	subjJob, ok := c.subjectJob(subject, ack)
+	if !ok {
 		return
 	}
 	ps, err := wire.DecodePartials(data)
@@ -498,10 +506,8 @@ func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 }
 
 func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
-	subjJob, _, _, err := wire.ParseSubject(subject)
-	if err != nil {
-		c.reject("subject:invalid", 1)
-		c.ackNow(ack)
+	subjJob, ok := c.subjectJob(subject, ack)
+	if !ok {
 		return
 	}
 	samples, err := wire.DecodeGPUSamples(data)

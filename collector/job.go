@@ -19,66 +19,67 @@ type openStep struct {
 	first time.Time
 }
 
-// closedSteps remembers which ranks reported the recently closed steps, so
-// a late duplicate is still recognised. Memory: one bit per rank per step.
-type closedSteps struct {
+// stepBits remembers which ranks of the last limit steps were seen, so a
+// repeated record is still recognised: the ranks that reported recently
+// closed steps (all and aggregator roles) or whose rows a rank writer
+// wrote. Memory: one bit per rank per step.
+type stepBits struct {
 	seen  map[stepKey][]uint64
 	order []stepKey
 	limit int
+	floor map[int64]int64 // per attempt, the highest step forgotten
 }
 
-func (c *closedSteps) add(k stepKey, bits []uint64) {
+func newStepBits(limit int) stepBits {
+	return stepBits{seen: map[stepKey][]uint64{}, limit: limit, floor: map[int64]int64{}}
+}
+
+// add remembers k's bits, forgetting the oldest step past the limit.
+func (c *stepBits) add(k stepKey, bits []uint64) {
 	if len(c.order) >= c.limit {
-		delete(c.seen, c.order[0])
+		old := c.order[0]
+		delete(c.seen, old)
+		if f, ok := c.floor[old.attempt]; !ok || old.step > f {
+			c.floor[old.attempt] = old.step
+		}
 		c.order = c.order[1:]
 	}
 	c.seen[k] = bits
 	c.order = append(c.order, k)
 }
 
-const liveWindow = 512
-
-// rankSeen remembers, in the rank-writer role, which ranks' rows of the
-// last rankSeenSteps steps were written, so a resent batch is not written
-// twice. Memory: one bit per rank per step.
-type rankSeen struct {
-	bits  map[stepKey][]uint64
-	order []stepKey
-	floor map[int64]int64 // per attempt, the highest step forgotten
+// forgotten reports whether k is at or below a step already forgotten.
+func (c *stepBits) forgotten(k stepKey) bool {
+	f, ok := c.floor[k.attempt]
+	return ok && k.step <= f
 }
 
+const liveWindow = 512
+
+// rankSeenSteps is how many steps a rank writer remembers the rows of.
 const rankSeenSteps = 256
 
 // writeOnce reports whether r's rank row is to be written: not already
 // written by this collector within the window. A step older than the
 // window is written unchecked (and counted late).
 func (j *job) writeOnce(c *Collector, r *tps.StepRecord) bool {
-	s := &j.seen
-	if s.bits == nil {
-		s.bits, s.floor = map[stepKey][]uint64{}, map[int64]int64{}
+	s := &j.rowsSeen
+	if s.seen == nil {
+		*s = newStepBits(rankSeenSteps)
 	}
 	k := stepKey{r.Attempt, r.Step}
 	if j.disk != nil && j.disk.ranks[k][r.Rank] { // written before a restart (durable mode)
 		c.stats.Duplicates++
 		return false
 	}
-	bits, ok := s.bits[k]
+	bits, ok := s.seen[k]
 	if !ok {
-		if f, ok := s.floor[r.Attempt]; ok && r.Step <= f {
+		if s.forgotten(k) {
 			c.stats.Late++
 			return true
 		}
-		if len(s.order) >= rankSeenSteps {
-			old := s.order[0]
-			delete(s.bits, old)
-			if f, ok := s.floor[old.attempt]; !ok || old.step > f {
-				s.floor[old.attempt] = old.step
-			}
-			s.order = s.order[1:]
-		}
 		bits = make([]uint64, (r.WorldSize+63)/64)
-		s.bits[k] = bits
-		s.order = append(s.order, k)
+		s.add(k, bits)
 	}
 	w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
 	if w < int64(len(bits)) { // else the world size changed within a step: cannot check
@@ -103,8 +104,8 @@ type job struct {
 	cfgErr string
 
 	open        map[stepKey]*openStep
-	closed      closedSteps
-	seen        rankSeen          // rank-writer role
+	closed      stepBits          // ranks of the recently closed steps
+	rowsSeen    stepBits          // rank-writer role: rows written recently
 	maxClosed   map[int64]int64   // highest closed step per attempt
 	rankNode    []string          // by rank, world entries
 	lastKey     stepKey           // the step of the last record added...
@@ -225,7 +226,7 @@ func (j *job) lastRow() tps.ClusterStep {
 
 func newJob(c *Collector, id string) *job {
 	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{}, nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{},
-		closed: closedSteps{seen: map[stepKey][]uint64{}, limit: 64}}
+		closed: newStepBits(64)}
 	if c.durable != nil {
 		j.written = map[stepKey]bool{}
 	}

@@ -76,20 +76,6 @@ func BenchmarkDecodeGPUSamples(b *testing.B) {
 		in[g] = sampleGPUs()[0]
 		in[g].Index = int32(g)
 	}
-	bin := EncodeGPUSamples(in)
 	js, _ := json.Marshal(in)
-	for _, tc := range []struct {
-		name string
-		data []byte
-	}{{"binary", bin}, {"json", js}} {
-		b.Run(tc.name, func(b *testing.B) {
-			b.SetBytes(int64(len(tc.data)))
-			for b.Loop() {
-				if _, err := DecodeGPUSamples(tc.data); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(len(tc.data))/float64(len(in)), "bytes/sample")
-		})
-	}
+	benchBinaryAndJSON(b, EncodeGPUSamples(in), js, len(in), "sample", func(d []byte) error { _, err := DecodeGPUSamples(d); return err })
 }
