@@ -1,12 +1,11 @@
-"""tpsprof hook: time training steps and send them to the node's tpsprof agent.
+"""The plain API: time training steps by hand and send them to the node's agent.
 
-One stdlib-only file: copy it next to your training script or put it on the
-PYTHONPATH. It never blocks and never raises into the training loop: sends are
-non-blocking writes to the agent's unix socket; when the agent is missing, slow
-or restarting, records are dropped and counted (``hook.dropped``).
+Stdlib only. It never blocks and never raises into the training loop: sends
+are non-blocking writes to the agent's unix socket; when the agent is missing,
+slow or restarting, records are dropped and counted (``prof.dropped``).
 
-    from tpsprof_hook import TPSProf
-    prof = TPSProf()                       # job, rank, world size from the environment
+    import tpsprof
+    prof = tpsprof.Profiler()              # job, rank, world size from the environment
     for step, batch in enumerate(loader):
         prof.start(step)
         with prof.phase("data_wait"):
@@ -20,8 +19,15 @@ step (all micro-batches), real tokens, not padding. Ranks of one replica
 counts it once per replica.
 
 Environment (set by ``tpsprof launch``; torchrun sets RANK, WORLD_SIZE,
-LOCAL_RANK): TPSPROF_SOCKET, TPSPROF_JOB, TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY
-("dp=4,tp=8,pp=2"), RANK, WORLD_SIZE, LOCAL_RANK.
+LOCAL_RANK, TORCHELASTIC_RESTART_COUNT): TPSPROF_SOCKET, TPSPROF_JOB,
+TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY ("dp=4,tp=8,pp=2"), RANK, WORLD_SIZE,
+LOCAL_RANK.
+
+The attempt of a record is TPSPROF_ATTEMPT (the launch's first attempt, which
+``tpsprof launch`` chooses so that a new launch never reuses an attempt of the
+job) plus TORCHELASTIC_RESTART_COUNT (torchrun's elastic restarts within the
+launch) plus SLURM_RESTART_COUNT when no launch set TPSPROF_ATTEMPT: every
+restart is its own attempt.
 """
 
 import contextlib
@@ -31,12 +37,13 @@ import socket
 import tempfile
 import time
 
-__all__ = ["TPSProf"]
+__all__ = ["Profiler", "TPSProf", "PHASES", "default_socket", "env_attempt"]
 
-_PHASES = ("data_wait", "fwd", "bwd", "optim", "comm", "exposed_comm", "pp_wait", "ckpt")
+PHASES = ("data_wait", "fwd", "bwd", "optim", "comm", "exposed_comm", "pp_wait", "ckpt")
+_BLOCKING = ("data_wait", "exposed_comm", "pp_wait", "ckpt")
 
 
-def _default_socket():
+def default_socket():
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime:
         return os.path.join(runtime, "tpsprof.sock")
@@ -62,7 +69,22 @@ def _topology_coords(spec, rank):
     return c
 
 
-class TPSProf:
+def _int_env(name, default=0):
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def env_attempt():
+    """The attempt this process belongs to, from the environment (see above)."""
+    restarts = _int_env("TORCHELASTIC_RESTART_COUNT")
+    if "TPSPROF_ATTEMPT" in os.environ:
+        return max(_int_env("TPSPROF_ATTEMPT"), 0) + max(restarts, 0)
+    return max(restarts, 0) + max(_int_env("SLURM_RESTART_COUNT"), 0)
+
+
+class Profiler:
     """Times steps of one rank and sends one JSON line per step to the agent."""
 
     def __init__(self, job=None, rank=None, world_size=None, local_rank=None, attempt=None,
@@ -73,9 +95,8 @@ class TPSProf:
         self.world_size = int(world_size if world_size is not None else env.get("WORLD_SIZE", 1))
         lr = local_rank if local_rank is not None else env.get("LOCAL_RANK")
         self.local_rank = int(lr) if lr is not None else None
-        self.attempt = int(attempt if attempt is not None else
-                           env.get("TPSPROF_ATTEMPT", env.get("TORCHELASTIC_RESTART_COUNT", 0)))
-        self.path = socket_path or env.get("TPSPROF_SOCKET") or _default_socket()
+        self.attempt = int(attempt) if attempt is not None else env_attempt()
+        self.path = socket_path or env.get("TPSPROF_SOCKET") or default_socket()
         topo = topology or env.get("TPSPROF_TOPOLOGY")
         self._coords = {}
         if topo:
@@ -104,8 +125,8 @@ class TPSProf:
         self._t0 = time.perf_counter_ns()
 
     def add_phase(self, name, seconds):
-        """Adds ``seconds`` to a phase of the current step (see _PHASES)."""
-        if name in _PHASES and seconds > 0:
+        """Adds ``seconds`` to a phase of the current step (see PHASES)."""
+        if name in PHASES and seconds > 0:
             self._phases[name] = self._phases.get(name, 0) + int(seconds * 1e9)
 
     @contextlib.contextmanager
@@ -115,7 +136,7 @@ class TPSProf:
         try:
             yield
         finally:
-            if name in _PHASES:
+            if name in PHASES:
                 self._phases[name] = self._phases.get(name, 0) + time.perf_counter_ns() - t
 
     def end(self, tokens, loss=None, flops=None, samples=None, padded_tokens=None, skipped=False):
@@ -124,17 +145,41 @@ class TPSProf:
             if self._step is None:
                 return
             dur = max(time.perf_counter_ns() - self._t0, 1)
+            step, self._step = self._step, None
+            self.send_step(step, self._t0_wall, dur, tokens, self._phases, loss=loss, flops=flops,
+                           samples=samples, padded_tokens=padded_tokens, skipped=skipped)
+        except Exception:  # never into the training loop
+            self.dropped += 1
+
+    def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
+                  samples=None, padded_tokens=None, skipped=False):
+        """Sends one step measured elsewhere (tpsprof.torch). Never raises.
+
+        ``phases_ns`` maps phase names (PHASES) to nanoseconds; phases that
+        block the step (data_wait, exposed_comm, pp_wait, ckpt) are clipped
+        to the step's duration, exposed_comm to comm.
+        """
+        try:
+            dur = max(int(duration_ns), 1)
             rec = {
-                "job": self.job, "attempt": self.attempt, "step": self._step,
+                "job": self.job, "attempt": self.attempt, "step": int(step),
                 "rank": self.rank, "world_size": self.world_size,
-                "start_unix_ns": self._t0_wall, "end_unix_ns": self._t0_wall + dur,
-                "duration_ns": dur, "tokens": int(tokens),
+                "start_unix_ns": int(start_unix_ns), "end_unix_ns": int(start_unix_ns) + dur,
+                "duration_ns": dur, "tokens": max(int(tokens), 0),
             }
             if self.local_rank is not None:
                 rec["local_rank"] = self.local_rank
             rec.update(self._coords)
-            for k, v in self._phases.items():
-                rec[k + "_ns"] = int(v)
+            if phases_ns:
+                for k, v in phases_ns.items():
+                    v = int(v)
+                    if k not in PHASES or v <= 0:
+                        continue
+                    if k in _BLOCKING:
+                        v = min(v, dur)
+                    rec[k + "_ns"] = v
+                if "exposed_comm_ns" in rec:
+                    rec["exposed_comm_ns"] = min(rec["exposed_comm_ns"], rec.get("comm_ns", rec["exposed_comm_ns"]))
             if loss is not None and loss == loss and abs(loss) != float("inf"):
                 rec["loss"] = float(loss)
             if flops:
@@ -145,7 +190,6 @@ class TPSProf:
                 rec["padded_tokens"] = int(padded_tokens)
             if skipped:
                 rec["skipped"] = True
-            self._step = None
             self._send(rec)
         except Exception:  # never into the training loop
             self.dropped += 1
@@ -232,3 +276,7 @@ class TPSProf:
             if self._pending:
                 time.sleep(0.005)
         self._close()
+
+
+# The name the copied hook file used; kept so that older scripts still run.
+TPSProf = Profiler

@@ -1,0 +1,176 @@
+"""Zero-code mode: instrument an unmodified PyTorch training script.
+
+``tpsprof launch --auto -- torchrun train.py`` puts tpsprof/_boot on the
+PYTHONPATH with TPSPROF_AUTO=1; its sitecustomize calls :func:`arm`, which
+waits for ``torch`` to be imported and then calls :func:`install`:
+
+* the first optimizer the script creates gets its ``step`` hooked: each
+  call ends a training step;
+* every DataLoader's iterators time ``next`` (data wait) and count tokens;
+* the outermost modules called with gradients on are timed (forward and
+  backward): global module hooks find them during the first step, then
+  hooks on those modules alone replace the global ones;
+* DDP models get the timing comm hook; collectives are timed as in
+  tpsprof.torch.
+
+The profiler is created when the first optimizer is (the process is then a
+training worker, not torchrun's launcher). Nothing here raises into the
+script: a failure to install leaves the script running uninstrumented.
+"""
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+import threading
+
+__all__ = ["arm", "install", "profiler"]
+
+_prof = None
+_lock = threading.Lock()
+_installed = False
+
+
+def profiler():
+    """The zero-code profiler of this process (None before the first optimizer)."""
+    return _prof
+
+
+def _ensure():
+    global _prof
+    if _prof is None:
+        with _lock:
+            if _prof is None:
+                from . import torch as tt
+                _prof = tt.TorchProfiler()
+                _Roots(_prof).start()
+    return _prof
+
+
+class _Roots:
+    """Finds the outermost modules of the training forward pass with global
+    module hooks, then moves the timing hooks onto those modules alone."""
+
+    def __init__(self, prof):
+        self.prof = prof
+        self.local = threading.local()
+        self.roots = []
+        self.handles = []
+
+    def start(self):
+        import torch.nn.modules.module as mm
+        if not hasattr(mm, "register_module_forward_pre_hook"):
+            return
+        self.handles = [mm.register_module_forward_pre_hook(self.pre), mm.register_module_forward_hook(self.post)]
+        orig = self.prof._finish
+        roots = self
+
+        def finish():
+            orig()
+            if roots.handles:
+                roots.settle()
+        self.prof._finish = finish
+
+    def pre(self, module, inputs):
+        d = getattr(self.local, "depth", 0)
+        self.local.depth = d + 1
+        if d == 0:
+            if module not in self.roots:
+                self.roots.append(module)
+            self.prof._fwd_pre(module, inputs)
+
+    def post(self, module, inputs, output):
+        d = getattr(self.local, "depth", 1) - 1
+        self.local.depth = max(d, 0)
+        if d == 0:
+            self.prof._fwd_post(module, inputs, output)
+
+    def settle(self):
+        """After the first training step: hooks on the roots seen, global ones off."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        for m in self.roots:
+            if m.training:
+                self.prof.watch_model(m)
+        self.roots = []
+
+
+def install():
+    """Patches torch for zero-code capture (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    import torch
+    from . import torch as tt
+
+    opt_init = torch.optim.Optimizer.__init__
+
+    def optimizer_init(self, *args, **kwargs):
+        opt_init(self, *args, **kwargs)
+        try:
+            p = _ensure()
+            if p._optimizer is None:
+                p.watch_optimizer(self)
+        except Exception:
+            pass
+    torch.optim.Optimizer.__init__ = optimizer_init
+
+    dl = torch.utils.data.DataLoader
+    dl_iter = dl.__iter__
+
+    def loader_iter(self):
+        it = dl_iter(self)
+        if _prof is None:
+            return it
+        return tt._LoaderIter(_prof, it)
+    dl.__iter__ = loader_iter
+
+    ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+    if ddp is not None:
+        ddp_init = ddp.__init__
+
+        def ddp_initialise(self, *args, **kwargs):
+            ddp_init(self, *args, **kwargs)
+            try:
+                tt._ddp_comm_hook(self)
+            except Exception:
+                pass
+        ddp.__init__ = ddp_initialise
+    tt._install_collectives()
+
+
+class _TorchFinder(importlib.abc.MetaPathFinder):
+    """Calls install() once ``torch`` has finished importing."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        inner = spec.loader.exec_module
+
+        def exec_module(module):
+            inner(module)
+            try:
+                install()
+            except Exception as e:  # the script runs on, uninstrumented
+                sys.stderr.write("tpsprof: zero-code capture not installed: %r\n" % (e,))
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def arm():
+    """Installs now if torch is loaded, else when it is."""
+    if os.environ.get("TPSPROF_AUTO", "") not in ("1", "true", "yes", "on"):
+        return
+    if "torch" in sys.modules:
+        install()
+    else:
+        sys.meta_path.insert(0, _TorchFinder())

@@ -1,0 +1,809 @@
+"""tpsprof.torch: every step of a PyTorch loop measured, not hand-timed.
+
+    import tpsprof.torch
+    prof = tpsprof.torch.instrument(model, optimizer, loader)
+    for batch in loader:              # the loop stays as it was
+        loss = model(batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+``instrument`` hooks the model (forward and backward), the optimizer (its
+``step`` is the step boundary), the data loader (time blocked in ``next``,
+tokens of each batch) and ``torch.distributed`` (every collective, and DDP's
+gradient buckets through a comm hook). Each optimizer step becomes one rank
+record with data_wait, fwd, bwd, optim, comm and exposed_comm filled in by
+measurement, tokens and padded tokens from the batch.
+
+On a GPU the times come from CUDA events recorded on the streams and read a
+few steps later, when ``event.query()`` says they are done: no host
+synchronisation is added to the loop. On CPU the host clock is right and is
+used. docs/capture.md describes the method and what each figure means.
+
+Nothing here raises into the training loop: a hook that fails is counted
+(``prof.errors``) and, past a bound, the profiler switches itself off.
+"""
+
+import atexit
+import collections
+import os
+import threading
+import time
+import types
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import _client
+from ._intervals import clip, exposed, length
+
+__all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
+
+# The torch.distributed functions whose calls are timed as communication.
+# Object collectives (all_gather_object, ...) go through these.
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+    "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "reduce", "all_to_all",
+    "all_to_all_single", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv",
+)
+
+# The profiler collectives report to; one per process.
+_ACTIVE = None
+_tls = threading.local()
+_MAX_ERRORS = 100
+_MAX_PENDING = 64
+_END = object()
+
+
+def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, ignore_index=-100,
+               first_step=None, device=None, **client_options):
+    """Hooks a training loop and returns its :class:`TorchProfiler`.
+
+    model: the module whose forward is timed (a DDP or FSDP wrapper, or a
+        plain module); optional.
+    optimizer: its ``step()`` ends each training step; without one, mark
+        steps with ``with prof.step():``.
+    dataloader: a ``torch.utils.data.DataLoader`` (instrumented in place) or
+        any iterable (wrap it: ``for batch in prof.wrap(iterable)``).
+    tokens: a function of a batch returning its tokens (an int, or a pair
+        real, padded) when the automatic count (attention mask, labels other
+        than ``ignore_index``, integer input ids) does not fit the batch.
+    first_step: the number of the first step (default: the optimizer's own
+        step count when it was loaded from a checkpoint, else 0).
+    client_options: job, rank, world_size, attempt, socket_path, topology
+        for :class:`tpsprof.Profiler` (default: from the environment).
+    """
+    prof = TorchProfiler(tokens=tokens, ignore_index=ignore_index, first_step=first_step, device=device,
+                         **client_options)
+    if model is not None:
+        prof.watch_model(model)
+    if optimizer is not None:
+        prof.watch_optimizer(optimizer)
+    if dataloader is not None:
+        prof.watch_loader(dataloader)
+    return prof
+
+
+class _Step:
+    """One training step being measured. Marks are host nanoseconds
+    (perf_counter_ns) on CPU and CUDA events on a GPU."""
+
+    __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "fwd", "bwd",
+                 "loss", "optim", "comm", "blocked", "fwd_open", "fwd_end", "optim_open", "age", "trained")
+
+    def __init__(self, t0, wall0):
+        self.number = None
+        self.t0, self.wall0, self.end = t0, wall0, None
+        self.data_wait = 0
+        self.tokens, self.padded, self.samples = [], [], 0
+        self.fwd, self.bwd, self.loss, self.optim = [], [], [], []
+        self.comm = []  # [start, end] lists; end None while in flight (set from other threads)
+        self.blocked = []
+        self.fwd_open = self.fwd_end = self.optim_open = None
+        self.age = 0
+        self.trained = False
+
+
+class TorchProfiler:
+    """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
+
+    def __init__(self, tokens=None, ignore_index=-100, first_step=None, device=None, **client_options):
+        global _ACTIVE
+        self.client = _client.Profiler(**client_options)
+        self.token_fn = tokens
+        self.ignore_index = ignore_index
+        self.step_number = first_step
+        self._first_step_given = first_step is not None
+        self.device = torch.device(device) if device is not None else None
+        self.cuda = self.device is not None and self.device.type == "cuda"
+        self.errors = 0
+        self.steps = 0
+        self.pending_dropped = 0
+        self.off = False
+        self._cur = None
+        self._pending = collections.deque()
+        self._events = []  # free CUDA events
+        self._hooks = []
+        self._optimizer = None
+        self._closed = False
+        self._poller = None
+        _install_collectives()
+        _ACTIVE = self
+        atexit.register(self.close)
+
+    # -- what is watched ---------------------------------------------------
+    def watch_model(self, model):
+        """Times the forward and backward passes of ``model``."""
+        self._set_device_from(model)
+        self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
+        self._hooks.append(model.register_forward_hook(self._fwd_post))
+        ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+        if ddp is not None and isinstance(model, ddp):
+            _ddp_comm_hook(model)
+
+    def watch_optimizer(self, optimizer):
+        """Makes ``optimizer.step()`` the end of each training step."""
+        if self._optimizer is not None:
+            return
+        self._optimizer = optimizer
+        if hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook"):
+            self._hooks.append(optimizer.register_step_pre_hook(lambda opt, a, kw: self._optim_pre(opt)))
+            self._hooks.append(optimizer.register_step_post_hook(lambda opt, a, kw: self._optim_post()))
+            return
+        # Older PyTorch: wrap the bound method (a bound method still, so that
+        # LR schedulers can wrap it in turn).
+        inner = optimizer.step
+        prof = self
+
+        def step(self_, *args, **kwargs):
+            prof._optim_pre(self_)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                prof._optim_post()
+
+        optimizer.step = types.MethodType(step, optimizer)
+
+    def watch_loader(self, loader):
+        """Instruments a DataLoader in place (its iterators time ``next``)."""
+        if isinstance(loader, torch.utils.data.DataLoader):
+            cls = type(loader)
+            if not getattr(cls, "_tpsprof_wrapped", False):
+                loader.__class__ = _wrapped_loader_class(cls)
+            return loader
+        raise TypeError("tpsprof: %s is not a DataLoader; iterate over prof.wrap(it) instead" % type(loader).__name__)
+
+    def wrap(self, iterable):
+        """An iterator over ``iterable`` whose ``next`` is timed as data wait."""
+        return _LoaderIter(self, iter(iterable))
+
+    def step(self):
+        """A context manager that marks one training step, for loops without
+        an optimizer given to :func:`instrument`."""
+        return _StepBlock(self)
+
+    # -- clocks -------------------------------------------------------------
+    def _set_device_from(self, model):
+        if self.device is not None:
+            return
+        try:
+            p = next(model.parameters())
+        except (StopIteration, AttributeError, TypeError):
+            return
+        self.device = p.device
+        self.cuda = p.device.type == "cuda"
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter_ns()
+        ev = self._events.pop() if self._events else torch.cuda.Event(enable_timing=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def _err(self):
+        self.errors += 1
+        if self.errors > _MAX_ERRORS:
+            self.off = True
+
+    # -- step life ----------------------------------------------------------
+    def _begin(self):
+        return _Step(self._mark(), time.time_ns())
+
+    def _finish(self):
+        st, self._cur = self._cur, None
+        if st is None:
+            return
+        st.end = self._mark()
+        if self.step_number is None:
+            self.step_number = 0
+        st.number = self.step_number
+        self.step_number += 1
+        self._pending.append(st)
+        while len(self._pending) > _MAX_PENDING:
+            self._release(self._pending.popleft())
+            self.pending_dropped += 1
+        self._poll()
+
+    def _poll(self, wait=False):
+        """Sends every pending step whose times are known, oldest first."""
+        while self._pending:
+            st = self._pending[0]
+            st.age += 1
+            if not wait and not self._ready(st):
+                return
+            self._pending.popleft()
+            try:
+                self._send(st, wait)
+            except Exception:
+                self._err()
+            self._release(st)
+
+    def _ready(self, st):
+        if self.cuda:
+            return st.end.query()
+        # On CPU a step is ready when its collectives completed, or two steps on.
+        return st.age > 2 or all(c[1] is not None for c in st.comm)
+
+    def _release(self, st):
+        """Returns a sent step's CUDA events to the pool."""
+        if not self.cuda:
+            return
+        seen = set()
+        marks = [st.t0, st.end]
+        for iv in st.fwd + st.bwd + st.loss + st.optim + st.comm + st.blocked:
+            marks.extend(iv)
+        for ev in marks:
+            if isinstance(ev, torch.cuda.Event) and id(ev) not in seen and len(self._events) < 4096:
+                seen.add(id(ev))
+                self._events.append(ev)
+
+    def _send(self, st, wait):
+        """Turns a finished step's marks into a record and sends it."""
+        if self.cuda:
+            base = st.t0
+
+            def ns(ev):
+                if ev is None:
+                    return None
+                if not ev.query():
+                    if not wait:
+                        return None  # a collective still running on its stream
+                    ev.synchronize()  # only at close
+                return int(base.elapsed_time(ev) * 1e6)
+        else:
+            base = st.t0
+
+            def ns(t):
+                return None if t is None else t - base
+        dur = ns(st.end)
+        if dur is None or dur <= 0:
+            return
+
+        def ivs(pairs):
+            out = []
+            for a, b in pairs:
+                a, b = ns(a), ns(b)
+                if a is not None and b is not None:
+                    out.append((a, b))
+            return clip(out, 0, dur)
+
+        fwd, bwd, loss, optim = ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim)
+        comm, blocked = ivs([(c[0], c[1]) for c in st.comm]), ivs(st.blocked)
+        comm_ns, exposed_ns = exposed(comm, fwd + loss + bwd + optim, blocked)
+        phases = {"data_wait": st.data_wait, "fwd": length(fwd), "bwd": length(bwd), "optim": length(optim)}
+        if st.comm:
+            phases["comm"] = comm_ns
+            phases["exposed_comm"] = exposed_ns
+        tokens = sum(_resolve(t) for t in st.tokens)
+        padded = sum(_resolve(t) for t in st.padded)
+        self.steps += 1
+        self.client.send_step(st.number, st.wall0, dur, tokens, phases, samples=st.samples or None,
+                              padded_tokens=padded if padded > tokens else None)
+
+    # -- hooks --------------------------------------------------------------
+    def _fwd_pre(self, module, inputs):
+        if self.off:
+            return
+        try:
+            if not torch.is_grad_enabled() or not module.training:
+                # evaluation: a step that only fetched data was eval's, not training's
+                if self._cur is not None and not self._cur.trained:
+                    self._cur = None
+                return
+            if self._cur is None:
+                self._cur = self._begin()
+            self._cur.trained = True
+            self._cur.fwd_open = self._mark()
+        except Exception:
+            self._err()
+
+    def _fwd_post(self, module, inputs, output):
+        if self.off:
+            return
+        try:
+            st = self._cur
+            if st is None or st.fwd_open is None:
+                return
+            end = self._mark()
+            st.fwd.append((st.fwd_open, end))
+            st.fwd_open, st.fwd_end = None, end
+            t = _first_grad_tensor(output)
+            if t is not None:
+                t.register_hook(self._bwd_hook(st, end))
+        except Exception:
+            self._err()
+
+    def _bwd_hook(self, st, fwd_end):
+        def hook(grad):
+            try:
+                start = self._mark()
+                st.loss.append((fwd_end, start))  # between forward and backward: the loss
+
+                def done():
+                    try:
+                        st.bwd.append((start, self._mark()))
+                    except Exception:
+                        self._err()
+                # Runs when autograd has computed every gradient, before
+                # DDP waits for its buckets (its callback is queued later).
+                torch.autograd.Variable._execution_engine.queue_callback(done)
+            except Exception:
+                self._err()
+        return hook
+
+    def _optim_pre(self, opt):
+        if self.off:
+            return
+        try:
+            if self.step_number is None and not self._first_step_given:
+                self.step_number = _optimizer_step(opt)
+            if self._cur is None:
+                self._cur = self._begin()
+            self._cur.optim_open = self._mark()
+        except Exception:
+            self._err()
+
+    def _optim_post(self):
+        if self.off:
+            return
+        try:
+            st = self._cur
+            if st is None:
+                return
+            if st.optim_open is not None:
+                st.optim.append((st.optim_open, self._mark()))
+                st.optim_open = None
+            self._finish()
+        except Exception:
+            self._err()
+
+    def _data_enter(self):
+        """Called as ``next`` starts: opens a step if none is open. Returns
+        whether it did (undone if the iterator turns out to be exhausted)."""
+        if self.off or self._cur is not None:
+            return False
+        try:
+            self._cur = self._begin()
+            return True
+        except Exception:
+            self._err()
+            return False
+
+    def _data_exit(self, opened, dt, batch):
+        if self.off:
+            return
+        try:
+            st = self._cur
+            if st is None:
+                return
+            if batch is _END:
+                if opened:
+                    self._cur = None
+                return
+            st.data_wait += dt
+            real = padded = None
+            samples = 0
+            if self.token_fn is not None:
+                n = self.token_fn(batch)
+                real, padded = n if isinstance(n, tuple) else (n, n)
+            else:
+                got = count_tokens(batch, self.ignore_index)
+                if got is not None:
+                    real, padded, samples = got
+            if real is not None:
+                st.tokens.append(_lazy_int(real))
+                st.padded.append(_lazy_int(padded))
+            st.samples += samples
+        except Exception:
+            self._err()
+
+    def _comm_begin(self, sync):
+        if self.off:
+            return None
+        st = self._cur
+        if st is None:
+            return None
+        return [self._mark(), None, st, sync]
+
+    def _comm_end(self, tok, work):
+        st = tok[2]
+        if work is None or tok[3]:
+            end = self._mark()
+            tok[1] = end
+            st.comm.append(tok[:2])
+            st.blocked.append((tok[0], end))
+            return
+        # asynchronous: ends when the work's future completes
+        cell = [tok[0], None]
+        st.comm.append(cell)
+        works = work if isinstance(work, list) else [work]
+        if not self.cuda:
+            # On CPU (gloo) a completion callback would run on gloo's own
+            # threads, where Python's garbage collector may then free gloo
+            # objects and abort the process; a thread of ours polls instead.
+            if self._poller is None:
+                self._poller = _Poller()
+            self._poller.watch(cell, works)
+            return
+        try:
+            futs = [w.get_future() for w in works]
+        except Exception:
+            cell[1] = self._mark()  # no future: the issue time only
+            return
+        left = [len(futs)]
+        lock = threading.Lock()
+
+        def done(fut):
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                try:
+                    # NCCL completes the future as it enqueues, with the
+                    # current stream waiting for the collective: this event
+                    # is reached when the collective is done.
+                    cell[1] = self._mark()
+                except Exception:
+                    cell[1] = cell[0]
+
+        for f in futs:
+            f.add_done_callback(done)
+
+    # -- end ----------------------------------------------------------------
+    def close(self, timeout=2.0):
+        """Sends what is pending (waiting for the GPU once) and disconnects."""
+        global _ACTIVE
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._poll(wait=True)
+        except Exception:
+            self._err()
+        for h in self._hooks:
+            try:
+                h.remove()
+            except Exception:
+                pass
+        if _ACTIVE is self:
+            _ACTIVE = None
+        if self._poller is not None:
+            self._poller.stop()
+        self.client.close(timeout)
+
+    @property
+    def sent(self):
+        return self.client.sent
+
+    @property
+    def dropped(self):
+        return self.client.dropped
+
+
+class _Poller:
+    """Notes when asynchronous collectives complete, on a thread of its own.
+
+    While works are in flight it checks them every ``interval`` seconds
+    (the resolution of their end times on CPU); otherwise it sleeps."""
+
+    def __init__(self, interval=0.0002):
+        self.interval = interval
+        self._cv = threading.Condition()
+        self._items = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="tpsprof-comm", daemon=True)
+        self._thread.start()
+
+    def watch(self, cell, works):
+        with self._cv:
+            self._items.append((cell, works))
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._items and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                items = self._items
+                self._items = []
+            now = time.perf_counter_ns()
+            left = []
+            for cell, works in items:
+                try:
+                    done = all(w.is_completed() for w in works)
+                except Exception:
+                    done = True
+                if done:
+                    cell[1] = now
+                else:
+                    left.append((cell, works))
+            if left:
+                with self._cv:
+                    self._items = left + self._items
+                time.sleep(self.interval)
+
+    def stop(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(1.0)
+
+
+class _StepBlock:
+    def __init__(self, prof):
+        self.prof = prof
+
+    def __enter__(self):
+        p = self.prof
+        try:
+            if p._cur is None and not p.off:
+                p._cur = p._begin()
+        except Exception:
+            p._err()
+        return p
+
+    def __exit__(self, *exc):
+        try:
+            self.prof._finish()
+        except Exception:
+            self.prof._err()
+        return False
+
+
+class _LoaderIter:
+    """Times ``next`` of a data iterator; everything else is the iterator's."""
+
+    def __init__(self, prof, it):
+        self._prof = prof
+        self._it = it
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        prof = _ACTIVE if self._prof is None else self._prof
+        if prof is None:
+            return next(self._it)
+        opened = prof._data_enter()
+        t = time.perf_counter_ns()
+        try:
+            item = next(self._it)
+        except StopIteration:
+            prof._data_exit(opened, 0, _END)
+            raise
+        prof._data_exit(opened, time.perf_counter_ns() - t, item)
+        return item
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+_loader_classes = {}
+
+
+def _wrapped_loader_class(cls):
+    sub = _loader_classes.get(cls)
+    if sub is None:
+        def __iter__(self):
+            return _LoaderIter(None, cls.__iter__(self))
+        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "_tpsprof_wrapped": True,
+                                          "__module__": cls.__module__})
+        _loader_classes[cls] = sub
+    return sub
+
+
+# -- tokens -------------------------------------------------------------------
+
+def _is_ids(t):
+    return isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex() \
+        and t.dtype != torch.bool and t.dim() >= 1
+
+
+def count_tokens(batch, ignore_index=-100):
+    """(real, padded, samples) of a batch, or None when it holds no tokens.
+
+    Real tokens are the attention mask's sum when the batch has one, else
+    the labels other than ``ignore_index``, else every input id; padded
+    tokens are every position. Counts of tensors on a GPU stay on the GPU
+    (read later, without a synchronisation)."""
+    ids = mask = labels = None
+    if isinstance(batch, torch.Tensor):
+        ids = batch
+    elif hasattr(batch, "keys") and hasattr(batch, "get"):
+        ids, mask, labels = batch.get("input_ids"), batch.get("attention_mask"), batch.get("labels")
+    elif isinstance(batch, (list, tuple)) and batch:
+        tensors = [t for t in batch if _is_ids(t)]
+        if tensors:
+            ids = tensors[0]
+            if len(tensors) > 1 and tensors[1].shape == ids.shape:
+                labels = tensors[1]
+    if not _is_ids(ids):
+        ids = None
+    if mask is not None and isinstance(mask, torch.Tensor):
+        padded = mask.numel()
+        return _sum(mask), padded, mask.shape[0] if mask.dim() > 1 else 1
+    if ids is None:
+        return None
+    padded = ids.numel()
+    samples = ids.shape[0] if ids.dim() > 1 else 1
+    if labels is not None and isinstance(labels, torch.Tensor) and labels.numel() == padded:
+        return _sum(labels != ignore_index), padded, samples
+    return padded, padded, samples
+
+
+def _sum(t):
+    s = t.sum()
+    if s.device.type == "cpu":
+        return int(s)
+    return s
+
+
+def _lazy_int(v):
+    """An int now, or a pinned host copy of a GPU scalar read after the step."""
+    if not isinstance(v, torch.Tensor):
+        return int(v)
+    if v.device.type == "cpu":
+        return int(v)
+    try:
+        buf = torch.empty((), dtype=v.dtype, pin_memory=True)
+        buf.copy_(v, non_blocking=True)
+        return buf
+    except Exception:
+        return 0
+
+
+def _resolve(v):
+    return int(v) if isinstance(v, torch.Tensor) else v
+
+
+def _first_grad_tensor(out, depth=0):
+    if isinstance(out, torch.Tensor):
+        return out if out.requires_grad else None
+    if depth > 3:
+        return None
+    if isinstance(out, (list, tuple)):
+        items = out
+    elif hasattr(out, "values") and callable(out.values):
+        items = list(out.values())
+    else:
+        return None
+    for x in items:
+        t = _first_grad_tensor(x, depth + 1)
+        if t is not None:
+            return t
+    return None
+
+
+def _optimizer_step(opt):
+    """The optimizer's own step count (Adam-like state loaded from a
+    checkpoint), so that a resumed run numbers its steps where it left off."""
+    try:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                s = opt.state.get(p, {}).get("step")
+                if s is not None:
+                    return int(s)
+                return 0
+    except Exception:
+        pass
+    return 0
+
+
+# -- communication ------------------------------------------------------------
+
+_installed = False
+
+
+def _install_collectives():
+    """Wraps the collectives of torch.distributed once per process; the
+    wrappers report to the active profiler and cost one attribute read when
+    none is active."""
+    global _installed
+    if _installed or not dist.is_available():
+        return
+    _installed = True
+    from torch.distributed import distributed_c10d as c10d
+    for name in COLLECTIVES:
+        fn = getattr(c10d, name, None) or getattr(dist, name, None)
+        if fn is None or getattr(fn, "_tpsprof", False):
+            continue
+        w = _wrap_collective(fn, name)
+        for mod in (dist, c10d):
+            if getattr(mod, name, None) is fn:
+                setattr(mod, name, w)
+
+
+def _wrap_collective(fn, name):
+    always_async = name in ("isend", "irecv", "batch_isend_irecv")
+
+    def collective(*args, **kwargs):
+        prof = _ACTIVE
+        if prof is None or getattr(_tls, "inside", False):
+            return fn(*args, **kwargs)
+        try:
+            tok = prof._comm_begin(not always_async and not kwargs.get("async_op", False))
+        except Exception:
+            tok = None
+            prof._err()
+        _tls.inside = True
+        try:
+            work = fn(*args, **kwargs)
+        finally:
+            _tls.inside = False
+        if tok is not None:
+            try:
+                prof._comm_end(tok, work)
+            except Exception:
+                prof._err()
+        return work
+
+    collective._tpsprof = True
+    collective.__name__ = getattr(fn, "__name__", name)
+    collective.__doc__ = fn.__doc__
+    collective.__wrapped__ = fn
+    return collective
+
+
+def _ddp_comm_hook(model):
+    """Routes DDP's gradient buckets through a Python comm hook so their
+    all-reduces go through the timed torch.distributed.all_reduce. The
+    default hook's result is the same as DDP's built-in all-reduce. A comm
+    hook the user registers later replaces the default inside ours."""
+    if getattr(model, "_tpsprof_hooked", False):
+        return
+    try:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    except ImportError:
+        return
+    target = {"state": None, "hook": None}
+    group = getattr(model, "process_group", None)
+
+    def tpsprof_allreduce(state, bucket):
+        hook = target["hook"]
+        if hook is None:
+            return default_hooks.allreduce_hook(group, bucket)
+        return hook(target["state"], bucket)
+
+    try:
+        model.register_comm_hook(None, tpsprof_allreduce)
+    except Exception:
+        return  # a hook is in place already: its collectives are timed if it calls torch.distributed
+    model._tpsprof_hooked = True
+    ref = weakref.ref(model)
+
+    def register_comm_hook(self, state, hook):
+        if ref() is not None:
+            target["state"], target["hook"] = state, hook
+
+    model.register_comm_hook = types.MethodType(register_comm_hook, model)
+
+
+def _env_flag(name):
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
