@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,12 +10,18 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/python"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // Environment variables a launched rank reads (the Python hook and
@@ -25,12 +32,32 @@ const (
 	EnvAttempt  = "TPSPROF_ATTEMPT"
 	EnvTopology = "TPSPROF_TOPOLOGY" // "dp=4,tp=8,pp=2,cp=1,ep=1"
 	EnvNode     = "TPSPROF_NODE"
+	EnvAuto     = "TPSPROF_AUTO" // "1": zero-code capture in Python (launch --auto)
 )
+
+// JoinWindow is how recently an attempt that is still running must have
+// started for a new launch to join it (the other nodes of one multi-node
+// launch) rather than start the next attempt.
+const JoinWindow = 5 * time.Minute
 
 // LaunchConfig describes a command to run under tpsprof.
 type LaunchConfig struct {
 	Job     string
 	Attempt int64
+	// ChooseAttempt asks the collector which attempt this launch is
+	// (ChooseAttempt, docs/capture.md): the running attempt when other
+	// nodes of the same launch started it within JoinWindow, else one past
+	// the job's highest, so that a new launch under a job id that has data
+	// is a new attempt and never merges with or duplicates the old rows.
+	// Attempt is then ignored.
+	ChooseAttempt bool
+	// Auto turns on zero-code capture in Python commands (TPSPROF_AUTO=1
+	// and the package's boot folder on PYTHONPATH).
+	Auto bool
+	// PythonDir is where the tpsprof Python package is extracted to be put
+	// on PYTHONPATH (default: the user's cache directory); "-" leaves
+	// PYTHONPATH alone.
+	PythonDir string
 	// Meta is published before the command starts (topology, model, GPU…).
 	Meta tps.RunMeta
 	// Agent configures the in-process agent started when no agent serves
@@ -66,6 +93,18 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 		cfg.Agent.Socket = DefaultSocket()
 	}
 	cfg.Meta.Job = cfg.Job
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	if cfg.ChooseAttempt {
+		a, note := ChooseAttempt(cfg.Agent.NATS, cfg.Job, time.Now())
+		cfg.Attempt = a
+		fmt.Fprintf(cfg.Stderr, "tpsprof launch: %s\n", note)
+	}
+	pyEnv, err := pythonEnv(cfg)
+	if err != nil {
+		fmt.Fprintf(cfg.Stderr, "tpsprof launch: the Python package is not on PYTHONPATH: %v\n", err)
+	}
 
 	// Use the node's agent if one serves the socket, else run our own.
 	var send func(tps.Event)
@@ -112,6 +151,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 	if cfg.Meta.Topology != (tps.Topology{}) {
 		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
 	}
+	cmd.Env = append(cmd.Env, pyEnv...)
 	cmd.Env = append(cmd.Env, cfg.Env...)
 	// Signals go to the command, which decides how to stop; we wait for it.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
@@ -130,7 +170,6 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 	defer signal.Stop(sigs)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-	var err error
 wait:
 	for {
 		select {
@@ -174,4 +213,64 @@ func truncateDetail(s string) string {
 		s = strings.ToValidUTF8(s[:1000], "")
 	}
 	return s
+}
+
+// pythonEnv puts the tpsprof Python package (extracted from the binary) on
+// PYTHONPATH, and with Auto its zero-code boot folder too.
+func pythonEnv(cfg LaunchConfig) ([]string, error) {
+	if cfg.PythonDir == "-" {
+		if cfg.Auto {
+			return []string{EnvAuto + "=1"}, errors.New("--auto without the package on PYTHONPATH: install it (pip install python/)")
+		}
+		return nil, nil
+	}
+	root := cfg.PythonDir
+	if root == "" {
+		if c, err := os.UserCacheDir(); err == nil {
+			root = filepath.Join(c, "tpsprof")
+		} else {
+			root = filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d", os.Getuid()))
+		}
+	}
+	dir, err := python.Extract(root)
+	if err != nil {
+		return nil, err
+	}
+	paths := []string{dir}
+	var env []string
+	if cfg.Auto {
+		paths = append(paths, python.Boot(dir))
+		env = append(env, EnvAuto+"=1")
+	}
+	if old := os.Getenv("PYTHONPATH"); old != "" {
+		paths = append(paths, old)
+	}
+	return append(env, "PYTHONPATH="+strings.Join(paths, string(os.PathListSeparator))), nil
+}
+
+// ChooseAttempt asks the collector reachable through o which attempt a new
+// launch of job is, and says why in a sentence. Without an answer (no NATS
+// URL, no collector, an older collector) it is 0, and the sentence warns
+// that a rerun under this job id would then reuse attempt 0.
+func ChooseAttempt(o natsconn.Options, job string, now time.Time) (int64, string) {
+	if o.URL == "" {
+		return 0, "attempt 0 (no --nats to ask the collector which attempt this launch is; a second launch under this job id would reuse attempt 0: pass --attempt)"
+	}
+	if o.Name == "" {
+		o.Name = "tpsprof-launch"
+	}
+	nc, err := natsconn.Connect(o, nats.Timeout(2*time.Second), nats.MaxReconnects(0))
+	if err != nil {
+		return 0, fmt.Sprintf("attempt 0 (cannot ask the collector: %v; pass --attempt if this job id has data)", err)
+	}
+	defer nc.Close()
+	msg, err := nc.Request(wire.AttemptSubject(job), nil, 3*time.Second)
+	if err != nil {
+		return 0, fmt.Sprintf("attempt 0 (the collector did not answer which attempt this is: %v; pass --attempt if this job id has data)", err)
+	}
+	var r wire.AttemptReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return 0, fmt.Sprintf("attempt 0 (undecodable answer from the collector: %v)", err)
+	}
+	return r.Choose(now, JoinWindow)
 }

@@ -163,6 +163,8 @@ type Collector struct {
 	otherPartition atomic.Int64
 	unacked        []ackItem // durable mode: messages waiting for their data to be in Parquet
 	durable        *durableState
+	attempts       attemptBook
+	attemptSub     *nats.Subscription
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -192,6 +194,13 @@ func New(cfg Config) (*Collector, error) {
 		return nil, err
 	}
 	c.nc = nc
+	if cfg.Role != "rank-writer" {
+		// launch asks which attempt a new launch is: a core request in every mode
+		if c.attemptSub, err = nc.Subscribe(wire.AllAttempt, c.handleAttempt); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("collector: subscribe %s: %w", wire.AllAttempt, err)
+		}
+	}
 	if cfg.Durable {
 		if err := c.startDurable(); err != nil {
 			nc.Close()
@@ -320,6 +329,7 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 	defer c.mu.Unlock()
 	var touched []stepKey
 	var j *job
+	maxAttempt := int64(-1)
 	kept := 0 // records whose rank row is written, moved to the front
 	for i := range recs {
 		r := &recs[i]
@@ -350,12 +360,16 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 				touched = append(touched, k)
 			}
 		}
+		maxAttempt = max(maxAttempt, r.Attempt)
 		if keep {
 			if kept != i {
 				recs[kept] = *r
 			}
 			kept++
 		}
+	}
+	if maxAttempt >= 0 {
+		c.attempts.sawRecords(subjJob, maxAttempt)
 	}
 	switch {
 	case j == nil || kept == 0:
@@ -448,6 +462,9 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 		if k, open := j.addPartial(c, p, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
 			touched = append(touched, k)
 		}
+		if i == 0 || p.Attempt != ps[i-1].Attempt {
+			c.attempts.sawRecords(subjJob, p.Attempt)
+		}
 	}
 	if ack != nil {
 		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
@@ -475,6 +492,7 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 		return
 	}
 	c.stats.Events++
+	c.attempts.sawEvent(e)
 	j := c.jobFor(e.Job)
 	if j.events != nil {
 		c.write(j, func() error { return j.events.Write([]tps.Event{e}) })
@@ -660,6 +678,9 @@ func (c *Collector) Sync(timeout time.Duration) error {
 func (c *Collector) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
+		if c.attemptSub != nil {
+			_ = c.attemptSub.Unsubscribe()
+		}
 		if c.durable != nil {
 			err = c.closeDurable()
 			return

@@ -15,6 +15,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -41,6 +42,40 @@ func EventsSubject(job string) string { return Prefix + "." + job + ".events" }
 // MetaSubject carries run metadata.
 func MetaSubject(job string) string { return Prefix + "." + job + ".meta" }
 
+// AttemptSubject is where `tpsprof launch` asks the collector which attempt
+// a new launch of the job is (request-reply; see AttemptReply).
+func AttemptSubject(job string) string { return Prefix + "." + job + ".attempt" }
+
+// AttemptReply answers a request on AttemptSubject: what the collector
+// knows of the job's attempts, from memory and from its Parquet folder.
+type AttemptReply struct {
+	// HasData is true when the job has step rows or attempt events.
+	HasData bool `json:"has_data"`
+	// MaxAttempt is the highest attempt seen (records or events).
+	MaxAttempt int64 `json:"max_attempt"`
+	// Running is an attempt some node started and has not ended (-1 for
+	// none), started RunningSinceUnixNs.
+	Running            int64 `json:"running"`
+	RunningSinceUnixNs int64 `json:"running_since_unix_ns,omitempty"`
+}
+
+// Choose applies the launch rule (docs/capture.md, "Attempts and runs"):
+// join the running attempt when it started within join of now (the other
+// nodes of one launch), else the attempt after the highest the job has
+// (0 for a job without data). It returns the attempt and a sentence for
+// the user.
+func (r AttemptReply) Choose(now time.Time, join time.Duration) (int64, string) {
+	if r.Running >= 0 && r.RunningSinceUnixNs > 0 && now.Sub(time.Unix(0, r.RunningSinceUnixNs)) <= join {
+		return r.Running, fmt.Sprintf("attempt %d (joining the attempt other nodes started %s ago)", r.Running,
+			now.Sub(time.Unix(0, r.RunningSinceUnixNs)).Round(time.Second))
+	}
+	if !r.HasData {
+		return 0, "attempt 0 (the job has no data yet)"
+	}
+	next := r.MaxAttempt + 1
+	return next, fmt.Sprintf("attempt %d (the job has data up to attempt %d: this launch is a new attempt, reported apart from the earlier ones)", next, r.MaxAttempt)
+}
+
 // Wildcards a collector subscribes to.
 const (
 	AllSteps    = Prefix + ".*.steps.*"
@@ -48,6 +83,7 @@ const (
 	AllEvents   = Prefix + ".*.events"
 	AllMeta     = Prefix + ".*.meta"
 	AllPartials = Prefix + ".*.partial.*"
+	AllAttempt  = Prefix + ".*.attempt"
 )
 
 // NodeToken turns a host name into a subject token: characters outside
@@ -68,8 +104,8 @@ func NodeToken(node string) string {
 	return b.String()
 }
 
-// ParseSubject splits a v1 subject into job, kind (steps, gpu, events, meta)
-// and node (empty for events and meta).
+// ParseSubject splits a v1 subject into job, kind (steps, gpu, partial,
+// events, meta, attempt) and node (empty for events, meta and attempt).
 func ParseSubject(subj string) (job, kind, node string, err error) {
 	// Called once per message: parsed with Cut rather than Split, which
 	// allocated a slice every time.
@@ -84,7 +120,7 @@ func ParseSubject(subj string) (job, kind, node string, err error) {
 	kind, node, hasNode := strings.Cut(rest, ".")
 	switch {
 	case (kind == "steps" || kind == "gpu" || kind == "partial") && hasNode && node != "" && !strings.Contains(node, "."):
-	case (kind == "events" || kind == "meta") && !hasNode:
+	case (kind == "events" || kind == "meta" || kind == "attempt") && !hasNode:
 		node = ""
 	default:
 		return "", "", "", fmt.Errorf("wire: subject %q has an unknown layout", subj)

@@ -280,14 +280,25 @@ func runLaunch(args []string, stdout, stderr io.Writer) int {
   tpsprof launch --job llama-8b --nats nats://collector:4222 --dp 4 --tp 8 --pp 2 --model llama3-8b --gpu h100-sxm \
       -- torchrun --nproc-per-node 8 train.py
 
+  # an unmodified PyTorch script, measured (data wait, forward, backward, optimizer, communication)
+  tpsprof launch --auto --job llama-8b --nats nats://collector:4222 -- torchrun --nproc-per-node 8 train.py
+
 It starts an agent in process when none serves the socket, exports TPSPROF_SOCKET, TPSPROF_JOB,
-TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY and TPSPROF_NODE, forwards SIGINT and SIGTERM, records
+TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY and TPSPROF_NODE, puts the tpsprof Python package on
+PYTHONPATH (import tpsprof works with nothing installed), forwards SIGINT and SIGTERM, records
 attempt_start and attempt_end events and exits with the command's exit code.
+
+Attempts: without --attempt, launch asks the collector. Nodes of one launch join the attempt
+the first of them started; a new launch under a job id that has data becomes the next attempt,
+so it is reported apart and never dropped as duplicates. torchrun's elastic restarts add their
+restart count to the attempt inside the ranks.
 `+natsEnvHelp, stderr)
 	var no natsconn.Options
 	natsFlags(fs, &no)
 	job := fs.String("job", os.Getenv(agent.EnvJob), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB)")
-	attempt := fs.Int64("attempt", 0, "restart count of the job (0 for the first launch)")
+	attempt := fs.Int64("attempt", -1, "attempt of this launch (default: asked of the collector, see below)")
+	auto := fs.Bool("auto", false, "zero-code capture: instrument the Python training script without changing it")
+	pyDir := fs.String("python-dir", "", "where the Python package is unpacked for PYTHONPATH (default: the user cache dir; - for none)")
 	socket := fs.String("socket", agent.DefaultSocket(), "intake socket of the node's agent")
 	var topo tps.Topology
 	fs.IntVar(&topo.DP, "dp", 0, "data-parallel size")
@@ -335,7 +346,11 @@ attempt_start and attempt_end events and exits with the command's exit code.
 	} else {
 		log.Debug("GPU telemetry off", "why", err)
 	}
-	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: *job, Attempt: *attempt, Meta: meta,
+	if *attempt < -1 {
+		return usageErr(stderr, cmd, "--attempt %d: give 0 or more", *attempt)
+	}
+	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: *job, Attempt: max(*attempt, 0),
+		ChooseAttempt: *attempt < 0, Auto: *auto, PythonDir: *pyDir, Meta: meta,
 		Agent: acfg, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
 	if acfg.GPU != nil {
 		acfg.GPU.Close() // the agent Launch started has closed it already; Close is idempotent
