@@ -1,4 +1,4 @@
-"""Measures what the tpsprof hook costs a training loop per step.
+"""Measures what the plain tpsprof API costs a training loop per step.
 
 Prints one JSON object: the mean and p99 time of a bare loop iteration and
 of one with prof.start()/prof.end() sending to the agent at TPSPROF_SOCKET
@@ -13,8 +13,11 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tpsprof_hook import TPSProf  # noqa: E402
+try:
+    import tpsprof
+except ImportError:  # a checkout, not under tpsprof launch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import tpsprof
 
 
 def measure(steps, body):
@@ -31,7 +34,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=20000)
     a = p.parse_args()
-    prof = TPSProf(job=os.environ.get("TPSPROF_JOB", "bench-hook"), rank=0, world_size=1)
+    prof = tpsprof.Profiler(job=os.environ.get("TPSPROF_JOB", "bench-hook"), rank=0, world_size=1)
 
     def bare(s):
         pass

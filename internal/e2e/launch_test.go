@@ -25,7 +25,7 @@ func launchEnv(t *testing.T) (*natsconn.Embedded, *collector.Collector, string, 
 	}
 	t.Cleanup(srv.Shutdown)
 	out := t.TempDir()
-	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Second})
+	col, err := collectorOn(srv.URL(), out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,4 +120,8 @@ func TestLaunchExitCodeAndSignals(t *testing.T) {
 	if code, err := agent.Launch(context.Background(), cfg); code != 2 || err == nil {
 		t.Errorf("bad job id: got %d %v", code, err)
 	}
+}
+
+func collectorOn(url, out string) (*collector.Collector, error) {
+	return collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: url}, Grace: time.Second})
 }

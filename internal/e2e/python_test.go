@@ -73,7 +73,7 @@ func TestPythonHookNeverBlocks(t *testing.T) {
 	script := `
 import json, sys, time
 sys.path.insert(0, sys.argv[1])
-from tpsprof_hook import TPSProf
+from tpsprof import Profiler as TPSProf
 res = {}
 for name, path in (("missing", sys.argv[2]), ("stuck", sys.argv[3])):
     p = TPSProf(job="j", rank=0, world_size=1, socket_path=path, reconnect_interval=0.0, max_pending_bytes=1 << 16)
@@ -86,7 +86,7 @@ for name, path in (("missing", sys.argv[2]), ("stuck", sys.argv[3])):
     res[name] = {"worst_s": worst, "sent": p.sent, "dropped": p.dropped}
 print(json.dumps(res))
 `
-	cmd := exec.Command(python(t), "-c", script, filepath.Join(repoRoot(t), "examples", "pytorch"), filepath.Join(dir, "none.sock"), stuck)
+	cmd := exec.Command(python(t), "-c", script, filepath.Join(repoRoot(t), "python"), filepath.Join(dir, "none.sock"), stuck)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("python: %v\n%s", err, out)

@@ -1,0 +1,250 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// torchPython is a Python with PyTorch: $TPSPROF_TORCH_PYTHON, Debian's
+// /usr/bin/python3 (python3-torch installs for it), or python3 on PATH.
+// .ci/run installs python3-torch, so its absence is a failure, not a skip.
+func torchPython(t *testing.T) string {
+	t.Helper()
+	for _, p := range []string{os.Getenv("TPSPROF_TORCH_PYTHON"), "/usr/bin/python3", "python3"} {
+		if p == "" {
+			continue
+		}
+		if err := exec.Command(p, "-c", "import torch, torch.distributed as d; assert d.is_gloo_available()").Run(); err == nil {
+			return p
+		}
+	}
+	t.Fatal("no Python with PyTorch (gloo): install Debian's python3-torch (bash .ci/run does)")
+	return ""
+}
+
+// torchrun is the command line of a 2-rank torchrun on this machine
+// (torch 1.13 with Python 3.11 needs non-zero --redirects/--tee).
+func torchrun(py string, nproc int, extra ...string) []string {
+	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", itoa(nproc), "--redirects", "2", "--tee", "2",
+		"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0"}
+	return append(cmd, extra...)
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// launchTorch runs cmd under agent.Launch with an agent of its own and
+// returns the Parquet folder of the job once the collector has closed.
+func launchTorch(t *testing.T, job string, auto bool, cmd []string) (string, string) {
+	t.Helper()
+	srv, col, out, sock := launchEnv(t)
+	var log bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	code, err := agent.Launch(ctx, agent.LaunchConfig{Job: job, ChooseAttempt: true, Auto: auto, PythonDir: t.TempDir(),
+		Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "torch-node"},
+		Command: cmd, Stdout: &log, Stderr: &log})
+	if err != nil {
+		t.Fatalf("launch: %v\n%s", err, log.String())
+	}
+	if code != 0 {
+		t.Fatalf("launch: exit code %d\n%s", code, log.String())
+	}
+	if err := col.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := col.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(out, job), log.String()
+}
+
+func rankRows(t *testing.T, dir string) []tps.StepRecord {
+	t.Helper()
+	rows, err := trace.ReadAll[tps.StepRecord](filepath.Join(dir, trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(rows, func(i, j int) bool {
+		a, b := rows[i], rows[j]
+		if a.Attempt != b.Attempt {
+			return a.Attempt < b.Attempt
+		}
+		if a.Step != b.Step {
+			return a.Step < b.Step
+		}
+		return a.Rank < b.Rank
+	})
+	return rows
+}
+
+// A real DDP job (2 ranks, gloo, torchrun) under tpsprof launch,
+// instrumented with one call: every rank row has data wait, forward,
+// backward, optimizer and communication measured; the data loader sleeps
+// 150 ms per step and the data wait recovers it within 10%.
+func TestTorchDDPMeasured(t *testing.T) {
+	py := torchPython(t)
+	const steps, sleep = 6, 0.150
+	dir, log := launchTorch(t, "ddp-measured", false, torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
+		"--steps", itoa(steps), "--batch", "4", "--seq", "32", "--vocab", "256", "--dim", "64", "--data-sleep", "0.15"))
+	if !strings.Contains(log, "attempt 0: 6 steps sent, 0 dropped, 0 errors") {
+		t.Fatalf("the ranks did not report their steps:\n%s", log)
+	}
+	rows := rankRows(t, dir)
+	if len(rows) != 2*steps {
+		t.Fatalf("%d rank rows, want %d\n%s", len(rows), 2*steps, log)
+	}
+	for _, r := range rows {
+		wait := float64(r.DataWaitNs) / 1e9
+		switch {
+		case r.Attempt != 0:
+			t.Errorf("row %d/%d: attempt %d, want 0", r.Step, r.Rank, r.Attempt)
+		case wait < sleep*0.9 || wait > sleep*1.1:
+			t.Errorf("row %d/%d: data wait %.3fs, want %.3fs ± 10%%", r.Step, r.Rank, wait, sleep)
+		case r.FwdNs <= 0 || r.BwdNs <= 0 || r.OptimNs <= 0:
+			t.Errorf("row %d/%d: fwd %d bwd %d optim %d, want all measured", r.Step, r.Rank, r.FwdNs, r.BwdNs, r.OptimNs)
+		case r.CommNs <= 0:
+			t.Errorf("row %d/%d: comm_ns %d, want the DDP all-reduces measured", r.Step, r.Rank, r.CommNs)
+		case r.ExposedCommNs > r.CommNs:
+			t.Errorf("row %d/%d: exposed %d > comm %d", r.Step, r.Rank, r.ExposedCommNs, r.CommNs)
+		case r.Tokens != 4*32:
+			t.Errorf("row %d/%d: %d tokens, want 128 (4 sequences of 32 labels)", r.Step, r.Rank, r.Tokens)
+		case r.DataWaitNs+r.FwdNs > r.DurationNs:
+			t.Errorf("row %d/%d: data wait + forward %d above the step's %d ns", r.Step, r.Rank, r.DataWaitNs+r.FwdNs, r.DurationNs)
+		}
+	}
+}
+
+// torchrun --max_restarts 1: rank 0 dies at step 4 of attempt 0; the
+// restarted group resumes from step 2. Both attempts are in rank_steps,
+// the report counts one restart and the redone steps 2 and 3.
+func TestTorchElasticRestartIsAnAttempt(t *testing.T) {
+	py := torchPython(t)
+	dir, log := launchTorch(t, "ddp-restart", false, torchrun(py, 2, "--max_restarts", "1",
+		filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
+		"--steps", "7", "--batch", "2", "--seq", "16", "--vocab", "128", "--dim", "32", "--crash-at", "4"))
+	rows := rankRows(t, dir)
+	got := map[int64][]int64{} // attempt → steps of rank 1
+	for _, r := range rows {
+		if r.Rank == 1 {
+			got[r.Attempt] = append(got[r.Attempt], r.Step)
+		}
+	}
+	if len(got[0]) < 4 || got[0][0] != 0 || got[0][3] != 3 {
+		t.Fatalf("attempt 0 steps of rank 1: %v, want 0-3\n%s", got[0], log)
+	}
+	if want := []int64{2, 3, 4, 5, 6}; !equalSteps(got[1], want) {
+		t.Fatalf("attempt 1 steps of rank 1: %v, want %v\n%s", got[1], want, log)
+	}
+	rep, err := report.Analyze(dir, report.Options{Warmup: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Goodput.Restarts != 1 || rep.Goodput.RedoneSteps != 2 {
+		t.Fatalf("report: %d restarts, %d redone steps; want 1 and 2", rep.Goodput.Restarts, rep.Goodput.RedoneSteps)
+	}
+}
+
+func equalSteps(a, b []int64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// tpsprof launch --auto on a script that never imports tpsprof: the steps
+// are found (optimizer.step), the DataLoader, forward, backward and the DDP
+// all-reduces timed, real and padded tokens counted from the attention mask.
+func TestTorchZeroCode(t *testing.T) {
+	py := torchPython(t)
+	dir, log := launchTorch(t, "zero-code", true, torchrun(py, 2, filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "plain_ddp.py")))
+	if !strings.Contains(log, "plain script done on rank 1") {
+		t.Fatalf("the script did not run:\n%s", log)
+	}
+	rows := rankRows(t, dir)
+	if len(rows) != 12 {
+		t.Fatalf("%d rank rows, want 12 (6 steps × 2 ranks)\n%s", len(rows), log)
+	}
+	for _, r := range rows {
+		if r.DataWaitNs < 30e6 || r.FwdNs <= 0 || r.BwdNs <= 0 || r.CommNs <= 0 || r.ExposedCommNs > r.CommNs {
+			t.Errorf("row %d/%d not measured: %+v", r.Step, r.Rank, r)
+		}
+		if r.Tokens != 4*24 || r.PaddedTokens != 4*32 || r.Samples != 4 {
+			t.Errorf("row %d/%d: tokens %d padded %d samples %d, want 96, 128, 4", r.Step, r.Rank, r.Tokens, r.PaddedTokens, r.Samples)
+		}
+	}
+}
+
+// The same job id launched twice against one collector, then once more
+// against a new collector on the same folder: each launch is its own
+// attempt (0, 1, 2), nothing is dropped as a duplicate, and the report
+// tells the attempts apart.
+func TestRerunIsANewAttempt(t *testing.T) {
+	srv, col, out, sock := launchEnv(t)
+	run := func(want int64) {
+		t.Helper()
+		var log bytes.Buffer
+		code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: "rerun", ChooseAttempt: true, PythonDir: "-",
+			Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"},
+			Command: []string{python(t), filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"), "--steps", "5", "--synthetic"},
+			Stdout:  &log, Stderr: &log})
+		if err != nil || code != 0 {
+			t.Fatalf("launch: %d %v\n%s", code, err, log.String())
+		}
+		if !strings.Contains(log.String(), "tpsprof launch: attempt "+itoa(int(want))+" (") {
+			t.Fatalf("launch chose another attempt than %d:\n%s", want, log.String())
+		}
+		if err := col.Sync(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run(0)
+	run(1)
+	if s := col.Stats(); s.Duplicates != 0 || s.Records != 10 {
+		t.Fatalf("collector: %d records, %d duplicates; want 10 and 0", s.Records, s.Duplicates)
+	}
+	if err := col.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A collector started afresh learns the job's attempts from its folder.
+	var err error
+	col, err = collectorOn(srv.URL(), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(2)
+	col.Close()
+	rows := rankRows(t, filepath.Join(out, "rerun"))
+	per := map[int64]int{}
+	for _, r := range rows {
+		per[r.Attempt]++
+	}
+	if len(rows) != 15 || per[0] != 5 || per[1] != 5 || per[2] != 5 {
+		t.Fatalf("rank rows by attempt: %v (%d rows), want 5 in each of 0, 1, 2", per, len(rows))
+	}
+	rep, err := report.Analyze(filepath.Join(out, "rerun"), report.Options{Warmup: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Goodput.Restarts != 2 {
+		t.Fatalf("report: %d restarts, want the 3 attempts told apart", rep.Goodput.Restarts)
+	}
+}
