@@ -113,3 +113,40 @@ print(json.dumps(res))
 		t.Errorf("stuck agent: nothing dropped although it never reads")
 	}
 }
+
+// The package's own unit tests (interval arithmetic, token counting, the
+// CUDA path's deferred event reading with a fake event), under a Python
+// with PyTorch.
+func TestPythonPackageUnit(t *testing.T) {
+	py := torchPython(t)
+	cmd := exec.Command(py, "-W", "ignore", "-m", "unittest", "discover", "-s", "tests", "-v")
+	cmd.Dir = filepath.Join(repoRoot(t), "python")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "\nOK") {
+		t.Fatalf("python unit tests: %v\n%s", err, out)
+	}
+}
+
+// pip installs the package from the checkout with no package index, and
+// the installed copy imports.
+func TestPythonPackageInstallsOffline(t *testing.T) {
+	py := torchPython(t) // Debian's Python, with pip, setuptools and wheel (.ci/run)
+	target := t.TempDir()
+	build := t.TempDir()
+	src := filepath.Join(build, "python")
+	if out, err := exec.Command("cp", "-r", filepath.Join(repoRoot(t), "python"), src).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	cmd := exec.Command(py, "-m", "pip", "install", "--no-index", "--no-build-isolation", "--target", target, src)
+	cmd.Env = append(os.Environ(), "PIP_DISABLE_PIP_VERSION_CHECK=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("pip install: %v\n%s", err, out)
+	}
+	cmd = exec.Command(py, "-c", "import tpsprof, tpsprof.torch, sys; print(tpsprof.__file__); assert tpsprof.Profiler().attempt == 3")
+	cmd.Dir = t.TempDir()
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+target, "TPSPROF_ATTEMPT=1", "TORCHELASTIC_RESTART_COUNT=2")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), target) {
+		t.Fatalf("installed package: %v\n%s", err, out)
+	}
+}

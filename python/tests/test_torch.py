@@ -1,0 +1,164 @@
+"""tpsprof.torch without a GPU: token counting, and the CUDA path's
+"read the events a few steps later" logic with a fake event (the hardware
+boundary: no CUDA here). Skipped nowhere: the Go test that runs these
+fails when PyTorch is missing."""
+
+import json
+import os
+import socket
+import tempfile
+import threading
+import unittest
+
+import torch
+
+import tpsprof.torch as tt
+
+
+class Sink:
+    """A unix socket that stores the lines an agent would receive."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp()
+        self.path = os.path.join(self.dir, "s.sock")
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(self.path)
+        self.sock.listen(4)
+        self.lines = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        c, _ = self.sock.accept()
+        buf = b""
+        while True:
+            b = c.recv(65536)
+            if not b:
+                return
+            buf += b
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                self.lines.append(json.loads(line))
+
+
+class CountTokensTest(unittest.TestCase):
+    def test_mask(self):
+        mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+        self.assertEqual(tt.count_tokens({"input_ids": torch.zeros(2, 4, dtype=torch.long), "attention_mask": mask}),
+                         (5, 8, 2))
+
+    def test_labels_with_ignore_index(self):
+        ids = torch.zeros(2, 3, dtype=torch.long)
+        labels = torch.tensor([[1, -100, 2], [-100, -100, 3]])
+        self.assertEqual(tt.count_tokens({"input_ids": ids, "labels": labels}), (3, 6, 2))
+        self.assertEqual(tt.count_tokens((ids, labels)), (3, 6, 2))
+
+    def test_plain_ids_and_non_tokens(self):
+        self.assertEqual(tt.count_tokens(torch.zeros(4, 16, dtype=torch.long)), (64, 64, 4))
+        self.assertIsNone(tt.count_tokens(torch.zeros(4, 3, 32, 32)))  # images
+        self.assertIsNone(tt.count_tokens("text"))
+
+
+class FakeEvent:
+    """Stands in for torch.cuda.Event: a time the test sets, done when the test says."""
+    clock = 0.0
+
+    def __init__(self, enable_timing=True):
+        self.t = None
+        self.done = False
+
+    def record(self, stream=None):
+        self.t = FakeEvent.clock
+        self.done = False
+
+    def query(self):
+        return self.done
+
+    def synchronize(self):
+        self.done = True
+
+    def elapsed_time(self, other):
+        return other.t - self.t  # ms
+
+
+class CudaEventPathTest(unittest.TestCase):
+    def setUp(self):
+        self.saved = (torch.cuda.Event, torch.cuda.current_stream)
+        torch.cuda.Event = FakeEvent
+        torch.cuda.current_stream = lambda device=None: None
+        self.sink = Sink()
+
+    def tearDown(self):
+        torch.cuda.Event, torch.cuda.current_stream = self.saved
+
+    def test_steps_are_sent_when_their_events_are_done(self):
+        prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
+                                socket_path=self.sink.path)
+        events = []
+        real_mark = prof._mark
+
+        def mark():
+            ev = real_mark()
+            events.append(ev)
+            return ev
+        prof._mark = mark
+        for step in range(3):
+            FakeEvent.clock = step * 100.0
+            with prof.step():
+                FakeEvent.clock += 60.0  # the GPU's step takes 60 ms
+        # nothing is done on the GPU yet: nothing may be sent, nothing waited for
+        self.assertEqual(prof.steps, 0)
+        self.assertEqual(len(prof._pending), 3)
+        # the first two steps complete: the next boundary sends them, in order
+        for ev in events[:4]:
+            ev.done = True
+        FakeEvent.clock = 400.0
+        with prof.step():
+            FakeEvent.clock += 60.0
+        self.assertEqual(prof.steps, 2)
+        prof.close()  # waits for the rest, once
+        self.assertEqual(prof.steps, 4)
+        import time
+        for _ in range(100):
+            if len(self.sink.lines) == 4:
+                break
+            time.sleep(0.01)
+        got = [(r["step"], r["duration_ns"]) for r in self.sink.lines]
+        self.assertEqual(got, [(0, 60_000_000), (1, 60_000_000), (2, 60_000_000), (3, 60_000_000)])
+
+    def test_async_comm_exposed_from_events(self):
+        prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
+                                socket_path=self.sink.path)
+        FakeEvent.clock = 0.0
+        prof._cur = prof._begin()
+        st = prof._cur
+        FakeEvent.clock = 10.0
+        prof._fwd_pre(torch.nn.Linear(1, 1), ())
+        FakeEvent.clock = 50.0
+        prof._fwd_post(torch.nn.Linear(1, 1), (), torch.zeros(1))  # no grad: no backward hook
+        # a collective issued at 30 ms whose completion event lands at 70 ms
+        FakeEvent.clock = 30.0
+        tok = prof._comm_begin(sync=False)
+        cell = [tok[0], None]
+        st.comm.append(cell)
+        FakeEvent.clock = 70.0
+        cell[1] = prof._mark()
+        FakeEvent.clock = 80.0
+        prof._finish()
+        for ev in [st.t0, st.end, st.fwd[0][0], st.fwd[0][1], cell[0], cell[1]]:
+            ev.done = True
+        prof._poll()
+        prof.close()
+        import time
+        for _ in range(100):
+            if self.sink.lines:
+                break
+            time.sleep(0.01)
+        r = self.sink.lines[0]
+        self.assertEqual(r["duration_ns"], 80_000_000)
+        self.assertEqual(r["fwd_ns"], 40_000_000)
+        self.assertEqual(r["comm_ns"], 40_000_000)
+        self.assertEqual(r["exposed_comm_ns"], 20_000_000)  # 50-70 ms: after the forward ended
+
+
+if __name__ == "__main__":
+    unittest.main()
