@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from . import _client
-from ._intervals import clip, exposed, length
+from ._intervals import clip, exposed
 
 __all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
 
@@ -228,6 +228,11 @@ class TorchProfiler:
 
     def _poll(self, wait=False):
         """Sends every pending step whose times are known, oldest first."""
+        if wait and not self.cuda:
+            # at close: give the poller a moment to see the last collectives end
+            deadline = time.monotonic() + 1.0
+            while time.monotonic() < deadline and any(c[1] is None for st in self._pending for c in st.comm):
+                time.sleep(0.001)
         while self._pending:
             st = self._pending[0]
             st.age += 1
@@ -290,12 +295,11 @@ class TorchProfiler:
             return clip(out, 0, dur)
 
         fwd, bwd, loss, optim = ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim)
-        comm, blocked = ivs([(c[0], c[1]) for c in st.comm]), ivs(st.blocked)
-        comm_ns, exposed_ns = exposed(comm, fwd + loss + bwd + optim, blocked)
-        phases = {"data_wait": st.data_wait, "fwd": length(fwd), "bwd": length(bwd), "optim": length(optim)}
+        # phases of one kind never overlap on the host's timeline: sums
+        phases = {"data_wait": st.data_wait, "fwd": _total(fwd), "bwd": _total(bwd), "optim": _total(optim)}
         if st.comm:
-            phases["comm"] = comm_ns
-            phases["exposed_comm"] = exposed_ns
+            comm, blocked = ivs([(c[0], c[1]) for c in st.comm]), ivs(st.blocked)
+            phases["comm"], phases["exposed_comm"] = exposed(comm, fwd + loss + bwd + optim, blocked)
         tokens = sum(_resolve(t) for t in st.tokens)
         padded = sum(_resolve(t) for t in st.padded)
         self.steps += 1
@@ -677,6 +681,10 @@ def _lazy_int(v):
         return buf
     except Exception:
         return 0
+
+
+def _total(intervals):
+    return sum(b - a for a, b in intervals)
 
 
 def _resolve(v):

@@ -1,0 +1,99 @@
+"""What tpsprof.torch costs a real PyTorch training step.
+
+Two copies of one model train side by side in this process: one bare, one
+instrumented with tpsprof.torch.instrument (model, optimizer, data loader;
+records sent to the agent at TPSPROF_SOCKET). Blocks of steps alternate
+between them so that the machine's noise falls on both alike. Prints one
+JSON object: median step time of each, the overhead (the median of the
+differences between adjacent blocks) in percent and microseconds, and the
+same on a near-empty step, which gives the per-step cost itself.
+
+    tpsprof launch --job bench -- python3 examples/pytorch/bench_torch.py
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+try:
+    import tpsprof
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+    import tpsprof
+import torch
+import torch.nn as nn
+
+import tpsprof.torch as tt
+
+
+def make(dim, layers, vocab, seq, batch, steps):
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=dim, nhead=4, dim_feedforward=4 * dim, batch_first=True)
+    model = nn.Sequential(nn.Embedding(vocab, dim), nn.TransformerEncoder(layer, num_layers=layers), nn.Linear(dim, vocab))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = torch.randint(0, vocab, (steps * batch, seq + 1))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:]), batch_size=batch)
+    return model, opt, loader
+
+
+def run_block(model, opt, it, n, vocab):
+    times = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        x, y = next(it)
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter_ns() - t)
+    return times
+
+
+def compare(args, dim, layers, vocab, seq, batch, blocks, per_block):
+    steps = blocks * per_block + 2
+    bare = make(dim, layers, vocab, seq, batch, steps)
+    inst = make(dim, layers, vocab, seq, batch, steps)
+    prof = tt.instrument(inst[0], inst[1], inst[2])
+    its = [iter(bare[2]), iter(inst[2])]
+    run_block(bare[0], bare[1], its[0], 1, vocab)  # warm up both
+    run_block(inst[0], inst[1], its[1], 1, vocab)
+    tb, ti, diffs = [], [], []
+    for b in range(blocks):
+        order = (0, 1) if b % 2 == 0 else (1, 0)
+        got = {}
+        for k in order:
+            m = bare if k == 0 else inst
+            got[k] = run_block(m[0], m[1], its[k], per_block, vocab)
+        tb.extend(got[0])
+        ti.extend(got[1])
+        # adjacent blocks share the machine's state: their difference is
+        # far less noisy than the difference of two medians
+        diffs.append(statistics.median(got[1]) - statistics.median(got[0]))
+    prof.close()
+    mb, mi, d = statistics.median(tb), statistics.median(ti), statistics.median(diffs)
+    return {"bare_ms": mb / 1e6, "instrumented_ms": mi / 1e6, "overhead_pct": 100 * d / mb,
+            "overhead_us": d / 1e3, "pairs": len(diffs), "steps_each": len(tb), "sent": prof.sent,
+            "dropped": prof.dropped, "errors": prof.errors}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--blocks", type=int, default=60)
+    p.add_argument("--per-block", type=int, default=1)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4)
+    a = p.parse_args()
+    torch.set_num_threads(1)  # steadier timings on a shared machine
+    big = compare(a, a.dim, a.layers, a.vocab, a.seq, a.batch, a.blocks, a.per_block)
+    tiny = compare(a, 8, 1, 16, 4, 1, 200, 10)  # a near-empty step: the per-step cost itself
+    print(json.dumps({"model_step": big, "tiny_step": tiny}))
+
+
+if __name__ == "__main__":
+    main()
