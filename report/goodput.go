@@ -15,6 +15,10 @@ type Goodput struct {
 	BadputS     map[string]float64 `json:"badput_s"`
 	RedoneSteps int                `json:"redone_steps"`
 	Restarts    int                `json:"restarts"`
+	// Launches counts the restarts that were new launches (their attempt
+	// has a launcher's attempt_start event); the others restarted inside a
+	// launch (torchrun elastic restarts).
+	Launches int `json:"launches"`
 }
 
 // Badput causes.
@@ -67,6 +71,11 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 			evals = append(evals, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		case tps.EventCheckpointSave:
 			ckpts = append(ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
+		}
+	}
+	for _, a := range attempts[1:] {
+		if _, ok := starts[a]; ok {
+			g.Launches++
 		}
 	}
 	sec := func(ns int64) float64 { return float64(ns) / 1e9 }

@@ -63,7 +63,7 @@ func WriteText(w io.Writer, r *Report) error {
 		}
 		row("goodput", "%s of %.0fs elapsed; badput: %s", pct(g.Goodput), g.ElapsedS, strings.Join(bad, ", "))
 		if g.Restarts > 0 {
-			row("restarts", "%d, %d steps redone", g.Restarts, g.RedoneSteps)
+			row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
 		}
 	}
 	if s.TokenMismatch > 0 {
@@ -118,3 +118,23 @@ func orDash(s string) string {
 }
 
 func sortedKeys(m map[string]int64) []string { return slices.Sorted(maps.Keys(m)) }
+
+// restartKinds says which restarts were new launches and which restarted
+// inside a launch (torchrun elastic restarts).
+func restartKinds(g Goodput) string {
+	var parts []string
+	if g.Launches > 0 {
+		parts = append(parts, plural(g.Launches, "new launch", "new launches"))
+	}
+	if in := g.Restarts - g.Launches; in > 0 {
+		parts = append(parts, plural(in, "inside a launch", "inside a launch"))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
+}

@@ -153,8 +153,9 @@ func TestTorchElasticRestartIsAnAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Goodput.Restarts != 1 || rep.Goodput.RedoneSteps != 2 {
-		t.Fatalf("report: %d restarts, %d redone steps; want 1 and 2", rep.Goodput.Restarts, rep.Goodput.RedoneSteps)
+	if rep.Goodput.Restarts != 1 || rep.Goodput.RedoneSteps != 2 || rep.Goodput.Launches != 0 {
+		t.Fatalf("report: %d restarts (%d launches), %d redone steps; want 1 restart inside the launch and 2 redone",
+			rep.Goodput.Restarts, rep.Goodput.Launches, rep.Goodput.RedoneSteps)
 	}
 }
 
@@ -244,7 +245,7 @@ func TestRerunIsANewAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Goodput.Restarts != 2 {
-		t.Fatalf("report: %d restarts, want the 3 attempts told apart", rep.Goodput.Restarts)
+	if rep.Goodput.Restarts != 2 || rep.Goodput.Launches != 2 {
+		t.Fatalf("report: %d restarts, %d of them launches; want the 3 launches told apart", rep.Goodput.Restarts, rep.Goodput.Launches)
 	}
 }
