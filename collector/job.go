@@ -340,6 +340,7 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 			w, b := r.Rank/64, uint64(1)<<(r.Rank%64)
 			if w < int64(len(bits)) && bits[w]&b != 0 {
 				c.stats.Duplicates++
+				j.warnRerun(c, r)
 				return k, false, false
 			}
 			if w < int64(len(bits)) {
@@ -351,6 +352,7 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 		if j.disk != nil && j.disk.closed[k] { // closed before a restart (durable mode)
 			if j.disk.ranks[k][r.Rank] {
 				c.stats.Duplicates++
+				j.warnRerun(c, r)
 				return k, false, false
 			}
 			j.disk.markRank(k, r.Rank)
@@ -359,6 +361,7 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 		}
 		if hi, ok := j.maxClosed[r.Attempt]; ok && r.Step <= hi {
 			c.stats.Late++ // closed too long ago to check for duplicates
+			j.warnRerun(c, r)
 			return k, false, true
 		}
 		acc, err := tps.NewStepAccumulator(j.id, r.Attempt, r.Step, r.WorldSize, j.cfg)
@@ -618,4 +621,13 @@ func (j *job) close(c *Collector) error {
 		}
 	}
 	return first
+}
+
+// warnRerun says, rate-limited, why records of closed steps arrive: most
+// often a second run under the job id and attempt of an earlier one.
+// They are counted (duplicate or late), never merged into the closed rows.
+func (j *job) warnRerun(c *Collector, r *tps.StepRecord) {
+	c.log.Warn("rerun", "records for steps this job and attempt closed already: a second run under the same job id? "+
+		"tpsprof launch gives a new launch the next attempt; or use a new job id",
+		"job", j.id, "attempt", r.Attempt, "step", r.Step, "rank", r.Rank)
 }

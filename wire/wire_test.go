@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -170,4 +171,24 @@ func FuzzDecodeGPUSamples(f *testing.F) {
 			t.Fatalf("re-encode: %v", err)
 		}
 	})
+}
+
+// The launch rule: join a running attempt started recently, else the next
+// attempt after the job's highest, 0 for a new job.
+func TestAttemptReplyChoose(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	for _, c := range []struct {
+		r    AttemptReply
+		want int64
+	}{
+		{AttemptReply{Running: -1}, 0},
+		{AttemptReply{HasData: true, MaxAttempt: 3, Running: -1}, 4},
+		{AttemptReply{HasData: true, MaxAttempt: 3, Running: 3, RunningSinceUnixNs: now.Add(-time.Minute).UnixNano()}, 3},
+		// started too long ago: a launch that died without its attempt_end
+		{AttemptReply{HasData: true, MaxAttempt: 3, Running: 3, RunningSinceUnixNs: now.Add(-time.Hour).UnixNano()}, 4},
+	} {
+		if got, why := c.r.Choose(now, 5*time.Minute); got != c.want || why == "" {
+			t.Errorf("%+v: attempt %d (%s), want %d", c.r, got, why, c.want)
+		}
+	}
 }
