@@ -1,0 +1,550 @@
+// Package kineto analyses torch.profiler traces (Kineto's Chrome trace JSON,
+// plain or gzipped, and the legacy profiler's bare event array): per
+// ProfilerStep#N and over the whole trace, computation, communication and
+// memory time as unions of their kernel intervals on every stream, the
+// communication no computation kernel overlaps (exposed), the overlap
+// percentage and GPU idle time, and the collectives by kind.
+//
+// Kernels are classified by name as Holistic Trace Analysis does, so the
+// figures compare: communication = NCCL/RCCL/HCCL kernels (a name starting
+// with "nccl", "rccl" or "hccl", or containing "ncclKernel"/"ncclDevKernel",
+// which covers every NCCL naming generation), memory = memcpy and memset
+// (their categories, or names starting with Memcpy/Memset), computation =
+// every other kernel. The overlap percentage is HTA's
+// comp_comm_overlap_ratio: |comm ∩ compute| / |comm|.
+//
+// Traces without GPU events (CPU training, gloo) give CPU-side figures:
+// communication = the gloo collectives' spans on gloo's threads,
+// computation = the aten operators'; Result.Device says "cpu".
+//
+// The file is streamed: one event's bytes at a time, kept as a compact
+// record (about 48 bytes per GPU event, ~20× less than its JSON).
+package kineto
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Result is the analysis of one trace.
+type Result struct {
+	File      string `json:"file,omitempty"`
+	Rank      *int64 `json:"rank"`       // null when the trace does not say
+	WorldSize *int64 `json:"world_size"` // null when the trace does not say
+	Backend   string `json:"backend,omitempty"`
+	// Device is "gpu" when the trace has GPU events, else "cpu" (CPU-side
+	// figures: see the package documentation).
+	Device string      `json:"device"`
+	Steps  []StepStats `json:"steps"`
+	// Total is over every GPU event of the trace (every CPU operator for a
+	// CPU trace), steps or not.
+	Total          StepStats         `json:"total"`
+	CommOverlapPct *float64          `json:"comm_overlap_pct"` // null without communication
+	Collectives    []CollectiveStats `json:"collectives"`
+	Events         int64             `json:"events"`
+	GPUEvents      int64             `json:"gpu_events"`
+	Notes          []string          `json:"notes,omitempty"`
+}
+
+// StepStats are the figures of one ProfilerStep (or of the whole trace), in
+// microseconds. DurationUs is the step's span as the profiler recorded it
+// (the whole GPU span for Total); the others are unions over the step's
+// kernels (those launched during it).
+type StepStats struct {
+	Step          int64    `json:"step"`
+	DurationUs    float64  `json:"duration_us"`
+	ComputeUs     float64  `json:"compute_us"`
+	CommUs        float64  `json:"comm_us"`
+	ExposedCommUs float64  `json:"exposed_comm_us"`
+	MemoryUs      float64  `json:"memory_us"`
+	IdleUs        float64  `json:"idle_us"`
+	OverlapPct    *float64 `json:"overlap_pct"` // null without communication
+}
+
+// CollectiveStats sums one kind of collective.
+type CollectiveStats struct {
+	Kind  string `json:"kind"` // all_reduce, reduce_scatter, all_gather, send_recv, all_to_all, broadcast, reduce, other
+	Group string `json:"process_group,omitempty"`
+	Count int64  `json:"count"`
+	// TimeUs sums the kernels' durations; UnionUs is the time at least one
+	// of them ran.
+	TimeUs  float64 `json:"time_us"`
+	UnionUs float64 `json:"union_us"`
+	// Bytes sums the message sizes where the trace records them (input
+	// elements × element size); 0 when it does not.
+	Bytes int64 `json:"bytes"`
+}
+
+type class uint8
+
+const (
+	compute class = iota
+	comm
+	memory
+	other
+)
+
+type span struct{ start, end int64 }
+
+type gpuEvent struct {
+	span
+	corr  int64
+	cls   class
+	coll  uint8
+	group uint16
+	bytes int64
+}
+
+type stepSpan struct {
+	n int64
+	span
+}
+
+// Collective kinds, by index.
+var collKinds = []string{"", "all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all", "broadcast", "reduce", "other"}
+
+// AnalyzeFile analyses a trace file; gzip is recognised by its magic bytes,
+// whatever the name.
+func AnalyzeFile(path string) (*Result, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	res, err := Analyze(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	res.File = path
+	return res, nil
+}
+
+// Analyze reads one trace.
+func Analyze(r io.Reader) (*Result, error) {
+	br := bufio.NewReaderSize(r, 1<<20)
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, fmt.Errorf("kineto: gzip: %w", err)
+		}
+		defer gz.Close()
+		br = bufio.NewReaderSize(gz, 1<<20)
+	}
+	a := analyzer{launches: map[int64]int64{}, groups: map[string]uint16{}}
+	s := scanner{r: br, buf: make([]byte, 0, 4096)}
+	err := s.trace(a.event, a.info)
+	if err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("kineto: the trace is truncated (at byte %d)", s.off)
+		}
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, fmt.Errorf("kineto: %w", err)
+		}
+		return nil, err
+	}
+	return a.result(), nil
+}
+
+type analyzer struct {
+	res      Result
+	steps    []stepSpan
+	gpu      []gpuEvent
+	cpuComm  []gpuEvent // gloo collectives (CPU traces)
+	cpuOps   []span     // aten operators (CPU traces)
+	launches map[int64]int64
+	groups   map[string]uint16
+	groupOf  []string
+	events   int64
+	ev       rawEvent
+}
+
+type rawEvent struct {
+	ph, cat, name          []byte
+	ts, dur                int64
+	hasTs                  bool
+	corr                   int64
+	stream                 bool
+	collName, dtype, group []byte
+	nelems                 int64
+}
+
+func (a *analyzer) info(b []byte) error {
+	var di struct {
+		Backend   string `json:"backend"`
+		Rank      *int64 `json:"rank"`
+		WorldSize *int64 `json:"world_size"`
+	}
+	if err := json.Unmarshal(b, &di); err != nil {
+		return fmt.Errorf("kineto: distributedInfo: %w", err)
+	}
+	a.res.Backend, a.res.Rank, a.res.WorldSize = di.Backend, di.Rank, di.WorldSize
+	return nil
+}
+
+func (a *analyzer) event(b []byte) error {
+	a.events++
+	e := &a.ev
+	*e = rawEvent{corr: -1}
+	err := fields(b, func(k, v []byte) error {
+		switch string(k) {
+		case "ph":
+			e.ph = unquote(v)
+		case "cat":
+			e.cat = unquote(v)
+		case "name":
+			e.name = unquote(v)
+		case "ts":
+			e.ts, e.hasTs = microsToNs(v)
+		case "dur":
+			e.dur, _ = microsToNs(v)
+		case "args":
+			if len(v) > 0 && v[0] == '{' {
+				return fields(v, func(k, v []byte) error {
+					switch string(k) {
+					case "correlation":
+						e.corr, _ = atoi(v)
+					case "stream":
+						e.stream = true
+					case "Collective name":
+						e.collName = unquote(v)
+					case "In msg nelems", "In msg size":
+						e.nelems, _ = atoi(v)
+					case "dtype":
+						e.dtype = unquote(v)
+					case "Process Group Name":
+						e.group = unquote(v)
+					}
+					return nil
+				})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w (event %d)", err, a.events)
+	}
+	if !e.hasTs || (len(e.ph) > 0 && string(e.ph) != "X") {
+		return nil // metadata, instants, flows
+	}
+	if e.dur < 0 {
+		return fmt.Errorf("kineto: event %d (%s) has a negative duration", a.events, e.name)
+	}
+	sp := span{e.ts, e.ts + e.dur}
+	cat := string(e.cat)
+	switch {
+	case cat == "kernel" || cat == "gpu_memcpy" || cat == "gpu_memset" || cat == "Kernel" || cat == "Memcpy" || cat == "Memset":
+		cls := classify(cat, e.name)
+		if cls == other {
+			return nil
+		}
+		g := gpuEvent{span: sp, corr: e.corr, cls: cls}
+		if cls == comm {
+			g.coll = collective(e.collName, e.name)
+			g.bytes = e.nelems * dtypeSize(e.dtype)
+			g.group = a.group(e.group)
+		}
+		a.gpu = append(a.gpu, g)
+	case cat == "cuda_runtime" || cat == "cuda_driver" || cat == "Runtime" || cat == "Driver":
+		if e.corr >= 0 {
+			a.launches[e.corr] = e.ts
+		}
+	case bytes.HasPrefix(e.name, []byte("ProfilerStep#")) && (cat == "user_annotation" || cat == "cpu_op" || cat == ""):
+		n, ok := atoi(e.name[len("ProfilerStep#"):])
+		if ok {
+			a.steps = append(a.steps, stepSpan{n: n, span: sp})
+		}
+	case bytes.HasPrefix(e.name, []byte("gloo:")):
+		a.cpuComm = append(a.cpuComm, gpuEvent{span: sp, cls: comm, coll: collective(e.collName, e.name[5:]),
+			bytes: e.nelems * dtypeSize(e.dtype), group: a.group(e.group)})
+	case bytes.HasPrefix(e.name, []byte("aten::")) && (cat == "cpu_op" || cat == ""):
+		a.cpuOps = append(a.cpuOps, sp)
+	}
+	return nil
+}
+
+func (a *analyzer) group(name []byte) uint16 {
+	if len(name) == 0 {
+		return 0
+	}
+	if g, ok := a.groups[string(name)]; ok {
+		return g
+	}
+	if len(a.groupOf) >= 1000 {
+		return 0
+	}
+	if len(a.groupOf) == 0 {
+		a.groupOf = append(a.groupOf, "")
+	}
+	a.groupOf = append(a.groupOf, string(name))
+	g := uint16(len(a.groupOf) - 1)
+	a.groups[string(name)] = g
+	return g
+}
+
+// classify applies HTA's kernel grouping (see the package documentation).
+func classify(cat string, name []byte) class {
+	switch {
+	case bytes.HasPrefix(name, []byte("nccl")) || bytes.HasPrefix(name, []byte("rccl")) || bytes.HasPrefix(name, []byte("hccl")) ||
+		bytes.Contains(name, []byte("ncclKernel")) || bytes.Contains(name, []byte("ncclDevKernel")):
+		return comm
+	case cat == "gpu_memcpy" || cat == "gpu_memset" || cat == "Memcpy" || cat == "Memset" ||
+		bytes.HasPrefix(name, []byte("Memcpy")) || bytes.HasPrefix(name, []byte("Memset")) || bytes.HasPrefix(name, []byte("dma")):
+		return memory
+	case bytes.Contains(name, []byte("Sync")) && bytes.HasPrefix(name, []byte("cuda")), bytes.HasPrefix(name, []byte("Stream Wait Event")):
+		return other
+	}
+	return compute
+}
+
+// collective names a collective's kind from the profiler's "Collective
+// name" argument or the kernel's name (ncclDevKernel_AllReduce_Sum_f32_RING_LL…).
+func collective(collName, kernel []byte) uint8 {
+	src := collName
+	if len(src) == 0 {
+		src = kernel
+	}
+	n := strings.ToLower(strings.NewReplacer("_", "", "-", "", " ", "").Replace(string(src)))
+	n = strings.TrimPrefix(strings.TrimPrefix(strings.TrimPrefix(n, "nccldevkernel"), "ncclkernel"), "nccl")
+	switch {
+	case strings.Contains(n, "allreduce"):
+		return 1
+	case strings.Contains(n, "reducescatter"):
+		return 2
+	case strings.Contains(n, "allgather"):
+		return 3
+	case strings.Contains(n, "sendrecv"), strings.HasPrefix(n, "send"), strings.HasPrefix(n, "recv"):
+		return 4
+	case strings.Contains(n, "alltoall"):
+		return 5
+	case strings.Contains(n, "broadcast"):
+		return 6
+	case strings.HasPrefix(n, "reduce"):
+		return 7
+	}
+	return 8
+}
+
+func dtypeSize(d []byte) int64 {
+	switch strings.ToLower(string(d)) {
+	case "float", "float32", "int", "int32", "uint32":
+		return 4
+	case "double", "float64", "long", "int64", "uint64":
+		return 8
+	case "half", "float16", "bfloat16", "short", "int16":
+		return 2
+	case "byte", "char", "int8", "uint8", "bool", "float8_e4m3fn", "float8_e5m2":
+		return 1
+	}
+	return 0
+}
+
+// -- interval arithmetic ----------------------------------------------------
+
+func union(s []span) []span {
+	s = slices.Clone(s)
+	sort.Slice(s, func(i, j int) bool { return s[i].start < s[j].start })
+	out := s[:0]
+	for _, x := range s {
+		if x.end <= x.start {
+			continue
+		}
+		if n := len(out); n > 0 && x.start <= out[n-1].end {
+			out[n-1].end = max(out[n-1].end, x.end)
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+func total(s []span) int64 {
+	var t int64
+	for _, x := range s {
+		t += x.end - x.start
+	}
+	return t
+}
+
+// intersect is the time of two unions that overlaps.
+func intersect(a, b []span) int64 {
+	var t int64
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		lo, hi := max(a[i].start, b[j].start), min(a[i].end, b[j].end)
+		if hi > lo {
+			t += hi - lo
+		}
+		if a[i].end < b[j].end {
+			i++
+		} else {
+			j++
+		}
+	}
+	return t
+}
+
+// -- results ------------------------------------------------------------------
+
+func (a *analyzer) result() *Result {
+	r := a.res
+	r.Events = a.events
+	r.GPUEvents = int64(len(a.gpu))
+	sort.Slice(a.steps, func(i, j int) bool { return a.steps[i].start < a.steps[j].start })
+	evs := a.gpu
+	var cpuCompute []span
+	r.Device = "gpu"
+	if len(evs) == 0 {
+		r.Device = "cpu"
+		evs = a.cpuComm
+		cpuCompute = a.cpuOps
+		r.Notes = append(r.Notes, "no GPU events: CPU-side figures (communication = gloo collectives on their threads, computation = aten operators)")
+	}
+	if r.Rank == nil {
+		r.Notes = append(r.Notes, "no distributedInfo: rank and world size unknown")
+	}
+	// Which step each event belongs to: the step whose span holds its
+	// launch (the runtime call with its correlation id), else its start.
+	perStep := make([][]gpuEvent, len(a.steps))
+	var perStepCPU [][]span
+	for _, e := range evs {
+		at := e.start
+		if t, ok := a.launches[e.corr]; ok && e.corr >= 0 {
+			at = t
+		}
+		if i := a.stepAt(at); i >= 0 {
+			perStep[i] = append(perStep[i], e)
+		}
+	}
+	if cpuCompute != nil {
+		perStepCPU = make([][]span, len(a.steps))
+		for _, s := range cpuCompute {
+			if i := a.stepAt(s.start); i >= 0 {
+				perStepCPU[i] = append(perStepCPU[i], s)
+			}
+		}
+	}
+	for i, st := range a.steps {
+		var cc []span
+		if perStepCPU != nil {
+			cc = perStepCPU[i]
+		}
+		s := stats(perStep[i], cc, st.span, r.Device == "cpu")
+		s.Step = st.n
+		r.Steps = append(r.Steps, s)
+	}
+	r.Total = stats(evs, cpuCompute, span{}, r.Device == "cpu")
+	r.Total.Step = -1
+	r.CommOverlapPct = r.Total.OverlapPct
+	r.Collectives = a.collectives(evs)
+	if r.Steps == nil {
+		r.Steps = []StepStats{}
+		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
+	}
+	return &r
+}
+
+func (a *analyzer) stepAt(t int64) int {
+	i := sort.Search(len(a.steps), func(i int) bool { return a.steps[i].start > t }) - 1
+	if i >= 0 && t < a.steps[i].end {
+		return i
+	}
+	return -1
+}
+
+// stats computes one step's (or the whole trace's, window empty) figures.
+func stats(evs []gpuEvent, cpuCompute []span, window span, cpu bool) StepStats {
+	var cs, ms, ks []span
+	for _, e := range evs {
+		switch e.cls {
+		case compute:
+			cs = append(cs, e.span)
+		case comm:
+			ms = append(ms, e.span)
+		case memory:
+			ks = append(ks, e.span)
+		}
+	}
+	cs = append(cs, cpuCompute...)
+	cu, mu, ku := union(cs), union(ms), union(ks)
+	all := union(append(append(slices.Clone(cu), mu...), ku...))
+	var st StepStats
+	st.ComputeUs = us(total(cu))
+	st.CommUs = us(total(mu))
+	st.MemoryUs = us(total(ku))
+	over := intersect(mu, cu)
+	st.ExposedCommUs = us(total(mu) - over)
+	if total(mu) > 0 {
+		p := 100 * float64(over) / float64(total(mu))
+		st.OverlapPct = &p
+	}
+	busy := total(all)
+	if window.end > window.start {
+		st.DurationUs = us(window.end - window.start)
+		if !cpu && len(all) > 0 {
+			// the GPU's own span for this step's kernels
+			st.IdleUs = us(all[len(all)-1].end - all[0].start - busy)
+		} else {
+			st.IdleUs = us(max(window.end-window.start-busy, 0))
+		}
+	} else if len(all) > 0 {
+		st.DurationUs = us(all[len(all)-1].end - all[0].start)
+		st.IdleUs = us(all[len(all)-1].end - all[0].start - busy)
+	}
+	return st
+}
+
+func us(ns int64) float64 { return float64(ns) / 1e3 }
+
+func (a *analyzer) collectives(evs []gpuEvent) []CollectiveStats {
+	type key struct {
+		coll  uint8
+		group uint16
+	}
+	acc := map[key]*CollectiveStats{}
+	spans := map[key][]span{}
+	for _, e := range evs {
+		if e.cls != comm {
+			continue
+		}
+		k := key{e.coll, e.group}
+		c := acc[k]
+		if c == nil {
+			kind := collKinds[min(int(e.coll), len(collKinds)-1)]
+			if kind == "" {
+				kind = "other"
+			}
+			g := ""
+			if int(e.group) < len(a.groupOf) {
+				g = a.groupOf[e.group]
+			}
+			c = &CollectiveStats{Kind: kind, Group: g}
+			acc[k] = c
+		}
+		c.Count++
+		c.TimeUs += us(e.end - e.start)
+		c.Bytes += e.bytes
+		spans[k] = append(spans[k], e.span)
+	}
+	out := make([]CollectiveStats, 0, len(acc))
+	for k, c := range acc {
+		c.UnionUs = us(total(union(spans[k])))
+		out = append(out, *c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].TimeUs != out[j].TimeUs {
+			return out[i].TimeUs > out[j].TimeUs
+		}
+		return out[i].Kind+out[i].Group < out[j].Kind+out[j].Group
+	})
+	return out
+}
