@@ -49,6 +49,11 @@ type Result struct {
 	// CPU trace), steps or not.
 	Total          StepStats         `json:"total"`
 	CommOverlapPct *float64          `json:"comm_overlap_pct"` // null without communication
+	// HTAOverlapPct is the overlap over the events launched in every
+	// ProfilerStep but the last: the window Holistic Trace Analysis uses by
+	// default (it drops the last, often incomplete, step and what was
+	// launched outside steps), for comparison.
+	HTAOverlapPct *float64 `json:"hta_overlap_pct"`
 	Collectives    []CollectiveStats `json:"collectives"`
 	Events         int64             `json:"events"`
 	GPUEvents      int64             `json:"gpu_events"`
@@ -112,24 +117,40 @@ type stepSpan struct {
 // Collective kinds, by index.
 var collKinds = []string{"", "all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all", "broadcast", "reduce", "other"}
 
+// Options change how a trace is read.
+type Options struct {
+	// HTARounding shrinks every event to whole microseconds as Holistic
+	// Trace Analysis does with nanosecond-resolution traces (start rounded
+	// up, end rounded down; see pytorch/pytorch#122425), so that its
+	// figures are reproduced exactly. Off, the trace's own precision is
+	// kept.
+	HTARounding bool
+}
+
 // AnalyzeFile analyses a trace file; gzip is recognised by its magic bytes,
 // whatever the name.
-func AnalyzeFile(path string) (*Result, error) {
+func AnalyzeFile(path string) (*Result, error) { return AnalyzeFileWith(path, Options{}) }
+
+// AnalyzeFileWith is AnalyzeFile with options.
+func AnalyzeFileWith(path string, opt Options) (*Result, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	res, err := Analyze(f)
+	res, err := AnalyzeWith(f, opt)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
 	}
 	res.File = path
 	return res, nil
 }
 
 // Analyze reads one trace.
-func Analyze(r io.Reader) (*Result, error) {
+func Analyze(r io.Reader) (*Result, error) { return AnalyzeWith(r, Options{}) }
+
+// AnalyzeWith reads one trace with options.
+func AnalyzeWith(r io.Reader, opt Options) (*Result, error) {
 	br := bufio.NewReaderSize(r, 1<<20)
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		gz, err := gzip.NewReader(br)
@@ -139,7 +160,7 @@ func Analyze(r io.Reader) (*Result, error) {
 		defer gz.Close()
 		br = bufio.NewReaderSize(gz, 1<<20)
 	}
-	a := analyzer{launches: map[int64]int64{}, groups: map[string]uint16{}}
+	a := analyzer{launches: map[int64]int64{}, groups: map[string]uint16{}, opt: opt}
 	s := scanner{r: br, buf: make([]byte, 0, 4096)}
 	err := s.trace(a.event, a.info)
 	if err != nil {
@@ -166,6 +187,7 @@ type analyzer struct {
 	groupOf  []string
 	events   int64
 	ev       rawEvent
+	opt      Options
 }
 
 type rawEvent struct {
@@ -240,6 +262,10 @@ func (a *analyzer) event(b []byte) error {
 		return fmt.Errorf("kineto: event %d (%s) has a negative duration", a.events, e.name)
 	}
 	sp := span{e.ts, e.ts + e.dur}
+	if a.opt.HTARounding {
+		sp = span{ceilMicro(sp.start), floorMicro(sp.end)}
+		sp.end = max(sp.end, sp.start)
+	}
 	cat := string(e.cat)
 	switch {
 	case cat == "kernel" || cat == "gpu_memcpy" || cat == "gpu_memset" || cat == "Kernel" || cat == "Memcpy" || cat == "Memset":
@@ -413,17 +439,32 @@ func (a *analyzer) result() *Result {
 		r.Notes = append(r.Notes, "no distributedInfo: rank and world size unknown")
 	}
 	// Which step each event belongs to: the step whose span holds its
-	// launch (the runtime call with its correlation id), else its start.
+	// launch (the runtime call with its correlation id); in a trace
+	// without runtime calls, the step its start falls in.
 	perStep := make([][]gpuEvent, len(a.steps))
 	var perStepCPU [][]span
+	var beforeLast []gpuEvent
+	byLaunch := len(a.launches) > 0
 	for _, e := range evs {
 		at := e.start
-		if t, ok := a.launches[e.corr]; ok && e.corr >= 0 {
+		if byLaunch && e.corr >= 0 {
+			// a kernel whose launch is not in the trace was launched
+			// before it began (as HTA, it belongs to no step)
+			t, ok := a.launches[e.corr]
+			if !ok {
+				continue
+			}
 			at = t
 		}
 		if i := a.stepAt(at); i >= 0 {
 			perStep[i] = append(perStep[i], e)
+			if i < len(a.steps)-1 {
+				beforeLast = append(beforeLast, e)
+			}
 		}
+	}
+	if len(a.steps) > 0 {
+		r.HTAOverlapPct = stats(beforeLast, nil, span{}, false).OverlapPct
 	}
 	if cpuCompute != nil {
 		perStepCPU = make([][]span, len(a.steps))
@@ -504,6 +545,22 @@ func stats(evs []gpuEvent, cpuCompute []span, window span, cpu bool) StepStats {
 }
 
 func us(ns int64) float64 { return float64(ns) / 1e3 }
+
+func floorMicro(ns int64) int64 {
+	q := ns / 1000 * 1000
+	if q > ns {
+		q -= 1000
+	}
+	return q
+}
+
+func ceilMicro(ns int64) int64 {
+	f := floorMicro(ns)
+	if f < ns {
+		f += 1000
+	}
+	return f
+}
 
 func (a *analyzer) collectives(evs []gpuEvent) []CollectiveStats {
 	type key struct {
