@@ -47,17 +47,17 @@ type Result struct {
 	Steps  []StepStats `json:"steps"`
 	// Total is over every GPU event of the trace (every CPU operator for a
 	// CPU trace), steps or not.
-	Total          StepStats         `json:"total"`
-	CommOverlapPct *float64          `json:"comm_overlap_pct"` // null without communication
+	Total          StepStats `json:"total"`
+	CommOverlapPct *float64  `json:"comm_overlap_pct"` // null without communication
 	// HTAOverlapPct is the overlap over the events launched in every
 	// ProfilerStep but the last: the window Holistic Trace Analysis uses by
 	// default (it drops the last, often incomplete, step and what was
 	// launched outside steps), for comparison.
-	HTAOverlapPct *float64 `json:"hta_overlap_pct"`
-	Collectives    []CollectiveStats `json:"collectives"`
-	Events         int64             `json:"events"`
-	GPUEvents      int64             `json:"gpu_events"`
-	Notes          []string          `json:"notes,omitempty"`
+	HTAOverlapPct *float64          `json:"hta_overlap_pct"`
+	Collectives   []CollectiveStats `json:"collectives"`
+	Events        int64             `json:"events"`
+	GPUEvents     int64             `json:"gpu_events"`
+	Notes         []string          `json:"notes,omitempty"`
 }
 
 // StepStats are the figures of one ProfilerStep (or of the whole trace), in

@@ -419,4 +419,3 @@ func atoi(v []byte) (int64, bool) {
 	}
 	return n, true
 }
-
