@@ -14,6 +14,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/kineto"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -247,5 +248,41 @@ func TestRerunIsANewAttempt(t *testing.T) {
 	}
 	if rep.Goodput.Restarts != 2 || rep.Goodput.Launches != 2 {
 		t.Fatalf("report: %d restarts, %d of them launches; want the 3 launches told apart", rep.Goodput.Restarts, rep.Goodput.Launches)
+	}
+}
+
+// torch.profiler over a real gloo DDP job (2 ranks): each rank's trace is
+// read back by the kineto package; the gloo all-reduces are found as
+// communication, the steps as profiled.
+func TestKinetoOnRealProfilerTraces(t *testing.T) {
+	py := torchPython(t)
+	out := t.TempDir()
+	argv := torchrun(py, 2, filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "profile_ddp.py"), out)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("profile_ddp.py: %v\n%s", err, b)
+	}
+	files, _ := filepath.Glob(filepath.Join(out, "*.json*"))
+	if len(files) != 2 {
+		t.Fatalf("traces: %v", files)
+	}
+	for _, f := range files {
+		r, err := kineto.AnalyzeFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Steps) != 3 {
+			t.Errorf("%s: %d steps, want 3 (ProfilerStep#2-4)", f, len(r.Steps))
+		}
+		for _, s := range r.Steps {
+			// (the gloo thread's op of the last step may fall after the
+			// step's annotation: communication is checked over the trace)
+			if s.ComputeUs <= 0 || s.ExposedCommUs > s.CommUs || s.DurationUs <= 0 {
+				t.Errorf("%s step %d: %+v", f, s.Step, s)
+			}
+		}
+		if r.Device != "cpu" || r.Total.CommUs <= 0 || len(r.Collectives) == 0 || r.Collectives[0].Kind != "all_reduce" || r.Collectives[0].Count < 2 {
+			t.Errorf("%s: device %s, comm %.1f µs, collectives %+v", f, r.Device, r.Total.CommUs, r.Collectives)
+		}
 	}
 }
