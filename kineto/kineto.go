@@ -109,6 +109,8 @@ type gpuEvent struct {
 	bytes int64
 }
 
+type launchAt struct{ corr, ts int64 }
+
 type stepSpan struct {
 	n int64
 	span
@@ -160,7 +162,7 @@ func AnalyzeWith(r io.Reader, opt Options) (*Result, error) {
 		defer gz.Close()
 		br = bufio.NewReaderSize(gz, 1<<20)
 	}
-	a := analyzer{launches: map[int64]int64{}, groups: map[string]uint16{}, opt: opt}
+	a := analyzer{groups: map[string]uint16{}, opt: opt}
 	s := scanner{r: br, buf: make([]byte, 0, 4096)}
 	err := s.trace(a.event, a.info)
 	if err != nil {
@@ -182,7 +184,7 @@ type analyzer struct {
 	gpu      []gpuEvent
 	cpuComm  []gpuEvent // gloo collectives (CPU traces)
 	cpuOps   []span     // aten operators (CPU traces)
-	launches map[int64]int64
+	launches []launchAt // sorted by correlation in result()
 	groups   map[string]uint16
 	groupOf  []string
 	events   int64
@@ -280,9 +282,10 @@ func (a *analyzer) event(b []byte) error {
 			g.group = a.group(e.group)
 		}
 		a.gpu = append(a.gpu, g)
+		a.cpuOps = nil // a GPU trace: CPU operators are not needed
 	case cat == "cuda_runtime" || cat == "cuda_driver" || cat == "Runtime" || cat == "Driver":
 		if e.corr >= 0 {
-			a.launches[e.corr] = e.ts
+			a.launches = append(a.launches, launchAt{e.corr, e.ts})
 		}
 	case bytes.HasPrefix(e.name, []byte("ProfilerStep#")) && (cat == "user_annotation" || cat == "cpu_op" || cat == ""):
 		n, ok := atoi(e.name[len("ProfilerStep#"):])
@@ -292,7 +295,7 @@ func (a *analyzer) event(b []byte) error {
 	case bytes.HasPrefix(e.name, []byte("gloo:")):
 		a.cpuComm = append(a.cpuComm, gpuEvent{span: sp, cls: comm, coll: collective(e.collName, e.name[5:]),
 			bytes: e.nelems * dtypeSize(e.dtype), group: a.group(e.group)})
-	case bytes.HasPrefix(e.name, []byte("aten::")) && (cat == "cpu_op" || cat == ""):
+	case len(a.gpu) == 0 && bytes.HasPrefix(e.name, []byte("aten::")) && (cat == "cpu_op" || cat == ""):
 		a.cpuOps = append(a.cpuOps, sp)
 	}
 	return nil
@@ -445,16 +448,17 @@ func (a *analyzer) result() *Result {
 	var perStepCPU [][]span
 	var beforeLast []gpuEvent
 	byLaunch := len(a.launches) > 0
+	slices.SortFunc(a.launches, func(x, y launchAt) int { return cmpInt(x.corr, y.corr) })
 	for _, e := range evs {
 		at := e.start
 		if byLaunch && e.corr >= 0 {
 			// a kernel whose launch is not in the trace was launched
 			// before it began (as HTA, it belongs to no step)
-			t, ok := a.launches[e.corr]
+			i, ok := slices.BinarySearchFunc(a.launches, e.corr, func(l launchAt, c int64) int { return cmpInt(l.corr, c) })
 			if !ok {
 				continue
 			}
-			at = t
+			at = a.launches[i].ts
 		}
 		if i := a.stepAt(at); i >= 0 {
 			perStep[i] = append(perStep[i], e)
@@ -545,6 +549,16 @@ func stats(evs []gpuEvent, cpuCompute []span, window span, cpu bool) StepStats {
 }
 
 func us(ns int64) float64 { return float64(ns) / 1e3 }
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
 
 func floorMicro(ns int64) int64 {
 	q := ns / 1000 * 1000

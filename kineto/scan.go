@@ -106,6 +106,51 @@ func (s *scanner) value(c byte, keep bool) error {
 	}
 }
 
+// object appends the rest of an object (after its '{') to s.buf, scanning
+// the reader's buffer a chunk at a time rather than a byte per call.
+func (s *scanner) object() error {
+	depth, inStr, esc := 1, false, false
+	for {
+		chunk, err := s.r.Peek(max(s.r.Buffered(), 1))
+		if len(chunk) == 0 {
+			if errors.Is(err, io.EOF) {
+				return io.ErrUnexpectedEOF
+			}
+			return err
+		}
+		for i, b := range chunk {
+			switch {
+			case esc:
+				esc = false
+			case inStr:
+				if b == '\\' {
+					esc = true
+				} else if b == '"' {
+					inStr = false
+				}
+			case b == '"':
+				inStr = true
+			case b == '{' || b == '[':
+				depth++
+			case b == '}' || b == ']':
+				depth--
+				if depth == 0 {
+					s.buf = append(s.buf, chunk[:i+1]...)
+					s.off += int64(i + 1)
+					_, _ = s.r.Discard(i + 1)
+					return nil
+				}
+			}
+		}
+		if len(s.buf)+len(chunk) > maxEventBytes {
+			return errTooBig
+		}
+		s.buf = append(s.buf, chunk...)
+		s.off += int64(len(chunk))
+		_, _ = s.r.Discard(len(chunk))
+	}
+}
+
 // str consumes a string's rest after its opening quote.
 func (s *scanner) str(keep bool) error {
 	for {
@@ -232,8 +277,8 @@ func (s *scanner) events(fn func([]byte) error) error {
 		case ',':
 			continue
 		case '{':
-			s.buf = s.buf[:0]
-			if err := s.value(c, true); err != nil {
+			s.buf = append(s.buf[:0], c)
+			if err := s.object(); err != nil {
 				return err
 			}
 			if err := fn(s.buf); err != nil {
