@@ -79,6 +79,11 @@ type Config struct {
 	// (default 2s). Core NATS drops messages no one subscribes to; for
 	// delivery that survives any outage, run the collector with --durable.
 	ResubscribeGrace time.Duration
+	// TraceDir is where ranks write the profiler traces they sample
+	// (default DefaultTraceDir(Socket)); the agent analyses each off the
+	// training process and deletes it unless KeepTraces.
+	TraceDir   string
+	KeepTraces bool
 	// Clock stamps GPU samples (default time.Now; the demo runs a simulated one).
 	Clock  func() time.Time
 	Logger *slog.Logger
@@ -90,6 +95,9 @@ func (c *Config) defaults() error {
 	}
 	if c.SocketMode == 0 {
 		c.SocketMode = 0o600
+	}
+	if c.TraceDir == "" {
+		c.TraceDir = DefaultTraceDir(c.Socket)
 	}
 	if c.Node == "" {
 		h, err := os.Hostname()
@@ -159,6 +167,7 @@ type Stats struct {
 	NATSConnected  bool             `json:"nats_connected"`   //
 	PublishErrors  int64            `json:"publish_errors"`   //
 	BatchesPending int64            `json:"batches_buffered"` //
+	TracesAnalysed int64            `json:"traces_analysed"`  // sampled profiler traces turned into trace_analysis events
 }
 
 // Agent is the per-node intake and publisher.
@@ -179,6 +188,9 @@ type Agent struct {
 	sampleMu                                   sync.Mutex
 	lastSample                                 time.Time
 
+	traces     chan TraceNote
+	tracesDone atomic.Int64
+
 	done      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -194,7 +206,10 @@ func Start(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]struct{}{}, done: make(chan struct{}),
-		log: ratelog.New(cfg.Logger, 10*time.Second)}
+		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 16)}
+	if err := os.MkdirAll(cfg.TraceDir, 0o700); err != nil {
+		a.log.Warn("trace", "no trace folder: sampled profiler traces will be refused", "dir", cfg.TraceDir, "err", err)
+	}
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "tpsprof-agent-" + cfg.Node
 	}
@@ -239,9 +254,10 @@ func Start(cfg Config) (*Agent, error) {
 		}
 		a.pub.js = js
 	}
-	a.wg.Add(2)
+	a.wg.Add(3)
 	go a.acceptLoop()
 	go a.pub.loop()
+	go a.analyseTraces()
 	if cfg.GPU != nil && cfg.GPUInterval > 0 {
 		a.wg.Add(1)
 		go a.sampleGPUs()
@@ -298,7 +314,7 @@ func (a *Agent) reject(reason string) {
 func (a *Agent) Stats() Stats {
 	s := Stats{Connections: a.connections.Load(), Lines: a.lines.Load(), Records: a.records.Load(),
 		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc != nil && a.nc.IsConnected(),
-		GPUSamples: a.gpuSamples.Load(), GPUErrors: a.gpuErrors.Load()}
+		GPUSamples: a.gpuSamples.Load(), GPUErrors: a.gpuErrors.Load(), TracesAnalysed: a.tracesDone.Load()}
 	a.mu.Lock()
 	s.Rejected = make(map[string]int64, len(a.rejected))
 	for k, v := range a.rejected {
@@ -392,6 +408,14 @@ func (a *Agent) Close() error {
 		a.mu.Unlock()
 		close(a.done)
 		a.wg.Wait()
+		for pending := true; pending; {
+			select {
+			case n := <-a.traces:
+				a.removeTrace(n.Path) // not analysed: the agent is going
+			default:
+				pending = false
+			}
+		}
 		a.pub.final(5 * time.Second)
 		a.nc.Close()
 		if a.cfg.GPU != nil {

@@ -159,6 +159,13 @@ func (a *Agent) handleLine(line []byte) {
 			return
 		}
 		_ = a.SubmitEvent(e)
+	case "trace":
+		var n TraceNote
+		if err := json.Unmarshal(line, &n); err != nil {
+			a.reject("line:json")
+			return
+		}
+		_ = a.SubmitTrace(n)
 	case "meta":
 		var m tps.RunMeta
 		if err := json.Unmarshal(line, &m); err != nil {

@@ -147,6 +147,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 		EnvJob+"="+cfg.Job,
 		EnvAttempt+"="+strconv.FormatInt(cfg.Attempt, 10),
 		EnvNode+"="+node,
+		EnvTraceDir+"="+traceDir(cfg.Agent),
 	)
 	if cfg.Meta.Topology != (tps.Topology{}) {
 		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
@@ -273,4 +274,12 @@ func ChooseAttempt(o natsconn.Options, job string, now time.Time) (int64, string
 		return 0, fmt.Sprintf("attempt 0 (undecodable answer from the collector: %v)", err)
 	}
 	return r.Choose(now, JoinWindow)
+}
+
+// traceDir is the trace folder of the agent a launch uses.
+func traceDir(c Config) string {
+	if c.TraceDir != "" {
+		return c.TraceDir
+	}
+	return DefaultTraceDir(c.Socket)
 }

@@ -80,6 +80,7 @@ type Report struct {
 	RankRows     int64            `json:"rank_rows"`
 	GPUSamples   int64            `json:"gpu_samples"`
 	Events       map[string]int64 `json:"events"`
+	Traces       *TraceSummary    `json:"traces,omitempty"`
 	Energy       *Energy          `json:"energy,omitempty"`
 	CostPerMTok  *float64         `json:"cost_per_million_tokens_usd,omitempty"`
 	TimeToTrainS *float64         `json:"time_to_train_s,omitempty"`
@@ -192,6 +193,9 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	rep.Goodput = ComputeGoodput(steps, warm, events)
+	if rep.Traces, err = summarizeTraces(dir, events); err != nil {
+		return nil, err
+	}
 
 	gpu := newGPUSeries(steps)
 	if err := trace.Each(filepath.Join(dir, trace.GPUSamples), func(rows []tps.GPUSample) error {

@@ -66,6 +66,21 @@ func WriteText(w io.Writer, r *Report) error {
 			row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
 		}
 	}
+	if t := r.Traces; t != nil {
+		line := fmt.Sprintf("%d profiled rank-steps (%s timeline): comm %.2f ms, exposed %.2f ms, overlap %s per step",
+			t.Profiled, t.Device, t.CommUs/1e3, t.ExposedCommUs/1e3, pctPtr(t.OverlapPct))
+		if t.EventTimedExposedUs != nil {
+			line += fmt.Sprintf("; event-timed on the same steps: comm %.2f ms, exposed %.2f ms", *t.EventTimedCommUs/1e3, *t.EventTimedExposedUs/1e3)
+		}
+		row("from traces", "%s", line)
+		var cs []string
+		for _, c := range t.Collectives {
+			cs = append(cs, fmt.Sprintf("%s ×%d %.2f ms", c.Kind, c.Count, c.TimeUs/1e3))
+		}
+		if len(cs) > 0 {
+			row("collectives", "%s (over the profiled steps)", strings.Join(cs, ", "))
+		}
+	}
 	if s.TokenMismatch > 0 {
 		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}
@@ -137,4 +152,11 @@ func plural(n int, one, many string) string {
 		return "1 " + one
 	}
 	return fmt.Sprintf("%d %s", n, many)
+}
+
+func pctPtr(p *float64) string {
+	if p == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.1f%%", *p)
 }

@@ -16,6 +16,10 @@ const (
 	EventCheckpointSave    = "checkpoint_save"
 	EventCheckpointRestore = "checkpoint_restore"
 	EventEval              = "eval"
+	// EventTraceAnalysis carries what the node agent measured in a
+	// profiler trace a rank wrote of one step (Detail: a TraceFigures
+	// JSON object; docs/kineto.md, "Live").
+	EventTraceAnalysis = "trace_analysis"
 )
 
 // Event is something that happened to a run outside the step loop: a

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -284,5 +285,64 @@ func TestKinetoOnRealProfilerTraces(t *testing.T) {
 		if r.Device != "cpu" || r.Total.CommUs <= 0 || len(r.Collectives) == 0 || r.Collectives[0].Kind != "all_reduce" || r.Collectives[0].Count < 2 {
 			t.Errorf("%s: device %s, comm %.1f µs, collectives %+v", f, r.Device, r.Total.CommUs, r.Collectives)
 		}
+	}
+}
+
+// Live trace sampling: a real DDP job with TPSPROF_TRACE_EVERY=2 profiles
+// steps 0, 2 and 4 on each rank; the agent analyses each trace off the
+// training process, publishes its figures as trace_analysis events and
+// deletes it; the report puts them beside the event-timed figures.
+func TestTorchTraceSampling(t *testing.T) {
+	py := torchPython(t)
+	srv, col, out, sock := launchEnv(t)
+	var log bytes.Buffer
+	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: "sampled", PythonDir: t.TempDir(),
+		Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"},
+		Command: torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
+			"--steps", "6", "--batch", "2", "--seq", "16", "--vocab", "128", "--dim", "32"),
+		Env: []string{"TPSPROF_TRACE_EVERY=2"}, Stdout: &log, Stderr: &log})
+	if err != nil || code != 0 {
+		t.Fatalf("launch: %d %v\n%s", code, err, log.String())
+	}
+	col.Sync(10 * time.Second)
+	col.Close()
+	events, err := trace.ReadAll[tps.Event](filepath.Join(out, "sampled", trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[[2]int64]agent.TraceFigures{}
+	for _, e := range events {
+		if e.Kind != tps.EventTraceAnalysis {
+			continue
+		}
+		var f agent.TraceFigures
+		if err := json.Unmarshal([]byte(e.Detail), &f); err != nil {
+			t.Fatalf("detail %q: %v", e.Detail, err)
+		}
+		got[[2]int64{e.Rank, e.Step}] = f
+	}
+	for _, rank := range []int64{0, 1} {
+		for _, step := range []int64{0, 2, 4} {
+			f, ok := got[[2]int64{rank, step}]
+			if !ok {
+				t.Fatalf("no trace analysis for rank %d step %d: %v\n%s", rank, step, got, log.String())
+			}
+			if f.CommUs <= 0 || f.ExposedCommUs > f.CommUs || f.ComputeUs <= 0 || len(f.Collectives) == 0 {
+				t.Errorf("rank %d step %d: %+v", rank, step, f)
+			}
+		}
+	}
+	if len(got) != 6 {
+		t.Errorf("%d analysed traces, want 6 (steps 0, 2, 4 of 2 ranks)", len(got))
+	}
+	if left, _ := filepath.Glob(filepath.Join(agent.DefaultTraceDir(sock), "*")); len(left) != 0 {
+		t.Errorf("traces left after analysis: %v", left)
+	}
+	rep, err := report.Analyze(filepath.Join(out, "sampled"), report.Options{Warmup: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Traces == nil || rep.Traces.Profiled != 6 || rep.Traces.EventTimedExposedUs == nil || len(rep.Traces.Collectives) == 0 {
+		t.Fatalf("report traces: %+v", rep.Traces)
 	}
 }

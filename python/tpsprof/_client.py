@@ -194,6 +194,15 @@ class Profiler:
         except Exception:  # never into the training loop
             self.dropped += 1
 
+    def trace_ready(self, step, path):
+        """Tells the agent a profiler trace of ``step`` is at ``path`` (in
+        its trace folder) to analyse and delete. Never raises."""
+        try:
+            self._send({"type": "trace", "job": self.job, "attempt": self.attempt, "rank": self.rank,
+                        "step": int(step), "path": str(path)})
+        except Exception:
+            self.dropped += 1
+
     def event(self, kind, name=None, start_unix_ns=None, end_unix_ns=None, step=None, detail=None):
         """Sends a run event (checkpoint_save, eval, ...). Never raises."""
         try:

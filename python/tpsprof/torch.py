@@ -58,7 +58,7 @@ _END = object()
 
 
 def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, ignore_index=-100,
-               first_step=None, device=None, **client_options):
+               first_step=None, device=None, trace_every=None, **client_options):
     """Hooks a training loop and returns its :class:`TorchProfiler`.
 
     model: the module whose forward is timed (a DDP or FSDP wrapper, or a
@@ -72,11 +72,15 @@ def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, igno
         than ``ignore_index``, integer input ids) does not fit the batch.
     first_step: the number of the first step (default: the optimizer's own
         step count when it was loaded from a checkpoint, else 0).
+    trace_every: profile one step in every N with torch.profiler and hand
+        the trace to the node's agent, which analyses it off the training
+        process (default $TPSPROF_TRACE_EVERY, else 0: off; see
+        docs/kineto.md for its cost).
     client_options: job, rank, world_size, attempt, socket_path, topology
         for :class:`tpsprof.Profiler` (default: from the environment).
     """
     prof = TorchProfiler(tokens=tokens, ignore_index=ignore_index, first_step=first_step, device=device,
-                         **client_options)
+                         trace_every=trace_every, **client_options)
     if model is not None:
         prof.watch_model(model)
     if optimizer is not None:
@@ -109,9 +113,19 @@ class _Step:
 class TorchProfiler:
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
 
-    def __init__(self, tokens=None, ignore_index=-100, first_step=None, device=None, **client_options):
+    def __init__(self, tokens=None, ignore_index=-100, first_step=None, device=None, trace_every=None,
+                 **client_options):
         global _ACTIVE
         self.client = _client.Profiler(**client_options)
+        if trace_every is None:
+            try:
+                trace_every = int(os.environ.get("TPSPROF_TRACE_EVERY", "0") or 0)
+            except ValueError:
+                trace_every = 0
+        self.trace_every = max(int(trace_every), 0)
+        self.trace_dir = os.environ.get("TPSPROF_TRACE_DIR") or (self.client.path + ".traces")
+        self.traces = 0
+        self._tracing = None
         self.token_fn = tokens
         self.ignore_index = ignore_index
         self.step_number = first_step
@@ -209,7 +223,41 @@ class TorchProfiler:
 
     # -- step life ----------------------------------------------------------
     def _begin(self):
-        return _Step(self._mark(), time.time_ns())
+        st = _Step(self._mark(), time.time_ns())
+        if self.trace_every and self._tracing is None:
+            n = self.step_number or 0
+            if n % self.trace_every == 0:
+                self._trace_start(n)
+        return st
+
+    def _trace_start(self, n):
+        """Profiles step n with torch.profiler (CPU, and CUDA on a GPU)."""
+        try:
+            from torch.profiler import ProfilerActivity, profile
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+            p = profile(activities=acts)
+            p.__enter__()
+            rf = torch.autograd.profiler.record_function("ProfilerStep#%d" % n)
+            rf.__enter__()
+            self._tracing = (p, rf, n)
+        except Exception:
+            self._tracing = None
+            self._err()
+
+    def _trace_end(self):
+        """Ends a profiled step, writes its trace for the agent and tells it."""
+        p, rf, n = self._tracing
+        self._tracing = None
+        try:
+            rf.__exit__(None, None, None)
+            p.__exit__(None, None, None)
+            c = self.client
+            path = os.path.join(self.trace_dir, "%s.%d.%d.%d.pt.trace.json" % (c.job, c.attempt, c.rank, n))
+            p.export_chrome_trace(path)
+            c.trace_ready(n, path)
+            self.traces += 1
+        except Exception:
+            self._err()
 
     def _finish(self):
         st, self._cur = self._cur, None
@@ -219,6 +267,8 @@ class TorchProfiler:
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
+        if self._tracing is not None:
+            self._trace_end()
         self.step_number += 1
         self._pending.append(st)
         while len(self._pending) > _MAX_PENDING:

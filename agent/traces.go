@@ -1,0 +1,157 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// EnvTraceDir is where ranks write sampled profiler traces for the agent.
+const EnvTraceDir = "TPSPROF_TRACE_DIR"
+
+// MaxTraceBytes bounds a trace the agent analyses.
+const MaxTraceBytes = 2 << 30
+
+// DefaultTraceDir is the trace folder of the agent serving socket: beside
+// it, so that launch and the Python package find it from the socket path.
+func DefaultTraceDir(socket string) string { return socket + ".traces" }
+
+// TraceNote announces a profiler trace of one step that a rank wrote
+// (intake line type "trace").
+type TraceNote struct {
+	Job     string `json:"job"`
+	Attempt int64  `json:"attempt"`
+	Step    int64  `json:"step"`
+	Rank    int64  `json:"rank"`
+	Path    string `json:"path"`
+}
+
+// TraceFigures is the Detail of a trace_analysis event: the step's figures
+// from its trace (microseconds), measured on the GPU timeline (device
+// "gpu") or from CPU operators (device "cpu").
+type TraceFigures struct {
+	Device        string            `json:"device"`
+	DurationUs    float64           `json:"duration_us"`
+	ComputeUs     float64           `json:"compute_us"`
+	CommUs        float64           `json:"comm_us"`
+	ExposedCommUs float64           `json:"exposed_comm_us"`
+	MemoryUs      float64           `json:"memory_us"`
+	OverlapPct    *float64          `json:"overlap_pct"`
+	Collectives   []TraceCollective `json:"collectives,omitempty"`
+}
+
+// TraceCollective is one kind of collective in TraceFigures.
+type TraceCollective struct {
+	Kind   string  `json:"kind"`
+	Count  int64   `json:"count"`
+	TimeUs float64 `json:"time_us"`
+	Bytes  int64   `json:"bytes,omitempty"`
+}
+
+// SubmitTrace queues a trace for analysis off the training process. The
+// path must be a regular file inside the agent's trace folder; a full queue
+// drops the trace (counted as trace:queue_full) rather than wait.
+func (a *Agent) SubmitTrace(n TraceNote) error {
+	if !tps.ValidJobID(n.Job) || n.Step < 0 || n.Rank < 0 || n.Attempt < 0 {
+		a.reject("trace:invalid")
+		return fmt.Errorf("agent: trace note: invalid job, step, rank or attempt")
+	}
+	path, err := a.tracePath(n.Path)
+	if err != nil {
+		a.reject("trace:path")
+		a.log.Warn("trace", "trace refused", "err", err)
+		return err
+	}
+	n.Path = path
+	select {
+	case a.traces <- n:
+		return nil
+	default:
+		a.reject("trace:queue_full")
+		a.removeTrace(path)
+		return fmt.Errorf("agent: trace queue full; %s dropped", path)
+	}
+}
+
+// tracePath accepts only regular files (no links) in the trace folder.
+func (a *Agent) tracePath(p string) (string, error) {
+	if !filepath.IsAbs(p) {
+		return "", fmt.Errorf("agent: trace path %q is not absolute", p)
+	}
+	p = filepath.Clean(p)
+	dir := filepath.Clean(a.cfg.TraceDir)
+	if filepath.Dir(p) != dir {
+		return "", fmt.Errorf("agent: trace %q is not in the trace folder %s", p, dir)
+	}
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return "", fmt.Errorf("agent: trace: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return "", fmt.Errorf("agent: trace %q is not a regular file", p)
+	}
+	if fi.Size() > MaxTraceBytes {
+		return "", fmt.Errorf("agent: trace %q is larger than %d bytes", p, MaxTraceBytes)
+	}
+	return p, nil
+}
+
+func (a *Agent) removeTrace(p string) {
+	if !a.cfg.KeepTraces {
+		os.Remove(p)
+	}
+}
+
+// analyseTraces is the agent's trace worker: one trace at a time, so the
+// node's training processes never compete with more than one core of it.
+func (a *Agent) analyseTraces() {
+	defer a.wg.Done()
+	for {
+		select {
+		case <-a.done:
+			return
+		case n := <-a.traces:
+			a.analyseTrace(n)
+		}
+	}
+}
+
+func (a *Agent) analyseTrace(n TraceNote) {
+	defer a.removeTrace(n.Path)
+	start := time.Now()
+	r, err := kineto.AnalyzeFile(n.Path)
+	if err != nil {
+		a.reject("trace:unreadable")
+		a.log.Warn("trace", "profiler trace not analysed", "err", err)
+		return
+	}
+	s := r.Total
+	for _, st := range r.Steps {
+		if st.Step == n.Step {
+			s = st
+		}
+	}
+	f := TraceFigures{Device: r.Device, DurationUs: s.DurationUs, ComputeUs: s.ComputeUs, CommUs: s.CommUs,
+		ExposedCommUs: s.ExposedCommUs, MemoryUs: s.MemoryUs, OverlapPct: s.OverlapPct}
+	for _, c := range r.Collectives {
+		if len(f.Collectives) == 6 {
+			break
+		}
+		f.Collectives = append(f.Collectives, TraceCollective{Kind: c.Kind, Count: c.Count, TimeUs: c.TimeUs, Bytes: c.Bytes})
+	}
+	detail, _ := json.Marshal(f)
+	for len(detail) > 1000 && len(f.Collectives) > 0 {
+		f.Collectives = f.Collectives[:len(f.Collectives)-1]
+		detail, _ = json.Marshal(f)
+	}
+	_ = a.SubmitEvent(tps.Event{Job: n.Job, Attempt: n.Attempt, Kind: tps.EventTraceAnalysis, Rank: n.Rank, Step: n.Step,
+		Name: strings.TrimSuffix(filepath.Base(n.Path), ".json"), StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(),
+		Detail: string(detail)})
+	a.tracesDone.Add(1)
+}
