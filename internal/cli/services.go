@@ -207,6 +207,8 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	natsFlags(fs, &no)
 	socket := fs.String("socket", agent.DefaultSocket(), "intake unix socket the ranks write JSON lines to")
 	mode := fs.Uint("socket-mode", 0o600, "permission bits of the socket (default owner only; 0660 lets the group write)")
+	traceDir := fs.String("trace-dir", "", "folder where ranks write sampled profiler traces for the agent to analyse (default SOCKET.traces)")
+	keepTraces := fs.Bool("keep-traces", false, "keep sampled profiler traces after analysing them")
 	node := fs.String("node", "", "node name stamped on records (default: host name)")
 	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
 	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
@@ -237,6 +239,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
+		TraceDir: *traceDir, KeepTraces: *keepTraces,
 		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable, Partials: *partials})
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof agent: %v\n", err)
