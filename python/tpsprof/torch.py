@@ -95,9 +95,10 @@ class _Step:
     (perf_counter_ns) on CPU and CUDA events on a GPU."""
 
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "fwd", "bwd",
-                 "loss", "optim", "comm", "blocked", "fwd_open", "fwd_end", "optim_open", "age", "trained")
+                 "loss", "optim", "comm", "blocked", "fwd_open", "fwd_end", "optim_open", "age", "trained", "cuda")
 
     def __init__(self, t0, wall0):
+        self.cuda = not isinstance(t0, int)  # its marks are CUDA events
         self.number = None
         self.t0, self.wall0, self.end = t0, wall0, None
         self.data_wait = 0
@@ -162,6 +163,12 @@ class TorchProfiler:
         if self._optimizer is not None:
             return
         self._optimizer = optimizer
+        if self.device is None:
+            try:
+                p = optimizer.param_groups[0]["params"][0]
+                self.device, self.cuda = p.device, p.device.type == "cuda"
+            except Exception:
+                pass
         if hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook"):
             self._hooks.append(optimizer.register_step_pre_hook(lambda opt, a, kw: self._optim_pre(opt)))
             self._hooks.append(optimizer.register_step_post_hook(lambda opt, a, kw: self._optim_post()))
@@ -278,7 +285,7 @@ class TorchProfiler:
 
     def _poll(self, wait=False):
         """Sends every pending step whose times are known, oldest first."""
-        if wait and not self.cuda:
+        if wait and not self.cuda:  # (host-clock steps)
             # at close: give the poller a moment to see the last collectives end
             deadline = time.monotonic() + 1.0
             while time.monotonic() < deadline and any(c[1] is None for st in self._pending for c in st.comm):
@@ -286,7 +293,12 @@ class TorchProfiler:
         while self._pending:
             st = self._pending[0]
             st.age += 1
-            if not wait and not self._ready(st):
+            try:
+                ready = wait or self._ready(st)
+            except Exception:  # marks of two kinds (the device became known mid-step): drop it
+                ready = True
+                self._err()
+            if not ready:
                 return
             self._pending.popleft()
             try:
@@ -296,14 +308,14 @@ class TorchProfiler:
             self._release(st)
 
     def _ready(self, st):
-        if self.cuda:
+        if st.cuda:
             return st.end.query()
         # On CPU a step is ready when its collectives completed, or two steps on.
         return st.age > 2 or all(c[1] is not None for c in st.comm)
 
     def _release(self, st):
         """Returns a sent step's CUDA events to the pool."""
-        if not self.cuda:
+        if not st.cuda:
             return
         seen = set()
         marks = [st.t0, st.end]
@@ -316,7 +328,7 @@ class TorchProfiler:
 
     def _send(self, st, wait):
         """Turns a finished step's marks into a record and sends it."""
-        if self.cuda:
+        if st.cuda:
             base = st.t0
 
             def ns(ev):
