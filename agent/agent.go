@@ -422,6 +422,7 @@ func (a *Agent) Close() error {
 			a.cfg.GPU.Close()
 		}
 		os.Remove(a.cfg.Socket)
+		os.Remove(a.cfg.TraceDir) // only when empty: kept traces stay
 	})
 	return nil
 }
