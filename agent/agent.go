@@ -190,6 +190,9 @@ type Agent struct {
 
 	traces     chan TraceNote
 	tracesDone atomic.Int64
+	traceMu    sync.Mutex
+	waits      map[traceKey]*traceWait // records held for their step's trace figures
+	waiting    atomic.Int64            // len(waits), read without the lock
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -344,6 +347,9 @@ func (a *Agent) SubmitStep(r tps.StepRecord) error {
 		return err
 	}
 	a.records.Add(1)
+	if a.holdForTrace(&r) {
+		return nil
+	}
 	a.pub.addStep(r)
 	return nil
 }
@@ -416,6 +422,7 @@ func (a *Agent) Close() error {
 				pending = false
 			}
 		}
+		a.releaseWaits(0) // held records go out without trace figures
 		a.pub.final(5 * time.Second)
 		a.nc.Close()
 		if a.cfg.GPU != nil {

@@ -71,6 +71,7 @@ func (a *Agent) SubmitTrace(n TraceNote) error {
 	n.Path = path
 	select {
 	case a.traces <- n:
+		a.expectTrace(n)
 		return nil
 	default:
 		a.reject("trace:queue_full")
@@ -112,12 +113,16 @@ func (a *Agent) removeTrace(p string) {
 // node's training processes never compete with more than one core of it.
 func (a *Agent) analyseTraces() {
 	defer a.wg.Done()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
 	for {
 		select {
 		case <-a.done:
 			return
 		case n := <-a.traces:
 			a.analyseTrace(n)
+		case <-tick.C:
+			a.releaseWaits(traceHold)
 		}
 	}
 }
@@ -129,6 +134,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 	if err != nil {
 		a.reject("trace:unreadable")
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)
+		a.traceFailed(n)
 		return
 	}
 	s := r.Total
@@ -154,4 +160,142 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		Name: strings.TrimSuffix(filepath.Base(n.Path), ".json"), StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(),
 		Detail: string(detail)})
 	a.tracesDone.Add(1)
+	a.traced(n, f)
+}
+
+// Attaching trace figures to the rank record of the traced step. The rank
+// sends the trace note before the step's record (same connection, same
+// order), so the record is held until the analysis is done, at most
+// traceHold; figures that arrive first wait for their record as long.
+const traceHold = 30 * time.Second
+
+type traceKey struct {
+	job                 string
+	attempt, step, rank int64
+}
+
+type traceWait struct {
+	since  time.Time
+	rec    *tps.StepRecord // held record, once it arrived
+	figs   *TraceFigures   // figures, once analysed
+	failed bool            // analysis failed: release the record as it is
+}
+
+func keyOf(n TraceNote) traceKey { return traceKey{n.Job, n.Attempt, n.Step, n.Rank} }
+
+func (a *Agent) expectTrace(n TraceNote) {
+	a.traceMu.Lock()
+	if a.waits == nil {
+		a.waits = map[traceKey]*traceWait{}
+	}
+	if len(a.waits) < 4096 {
+		a.waits[keyOf(n)] = &traceWait{since: time.Now()}
+		a.waiting.Store(int64(len(a.waits)))
+	}
+	a.traceMu.Unlock()
+}
+
+// holdForTrace keeps r while its step's trace is analysed; false when the
+// record should go on now.
+func (a *Agent) holdForTrace(r *tps.StepRecord) bool {
+	if a.waiting.Load() == 0 {
+		return false
+	}
+	k := traceKey{r.Job, r.Attempt, r.Step, r.Rank}
+	a.traceMu.Lock()
+	defer a.traceMu.Unlock()
+	w := a.waits[k]
+	if w == nil {
+		return false
+	}
+	if w.figs != nil || w.failed {
+		attachTrace(r, w.figs)
+		a.dropWait(k)
+		return false
+	}
+	cp := *r
+	w.rec = &cp
+	return true
+}
+
+// traced receives an analysis: the held record goes on with the figures.
+func (a *Agent) traced(n TraceNote, f TraceFigures) {
+	k := keyOf(n)
+	a.traceMu.Lock()
+	w := a.waits[k]
+	var rec *tps.StepRecord
+	if w != nil {
+		if w.rec != nil {
+			rec = w.rec
+			attachTrace(rec, &f)
+			a.dropWait(k)
+		} else {
+			w.figs = &f
+		}
+	}
+	a.traceMu.Unlock()
+	if rec != nil {
+		a.pub.addStep(*rec)
+	}
+}
+
+// traceFailed releases the record of a trace that could not be analysed.
+func (a *Agent) traceFailed(n TraceNote) {
+	k := keyOf(n)
+	a.traceMu.Lock()
+	w := a.waits[k]
+	var rec *tps.StepRecord
+	if w != nil {
+		if w.rec != nil {
+			rec = w.rec
+			a.dropWait(k)
+		} else {
+			w.failed = true
+		}
+	}
+	a.traceMu.Unlock()
+	if rec != nil {
+		a.pub.addStep(*rec)
+	}
+}
+
+func (a *Agent) dropWait(k traceKey) {
+	delete(a.waits, k)
+	a.waiting.Store(int64(len(a.waits)))
+}
+
+// releaseWaits sends held records older than age (all with age 0) without
+// trace figures and forgets stale waits.
+func (a *Agent) releaseWaits(age time.Duration) {
+	now := time.Now()
+	var out []tps.StepRecord
+	a.traceMu.Lock()
+	for k, w := range a.waits {
+		if now.Sub(w.since) < age {
+			continue
+		}
+		if w.rec != nil {
+			out = append(out, *w.rec)
+		}
+		a.dropWait(k)
+	}
+	a.traceMu.Unlock()
+	for _, r := range out {
+		a.pub.addStep(r)
+	}
+}
+
+// attachTrace writes trace figures into a record; where the rank measured
+// no communication itself, its comm and exposed comm come from the trace.
+func attachTrace(r *tps.StepRecord, f *TraceFigures) {
+	if f == nil {
+		return
+	}
+	r.TraceComputeNs = int64(f.ComputeUs * 1e3)
+	r.TraceCommNs = int64(f.CommUs * 1e3)
+	r.TraceExposedCommNs = min(int64(f.ExposedCommUs*1e3), r.TraceCommNs)
+	if r.CommNs == 0 && r.TraceCommNs > 0 {
+		r.CommNs = r.TraceCommNs
+		r.ExposedCommNs = min(r.TraceExposedCommNs, r.DurationNs)
+	}
 }

@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // Only regular files directly in the trace folder are analysed: a path
@@ -60,5 +64,60 @@ func TestTraceNotesAreChecked(t *testing.T) {
 	}
 	if _, err := os.Stat(bad); !os.IsNotExist(err) {
 		t.Errorf("the unreadable trace was not deleted: %v", err)
+	}
+}
+
+// A traced step's record waits for its analysis and goes on with the
+// trace's figures; the rank measured no communication, so comm and exposed
+// comm come from the trace.
+func TestTraceFiguresJoinTheRecord(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	msgs := make(chan *nats.Msg, 16)
+	nc.ChanSubscribe(wire.StepsSubject("tj", "n0"), msgs)
+	nc.Flush()
+	dir, _ := os.MkdirTemp("", "tpsprof-tr")
+	defer os.RemoveAll(dir)
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
+		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	// step 7: compute 0-60 µs, an all-reduce 40-100 µs: comm 60, exposed 40
+	tr := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#7","ts":0,"dur":200},
+{"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":60,"args":{"stream":7}},
+{"ph":"X","cat":"kernel","name":"ncclDevKernel_AllReduce_Sum_f32_RING_LL","ts":40,"dur":60,"args":{"stream":20}}]}`
+	path := filepath.Join(a.cfg.TraceDir, "tj.0.3.7.pt.trace.json")
+	os.WriteFile(path, []byte(tr), 0o600)
+	now := time.Now().UnixNano()
+	rec := tps.StepRecord{Job: "tj", Step: 7, Rank: 3, WorldSize: 4, StartUnixNs: now - 1e6, EndUnixNs: now, Tokens: 10}
+	if err := a.SubmitTrace(TraceNote{Job: "tj", Step: 7, Rank: 3, Path: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SubmitStep(rec); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-msgs:
+		recs, err := wire.DecodeSteps(m.Data, nil)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("%v %v", recs, err)
+		}
+		r := recs[0]
+		if r.TraceComputeNs != 60_000 || r.TraceCommNs != 60_000 || r.TraceExposedCommNs != 40_000 || r.CommNs != 60_000 || r.ExposedCommNs != 40_000 {
+			t.Fatalf("record: trace compute %d comm %d exposed %d; comm %d exposed %d", r.TraceComputeNs, r.TraceCommNs,
+				r.TraceExposedCommNs, r.CommNs, r.ExposedCommNs)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held record was not published")
 	}
 }

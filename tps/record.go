@@ -49,6 +49,16 @@ type StepRecord struct {
 	PPWaitNs      int64 `json:"pp_wait_ns,omitempty" parquet:"pp_wait_ns"`
 	CkptNs        int64 `json:"ckpt_ns,omitempty" parquet:"ckpt_ns"`
 
+	// Trace* are measured from a profiler trace of this step (sampled by
+	// the Python package, analysed by the node agent; docs/kineto.md): the
+	// union of computation and of communication kernels, and the
+	// communication no computation overlaps. Zero when the step was not
+	// traced. Where the rank measured no communication itself, the agent
+	// also fills CommNs and ExposedCommNs from them.
+	TraceComputeNs     int64 `json:"trace_compute_ns,omitempty" parquet:"trace_compute_ns"`
+	TraceCommNs        int64 `json:"trace_comm_ns,omitempty" parquet:"trace_comm_ns"`
+	TraceExposedCommNs int64 `json:"trace_exposed_comm_ns,omitempty" parquet:"trace_exposed_comm_ns"`
+
 	// FLOPs are the model FLOPs of the step for this rank's data-parallel
 	// replica, when the training code computes them itself (variable-length
 	// batches). Like Tokens, they are counted once per replica.
@@ -219,6 +229,20 @@ func (r *StepRecord) Validate() error {
 		if p.v > MaxStepNs {
 			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than 24h")
 		}
+	}
+	for _, p := range [...]struct {
+		name string
+		v    int64
+	}{{"trace_compute_ns", r.TraceComputeNs}, {"trace_comm_ns", r.TraceCommNs}, {"trace_exposed_comm_ns", r.TraceExposedCommNs}} {
+		if p.v < 0 {
+			return fieldErr(p.name, p.v, ReasonNegative, "must not be negative")
+		}
+		if p.v > MaxStepNs {
+			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than 24h")
+		}
+	}
+	if r.TraceExposedCommNs > r.TraceCommNs {
+		return fieldErr("trace_exposed_comm_ns", r.TraceExposedCommNs, ReasonOutOfRange, "above trace_comm_ns=%d", r.TraceCommNs)
 	}
 	if r.CommNs > 0 && r.ExposedCommNs > r.CommNs {
 		return fieldErr("exposed_comm_ns", r.ExposedCommNs, ReasonOutOfRange, "above comm_ns=%d: exposed communication is part of all communication", r.CommNs)

@@ -155,6 +155,9 @@ const (
 	hasLocalRank
 	hasLoss
 	isSkipped
+	// hasTrace: figures from a profiler trace follow the loss (three
+	// varints). Decoders before it reject such records as unknown bits.
+	hasTrace
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -181,6 +184,10 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	if r.Skipped {
 		bits |= isSkipped
 	}
+	traced := r.TraceComputeNs != 0 || r.TraceCommNs != 0 || r.TraceExposedCommNs != 0
+	if traced {
+		bits |= hasTrace
+	}
 	b = binary.AppendUvarint(b, bits)
 	b = appendString(b, r.Job)
 	for _, v := range [...]int64{r.Attempt, r.Step, r.Rank, r.WorldSize} {
@@ -200,6 +207,11 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.FLOPs))
 	if r.Loss != nil {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(*r.Loss))
+	}
+	if traced {
+		b = binary.AppendVarint(b, r.TraceComputeNs)
+		b = binary.AppendVarint(b, r.TraceCommNs)
+		b = binary.AppendVarint(b, r.TraceExposedCommNs)
 	}
 	return b
 }
@@ -342,7 +354,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		dst = append(dst, tps.StepRecord{})
 		r := &dst[len(dst)-1]
 		bits := d.uvarint()
-		if bits >= 1<<8 {
+		if bits >= 1<<9 {
 			return dst[:start], fmt.Errorf("wire: record %d: unknown field bits %#x", i, bits)
 		}
 		r.Job = d.string(64)
@@ -377,6 +389,9 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 			r.Loss = &losses[len(losses)-1]
 		}
 		r.Skipped = bits&isSkipped != 0
+		if bits&hasTrace != 0 {
+			r.TraceComputeNs, r.TraceCommNs, r.TraceExposedCommNs = d.varint(), d.varint(), d.varint()
+		}
 		if d.err != nil {
 			return dst[:start], fmt.Errorf("record %d: %w", i, d.err)
 		}

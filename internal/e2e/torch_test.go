@@ -335,6 +335,14 @@ func TestTorchTraceSampling(t *testing.T) {
 	if len(got) != 6 {
 		t.Errorf("%d analysed traces, want 6 (steps 0, 2, 4 of 2 ranks)", len(got))
 	}
+	// The rank rows of the traced steps carry the trace's figures; the
+	// others none.
+	for _, r := range rankRows(t, filepath.Join(out, "sampled")) {
+		traced := r.Step%2 == 0
+		if traced != (r.TraceCommNs > 0) || r.TraceExposedCommNs > r.TraceCommNs || (traced && r.TraceComputeNs <= 0) {
+			t.Errorf("row %d/%d: trace compute %d comm %d exposed %d", r.Step, r.Rank, r.TraceComputeNs, r.TraceCommNs, r.TraceExposedCommNs)
+		}
+	}
 	if left, _ := filepath.Glob(filepath.Join(agent.DefaultTraceDir(sock), "*")); len(left) != 0 {
 		t.Errorf("traces left after analysis: %v", left)
 	}
