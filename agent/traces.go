@@ -32,28 +32,6 @@ type TraceNote struct {
 	Path    string `json:"path"`
 }
 
-// TraceFigures is the Detail of a trace_analysis event: the step's figures
-// from its trace (microseconds), measured on the GPU timeline (device
-// "gpu") or from CPU operators (device "cpu").
-type TraceFigures struct {
-	Device        string            `json:"device"`
-	DurationUs    float64           `json:"duration_us"`
-	ComputeUs     float64           `json:"compute_us"`
-	CommUs        float64           `json:"comm_us"`
-	ExposedCommUs float64           `json:"exposed_comm_us"`
-	MemoryUs      float64           `json:"memory_us"`
-	OverlapPct    *float64          `json:"overlap_pct"`
-	Collectives   []TraceCollective `json:"collectives,omitempty"`
-}
-
-// TraceCollective is one kind of collective in TraceFigures.
-type TraceCollective struct {
-	Kind   string  `json:"kind"`
-	Count  int64   `json:"count"`
-	TimeUs float64 `json:"time_us"`
-	Bytes  int64   `json:"bytes,omitempty"`
-}
-
 // SubmitTrace queues a trace for analysis off the training process. The
 // path must be a regular file inside the agent's trace folder; a full queue
 // drops the trace (counted as trace:queue_full) rather than wait.
@@ -134,7 +112,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 	if err != nil {
 		a.reject("trace:unreadable")
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)
-		a.traceFailed(n)
+		a.settle(n, nil)
 		return
 	}
 	s := r.Total
@@ -143,13 +121,13 @@ func (a *Agent) analyseTrace(n TraceNote) {
 			s = st
 		}
 	}
-	f := TraceFigures{Device: r.Device, DurationUs: s.DurationUs, ComputeUs: s.ComputeUs, CommUs: s.CommUs,
+	f := tps.TraceFigures{Device: r.Device, DurationUs: s.DurationUs, ComputeUs: s.ComputeUs, CommUs: s.CommUs,
 		ExposedCommUs: s.ExposedCommUs, MemoryUs: s.MemoryUs, OverlapPct: s.OverlapPct}
 	for _, c := range r.Collectives {
 		if len(f.Collectives) == 6 {
 			break
 		}
-		f.Collectives = append(f.Collectives, TraceCollective{Kind: c.Kind, Count: c.Count, TimeUs: c.TimeUs, Bytes: c.Bytes})
+		f.Collectives = append(f.Collectives, tps.TraceCollective{Kind: c.Kind, Count: c.Count, TimeUs: c.TimeUs, Bytes: c.Bytes})
 	}
 	detail, _ := json.Marshal(f)
 	for len(detail) > 1000 && len(f.Collectives) > 0 {
@@ -160,7 +138,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		Name: strings.TrimSuffix(filepath.Base(n.Path), ".json"), StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(),
 		Detail: string(detail)})
 	a.tracesDone.Add(1)
-	a.traced(n, f)
+	a.settle(n, &f)
 }
 
 // Attaching trace figures to the rank record of the traced step. The rank
@@ -175,10 +153,10 @@ type traceKey struct {
 }
 
 type traceWait struct {
-	since  time.Time
-	rec    *tps.StepRecord // held record, once it arrived
-	figs   *TraceFigures   // figures, once analysed
-	failed bool            // analysis failed: release the record as it is
+	since time.Time
+	rec   *tps.StepRecord   // held record, once it arrived
+	figs  *tps.TraceFigures // figures, once analysed (nil if the trace could not be read)
+	done  bool              // analysed
 }
 
 func keyOf(n TraceNote) traceKey { return traceKey{n.Job, n.Attempt, n.Step, n.Rank} }
@@ -208,7 +186,7 @@ func (a *Agent) holdForTrace(r *tps.StepRecord) bool {
 	if w == nil {
 		return false
 	}
-	if w.figs != nil || w.failed {
+	if w.done {
 		attachTrace(r, w.figs)
 		a.dropWait(k)
 		return false
@@ -218,8 +196,10 @@ func (a *Agent) holdForTrace(r *tps.StepRecord) bool {
 	return true
 }
 
-// traced receives an analysis: the held record goes on with the figures.
-func (a *Agent) traced(n TraceNote, f TraceFigures) {
+// settle receives the outcome of an analysis (f nil: the trace could not
+// be read): a held record goes on, with the figures when there are any;
+// otherwise the figures wait for their record.
+func (a *Agent) settle(n TraceNote, f *tps.TraceFigures) {
 	k := keyOf(n)
 	a.traceMu.Lock()
 	w := a.waits[k]
@@ -227,30 +207,10 @@ func (a *Agent) traced(n TraceNote, f TraceFigures) {
 	if w != nil {
 		if w.rec != nil {
 			rec = w.rec
-			attachTrace(rec, &f)
+			attachTrace(rec, f)
 			a.dropWait(k)
 		} else {
-			w.figs = &f
-		}
-	}
-	a.traceMu.Unlock()
-	if rec != nil {
-		a.pub.addStep(*rec)
-	}
-}
-
-// traceFailed releases the record of a trace that could not be analysed.
-func (a *Agent) traceFailed(n TraceNote) {
-	k := keyOf(n)
-	a.traceMu.Lock()
-	w := a.waits[k]
-	var rec *tps.StepRecord
-	if w != nil {
-		if w.rec != nil {
-			rec = w.rec
-			a.dropWait(k)
-		} else {
-			w.failed = true
+			w.figs, w.done = f, true
 		}
 	}
 	a.traceMu.Unlock()
@@ -287,7 +247,7 @@ func (a *Agent) releaseWaits(age time.Duration) {
 
 // attachTrace writes trace figures into a record; where the rank measured
 // no communication itself, its comm and exposed comm come from the trace.
-func attachTrace(r *tps.StepRecord, f *TraceFigures) {
+func attachTrace(r *tps.StepRecord, f *tps.TraceFigures) {
 	if f == nil {
 		return
 	}

@@ -66,11 +66,11 @@ func (b *attemptBook) entry(job string) *jobAttempts {
 }
 
 // sawRecords notes step records of attempts up to max.
-func (b *attemptBook) sawRecords(job string, max int64) {
+func (b *attemptBook) sawRecords(job string, maxAttempt int64) {
 	b.mu.Lock()
 	j := b.entry(job)
 	j.has = true
-	j.max = maxInt(j.max, max)
+	j.max = max(j.max, maxAttempt)
 	b.mu.Unlock()
 }
 
@@ -80,7 +80,7 @@ func (b *attemptBook) sawEvent(e tps.Event) {
 	defer b.mu.Unlock()
 	j := b.entry(e.Job)
 	j.has = true
-	j.max = maxInt(j.max, e.Attempt)
+	j.max = max(j.max, e.Attempt)
 	switch e.Kind {
 	case tps.EventAttemptStart, tps.EventAttemptEnd:
 	default:
@@ -104,13 +104,6 @@ func (b *attemptBook) sawEvent(e tps.Event) {
 	} else {
 		l.ended[e.Node] = struct{}{}
 	}
-}
-
-func maxInt(a, b int64) int64 {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // reply answers for a job the book holds; ok is false when it holds none.
@@ -146,7 +139,7 @@ func (b *attemptBook) merge(job string, disk wire.AttemptReply) {
 	j.onDisk = true
 	if disk.HasData {
 		j.has = true
-		j.max = maxInt(j.max, disk.MaxAttempt)
+		j.max = max(j.max, disk.MaxAttempt)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"testing"
 )
 
@@ -65,7 +66,7 @@ func BenchmarkAnalyze(b *testing.B) {
 	for _, reps := range []int{4, 16} {
 		data := bigTrace(b, reps)
 		mb := float64(len(data)) / 1e6
-		b.Run("kineto/"+itoa(reps), func(b *testing.B) {
+		b.Run("kineto/"+strconv.Itoa(reps), func(b *testing.B) {
 			b.SetBytes(int64(len(data)))
 			var peak uint64
 			for i := 0; i < b.N; i++ {
@@ -78,7 +79,7 @@ func BenchmarkAnalyze(b *testing.B) {
 			b.ReportMetric(mb, "trace_MB")
 			b.ReportMetric(float64(peak)/1e6, "allocated_MB")
 		})
-		b.Run("naive-json/"+itoa(reps), func(b *testing.B) {
+		b.Run("naive-json/"+strconv.Itoa(reps), func(b *testing.B) {
 			b.SetBytes(int64(len(data)))
 			var peak uint64
 			for i := 0; i < b.N; i++ {
@@ -95,12 +96,4 @@ func BenchmarkAnalyze(b *testing.B) {
 			b.ReportMetric(float64(peak)/1e6, "allocated_MB")
 		})
 	}
-}
-
-func itoa(n int) string {
-	s := ""
-	for ; n > 0; n /= 10 {
-		s = string(rune('0'+n%10)) + s
-	}
-	return s
 }

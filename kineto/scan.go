@@ -62,30 +62,7 @@ func (s *scanner) value(c byte, keep bool) error {
 	case '"':
 		return s.str(keep)
 	case '{', '[':
-		depth := 1
-		for depth > 0 {
-			b, err := s.byte()
-			if err != nil {
-				return err
-			}
-			if keep {
-				if len(s.buf) >= maxEventBytes {
-					return errTooBig
-				}
-				s.buf = append(s.buf, b)
-			}
-			switch b {
-			case '"':
-				if err := s.str(keep); err != nil {
-					return err
-				}
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-			}
-		}
-		return nil
+		return s.nested(keep)
 	default: // number, true, false, null: up to a delimiter
 		for {
 			b, err := s.r.ReadByte()
@@ -106,9 +83,10 @@ func (s *scanner) value(c byte, keep bool) error {
 	}
 }
 
-// object appends the rest of an object (after its '{') to s.buf, scanning
-// the reader's buffer a chunk at a time rather than a byte per call.
-func (s *scanner) object() error {
+// nested consumes the rest of an object or array (after its opening
+// bracket), appended to s.buf when keep is set, scanning the reader's
+// buffer a chunk at a time rather than a byte per call.
+func (s *scanner) nested(keep bool) error {
 	depth, inStr, esc := 1, false, false
 	for {
 		chunk, err := s.r.Peek(max(s.r.Buffered(), 1))
@@ -135,17 +113,21 @@ func (s *scanner) object() error {
 			case b == '}' || b == ']':
 				depth--
 				if depth == 0 {
-					s.buf = append(s.buf, chunk[:i+1]...)
+					if keep {
+						s.buf = append(s.buf, chunk[:i+1]...)
+					}
 					s.off += int64(i + 1)
 					_, _ = s.r.Discard(i + 1)
 					return nil
 				}
 			}
 		}
-		if len(s.buf)+len(chunk) > maxEventBytes {
-			return errTooBig
+		if keep {
+			if len(s.buf)+len(chunk) > maxEventBytes {
+				return errTooBig
+			}
+			s.buf = append(s.buf, chunk...)
 		}
-		s.buf = append(s.buf, chunk...)
 		s.off += int64(len(chunk))
 		_, _ = s.r.Discard(len(chunk))
 	}
@@ -278,7 +260,7 @@ func (s *scanner) events(fn func([]byte) error) error {
 			continue
 		case '{':
 			s.buf = append(s.buf[:0], c)
-			if err := s.object(); err != nil {
+			if err := s.nested(true); err != nil {
 				return err
 			}
 			if err := fn(s.buf); err != nil {

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path"
 	"path/filepath"
 )
 
@@ -83,4 +82,4 @@ func Extract(root string) (string, error) {
 }
 
 // Boot is the zero-code folder under an extracted package.
-func Boot(dir string) string { return filepath.Join(dir, filepath.FromSlash(path.Clean(BootDir))) }
+func Boot(dir string) string { return filepath.Join(dir, filepath.FromSlash(BootDir)) }

@@ -23,31 +23,9 @@ type TraceSummary struct {
 	OverlapPct    *float64 `json:"overlap_pct"`
 	// EventTimedExposedUs and EventTimedCommUs are the rank rows' own
 	// figures for the same (attempt, step, rank), null where none.
-	EventTimedCommUs    *float64          `json:"event_timed_comm_us"`
-	EventTimedExposedUs *float64          `json:"event_timed_exposed_comm_us"`
-	Collectives         []TraceCollective `json:"collectives"`
-}
-
-// TraceCollective is one kind of collective over the profiled steps.
-type TraceCollective struct {
-	Kind   string  `json:"kind"`
-	Count  int64   `json:"count"`
-	TimeUs float64 `json:"time_us"`
-	Bytes  int64   `json:"bytes"`
-}
-
-type traceFigures struct {
-	Device        string   `json:"device"`
-	ComputeUs     float64  `json:"compute_us"`
-	CommUs        float64  `json:"comm_us"`
-	ExposedCommUs float64  `json:"exposed_comm_us"`
-	OverlapPct    *float64 `json:"overlap_pct"`
-	Collectives   []struct {
-		Kind   string  `json:"kind"`
-		Count  int64   `json:"count"`
-		TimeUs float64 `json:"time_us"`
-		Bytes  int64   `json:"bytes"`
-	} `json:"collectives"`
+	EventTimedCommUs    *float64              `json:"event_timed_comm_us"`
+	EventTimedExposedUs *float64              `json:"event_timed_exposed_comm_us"`
+	Collectives         []tps.TraceCollective `json:"collectives"`
 }
 
 // summarizeTraces reads the trace_analysis events and the same steps' rank
@@ -58,12 +36,12 @@ func summarizeTraces(dir string, events []tps.Event) (*TraceSummary, error) {
 	var s TraceSummary
 	var overlapSum float64
 	var overlapN int
-	coll := map[string]*TraceCollective{}
+	coll := map[string]*tps.TraceCollective{}
 	for _, e := range events {
 		if e.Kind != tps.EventTraceAnalysis {
 			continue
 		}
-		var f traceFigures
+		var f tps.TraceFigures
 		if json.Unmarshal([]byte(e.Detail), &f) != nil {
 			continue
 		}
@@ -89,7 +67,7 @@ func summarizeTraces(dir string, events []tps.Event) (*TraceSummary, error) {
 		for _, c := range f.Collectives {
 			t := coll[c.Kind]
 			if t == nil {
-				t = &TraceCollective{Kind: c.Kind}
+				t = &tps.TraceCollective{Kind: c.Kind}
 				coll[c.Kind] = t
 			}
 			t.Count += c.Count

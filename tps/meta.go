@@ -204,3 +204,25 @@ func (m *RunMeta) AccumulatorConfig(world int, gpuSeen string) (AccumulatorConfi
 	cfg.PeakFLOPSPerGPU = peak
 	return cfg, nil
 }
+
+// TraceFigures is the Detail of a trace_analysis event: one step's figures
+// from its profiler trace (microseconds), measured on the GPU timeline
+// (Device "gpu") or from CPU operators (Device "cpu").
+type TraceFigures struct {
+	Device        string            `json:"device"`
+	DurationUs    float64           `json:"duration_us"`
+	ComputeUs     float64           `json:"compute_us"`
+	CommUs        float64           `json:"comm_us"`
+	ExposedCommUs float64           `json:"exposed_comm_us"`
+	MemoryUs      float64           `json:"memory_us"`
+	OverlapPct    *float64          `json:"overlap_pct"`
+	Collectives   []TraceCollective `json:"collectives,omitempty"`
+}
+
+// TraceCollective is one kind of collective in TraceFigures.
+type TraceCollective struct {
+	Kind   string  `json:"kind"`
+	Count  int64   `json:"count"`
+	TimeUs float64 `json:"time_us"`
+	Bytes  int64   `json:"bytes,omitempty"`
+}

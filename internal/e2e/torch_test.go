@@ -41,12 +41,10 @@ func torchPython(t *testing.T) string {
 // torchrun is the command line of a 2-rank torchrun on this machine
 // (torch 1.13 with Python 3.11 needs non-zero --redirects/--tee).
 func torchrun(py string, nproc int, extra ...string) []string {
-	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", itoa(nproc), "--redirects", "2", "--tee", "2",
+	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", strconv.Itoa(nproc), "--redirects", "2", "--tee", "2",
 		"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0"}
 	return append(cmd, extra...)
 }
-
-func itoa(n int) string { return strconv.Itoa(n) }
 
 // launchTorch runs cmd under agent.Launch with an agent of its own and
 // returns the Parquet folder of the job once the collector has closed.
@@ -101,7 +99,7 @@ func TestTorchDDPMeasured(t *testing.T) {
 	py := torchPython(t)
 	const steps, sleep = 6, 0.150
 	dir, log := launchTorch(t, "ddp-measured", false, torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
-		"--steps", itoa(steps), "--batch", "4", "--seq", "32", "--vocab", "256", "--dim", "64", "--data-sleep", "0.15"))
+		"--steps", strconv.Itoa(steps), "--batch", "4", "--seq", "32", "--vocab", "256", "--dim", "64", "--data-sleep", "0.15"))
 	if !strings.Contains(log, "attempt 0: 6 steps sent, 0 dropped, 0 errors") {
 		t.Fatalf("the ranks did not report their steps:\n%s", log)
 	}
@@ -212,7 +210,7 @@ func TestRerunIsANewAttempt(t *testing.T) {
 		if err != nil || code != 0 {
 			t.Fatalf("launch: %d %v\n%s", code, err, log.String())
 		}
-		if !strings.Contains(log.String(), "tpsprof launch: attempt "+itoa(int(want))+" (") {
+		if !strings.Contains(log.String(), "tpsprof launch: attempt "+strconv.Itoa(int(want))+" (") {
 			t.Fatalf("launch chose another attempt than %d:\n%s", want, log.String())
 		}
 		if err := col.Sync(5 * time.Second); err != nil {
@@ -310,12 +308,12 @@ func TestTorchTraceSampling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[[2]int64]agent.TraceFigures{}
+	got := map[[2]int64]tps.TraceFigures{}
 	for _, e := range events {
 		if e.Kind != tps.EventTraceAnalysis {
 			continue
 		}
-		var f agent.TraceFigures
+		var f tps.TraceFigures
 		if err := json.Unmarshal([]byte(e.Detail), &f); err != nil {
 			t.Fatalf("detail %q: %v", e.Detail, err)
 		}

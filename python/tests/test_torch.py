@@ -58,6 +58,20 @@ class CountTokensTest(unittest.TestCase):
         self.assertIsNone(tt.count_tokens("text"))
 
 
+class DiscardedStepTest(unittest.TestCase):
+    def test_an_exhausted_loader_stops_the_trace_it_started(self):
+        sink = Sink()
+        prof = tt.TorchProfiler(job="d", rank=0, world_size=1, attempt=0, socket_path=sink.path, trace_every=1)
+        prof.trace_dir = tempfile.mkdtemp()
+        self.assertEqual(list(prof.wrap([])), [])  # opens a step (and its trace), then finds nothing
+        self.assertIsNone(prof._cur)
+        self.assertIsNone(prof._tracing)
+        with prof.step():
+            pass
+        self.assertEqual(prof.traces, 1)
+        prof.close()
+
+
 class FakeEvent:
     """Stands in for torch.cuda.Event: a time the test sets, done when the test says."""
     clock = 0.0

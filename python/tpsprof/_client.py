@@ -1,17 +1,9 @@
-"""The plain API: time training steps by hand and send them to the node's agent.
+"""The plain API (see the package's documentation for an example): time
+training steps by hand and send them to the node's agent.
 
 Stdlib only. It never blocks and never raises into the training loop: sends
 are non-blocking writes to the agent's unix socket; when the agent is missing,
 slow or restarting, records are dropped and counted (``prof.dropped``).
-
-    import tpsprof
-    prof = tpsprof.Profiler()              # job, rank, world size from the environment
-    for step, batch in enumerate(loader):
-        prof.start(step)
-        with prof.phase("data_wait"):
-            batch = next(it)
-        loss = train_step(batch)
-        prof.end(tokens=tokens_of_my_replica, loss=float(loss))
 
 ``tokens`` are the tokens this rank's data-parallel replica consumed in the
 step (all micro-batches), real tokens, not padding. Ranks of one replica

@@ -95,7 +95,7 @@ class _Step:
     (perf_counter_ns) on CPU and CUDA events on a GPU."""
 
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "fwd", "bwd",
-                 "loss", "optim", "comm", "blocked", "fwd_open", "fwd_end", "optim_open", "age", "trained", "cuda")
+                 "loss", "optim", "comm", "blocked", "fwd_open", "optim_open", "age", "trained", "cuda")
 
     def __init__(self, t0, wall0):
         self.cuda = not isinstance(t0, int)  # its marks are CUDA events
@@ -106,7 +106,7 @@ class _Step:
         self.fwd, self.bwd, self.loss, self.optim = [], [], [], []
         self.comm = []  # [start, end] lists; end None while in flight (set from other threads)
         self.blocked = []
-        self.fwd_open = self.fwd_end = self.optim_open = None
+        self.fwd_open = self.optim_open = None
         self.age = 0
         self.trained = False
 
@@ -251,6 +251,18 @@ class TorchProfiler:
             self._tracing = None
             self._err()
 
+    def _discard(self):
+        """Drops the open step (it was not training's), and its trace."""
+        self._cur = None
+        if self._tracing is not None:
+            p, rf, _ = self._tracing
+            self._tracing = None
+            try:
+                rf.__exit__(None, None, None)
+                p.__exit__(None, None, None)
+            except Exception:
+                self._err()
+
     def _trace_end(self):
         """Ends a profiled step, writes its trace for the agent and tells it."""
         p, rf, n = self._tracing
@@ -376,7 +388,7 @@ class TorchProfiler:
             if not torch.is_grad_enabled() or not module.training:
                 # evaluation: a step that only fetched data was eval's, not training's
                 if self._cur is not None and not self._cur.trained:
-                    self._cur = None
+                    self._discard()
                 return
             if self._cur is None:
                 self._cur = self._begin()
@@ -394,7 +406,7 @@ class TorchProfiler:
                 return
             end = self._mark()
             st.fwd.append((st.fwd_open, end))
-            st.fwd_open, st.fwd_end = None, end
+            st.fwd_open = None
             t = _first_grad_tensor(output)
             if t is not None:
                 t.register_hook(self._bwd_hook(st, end))
@@ -466,7 +478,7 @@ class TorchProfiler:
                 return
             if batch is _END:
                 if opened:
-                    self._cur = None
+                    self._discard()
                 return
             st.data_wait += dt
             real = padded = None
@@ -874,6 +886,3 @@ def _ddp_comm_hook(model):
 
     model.register_comm_hook = types.MethodType(register_comm_hook, model)
 
-
-def _env_flag(name):
-    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
