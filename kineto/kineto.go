@@ -17,14 +17,15 @@
 // communication = the gloo collectives' spans on gloo's threads,
 // computation = the aten operators'; Result.Device says "cpu".
 //
-// The file is streamed: one event's bytes at a time, kept as a compact
-// record (40 bytes per GPU event, 16 per kernel launch).
+// The file is streamed one event at a time; each GPU event and launch
+// becomes a 40-byte record, kept in memory up to 4 MiB and then in an
+// unlinked temporary file, and the figures are reduced one step at a time
+// (docs/kineto.md says how), so memory is bounded by one step's kernels.
 package kineto
 
 import (
 	"bufio"
 	"bytes"
-	"cmp"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -104,13 +105,13 @@ type span struct{ start, end int64 }
 type gpuEvent struct {
 	span
 	corr  int64
+	bytes int64
+	step  int32 // the step it was launched in, -1 for none (set on reading back)
+	group uint16
 	cls   class
 	coll  uint8
-	group uint16
-	bytes int64
+	kind  uint8
 }
-
-type launchAt struct{ corr, ts int64 }
 
 type stepSpan struct {
 	n int64
@@ -128,6 +129,9 @@ type Options struct {
 	// figures are reproduced exactly. Off, the trace's own precision is
 	// kept.
 	HTARounding bool
+	// SpillDir is where the compact records of a large trace wait between
+	// passes (an unlinked temporary file; default os.TempDir()).
+	SpillDir string
 }
 
 // AnalyzeFile analyses a trace file; gzip is recognised by its magic bytes,
@@ -154,34 +158,43 @@ func Analyze(r io.Reader) (*Result, error) { return AnalyzeWith(r, Options{}) }
 
 // AnalyzeWith reads one trace with options.
 func AnalyzeWith(r io.Reader, opt Options) (*Result, error) {
+	res, _, err := analyze(r, opt)
+	return res, err
+}
+
+// analyze also says how many records the analysis held in its buffers at
+// most (the spill's in-memory part aside).
+func analyze(r io.Reader, opt Options) (*Result, int, error) {
 	br := bufio.NewReaderSize(r, 1<<20)
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		gz, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("kineto: gzip: %w", err)
+			return nil, 0, fmt.Errorf("kineto: gzip: %w", err)
 		}
 		defer gz.Close()
 		br = bufio.NewReaderSize(gz, 1<<20)
 	}
-	a := analyzer{groups: map[string]uint16{}, groupOf: []string{""}, opt: opt}
+	a := analyzer{groups: map[string]uint16{}, groupOf: []string{""}, opt: opt, sp: spill{dir: opt.SpillDir}}
+	defer a.sp.close()
 	s := scanner{r: br, buf: make([]byte, 0, 4096)}
 	err := s.trace(a.event, a.info)
 	if err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("kineto: the trace is truncated (at byte %d)", s.off)
+			return nil, 0, fmt.Errorf("kineto: the trace is truncated (at byte %d)", s.off)
 		}
-		return nil, err
+		return nil, 0, err
 	}
-	return a.result(), nil
+	res, err := a.result()
+	return res, a.maxHeld, err
 }
 
 type analyzer struct {
 	res      Result
 	steps    []stepSpan
-	gpu      []gpuEvent
-	cpuComm  []gpuEvent // gloo collectives (CPU traces)
-	cpuOps   []span     // aten operators (CPU traces)
-	launches []launchAt // sorted by correlation in result()
+	sp       spill // GPU events, launches and CPU-trace operators, in file order
+	gpu      int64 // GPU events in sp
+	launches int64 // launches in sp
+	maxHeld  int   // records buffered at once in result, at most
 	groups   map[string]uint16
 	groupOf  []string
 	events   int64
@@ -272,17 +285,18 @@ func (a *analyzer) event(b []byte) error {
 		if cls == other {
 			return nil
 		}
-		g := gpuEvent{span: sp, corr: e.corr, cls: cls}
+		g := gpuEvent{span: sp, corr: e.corr, cls: cls, kind: kindGPU}
 		if cls == comm {
 			g.coll = collective(e.collName, e.name)
 			g.bytes = e.nelems * dtypeSize(e.dtype)
 			g.group = a.group(e.group)
 		}
-		a.gpu = append(a.gpu, g)
-		a.cpuOps = nil // a GPU trace: CPU operators are not needed
+		a.gpu++
+		return a.sp.add(g)
 	case cat == "cuda_runtime" || cat == "cuda_driver" || cat == "Runtime" || cat == "Driver":
 		if e.corr >= 0 {
-			a.launches = append(a.launches, launchAt{e.corr, e.ts})
+			a.launches++
+			return a.sp.add(gpuEvent{span: span{e.ts, e.ts}, corr: e.corr, kind: kindLaunch})
 		}
 	case bytes.HasPrefix(e.name, []byte("ProfilerStep#")) && (cat == "user_annotation" || cat == "cpu_op" || cat == ""):
 		n, ok := atoi(e.name[len("ProfilerStep#"):])
@@ -290,10 +304,11 @@ func (a *analyzer) event(b []byte) error {
 			a.steps = append(a.steps, stepSpan{n: n, span: sp})
 		}
 	case bytes.HasPrefix(e.name, []byte("gloo:")):
-		a.cpuComm = append(a.cpuComm, gpuEvent{span: sp, cls: comm, coll: collective(e.collName, e.name[5:]),
-			bytes: e.nelems * dtypeSize(e.dtype), group: a.group(e.group)})
-	case len(a.gpu) == 0 && bytes.HasPrefix(e.name, []byte("aten::")) && (cat == "cpu_op" || cat == ""):
-		a.cpuOps = append(a.cpuOps, sp)
+		return a.sp.add(gpuEvent{span: sp, corr: -1, cls: comm, coll: collective(e.collName, e.name[5:]),
+			bytes: e.nelems * dtypeSize(e.dtype), group: a.group(e.group), kind: kindCPU})
+	case a.gpu == 0 && bytes.HasPrefix(e.name, []byte("aten::")) && (cat == "cpu_op" || cat == ""):
+		// kept until the trace proves to be a GPU trace
+		return a.sp.add(gpuEvent{span: sp, corr: -1, cls: compute, kind: kindCPU})
 	}
 	return nil
 }
@@ -418,80 +433,6 @@ func intersect(a, b []span) int64 {
 
 // -- results ------------------------------------------------------------------
 
-func (a *analyzer) result() *Result {
-	r := a.res
-	r.Events = a.events
-	r.GPUEvents = int64(len(a.gpu))
-	sort.Slice(a.steps, func(i, j int) bool { return a.steps[i].start < a.steps[j].start })
-	evs := a.gpu
-	var cpuCompute []span
-	r.Device = "gpu"
-	if len(evs) == 0 {
-		r.Device = "cpu"
-		evs = a.cpuComm
-		cpuCompute = a.cpuOps
-		r.Notes = append(r.Notes, "no GPU events: CPU-side figures (communication = gloo collectives on their threads, computation = aten operators)")
-	}
-	if r.Rank == nil {
-		r.Notes = append(r.Notes, "no distributedInfo: rank and world size unknown")
-	}
-	// Which step each event belongs to: the step whose span holds its
-	// launch (the runtime call with its correlation id); in a trace
-	// without runtime calls, the step its start falls in.
-	perStep := make([][]gpuEvent, len(a.steps))
-	var perStepCPU [][]span
-	var beforeLast []gpuEvent
-	byLaunch := len(a.launches) > 0
-	slices.SortFunc(a.launches, func(x, y launchAt) int { return cmp.Compare(x.corr, y.corr) })
-	for _, e := range evs {
-		at := e.start
-		if byLaunch && e.corr >= 0 {
-			// a kernel whose launch is not in the trace was launched
-			// before it began (as HTA, it belongs to no step)
-			i, ok := slices.BinarySearchFunc(a.launches, e.corr, func(l launchAt, c int64) int { return cmp.Compare(l.corr, c) })
-			if !ok {
-				continue
-			}
-			at = a.launches[i].ts
-		}
-		if i := a.stepAt(at); i >= 0 {
-			perStep[i] = append(perStep[i], e)
-			if i < len(a.steps)-1 {
-				beforeLast = append(beforeLast, e)
-			}
-		}
-	}
-	if len(a.steps) > 0 {
-		r.HTAOverlapPct = stats(beforeLast, nil, span{}, false).OverlapPct
-	}
-	if cpuCompute != nil {
-		perStepCPU = make([][]span, len(a.steps))
-		for _, s := range cpuCompute {
-			if i := a.stepAt(s.start); i >= 0 {
-				perStepCPU[i] = append(perStepCPU[i], s)
-			}
-		}
-	}
-	for i, st := range a.steps {
-		var cc []span
-		if perStepCPU != nil {
-			cc = perStepCPU[i]
-		}
-		s := stats(perStep[i], cc, st.span, r.Device == "cpu")
-		s.Step = st.n
-		r.Steps = append(r.Steps, s)
-	}
-	r.Total = stats(evs, cpuCompute, span{}, r.Device == "cpu")
-	r.Total.Step = -1
-	r.CommOverlapPct = r.Total.OverlapPct
-	r.Collectives = a.collectives(evs)
-	if r.Steps == nil {
-		r.Steps = []StepStats{}
-		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
-	}
-	return &r
-}
-
 func (a *analyzer) stepAt(t int64) int {
 	i := sort.Search(len(a.steps), func(i int) bool { return a.steps[i].start > t }) - 1
 	if i >= 0 && t < a.steps[i].end {
@@ -501,7 +442,7 @@ func (a *analyzer) stepAt(t int64) int {
 }
 
 // stats computes one step's (or the whole trace's, window empty) figures.
-func stats(evs []gpuEvent, cpuCompute []span, window span, cpu bool) StepStats {
+func stats(evs []gpuEvent, window span, cpu bool) StepStats {
 	var cs, ms, ks []span
 	for _, e := range evs {
 		switch e.cls {
@@ -513,7 +454,6 @@ func stats(evs []gpuEvent, cpuCompute []span, window span, cpu bool) StepStats {
 			ks = append(ks, e.span)
 		}
 	}
-	cs = append(cs, cpuCompute...)
 	cu, mu, ku := union(cs), union(ms), union(ks)
 	all := union(append(append(slices.Clone(cu), mu...), ku...))
 	var st StepStats
@@ -553,47 +493,3 @@ func floorMicro(ns int64) int64 {
 }
 
 func ceilMicro(ns int64) int64 { return -floorMicro(-ns) }
-
-func (a *analyzer) collectives(evs []gpuEvent) []CollectiveStats {
-	type key struct {
-		coll  uint8
-		group uint16
-	}
-	acc := map[key]*CollectiveStats{}
-	spans := map[key][]span{}
-	for _, e := range evs {
-		if e.cls != comm {
-			continue
-		}
-		k := key{e.coll, e.group}
-		c := acc[k]
-		if c == nil {
-			kind := collKinds[min(int(e.coll), len(collKinds)-1)]
-			if kind == "" {
-				kind = "other"
-			}
-			g := ""
-			if int(e.group) < len(a.groupOf) {
-				g = a.groupOf[e.group]
-			}
-			c = &CollectiveStats{Kind: kind, Group: g}
-			acc[k] = c
-		}
-		c.Count++
-		c.TimeUs += us(e.end - e.start)
-		c.Bytes += e.bytes
-		spans[k] = append(spans[k], e.span)
-	}
-	out := make([]CollectiveStats, 0, len(acc))
-	for k, c := range acc {
-		c.UnionUs = us(total(union(spans[k])))
-		out = append(out, *c)
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].TimeUs != out[j].TimeUs {
-			return out[i].TimeUs > out[j].TimeUs
-		}
-		return out[i].Kind+out[i].Group < out[j].Kind+out[j].Group
-	})
-	return out
-}

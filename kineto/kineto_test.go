@@ -1,12 +1,15 @@
 package kineto
 
 import (
+	"bufio"
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"os"
 	"math"
 	"os/exec"
 	"path/filepath"
@@ -261,4 +264,127 @@ func FuzzAnalyze(f *testing.F) {
 			}
 		}
 	})
+}
+
+// streamTrace writes, as Kineto lays a trace out (CPU operators and the
+// ProfilerStep annotations first, then launches and GPU activities in time
+// order), a trace of n steps of 1 ms: per step k+2 launches, k compute
+// kernels back to back from 100 µs to 600 µs (the last ends at 1050 µs, 50
+// µs into the next step), an all-reduce 500-800 µs and a memcpy 900-950 µs.
+func streamTrace(w io.Writer, n, k int) error {
+	bw := bufio.NewWriter(w)
+	fmt.Fprint(bw, `{"distributedInfo":{"backend":"nccl","rank":0,"world_size":2},"traceEvents":[`)
+	for s := 0; s < n; s++ {
+		t := float64(s * 1000)
+		fmt.Fprint(bw, ev("user_annotation", fmt.Sprintf("ProfilerStep#%d", s), t, 1000, ""), ",")
+		fmt.Fprint(bw, ev("cpu_op", "aten::mm", t+1, 5, ""), ",")
+	}
+	corr := 0
+	for s := 0; s < n; s++ {
+		t := float64(s * 1000)
+		d := 500 / float64(k)
+		for j := 0; j < k; j++ {
+			corr++
+			fmt.Fprint(bw, launch(t+float64(j)/float64(k), corr), ",")
+			if j == k-1 {
+				d = 1050 - 100 - float64(j)*d
+			}
+			fmt.Fprint(bw, kernel("gemm", t+100+float64(j)*500/float64(k), d, corr, 7), ",")
+		}
+		corr++
+		fmt.Fprint(bw, launch(t+6, corr), ",")
+		fmt.Fprint(bw, kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", t+500, 300, corr, 20), ",")
+		corr++
+		fmt.Fprint(bw, launch(t+7, corr), ",")
+		fmt.Fprint(bw, ev("gpu_memcpy", "Memcpy DtoH", t+900, 50, fmt.Sprintf(`{"correlation":%d,"stream":7}`, corr)), ",")
+	}
+	fmt.Fprint(bw, `{"ph":"i","name":"end","pid":0,"tid":0,"ts":0}]}`)
+	return bw.Flush()
+}
+
+// The analysis holds about one step's records, however long the trace,
+// and spills the rest to disk; the figures are exact.
+func TestBoundedMemory(t *testing.T) {
+	defer func(m int) { spillMem = m }(spillMem)
+	spillMem = 1000 // well below the trace's 16 records per step × n
+	for _, n := range []int{50, 5000} {
+		pr, pw := io.Pipe()
+		go func() { pw.CloseWithError(streamTrace(pw, n, 5)) }()
+		dir := t.TempDir()
+		r, held, err := analyze(pr, Options{SpillDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// 7 GPU events per step, one of them also in the next step's window
+		if held > 24 {
+			t.Errorf("n=%d: held %d records at once, want about one step's (7)", n, held)
+		}
+		if left, _ := os.ReadDir(dir); len(left) != 0 {
+			t.Errorf("spill files left behind: %v", left)
+		}
+		if len(r.Steps) != n {
+			t.Fatalf("%d steps, want %d", len(r.Steps), n)
+		}
+		// per step (its launches): compute 100-1050 = 950, comm 500-800 =
+		// 300 all overlapped, memory 50 (inside compute): busy 950 over the
+		// GPU span 100-1050, idle 0
+		for _, s := range []StepStats{r.Steps[0], r.Steps[n/2], r.Steps[n-1]} {
+			check(t, fmt.Sprintf("step %d", s.Step), s, StepStats{Step: s.Step, DurationUs: 1000, ComputeUs: 950, CommUs: 300, MemoryUs: 50}, 100)
+		}
+		// whole trace: GPU span 100 to (n-1)×1000+1050, idle the n-1 gaps
+		// of 50 µs between one step's last kernel and the next's first
+		check(t, "total", r.Total, StepStats{Step: -1, DurationUs: float64((n-1)*1000 + 950), ComputeUs: float64(950 * n),
+			CommUs: float64(300 * n), MemoryUs: float64(50 * n), IdleUs: float64(50 * (n - 1))}, 100)
+		if len(r.Collectives) != 1 || r.Collectives[0].Count != int64(n) || !near(r.Collectives[0].UnionUs, float64(300*n)) {
+			t.Errorf("collectives: %+v", r.Collectives)
+		}
+		if r.HTAOverlapPct == nil || !near(*r.HTAOverlapPct, 100) {
+			t.Errorf("hta overlap %v", r.HTAOverlapPct)
+		}
+	}
+}
+
+// Spilled to disk or held in memory, the figures are the same.
+func TestSpillSameFigures(t *testing.T) {
+	files, _ := filepath.Glob("testdata/*.json.gz")
+	if len(files) == 0 {
+		t.Fatal("no testdata traces")
+	}
+	defer func(m int) { spillMem = m }(spillMem)
+	for _, f := range files {
+		spillMem = 1 << 30
+		inMem, err := AnalyzeFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spillMem = 3
+		onDisk, err := AnalyzeFileWith(f, Options{SpillDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := json.Marshal(inMem)
+		b, _ := json.Marshal(onDisk)
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s: figures differ when spilled:\n%s\n%s", f, a, b)
+		}
+	}
+}
+
+// Correlation ids of two steps' launches that interleave (not the order
+// CUPTI gives, but a trace may be edited or merged) fall back to an exact
+// map: each kernel still counts in the step it was launched in.
+func TestInterleavedCorrelations(t *testing.T) {
+	src := trace(
+		ev("user_annotation", "ProfilerStep#1", 0, 100, ""),
+		ev("user_annotation", "ProfilerStep#2", 100, 100, ""),
+		launch(1, 10), launch(2, 30), launch(101, 20),
+		kernel("a", 10, 10, 10, 7), kernel("b", 30, 10, 30, 7), kernel("c", 150, 40, 20, 7),
+	)
+	r, err := Analyze(strings.NewReader(src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Steps) != 2 || !near(r.Steps[0].ComputeUs, 20) || !near(r.Steps[1].ComputeUs, 40) {
+		t.Fatalf("steps: %+v", r.Steps)
+	}
 }

@@ -1,0 +1,340 @@
+package kineto
+
+import (
+	"cmp"
+	"slices"
+	"sort"
+)
+
+// result reads the spilled records back (they are in file order) and
+// computes the figures holding few of them at once: each record is
+// buffered in its step (the step it was launched in) and in its window of
+// time between step boundaries, and a buffer is reduced and dropped as soon
+// as it holds every record counted for it in a first pass. Kineto writes a
+// trace's GPU activities in about time order, so one step's records (and
+// one window's) are held at a time. Per step, the unions are over the
+// step's records; over the whole trace they are summed window by window,
+// each record clipped to the windows it crosses: the union of a set of
+// intervals is the sum of its parts in disjoint windows, so the totals are
+// exact.
+func (a *analyzer) result() (*Result, error) {
+	r := a.res
+	r.Events = a.events
+	r.GPUEvents = a.gpu
+	sort.Slice(a.steps, func(i, j int) bool { return a.steps[i].start < a.steps[j].start })
+	cpu := a.gpu == 0
+	want := kindGPU
+	r.Device = "gpu"
+	if cpu {
+		want = kindCPU
+		r.Device = "cpu"
+		r.Notes = append(r.Notes, "no GPU events: CPU-side figures (communication = gloo collectives on their threads, computation = aten operators)")
+	}
+	if r.Rank == nil {
+		r.Notes = append(r.Notes, "no distributedInfo: rank and world size unknown")
+	}
+	// Which step each event belongs to: the step whose span holds its
+	// launch (the runtime call with its correlation id); in a trace
+	// without runtime calls, the step its start falls in. A kernel whose
+	// launch is not in the trace was launched before it began (as HTA, it
+	// belongs to no step).
+	own, err := a.launchOwners()
+	if err != nil {
+		return nil, err
+	}
+	byLaunch := a.launches > 0
+	stepOf := func(e gpuEvent) int32 {
+		if byLaunch && e.corr >= 0 {
+			return own.lookup(e.corr)
+		}
+		return int32(a.stepAt(e.start))
+	}
+	// Windows: between consecutive distinct step boundaries, plus before
+	// the first and after the last.
+	var bounds []int64
+	for _, st := range a.steps {
+		bounds = append(bounds, st.start, st.end)
+	}
+	slices.Sort(bounds)
+	bounds = slices.Compact(bounds)
+	window := func(t int64) int { return sort.Search(len(bounds), func(i int) bool { return bounds[i] > t }) }
+	clip := func(s span, w int) span {
+		if w > 0 {
+			s.start = max(s.start, bounds[w-1])
+		}
+		if w < len(bounds) {
+			s.end = min(s.end, bounds[w])
+		}
+		return s
+	}
+
+	stepN := make([]int, len(a.steps))
+	winN := make([]int, len(bounds)+1)
+	err = a.sp.each(func(e gpuEvent) {
+		if e.kind != want {
+			return
+		}
+		if i := stepOf(e); i >= 0 {
+			stepN[i]++
+		}
+		if e.end > e.start {
+			for w := window(e.start); w <= window(e.end-1); w++ {
+				winN[w]++
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	stepBuf := make([][]gpuEvent, len(a.steps))
+	winBuf := make([][]gpuEvent, len(bounds)+1)
+	r.Steps = make([]StepStats, len(a.steps))
+	held := 0
+	t := totals{lastStep: int32(len(a.steps) - 1), first: 1<<63 - 1, last: -1 << 63, coll: map[collKey]*collAcc{}}
+	err = a.sp.each(func(e gpuEvent) {
+		if e.kind != want {
+			return
+		}
+		e.step = stepOf(e)
+		if e.cls == comm {
+			t.collective(e)
+		}
+		if i := e.step; i >= 0 {
+			stepBuf[i] = append(stepBuf[i], e)
+			held++
+			if len(stepBuf[i]) == stepN[i] {
+				r.Steps[i] = stats(stepBuf[i], a.steps[i].span, cpu)
+				held -= len(stepBuf[i])
+				stepBuf[i] = nil
+			}
+		}
+		if e.end > e.start {
+			for w := window(e.start); w <= window(e.end-1); w++ {
+				c := e
+				c.span = clip(e.span, w)
+				winBuf[w] = append(winBuf[w], c)
+				held++
+				if len(winBuf[w]) == winN[w] {
+					t.add(winBuf[w])
+					held -= len(winBuf[w])
+					winBuf[w] = nil
+				}
+			}
+		}
+		a.maxHeld = max(a.maxHeld, held)
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i, st := range a.steps {
+		if stepN[i] == 0 {
+			r.Steps[i] = stats(nil, st.span, cpu)
+		}
+		r.Steps[i].Step = st.n
+	}
+	r.Total = t.stats()
+	r.CommOverlapPct = r.Total.OverlapPct
+	if len(a.steps) > 0 && t.htaComm > 0 {
+		p := 100 * float64(t.htaOver) / float64(t.htaComm)
+		r.HTAOverlapPct = &p
+	}
+	r.Collectives = t.collectives(a.groupOf)
+	if len(r.Steps) == 0 {
+		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
+	}
+	return &r, nil
+}
+
+// totals sums the whole trace's figures window by window.
+type totals struct {
+	compute, comm, memory, over, busy int64
+	first, last                       int64 // the GPU's first start and last end
+	lastStep                          int32
+	htaComm, htaOver                  int64 // over the events of every step but the last
+	coll                              map[collKey]*collAcc
+}
+
+type collKey struct {
+	coll  uint8
+	group uint16
+}
+
+type collAcc struct {
+	CollectiveStats
+	union int64
+}
+
+func (t *totals) collective(e gpuEvent) {
+	k := collKey{e.coll, e.group}
+	c := t.coll[k]
+	if c == nil {
+		c = &collAcc{}
+		t.coll[k] = c
+	}
+	c.Count++
+	c.TimeUs += us(e.end - e.start)
+	c.Bytes += e.bytes
+}
+
+// add takes one window's records (clipped to it).
+func (t *totals) add(evs []gpuEvent) {
+	var cs, ms, ks, hc, hm []span
+	byColl := map[collKey][]span{}
+	for _, e := range evs {
+		inHTA := e.step >= 0 && e.step < t.lastStep
+		switch e.cls {
+		case compute:
+			cs = append(cs, e.span)
+			if inHTA {
+				hc = append(hc, e.span)
+			}
+		case comm:
+			ms = append(ms, e.span)
+			if inHTA {
+				hm = append(hm, e.span)
+			}
+			k := collKey{e.coll, e.group}
+			byColl[k] = append(byColl[k], e.span)
+		case memory:
+			ks = append(ks, e.span)
+		}
+	}
+	cu, mu, ku := union(cs), union(ms), union(ks)
+	all := union(append(append(slices.Clone(cu), mu...), ku...))
+	t.compute += total(cu)
+	t.comm += total(mu)
+	t.memory += total(ku)
+	t.over += intersect(mu, cu)
+	t.busy += total(all)
+	if len(all) > 0 {
+		t.first = min(t.first, all[0].start)
+		t.last = max(t.last, all[len(all)-1].end)
+	}
+	hmu := union(hm)
+	t.htaComm += total(hmu)
+	t.htaOver += intersect(hmu, union(hc))
+	for k, s := range byColl {
+		t.coll[k].union += total(union(s))
+	}
+}
+
+func (t *totals) stats() StepStats {
+	st := StepStats{Step: -1, ComputeUs: us(t.compute), CommUs: us(t.comm), MemoryUs: us(t.memory),
+		ExposedCommUs: us(t.comm - t.over)}
+	if t.comm > 0 {
+		p := 100 * float64(t.over) / float64(t.comm)
+		st.OverlapPct = &p
+	}
+	if t.last > t.first {
+		st.DurationUs = us(t.last - t.first)
+		st.IdleUs = us(t.last - t.first - t.busy)
+	}
+	return st
+}
+
+func (t *totals) collectives(groupOf []string) []CollectiveStats {
+	out := make([]CollectiveStats, 0, len(t.coll))
+	for k, c := range t.coll {
+		s := c.CollectiveStats
+		s.Kind = collKinds[min(int(k.coll), len(collKinds)-1)]
+		if s.Kind == "" {
+			s.Kind = "other"
+		}
+		if int(k.group) < len(groupOf) {
+			s.Group = groupOf[k.group]
+		}
+		s.UnionUs = us(c.union)
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].TimeUs != out[j].TimeUs {
+			return out[i].TimeUs > out[j].TimeUs
+		}
+		return out[i].Kind+out[i].Group < out[j].Kind+out[j].Group
+	})
+	return out
+}
+
+// owners maps a correlation id to the step its launch fell in: runs of
+// consecutive ids launched in one step (ids grow with launch time, so a
+// trace has about one run per step and per gap between steps), or, when
+// runs of different steps interleave, an exact map.
+type owners struct {
+	runs  []corrRun
+	exact map[int64]int32
+}
+
+type corrRun struct {
+	lo, hi int64
+	step   int32
+}
+
+func (o *owners) lookup(c int64) int32 {
+	if o.exact != nil {
+		if s, ok := o.exact[c]; ok {
+			return s
+		}
+		return -1
+	}
+	i := sort.Search(len(o.runs), func(i int) bool { return o.runs[i].lo > c }) - 1
+	if i >= 0 && c <= o.runs[i].hi {
+		return o.runs[i].step
+	}
+	return -1
+}
+
+// compact sorts the runs and merges those that overlap; false when two
+// runs of different steps overlap.
+func (o *owners) compact() bool {
+	slices.SortFunc(o.runs, func(x, y corrRun) int { return cmp.Compare(x.lo, y.lo) })
+	out := o.runs[:0]
+	for _, r := range o.runs {
+		if n := len(out); n > 0 && r.lo <= out[n-1].hi {
+			if r.step != out[n-1].step {
+				return false
+			}
+			out[n-1].hi = max(out[n-1].hi, r.hi)
+			continue
+		}
+		out = append(out, r)
+	}
+	o.runs = out
+	return true
+}
+
+func (a *analyzer) launchOwners() (*owners, error) {
+	o := &owners{}
+	if a.launches == 0 {
+		return o, nil
+	}
+	ok, limit := true, 1024
+	err := a.sp.each(func(e gpuEvent) {
+		if e.kind != kindLaunch || !ok {
+			return
+		}
+		st := int32(a.stepAt(e.start))
+		if n := len(o.runs); n > 0 && o.runs[n-1].step == st && e.corr > o.runs[n-1].hi {
+			o.runs[n-1].hi = e.corr
+			return
+		}
+		o.runs = append(o.runs, corrRun{e.corr, e.corr, st})
+		if len(o.runs) > limit {
+			ok = o.compact()
+			limit = 2*len(o.runs) + 1024
+		}
+	})
+	if err == nil && ok {
+		ok = o.compact()
+	}
+	if err != nil || ok {
+		return o, err
+	}
+	o.runs, o.exact = nil, map[int64]int32{}
+	err = a.sp.each(func(e gpuEvent) {
+		if e.kind == kindLaunch {
+			o.exact[e.corr] = int32(a.stepAt(e.start))
+		}
+	})
+	return o, err
+}
