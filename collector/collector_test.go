@@ -2,6 +2,7 @@ package collector
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -321,5 +322,61 @@ func TestUncreatableFoldersCountRowsLost(t *testing.T) {
 	st := c.Stats()
 	if st.Records != 404 || st.RowsLost != 404 || st.WriteErrors == 0 || st.StepsClosed != 101 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// A job whose topology (dp 4 × tp 8 × pp 2) does not match its 4 ranks:
+// MFU is unknown everywhere it is shown, with the reason; no figure, and no
+// 0 standing for it.
+func TestImpossibleMFUShownUnknown(t *testing.T) {
+	c, nc := startCollector(t)
+	meta, _ := json.Marshal(tps.RunMeta{Job: "mm", Topology: tps.Topology{DP: 4, TP: 8, PP: 2}, ModelPreset: "llama3-8b", GPU: "h100-sxm"})
+	if err := nc.Publish(wire.MetaSubject("mm"), meta); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	publishSteps(t, nc, "mm", 0, 5)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	get := func(path string) string {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	if m := get("/metrics"); strings.Contains(m, `tpsprof_mfu_ratio{`) || !strings.Contains(m, `tpsprof_last_step{job="mm"} 4`) {
+		t.Errorf("/metrics has an MFU sample or no steps:\n%.3000s", m)
+	}
+	var sum struct {
+		Jobs []struct {
+			MFU        *float64 `json:"mfu"`
+			MFUUnknown string   `json:"mfu_unknown"`
+			Steps      []struct {
+				MFU *float64 `json:"mfu"`
+			} `json:"steps"`
+		} `json:"jobs"`
+	}
+	if err := json.Unmarshal([]byte(get("/api/summary")), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Jobs) != 1 || sum.Jobs[0].MFU != nil || !strings.Contains(sum.Jobs[0].MFUUnknown, "topology") || sum.Jobs[0].Steps[0].MFU != nil {
+		t.Errorf("/api/summary: %+v", sum.Jobs)
+	}
+	c.mu.Lock()
+	j := c.jobs["mm"]
+	j.newSinceLog = true
+	line := j.liveLine()
+	c.mu.Unlock()
+	if !strings.Contains(line, "MFU n/a (the run's topology") {
+		t.Errorf("live line: %s", line)
 	}
 }

@@ -16,11 +16,11 @@ var liveHTML []byte
 
 // LiveStep is one step on the live page.
 type LiveStep struct {
-	Step      int64   `json:"step"`
-	TPS       float64 `json:"tps"`
-	MFU       float64 `json:"mfu"`
-	Comm      float64 `json:"comm"`
-	StepTimeS float64 `json:"step_time_s"`
+	Step      int64    `json:"step"`
+	TPS       float64  `json:"tps"`
+	MFU       *float64 `json:"mfu"` // null while unknown
+	Comm      float64  `json:"comm"`
+	StepTimeS float64  `json:"step_time_s"`
 }
 
 // LiveJob is one job's current state, as /api/summary serves it.
@@ -30,7 +30,8 @@ type LiveJob struct {
 	LastStep     int64              `json:"last_step"`
 	TPS          float64            `json:"tps"`
 	TPSPerGPU    float64            `json:"tps_per_gpu"`
-	MFU          float64            `json:"mfu"`
+	MFU          *float64           `json:"mfu"`                   // null while unknown
+	MFUUnknown   string             `json:"mfu_unknown,omitempty"` // why
 	Breakdown    map[string]float64 `json:"breakdown"`
 	Steps        []LiveStep         `json:"steps"`
 	SlowestRanks []tps.RankScore    `json:"slowest_ranks"`
@@ -60,7 +61,10 @@ func (c *Collector) Summary() LiveSummary {
 		steps := j.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]
-			lj.LastStep, lj.TPS, lj.TPSPerGPU, lj.MFU = last.Step, last.TPS, last.TPSPerGPU, last.MFU
+			lj.LastStep, lj.TPS, lj.TPSPerGPU, lj.MFU, lj.MFUUnknown = last.Step, last.TPS, last.TPSPerGPU, knownMFU(last), last.MFUUnknown
+			if lj.MFU == nil && lj.MFUUnknown == "" {
+				lj.MFUUnknown = "no model or GPU in the run metadata"
+			}
 			k := min(n, 10)
 			for _, s := range steps[n-k:] {
 				if s.StepTimeNs > 0 {
@@ -72,7 +76,7 @@ func (c *Collector) Summary() LiveSummary {
 				lj.Breakdown["checkpoint"] += s.CkptFractionMean / float64(k)
 			}
 			for _, s := range steps[max(0, n-200):] {
-				lj.Steps = append(lj.Steps, LiveStep{Step: s.Step, TPS: s.TPS, MFU: s.MFU, Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
+				lj.Steps = append(lj.Steps, LiveStep{Step: s.Step, TPS: s.TPS, MFU: knownMFU(s), Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
 			}
 		}
 		out.Jobs = append(out.Jobs, lj)
@@ -96,4 +100,12 @@ func (c *Collector) Handler() http.Handler {
 		w.Write(liveHTML)
 	})
 	return mux
+}
+
+func knownMFU(s tps.ClusterStep) *float64 {
+	if s.MFUUnknown != "" || s.MFU <= 0 {
+		return nil
+	}
+	m := s.MFU
+	return &m
 }

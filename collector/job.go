@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -589,7 +590,9 @@ func (j *job) liveLine() string {
 		commSum += s.CommFractionMean
 	}
 	mfuText := "MFU n/a"
-	if last.MFU > 0 {
+	if last.MFUUnknown != "" {
+		mfuText = "MFU n/a (" + shortReason(last.MFUUnknown) + ")"
+	} else if last.MFU > 0 {
 		mfuText = fmt.Sprintf("MFU %.1f%%", 100*mfuSum/float64(n))
 	}
 	node := ""
@@ -630,4 +633,12 @@ func (j *job) warnRerun(c *Collector, r *tps.StepRecord) {
 	c.log.Warn("rerun", "records for steps this job and attempt closed already: a second run under the same job id? "+
 		"tpsprof launch gives a new launch the next attempt; or use a new job id",
 		"job", j.id, "attempt", r.Attempt, "step", r.Step, "rank", r.Rank)
+}
+
+// shortReason is the first clause of a reason, for one-line displays.
+func shortReason(s string) string {
+	if i := strings.IndexAny(s, ":;("); i > 0 {
+		s = s[:i]
+	}
+	return strings.TrimSpace(s)
 }

@@ -12,8 +12,8 @@ import (
 var (
 	descTPS        = prometheus.NewDesc("tpsprof_cluster_tokens_per_second", "Training tokens per second of the job's last closed step (tokens counted once per data-parallel replica).", []string{"job"}, nil)
 	descTPSPerGPU  = prometheus.NewDesc("tpsprof_cluster_tokens_per_second_per_gpu", "Tokens per second of the last closed step divided by the world size.", []string{"job"}, nil)
-	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last closed step (0 when the model or GPU is unknown).", []string{"job"}, nil)
-	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last closed step.", []string{"job"}, nil)
+	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last closed step; absent while it is unknown (no model or GPU, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
+	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last closed step; absent while MFU is unknown.", []string{"job"}, nil)
 	descStepTime   = prometheus.NewDesc("tpsprof_step_time_seconds", "Duration of the last closed step (slowest rank).", []string{"job"}, nil)
 	descStep       = prometheus.NewDesc("tpsprof_last_step", "Step number of the last closed step.", []string{"job"}, nil)
 	descComm       = prometheus.NewDesc("tpsprof_exposed_comm_ratio", "Exposed communication as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
@@ -67,8 +67,10 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		last := j.lastRow()
 		gauge(descTPS, last.TPS, j.id)
 		gauge(descTPSPerGPU, last.TPSPerGPU, j.id)
-		gauge(descMFU, last.MFU, j.id)
-		gauge(descHFU, last.HFU, j.id)
+		if last.MFUUnknown == "" && last.MFU > 0 {
+			gauge(descMFU, last.MFU, j.id)
+			gauge(descHFU, last.HFU, j.id)
+		}
 		gauge(descStepTime, float64(last.StepTimeNs)/1e9, j.id)
 		gauge(descStep, float64(last.Step), j.id)
 		gauge(descComm, last.CommFractionMean, j.id)

@@ -360,13 +360,15 @@ func (rep *Report) plotHeatmap() ([]*plot.Plot, error) {
 // plotMFU: MFU and HFU over steps.
 func (rep *Report) plotMFU() ([]*plot.Plot, error) {
 	steps := rep.data.steps
-	if rep.Summary.MFU <= 0 {
+	if rep.Summary.MFU == nil {
 		return nil, nil
 	}
 	p := newPlot(fmt.Sprintf("%s: model FLOPs utilisation", rep.Job), "step", "MFU (%)")
-	xy := make(plotter.XYs, len(steps))
-	for i, c := range steps {
-		xy[i] = plotter.XY{X: float64(c.Step), Y: 100 * c.MFU}
+	var xy plotter.XYs
+	for _, c := range steps {
+		if c.MFUUnknown == "" && tps.ImpossibleMFU(c.MFU, c.HFU) == "" && c.MFU > 0 {
+			xy = append(xy, plotter.XY{X: float64(c.Step), Y: 100 * c.MFU})
+		}
 	}
 	l, err := line(xy, colCompute, vg.Points(1.2))
 	if err != nil {

@@ -381,3 +381,54 @@ func TestMedianKeepBounded(t *testing.T) {
 		}
 	}
 }
+
+// --compare in text, JSON and Markdown, against golden files: run B has
+// twice the tokens per step, twice the world and an unknown MFU; fractions
+// differ in points, rates in percent, and the unknown MFU reads n/a (null
+// in JSON), never 0.
+func TestGoldenCompare(t *testing.T) {
+	g := generate(t, t.TempDir(), 60, 50)
+	a, err := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	b.Job = "gen-b"
+	b.Summary.WorldSize *= 2
+	b.Summary.Tokens *= 2
+	b.Summary.TPS.Mean *= 1.5
+	b.Summary.TPSPerGPU *= 0.75
+	b.Summary.MFU, b.Summary.HFU, b.Summary.MFUSteps = nil, nil, 0
+	b.Summary.MFUUnknown = "the run's topology dp=2 tp=2 pp=2 is 8 GPUs but the ranks report a world of 16"
+	b.Breakdown.ExposedComm = a.Breakdown.ExposedComm / 2
+	var text, md, js bytes.Buffer
+	WriteCompare(&text, a, b)
+	WriteCompareMarkdown(&md, a, b)
+	enc := json.NewEncoder(&js)
+	enc.SetIndent("", "  ")
+	enc.Encode(Compare(a, b))
+	for _, must := range []string{"n/a", " pt", "different world sizes", "different tokens per step", "MFU of gen-b is unknown"} {
+		if !strings.Contains(text.String(), must) {
+			t.Errorf("compare text lacks %q:\n%s", must, text.String())
+		}
+	}
+	for _, r := range Compare(a, b).Rows {
+		if (r.Name == "MFU" || r.Name == "HFU") && (r.B != nil || r.DeltaPoints != nil) {
+			t.Errorf("unknown %s given a value: %+v", r.Name, r)
+		}
+	}
+	for name, got := range map[string][]byte{"compare.txt": text.Bytes(), "compare.md": md.Bytes(), "compare.json": js.Bytes()} {
+		path := filepath.Join("testdata", name+".golden")
+		if *update {
+			os.WriteFile(path, got, 0o644)
+			continue
+		}
+		want, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("%v (run with -update to create it)", err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s differs from %s (run go test ./report -update after checking):\n%s", name, path, lineDiff(string(want), string(got)))
+		}
+	}
+}

@@ -38,11 +38,7 @@ func WriteText(w io.Writer, r *Report) error {
 	row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
 	row("wall TPS", "%s tokens/s (includes gaps between steps: %.1f%% below step TPS)", tps.SI(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
 	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
-	if s.MFU > 0 {
-		row("MFU / HFU", "%s / %s", pct(s.MFU), pct(s.HFU))
-	} else {
-		row("MFU / HFU", "not computed (no model or GPU in the run metadata)")
-	}
+	row("MFU / HFU", "%s", mfuText(s))
 	b := r.Breakdown
 	bubble := pct(b.Bubble)
 	if b.BubbleTheoretical > 0 {
@@ -159,4 +155,17 @@ func pctPtr(p *float64) string {
 		return "n/a"
 	}
 	return fmt.Sprintf("%.1f%%", *p)
+}
+
+// mfuText is MFU / HFU as a person reads it: the figures, over which steps,
+// or n/a with the reason.
+func mfuText(s tps.Summary) string {
+	if s.MFU == nil {
+		return "n/a: " + s.MFUUnknown
+	}
+	t := pct(*s.MFU) + " / " + pct(*s.HFU)
+	if s.MFUSteps < s.SteadySteps {
+		t += fmt.Sprintf(" (over %d of %d steady steps; the others: %s)", s.MFUSteps, s.SteadySteps, s.MFUUnknown)
+	}
+	return t
 }

@@ -38,6 +38,10 @@ type ClusterStep struct {
 	TPSPerGPU float64 `json:"tps_per_gpu" parquet:"tps_per_gpu"`
 	MFU       float64 `json:"mfu" parquet:"mfu"`
 	HFU       float64 `json:"hfu" parquet:"hfu"`
+	// MFUUnknown says why MFU and HFU are not known for this step (they
+	// are then 0): no model or GPU, a topology that does not match the
+	// ranks, or inputs that would give a utilisation above 100%.
+	MFUUnknown string `json:"mfu_unknown,omitempty" parquet:"mfu_unknown,optional"`
 
 	CommFractionMean      float64 `json:"comm_fraction_mean" parquet:"comm_fraction_mean"`
 	CommFractionMax       float64 `json:"comm_fraction_max" parquet:"comm_fraction_max"`
@@ -75,6 +79,9 @@ type AccumulatorConfig struct {
 	HWFLOPsPerToken float64
 	// PeakFLOPSPerGPU is the dense peak of one GPU at the training dtype.
 	PeakFLOPSPerGPU float64
+	// MFUUnknown, when set, is why MFU is not computed; every step
+	// carries it.
+	MFUUnknown string
 }
 
 // StepAccumulator aggregates the records of one (job, attempt, step) as they
@@ -322,7 +329,8 @@ func (a *StepAccumulator) Result() ClusterStep {
 	case a.cfg.FLOPsPerToken > 0:
 		c.FLOPs = float64(c.Tokens) * a.cfg.FLOPsPerToken
 	}
-	if peak := a.cfg.PeakFLOPSPerGPU; peak > 0 && D > 0 {
+	c.MFUUnknown = a.cfg.MFUUnknown
+	if peak := a.cfg.PeakFLOPSPerGPU; peak > 0 && D > 0 && c.MFUUnknown == "" {
 		denom := D / 1e9 * float64(a.world) * peak
 		c.MFU = c.FLOPs / denom
 		if a.cfg.HWFLOPsPerToken > 0 && a.cfg.FLOPsPerToken > 0 {
@@ -330,8 +338,25 @@ func (a *StepAccumulator) Result() ClusterStep {
 		} else {
 			c.HFU = c.MFU
 		}
+		if why := ImpossibleMFU(c.MFU, c.HFU); why != "" {
+			c.MFU, c.HFU, c.MFUUnknown = 0, 0, why
+		}
+	} else if c.MFUUnknown == "" && c.FLOPs > 0 {
+		c.MFUUnknown = "no GPU peak known for this job"
 	}
 	return c
+}
+
+// ImpossibleMFU says why a utilisation cannot be right ("" when it can):
+// above 100%, negative, or not a number.
+func ImpossibleMFU(mfu, hfu float64) string {
+	switch {
+	case math.IsNaN(mfu) || math.IsNaN(hfu) || math.IsInf(mfu, 0) || math.IsInf(hfu, 0) || mfu < 0 || hfu < 0:
+		return "MFU is not a number: the step's time or FLOPs are broken"
+	case mfu > 1 || hfu > 1:
+		return fmt.Sprintf("MFU would be %.0f%% (HFU %.0f%%), above 100%%: tokens counted per rank instead of once per data-parallel replica (give the topology: --dp/--tp/--pp), a model larger than the one trained, or the wrong GPU or dtype peak", 100*mfu, 100*hfu)
+	}
+	return ""
 }
 
 // Aggregate computes one cluster step from the records of one step, applying

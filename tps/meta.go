@@ -178,8 +178,22 @@ func (m *RunMeta) Peak(gpuSeen string) (float64, error) {
 // topology for world, and FLOPs and peak when the meta allows. The error
 // says why MFU cannot be computed; the config is usable regardless.
 func (m *RunMeta) AccumulatorConfig(world int, gpuSeen string) (AccumulatorConfig, error) {
+	cfg, err := m.accumulatorConfig(world, gpuSeen)
+	if err != nil {
+		cfg.MFUUnknown = err.Error()
+	}
+	return cfg, err
+}
+
+func (m *RunMeta) accumulatorConfig(world int, gpuSeen string) (AccumulatorConfig, error) {
 	cfg := AccumulatorConfig{Topology: m.Topology}
+	var mismatch error
 	if cfg.Topology == (Topology{}) || cfg.Topology.Validate(world) != nil {
+		if cfg.Topology != (Topology{}) {
+			// Tokens are then counted per rank: MFU from them is not the
+			// job's, whatever it comes to.
+			mismatch = fmt.Errorf("the run's topology %s is %d GPUs but the ranks report a world of %d: tokens are counted once per rank, not per data-parallel replica, so MFU is not computed", cfg.Topology, cfg.Topology.WorldSize(), world)
+		}
 		cfg.Topology = DataParallel(world)
 	}
 	model, ok, err := m.ResolvedModel()
@@ -202,7 +216,7 @@ func (m *RunMeta) AccumulatorConfig(world int, gpuSeen string) (AccumulatorConfi
 		return cfg, fmt.Errorf("peak %g is not positive", peak)
 	}
 	cfg.PeakFLOPSPerGPU = peak
-	return cfg, nil
+	return cfg, mismatch
 }
 
 // TraceFigures is the Detail of a trace_analysis event: one step's figures

@@ -105,9 +105,13 @@ type Summary struct {
 	// last one's end: it includes the gaps between steps (eval, checkpoint).
 	WallTPS float64 `json:"wall_tps"`
 
-	Tokens int64   `json:"tokens"`
-	MFU    float64 `json:"mfu"`
-	HFU    float64 `json:"hfu"`
+	Tokens int64 `json:"tokens"`
+	// MFU and HFU are means over the steady steps whose MFU is known
+	// (MFUSteps of them); nil, with MFUUnknown saying why, when none is.
+	MFU        *float64 `json:"mfu"`
+	HFU        *float64 `json:"hfu"`
+	MFUSteps   int      `json:"mfu_steps"`
+	MFUUnknown string   `json:"mfu_unknown,omitempty"`
 
 	CommFraction      float64 `json:"comm_fraction"`
 	CommFractionMax   float64 `json:"comm_fraction_max"`
@@ -188,8 +192,17 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		sumTok += float64(c.Tokens)
 		sumDur += float64(c.StepTimeNs) / 1e9
 		s.Tokens += c.Tokens
-		sumMFU += c.MFU
-		sumHFU += c.HFU
+		why := c.MFUUnknown
+		if why == "" {
+			why = ImpossibleMFU(c.MFU, c.HFU) // rows written before the check
+		}
+		if why == "" && c.MFU > 0 {
+			sumMFU += c.MFU
+			sumHFU += c.HFU
+			s.MFUSteps++
+		} else if s.MFUUnknown == "" {
+			s.MFUUnknown = cmp.Or(why, "no model or GPU in the run metadata")
+		}
 		sumComm += c.CommFractionMean
 		s.CommFractionMax = max(s.CommFractionMax, c.CommFractionMax)
 		sumBubble += c.BubbleFractionMean
@@ -213,7 +226,15 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	if last > first {
 		s.WallTPS = sumTok / (float64(last-first) / 1e9)
 	}
-	s.MFU, s.HFU = sumMFU/n, sumHFU/n
+	if s.MFUSteps > 0 {
+		m, h := sumMFU/float64(s.MFUSteps), sumHFU/float64(s.MFUSteps)
+		s.MFU, s.HFU = &m, &h
+		if s.MFUSteps == s.SteadySteps {
+			s.MFUUnknown = ""
+		}
+	} else if s.MFUUnknown == "" {
+		s.MFUUnknown = "no model or GPU in the run metadata"
+	}
 	s.CommFraction, s.BubbleFraction = sumComm/n, sumBubble/n
 	s.DataStallFraction, s.CkptFraction = sumData/n, sumCkpt/n
 	return s

@@ -491,7 +491,14 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		reps = append(reps, rep)
 	}
 	if *compare {
-		report.WriteCompare(stdout, reps[0], reps[1])
+		switch {
+		case *asJSON:
+			printJSON(stdout, report.Compare(reps[0], reps[1]))
+		case *asMD:
+			report.WriteCompareMarkdown(stdout, reps[0], reps[1])
+		default:
+			report.WriteCompare(stdout, reps[0], reps[1])
+		}
 		return exitOK
 	}
 	rep := reps[0]

@@ -1,0 +1,223 @@
+package report
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// Comparison is two runs side by side: their shapes first (so that a
+// bigger batch is not read as a slower step), then the figures with their
+// differences. Rates and times differ by a relative change; fractions
+// (MFU, the time breakdown, goodput) by percentage points. Unknown values
+// are null in JSON and n/a in text, never 0.
+type Comparison struct {
+	A     string       `json:"a"`
+	B     string       `json:"b"`
+	Shape []CompareRow `json:"shape"`
+	Rows  []CompareRow `json:"rows"`
+	Notes []string     `json:"notes,omitempty"`
+}
+
+// CompareRow is one figure of both runs.
+type CompareRow struct {
+	Name string `json:"name"`
+	// Unit is "tokens/s", "s", "tokens", "count", "fraction" or "text".
+	Unit  string   `json:"unit"`
+	A     *float64 `json:"a,omitempty"`
+	B     *float64 `json:"b,omitempty"`
+	TextA string   `json:"a_text,omitempty"`
+	TextB string   `json:"b_text,omitempty"`
+	// DeltaPct is (B−A)/|A| in percent, for rates, times and counts.
+	DeltaPct *float64 `json:"delta_pct,omitempty"`
+	// DeltaPoints is B−A in percentage points, for fractions.
+	DeltaPoints *float64 `json:"delta_points,omitempty"`
+}
+
+func num(v float64) *float64 { return &v }
+
+// known is v, or nil when ok is false.
+func known(v float64, ok bool) *float64 {
+	if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return &v
+}
+
+func valueRow(name, unit string, a, b *float64) CompareRow {
+	r := CompareRow{Name: name, Unit: unit, A: a, B: b}
+	if a != nil && b != nil {
+		if unit == "fraction" {
+			r.DeltaPoints = num(100 * (*b - *a))
+		} else if *a != 0 {
+			r.DeltaPct = num(100 * (*b - *a) / math.Abs(*a))
+		}
+	}
+	return r
+}
+
+func textRow(name, a, b string) CompareRow {
+	return CompareRow{Name: name, Unit: "text", TextA: orDash(a), TextB: orDash(b)}
+}
+
+// Compare puts two reports side by side.
+func Compare(a, b *Report) Comparison {
+	c := Comparison{A: a.Job, B: b.Job}
+	sa, sb := a.Summary, b.Summary
+	meta := func(r *Report) tps.RunMeta {
+		if r.Meta != nil {
+			return *r.Meta
+		}
+		return tps.RunMeta{}
+	}
+	ma, mb := meta(a), meta(b)
+	model := func(m tps.RunMeta) string {
+		if m.ModelPreset == "" && m.Model != nil {
+			return "custom model"
+		}
+		return m.ModelPreset
+	}
+	topo := func(m tps.RunMeta) string {
+		if m.Topology == (tps.Topology{}) {
+			return ""
+		}
+		return m.Topology.String()
+	}
+	perStep := func(s tps.Summary) *float64 {
+		return known(float64(s.Tokens)/float64(s.SteadySteps), s.SteadySteps > 0)
+	}
+	steady := func(s tps.Summary) bool { return s.SteadySteps > 0 }
+	c.Shape = []CompareRow{
+		textRow("topology", topo(ma), topo(mb)),
+		valueRow("ranks", "count", num(float64(sa.WorldSize)), num(float64(sb.WorldSize))),
+		textRow("model", model(ma), model(mb)),
+		textRow("GPU", ma.GPU, mb.GPU),
+		textRow("dtype", ma.DType, mb.DType),
+		valueRow("tokens per step", "tokens", perStep(sa), perStep(sb)),
+		valueRow("steady steps", "count", num(float64(sa.SteadySteps)), num(float64(sb.SteadySteps))),
+	}
+	frac := func(v float64, r *Report) *float64 { return known(v, steady(r.Summary)) }
+	c.Rows = []CompareRow{
+		valueRow("step TPS (mean)", "tokens/s", known(sa.TPS.Mean, steady(a.Summary)), known(sb.TPS.Mean, steady(b.Summary))),
+		valueRow("step TPS (p50)", "tokens/s", known(sa.TPS.P50, steady(a.Summary)), known(sb.TPS.P50, steady(b.Summary))),
+		valueRow("TPS per GPU", "tokens/s", known(sa.TPSPerGPU, steady(a.Summary)), known(sb.TPSPerGPU, steady(b.Summary))),
+		valueRow("wall TPS", "tokens/s", known(sa.WallTPS, sa.WallTPS > 0), known(sb.WallTPS, sb.WallTPS > 0)),
+		valueRow("step time p50", "s", known(sa.StepTimeS.P50, steady(a.Summary)), known(sb.StepTimeS.P50, steady(b.Summary))),
+		valueRow("MFU", "fraction", sa.MFU, sb.MFU),
+		valueRow("HFU", "fraction", sa.HFU, sb.HFU),
+		valueRow("compute", "fraction", frac(a.Breakdown.Compute, a), frac(b.Breakdown.Compute, b)),
+		valueRow("exposed comm", "fraction", frac(a.Breakdown.ExposedComm, a), frac(b.Breakdown.ExposedComm, b)),
+		valueRow("pipeline bubble", "fraction", frac(a.Breakdown.Bubble, a), frac(b.Breakdown.Bubble, b)),
+		valueRow("data stall", "fraction", frac(a.Breakdown.DataStall, a), frac(b.Breakdown.DataStall, b)),
+		valueRow("checkpoint", "fraction", frac(a.Breakdown.Checkpoint, a), frac(b.Breakdown.Checkpoint, b)),
+		valueRow("goodput", "fraction", known(a.Goodput.Goodput, a.Goodput.ElapsedS > 0), known(b.Goodput.Goodput, b.Goodput.ElapsedS > 0)),
+		textRow("worst straggler node", worstNode(a), worstNode(b)),
+	}
+	if sa.WorldSize != sb.WorldSize {
+		c.Notes = append(c.Notes, fmt.Sprintf("the runs have different world sizes (%d and %d ranks): compare TPS per GPU and MFU, not step TPS", sa.WorldSize, sb.WorldSize))
+	}
+	if pa, pb := perStep(sa), perStep(sb); pa != nil && pb != nil && math.Abs(*pa-*pb) > 0.01*math.Max(*pa, *pb) {
+		c.Notes = append(c.Notes, fmt.Sprintf("the runs train different tokens per step (%s and %s): step time is not comparable, TPS is", tps.SI(*pa), tps.SI(*pb)))
+	}
+	if ma.ModelPreset != mb.ModelPreset || (ma.Model == nil) != (mb.Model == nil) {
+		c.Notes = append(c.Notes, "the runs train different models: compare MFU, not TPS")
+	}
+	for _, x := range []struct {
+		job string
+		s   tps.Summary
+	}{{a.Job, sa}, {b.Job, sb}} {
+		if x.s.MFU == nil {
+			c.Notes = append(c.Notes, fmt.Sprintf("MFU of %s is unknown: %s", x.job, x.s.MFUUnknown))
+		}
+	}
+	return c
+}
+
+func worstNode(r *Report) string {
+	for _, n := range r.Nodes {
+		if n.Straggler {
+			return fmt.Sprintf("%s %.2f", n.Node, n.Score)
+		}
+	}
+	return "none"
+}
+
+func (r CompareRow) cell(v *float64, text string) string {
+	if r.Unit == "text" {
+		return text
+	}
+	if v == nil {
+		return "n/a"
+	}
+	switch r.Unit {
+	case "fraction":
+		return pct(*v)
+	case "s":
+		return fmt.Sprintf("%.3f s", *v)
+	case "count":
+		return fmt.Sprintf("%.0f", *v)
+	}
+	return tps.SI(*v)
+}
+
+func (r CompareRow) delta() string {
+	switch {
+	case r.DeltaPoints != nil:
+		return fmt.Sprintf("%+.1f pt", *r.DeltaPoints)
+	case r.DeltaPct != nil:
+		return fmt.Sprintf("%+.1f%%", *r.DeltaPct)
+	case r.Unit == "text" && r.TextA != r.TextB:
+		return "differs"
+	}
+	return ""
+}
+
+// WriteCompare prints two runs side by side with the differences.
+func WriteCompare(w io.Writer, a, b *Report) error {
+	c := Compare(a, b)
+	var sb strings.Builder
+	tw := tabwriter.NewWriter(&sb, 0, 0, 3, ' ', tabwriter.AlignRight)
+	line := func(x, y, z, d string) { fmt.Fprintf(tw, "%-22s\t%s\t%s\t%s\t\n", x, y, z, d) }
+	line("", c.A, c.B, "delta")
+	for i, rows := range [][]CompareRow{c.Shape, c.Rows} {
+		if i == 1 {
+			line("", "", "", "")
+		}
+		for _, r := range rows {
+			line(r.Name, r.cell(r.A, r.TextA), r.cell(r.B, r.TextB), r.delta())
+		}
+	}
+	tw.Flush()
+	if len(c.Notes) > 0 {
+		sb.WriteString("\n")
+		for _, n := range c.Notes {
+			sb.WriteString("note: " + n + "\n")
+		}
+	}
+	_, err := io.WriteString(w, sb.String())
+	return err
+}
+
+// WriteCompareMarkdown prints the comparison as a Markdown table.
+func WriteCompareMarkdown(w io.Writer, a, b *Report) error {
+	c := Compare(a, b)
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "## tpsprof compare: %s vs %s\n\n| | %s | %s | delta |\n|---|---|---|---|\n", c.A, c.B, c.A, c.B)
+	for _, rows := range [][]CompareRow{c.Shape, c.Rows} {
+		for _, r := range rows {
+			fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", r.Name, r.cell(r.A, r.TextA), r.cell(r.B, r.TextB), r.delta())
+		}
+	}
+	if len(c.Notes) > 0 {
+		sb.WriteString("\n")
+		for _, n := range c.Notes {
+			sb.WriteString("- " + n + "\n")
+		}
+	}
+	_, err := io.WriteString(w, sb.String())
+	return err
+}
