@@ -38,6 +38,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 			p("| straggler node | %s (score %.2f) |\n", n.Node, n.Score)
 		}
 	}
+	for _, e := range r.Episodes {
+		p("| straggler episode | %s |\n", episodeText(e, r.EpisodeWindow))
+	}
 	if e := r.Energy; e != nil {
 		p("| tokens per joule | %.2f |\n", e.TokensPerJoule)
 	}

@@ -68,22 +68,26 @@ type CommFit struct {
 // Report is the analysis of one job. Its JSON keys are stable and
 // documented in docs/report.md.
 type Report struct {
-	Job          string           `json:"job"`
-	Dir          string           `json:"dir"`
-	Meta         *tps.RunMeta     `json:"meta,omitempty"`
-	Summary      tps.Summary      `json:"summary"`
-	Breakdown    Breakdown        `json:"breakdown"`
-	CommFit      CommFit          `json:"comm_fit"`
-	Goodput      Goodput          `json:"goodput"`
-	Stragglers   []tps.RankScore  `json:"straggler_ranks"`
-	Nodes        []tps.NodeScore  `json:"straggler_nodes"`
-	RankRows     int64            `json:"rank_rows"`
-	GPUSamples   int64            `json:"gpu_samples"`
-	Events       map[string]int64 `json:"events"`
-	Traces       *TraceSummary    `json:"traces,omitempty"`
-	Energy       *Energy          `json:"energy,omitempty"`
-	CostPerMTok  *float64         `json:"cost_per_million_tokens_usd,omitempty"`
-	TimeToTrainS *float64         `json:"time_to_train_s,omitempty"`
+	Job        string          `json:"job"`
+	Dir        string          `json:"dir"`
+	Meta       *tps.RunMeta    `json:"meta,omitempty"`
+	Summary    tps.Summary     `json:"summary"`
+	Breakdown  Breakdown       `json:"breakdown"`
+	CommFit    CommFit         `json:"comm_fit"`
+	Goodput    Goodput         `json:"goodput"`
+	Stragglers []tps.RankScore `json:"straggler_ranks"`
+	Nodes      []tps.NodeScore `json:"straggler_nodes"`
+	// Episodes are the spans of steps during which a node ran below the
+	// straggler threshold, judged over windows of EpisodeWindow steps.
+	Episodes      []StragglerEpisode `json:"straggler_episodes"`
+	EpisodeWindow int                `json:"straggler_window_steps"`
+	RankRows      int64              `json:"rank_rows"`
+	GPUSamples    int64              `json:"gpu_samples"`
+	Events        map[string]int64   `json:"events"`
+	Traces        *TraceSummary      `json:"traces,omitempty"`
+	Energy        *Energy            `json:"energy,omitempty"`
+	CostPerMTok   *float64           `json:"cost_per_million_tokens_usd,omitempty"`
+	TimeToTrainS  *float64           `json:"time_to_train_s,omitempty"`
 
 	data plotData
 }
@@ -133,6 +137,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	keep := medianKeepFor(rep.Summary.WorldSize)
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
+	wins := newWindows(steps, warm, rep.Summary.WorldSize)
 	var done int64
 	err = trace.EachColumns(rankDir, rankColumns, "node", func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
@@ -156,6 +161,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			if warm[si] {
 				continue
 			}
+			wins.add(si, r, comp)
 			m := medians[r]
 			if m == nil {
 				m = &tps.Median{Keep: keep}
@@ -181,6 +187,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep.Stragglers = scores[:min(len(scores), opt.TopStragglers)]
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
 	rep.data.heat, rep.data.nodeOf = heat, nodes
+	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
+	if rep.Episodes == nil {
+		rep.Episodes = []StragglerEpisode{}
+	}
 
 	var events []tps.Event
 	if err := trace.Each(filepath.Join(dir, trace.Events), func(rows []tps.Event) error {

@@ -87,9 +87,15 @@ func WriteText(w io.Writer, r *Report) error {
 		}
 	}
 	if len(flagged) > 0 {
-		row("straggler nodes", "%s", strings.Join(flagged, ", "))
+		row("straggler nodes", "%s (whole-run median)", strings.Join(flagged, ", "))
 	} else {
-		row("straggler nodes", "none below %.2f", 0.75)
+		row("straggler nodes", "none below %.2f over the whole run", tps.StragglerThreshold)
+	}
+	if len(r.Episodes) == 0 {
+		row("straggler episodes", "none (windows of %d steps)", r.EpisodeWindow)
+	}
+	for _, e := range r.Episodes {
+		row("straggler episode", "%s", episodeText(e, r.EpisodeWindow))
 	}
 	var ranks []string
 	for _, x := range r.Stragglers {
@@ -168,4 +174,38 @@ func mfuText(s tps.Summary) string {
 		t += fmt.Sprintf(" (over %d of %d steady steps; the others: %s)", s.MFUSteps, s.SteadySteps, s.MFUUnknown)
 	}
 	return t
+}
+
+// episodeText is one straggler episode on a line.
+func episodeText(e StragglerEpisode, window int) string {
+	who := e.Node
+	if who == "" {
+		who = fmt.Sprintf("rank %d", e.Ranks[0])
+	}
+	span := fmt.Sprintf("steps %d-%d", e.StartStep, e.EndStep)
+	if e.StartAttempt != e.EndAttempt {
+		span = fmt.Sprintf("attempt %d step %d to attempt %d step %d", e.StartAttempt, e.StartStep, e.EndAttempt, e.EndStep)
+	}
+	if e.Ongoing {
+		span += " (to the end)"
+	}
+	return fmt.Sprintf("%s %s (±%d), ranks %s: score %.2f worst, %.2f mean; cost %s tokens/s (%s: %s instead of about %s)",
+		who, span, window, rankList(e.Ranks), e.WorstScore, e.MeanScore, tps.SI(e.CostTPS), pct(e.CostFraction), tps.SI(e.TPSDuring), tps.SI(e.TPSWithout))
+}
+
+func rankList(rs []int64) string {
+	var parts []string
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if j > i {
+			parts = append(parts, fmt.Sprintf("%d-%d", rs[i], rs[j]))
+		} else {
+			parts = append(parts, fmt.Sprint(rs[i]))
+		}
+		i = j + 1
+	}
+	return strings.Join(parts, ",")
 }

@@ -1,0 +1,206 @@
+package report
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// StragglerEpisode is a span of steady steps during which a node (or a
+// rank without a node) ran below tps.StragglerThreshold: its slowest
+// rank's mean compute time over a window of steps, against the fastest
+// rank's in the same window. A whole-run median hides a node that slows
+// down late; windows do not.
+type StragglerEpisode struct {
+	Node string `json:"node,omitempty"`
+	// Ranks are the node's ranks flagged in some window of the episode.
+	Ranks        []int64 `json:"ranks"`
+	StartAttempt int64   `json:"start_attempt"`
+	StartStep    int64   `json:"start_step"`
+	EndAttempt   int64   `json:"end_attempt"`
+	EndStep      int64   `json:"end_step"`
+	Steps        int     `json:"steps"`
+	WorstScore   float64 `json:"worst_score"`
+	MeanScore    float64 `json:"mean_score"`
+	// TPSDuring is the mean step TPS of the episode's steps. TPSWithout
+	// estimates it had the node kept pace: each step's tokens over its
+	// time less the window's excess compute of the node's slowest rank
+	// over the fastest rank (in a synchronous step everyone waits for
+	// it). CostTPS is the difference, CostFraction it over TPSWithout.
+	TPSDuring    float64 `json:"tps_during"`
+	TPSWithout   float64 `json:"tps_without"`
+	CostTPS      float64 `json:"cost_tps"`
+	CostFraction float64 `json:"cost_fraction"`
+	// Ongoing is true when the episode lasts to the last steady step.
+	Ongoing bool `json:"ongoing"`
+}
+
+// episodeCells bounds windows × ranks (12 bytes each, 48 MiB): at 131,072
+// ranks, 32 windows; up to 80,000 ranks, 50.
+const episodeCells = 4 << 20
+
+// windows splits the steady steps into at most 50 windows of at least 10
+// steps (fewer windows when the world is large).
+type windows struct {
+	of    []int // steady step index → window, -1 for warm-up
+	first []int // window → index of its first step
+	size  int
+	world int
+	sum   []float64 // window*world + rank
+	n     []int32
+}
+
+func newWindows(steps []tps.ClusterStep, warm []bool, world int64) *windows {
+	steady := 0
+	for i := range steps {
+		if !warm[i] && steps[i].StepTimeNs > 0 {
+			steady++
+		}
+	}
+	maxW := min(50, max(1, episodeCells/max(int(world), 1)))
+	size := max(10, (steady+maxW-1)/maxW)
+	w := &windows{of: make([]int, len(steps)), size: size, world: int(max(world, 1))}
+	k := 0
+	for i := range steps {
+		w.of[i] = -1
+		if warm[i] || steps[i].StepTimeNs <= 0 {
+			continue
+		}
+		if k%size == 0 {
+			w.first = append(w.first, i)
+		}
+		w.of[i] = k / size
+		k++
+	}
+	w.sum = make([]float64, len(w.first)*w.world)
+	w.n = make([]int32, len(w.first)*w.world)
+	return w
+}
+
+func (w *windows) add(step int, rank int64, computeNs float64) {
+	win := w.of[step]
+	if win < 0 || rank < 0 || rank >= int64(w.world) {
+		return
+	}
+	w.sum[win*w.world+int(rank)] += computeNs
+	w.n[win*w.world+int(rank)]++
+}
+
+// episodes finds the straggler episodes: per window, each rank's score is
+// the fastest rank's mean compute over its own; a node's is its worst
+// rank's; consecutive flagged windows of a node make one episode.
+func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []StragglerEpisode {
+	type flag struct {
+		score  float64
+		excess float64 // ns: the slowest flagged rank's mean compute over the fastest's
+		ranks  []int64
+	}
+	nw := len(w.first)
+	flagged := map[string][]flag{} // node → per window
+	for win := 0; win < nw; win++ {
+		best := math.Inf(1)
+		for r := 0; r < w.world; r++ {
+			if n := w.n[win*w.world+r]; n > 0 {
+				best = min(best, w.sum[win*w.world+r]/float64(n))
+			}
+		}
+		if best <= 0 || math.IsInf(best, 1) {
+			continue
+		}
+		for r := 0; r < w.world; r++ {
+			n := w.n[win*w.world+r]
+			if n == 0 {
+				continue
+			}
+			mean := w.sum[win*w.world+r] / float64(n)
+			score := best / mean
+			if score >= tps.StragglerThreshold {
+				continue
+			}
+			key := nodes[int64(r)]
+			if key == "" {
+				key = fmt.Sprintf("rank %d", r)
+			}
+			f := flagged[key]
+			if f == nil {
+				f = make([]flag, nw)
+				flagged[key] = f
+			}
+			if f[win].ranks == nil || score < f[win].score {
+				f[win].score, f[win].excess = score, mean-best
+			}
+			f[win].ranks = append(f[win].ranks, int64(r))
+		}
+	}
+	// the window each steady step is in, and the last step of a window
+	end := func(win int) int {
+		if win+1 < nw {
+			last := w.first[win+1] - 1
+			for last > w.first[win] && w.of[last] < 0 {
+				last--
+			}
+			return last
+		}
+		last := len(steps) - 1
+		for last > 0 && w.of[last] < 0 {
+			last--
+		}
+		return last
+	}
+	var out []StragglerEpisode
+	for key, f := range flagged {
+		for win := 0; win < nw; {
+			if f[win].ranks == nil {
+				win++
+				continue
+			}
+			e := StragglerEpisode{WorstScore: 1}
+			if nodes[f[win].ranks[0]] != "" {
+				e.Node = key
+			}
+			from := win
+			var sumScore float64
+			for win < nw && f[win].ranks != nil {
+				e.WorstScore = min(e.WorstScore, f[win].score)
+				sumScore += f[win].score
+				for _, r := range f[win].ranks {
+					if !slices.Contains(e.Ranks, r) && len(e.Ranks) < 64 {
+						e.Ranks = append(e.Ranks, r)
+					}
+				}
+				win++
+			}
+			e.MeanScore = sumScore / float64(win-from)
+			a, b := w.first[from], end(win-1)
+			e.StartAttempt, e.StartStep = steps[a].Attempt, steps[a].Step
+			e.EndAttempt, e.EndStep = steps[b].Attempt, steps[b].Step
+			e.Ongoing = win == nw
+			var during, without float64
+			for i := a; i <= b; i++ {
+				if w.of[i] < 0 {
+					continue
+				}
+				e.Steps++
+				during += steps[i].TPS
+				d := float64(steps[i].StepTimeNs)
+				faster := max(d-f[w.of[i]].excess, d/2) // never more than twice as fast
+				without += float64(steps[i].Tokens) / (faster / 1e9)
+			}
+			e.TPSDuring = during / float64(max(e.Steps, 1))
+			e.TPSWithout = without / float64(max(e.Steps, 1))
+			e.CostTPS = max(0, e.TPSWithout-e.TPSDuring)
+			if e.TPSWithout > 0 {
+				e.CostFraction = e.CostTPS / e.TPSWithout
+			}
+			slices.Sort(e.Ranks)
+			out = append(out, e)
+		}
+	}
+	slices.SortFunc(out, func(a, b StragglerEpisode) int {
+		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node))
+	})
+	return out
+}
