@@ -84,6 +84,10 @@ func (r *asyncWriter[T]) write(rows []T) { r.ch <- writeCmd[T]{rows: rows} }
 // rotateIfDue finalises the part if it is older than PartAge, without waiting.
 func (r *asyncWriter[T]) rotateIfDue(now time.Time) { r.ch <- writeCmd[T]{rotate: true, due: now} }
 
+// rotateNow finalises the open part after every queued write, without
+// waiting.
+func (r *asyncWriter[T]) rotateNow() { r.ch <- writeCmd[T]{rotate: true} }
+
 // rotate finalises the open part after every queued write, and reports
 // whether anything failed since the last rotate.
 func (r *asyncWriter[T]) rotate() error {

@@ -31,6 +31,11 @@ type Config struct {
 	// Grace is how long a step stays open for missing ranks after its first
 	// record (default 30s).
 	Grace time.Duration
+	// QuietAfter finalises a job's open parts once it has sent no step
+	// record for this long and has no open step (default 10s), so that a
+	// report on a job that just ended or paused does not wait for PartAge.
+	// An attempt_end event finalises them as soon as the last step closes.
+	QuietAfter time.Duration
 	// MaxOpenSteps bounds the open steps of a job; past it the oldest closes
 	// early (default 256). With Grace it bounds memory by the window, not by
 	// the length of the run.
@@ -88,6 +93,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxOpenSteps <= 0 {
 		c.MaxOpenSteps = 256
+	}
+	if c.QuietAfter <= 0 {
+		c.QuietAfter = 10 * time.Second
 	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute
@@ -494,6 +502,9 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	c.stats.Events++
 	c.attempts.sawEvent(e)
 	j := c.jobFor(e.Job)
+	if e.Kind == tps.EventAttemptEnd {
+		j.attemptEnded = true
+	}
 	if j.events != nil {
 		c.write(j, func() error { return j.events.Write([]tps.Event{e}) })
 	}
@@ -582,7 +593,11 @@ func (c *Collector) loop() {
 			for _, j := range c.jobs {
 				j.closeExpired(c, now)
 				if c.durable == nil {
-					j.rotateDue(c, now)
+					if j.finaliseDue(c, now) {
+						j.finalise(c, now)
+					} else {
+						j.rotateDue(c, now)
+					}
 				} else {
 					j.writeRows(c, now, false)
 					j.flushRanks(c)

@@ -380,3 +380,73 @@ func TestImpossibleMFUShownUnknown(t *testing.T) {
 		t.Errorf("live line: %s", line)
 	}
 }
+
+// Parts are finalised when an attempt ends (once its last step closes) and
+// when a job goes quiet, not a PartAge later: a report works at once.
+func TestPartsFinalisedAtAttemptEndAndWhenQuiet(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	out := t.TempDir()
+	cfg := Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute, QuietAfter: time.Hour}
+	cfg.Writer.PartAge = time.Hour
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	parts := func(job, table string) int {
+		files, _ := trace.PartFiles(filepath.Join(out, job, table))
+		return len(files)
+	}
+	publishSteps(t, nc, "ended", 0, 5)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	if n := parts("ended", trace.ClusterSteps); n != 0 {
+		t.Fatalf("%d cluster parts before the attempt ended (PartAge and QuietAfter are an hour)", n)
+	}
+	ev, _ := json.Marshal(tps.Event{Job: "ended", Kind: tps.EventAttemptEnd, Rank: -1, StartUnixNs: time.Now().UnixNano(), EndUnixNs: time.Now().UnixNano()})
+	nc.Publish(wire.EventsSubject("ended"), ev)
+	nc.Flush()
+	deadline := time.Now().Add(5 * time.Second)
+	for parts("ended", trace.ClusterSteps) == 0 || parts("ended", trace.RankSteps) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("parts not finalised after attempt_end: cluster %d rank %d", parts("ended", trace.ClusterSteps), parts("ended", trace.RankSteps))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	rows, err := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "ended", trace.ClusterSteps))
+	if err != nil || len(rows) != 5 {
+		t.Fatalf("%d cluster rows after the attempt ended (%v), want 5", len(rows), err)
+	}
+
+	// quiet: a second collector with QuietAfter 300 ms and no event
+	out2 := t.TempDir()
+	cfg.OutDir, cfg.QuietAfter = out2, 300*time.Millisecond
+	c2, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	publishSteps(t, nc, "quiet", 0, 3)
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		files, _ := trace.PartFiles(filepath.Join(out2, "quiet", trace.ClusterSteps))
+		if len(files) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("parts of a quiet job not finalised")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

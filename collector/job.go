@@ -115,6 +115,11 @@ type job struct {
 	recentNext  int
 	newSinceLog bool
 
+	// finalising parts when an attempt ends or the job goes quiet
+	lastActive   time.Time // the last step record
+	unfinalised  bool      // rows written since the parts were last finalised
+	attemptEnded bool      // an attempt_end event since then
+
 	ranks   *asyncWriter[tps.StepRecord]
 	cluster *trace.PartWriter[tps.ClusterStep]
 	events  *trace.PartWriter[tps.Event]
@@ -316,6 +321,7 @@ func (j *job) configure(c *Collector, world int64) {
 // whether its rank row is to be written (not a duplicate, not invalid, not
 // already on disk from before a restart).
 func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, open, keep bool) {
+	j.lastActive, j.unfinalised = now, true
 	if j.world != r.WorldSize {
 		if j.world != 0 && len(j.open) > 0 {
 			// A relaunch at another size: close what the old size left open.
@@ -399,6 +405,7 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 // addPartial merges a node partial (aggregator role). It returns the step's
 // key and whether the partial went into an open step.
 func (j *job) addPartial(c *Collector, p *tps.Partial, now time.Time) (stepKey, bool) {
+	j.lastActive, j.unfinalised = now, true
 	if j.world != p.WorldSize {
 		if j.world != 0 && len(j.open) > 0 {
 			j.closeAll(c)
@@ -549,6 +556,24 @@ func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
 		}
 	}
 	j.gpus.write(s) // s is not touched again
+}
+
+// finaliseDue: rows since the last finalisation, no open step, and an
+// attempt that ended or a job quiet for QuietAfter.
+func (j *job) finaliseDue(c *Collector, now time.Time) bool {
+	return j.unfinalised && j.ranks != nil && len(j.open) == 0 && (j.attemptEnded || now.Sub(j.lastActive) >= c.cfg.QuietAfter)
+}
+
+// finalise writes what waits (closed rows still waiting for GPU samples
+// included) and finalises every open part, so readers see the whole job.
+func (j *job) finalise(c *Collector, now time.Time) {
+	j.flushRanks(c)
+	j.writeRows(c, now, true)
+	j.ranks.rotateNow()
+	c.write(j, j.cluster.Rotate)
+	c.write(j, j.events.Rotate)
+	j.gpus.rotateNow()
+	j.unfinalised, j.attemptEnded = false, false
 }
 
 func (j *job) rotateDue(c *Collector, now time.Time) {

@@ -84,10 +84,14 @@ type Report struct {
 	RankRows      int64              `json:"rank_rows"`
 	GPUSamples    int64              `json:"gpu_samples"`
 	Events        map[string]int64   `json:"events"`
-	Traces        *TraceSummary      `json:"traces,omitempty"`
-	Energy        *Energy            `json:"energy,omitempty"`
-	CostPerMTok   *float64           `json:"cost_per_million_tokens_usd,omitempty"`
-	TimeToTrainS  *float64           `json:"time_to_train_s,omitempty"`
+	// Running is true when some part of the job is still being written:
+	// the report covers what is finalised (Notes say so).
+	Running      bool          `json:"running"`
+	Notes        []string      `json:"notes,omitempty"`
+	Traces       *TraceSummary `json:"traces,omitempty"`
+	Energy       *Energy       `json:"energy,omitempty"`
+	CostPerMTok  *float64      `json:"cost_per_million_tokens_usd,omitempty"`
+	TimeToTrainS *float64      `json:"time_to_train_s,omitempty"`
 
 	data plotData
 }
@@ -115,8 +119,19 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	open := trace.OpenParts(clusterDir) + trace.OpenParts(filepath.Join(dir, trace.RankSteps))
 	if len(steps) == 0 {
+		if open > 0 {
+			return nil, fmt.Errorf("report: job %s is running and none of its parts is finalised yet: the collector finalises them every part age (default 1 min), when an attempt ends and when the job has been quiet for 10 s; try again shortly", rep.Job)
+		}
+		if jobs, _ := Jobs(dir); len(jobs) > 0 {
+			return nil, fmt.Errorf("report: %s is a collector's output folder, not a job's: give one of its %d job folders (tpsprof report %s lists them)", dir, len(jobs), dir)
+		}
 		return nil, fmt.Errorf("report: no cluster steps under %s", clusterDir)
+	}
+	if open > 0 {
+		rep.Running = true
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
 	}
 	rep.Meta = readMeta(clusterDir)
 	wopt := tps.WindowOptions{Warmup: opt.Warmup}

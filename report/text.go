@@ -20,6 +20,9 @@ func WriteText(w io.Writer, r *Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "  %s\t%s\n", k, fmt.Sprintf(format, a...)) }
 	fmt.Fprintf(tw, "job %s (%s)\n", r.Job, r.Dir)
+	for _, n := range r.Notes {
+		row("note", "%s", n)
+	}
 	if m := r.Meta; m != nil {
 		model := m.ModelPreset
 		if model == "" && m.Model != nil {

@@ -368,3 +368,16 @@ func FileMetadata(path string) (map[string]string, error) {
 	}
 	return out, nil
 }
+
+// OpenParts counts the parts of a table folder still being written (their
+// hidden temporary files): a writer has it open.
+func OpenParts(dir string) int {
+	entries, _ := os.ReadDir(dir)
+	n := 0
+	for _, e := range entries {
+		if name := e.Name(); strings.HasPrefix(name, ".part-") && strings.HasSuffix(name, ".tmp") {
+			n++
+		}
+	}
+	return n
+}

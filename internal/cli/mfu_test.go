@@ -226,3 +226,37 @@ func TestReportCommand(t *testing.T) {
 		t.Errorf("missing folder: exit %d %q", code, e)
 	}
 }
+
+// report on a collector's folder lists its jobs; on a running job (a part
+// still being written) it reports what is finalised and says so.
+func TestReportOutDirAndRunningJob(t *testing.T) {
+	out := t.TempDir()
+	cfg := demo.Defaults()
+	cfg.Out, cfg.Steps, cfg.StepInterval = out, 20, 0
+	res, err := demo.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txt, errOut, code := run(t, "report", out)
+	if code != 0 || !strings.Contains(txt, "collector's output folder with 1 job") || !strings.Contains(txt, filepath.Base(res.JobDir)) {
+		t.Fatalf("report OUT (exit %d): %s %s", code, txt, errOut)
+	}
+	js, _, code := run(t, "report", "--json", out)
+	var jobs []map[string]any
+	if code != 0 || json.Unmarshal([]byte(js), &jobs) != nil || len(jobs) != 1 {
+		t.Errorf("report --json OUT (exit %d): %s", code, js)
+	}
+	// a part still being written, as a live collector leaves it
+	tmp := filepath.Join(res.JobDir, "cluster_steps", ".part-live-1.parquet.tmp")
+	if err := os.WriteFile(tmp, []byte("PAR1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	txt, _, code = run(t, "report", "--no-plots", res.JobDir)
+	if code != 0 || !strings.Contains(txt, "the job is still running") {
+		t.Errorf("running job (exit %d):\n%s", code, txt)
+	}
+	txt, _, _ = run(t, "report", out)
+	if !strings.Contains(txt, "running") {
+		t.Errorf("job list does not say running:\n%s", txt)
+	}
+}

@@ -80,6 +80,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	metaFile := fs.String("meta", "", "run metadata JSON (topology, model, gpu, dtype, gpu_hour_usd) applied to every job")
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
+	quietAfter := fs.Duration("quiet-after", 10*time.Second, "finalise a job's parts once it has sent no step for this long (and at once when an attempt ends)")
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
 	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
@@ -143,6 +144,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
 		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
+	cfg.QuietAfter = *quietAfter
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
 	}
@@ -478,6 +480,24 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if isTerminal(stderr) {
 		opt.Progress = progressPrinter(stderr)
 	}
+	if !*compare && !isJobDir(dirs[0]) {
+		if jobs, err := report.Jobs(dirs[0]); err == nil && len(jobs) > 0 {
+			if *asJSON {
+				printJSON(stdout, jobs)
+				return exitOK
+			}
+			fmt.Fprintf(stdout, "%s is a collector's output folder with %d job(s), most recent first:\n", dirs[0], len(jobs))
+			for _, j := range jobs {
+				state := "finished"
+				if j.OpenParts > 0 {
+					state = "running"
+				}
+				fmt.Fprintf(stdout, "  %-32s %s, %d cluster part(s), last written %s\n", j.Name, state, j.Parts, j.Modified.Format("2006-01-02 15:04:05"))
+			}
+			fmt.Fprintf(stdout, "report one with: tpsprof report %s\n", filepath.Join(dirs[0], jobs[0].Name))
+			return exitOK
+		}
+	}
 	var reps []*report.Report
 	for _, d := range dirs {
 		rep, err := report.Analyze(d, opt)
@@ -568,4 +588,14 @@ func progressPrinter(w io.Writer) func(done, total int64) {
 			fmt.Fprintf(w, "\rreading rank_steps: %d rows", done)
 		}
 	}
+}
+
+// isJobDir reports whether dir holds a job's tables.
+func isJobDir(dir string) bool {
+	for _, t := range []string{trace.ClusterSteps, trace.RankSteps} {
+		if fi, err := os.Stat(filepath.Join(dir, t)); err == nil && fi.IsDir() {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,49 @@
+package report
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// JobInfo is one job folder of a collector's output folder.
+type JobInfo struct {
+	Name string `json:"name"`
+	Dir  string `json:"dir"`
+	// Parts are the finalised parts of its cluster_steps; OpenParts those
+	// still being written (the job is running).
+	Parts     int       `json:"parts"`
+	OpenParts int       `json:"open_parts"`
+	Modified  time.Time `json:"modified"`
+}
+
+// Jobs lists the job folders of a collector's output folder (those with a
+// cluster_steps or rank_steps table), most recently modified first.
+func Jobs(outDir string) ([]JobInfo, error) {
+	entries, err := os.ReadDir(outDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []JobInfo
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(outDir, e.Name())
+		cl := filepath.Join(dir, trace.ClusterSteps)
+		fi, err := os.Stat(cl)
+		if err != nil {
+			if _, err := os.Stat(filepath.Join(dir, trace.RankSteps)); err != nil {
+				continue
+			}
+			fi, _ = os.Stat(dir)
+		}
+		files, _ := trace.PartFiles(cl)
+		out = append(out, JobInfo{Name: e.Name(), Dir: dir, Parts: len(files), OpenParts: trace.OpenParts(cl) + trace.OpenParts(filepath.Join(dir, trace.RankSteps)), Modified: fi.ModTime()})
+	}
+	slices.SortFunc(out, func(a, b JobInfo) int { return b.Modified.Compare(a.Modified) })
+	return out, nil
+}
