@@ -60,6 +60,30 @@ type Model struct {
 	MoEFFN        int `json:"moe_ffn,omitempty"`
 	DenseLayers   int `json:"dense_layers,omitempty"`
 
+	// Multi-head latent attention (DeepSeek-V2/V3, Kimi K2): queries and
+	// keys/values go through low-rank projections (QLoRARank 0: a full
+	// query projection); each head's query/key has QKNopeDim + QKRopeDim
+	// dimensions and its value VHeadDim (default QKNopeDim). KVLoRARank > 0
+	// selects MLA; KVHeads and HeadDim are then unused.
+	QLoRARank  int `json:"q_lora_rank,omitempty"`
+	KVLoRARank int `json:"kv_lora_rank,omitempty"`
+	QKNopeDim  int `json:"qk_nope_head_dim,omitempty"`
+	QKRopeDim  int `json:"qk_rope_head_dim,omitempty"`
+	VHeadDim   int `json:"v_head_dim,omitempty"`
+
+	// MTPLayers are multi-token-prediction modules (DeepSeek-V3): each a
+	// transformer layer (sparse when the model is), a 2h×h projection,
+	// and a second pass through the shared output head. Their FLOPs count;
+	// their weights are reported apart (Counts.ParamsMTP), as published
+	// totals leave them out.
+	MTPLayers int `json:"mtp_layers,omitempty"`
+
+	// Window is a sliding-attention window (Mistral, Gemma 2/3) used by
+	// WindowLayers of the layers (default all of them when Window > 0):
+	// those layers attend to at most Window keys (see Count).
+	Window       int `json:"sliding_window,omitempty"`
+	WindowLayers int `json:"window_layers,omitempty"`
+
 	// Seq is the training sequence length, which sets the attention term.
 	Seq int `json:"seq,omitempty"`
 
@@ -78,6 +102,12 @@ func (m Model) withDefaults() Model {
 	}
 	if m.HeadDim == 0 && m.Heads > 0 {
 		m.HeadDim = m.Hidden / m.Heads
+	}
+	if m.KVLoRARank > 0 && m.VHeadDim == 0 {
+		m.VHeadDim = m.QKNopeDim
+	}
+	if m.Window > 0 && m.WindowLayers == 0 {
+		m.WindowLayers = m.Layers
 	}
 	if m.Experts > 0 {
 		if m.TopK == 0 {
@@ -100,7 +130,9 @@ func (m Model) Validate() error {
 		v    int
 	}{{"layers", m.Layers}, {"hidden", m.Hidden}, {"heads", m.Heads}, {"kv-heads", m.KVHeads}, {"head-dim", m.HeadDim},
 		{"ffn", m.FFN}, {"vocab", m.Vocab}, {"experts", m.Experts}, {"top-k", m.TopK}, {"shared-experts", m.SharedExperts},
-		{"moe-ffn", m.MoEFFN}, {"dense-layers", m.DenseLayers}, {"seq", m.Seq}} {
+		{"moe-ffn", m.MoEFFN}, {"dense-layers", m.DenseLayers}, {"seq", m.Seq},
+		{"q-lora-rank", m.QLoRARank}, {"kv-lora-rank", m.KVLoRARank}, {"qk-nope-head-dim", m.QKNopeDim}, {"qk-rope-head-dim", m.QKRopeDim},
+		{"v-head-dim", m.VHeadDim}, {"mtp-layers", m.MTPLayers}, {"sliding-window", m.Window}, {"window-layers", m.WindowLayers}} {
 		if f.v < 0 {
 			return bad("%s=%d must not be negative", f.name, f.v)
 		}
@@ -135,9 +167,19 @@ func (m Model) Validate() error {
 		return bad("ffn is required with a shape")
 	case d.Vocab == 0:
 		return bad("vocab is required with a shape")
-	case d.HeadDim == 0:
+	case d.HeadDim == 0 && d.KVLoRARank == 0:
 		return bad("head-dim is zero: hidden=%d over heads=%d", d.Hidden, d.Heads)
-	case d.KVHeads > d.Heads || d.Heads%d.KVHeads != 0:
+	case d.KVLoRARank > 0 && (d.QKNopeDim+d.QKRopeDim == 0 || d.VHeadDim == 0):
+		return bad("multi-head latent attention needs qk-nope-head-dim, qk-rope-head-dim and v-head-dim")
+	case d.KVLoRARank == 0 && (d.QLoRARank > 0 || d.QKNopeDim > 0 || d.QKRopeDim > 0 || d.VHeadDim > 0):
+		return bad("q-lora-rank and the qk/v head dims of latent attention need kv-lora-rank")
+	case d.WindowLayers > d.Layers:
+		return bad("window-layers=%d exceeds layers=%d", d.WindowLayers, d.Layers)
+	case d.WindowLayers > 0 && d.Window == 0:
+		return bad("window-layers needs sliding-window")
+	case d.MTPLayers > 16:
+		return bad("mtp-layers=%d: at most 16", d.MTPLayers)
+	case d.KVLoRARank == 0 && (d.KVHeads > d.Heads || d.Heads%d.KVHeads != 0):
 		return bad("kv-heads=%d must divide heads=%d", d.KVHeads, d.Heads)
 	case d.Experts == 0 && (d.TopK > 0 || d.SharedExperts > 0 || d.DenseLayers > 0):
 		return bad("top-k, shared-experts and dense-layers need --experts")
@@ -163,6 +205,11 @@ type Counts struct {
 	DenseFLOPsPerToken float64 `json:"dense_flops_per_token"`
 	// AttentionFLOPsPerToken is the score term under the chosen convention.
 	AttentionFLOPsPerToken float64 `json:"attention_flops_per_token"`
+	// ParamsMTP are the multi-token-prediction modules' own weights (the
+	// embedding and output head they share are not counted again); they
+	// are not in ParamsTotal, as published totals leave them out, but
+	// their FLOPs are in FLOPsPerToken.
+	ParamsMTP float64 `json:"params_mtp,omitempty"`
 	// FLOPsPerToken is the model FLOPs (dense + attention), the MFU basis.
 	FLOPsPerToken float64 `json:"flops_per_token"`
 	// HWFLOPsPerToken adds recomputed work, the HFU basis.
@@ -192,12 +239,30 @@ func (m Model) Count(att Attention, rc Recompute) (Counts, error) {
 	}
 	d := m.withDefaults()
 	c := Counts{Attention: att, Recompute: rc}
-	attnFactor := 1.0
-	if att == AttentionCausal {
-		attnFactor = 0.5
+	// Attention scores and weighted sum, forward, per layer per token:
+	// 2·span·H·(dqk + dv), span the keys a query is charged for.
+	dqk, dv := float64(d.HeadDim), float64(d.HeadDim)
+	if d.KVLoRARank > 0 {
+		dqk, dv = float64(d.QKNopeDim+d.QKRopeDim), float64(d.VHeadDim)
 	}
-	// Attention scores and weighted sum, forward: 2·T·H·Q each per layer per token.
-	attnFwd := 4 * float64(d.Layers) * float64(d.Seq) * float64(d.Heads) * float64(d.HeadDim) * attnFactor
+	T := float64(d.Seq)
+	global, local := T, T // keys per query, full convention
+	if d.Window > 0 {
+		local = min(T, float64(d.Window))
+	}
+	if att == AttentionCausal {
+		// the unmasked part: on average T/2 keys; with a window W < T,
+		// min(i, W) averaged over positions i = 1..T, ≈ W − W²/2T
+		global = T / 2
+		if W := float64(d.Window); d.Window > 0 && W < T {
+			local = W - W*W/(2*T)
+		} else {
+			local = T / 2
+		}
+	}
+	attnLayers := float64(d.Layers + d.MTPLayers)
+	windowed := float64(d.WindowLayers)
+	attnFwd := 2 * float64(d.Heads) * (dqk + dv) * ((attnLayers-windowed)*global + windowed*local)
 
 	var layerMatmul float64 // matmul params inside the layers, active per token
 	if !m.HasShape() {
@@ -205,22 +270,40 @@ func (m Model) Count(att Attention, rc Recompute) (Counts, error) {
 		layerMatmul = m.Params
 	} else {
 		h, L := float64(d.Hidden), float64(d.Layers)
-		qDim, kvDim := float64(d.Heads*d.HeadDim), float64(d.KVHeads*d.HeadDim)
-		attn := h*qDim + 2*h*kvDim + qDim*h
+		H := float64(d.Heads)
+		var attn float64
+		norms := 2 * h
+		if d.KVLoRARank > 0 {
+			// latent attention: low-rank query (or a full one), joint
+			// key/value compression with a shared rotary key, per-head
+			// up-projections, output projection
+			qr, kvr := float64(d.QLoRARank), float64(d.KVLoRARank)
+			q := h * H * dqk
+			if d.QLoRARank > 0 {
+				q = h*qr + qr*H*dqk
+			}
+			kv := h*(kvr+float64(d.QKRopeDim)) + kvr*H*(float64(d.QKNopeDim)+dv)
+			attn = q + kv + H*dv*h
+			norms += qr + kvr
+		} else {
+			qDim, kvDim := H*float64(d.HeadDim), float64(d.KVHeads*d.HeadDim)
+			attn = h*qDim + 2*h*kvDim + qDim*h
+		}
 		mats := 2.0
 		if d.Gated {
 			mats = 3
 		}
 		dense := mats * h * float64(d.FFN)
-		norms := 2 * h
-		perLayerTotal, perLayerActive := attn+dense, attn+dense
+		layerTotal, layerActive := attn+dense, attn+dense // one dense layer
+		perLayerTotal, perLayerActive := layerTotal, layerActive
 		if d.Experts > 0 {
 			expert := mats * h * float64(d.MoEFFN)
 			router := h * float64(d.Experts)
 			moeL, denseL := L-float64(d.DenseLayers), float64(d.DenseLayers)
-			total := attn*L + dense*denseL + moeL*(float64(d.Experts+d.SharedExperts)*expert+router)
-			active := attn*L + dense*denseL + moeL*(float64(d.TopK+d.SharedExperts)*expert+router)
-			perLayerTotal, perLayerActive = total/L, active/L
+			layerTotal = attn + float64(d.Experts+d.SharedExperts)*expert + router
+			layerActive = attn + float64(d.TopK+d.SharedExperts)*expert + router
+			perLayerTotal = (dense*denseL + attn*denseL + moeL*layerTotal) / L
+			perLayerActive = (dense*denseL + attn*denseL + moeL*layerActive) / L
 		}
 		emb := float64(d.Vocab) * h
 		head := emb
@@ -231,6 +314,14 @@ func (m Model) Count(att Attention, rc Recompute) (Counts, error) {
 		c.ParamsActive = L*(perLayerActive+norms) + h + emb + head
 		layerMatmul = L * perLayerActive
 		c.MatmulParams = layerMatmul + emb // output projection: always a matmul
+		if d.MTPLayers > 0 {
+			// each module: its layer, the 2h×h projection of [hidden;
+			// embedding], and the shared head's matmul once more
+			mtp := float64(d.MTPLayers)
+			c.ParamsMTP = mtp * (layerTotal + 2*h*h + norms + 2*h)
+			layerMatmul += mtp * (layerActive + 2*h*h)
+			c.MatmulParams += mtp * (layerActive + 2*h*h + emb)
+		}
 	}
 	c.DenseFLOPsPerToken = 6 * c.MatmulParams
 	c.AttentionFLOPsPerToken = 3 * attnFwd

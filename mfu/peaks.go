@@ -85,6 +85,10 @@ var gpus = []GPU{
 	{Key: "gh200", Name: "NVIDIA GH200", Peaks: p(67, 494.7, 989.4, 1978.9, 0), Source: "NVIDIA GH200 datasheet: same Hopper GPU figures as H100 SXM", match: []string{"gh200"}},
 	{Key: "h200-nvl", Name: "NVIDIA H200 NVL", Peaks: p(60, 417.5, 835.5, 1670.5, 0), Source: "NVIDIA H200 datasheet (NVL): BF16 1,671 and FP8 3,341 with sparsity, halved", match: []string{"h200", "nvl"}},
 	{Key: "h200", Name: "NVIDIA H200 SXM", Peaks: p(67, 494.7, 989.4, 1978.9, 0), Source: "NVIDIA H200 datasheet (SXM): BF16 1,979 and FP8 3,958 with sparsity, halved", match: []string{"h200"}},
+	{Key: "h800-pcie", Name: "NVIDIA H800 PCIe", Peaks: p(0, 378, 756, 1513, 0), Source: "NVIDIA H800 PCIe: the H100 PCIe's tensor figures (its export variant differs in interconnect), BF16 1,513 and FP8 3,026 with sparsity, halved", match: []string{"h800", "pcie"}},
+	{Key: "h800", Name: "NVIDIA H800 SXM", Peaks: p(0, 494.7, 989.4, 1978.9, 0), Source: "NVIDIA H800 SXM: the H100 SXM's tensor figures (NVLink reduced to 400 GB/s, compute unchanged); DeepSeek-V3 report (arXiv:2412.19437) trains on it", match: []string{"h800"}},
+	{Key: "a800", Name: "NVIDIA A800", Peaks: p(19.5, 156, 312, 0, 0), Source: "NVIDIA A800 datasheet: the A100's figures (TF32 312 and BF16 624 with sparsity, halved)", match: []string{"a800"}},
+	{Key: "l20", Name: "NVIDIA L20", Peaks: p(0, 0, 119.5, 239, 0), Source: "NVIDIA L20 product brief: FP16/BF16 tensor 119.5, FP8 239 dense", match: []string{"l20"}},
 	{Key: "h20", Name: "NVIDIA H20", Peaks: p(44, 74, 148, 296, 0), Source: "NVIDIA H20 product brief: BF16 148, FP8 296 dense", match: []string{"h20"}},
 	{Key: "gb200", Name: "NVIDIA GB200 (per GPU)", Peaks: p(80, 1250, 2500, 5000, 10000), Source: "NVIDIA GB200 NVL72 datasheet, rack figures with sparsity divided by 72 and halved", match: []string{"gb200"}},
 	{Key: "gb300", Name: "NVIDIA GB300 (per GPU)", Peaks: p(80, 1250, 2500, 5000, 15000), Source: "NVIDIA GB300 NVL72 datasheet, per-GPU dense figures", match: []string{"gb300"}},
@@ -95,6 +99,8 @@ var gpus = []GPU{
 	{Key: "a10g", Name: "NVIDIA A10G (AWS)", Peaks: p(31.2, 35, 70, 0, 0), Source: "AWS G5 (A10G) figures as compiled by Baseten, 'NVIDIA A10 vs A10G' (2023): 70 TFLOPS FP16/BF16 tensor dense", match: []string{"a10g"}},
 	{Key: "a10", Name: "NVIDIA A10", Peaks: p(31.2, 62.5, 125, 0, 0), Source: "NVIDIA A10 datasheet: TF32 125, BF16 250 with sparsity, halved", match: []string{"a10"}},
 	{Key: "mi250x", Name: "AMD Instinct MI250X", Peaks: p(95.7, 0, 383, 0, 0), Source: "AMD Instinct MI250X datasheet: FP32 matrix 95.7, BF16 383", match: []string{"mi250x"}},
+	{Key: "mi250", Name: "AMD Instinct MI250", Peaks: p(90.5, 0, 362.1, 0, 0), Source: "AMD Instinct MI250 datasheet: FP32 matrix 90.5, BF16 362.1", match: []string{"mi250"}},
+	{Key: "mi300a", Name: "AMD Instinct MI300A", Peaks: p(122.6, 490.3, 980.6, 1961.2, 0), Source: "AMD Instinct MI300A datasheet, dense figures", match: []string{"mi300a"}},
 	{Key: "mi300x", Name: "AMD Instinct MI300X", Peaks: p(163.4, 653.7, 1307.4, 2614.9, 0), Source: "AMD Instinct MI300X datasheet, dense figures", match: []string{"mi300x"}},
 	{Key: "mi325x", Name: "AMD Instinct MI325X", Peaks: p(163.4, 653.7, 1307.4, 2614.9, 0), Source: "AMD Instinct MI325X datasheet, dense figures", match: []string{"mi325x"}},
 	{Key: "mi355x", Name: "AMD Instinct MI355X", Peaks: p(157.3, 0, 2516.6, 5033.2, 10066.3), Source: "AMD Instinct MI355X datasheet, dense figures (FP4 20.1 PF with sparsity, halved)", match: []string{"mi355x"}},
@@ -143,4 +149,18 @@ func containsAll(have, want []string) bool {
 		}
 	}
 	return true
+}
+
+// PeakConvention says what an MFU against dt's peak means, for mixed
+// precision and FP8 training, where the choice of peak sets the figure.
+func PeakConvention(dt DType) string {
+	switch dt {
+	case FP8:
+		return "MFU against the dense FP8 peak: the share of FP8 tensor throughput used; FP8 peaks are twice the BF16 ones, so the figure is about half the BF16-peak MFU and not comparable with BF16 runs"
+	case FP4:
+		return "MFU against the dense FP4 peak: the share of FP4 tensor throughput used; not comparable with BF16 or FP8 runs"
+	case BF16, FP16, "":
+		return "MFU against the dense BF16/FP16 peak (the default, also for FP8 and mixed-precision training, as most published MFU figures are): comparable across precisions; --dtype fp8 rates FP8 training against the FP8 peak"
+	}
+	return fmt.Sprintf("MFU against the dense %s peak", dt)
 }

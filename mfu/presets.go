@@ -66,7 +66,23 @@ type hfConfig struct {
 	NLayer          int    `json:"n_layer"`
 	NHead           int    `json:"n_head"`
 	NInner          *int   `json:"n_inner"`
-	KVLoRARank      int    `json:"kv_lora_rank"` // DeepSeek MLA: not modelled
+	// DeepSeek-V2/V3 and Kimi K2: latent attention, routed and shared
+	// experts, leading dense layers, multi-token prediction
+	QLoRARank       int      `json:"q_lora_rank"`
+	KVLoRARank      int      `json:"kv_lora_rank"`
+	QKNopeDim       int      `json:"qk_nope_head_dim"`
+	QKRopeDim       int      `json:"qk_rope_head_dim"`
+	VHeadDim        int      `json:"v_head_dim"`
+	RoutedExperts   int      `json:"n_routed_experts"`
+	SharedExperts   int      `json:"n_shared_experts"`
+	FirstKDense     int      `json:"first_k_dense_replace"`
+	MoELayerFreq    int      `json:"moe_layer_freq"`
+	NextNLayers     int      `json:"num_nextn_predict_layers"`
+	SlidingWindow   *int     `json:"sliding_window"`
+	UseSliding      *bool    `json:"use_sliding_window"`
+	MaxWindowLayers int      `json:"max_window_layers"`      // Qwen2: layers from this index on use the window
+	WindowPattern   int      `json:"sliding_window_pattern"` // Gemma 3: every Nth layer is global
+	LayerTypes      []string `json:"layer_types"`
 }
 
 // FromHFConfig reads a Hugging Face config.json. The training sequence
@@ -77,8 +93,8 @@ func FromHFConfig(data []byte) (Model, error) {
 	if err := json.Unmarshal(data, &c); err != nil {
 		return Model{}, fmt.Errorf("%w: config.json: %v", ErrBadModel, err)
 	}
-	if c.KVLoRARank > 0 {
-		return Model{}, fmt.Errorf("%w: config.json of model_type %q uses multi-head latent attention, which the shape model does not cover; give --params (active) with --layers --heads --head-dim instead", ErrBadModel, c.ModelType)
+	if c.MoELayerFreq > 1 {
+		return Model{}, fmt.Errorf("%w: config.json has moe_layer_freq %d (a sparse layer every %d): not modelled; give the shape by flags", ErrBadModel, c.MoELayerFreq, c.MoELayerFreq)
 	}
 	m := Model{Name: c.ModelType}
 	if c.NEmbd > 0 && c.HiddenSize == 0 { // GPT-2 style
@@ -97,13 +113,28 @@ func FromHFConfig(data []byte) (Model, error) {
 		switch {
 		case strings.Contains(strings.ToLower(c.HiddenAct), "glu"):
 			m.Gated = true
-		case slices.Contains([]string{"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "olmo", "olmo2"}, c.ModelType):
+		case slices.Contains([]string{"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "olmo", "olmo2", "deepseek_v2", "deepseek_v3", "kimi_k2"}, c.ModelType):
 			m.Gated = true
 		case c.HiddenAct == "silu":
 			m.Gated = true
 		}
-		experts := max(c.LocalExperts, c.NumExperts)
-		if experts > 0 {
+		experts := max(c.LocalExperts, c.NumExperts, c.RoutedExperts)
+		if c.KVLoRARank > 0 {
+			m.QLoRARank, m.KVLoRARank, m.QKNopeDim, m.QKRopeDim, m.VHeadDim = c.QLoRARank, c.KVLoRARank, c.QKNopeDim, c.QKRopeDim, c.VHeadDim
+			m.KVHeads, m.HeadDim = 0, 0
+			m.Gated = true
+		}
+		m.MTPLayers = c.NextNLayers
+		m.Window, m.WindowLayers = windowOf(c)
+		if c.RoutedExperts > 0 {
+			// DeepSeek: n_shared_experts of the routed experts' width, the
+			// first first_k_dense_replace layers dense (intermediate_size)
+			m.Experts, m.TopK, m.MoEFFN = c.RoutedExperts, c.ExpertsPerTok, c.MoEIntermediate
+			m.SharedExperts, m.DenseLayers = c.SharedExperts, c.FirstKDense
+			if m.DenseLayers == 0 {
+				m.FFN = 0
+			}
+		} else if experts > 0 {
 			m.Experts, m.TopK = experts, c.ExpertsPerTok
 			m.MoEFFN = c.MoEIntermediate
 			if m.MoEFFN == 0 {
@@ -126,4 +157,35 @@ func FromHFConfig(data []byte) (Model, error) {
 		return Model{}, err
 	}
 	return m, nil
+}
+
+// windowOf reads which layers use a sliding window: layer_types when the
+// file lists them; Gemma 2 alternates local and global layers; Gemma 3
+// makes every sliding_window_pattern-th layer global; Qwen2/3 use the
+// window only with use_sliding_window, from max_window_layers on; other
+// models with a sliding_window (Mistral) use it in every layer.
+func windowOf(c hfConfig) (window, layers int) {
+	if c.SlidingWindow == nil || *c.SlidingWindow <= 0 {
+		return 0, 0
+	}
+	w := *c.SlidingWindow
+	if len(c.LayerTypes) > 0 {
+		for _, t := range c.LayerTypes {
+			if strings.Contains(t, "sliding") {
+				layers++
+			}
+		}
+		return w, layers
+	}
+	switch {
+	case c.UseSliding != nil && !*c.UseSliding:
+		return 0, 0
+	case c.UseSliding != nil && *c.UseSliding:
+		return w, max(c.Layers-c.MaxWindowLayers, 0)
+	case c.ModelType == "gemma2":
+		return w, (c.Layers + 1) / 2 // even layers
+	case c.WindowPattern > 0:
+		return w, c.Layers - c.Layers/c.WindowPattern
+	}
+	return w, c.Layers
 }

@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/tpsprof/tpsprof/mfu"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -42,6 +43,15 @@ func WriteText(w io.Writer, r *Report) error {
 	row("wall TPS", "%s tokens/s (includes gaps between steps: %.1f%% below step TPS)", tps.SI(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
 	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
 	row("MFU / HFU", "%s", mfuText(s))
+	if s.MFU != nil {
+		dt := mfu.BF16
+		if r.Meta != nil && r.Meta.DType != "" {
+			if d, err := mfu.ParseDType(r.Meta.DType); err == nil {
+				dt = d
+			}
+		}
+		row("peak convention", "%s", mfu.PeakConvention(dt))
+	}
 	b := r.Breakdown
 	bubble := pct(b.Bubble)
 	if b.BubbleTheoretical > 0 {

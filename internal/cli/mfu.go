@@ -59,7 +59,7 @@ func runMFU(args []string, stdout, stderr io.Writer) int {
 	fs := newFlagSet(cmd, "mfu (--model PRESET | --hf-config FILE | shape flags | --params N) [throughput] [--gpus N --gpu NAME | --peak-tflops X] [flags]", mfuExamples, stderr)
 	var (
 		preset    = fs.String("model", "", "model preset: "+strings.Join(mfu.PresetNames(), ", "))
-		hfConfig  = fs.String("hf-config", "", "Hugging Face config.json of the model (Llama, Mistral/Mixtral, Qwen keys)")
+		hfConfig  = fs.String("hf-config", "", "Hugging Face config.json of the model (Llama, Mistral/Mixtral, Qwen, Gemma 2/3, DeepSeek-V2/V3 and Kimi K2 keys)")
 		params    quantity
 		layers    = fs.Int("layers", 0, "transformer layers")
 		hidden    = fs.Int("hidden", 0, "hidden size")
@@ -289,6 +289,22 @@ func describeModel(m mfu.Model) string {
 	s := fmt.Sprintf("%s: %d layers, hidden %d, %d heads (%d kv), %s %d, vocab %d, seq %d", name, m.Layers, m.Hidden, m.Heads, kv, ffn, m.FFN, m.Vocab, m.Seq)
 	if m.Experts > 0 {
 		s += fmt.Sprintf(", %d experts top-%d", m.Experts, max(m.TopK, 1))
+		if m.SharedExperts > 0 || m.DenseLayers > 0 {
+			s += fmt.Sprintf(" (+%d shared, %d dense layers)", m.SharedExperts, m.DenseLayers)
+		}
+	}
+	if m.KVLoRARank > 0 {
+		s += fmt.Sprintf(", latent attention (q rank %d, kv rank %d, qk %d+%d, v %d)", m.QLoRARank, m.KVLoRARank, m.QKNopeDim, m.QKRopeDim, m.VHeadDim)
+	}
+	if m.MTPLayers > 0 {
+		s += fmt.Sprintf(", %d MTP module(s)", m.MTPLayers)
+	}
+	if m.Window > 0 {
+		n := m.WindowLayers
+		if n == 0 {
+			n = m.Layers
+		}
+		s += fmt.Sprintf(", sliding window %d on %d layers", m.Window, n)
 	}
 	return s
 }
@@ -317,6 +333,7 @@ func printMFUTable(w io.Writer, o mfuJSON, trainTokens, usd float64) {
 	row("hardware FLOPs/token", "%.2f GFLOP (recompute=%s)", o.HWFLOPsPerToken/1e9, o.Recompute)
 	if o.PeakTFLOPS != nil {
 		row("peak", "%.1f TFLOP/s dense per GPU (%s, %s)", *o.PeakTFLOPS, *o.GPU, o.DType)
+		row("peak convention", "%s", mfu.PeakConvention(mfu.DType(o.DType)))
 	}
 	if o.TokensPerSec != nil {
 		row("throughput", "%s tokens/s cluster, %s tokens/s per GPU on %d GPUs", human(*o.TokensPerSec), human(*o.TokensPerSecPerGPU), *o.GPUs)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -258,5 +259,41 @@ func TestReportOutDirAndRunningJob(t *testing.T) {
 	txt, _, _ = run(t, "report", out)
 	if !strings.Contains(txt, "running") {
 		t.Errorf("job list does not say running:\n%s", txt)
+	}
+}
+
+// tpsprof mfu --hf-config with DeepSeek-V3's config.json: latent attention,
+// 256 routed experts, MTP. The DeepSeek-V3 report (arXiv:2412.19437) gives
+// 2.788M H800 GPU-hours for 14.8T tokens: 1,474 tokens/s per GPU, which is
+// 38-39% of the H800's dense BF16 peak at 2.6e11 FLOPs/token.
+func TestMFUDeepSeekV3Config(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	os.WriteFile(cfg, []byte(`{"model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61,
+ "num_attention_heads": 128, "num_key_value_heads": 128, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+ "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "moe_layer_freq": 1,
+ "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+ "num_nextn_predict_layers": 1, "vocab_size": 129280, "tie_word_embeddings": false}`), 0o644)
+	tpsPerGPU := 14.8e12 / 2.788e6 / 3600
+	out, errOut, code := run(t, "mfu", "--hf-config", cfg, "--seq", "4096", "--attention", "causal", "--gpus", "2048", "--gpu", "NVIDIA H800",
+		"--tps", fmt.Sprintf("%.0f", tpsPerGPU*2048), "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var o struct {
+		ParamsTotal  float64  `json:"params_total"`
+		ParamsActive float64  `json:"params_active"`
+		MFU          *float64 `json:"mfu"`
+	}
+	if err := json.Unmarshal([]byte(out), &o); err != nil {
+		t.Fatal(err)
+	}
+	if o.MFU == nil || *o.MFU < 0.37 || *o.MFU > 0.40 || o.ParamsTotal < 665e9 || o.ParamsTotal > 677e9 {
+		t.Errorf("DeepSeek-V3: %+v MFU %v", o, o.MFU)
+	}
+	txt, _, _ := run(t, "mfu", "--hf-config", cfg, "--seq", "4096", "--gpus", "2048", "--gpu", "h800", "--tps", "3M", "--dtype", "fp8")
+	for _, want := range []string{"latent attention", "1 MTP module", "FP8 peak"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("text lacks %q:\n%s", want, txt)
+		}
 	}
 }
