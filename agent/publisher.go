@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,6 +44,7 @@ type publisher struct {
 	sentOrder  []string
 	holdUntil  time.Time
 	sawDown    bool // NATS was seen disconnected since the last delivery
+	downSince  time.Time
 
 	published, dropped, errors atomic.Int64
 }
@@ -207,9 +209,22 @@ func (p *publisher) drain() {
 	switch up := p.a.nc.IsConnected(); {
 	case !up:
 		p.sawDown = true
+		if p.downSince.IsZero() {
+			p.downSince = time.Now()
+		}
+		// Say so from the start and keep saying it (rate-limited): a
+		// wrong URL must not be found only when the job ends.
+		if d := time.Since(p.downSince); d >= natsDownWarnAfter {
+			p.a.log.Warn("nats-down", "NATS unreachable: step records are held and published when it comes up; past the buffer the oldest are dropped",
+				"url", redactURL(p.a.cfg.NATS.URL), "for", d.Round(time.Second), "buffered_bytes", p.queueBytes, "buffer_max_bytes", p.a.cfg.BufferBytes, "dropped_records", p.dropped.Load())
+		}
 	case p.sawDown:
 		p.sawDown = false
 		p.holdUntil = time.Now().Add(p.a.cfg.ResubscribeGrace)
+		if !p.downSince.IsZero() {
+			p.a.cfg.Logger.Info("NATS reachable again", "url", redactURL(p.a.cfg.NATS.URL), "after", time.Since(p.downSince).Round(time.Second))
+		}
+		p.downSince = time.Time{}
 	}
 	if time.Now().Before(p.holdUntil) {
 		return
@@ -303,4 +318,18 @@ func (p *publisher) stats(s *Stats) {
 	s.BufferedBytes = int64(p.queueBytes)
 	s.BatchesPending = int64(len(p.queue))
 	p.mu.Unlock()
+}
+
+// natsDownWarnAfter is how long NATS may be unreachable before the agent
+// says so (then every 10 s while it lasts).
+const natsDownWarnAfter = 3 * time.Second
+
+// redactURL drops credentials from a NATS URL for logs.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	u.User = url.User("redacted")
+	return u.String()
 }

@@ -139,7 +139,11 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		}
 		defer srv.Shutdown()
 		no.URL = srv.URL()
-		fmt.Fprintf(stdout, "embedded NATS server listening; agents connect with: --nats %s\n", srv.URL())
+		urls, local := natsconn.AgentURLs(host, srv.Server().Addr().(*net.TCPAddr).Port)
+		fmt.Fprintf(stdout, "embedded NATS server listening on %s; agents connect with: --nats %s\n", *listen, strings.Join(urls, " (or) "))
+		if local {
+			fmt.Fprintf(stdout, "  (this machine only: give --listen 0.0.0.0:%d for agents on other nodes)\n", srv.Server().Addr().(*net.TCPAddr).Port)
+		}
 	}
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
 		Partition: part, Partitions: parts}

@@ -1,8 +1,15 @@
 package e2e
 
 import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -191,3 +198,54 @@ func TestDurableUnwritableOutputKeepsData(t *testing.T) {
 		t.Errorf("after fixing the output, %d rank rows, want the 4 that waited in the stream", len(rows))
 	}
 }
+
+// A wrong NATS URL is said while the job runs (within a few seconds, then
+// every 10 s), with the URL (no credentials), what is buffered and what
+// was dropped; the agent's metrics say it is not connected.
+func TestNATSUnreachableSaidAtStart(t *testing.T) {
+	dir, _ := os.MkdirTemp("", "tpsprof-down")
+	defer os.RemoveAll(dir)
+	var logs syncBuffer
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: "nats://user:secret@127.0.0.1:1"},
+		Node: "n0", FlushInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.SubmitStep(stepRec("down", 0, 0, 1, 100, 1e9))
+	deadline := time.Now().Add(6 * time.Second)
+	for !strings.Contains(logs.String(), "NATS unreachable") {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing said about NATS within 6 s:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "127.0.0.1:1") || strings.Contains(out, "secret") || !strings.Contains(out, "buffered_bytes") {
+		t.Errorf("warning: %s", out)
+	}
+	srv := httptest.NewServer(a.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), "tpsprof_agent_nats_connected 0") {
+		t.Errorf("metrics do not say disconnected:\n%.1500s", body)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }

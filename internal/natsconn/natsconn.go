@@ -6,7 +6,10 @@ package natsconn
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -99,6 +102,15 @@ type Embedded struct {
 // and waits until it accepts connections. With storeDir set, JetStream is
 // enabled and stores there.
 func StartEmbedded(host string, port int, storeDir string) (*Embedded, error) {
+	if port > 0 {
+		// the server only says "did not start" after its timeout: try the
+		// address first for the real reason (address in use, no such host)
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			return nil, fmt.Errorf("natsconn: embedded server cannot listen on %s: %w", net.JoinHostPort(host, strconv.Itoa(port)), err)
+		}
+		ln.Close()
+	}
 	opts := &server.Options{Host: host, Port: port, NoLog: true, NoSigs: true, MaxPayload: 8 << 20}
 	if storeDir != "" {
 		opts.JetStream = true
@@ -126,4 +138,38 @@ func (e *Embedded) Server() *server.Server { return e.srv }
 func (e *Embedded) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+}
+
+// AgentURLs are the URLs agents on other machines can give to reach a
+// server listening on host:port: for a wildcard address (0.0.0.0, ::, "")
+// this machine's name and its non-loopback addresses, else the address
+// itself. Local is true when only this machine can connect (loopback).
+func AgentURLs(host string, port int) (urls []string, local bool) {
+	url := func(h string) string { return "nats://" + net.JoinHostPort(h, strconv.Itoa(port)) }
+	ip := net.ParseIP(host)
+	switch {
+	case host == "localhost" || (ip != nil && ip.IsLoopback()):
+		return []string{url(host)}, true
+	case host != "" && (ip == nil || !ip.IsUnspecified()):
+		return []string{url(host)}, false
+	}
+	if name, err := os.Hostname(); err == nil && name != "" {
+		urls = append(urls, url(name))
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok || n.IP.IsLoopback() || n.IP.IsLinkLocalUnicast() {
+			continue
+		}
+		if ip != nil && ip.To4() != nil && n.IP.To4() == nil {
+			continue // 0.0.0.0 listens on IPv4 only
+		}
+		urls = append(urls, url(n.IP.String()))
+	}
+	if len(urls) == 0 {
+		urls = []string{url("127.0.0.1")}
+		local = true
+	}
+	return urls, local
 }
