@@ -51,6 +51,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		usage(stdout)
 		return exitOK
 	}
+	if args[0] == "--version" || args[0] == "-version" || args[0] == "-v" {
+		return runVersion(nil, stdout, stderr)
+	}
 	for _, c := range commands() {
 		if c.name == args[0] {
 			return c.run(args[1:], stdout, stderr)
@@ -71,11 +74,7 @@ func usage(w io.Writer) {
 }
 
 func runVersion(args []string, stdout, stderr io.Writer) int {
-	v := "(devel)"
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		v = bi.Main.Version
-	}
-	fmt.Fprintln(stdout, "tpsprof", v)
+	fmt.Fprintln(stdout, "tpsprof", version())
 	return exitOK
 }
 
@@ -193,4 +192,64 @@ func (d *seconds) Set(s string) error {
 	}
 	*d = seconds(v)
 	return nil
+}
+
+// failErr prints err as one line under the command's name, without the
+// package prefixes the error picked up on its way ("report: ", "trace: ").
+func failErr(stderr io.Writer, cmd string, err error) {
+	msg := err.Error()
+	for changed := true; changed; {
+		changed = false
+		for _, p := range []string{cmd + ": ", "report: ", "collector: ", "agent: ", "trace: ", "natsconn: ", "kineto: ", "mfu: ", "demo: ", "tps: "} {
+			if strings.HasPrefix(msg, p) {
+				msg, changed = msg[len(p):], true
+			}
+		}
+	}
+	fmt.Fprintf(stderr, "tpsprof %s: %s\n", cmd, msg)
+}
+
+// version is the module version, or the VCS revision a development build
+// was made from.
+func version() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "(unknown)"
+	}
+	v := bi.Main.Version
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
+			}
+		}
+	}
+	if (v == "" || v == "(devel)") && rev != "" {
+		v = "devel " + rev[:min(12, len(rev))] + dirty
+	}
+	if v == "" {
+		v = "(devel)"
+	}
+	return v + " " + bi.GoVersion
+}
+
+// fraction is a quantity that also takes a percentage ("40%" is 0.4).
+type fraction quantity
+
+func (f *fraction) String() string { return (*quantity)(f).String() }
+
+func (f *fraction) Set(s string) error {
+	if t := strings.TrimSpace(s); strings.HasSuffix(t, "%") {
+		v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(t, "%")), 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a percentage", s)
+		}
+		*f = fraction(v / 100)
+		return nil
+	}
+	return (*quantity)(f).Set(s)
 }

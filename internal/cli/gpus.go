@@ -37,12 +37,17 @@ func runGPUs(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	r, err := agent.OpenNVML()
+	if err != nil && *asJSON {
+		// the JSON reader gets JSON: no GPU, and why
+		printJSON(stdout, map[string]any{"devices": []any{}, "error": err.Error()})
+		return exitError
+	}
 	if err != nil {
 		if errors.Is(err, agent.ErrNoNVML) {
 			fmt.Fprintf(stderr, "tpsprof gpus: no GPU telemetry on this node: %v\n", err)
 			return exitError
 		}
-		fmt.Fprintf(stderr, "tpsprof gpus: %v\n", err)
+		failErr(stderr, "gpus", err)
 		return exitError
 	}
 	defer r.Close()

@@ -61,7 +61,7 @@ files: one error line each, exit 1. See docs/kineto.md.
 	for _, f := range files {
 		r, err := kineto.AnalyzeFileWith(f, kineto.Options{HTARounding: *htaRound})
 		if err != nil {
-			fmt.Fprintf(stderr, "tpsprof kineto: %v\n", err)
+			failErr(stderr, "kineto", err)
 			failed++
 			continue
 		}
@@ -78,7 +78,7 @@ files: one error line each, exit 1. See docs/kineto.md.
 			v = []*kineto.Result{}
 		}
 		if err := enc.Encode(v); err != nil {
-			fmt.Fprintf(stderr, "tpsprof kineto: %v\n", err)
+			failErr(stderr, "kineto", err)
 			return exitError
 		}
 	} else {

@@ -98,7 +98,7 @@ func runMFU(args []string, stdout, stderr io.Writer) int {
 	fs.Var(&peakTF, "peak-tflops", "dense peak TFLOP/s of one GPU at --dtype; overrides the table")
 	fs.Var(&trainTok, "train-tokens", "token budget, for the time to train (e.g. 15T)")
 	fs.Var(&usd, "gpu-hour-usd", "price of one GPU-hour in USD, for the cost per million tokens")
-	fs.Var(&target, "mfu", "target MFU as a fraction (0.4): print the tokens/s it means")
+	fs.Var((*fraction)(&target), "mfu", "target MFU, a fraction (0.4) or a percentage (40%): print the tokens/s it means")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
@@ -261,7 +261,7 @@ func runMFU(args []string, stdout, stderr io.Writer) int {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(out); err != nil {
-			fmt.Fprintf(stderr, "tpsprof mfu: %v\n", err)
+			failErr(stderr, "mfu", err)
 			return exitError
 		}
 		return exitOK

@@ -297,3 +297,41 @@ func TestMFUDeepSeekV3Config(t *testing.T) {
 		}
 	}
 }
+
+// The small things a first contact trips on.
+func TestFirstContactDetails(t *testing.T) {
+	if out, _, code := run(t, "--version"); code != 0 || !strings.HasPrefix(out, "tpsprof ") {
+		t.Errorf("--version: exit %d %q", code, out)
+	}
+	if _, e, code := run(t, "demo", "--dp", "0"); code != 2 || !strings.Contains(e, "--dp 0 must be at least 1") {
+		t.Errorf("demo --dp 0: exit %d %q", code, e)
+	}
+	out, e, code := run(t, "mfu", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "40%", "--json")
+	var m map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &m) != nil {
+		t.Errorf("mfu --mfu 40%%: exit %d %s %s", code, out, e)
+	}
+	out2, _, _ := run(t, "mfu", "--model", "llama3-8b", "--gpus", "8", "--gpu", "h100-sxm", "--mfu", "0.4", "--json")
+	if out != out2 {
+		t.Errorf("40%% and 0.4 differ:\n%s\n%s", out, out2)
+	}
+	if _, err := os.Stat("/dev/nvidiactl"); err != nil {
+		out, _, code := run(t, "gpus", "--json")
+		if code != 1 || json.Unmarshal([]byte(out), &m) != nil || m["error"] == nil {
+			t.Errorf("gpus --json without a GPU: exit %d %q", code, out)
+		}
+	}
+	// one prefix, not "tpsprof report: report:"
+	if _, e, _ := run(t, "report", t.TempDir()); strings.Count(e, "report:") != 1 {
+		t.Errorf("doubled prefix: %q", e)
+	}
+	if d := demo.Defaults(); !strings.HasPrefix(d.Out, os.TempDir()) {
+		t.Errorf("the demo writes into %s, not the temporary folder", d.Out)
+	}
+	// launch takes --hf-config and --seq (and wants --seq with it)
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	os.WriteFile(cfg, []byte(`{"model_type":"llama","hidden_size":64,"num_hidden_layers":2,"num_attention_heads":4,"intermediate_size":128,"vocab_size":100}`), 0o644)
+	if _, e, code := run(t, "launch", "--job", "j", "--hf-config", cfg, "--", "true"); code != 2 || !strings.Contains(e, "needs --seq") {
+		t.Errorf("launch --hf-config without --seq: exit %d %q", code, e)
+	}
+}

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +22,7 @@ import (
 	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/demo"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/mfu"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -134,7 +137,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		}
 		srv, err := natsconn.StartEmbedded(host, port, store)
 		if err != nil {
-			fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
+			failErr(stderr, "collector", err)
 			return exitError
 		}
 		defer srv.Shutdown()
@@ -154,7 +157,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	}
 	c, err := collector.New(cfg)
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
+		failErr(stderr, "collector", err)
 		return exitError
 	}
 	if *httpAddr != "" {
@@ -173,9 +176,18 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "stopping: closing open steps and finalising Parquet parts")
 	err = c.Close()
-	printJSON(stdout, c.Stats())
+	st := c.Stats()
+	fmt.Fprintf(stdout, "stopped: %d records accepted (%d duplicate, %d late), %d steps closed (%d incomplete), %d jobs; %d rows lost, %d write errors, %d slow-consumer drops\n",
+		st.Records, st.Duplicates, st.Late, st.StepsClosed, st.Incomplete, st.Jobs, st.RowsLost, st.WriteErrors, st.SlowConsumer)
+	if len(st.Rejected) > 0 {
+		var parts []string
+		for _, k := range slices.Sorted(maps.Keys(st.Rejected)) {
+			parts = append(parts, fmt.Sprintf("%s %d", k, st.Rejected[k]))
+		}
+		fmt.Fprintf(stdout, "rejected: %s\n", strings.Join(parts, ", "))
+	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof collector: %v\n", err)
+		failErr(stderr, "collector", err)
 		return exitError
 	}
 	return exitOK
@@ -248,7 +260,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		TraceDir: *traceDir, KeepTraces: *keepTraces,
 		BufferBytes: *buffer << 20, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable, Partials: *partials})
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof agent: %v\n", err)
+		failErr(stderr, "agent", err)
 		return exitError
 	}
 	fmt.Fprintf(stdout, "agent for node %s: ranks write to %s, publishing to %s\n", a.Node(), a.Socket(), natsconn.Redacted(no.URL))
@@ -274,7 +286,12 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		select {
 		case <-ctx.Done():
 			a.Close()
-			printJSON(stdout, a.Stats())
+			s := a.Stats()
+			var rejected int64
+			for _, n := range s.Rejected {
+				rejected += n
+			}
+			fmt.Fprintf(stdout, "stopped: %d records received, %d published, %d dropped, %d rejected\n", s.Records, s.Published, s.Dropped, rejected)
 			return exitOK
 		case <-tick:
 			s := a.Stats()
@@ -317,6 +334,9 @@ restart count to the attempt inside the ranks.
 	fs.IntVar(&topo.EP, "ep", 0, "expert-parallel size (carved out of dp)")
 	micro := fs.Int("micro-batches", 0, "micro-batches per step (for the theoretical pipeline bubble)")
 	model := fs.String("model", "", "model preset, for MFU")
+	hfConfig := fs.String("hf-config", "", "Hugging Face config.json of the model, for MFU (instead of --model)")
+	seq := fs.Int("seq", 0, "training sequence length (the attention term of MFU; default: the preset's)")
+	attention := fs.String("attention", "", "causal-attention FLOPs convention: full (default) or causal")
 	gpu := fs.String("gpu", "", "GPU name or table key, for MFU (default: what NVML reports)")
 	dtype := fs.String("dtype", "", "training dtype (default bf16)")
 	price := fs.Float64("gpu-hour-usd", 0, "price of a GPU-hour, for cost per million tokens")
@@ -342,12 +362,39 @@ restart count to the attempt inside the ranks.
 			return usageErr(stderr, cmd, "%v", err)
 		}
 	}
-	if *model != "" {
-		if _, _, err := (&tps.RunMeta{ModelPreset: *model}).ResolvedModel(); err != nil {
+	if *model != "" && *hfConfig != "" {
+		return usageErr(stderr, cmd, "--model and --hf-config both given: choose one")
+	}
+	if *seq < 0 {
+		return usageErr(stderr, cmd, "--seq %d must not be negative", *seq)
+	}
+	if *attention != "" && *attention != "full" && *attention != "causal" {
+		return usageErr(stderr, cmd, "--attention %q: want full or causal", *attention)
+	}
+	meta := tps.RunMeta{Topology: topo, MicroBatches: *micro, ModelPreset: *model, Seq: *seq, Attention: *attention, GPU: *gpu, DType: *dtype, GPUHourUSD: *price}
+	if *hfConfig != "" {
+		b, err := os.ReadFile(*hfConfig)
+		if err != nil {
+			return usageErr(stderr, cmd, "--hf-config: %v", err)
+		}
+		m, err := mfu.FromHFConfig(b)
+		if err != nil {
+			return usageErr(stderr, cmd, "--hf-config %s: %v", *hfConfig, err)
+		}
+		if *seq == 0 {
+			return usageErr(stderr, cmd, "--hf-config needs --seq: config.json gives the model's context limit, not the length it is trained at")
+		}
+		meta.Model = &m
+	}
+	if meta.Model != nil || meta.ModelPreset != "" {
+		model, _, err := meta.ResolvedModel()
+		if err == nil {
+			_, err = model.Count(mfu.Attention(meta.Attention), mfu.RecomputeNone)
+		}
+		if err != nil {
 			return usageErr(stderr, cmd, "%v", err)
 		}
 	}
-	meta := tps.RunMeta{Topology: topo, MicroBatches: *micro, ModelPreset: *model, GPU: *gpu, DType: *dtype, GPUHourUSD: *price}
 	log := newLogger(stderr, false)
 	acfg := agent.Config{Socket: *socket, NATS: no, Logger: log}
 	if r, err := agent.OpenNVML(); err == nil {
@@ -365,7 +412,7 @@ restart count to the attempt inside the ranks.
 		acfg.GPU.Close() // the agent Launch started has closed it already; Close is idempotent
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof launch: %v\n", err)
+		failErr(stderr, "launch", err)
 	}
 	return code
 }
@@ -408,6 +455,14 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	if d.StragglerSlowdown < 1 {
 		return usageErr(stderr, cmd, "--straggler-slowdown %g must be at least 1", d.StragglerSlowdown)
 	}
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"dp", d.Topology.DP}, {"tp", d.Topology.TP}, {"pp", d.Topology.PP}, {"gpus-per-node", d.GPUsPerNode}, {"micro-batches", d.MicroBatches}} {
+		if f.v < 1 {
+			return usageErr(stderr, cmd, "--%s %d must be at least 1", f.name, f.v)
+		}
+	}
 	d.Live, d.Progress = stdout, stdout
 	if *verbose {
 		d.Logger = newLogger(stderr, true)
@@ -416,7 +471,11 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	defer cancel()
 	res, err := demo.Run(ctx, d)
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof demo: %v\n", err)
+		if ctx.Err() != nil {
+			fmt.Fprintln(stderr, "tpsprof demo: interrupted")
+			return exitError
+		}
+		failErr(stderr, "demo", err)
 		return exitError
 	}
 	who := "by the collector"
@@ -427,7 +486,7 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		res.Records, res.Dropped, res.Stats.Records, who, res.RowsWritten, res.Stats.StepsClosed, res.Duration.Round(100*time.Millisecond))
 	rep, err := report.Analyze(res.JobDir, report.Options{Warmup: tps.AutoWarmup})
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof demo: %v\n", err)
+		failErr(stderr, "demo", err)
 		return exitError
 	}
 	report.WriteText(stdout, rep)
@@ -509,7 +568,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stderr, "\r\033[K")
 		}
 		if err != nil {
-			fmt.Fprintf(stderr, "tpsprof report: %v\n", err)
+			failErr(stderr, "report", err)
 			return exitError
 		}
 		reps = append(reps, rep)
@@ -550,7 +609,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "tpsprof report: %v\n", err)
+		failErr(stderr, "report", err)
 		return exitError
 	}
 	return exitOK

@@ -62,7 +62,7 @@ type Config struct {
 
 // Defaults are a Llama-3-8B-like job on 64 H100s (DP 4 × TP 8 × PP 2).
 func Defaults() Config {
-	return Config{Out: "tpsprof-demo", Job: "demo", Steps: 200, Topology: tps.Topology{DP: 4, TP: 8, PP: 2, CP: 1, EP: 1},
+	return Config{Out: filepath.Join(os.TempDir(), "tpsprof-demo"), Job: "demo", Steps: 200, Topology: tps.Topology{DP: 4, TP: 8, PP: 2, CP: 1, EP: 1},
 		GPUsPerNode: 8, Model: "llama3-8b", GPU: "h100-sxm", MicroBatches: 16, StragglerNode: 5, StragglerSlowdown: 1.35,
 		StepInterval: 100 * time.Millisecond, Seed: 1}
 }
