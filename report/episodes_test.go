@@ -81,3 +81,36 @@ func TestStragglerEpisodeMidRun(t *testing.T) {
 		t.Errorf("text:\n%s", text.String())
 	}
 }
+
+// Real against padded tokens, where ranks report both: 800 real of 1,000
+// padded on rank 0; rank 1 reports no padded count and is left out.
+func TestPadding(t *testing.T) {
+	root := t.TempDir()
+	ranks, _ := trace.NewPartWriter[tps.StepRecord](root, "pad", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "pad", trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
+	now := int64(1.7e18)
+	for s := 0; s < 20; s++ {
+		recs := []tps.StepRecord{
+			{Job: "pad", Step: int64(s), Rank: 0, WorldSize: 2, StartUnixNs: now, EndUnixNs: now + 1e9, DurationNs: 1e9, Tokens: 800, PaddedTokens: 1000},
+			{Job: "pad", Step: int64(s), Rank: 1, WorldSize: 2, StartUnixNs: now, EndUnixNs: now + 1e9, DurationNs: 1e9, Tokens: 1000},
+		}
+		c, _ := tps.Aggregate(recs, tps.AccumulatorConfig{})
+		ranks.Write(recs)
+		cluster.Write([]tps.ClusterStep{c})
+		now += 1e9
+	}
+	ranks.Close()
+	cluster.Close()
+	rep, err := Analyze(filepath.Join(root, "pad"), Options{Warmup: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Padding == nil || rep.Padding.RealFraction != 0.8 || rep.Padding.PaddedTokens != 20000 {
+		t.Fatalf("padding %+v", rep.Padding)
+	}
+	var text strings.Builder
+	WriteText(&text, rep)
+	if !strings.Contains(text.String(), "real tokens are 80.0% of the padded batch") {
+		t.Errorf("text:\n%s", text.String())
+	}
+}

@@ -45,6 +45,15 @@ type Breakdown struct {
 	CommOverlap       float64 `json:"comm_overlap"`
 }
 
+// Padding is real against padded tokens over the steady rank rows that
+// report padded tokens (both summed over those rows, so the ratio holds
+// whatever the parallelism).
+type Padding struct {
+	RealTokens   int64   `json:"real_tokens"`
+	PaddedTokens int64   `json:"padded_tokens"`
+	RealFraction float64 `json:"real_fraction"`
+}
+
 // Energy sums up the GPU samples joined to steady steps.
 type Energy struct {
 	TokensPerJoule float64 `json:"tokens_per_joule"`
@@ -84,6 +93,8 @@ type Report struct {
 	RankRows      int64              `json:"rank_rows"`
 	GPUSamples    int64              `json:"gpu_samples"`
 	Events        map[string]int64   `json:"events"`
+	// Padding compares real and padded tokens where ranks report both.
+	Padding *Padding `json:"padding,omitempty"`
 	// Running is true when some part of the job is still being written:
 	// the report covers what is finalised (Notes say so).
 	Running      bool          `json:"running"`
@@ -153,7 +164,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
 	wins := newWindows(steps, warm, rep.Summary.WorldSize)
-	var done int64
+	var done, realTok, padTok int64
 	err = trace.EachColumns(rankDir, rankColumns, "node", func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		lastKey, si, ok := [2]int64{-1, -1}, 0, false
@@ -177,6 +188,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 				continue
 			}
 			wins.add(si, r, comp)
+			if pad := c.Int64[9][i]; pad > 0 {
+				realTok += c.Int64[8][i]
+				padTok += pad
+			}
 			m := medians[r]
 			if m == nil {
 				m = &tps.Median{Keep: keep}
@@ -203,6 +218,9 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
 	rep.data.heat, rep.data.nodeOf = heat, nodes
 	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
+	if padTok > 0 && realTok <= padTok {
+		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
+	}
 	if rep.Episodes == nil {
 		rep.Episodes = []StragglerEpisode{}
 	}
@@ -374,7 +392,7 @@ func medianKeepFor(world int64) int {
 // rankColumns are the int64 columns of rank_steps the report reads (with
 // node): decoding these columns alone, page by page, is several times
 // faster than reading whole records (BENCHMARKS.md).
-var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns"}
+var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens"}
 
 // computeNs is row i's compute time, as tps.StepRecord.ComputeNs defines it.
 func computeNs(c *trace.Columns, i int) int64 {

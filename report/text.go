@@ -90,6 +90,9 @@ func WriteText(w io.Writer, r *Report) error {
 			row("collectives", "%s (over the profiled steps)", strings.Join(cs, ", "))
 		}
 	}
+	if p := r.Padding; p != nil {
+		row("padding", "real tokens are %s of the padded batch (%s on padding); TPS and MFU count real tokens", pct(p.RealFraction), pct(1-p.RealFraction))
+	}
 	if s.TokenMismatch > 0 {
 		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}
