@@ -592,6 +592,10 @@ func (c *Collector) loop() {
 			c.mu.Lock()
 			for _, j := range c.jobs {
 				j.closeExpired(c, now)
+				if j.newSinceEpisodes {
+					j.trackEpisodes()
+					j.newSinceEpisodes = false
+				}
 				if c.durable == nil {
 					if j.finaliseDue(c, now) {
 						j.finalise(c, now)

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -448,5 +449,45 @@ func TestPartsFinalisedAtAttemptEndAndWhenQuiet(t *testing.T) {
 			t.Fatal("parts of a quiet job not finalised")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A rank that slows down mid-run opens a live straggler episode at about
+// the step it started, on its node, and closes it when it recovers.
+func TestLiveStragglerEpisode(t *testing.T) {
+	c, nc := startCollector(t)
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	send := func(from, to int64, slow bool) {
+		var recs []tps.StepRecord
+		for s := from; s < to; s++ {
+			for r := int64(0); r < 4; r++ {
+				comp := int64(5e8)
+				if slow && r == 2 {
+					comp = 9e8
+				}
+				d := int64(1e9)
+				recs = append(recs, tps.StepRecord{Job: "ep", Step: s, Rank: r, WorldSize: 4, Tokens: 1000, Node: fmt.Sprintf("n%d", r/2),
+					StartUnixNs: t0 + s*2e9, EndUnixNs: t0 + s*2e9 + d, DurationNs: d, ExposedCommNs: d - comp})
+			}
+		}
+		if err := nc.Publish(wire.StepsSubject("ep", "n0"), wire.AppendSteps(nil, recs)); err != nil {
+			t.Fatal(err)
+		}
+		nc.Flush()
+		if err := c.Sync(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond) // a tick of the loop tracks episodes
+	}
+	send(0, 20, false)
+	send(20, 40, true)
+	eps := c.Summary().Jobs[0].StragglerEpisodes
+	if len(eps) != 1 || eps[0].Node != "n1" || eps[0].EndStep != nil || eps[0].StartStep < 20 || eps[0].StartStep > 39 || !slices.Contains(eps[0].Ranks, 2) {
+		t.Fatalf("open episode: %+v", eps)
+	}
+	send(40, 80, false)
+	eps = c.Summary().Jobs[0].StragglerEpisodes
+	if len(eps) != 1 || eps[0].EndStep == nil || *eps[0].EndStep < 40 || eps[0].WorstScore > 0.6 {
+		t.Fatalf("closed episode: %+v", eps)
 	}
 }

@@ -35,9 +35,11 @@ type LiveJob struct {
 	Breakdown    map[string]float64 `json:"breakdown"`
 	Steps        []LiveStep         `json:"steps"`
 	SlowestRanks []tps.RankScore    `json:"slowest_ranks"`
-	StepsClosed  int64              `json:"steps_closed"`
-	Incomplete   int64              `json:"steps_incomplete"`
-	TokensTotal  int64              `json:"tokens_total"`
+	// StragglerEpisodes are the recent and current straggler episodes.
+	StragglerEpisodes []LiveEpisode `json:"straggler_episodes"`
+	StepsClosed       int64         `json:"steps_closed"`
+	Incomplete        int64         `json:"steps_incomplete"`
+	TokensTotal       int64         `json:"tokens_total"`
 }
 
 // LiveSummary is the /api/summary document.
@@ -57,7 +59,7 @@ func (c *Collector) Summary() LiveSummary {
 	out := LiveSummary{OutDir: c.cfg.OutDir, GeneratedUnix: time.Now().UnixMilli(), Stats: st}
 	for _, j := range c.sortedJobs() {
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
-			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5)}
+			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes()}
 		steps := j.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]

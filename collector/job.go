@@ -114,6 +114,8 @@ type job struct {
 	recent      []tps.ClusterStep // ring of the last liveWindow cluster steps
 	recentNext  int
 	newSinceLog bool
+	// a step closed since straggler episodes were last tracked
+	newSinceEpisodes bool
 
 	// finalising parts when an attempt ends or the job goes quiet
 	lastActive   time.Time // the last step record
@@ -140,6 +142,8 @@ type job struct {
 	closedSteps, incompleteSteps, tokens int64
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
+	openEpisodes                         map[string]*LiveEpisode
+	episodes                             []LiveEpisode // closed, the last maxEpisodes
 }
 
 // ewmaAlpha weighs the last step in a rank's recent compute time.
@@ -492,7 +496,7 @@ func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
 		j.recent[j.recentNext] = row
 		j.recentNext = (j.recentNext + 1) % liveWindow
 	}
-	j.newSinceLog = true
+	j.newSinceLog, j.newSinceEpisodes = true, true
 	j.pending = append(j.pending, pendingRow{row: row, closedAt: time.Now()})
 	j.writeRows(c, time.Now(), false)
 }

@@ -1,0 +1,120 @@
+package collector
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// LiveEpisode is a straggler episode as the live page shows it: a node (or
+// a rank without a node) whose recent compute time (an exponential moving
+// average over steps) has been more than 1/0.75 of the fastest rank's
+// since StartStep. EndStep is nil while it lasts.
+type LiveEpisode struct {
+	Node       string  `json:"node"`
+	Ranks      []int64 `json:"ranks"`
+	Attempt    int64   `json:"attempt"`
+	StartStep  int64   `json:"start_step"`
+	EndStep    *int64  `json:"end_step"`
+	WorstScore float64 `json:"worst_score"`
+	Score      float64 `json:"score"` // now (at the end for a closed episode)
+}
+
+// maxEpisodes bounds the closed episodes a job keeps.
+const maxEpisodes = 20
+
+// trackEpisodes opens an episode for each newly flagged node and closes
+// those no longer flagged, at the job's last closed step.
+func (j *job) trackEpisodes() {
+	if len(j.recent) == 0 {
+		return
+	}
+	steps := j.recentSteps()
+	last := steps[len(steps)-1]
+	best := j.bestCompute()
+	flagged := map[string]*LiveEpisode{}
+	if best > 0 {
+		for r, v := range j.computeEWMA {
+			if v <= 0 || best/v >= tps.StragglerThreshold {
+				continue
+			}
+			key := ""
+			if r < len(j.rankNode) {
+				key = j.rankNode[r]
+			}
+			if key == "" {
+				key = fmt.Sprintf("rank %d", r)
+			}
+			e := flagged[key]
+			if e == nil {
+				e = &LiveEpisode{Node: key, Score: 1}
+				flagged[key] = e
+			}
+			e.Score = min(e.Score, best/v)
+			if len(e.Ranks) < 64 {
+				e.Ranks = append(e.Ranks, int64(r))
+			}
+		}
+	}
+	for key, e := range j.openEpisodes {
+		if f, ok := flagged[key]; ok && e.Attempt == last.Attempt {
+			e.Score, e.WorstScore, e.Ranks = f.Score, min(e.WorstScore, f.Score), mergeRanks(e.Ranks, f.Ranks)
+			continue
+		}
+		end := last.Step
+		e.EndStep = &end
+		j.episodes = append(j.episodes, *e)
+		if len(j.episodes) > maxEpisodes {
+			j.episodes = j.episodes[len(j.episodes)-maxEpisodes:]
+		}
+		delete(j.openEpisodes, key)
+	}
+	for key, f := range flagged {
+		if _, ok := j.openEpisodes[key]; ok {
+			continue
+		}
+		if j.openEpisodes == nil {
+			j.openEpisodes = map[string]*LiveEpisode{}
+		}
+		f.Attempt, f.StartStep, f.WorstScore = last.Attempt, last.Step, f.Score
+		j.openEpisodes[key] = f
+	}
+}
+
+func mergeRanks(a, b []int64) []int64 {
+	for _, r := range b {
+		if !slices.Contains(a, r) && len(a) < 64 {
+			a = append(a, r)
+		}
+	}
+	slices.Sort(a)
+	return a
+}
+
+// liveEpisodes are the job's episodes, open ones last, by start step.
+func (j *job) liveEpisodes() []LiveEpisode {
+	out := slices.Clone(j.episodes)
+	for _, e := range j.openEpisodes {
+		c := *e
+		c.Ranks = slices.Clone(e.Ranks)
+		slices.Sort(c.Ranks)
+		out = append(out, c)
+	}
+	slices.SortStableFunc(out, func(a, b LiveEpisode) int {
+		if (a.EndStep == nil) != (b.EndStep == nil) {
+			if a.EndStep == nil {
+				return 1
+			}
+			return -1
+		}
+		if a.StartStep != b.StartStep {
+			return int(a.StartStep - b.StartStep)
+		}
+		if a.Node < b.Node {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
