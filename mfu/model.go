@@ -210,6 +210,12 @@ type Counts struct {
 	// are not in ParamsTotal, as published totals leave them out, but
 	// their FLOPs are in FLOPsPerToken.
 	ParamsMTP float64 `json:"params_mtp,omitempty"`
+	// AttentionFLOPsPerSeqSq is the attention term per squared document
+	// length, under the chosen convention: a batch of documents of n_i
+	// tokens costs Σ n_i² of it instead of the per-token term at the
+	// training sequence (packed or variable-length batches). Zero for
+	// models with sliding-window layers, where the term is not quadratic.
+	AttentionFLOPsPerSeqSq float64 `json:"attention_flops_per_seq_sq,omitempty"`
 	// FLOPsPerToken is the model FLOPs (dense + attention), the MFU basis.
 	FLOPsPerToken float64 `json:"flops_per_token"`
 	// HWFLOPsPerToken adds recomputed work, the HFU basis.
@@ -263,6 +269,14 @@ func (m Model) Count(att Attention, rc Recompute) (Counts, error) {
 	attnLayers := float64(d.Layers + d.MTPLayers)
 	windowed := float64(d.WindowLayers)
 	attnFwd := 2 * float64(d.Heads) * (dqk + dv) * ((attnLayers-windowed)*global + windowed*local)
+	if d.WindowLayers == 0 && d.Heads > 0 {
+		// a document of n tokens: n queries × n keys (n/2 causal)
+		perSq := 3 * 2 * float64(d.Heads) * (dqk + dv) * attnLayers
+		if att == AttentionCausal {
+			perSq /= 2
+		}
+		c.AttentionFLOPsPerSeqSq = perSq
+	}
 
 	var layerMatmul float64 // matmul params inside the layers, active per token
 	if !m.HasShape() {

@@ -79,6 +79,11 @@ type AccumulatorConfig struct {
 	HWFLOPsPerToken float64
 	// PeakFLOPSPerGPU is the dense peak of one GPU at the training dtype.
 	PeakFLOPSPerGPU float64
+	// DenseFLOPsPerToken and AttnFLOPsPerSeqSq split FLOPsPerToken for
+	// records that give their batch's Σ document length² (SeqSqSum):
+	// those get tokens × dense + SeqSqSum × attention.
+	DenseFLOPsPerToken float64
+	AttnFLOPsPerSeqSq  float64
 	// MFUUnknown, when set, is why MFU is not computed; every step
 	// carries it.
 	MFUUnknown string
@@ -234,7 +239,11 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	}
 	a.seen[w] |= b
 	a.reported++
-	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank})
+	flops := r.FLOPs
+	if flops == 0 && r.SeqSqSum > 0 && a.cfg.AttnFLOPsPerSeqSq > 0 {
+		flops = float64(r.Tokens)*a.cfg.DenseFLOPsPerToken + float64(r.SeqSqSum)*a.cfg.AttnFLOPsPerSeqSq
+	}
+	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: flops, LowestRank: r.Rank})
 	a.sums.addRecord(r)
 	return true, nil
 }

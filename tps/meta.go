@@ -208,6 +208,7 @@ func (m *RunMeta) accumulatorConfig(world int, gpuSeen string) (AccumulatorConfi
 		return cfg, err
 	}
 	cfg.FLOPsPerToken, cfg.HWFLOPsPerToken = c.FLOPsPerToken, c.HWFLOPsPerToken
+	cfg.DenseFLOPsPerToken, cfg.AttnFLOPsPerSeqSq = c.DenseFLOPsPerToken, c.AttentionFLOPsPerSeqSq
 	peak, err := m.Peak(gpuSeen)
 	if err != nil {
 		return cfg, err

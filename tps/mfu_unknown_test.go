@@ -2,6 +2,7 @@ package tps
 
 import (
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 )
@@ -92,5 +93,37 @@ func TestMFUUnknownRules(t *testing.T) {
 	old.MFU, old.HFU = 117.9, 117.9
 	if s := Summarize([]ClusterStep{old}, WindowOptions{Warmup: 0}); s.MFU != nil || !strings.Contains(s.MFUUnknown, "11790%") {
 		t.Errorf("old impossible row: %v %q", s.MFU, s.MFUUnknown)
+	}
+}
+
+// Packed batches: a record giving Σ document length² gets the exact
+// attention term. llama3-8b (full convention): 6 × 32 heads × 256 × 32
+// layers = 1,572,864 FLOPs per squared token; 8,192 tokens as 8 documents
+// of 1,024 cost 8 × 1,024² of it, an eighth of one 8,192-token document.
+func TestSeqSqSumAttention(t *testing.T) {
+	meta := RunMeta{ModelPreset: "llama3-8b", GPU: "h100-sxm"}
+	cfg, err := meta.AccumulatorConfig(1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.AttnFLOPsPerSeqSq != 6*32*256*32 {
+		t.Fatalf("per seq² %g", cfg.AttnFLOPsPerSeqSq)
+	}
+	whole := dpRecords(1, 8192, 1e9)
+	packed := dpRecords(1, 8192, 1e9)
+	packed[0].SeqSqSum = 8 * 1024 * 1024
+	cw, _ := Aggregate(whole, cfg)
+	cp, _ := Aggregate(packed, cfg)
+	dense := 8192 * cfg.DenseFLOPsPerToken
+	if math.Abs(cw.FLOPs-(dense+8192*8192*cfg.AttnFLOPsPerSeqSq)) > 1e3 {
+		t.Errorf("one document: %g FLOPs", cw.FLOPs)
+	}
+	if math.Abs(cp.FLOPs-(dense+8*1024*1024*cfg.AttnFLOPsPerSeqSq)) > 1e3 || cp.MFU >= cw.MFU {
+		t.Errorf("packed: %g FLOPs, MFU %g vs %g", cp.FLOPs, cp.MFU, cw.MFU)
+	}
+	bad := packed[0]
+	bad.SeqSqSum = 8192*8192 + 1
+	if err := bad.Validate(); err == nil {
+		t.Error("Σ len² above tokens² accepted")
 	}
 }

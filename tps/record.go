@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 	"time"
 )
@@ -39,6 +40,11 @@ type StepRecord struct {
 	Tokens       int64 `json:"tokens" parquet:"tokens"`
 	PaddedTokens int64 `json:"padded_tokens,omitempty" parquet:"padded_tokens"`
 	Samples      int64 `json:"samples,omitempty" parquet:"samples"`
+	// SeqSqSum is Σ over the documents of the batch of their length in
+	// tokens, squared: with packed or variable-length batches (document
+	// masking) it makes the attention term of the FLOPs exact instead of
+	// charging every token the whole training sequence. Zero: not given.
+	SeqSqSum int64 `json:"seq_sq_sum,omitempty" parquet:"seq_sq_sum"`
 
 	DataWaitNs    int64 `json:"data_wait_ns,omitempty" parquet:"data_wait_ns"`
 	FwdNs         int64 `json:"fwd_ns,omitempty" parquet:"fwd_ns"`
@@ -205,6 +211,13 @@ func (r *StepRecord) Validate() error {
 	}
 	if r.PaddedTokens > MaxTokens {
 		return fieldErr("padded_tokens", r.PaddedTokens, ReasonOutOfRange, "above %d", MaxTokens)
+	}
+	if r.SeqSqSum < 0 {
+		return fieldErr("seq_sq_sum", r.SeqSqSum, ReasonNegative, "must not be negative")
+	}
+	// Σ len² lies between tokens (one-token documents) and tokens²
+	if hi, lo := bits.Mul64(uint64(max(r.Tokens, 0)), uint64(max(r.Tokens, 0))); r.SeqSqSum > 0 && (r.SeqSqSum < r.Tokens || (hi == 0 && uint64(r.SeqSqSum) > lo)) {
+		return fieldErr("seq_sq_sum", r.SeqSqSum, ReasonOutOfRange, "must lie between tokens=%d and its square", r.Tokens)
 	}
 	if r.Samples < 0 {
 		return fieldErr("samples", r.Samples, ReasonNegative, "must not be negative")

@@ -158,6 +158,8 @@ const (
 	// hasTrace: figures from a profiler trace follow the loss (three
 	// varints). Decoders before it reject such records as unknown bits.
 	hasTrace
+	// hasSeqSq: the batch's Σ document length² follows (a varint).
+	hasSeqSq
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -188,6 +190,9 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	if traced {
 		bits |= hasTrace
 	}
+	if r.SeqSqSum != 0 {
+		bits |= hasSeqSq
+	}
 	b = binary.AppendUvarint(b, bits)
 	b = appendString(b, r.Job)
 	for _, v := range [...]int64{r.Attempt, r.Step, r.Rank, r.WorldSize} {
@@ -212,6 +217,9 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 		b = binary.AppendVarint(b, r.TraceComputeNs)
 		b = binary.AppendVarint(b, r.TraceCommNs)
 		b = binary.AppendVarint(b, r.TraceExposedCommNs)
+	}
+	if r.SeqSqSum != 0 {
+		b = binary.AppendVarint(b, r.SeqSqSum)
 	}
 	return b
 }
@@ -354,7 +362,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		dst = append(dst, tps.StepRecord{})
 		r := &dst[len(dst)-1]
 		bits := d.uvarint()
-		if bits >= 1<<9 {
+		if bits >= hasSeqSq<<1 {
 			return dst[:start], fmt.Errorf("wire: record %d: unknown field bits %#x", i, bits)
 		}
 		r.Job = d.string(64)
@@ -391,6 +399,9 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		r.Skipped = bits&isSkipped != 0
 		if bits&hasTrace != 0 {
 			r.TraceComputeNs, r.TraceCommNs, r.TraceExposedCommNs = d.varint(), d.varint(), d.varint()
+		}
+		if bits&hasSeqSq != 0 {
+			r.SeqSqSum = d.varint()
 		}
 		if d.err != nil {
 			return dst[:start], fmt.Errorf("record %d: %w", i, d.err)

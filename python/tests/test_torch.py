@@ -58,6 +58,32 @@ class CountTokensTest(unittest.TestCase):
         self.assertIsNone(tt.count_tokens("text"))
 
 
+class PackedBatchTest(unittest.TestCase):
+    def test_cu_seqlens_and_restarting_positions(self):
+        self.assertEqual(tt.packed_seq_sq({"cu_seqlens": torch.tensor([0, 3, 10, 12], dtype=torch.int32)}), 9 + 49 + 4)
+        pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0], [0, 1, 2, 3, 4, 5, 6, 7]])
+        self.assertEqual(tt.packed_seq_sq({"position_ids": pos}), 9 + 16 + 1 + 64)
+        self.assertIsNone(tt.packed_seq_sq({"position_ids": torch.arange(8).repeat(2, 1)}))  # one document a row
+        self.assertIsNone(tt.packed_seq_sq({"input_ids": torch.zeros(2, 8, dtype=torch.long)}))
+
+    def test_the_record_carries_it(self):
+        sink = Sink()
+        prof = tt.TorchProfiler(job="p", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        batch = {"input_ids": torch.zeros(1, 8, dtype=torch.long), "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2, 3, 0]])}
+        for _ in prof.wrap([batch]):
+            with prof.step():
+                pass
+        prof.close()
+        for _ in range(100):
+            if sink.lines:
+                break
+            threading.Event().wait(0.02)
+        steps = [l for l in sink.lines if "tokens" in l]
+        self.assertTrue(steps, sink.lines)
+        self.assertEqual(steps[0]["tokens"], 8)
+        self.assertEqual(steps[0]["seq_sq_sum"], 9 + 16 + 1)
+
+
 class DiscardedStepTest(unittest.TestCase):
     def test_an_exhausted_loader_stops_the_trace_it_started(self):
         sink = Sink()

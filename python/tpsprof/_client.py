@@ -131,20 +131,25 @@ class Profiler:
             if name in PHASES:
                 self._phases[name] = self._phases.get(name, 0) + time.perf_counter_ns() - t
 
-    def end(self, tokens, loss=None, flops=None, samples=None, padded_tokens=None, skipped=False):
-        """Closes the current step and sends its record. Never raises."""
+    def end(self, tokens, loss=None, flops=None, samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None):
+        """Closes the current step and sends its record. Never raises.
+
+        ``seq_sq_sum`` is, for packed or variable-length batches, the sum
+        over the batch's documents of their length squared: the collector
+        then counts attention FLOPs exactly instead of charging every token
+        the whole training sequence."""
         try:
             if self._step is None:
                 return
             dur = max(time.perf_counter_ns() - self._t0, 1)
             step, self._step = self._step, None
             self.send_step(step, self._t0_wall, dur, tokens, self._phases, loss=loss, flops=flops,
-                           samples=samples, padded_tokens=padded_tokens, skipped=skipped)
+                           samples=samples, padded_tokens=padded_tokens, skipped=skipped, seq_sq_sum=seq_sq_sum)
         except Exception:  # never into the training loop
             self.dropped += 1
 
     def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
-                  samples=None, padded_tokens=None, skipped=False):
+                  samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None):
         """Sends one step measured elsewhere (tpsprof.torch). Never raises.
 
         ``phases_ns`` maps phase names (PHASES) to nanoseconds; phases that
@@ -180,6 +185,8 @@ class Profiler:
                 rec["samples"] = int(samples)
             if padded_tokens:
                 rec["padded_tokens"] = int(padded_tokens)
+            if seq_sq_sum and int(seq_sq_sum) >= rec["tokens"] > 0:
+                rec["seq_sq_sum"] = int(seq_sq_sum)
             if skipped:
                 rec["skipped"] = True
             self._send(rec)

@@ -94,7 +94,7 @@ class _Step:
     """One training step being measured. Marks are host nanoseconds
     (perf_counter_ns) on CPU and CUDA events on a GPU."""
 
-    __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "fwd", "bwd",
+    __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "seq_sq", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "fwd_open", "optim_open", "age", "trained", "cuda")
 
     def __init__(self, t0, wall0):
@@ -103,6 +103,7 @@ class _Step:
         self.t0, self.wall0, self.end = t0, wall0, None
         self.data_wait = 0
         self.tokens, self.padded, self.samples = [], [], 0
+        self.seq_sq = []  # Σ document length² of packed batches (ints or pinned GPU scalars)
         self.fwd, self.bwd, self.loss, self.optim = [], [], [], []
         self.comm = []  # [start, end] lists; end None while in flight (set from other threads)
         self.blocked = []
@@ -377,8 +378,10 @@ class TorchProfiler:
         tokens = sum(_resolve(t) for t in st.tokens)
         padded = sum(_resolve(t) for t in st.padded)
         self.steps += 1
+        # every batch of the step packed: the exact attention term
+        seq_sq = sum(_resolve(t) for t in st.seq_sq) if st.seq_sq and len(st.seq_sq) == len(st.tokens) else None
         self.client.send_step(st.number, st.wall0, dur, tokens, phases, samples=st.samples or None,
-                              padded_tokens=padded if padded > tokens else None)
+                              padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq)
 
     # -- hooks --------------------------------------------------------------
     def _fwd_pre(self, module, inputs):
@@ -493,6 +496,10 @@ class TorchProfiler:
             if real is not None:
                 st.tokens.append(_lazy_int(real))
                 st.padded.append(_lazy_int(padded))
+                if self.token_fn is None:
+                    sq = packed_seq_sq(batch)
+                    if sq is not None:
+                        st.seq_sq.append(_lazy_int(sq))
             st.samples += samples
         except Exception:
             self._err()
@@ -734,6 +741,35 @@ def count_tokens(batch, ignore_index=-100):
     if labels is not None and isinstance(labels, torch.Tensor) and labels.numel() == padded:
         return _sum(labels != ignore_index), padded, samples
     return padded, padded, samples
+
+
+def packed_seq_sq(batch):
+    """Σ document length² of a packed batch, or None for an unpacked one.
+
+    A batch is packed when it carries ``cu_seqlens`` (cumulative document
+    lengths, as flash-attention's varlen kernels take them) or
+    ``position_ids`` that restart at 0 inside a row (documents
+    concatenated). Stays on the GPU when the tensors are there."""
+    if not (hasattr(batch, "keys") and hasattr(batch, "get")):
+        return None
+    cu = batch.get("cu_seqlens")
+    if isinstance(cu, torch.Tensor) and cu.dim() == 1 and cu.numel() >= 2 and not cu.is_floating_point():
+        lens = (cu[1:] - cu[:-1]).to(torch.int64)
+        return _sum(lens * lens)
+    pos = batch.get("position_ids")
+    if not _is_ids(pos) or pos.shape[-1] < 2:
+        return None
+    rows = pos.reshape(-1, pos.shape[-1]).to(torch.int64)
+    starts = rows == 0
+    starts[:, 0] = True
+    if int(starts.sum()) == rows.shape[0]:
+        return None  # one document per row: not packed
+    # each document's length is the position just before the next start (+1)
+    ends = torch.zeros_like(starts)
+    ends[:, :-1] = starts[:, 1:]
+    ends[:, -1] = True
+    lens = rows[ends] + 1
+    return _sum(lens * lens)
 
 
 def _sum(t):
