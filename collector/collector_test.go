@@ -491,3 +491,50 @@ func TestLiveStragglerEpisode(t *testing.T) {
 		t.Fatalf("closed episode: %+v", eps)
 	}
 }
+
+// Parts rotate on the writers' goroutines while metadata keeps arriving:
+// the writers read a snapshot, never the job's live fields (run under
+// -race: reading j.meta from the writer goroutine was a data race).
+func TestRotationWhileMetadataArrives(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	cfg := Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute}
+	cfg.Writer.PartAge = time.Millisecond
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 300; i++ {
+			m, _ := json.Marshal(tps.RunMeta{Job: "rot", ModelPreset: "llama3-8b", GPU: []string{"h100-sxm", "a100-sxm"}[i%2], GPUHourUSD: float64(i + 1)})
+			nc.Publish(wire.MetaSubject("rot"), m)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	for s := int64(0); s < 60; s += 5 {
+		publishSteps(t, nc, "rot", s, s+5)
+		time.Sleep(120 * time.Millisecond)
+	}
+	<-done
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := trace.ReadAll[tps.StepRecord](filepath.Join(cfg.OutDir, "rot", trace.RankSteps))
+	if err != nil || len(rows) != 240 {
+		t.Fatalf("%d rank rows (%v), want 240", len(rows), err)
+	}
+}

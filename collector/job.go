@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -122,11 +123,12 @@ type job struct {
 	unfinalised  bool      // rows written since the parts were last finalised
 	attemptEnded bool      // an attempt_end event since then
 
-	ranks   *asyncWriter[tps.StepRecord]
-	cluster *trace.PartWriter[tps.ClusterStep]
-	events  *trace.PartWriter[tps.Event]
-	gpus    *asyncWriter[tps.GPUSample]
-	rankBuf []tps.StepRecord
+	metaSnap atomic.Pointer[map[string]string] // what parts store; see refreshMeta
+	ranks    *asyncWriter[tps.StepRecord]
+	cluster  *trace.PartWriter[tps.ClusterStep]
+	events   *trace.PartWriter[tps.Event]
+	gpus     *asyncWriter[tps.GPUSample]
+	rankBuf  []tps.StepRecord
 
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
 	nodes     map[string]struct{}   // nodes named by the job's records
@@ -246,7 +248,11 @@ func newJob(c *Collector, id string) *job {
 		j.hasMeta = true
 	}
 	opt := c.cfg.Writer
-	opt.Metadata = j.fileMetadata
+	// Writers finalise parts on their own goroutines: they read a snapshot
+	// of the metadata, replaced (under the collector's lock) whenever the
+	// run metadata, the GPU seen or the job's settings change.
+	j.refreshMeta()
+	opt.Metadata = func() map[string]string { return *j.metaSnap.Load() }
 	// Creating the folders cannot fail silently: the first write reports it.
 	var err error
 	var rw *trace.PartWriter[tps.StepRecord]
@@ -268,6 +274,12 @@ func newJob(c *Collector, id string) *job {
 		c.stats.WriteErrors++
 	}
 	return j
+}
+
+// refreshMeta replaces the metadata snapshot the writers store in parts.
+func (j *job) refreshMeta() {
+	m := j.fileMetadata()
+	j.metaSnap.Store(&m)
 }
 
 // fileMetadata is stored in every part: the run metadata as known when the
@@ -296,6 +308,7 @@ func (j *job) setMeta(c *Collector, m tps.RunMeta) {
 	if j.world > 0 {
 		j.configure(c, j.world)
 	}
+	j.refreshMeta()
 }
 
 // configure derives the aggregation settings for world; steps opened from
@@ -307,6 +320,7 @@ func (j *job) configure(c *Collector, world int64) {
 	j.world = world
 	cfg, err := j.meta.AccumulatorConfig(int(world), j.gpuSeen)
 	j.cfg = cfg
+	j.refreshMeta()
 	msg := ""
 	if err != nil {
 		msg = err.Error()
@@ -555,6 +569,7 @@ func (j *job) addGPU(c *Collector, s []tps.GPUSample) {
 	}
 	if j.gpuSeen == "" && s[0].Name != "" {
 		j.gpuSeen = s[0].Name
+		j.refreshMeta()
 		if j.world > 0 {
 			j.configure(c, j.world) // the GPU model may make MFU computable
 		}
