@@ -153,6 +153,9 @@ type Stats struct {
 	// OtherPartition counts messages of other partitions, dropped unread
 	// (Config.Partitions).
 	OtherPartition int64 `json:"other_partition"`
+	// AfterClose counts messages whose callback started once Close had
+	// begun (core mode): dropped, the jobs being closed.
+	AfterClose int64 `json:"dropped_after_close"`
 }
 
 // Collector aggregates steps and writes traces. Its methods are safe for
@@ -162,6 +165,12 @@ type Collector struct {
 	nc   *nats.Conn
 	subs []*nats.Subscription
 	log  *ratelog.Logger
+
+	// gate orders message callbacks (readers) before Close (the writer):
+	// closed is set under it once no callback runs.
+	gate       sync.RWMutex
+	closed     bool
+	afterClose atomic.Int64 // messages that arrived after Close began, dropped
 
 	mu       sync.Mutex
 	jobs     map[string]*job
@@ -279,6 +288,15 @@ func (c *Collector) subjectJob(subject string, ack acker) (string, bool) {
 // partitions are dropped, and there is nothing to acknowledge.
 func (c *Collector) core(handle func(subject string, data []byte, ack acker)) nats.MsgHandler {
 	return func(m *nats.Msg) {
+		// nats.go does not wait for a running callback when a subscription
+		// ends: Close waits here instead, and callbacks that start after it
+		// leave the closed jobs alone.
+		c.gate.RLock()
+		defer c.gate.RUnlock()
+		if c.closed {
+			c.afterClose.Add(1)
+			return
+		}
 		if c.mine(m.Subject) {
 			handle(m.Subject, m.Data, nil)
 		}
@@ -648,6 +666,7 @@ func (c *Collector) Stats() Stats {
 	}
 	s.Jobs = len(c.jobs)
 	s.OtherPartition = c.otherPartition.Load()
+	s.AfterClose = c.afterClose.Load()
 	for _, j := range c.jobs {
 		s.OpenSteps += len(j.open)
 		if j.ranks != nil {
@@ -710,6 +729,9 @@ func (c *Collector) Close() error {
 		for _, s := range c.subs {
 			s.Unsubscribe()
 		}
+		c.gate.Lock() // waits for callbacks still running
+		c.closed = true
+		c.gate.Unlock()
 		close(c.done)
 		c.wg.Wait()
 		c.mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -536,5 +537,46 @@ func TestRotationWhileMetadataArrives(t *testing.T) {
 	rows, err := trace.ReadAll[tps.StepRecord](filepath.Join(cfg.OutDir, "rot", trace.RankSteps))
 	if err != nil || len(rows) != 240 {
 		t.Fatalf("%d rank rows (%v), want 240", len(rows), err)
+	}
+}
+
+// Close while batches keep arriving: no panic (a callback running during
+// Close used to send on closed writer channels), no job re-created after
+// Close, every row handled before it on disk.
+func TestCloseDuringPublish(t *testing.T) {
+	for round := 0; round < 3; round++ {
+		c, nc := startCollector(t)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := int64(0); ; s++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var recs []tps.StepRecord
+				for r := int64(0); r < 4; r++ {
+					recs = append(recs, tps.StepRecord{Job: fmt.Sprintf("cl%d", s%3), Step: s, Rank: r, WorldSize: 4, Tokens: 10,
+						StartUnixNs: time.Now().UnixNano() - 2e9, EndUnixNs: time.Now().UnixNano() - 1e9, DurationNs: 1e9})
+				}
+				nc.Publish(wire.StepsSubject(recs[0].Job, "n0"), wire.AppendSteps(nil, recs))
+				nc.Publish(wire.GPUSubject(recs[0].Job, "n0"), []byte("junk"))
+			}
+		}()
+		time.Sleep(100 * time.Millisecond)
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+		close(stop)
+		wg.Wait()
+		c.mu.Lock()
+		n := len(c.jobs)
+		c.mu.Unlock()
+		if n > 3 {
+			t.Errorf("%d jobs after close", n)
+		}
 	}
 }
