@@ -395,8 +395,14 @@ func (a *Agent) rejectErr(err error) {
 
 // Flush publishes what is batched and waits until NATS has it (or timeout).
 func (a *Agent) Flush(timeout time.Duration) error {
-	a.pub.drain()
-	if err := a.nc.FlushTimeout(timeout); err != nil {
+	deadline := time.Now().Add(timeout)
+	for !a.pub.drained() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent: flush: %d batches still queued after %v", a.pub.queued(), timeout)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if err := a.nc.FlushTimeout(max(time.Until(deadline), time.Millisecond)); err != nil {
 		return fmt.Errorf("agent: flush: %w", err)
 	}
 	return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,9 @@ type publisher struct {
 	holdUntil  time.Time
 	sawDown    bool // NATS was seen disconnected since the last delivery
 	downSince  time.Time
+	// draining: a drain runs; it publishes queue[0] without holding mu
+	// (inflight), so intake never waits on the network.
+	draining, inflight bool
 
 	published, dropped, errors atomic.Int64
 }
@@ -119,8 +123,15 @@ func (p *publisher) enqueue(m outMsg) {
 	p.queue = append(p.queue, m)
 	p.queueBytes += len(m.data)
 	for p.queueBytes > p.a.cfg.BufferBytes && len(p.queue) > 1 {
-		old := p.queue[0]
-		p.queue = p.queue[1:]
+		i := 0
+		if p.inflight {
+			if len(p.queue) < 3 {
+				break // the head is being sent; keep the newest
+			}
+			i = 1
+		}
+		old := p.queue[i]
+		p.queue = slices.Delete(p.queue, i, i+1)
 		p.queueBytes -= len(old.data)
 		p.dropped.Add(int64(old.records))
 		p.a.log.Warn("drop", "buffer full while NATS is unreachable; dropping the oldest batch", "records", old.records, "buffer_bytes", p.a.cfg.BufferBytes)
@@ -199,10 +210,15 @@ func (p *publisher) holdFor(d time.Duration) {
 	p.mu.Unlock()
 }
 
-// drain publishes queued messages while NATS is connected.
+// drain publishes queued messages while NATS is connected. It holds mu
+// only between messages: a durable publish waits up to 2 s for the stream,
+// and intake (addStep) must not wait with it.
 func (p *publisher) drain() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.draining {
+		return
+	}
 	p.batch()
 	// After an outage, hold the buffer a moment so collectors have
 	// resubscribed (the reconnect callback may run after we see the link up).
@@ -236,14 +252,21 @@ func (p *publisher) drain() {
 		p.metaSent = time.Now()
 	}
 	nc := p.a.nc
+	p.draining = true
+	defer func() { p.draining = false }()
 	for len(p.queue) > 0 && nc.IsConnected() {
 		m := p.queue[0]
-		if err := p.publish(m); err != nil {
+		p.inflight = true
+		p.mu.Unlock()
+		err := p.publish(m)
+		p.mu.Lock()
+		p.inflight = false
+		if err != nil {
 			p.errors.Add(1)
 			p.a.log.Warn("publish", "publish failed; keeping the batch", "err", err)
 			return
 		}
-		p.queue[0] = outMsg{}
+		p.queue[0] = outMsg{} // still the head: only drain removes it while inflight
 		p.queue = p.queue[1:]
 		p.queueBytes -= len(m.data)
 		p.published.Add(int64(m.records))
@@ -332,4 +355,19 @@ func redactURL(s string) string {
 	}
 	u.User = url.User("redacted")
 	return u.String()
+}
+
+// drained drains and reports whether nothing is queued or in flight
+// (another drain may be running: then it waits for that one).
+func (p *publisher) drained() bool {
+	p.drain()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue) == 0 && p.pendingN == 0 && !p.draining
+}
+
+func (p *publisher) queued() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.queue)
 }

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -249,3 +251,104 @@ func (s *syncBuffer) Write(p []byte) (int, error) {
 	return s.b.Write(p)
 }
 func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+// stallProxy relays TCP to a NATS server and can stop relaying while
+// keeping the connections open: a network that stalls.
+type stallProxy struct {
+	ln      net.Listener
+	stalled atomic.Bool
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			t.Cleanup(func() { c.Close(); s.Close() })
+			go p.relay(c, s)
+			go p.relay(s, c)
+		}
+	}()
+	return p
+}
+
+func (p *stallProxy) relay(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for p.stalled.Load() {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// A durable agent whose NATS stalls (the link stays up, nothing gets
+// through, each publish waits its 2 s for the stream's acknowledgement)
+// keeps taking records at once: intake never waits on the network.
+func TestDurableAgentIntakeWhileNATSStalls(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	col, err := collector.New(collector.Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Durable: true})
+	if err != nil {
+		t.Fatal(err) // creates the stream
+	}
+	defer col.Close()
+	proxy := newStallProxy(t, strings.TrimPrefix(srv.URL(), "nats://"))
+	dir, _ := os.MkdirTemp("", "tpsprof-stall")
+	defer os.RemoveAll(dir)
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: "nats://" + proxy.ln.Addr().String()},
+		Durable: true, FlushInterval: 5 * time.Millisecond, BatchRecords: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.SubmitStep(stepRec("stall", 0, 0, 1, 10, 1e9))
+	if err := a.Flush(5 * time.Second); err != nil {
+		t.Fatalf("first flush through the proxy: %v", err)
+	}
+	proxy.stalled.Store(true)
+	var worst time.Duration
+	for s := int64(1); s <= 300; s++ {
+		t0 := time.Now()
+		a.SubmitStep(stepRec("stall", s, 0, 1, 10, 1e9))
+		worst = max(worst, time.Since(t0))
+		time.Sleep(5 * time.Millisecond)
+	}
+	if worst > 200*time.Millisecond {
+		t.Errorf("a record waited %v to be taken while NATS stalled", worst)
+	}
+	if st := a.Stats(); st.Dropped != 0 || st.Records != 301 {
+		t.Errorf("stats while stalled: %+v", st)
+	}
+	proxy.stalled.Store(false)
+	if err := a.Flush(20 * time.Second); err != nil {
+		t.Errorf("flush after the stall: %v", err)
+	}
+	if st := a.Stats(); st.Published != 301 || st.Dropped != 0 {
+		t.Errorf("after the stall: %+v", st)
+	}
+}
