@@ -297,15 +297,24 @@ func (a *StepAccumulator) Result() ClusterStep {
 	}
 	s := &a.sums
 	c.StartUnixNs, c.EndUnixNs = s.MinStartNs, s.MaxEndNs
-	var reportedFLOPs float64
+	// FLOPs: a replica's own figure (reported, or from its Σ document
+	// length²), else its tokens × the model's FLOPs per token; a replica
+	// with neither leaves the step's FLOPs unknown (0).
+	var flops float64
+	known := true
 	for i := range a.replicaTokens {
 		if a.replicaSeen[i/64]&(1<<(i%64)) == 0 {
 			continue
 		}
 		c.ReplicasReported++
 		c.Tokens += a.replicaTokens[i]
-		if a.replicaFLOPs != nil {
-			reportedFLOPs += a.replicaFLOPs[i]
+		switch {
+		case a.replicaFLOPs != nil && a.replicaFLOPs[i] > 0:
+			flops += a.replicaFLOPs[i]
+		case a.cfg.FLOPsPerToken > 0:
+			flops += float64(a.replicaTokens[i]) * a.cfg.FLOPsPerToken
+		default:
+			known = false
 		}
 	}
 	for _, w := range a.mismatched {
@@ -332,11 +341,8 @@ func (a *StepAccumulator) Result() ClusterStep {
 	if s.NLoss > 0 {
 		c.LossMean = s.SumLoss / float64(s.NLoss)
 	}
-	switch {
-	case reportedFLOPs > 0:
-		c.FLOPs = reportedFLOPs
-	case a.cfg.FLOPsPerToken > 0:
-		c.FLOPs = float64(c.Tokens) * a.cfg.FLOPsPerToken
+	if known {
+		c.FLOPs = flops
 	}
 	c.MFUUnknown = a.cfg.MFUUnknown
 	if peak := a.cfg.PeakFLOPSPerGPU; peak > 0 && D > 0 && c.MFUUnknown == "" {

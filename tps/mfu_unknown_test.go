@@ -127,3 +127,22 @@ func TestSeqSqSumAttention(t *testing.T) {
 		t.Error("Σ len² above tokens² accepted")
 	}
 }
+
+// Replicas that report FLOPs and replicas that do not: each counts, the
+// latter from tokens × FLOPs per token (it used to count for nothing).
+func TestMixedReportedFLOPs(t *testing.T) {
+	recs := dpRecords(2, 1000, 1e9)
+	recs[0].FLOPs = 5e12
+	c, err := Aggregate(recs, AccumulatorConfig{Topology: DataParallel(2), FLOPsPerToken: 1e9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.FLOPs != 5e12+1000*1e9 {
+		t.Errorf("FLOPs %g, want 6e12", c.FLOPs)
+	}
+	// without a per-token figure the step's FLOPs are unknown, not half
+	c, _ = Aggregate(recs, AccumulatorConfig{Topology: DataParallel(2)})
+	if c.FLOPs != 0 {
+		t.Errorf("FLOPs %g from one replica of two", c.FLOPs)
+	}
+}
