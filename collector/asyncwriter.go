@@ -9,8 +9,9 @@ import (
 	"github.com/tpsprof/tpsprof/trace"
 )
 
-// asyncWriter writes a job's rows of one table (rank rows, GPU samples) on
-// a goroutine of its own, so encoding Parquet overlaps with decoding and
+// asyncWriter writes a job's rows of one table on a goroutine of its own:
+// the collector's lock is never held across disk I/O (every table goes
+// through one), and encoding Parquet overlaps with decoding and
 // aggregating the next messages (a second core's worth of work; see
 // BENCHMARKS.md). Commands run in order: a rotation waits for every write
 // queued before it. The queue is bounded: a writer that falls behind slows
@@ -88,17 +89,27 @@ func (r *asyncWriter[T]) rotateIfDue(now time.Time) { r.ch <- writeCmd[T]{rotate
 // waiting.
 func (r *asyncWriter[T]) rotateNow() { r.ch <- writeCmd[T]{rotate: true} }
 
-// rotate finalises the open part after every queued write, and reports
-// whether anything failed since the last rotate.
-func (r *asyncWriter[T]) rotate() error {
+// rotateAsync queues a rotation and returns where its result will come;
+// the caller may wait for it after releasing its locks (see settle).
+func (r *asyncWriter[T]) rotateAsync() chan error {
 	reply := make(chan error, 1)
 	r.ch <- writeCmd[T]{rotate: true, reply: reply}
+	return reply
+}
+
+// settle waits for a rotation queued by rotateAsync and reports whether
+// anything failed since the last one.
+func (r *asyncWriter[T]) settle(reply chan error) error {
 	err := <-reply
 	if err == nil && r.failed.Swap(false) {
 		err = errWriteFailed
 	}
 	return err
 }
+
+// rotate finalises the open part after every queued write, and reports
+// whether anything failed since the last rotate.
+func (r *asyncWriter[T]) rotate() error { return r.settle(r.rotateAsync()) }
 
 // close finalises and stops the goroutine.
 func (r *asyncWriter[T]) close() error {

@@ -40,6 +40,14 @@ type Config struct {
 	// early (default 256). With Grace it bounds memory by the window, not by
 	// the length of the run.
 	MaxOpenSteps int
+	// MaxJobs bounds the jobs held at once (default 1024): past it a new
+	// job id evicts the longest-idle job, or, when every job is active,
+	// its messages are rejected (counted as job:limit).
+	MaxJobs int
+	// EvictAfter closes and forgets a job that has sent nothing for this
+	// long and has no open step (default 10 min); its parts are finalised,
+	// and a job that comes back starts a new set of parts.
+	EvictAfter time.Duration
 	// ClockTolerance rejects records further than this in the future
 	// (default 10 minutes).
 	ClockTolerance time.Duration
@@ -97,6 +105,12 @@ func (c *Config) defaults() error {
 	if c.QuietAfter <= 0 {
 		c.QuietAfter = 10 * time.Second
 	}
+	if c.MaxJobs <= 0 {
+		c.MaxJobs = 1024
+	}
+	if c.EvictAfter <= 0 {
+		c.EvictAfter = 10 * time.Minute
+	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute
 	}
@@ -153,6 +167,9 @@ type Stats struct {
 	// OtherPartition counts messages of other partitions, dropped unread
 	// (Config.Partitions).
 	OtherPartition int64 `json:"other_partition"`
+	// Evicted counts jobs closed and forgotten after EvictAfter idle, or
+	// to make room under MaxJobs.
+	Evicted int64 `json:"jobs_evicted"`
 	// AfterClose counts messages whose callback started once Close had
 	// begun (core mode): dropped, the jobs being closed.
 	AfterClose int64 `json:"dropped_after_close"`
@@ -174,6 +191,8 @@ type Collector struct {
 
 	mu       sync.Mutex
 	jobs     map[string]*job
+	retired  []*job    // evicted jobs whose writers the loop closes
+	retireCh chan *job // evicted jobs for the closer goroutine
 	rejected map[string]int64
 	stats    Stats
 	// messages of other partitions, dropped unread
@@ -218,13 +237,15 @@ func New(cfg Config) (*Collector, error) {
 			return nil, fmt.Errorf("collector: subscribe %s: %w", wire.AllAttempt, err)
 		}
 	}
+	c.retireCh = make(chan *job, 64)
 	if cfg.Durable {
 		if err := c.startDurable(); err != nil {
 			nc.Close()
 			return nil, err
 		}
-		c.wg.Add(1)
+		c.wg.Add(2)
 		go c.loop()
+		go c.closer()
 		return c, nil
 	}
 	handlers := map[string]nats.MsgHandler{wire.AllSteps: c.core(c.handleSteps), wire.AllEvents: c.core(c.handleEvent),
@@ -258,8 +279,9 @@ func New(cfg Config) (*Collector, error) {
 		nc.Close()
 		return nil, fmt.Errorf("collector: %w", err)
 	}
-	c.wg.Add(1)
+	c.wg.Add(2)
 	go c.loop()
+	go c.closer()
 	return c, nil
 }
 
@@ -374,7 +396,9 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 			continue
 		}
 		if j == nil {
-			j = c.jobFor(r.Job) // every record of the batch is of subjJob
+			if j = c.jobFor(r.Job); j == nil { // every record of the batch is of subjJob
+				break // job:limit, counted once per message
+			}
 		}
 		keep := true
 		if c.cfg.Role == "rank-writer" {
@@ -421,7 +445,11 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		if j == nil {
 			j = c.jobFor(subjJob)
 		}
-		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
+		if j == nil {
+			c.ackNow(ack) // rejected (job:limit): nothing of it is kept
+		} else {
+			c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
+		}
 	}
 }
 
@@ -437,8 +465,12 @@ var decodeBufs = sync.Pool{New: func() any { s := make([]tps.StepRecord, 0, 1024
 
 // ackNow acknowledges a message that holds nothing to keep (undecodable).
 func (c *Collector) ackNow(ack acker) {
-	if ack != nil {
-		ack.Ack()
+	switch a := ack.(type) {
+	case nil:
+	case *handlerAck:
+		a.now = true // acknowledged once the handler returns
+	default:
+		a.Ack()
 	}
 }
 
@@ -479,6 +511,10 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 	defer c.mu.Unlock()
 	var touched []stepKey
 	j := c.jobFor(subjJob)
+	if j == nil {
+		c.ackNow(ack)
+		return
+	}
 	for i := range ps {
 		p := &ps[i]
 		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Attempt < 0 || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
@@ -520,11 +556,15 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	c.stats.Events++
 	c.attempts.sawEvent(e)
 	j := c.jobFor(e.Job)
+	if j == nil {
+		c.ackNow(ack)
+		return
+	}
 	if e.Kind == tps.EventAttemptEnd {
 		j.attemptEnded = true
 	}
 	if j.events != nil {
-		c.write(j, func() error { return j.events.Write([]tps.Event{e}) })
+		j.events.write([]tps.Event{e})
 	}
 	c.register(ack, j)
 }
@@ -549,7 +589,9 @@ func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stats.MetaUpdates++
-	c.jobFor(meta.Job).setMeta(c, meta)
+	if j := c.jobFor(meta.Job); j != nil {
+		j.setMeta(c, meta)
+	}
 }
 
 func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
@@ -566,6 +608,10 @@ func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	j := c.jobFor(subjJob)
+	if j == nil {
+		c.ackNow(ack)
+		return
+	}
 	defer c.register(ack, j)
 	kept := samples[:0]
 	for _, s := range samples {
@@ -580,21 +626,97 @@ func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
 }
 
 // write runs one Parquet write, counting a failure; the caller holds mu.
-func (c *Collector) write(j *job, fn func() error) {
-	if err := fn(); err != nil {
-		c.stats.WriteErrors++
-		j.rowsLost = true
-		c.cfg.Logger.Error("parquet write failed", "job", j.id, "err", err)
+// jobFor returns the job, creating it; nil when the collector holds
+// MaxJobs active jobs (counted as job:limit). The caller holds mu.
+func (c *Collector) jobFor(id string) *job {
+	now := time.Now()
+	if j, ok := c.jobs[id]; ok {
+		j.touched = now
+		return j
+	}
+	if len(c.jobs) >= c.cfg.MaxJobs && !c.evictIdlest(now) {
+		c.rejected["job:limit"]++
+		c.log.Warn("job-limit", "too many active jobs: messages of a new job rejected", "job", id, "max_jobs", c.cfg.MaxJobs)
+		return nil
+	}
+	j := newJob(c, id)
+	j.touched = now
+	c.jobs[id] = j
+	return j
+}
+
+// evictable: nothing open or waiting, no message unacknowledged for it.
+func (c *Collector) evictable(j *job, held map[*job]bool) bool {
+	return len(j.open) == 0 && len(j.pending) == 0 && len(j.rankBuf) == 0 && !held[j] && j.disk == nil
+}
+
+// heldJobs are the jobs unacknowledged messages point to (durable mode).
+func (c *Collector) heldJobs() map[*job]bool {
+	held := map[*job]bool{}
+	for _, it := range c.unacked {
+		held[it.job] = true
+	}
+	return held
+}
+
+// evictIdlest evicts the job idle the longest, if it has been idle for
+// QuietAfter and is evictable. The caller holds mu.
+func (c *Collector) evictIdlest(now time.Time) bool {
+	held := c.heldJobs()
+	var best *job
+	for _, j := range c.jobs {
+		if now.Sub(j.touched) >= c.cfg.QuietAfter && c.evictable(j, held) && (best == nil || j.touched.Before(best.touched)) {
+			best = j
+		}
+	}
+	if best == nil || len(c.retireCh) == cap(c.retireCh) {
+		return false
+	}
+	c.evict(best)
+	return true
+}
+
+// evict forgets a job; its writers are closed by the loop, outside the
+// lock. The caller holds mu.
+func (c *Collector) evict(j *job) {
+	j.prepareClose(c)
+	delete(c.jobs, j.id)
+	select {
+	case c.retireCh <- j: // the closer finalises its parts
+	default:
+		c.retired = append(c.retired, j) // the loop does, at its next tick
+	}
+	c.stats.Evicted++
+}
+
+// closer finalises the parts of evicted jobs and stops their writers, off
+// the lock and off the message path.
+func (c *Collector) closer() {
+	defer c.wg.Done()
+	for {
+		select {
+		case j := <-c.retireCh:
+			c.closeJobs([]*job{j})
+		case <-c.done:
+			return
+		}
 	}
 }
 
-func (c *Collector) jobFor(id string) *job {
-	j, ok := c.jobs[id]
-	if !ok {
-		j = newJob(c, id)
-		c.jobs[id] = j
+// sweep evicts the jobs idle for EvictAfter. The caller holds mu.
+func (c *Collector) sweep(now time.Time) {
+	var held map[*job]bool
+	for _, j := range c.jobs {
+		if now.Sub(j.touched) < c.cfg.EvictAfter {
+			continue
+		}
+		if held == nil {
+			held = c.heldJobs()
+		}
+		if c.evictable(j, held) {
+			c.evict(j)
+		}
 	}
-	return j
 }
 
 func (c *Collector) loop() {
@@ -625,9 +747,10 @@ func (c *Collector) loop() {
 					j.flushRanks(c)
 				}
 			}
-			if c.durable != nil && now.Sub(c.durable.lastRot) >= c.cfg.Writer.PartAge {
-				c.checkpoint(now)
-			}
+			checkpoint := c.durable != nil && now.Sub(c.durable.lastRot) >= c.cfg.Writer.PartAge
+			c.sweep(now)
+			retired := c.retired
+			c.retired = nil
 			live := c.cfg.Live != nil && now.Sub(lastLive) >= c.cfg.LiveInterval
 			var lines []string
 			if live {
@@ -639,6 +762,10 @@ func (c *Collector) loop() {
 				}
 			}
 			c.mu.Unlock()
+			if checkpoint {
+				c.checkpoint(now) // waits for the disk: outside the lock
+			}
+			c.closeJobs(retired)
 			for _, l := range lines {
 				fmt.Fprintln(c.cfg.Live, l)
 			}
@@ -669,10 +796,8 @@ func (c *Collector) Stats() Stats {
 	s.AfterClose = c.afterClose.Load()
 	for _, j := range c.jobs {
 		s.OpenSteps += len(j.open)
-		if j.ranks != nil {
-			s.WriteErrors += j.ranks.errors.Load() + j.gpus.errors.Load()
-			s.RowsLost += j.ranks.lost.Load()
-		}
+		s.WriteErrors += j.writerErrors()
+		s.RowsLost += j.writerLost()
 	}
 	return s
 }
@@ -735,13 +860,51 @@ func (c *Collector) Close() error {
 		close(c.done)
 		c.wg.Wait()
 		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, j := range c.sortedJobs() {
-			if jerr := j.close(c); jerr != nil && err == nil {
-				err = jerr
-			}
+		jobs := c.sortedJobs()
+		for _, j := range jobs {
+			j.prepareClose(c)
 		}
+		jobs = append(jobs, c.retired...)
+		jobs = append(jobs, drain(c.retireCh)...)
+		c.retired = nil
+		c.mu.Unlock()
+		// finalising parts waits for the disk: outside the lock
+		err = c.closeJobs(jobs)
 		c.nc.Close()
 	})
 	return err
+}
+
+// closeJobs closes the writers of jobs no longer in use (the caller holds no
+// lock) and counts their failures.
+func (c *Collector) closeJobs(jobs []*job) error {
+	var first error
+	for _, j := range jobs {
+		n, err := j.closeWriters()
+		if err != nil && first == nil {
+			first = err
+		}
+		c.mu.Lock()
+		c.stats.WriteErrors += int64(n)
+		if _, live := c.jobs[j.id]; !live || c.jobs[j.id] != j {
+			// an evicted job's counters stay in the totals
+			c.stats.WriteErrors += j.writerErrors()
+			c.stats.RowsLost += j.writerLost()
+		}
+		c.mu.Unlock()
+	}
+	return first
+}
+
+// drain takes what a channel holds without waiting.
+func drain[T any](ch chan T) []T {
+	var out []T
+	for {
+		select {
+		case v := <-ch:
+			out = append(out, v)
+		default:
+			return out
+		}
+	}
 }

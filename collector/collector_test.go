@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -578,5 +579,109 @@ func TestCloseDuringPublish(t *testing.T) {
 		if n > 3 {
 			t.Errorf("%d jobs after close", n)
 		}
+	}
+}
+
+// 10,000 job ids through one collector: it holds at most MaxJobs, rejects
+// what it cannot hold as job:limit, and its memory and goroutines stay
+// bounded (each job held to be 2 writers and 9.5 MiB, never evicted: 2,000
+// jobs took 1.5 GB).
+func TestManyJobsBounded(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	c, err := New(Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute, MaxJobs: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	base := runtime.NumGoroutine()
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	const n = 10000
+	for i := 0; i < n; i++ {
+		job := fmt.Sprintf("j%05d", i)
+		rec := []tps.StepRecord{{Job: job, Step: 0, Rank: 0, WorldSize: 1, Tokens: 100, StartUnixNs: t0, EndUnixNs: t0 + 1e9, DurationNs: 1e9}}
+		nc.Publish(wire.StepsSubject(job, "n0"), wire.AppendSteps(nil, rec))
+	}
+	nc.Flush()
+	if err := c.Sync(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	g := runtime.NumGoroutine()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if st.Jobs != 64 || st.Records != 64 || st.Rejected["job:limit"] != n-64 {
+		t.Errorf("jobs %d, accepted %d, job:limit %d", st.Jobs, st.Records, st.Rejected["job:limit"])
+	}
+	if g > base+64*4+16 || ms.HeapInuse > 256<<20 {
+		t.Errorf("%d goroutines (base %d), heap %d MiB", g, base, ms.HeapInuse>>20)
+	}
+	t.Logf("10,000 job ids: %d held, %d goroutines over the base, heap %d MiB", st.Jobs, g-base, ms.HeapInuse>>20)
+}
+
+// Idle jobs are evicted (after EvictAfter, or to make room for a new one
+// once quiet): their parts are finalised, their writers stopped, and a job
+// that comes back starts new parts; every accepted row is on disk once.
+func TestIdleJobsEvicted(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	out := t.TempDir()
+	c, err := New(Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute, MaxJobs: 8,
+		QuietAfter: 5 * time.Millisecond, EvictAfter: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	base := runtime.NumGoroutine()
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	maxG := 0
+	for i := 0; i < 48; i++ {
+		job := fmt.Sprintf("e%d", i%16) // each id comes back three times
+		rec := []tps.StepRecord{{Job: job, Step: int64(i), Rank: 0, WorldSize: 1, Tokens: 100, StartUnixNs: t0 + int64(i)*1e9, EndUnixNs: t0 + int64(i)*1e9 + 1e8, DurationNs: 1e8}}
+		nc.Publish(wire.StepsSubject(job, "n0"), wire.AppendSteps(nil, rec))
+		if i%8 == 7 {
+			nc.Flush()
+			c.Sync(5 * time.Second)
+			time.Sleep(300 * time.Millisecond) // rows written at the tick, then quiet
+			maxG = max(maxG, runtime.NumGoroutine())
+		}
+	}
+	st := c.Stats()
+	if st.Evicted < 32 || st.Records+st.Rejected["job:limit"] != 48 || st.Jobs > 8 {
+		t.Errorf("evicted %d, accepted %d + job:limit %d, jobs %d", st.Evicted, st.Records, st.Rejected["job:limit"], st.Jobs)
+	}
+	if maxG > base+(8+64)*4+16 {
+		t.Errorf("%d goroutines at most (base %d): writers of evicted jobs not stopped", maxG, base)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows := 0
+	for i := 0; i < 16; i++ {
+		r, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, fmt.Sprintf("e%d", i), trace.RankSteps))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows += len(r)
+	}
+	if int64(rows) != st.Records {
+		t.Errorf("%d rank rows on disk, %d accepted", rows, st.Records)
 	}
 }

@@ -75,6 +75,8 @@ type durableState struct {
 	consume  jetstream.ConsumeContext
 	handled  atomic.Uint64 // highest stream sequence handled
 	lastRot  time.Time
+	// checkpointing: a checkpoint runs (the loop's, or a Sync's)
+	checkpointing atomic.Bool
 }
 
 // diskKeys are the step and rank keys in parts that no acknowledgement
@@ -154,24 +156,39 @@ func (c *Collector) startDurable() error {
 	return nil
 }
 
+// handlerAck is a message's acknowledgement as handlers see it: Ack
+// acknowledges (checkpoints call it, outside the lock); a handler that
+// finds nothing to keep asks for it with ackNow, which only marks it, and
+// onDurable acknowledges after the handler has released the lock.
+type handlerAck struct {
+	m   jetstream.Msg
+	now bool
+}
+
+func (h *handlerAck) Ack() error { return h.m.Ack() }
+
 func (c *Collector) onDurable(m jetstream.Msg) {
 	_, kind, _, err := wire.ParseSubject(m.Subject())
+	h := &handlerAck{m: m}
 	switch {
 	case err != nil:
 		c.reject("subject:invalid", 1)
-		m.Ack()
+		h.now = true
 	case kind == "steps":
-		c.handleSteps(m.Subject(), m.Data(), m)
+		c.handleSteps(m.Subject(), m.Data(), h)
 	case kind == "partial" && c.cfg.Role == "aggregator":
-		c.handlePartials(m.Subject(), m.Data(), m)
+		c.handlePartials(m.Subject(), m.Data(), h)
 	case kind == "partial":
-		m.Ack() // the all role aggregates the records themselves
+		h.now = true // the all role aggregates the records themselves
 	case kind == "gpu":
-		c.handleGPU(m.Subject(), m.Data(), m)
+		c.handleGPU(m.Subject(), m.Data(), h)
 	case kind == "events":
-		c.handleEvent(m.Subject(), m.Data(), m)
+		c.handleEvent(m.Subject(), m.Data(), h)
 	default:
-		c.handleMeta(m.Subject(), m.Data(), m)
+		c.handleMeta(m.Subject(), m.Data(), h)
+	}
+	if h.now {
+		m.Ack() // network I/O: after the handler, outside the lock
 	}
 	if md, err := m.Metadata(); err == nil {
 		for {
@@ -237,7 +254,9 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 			}
 		}
 		if n > 0 {
-			c.jobFor(e.Name()).disk = d
+			if j := c.jobFor(e.Name()); j != nil {
+				j.disk = d
+			}
 			c.cfg.Logger.Info("durable restart: keys of recent parts loaded", "job", e.Name(), "parts", n,
 				"closed_steps", len(d.closed), "steps_with_rank_rows", len(d.ranks), "unacknowledged_messages", info.State.Msgs)
 		}
@@ -246,10 +265,23 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 }
 
 // checkpoint finalises every job's parts and acknowledges the messages whose
-// data they now hold; the caller holds mu. Messages of a job whose write
-// failed stay unacknowledged: they wait in the stream.
+// data they now hold. The caller holds no lock: the rotations are queued
+// under it (after every write they must cover), awaited and acknowledged
+// outside it, so ingest never waits for the disk or the network. Messages
+// of a job whose write failed stay unacknowledged: they wait in the stream.
 func (c *Collector) checkpoint(now time.Time) {
+	if !c.durable.checkpointing.CompareAndSwap(false, true) {
+		return // one at a time; the caller tries again later
+	}
+	defer c.durable.checkpointing.Store(false)
+	type rotation struct {
+		j       *job
+		replies [4]chan error
+		written map[stepKey]bool
+	}
 	failed := map[*job]bool{}
+	var rots []rotation
+	c.mu.Lock()
 	for _, j := range c.jobs {
 		j.writeRows(c, now, false)
 		j.flushRanks(c)
@@ -257,22 +289,33 @@ func (c *Collector) checkpoint(now time.Time) {
 			failed[j] = true
 			continue
 		}
-		for _, rot := range []func() error{j.ranks.rotate, j.cluster.Rotate, j.events.Rotate, j.gpus.rotate} {
-			if err := rot(); err != nil {
-				c.stats.WriteErrors++
-				c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", j.id, "err", err)
-				failed[j] = true
+		rots = append(rots, rotation{j: j, written: j.written,
+			replies: [4]chan error{j.ranks.rotateAsync(), j.cluster.rotateAsync(), j.events.rotateAsync(), j.gpus.rotateAsync()}})
+		j.written = map[stepKey]bool{}
+	}
+	items := c.unacked // these messages' rows were all queued before the rotations
+	c.unacked = nil
+	c.durable.lastRot = now
+	c.mu.Unlock()
+
+	written := make(map[*job]map[stepKey]bool, len(rots))
+	var writeErrors int64
+	for _, r := range rots {
+		written[r.j] = r.written
+		for i, err := range [4]error{r.j.ranks.settle(r.replies[0]), r.j.cluster.settle(r.replies[1]),
+			r.j.events.settle(r.replies[2]), r.j.gpus.settle(r.replies[3])} {
+			if err != nil {
+				writeErrors++
+				c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", r.j.id, "table", i, "err", err)
+				failed[r.j] = true
 			}
 		}
-		if j.rowsLost {
-			failed[j] = true
-		}
 	}
-	kept := c.unacked[:0]
-	for _, it := range c.unacked {
+	var kept []ackItem
+	for _, it := range items {
 		settled := !failed[it.job]
 		for _, k := range it.steps {
-			if !it.job.written[k] {
+			if !written[it.job][k] {
 				settled = false
 				break
 			}
@@ -283,13 +326,10 @@ func (c *Collector) checkpoint(now time.Time) {
 			kept = append(kept, it)
 		}
 	}
-	clear(c.unacked[len(kept):])
-	c.unacked = kept
-	for _, j := range c.jobs {
-		clear(j.written)
-		j.rowsLost = false
-	}
-	c.durable.lastRot = now
+	c.mu.Lock()
+	c.unacked = append(kept, c.unacked...)
+	c.stats.WriteErrors += writeErrors
+	c.mu.Unlock()
 }
 
 // syncDurable waits until every message in the stream when it was called
@@ -340,10 +380,11 @@ func (c *Collector) syncDurable(timeout time.Duration) error {
 func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error {
 	for {
 		c.mu.Lock()
-		if len(c.unacked) > 0 {
+		pending := len(c.unacked) > 0
+		c.mu.Unlock()
+		if pending {
 			c.checkpoint(time.Now())
 		}
-		c.mu.Unlock()
 		ci, err := c.durable.consumer.Info(ctx)
 		if err != nil {
 			return fmt.Errorf("collector: consumer info: %w", err)
@@ -367,21 +408,29 @@ func (c *Collector) closeDurable() error {
 	close(c.done)
 	c.wg.Wait()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := time.Now()
 	for _, j := range c.jobs {
 		j.writeRows(c, now, true)
 	}
+	c.mu.Unlock()
 	c.checkpoint(now)
+	c.mu.Lock()
+	jobs := c.sortedJobs()
+	retired := append(c.retired, drain(c.retireCh)...)
+	c.retired = nil
 	var err error
-	for _, j := range c.sortedJobs() {
+	for _, j := range jobs {
 		if j.ranks == nil {
 			err = fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
 		}
 	}
-	if n := len(c.unacked); n > 0 {
-		c.cfg.Logger.Info("durable: messages left for the next collector", "messages", n)
+	left := len(c.unacked)
+	c.mu.Unlock()
+	if left > 0 {
+		c.cfg.Logger.Info("durable: messages left for the next collector", "messages", left)
 	}
+	// the writers hold nothing since the checkpoint: stop their goroutines
+	c.closeJobs(append(jobs, retired...))
 	c.nc.Close()
 	return err
 }

@@ -118,6 +118,6 @@ func (j *job) writeRows(c *Collector, now time.Time, force bool) {
 	}
 	j.pending = j.pending[n:]
 	if j.cluster != nil {
-		c.write(j, func() error { return j.cluster.Write(rows) })
+		j.cluster.write(rows)
 	}
 }

@@ -120,13 +120,14 @@ type job struct {
 
 	// finalising parts when an attempt ends or the job goes quiet
 	lastActive   time.Time // the last step record
+	touched      time.Time // the last message of any kind (eviction)
 	unfinalised  bool      // rows written since the parts were last finalised
 	attemptEnded bool      // an attempt_end event since then
 
 	metaSnap atomic.Pointer[map[string]string] // what parts store; see refreshMeta
 	ranks    *asyncWriter[tps.StepRecord]
-	cluster  *trace.PartWriter[tps.ClusterStep]
-	events   *trace.PartWriter[tps.Event]
+	cluster  *asyncWriter[tps.ClusterStep]
+	events   *asyncWriter[tps.Event]
 	gpus     *asyncWriter[tps.GPUSample]
 	rankBuf  []tps.StepRecord
 
@@ -136,9 +137,8 @@ type job struct {
 	pending   []pendingRow          // closed rows waiting for GPU samples
 
 	// durable mode
-	disk     *diskKeys        // what parts not yet covered by acknowledgements hold
-	written  map[stepKey]bool // steps whose cluster rows were written since the last checkpoint
-	rowsLost bool             // a write failed since the last checkpoint
+	disk    *diskKeys        // what parts not yet covered by acknowledgements hold
+	written map[stepKey]bool // steps whose cluster rows were written since the last checkpoint
 
 	// live figures for metrics and the live page
 	closedSteps, incompleteSteps, tokens int64
@@ -256,17 +256,21 @@ func newJob(c *Collector, id string) *job {
 	// Creating the folders cannot fail silently: the first write reports it.
 	var err error
 	var rw *trace.PartWriter[tps.StepRecord]
+	var cw *trace.PartWriter[tps.ClusterStep]
+	var ew *trace.PartWriter[tps.Event]
 	var gw *trace.PartWriter[tps.GPUSample]
 	onError := func(err error) { c.cfg.Logger.Error("parquet write failed", "job", id, "err", err) }
 	if rw, err = trace.NewPartWriter[tps.StepRecord](c.cfg.OutDir, id, trace.RankSteps, opt); err == nil {
-		if j.cluster, err = trace.NewPartWriter[tps.ClusterStep](c.cfg.OutDir, id, trace.ClusterSteps, opt); err == nil {
-			if j.events, err = trace.NewPartWriter[tps.Event](c.cfg.OutDir, id, trace.Events, opt); err == nil {
+		if cw, err = trace.NewPartWriter[tps.ClusterStep](c.cfg.OutDir, id, trace.ClusterSteps, opt); err == nil {
+			if ew, err = trace.NewPartWriter[tps.Event](c.cfg.OutDir, id, trace.Events, opt); err == nil {
 				gw, err = trace.NewPartWriter[tps.GPUSample](c.cfg.OutDir, id, trace.GPUSamples, opt)
 			}
 		}
 	}
 	if err == nil {
 		j.ranks = newAsyncWriter(rw, releaseRecords, onError)
+		j.cluster = newAsyncWriter(cw, nil, onError)
+		j.events = newAsyncWriter(ew, nil, onError)
 		j.gpus = newAsyncWriter(gw, nil, onError)
 	}
 	if err != nil {
@@ -589,8 +593,8 @@ func (j *job) finalise(c *Collector, now time.Time) {
 	j.flushRanks(c)
 	j.writeRows(c, now, true)
 	j.ranks.rotateNow()
-	c.write(j, j.cluster.Rotate)
-	c.write(j, j.events.Rotate)
+	j.cluster.rotateNow()
+	j.events.rotateNow()
 	j.gpus.rotateNow()
 	j.unfinalised, j.attemptEnded = false, false
 }
@@ -602,12 +606,8 @@ func (j *job) rotateDue(c *Collector, now time.Time) {
 		return
 	}
 	j.ranks.rotateIfDue(now)
-	if j.cluster.Due(now) {
-		c.write(j, j.cluster.Rotate)
-	}
-	if j.events.Due(now) {
-		c.write(j, j.events.Rotate)
-	}
+	j.cluster.rotateIfDue(now)
+	j.events.rotateIfDue(now)
 	j.gpus.rotateIfDue(now)
 }
 
@@ -651,23 +651,47 @@ func (j *job) liveLine() string {
 		mfuText, 100*commSum/float64(n), last.SlowestRank, node, last.RanksReported, last.WorldSize)
 }
 
-func (j *job) close(c *Collector) error {
+// prepareClose closes the open steps and hands every row to the writers;
+// the caller holds the lock and calls closeWriters after releasing it.
+func (j *job) prepareClose(c *Collector) {
 	j.closeAll(c)
 	j.writeRows(c, time.Now(), true)
 	j.flushRanks(c)
+}
+
+// closeWriters finalises the job's parts and stops its writer goroutines;
+// it waits for the disk, so no lock may be held. It returns the number of
+// writers that failed and the first error.
+func (j *job) closeWriters() (int, error) {
 	if j.ranks == nil {
-		return fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
+		return 0, fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
 	}
 	var first error
-	for _, fn := range []func() error{j.ranks.close, j.cluster.Close, j.events.Close, j.gpus.close} {
+	n := 0
+	for _, fn := range []func() error{j.ranks.close, j.cluster.close, j.events.close, j.gpus.close} {
 		if err := fn(); err != nil {
-			c.stats.WriteErrors++
+			n++
 			if first == nil {
 				first = err
 			}
 		}
 	}
-	return first
+	return n, first
+}
+
+// writerErrors and writerLost sum the job's writers' counters.
+func (j *job) writerErrors() int64 {
+	if j.ranks == nil {
+		return 0
+	}
+	return j.ranks.errors.Load() + j.cluster.errors.Load() + j.events.errors.Load() + j.gpus.errors.Load()
+}
+
+func (j *job) writerLost() int64 {
+	if j.ranks == nil {
+		return 0
+	}
+	return j.ranks.lost.Load() + j.cluster.lost.Load() + j.events.lost.Load() + j.gpus.lost.Load()
 }
 
 // warnRerun says, rate-limited, why records of closed steps arrive: most

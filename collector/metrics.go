@@ -85,9 +85,7 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descLate, float64(c.stats.Late))
 	writeErrors := c.stats.WriteErrors
 	for _, j := range c.jobs {
-		if j.ranks != nil {
-			writeErrors += j.ranks.errors.Load() + j.gpus.errors.Load()
-		}
+		writeErrors += j.writerErrors()
 	}
 	counter(descWriteErr, float64(writeErrors))
 	for reason, n := range c.rejected {

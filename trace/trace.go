@@ -65,6 +65,9 @@ type WriterOptions struct {
 	Metadata func() map[string]string
 }
 
+// pageBufferSize is each column's page buffer (see open).
+const pageBufferSize = 32 << 10
+
 // Codecs are the names WriterOptions.Codec accepts.
 var Codecs = []string{"zstd", "zstd-fast", "snappy", "none"}
 
@@ -172,6 +175,10 @@ func (p *PartWriter[T]) open() error {
 	p.w = parquet.NewGenericWriter[T](f,
 		parquet.Compression(p.codec),
 		parquet.MaxRowsPerRowGroup(p.opt.RowsPerGroup),
+		// Column buffers start at this size and grow with the rows: the
+		// default (256 KiB a column) made every open part of a quiet job
+		// hold ~6 MiB (a collector with many jobs, docs/reliability.md).
+		parquet.PageBufferSize(pageBufferSize),
 		parquet.KeyValueMetadata(MetaSchemaVersion, SchemaVersion),
 		parquet.KeyValueMetadata(MetaJob, p.job),
 		parquet.KeyValueMetadata(MetaTable, p.table),
