@@ -84,6 +84,8 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
 	quietAfter := fs.Duration("quiet-after", 10*time.Second, "finalise a job's parts once it has sent no step for this long (and at once when an attempt ends)")
+	maxJobs := fs.Int("max-jobs", 1024, "jobs held at once; past it a new job evicts the longest-idle one, or is rejected (job:limit) when all are active")
+	evictAfter := fs.Duration("evict-after", 10*time.Minute, "close and forget a job idle this long (its parts finalised; it starts new parts if it returns)")
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
 	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
@@ -151,7 +153,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
 		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
-	cfg.QuietAfter = *quietAfter
+	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter = *quietAfter, *maxJobs, *evictAfter
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
 	}
