@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"github.com/tpsprof/tpsprof/client"
 	"log/slog"
 	"net"
 	"os"
@@ -21,12 +22,20 @@ import (
 
 // DefaultSocket is the intake socket path when none is given:
 // $XDG_RUNTIME_DIR/tpsprof.sock, else /tmp/tpsprof-$UID.sock.
-func DefaultSocket() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return filepath.Join(d, "tpsprof.sock")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d.sock", os.Getuid()))
-}
+func DefaultSocket() string { return client.UserSocket() }
+
+// Client is the light client training code uses (package client, which
+// links neither NATS, Prometheus nor NVML); kept here for existing callers.
+type (
+	Client        = client.Client
+	ClientOptions = client.Options
+)
+
+// NewClient is client.New.
+func NewClient(path string, opt ClientOptions) *Client { return client.New(path, opt) }
+
+// NATSOptions configure the connection to NATS (URL, credentials, TLS).
+type NATSOptions = natsconn.Options
 
 // Config configures an Agent.
 type Config struct {
@@ -35,7 +44,7 @@ type Config struct {
 	// SocketMode is the socket's permission bits (default 0600: owner only).
 	SocketMode os.FileMode
 	// NATS is where to publish.
-	NATS natsconn.Options
+	NATS NATSOptions
 	// Node names this machine in records and subjects (default: host name).
 	Node string
 	// GPUUUIDs maps local_rank to the GPU's UUID, for records that leave

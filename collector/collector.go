@@ -21,13 +21,16 @@ import (
 	"github.com/tpsprof/tpsprof/wire"
 )
 
+// NATSOptions configure the connection to NATS (URL, credentials, TLS).
+type NATSOptions = natsconn.Options
+
 // Config configures a Collector.
 type Config struct {
 	// OutDir receives one folder per job.
 	OutDir string
 	// NATS is where agents publish. The caller starts the embedded server
-	// when the user gives none (see natsconn.StartEmbedded).
-	NATS natsconn.Options
+	// when the user gives none (tpsprof collector does).
+	NATS NATSOptions
 	// Grace is how long a step stays open for missing ranks after its first
 	// record (default 30s).
 	Grace time.Duration

@@ -9,6 +9,5 @@
 // A record that arrives after its step closed is still written to
 // rank_steps and counted as late.
 //
-//	c, _ := collector.New(collector.Config{OutDir: "traces", NATS: natsconn.Options{URL: url}})
-//	defer c.Close()
+// See the example of New.
 package collector

@@ -1,8 +1,19 @@
-package agent
+// Package client sends step records, events and run metadata from a Go
+// training program to the node's tpsprof agent, over its intake socket.
+// It needs the standard library and package tps only: a training binary
+// that imports it links neither NATS, Prometheus nor NVML.
+//
+//	c := client.New(client.DefaultSocket(), client.Options{})
+//	defer c.Close(2 * time.Second)
+//	rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "llama", WorldSize: 8, Rank: rank}, c)
+package client
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,8 +21,8 @@ import (
 	"github.com/tpsprof/tpsprof/tps"
 )
 
-// ClientOptions tune a Client.
-type ClientOptions struct {
+// Options tune a Client.
+type Options struct {
 	// Queue bounds the records waiting to be written (default 4096); a
 	// record that finds it full is dropped and counted, never waited for.
 	Queue int
@@ -32,7 +43,7 @@ type clientItem struct {
 // the records are dropped and counted.
 type Client struct {
 	path string
-	opt  ClientOptions
+	opt  Options
 	q    chan clientItem
 
 	sent, dropped, failed atomic.Int64
@@ -41,9 +52,9 @@ type Client struct {
 	stopped               chan struct{}
 }
 
-// NewClient returns a client for the socket at path. It connects in the
+// New returns a client for the socket at path. It connects in the
 // background and keeps reconnecting; it never fails.
-func NewClient(path string, opt ClientOptions) *Client {
+func New(path string, opt Options) *Client {
 	if opt.Queue <= 0 {
 		opt.Queue = 4096
 	}
@@ -167,4 +178,22 @@ func (c *Client) Close(timeout time.Duration) {
 	case <-c.stopped:
 	case <-time.After(timeout):
 	}
+}
+
+// DefaultSocket is the intake socket the agent of this user listens on by
+// default: $TPSPROF_SOCKET when set, else $XDG_RUNTIME_DIR/tpsprof.sock, else
+// tpsprof-<uid>.sock in the temporary folder.
+func DefaultSocket() string {
+	if s := os.Getenv("TPSPROF_SOCKET"); s != "" {
+		return s
+	}
+	return UserSocket()
+}
+
+// UserSocket is where an agent of this user listens unless told otherwise.
+func UserSocket() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "tpsprof.sock")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d.sock", os.Getuid()))
 }
