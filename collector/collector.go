@@ -71,6 +71,9 @@ type Config struct {
 	// (defaults 7 days and 8 GiB; past them the oldest messages go).
 	StreamMaxAge   time.Duration
 	StreamMaxBytes int64
+	// StreamReplicas is how many servers of a NATS cluster hold the stream
+	// (default 1; 3 on a three-server cluster survives losing one).
+	StreamReplicas int
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
 	// Role splits the collector's work for scale-out (docs/scale.md):

@@ -108,6 +108,7 @@ func (c *Collector) startDurable() error {
 	want := jetstream.StreamConfig{
 		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
 		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
+		Replicas: max(c.cfg.StreamReplicas, 1),
 	}
 	// Create the stream, or update it only if its limits differ: several
 	// collectors of a role start at once, and a stream update racing a
@@ -121,7 +122,7 @@ func (c *Collector) startDurable() error {
 			err = nil // another collector created it meanwhile
 		}
 	case err == nil:
-		if have := st.CachedInfo().Config; have.MaxAge != want.MaxAge || have.MaxBytes != want.MaxBytes ||
+		if have := st.CachedInfo().Config; have.MaxAge != want.MaxAge || have.MaxBytes != want.MaxBytes || have.Replicas != want.Replicas ||
 			have.Retention != want.Retention || have.Discard != want.Discard || !slices.Equal(have.Subjects, want.Subjects) {
 			_, err = js.UpdateStream(ctx, want)
 		}
