@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -124,12 +123,8 @@ type job struct {
 	unfinalised  bool      // rows written since the parts were last finalised
 	attemptEnded bool      // an attempt_end event since then
 
-	metaSnap atomic.Pointer[map[string]string] // what parts store; see refreshMeta
-	ranks    *asyncWriter[tps.StepRecord]
-	cluster  *asyncWriter[tps.ClusterStep]
-	events   *asyncWriter[tps.Event]
-	gpus     *asyncWriter[tps.GPUSample]
-	rankBuf  []tps.StepRecord
+	sink    // the job's four tables on their writer goroutines (sink.go)
+	rankBuf []tps.StepRecord
 
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
 	nodes     map[string]struct{}   // nodes named by the job's records
@@ -238,7 +233,7 @@ func (j *job) lastRow() tps.ClusterStep {
 
 func newJob(c *Collector, id string) *job {
 	j := &job{id: id, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{}, nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{},
-		closed: newStepBits(64)}
+		closed: newStepBits(64), sink: sink{job: id}}
 	if c.durable != nil {
 		j.written = map[stepKey]bool{}
 	}
@@ -657,41 +652,6 @@ func (j *job) prepareClose(c *Collector) {
 	j.closeAll(c)
 	j.writeRows(c, time.Now(), true)
 	j.flushRanks(c)
-}
-
-// closeWriters finalises the job's parts and stops its writer goroutines;
-// it waits for the disk, so no lock may be held. It returns the number of
-// writers that failed and the first error.
-func (j *job) closeWriters() (int, error) {
-	if j.ranks == nil {
-		return 0, fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
-	}
-	var first error
-	n := 0
-	for _, fn := range []func() error{j.ranks.close, j.cluster.close, j.events.close, j.gpus.close} {
-		if err := fn(); err != nil {
-			n++
-			if first == nil {
-				first = err
-			}
-		}
-	}
-	return n, first
-}
-
-// writerErrors and writerLost sum the job's writers' counters.
-func (j *job) writerErrors() int64 {
-	if j.ranks == nil {
-		return 0
-	}
-	return j.ranks.errors.Load() + j.cluster.errors.Load() + j.events.errors.Load() + j.gpus.errors.Load()
-}
-
-func (j *job) writerLost() int64 {
-	if j.ranks == nil {
-		return 0
-	}
-	return j.ranks.lost.Load() + j.cluster.lost.Load() + j.events.lost.Load() + j.gpus.lost.Load()
 }
 
 // warnRerun says, rate-limited, why records of closed steps arrive: most

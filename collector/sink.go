@@ -1,0 +1,59 @@
+package collector
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// sink is the I/O side of a job: its four tables, each written by a
+// goroutine of its own (asyncWriter), and the metadata snapshot the parts
+// store. The state side (job.go: open steps, dedupe windows, live figures)
+// hands rows and rotation commands to it and never waits for the disk
+// while it holds the collector's lock; closing the sink waits, so it runs
+// outside the lock (docs/collector.md).
+type sink struct {
+	job      string
+	metaSnap atomic.Pointer[map[string]string] // what parts store; see refreshMeta
+	// nil when the job's folders could not be created (counted then)
+	ranks   *asyncWriter[tps.StepRecord]
+	cluster *asyncWriter[tps.ClusterStep]
+	events  *asyncWriter[tps.Event]
+	gpus    *asyncWriter[tps.GPUSample]
+}
+
+// closeWriters finalises the job's parts and stops its writer goroutines;
+// it waits for the disk, so no lock may be held. It returns the number of
+// writers that failed and the first error.
+func (j *sink) closeWriters() (int, error) {
+	if j.ranks == nil {
+		return 0, fmt.Errorf("collector: job %s: trace folders could not be created", j.job)
+	}
+	var first error
+	n := 0
+	for _, fn := range []func() error{j.ranks.close, j.cluster.close, j.events.close, j.gpus.close} {
+		if err := fn(); err != nil {
+			n++
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	return n, first
+}
+
+// writerErrors and writerLost sum the job's writers' counters.
+func (j *sink) writerErrors() int64 {
+	if j.ranks == nil {
+		return 0
+	}
+	return j.ranks.errors.Load() + j.cluster.errors.Load() + j.events.errors.Load() + j.gpus.errors.Load()
+}
+
+func (j *sink) writerLost() int64 {
+	if j.ranks == nil {
+		return 0
+	}
+	return j.ranks.lost.Load() + j.cluster.lost.Load() + j.events.lost.Load() + j.gpus.lost.Load()
+}
