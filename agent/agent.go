@@ -63,6 +63,13 @@ type Config struct {
 	// a few per step); lines past it are rejected as line:rate_limited, so
 	// a runaway rank cannot crowd out the others. Negative: no limit.
 	MaxLinesPerSec int
+	// IdleTimeout closes an intake connection that sends nothing for this
+	// long (default 30 min: a rank sends every step); at MaxConnections a
+	// new connection also closes the one idle the longest, if it has been
+	// idle for 10 s, instead of being refused.
+	IdleTimeout time.Duration
+	// MaxConnections bounds concurrent intake connections (default 4096).
+	MaxConnections int
 	// ClockTolerance rejects records further in the future (default 10m).
 	ClockTolerance time.Duration
 	// MetaInterval is how often run metadata is published again, for
@@ -130,6 +137,12 @@ func (c *Config) defaults() error {
 	if c.MaxLinesPerSec == 0 {
 		c.MaxLinesPerSec = 10000
 	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 30 * time.Minute
+	}
+	if c.MaxConnections <= 0 {
+		c.MaxConnections = MaxConnections
+	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute
 	}
@@ -189,7 +202,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	rejected  map[string]int64
-	conns     map[net.Conn]struct{}
+	conns     map[net.Conn]*atomic.Int64 // → last read, unix ns
 	gpuPerDev []int64
 
 	connections, lines, records, events, metas atomic.Int64
@@ -217,7 +230,7 @@ func Start(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]struct{}{}, done: make(chan struct{}),
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*atomic.Int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 16)}
 	if err := os.MkdirAll(cfg.TraceDir, 0o700); err != nil {
 		a.log.Warn("trace", "no trace folder: sampled profiler traces will be refused", "dir", cfg.TraceDir, "err", err)

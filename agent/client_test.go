@@ -55,3 +55,45 @@ func BenchmarkClientRecordStep(b *testing.B) {
 		c.RecordStep(r)
 	}
 }
+
+// Connections that send half a line and go quiet cannot fill the intake:
+// at the bound the one idle the longest is closed for a new rank, and
+// every idle connection times out.
+func TestIdleIntakeConnections(t *testing.T) {
+	dir, _ := os.MkdirTemp("", "tpsprof-idle")
+	defer os.RemoveAll(dir)
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: NATSOptions{URL: "nats://127.0.0.1:1"}, MaxConnections: 8, IdleTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	var idle []net.Conn
+	for i := 0; i < 8; i++ {
+		c, err := net.Dial("unix", a.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte(`{"job":"j","step":`)) // half a line, then nothing
+		idle = append(idle, c)
+	}
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	time.Sleep(600 * time.Millisecond)
+	c := NewClient(a.Socket(), ClientOptions{})
+	rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "idle", WorldSize: 1}, c)
+	rec.Start(0)
+	rec.End(10)
+	c.Close(2 * time.Second)
+	deadline := time.Now().Add(3 * time.Second)
+	for a.Stats().Records < 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(700 * time.Millisecond) // past the idle timeout of the others
+	st := a.Stats()
+	if st.Records != 1 || st.Rejected["conn:idle_closed"] < 1 || st.Rejected["conn:too_many"] != 0 || st.Rejected["conn:idle_timeout"] < 6 {
+		t.Errorf("stats: records %d, rejected %v", st.Records, st.Rejected)
+	}
+}

@@ -7,13 +7,17 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
+	"sync/atomic"
+	"time"
 
 	"golang.org/x/time/rate"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
 
-// MaxConnections bounds concurrent intake connections (ranks of one node).
+// MaxConnections is the default bound of concurrent intake connections
+// (ranks of one node; Config.MaxConnections).
 const MaxConnections = 4096
 
 // lineType is the discriminator of an intake line; absent means "step".
@@ -40,18 +44,43 @@ func (a *Agent) acceptLoop() {
 			continue
 		}
 		a.mu.Lock()
-		if len(a.conns) >= MaxConnections {
+		full := len(a.conns) >= a.cfg.MaxConnections
+		if full && !a.closeIdlest() {
 			a.mu.Unlock()
 			a.reject("conn:too_many")
 			c.Close()
 			continue
 		}
-		a.conns[c] = struct{}{}
+		last := new(atomic.Int64)
+		last.Store(time.Now().UnixNano())
+		a.conns[c] = last
 		a.mu.Unlock()
+		if full {
+			a.reject("conn:idle_closed")
+		}
 		a.connections.Add(1)
 		a.wg.Add(1)
 		go a.serve(c)
 	}
+}
+
+// closeIdlest closes the connection idle the longest if it has been idle
+// for 10 s (or half the idle timeout, if shorter): a half-written line from
+// a client that went quiet must not keep a rank out; mu held.
+func (a *Agent) closeIdlest() bool {
+	var idlest net.Conn
+	oldest := time.Now().Add(-min(10*time.Second, a.cfg.IdleTimeout/2)).UnixNano()
+	for c, last := range a.conns {
+		if t := last.Load(); t < oldest {
+			idlest, oldest = c, t
+		}
+	}
+	if idlest == nil {
+		return false
+	}
+	idlest.Close() // its serve goroutine sees the error and removes it
+	delete(a.conns, idlest)
+	return true
 }
 
 // serve reads JSON lines from one client until it hangs up.
@@ -68,8 +97,15 @@ func (a *Agent) serve(c net.Conn) {
 	if n := a.cfg.MaxLinesPerSec; n > 0 {
 		limit = rate.NewLimiter(rate.Limit(n), n)
 	}
+	a.mu.Lock()
+	last := a.conns[c]
+	a.mu.Unlock()
 	for {
+		c.SetReadDeadline(time.Now().Add(a.cfg.IdleTimeout))
 		line, err := r.ReadSlice('\n')
+		if last != nil && len(line) > 0 {
+			last.Store(time.Now().UnixNano())
+		}
 		if limit != nil && len(line) > 0 && !limit.Allow() {
 			a.lines.Add(1)
 			a.reject("line:rate_limited")
@@ -95,7 +131,10 @@ func (a *Agent) serve(c net.Conn) {
 			a.handleLine(line)
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+			switch {
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				a.reject("conn:idle_timeout")
+			case !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed):
 				a.log.Warn("read", "intake read failed", "err", err)
 			}
 			return

@@ -620,8 +620,13 @@ func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
 	}
 	defer c.register(ack, j)
 	kept := samples[:0]
+	now := time.Now()
 	for _, s := range samples {
 		if err := s.Validate(); err != nil {
+			c.countInvalid(err)
+			continue
+		}
+		if err := s.CheckClock(now, c.cfg.ClockTolerance); err != nil {
 			c.countInvalid(err)
 			continue
 		}

@@ -685,3 +685,33 @@ func TestIdleJobsEvicted(t *testing.T) {
 		t.Errorf("%d rank rows on disk, %d accepted", rows, st.Records)
 	}
 }
+
+// Hostile or unlucky values that used to move or freeze a job: a step number
+// of 2^62 from one rank (every later step was late), a GPU sample stamped an
+// hour ahead (every later sample looked stale); each is a counted
+// rejection, and the job's rows keep coming.
+func TestAbsurdStepAndFutureGPUSample(t *testing.T) {
+	c, nc := startCollector(t)
+	publishSteps(t, nc, "ab", 0, 5)
+	c.Sync(5 * time.Second)
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	bad := []tps.StepRecord{{Job: "ab", Step: 1 << 62, Rank: 0, WorldSize: 4, Tokens: 1000, StartUnixNs: t0, EndUnixNs: t0 + 1e9, DurationNs: 1e9}}
+	nc.Publish(wire.StepsSubject("ab", "n0"), wire.AppendSteps(nil, bad))
+	future := []tps.GPUSample{{Node: "n0", UUID: "GPU-1", Name: "NVIDIA H100", UnixNs: time.Now().Add(time.Hour).UnixNano()}}
+	nc.Publish(wire.GPUSubject("ab", "n0"), wire.AppendGPUSamples(nil, future))
+	publishSteps(t, nc, "ab", 5, 10)
+	nc.Flush()
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.Rejected["step:jump"] != 1 || st.Rejected["unix_ns:out_of_range"] != 1 {
+		t.Errorf("rejections: %v", st.Rejected)
+	}
+	if st.StepsClosed != 10 || st.Late != 0 {
+		t.Errorf("steps closed %d, late %d: the absurd step moved the window", st.StepsClosed, st.Late)
+	}
+	if s := c.Summary(); s.OutDir != filepath.Base(s.OutDir) {
+		t.Errorf("/api/summary gives the output path %q", s.OutDir)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"net/http"
+	"path/filepath"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -44,7 +45,7 @@ type LiveJob struct {
 
 // LiveSummary is the /api/summary document.
 type LiveSummary struct {
-	OutDir        string    `json:"out_dir"`
+	OutDir        string    `json:"out_dir"` // the folder's name, not its path
 	GeneratedUnix int64     `json:"generated_unix_ms"`
 	Jobs          []LiveJob `json:"jobs"`
 	Stats         Stats     `json:"stats"`
@@ -56,7 +57,7 @@ func (c *Collector) Summary() LiveSummary {
 	st := c.Stats()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := LiveSummary{OutDir: c.cfg.OutDir, GeneratedUnix: time.Now().UnixMilli(), Stats: st}
+	out := LiveSummary{OutDir: filepath.Base(c.cfg.OutDir), GeneratedUnix: time.Now().UnixMilli(), Stats: st}
 	for _, j := range c.sortedJobs() {
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
 			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes()}

@@ -337,6 +337,25 @@ func (j *job) configure(c *Collector, world int64) {
 // went into an open step (whose cluster row is still to be written), and
 // whether its rank row is to be written (not a duplicate, not invalid, not
 // already on disk from before a restart).
+// maxStepJump is how far past a job's current steps a new step may be:
+// resuming from a checkpoint skips a few thousand, never ten million.
+const maxStepJump = 10_000_000
+
+// window is the attempt's current step: the highest closed step, else the
+// lowest open one; ok is false before any.
+func (j *job) window(attempt int64) (int64, bool) {
+	if hi, ok := j.maxClosed[attempt]; ok {
+		return hi, true
+	}
+	lo, ok := int64(0), false
+	for k := range j.open {
+		if k.attempt == attempt && (!ok || k.step < lo) {
+			lo, ok = k.step, true
+		}
+	}
+	return lo, ok
+}
+
 func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, open, keep bool) {
 	j.lastActive, j.unfinalised = now, true
 	if j.world != r.WorldSize {
@@ -387,6 +406,14 @@ func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, op
 			c.stats.Late++ // closed too long ago to check for duplicates
 			j.warnRerun(c, r)
 			return k, false, true
+		}
+		if ref, ok := j.window(r.Attempt); ok && r.Step > ref+maxStepJump {
+			// One absurd step number would move the window: every later
+			// step would count as late (2^62 from one rank stopped a job's
+			// cluster rows).
+			c.rejected["step:jump"]++
+			c.log.Warn("step-jump", "record far ahead of the job's steps rejected", "job", j.id, "step", r.Step, "current", ref)
+			return k, false, false
 		}
 		acc, err := tps.NewStepAccumulator(j.id, r.Attempt, r.Step, r.WorldSize, j.cfg)
 		if err != nil {

@@ -2,6 +2,7 @@ package tps
 
 import (
 	"math"
+	"time"
 )
 
 // GPUSample is one reading of one GPU. Pointer fields are absent when the GPU
@@ -90,6 +91,16 @@ func (s *GPUSample) Validate() error {
 		if x := *p; x != nil && *x < 0 {
 			return fieldErr(GPUIntFields[k], *x, ReasonNegative, "must not be negative")
 		}
+	}
+	return nil
+}
+
+// CheckClock rejects a sample stamped further than tolerance in the
+// future: one such sample would make every later sample of its GPU look
+// stale until the clock caught up (no energy, no GPU join).
+func (s *GPUSample) CheckClock(now time.Time, tolerance time.Duration) error {
+	if limit := now.Add(tolerance).UnixNano(); s.UnixNs > limit {
+		return fieldErr("unix_ns", s.UnixNs, ReasonOutOfRange, "%s in the future", time.Duration(s.UnixNs-now.UnixNano()).Round(time.Second))
 	}
 	return nil
 }
