@@ -149,7 +149,7 @@ func attemptsOnDisk(out, job string) (wire.AttemptReply, error) {
 	r := wire.AttemptReply{Running: -1}
 	root := filepath.Join(out, job)
 	events, err := trace.ReadAll[tps.Event](filepath.Join(root, trace.Events))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !trace.IsUnreadable(err) {
 		return r, err
 	}
 	var b attemptBook
@@ -169,7 +169,7 @@ func attemptsOnDisk(out, job string) (wire.AttemptReply, error) {
 		}
 		return nil
 	})
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !trace.IsUnreadable(err) {
 		return r, err
 	}
 	if maxSeen >= 0 {

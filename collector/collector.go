@@ -176,6 +176,9 @@ type Stats struct {
 	// Evicted counts jobs closed and forgotten after EvictAfter idle, or
 	// to make room under MaxJobs.
 	Evicted int64 `json:"jobs_evicted"`
+	// Quarantined counts parts found unreadable at a durable start-up and
+	// renamed to *.unreadable.
+	Quarantined int64 `json:"parts_quarantined"`
 	// AfterClose counts messages whose callback started once Close had
 	// begun (core mode): dropped, the jobs being closed.
 	AfterClose int64 `json:"dropped_after_close"`

@@ -237,6 +237,10 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 				n++
 				if table == trace.ClusterSteps {
 					rows, err := trace.ReadFile[tps.ClusterStep](f)
+					if trace.IsUnreadable(err) {
+						c.quarantine(f, err)
+						continue
+					}
 					if err != nil {
 						return err
 					}
@@ -245,6 +249,10 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 					}
 				} else {
 					rows, err := trace.ReadFile[tps.StepRecord](f)
+					if trace.IsUnreadable(err) {
+						c.quarantine(f, err)
+						continue
+					}
 					if err != nil {
 						return err
 					}
@@ -446,4 +454,15 @@ func (c *Collector) streamInfo(ctx context.Context) (*jetstream.StreamInfo, erro
 		return nil, fmt.Errorf("collector: stream info: %w", err)
 	}
 	return info, nil
+}
+
+// quarantine renames a part that is not readable Parquet out of the way
+// (readers skip the new name) and says so, instead of failing start-up.
+func (c *Collector) quarantine(path string, err error) {
+	to := path + ".unreadable"
+	if rerr := os.Rename(path, to); rerr != nil {
+		to = path
+	}
+	c.stats.Quarantined++
+	c.cfg.Logger.Warn("unreadable part set aside", "part", to, "err", err)
 }

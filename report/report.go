@@ -7,10 +7,12 @@ package report
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/parquet-go/parquet-go"
 
@@ -127,7 +129,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep := &Report{Job: filepath.Base(dir), Dir: dir, Events: map[string]int64{}}
 	clusterDir := filepath.Join(dir, trace.ClusterSteps)
 	steps, err := trace.ReadAll[tps.ClusterStep](clusterDir)
-	if err != nil {
+	if err = rep.tolerate(err); err != nil {
 		return nil, err
 	}
 	open := trace.OpenParts(clusterDir) + trace.OpenParts(filepath.Join(dir, trace.RankSteps))
@@ -205,7 +207,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		}
 		return nil
 	})
-	if err != nil {
+	if err = rep.tolerate(err); err != nil {
 		return nil, err
 	}
 	med := make(map[int64]float64, len(medians))
@@ -232,7 +234,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			events = append(events, e)
 		}
 		return nil
-	}); err != nil {
+	}); rep.tolerate(err) != nil {
 		return nil, err
 	}
 	rep.Goodput = ComputeGoodput(steps, warm, events)
@@ -247,7 +249,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			gpu.add(&rows[i])
 		}
 		return nil
-	}); err != nil {
+	}); rep.tolerate(err) != nil {
 		return nil, err
 	}
 	if rep.GPUSamples > 0 {
@@ -470,4 +472,15 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 		g.util[b] += *s.GPUUtilPct
 		g.nUtil[b]++
 	}
+}
+
+// tolerate turns unreadable parts (skipped, the rest read) into a note;
+// other errors pass.
+func (rep *Report) tolerate(err error) error {
+	var u *trace.UnreadableParts
+	if errors.As(err, &u) {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%d unreadable part(s) skipped (not Parquet, empty or truncated): %s", len(u.Paths), strings.Join(u.Paths, ", ")))
+		return nil
+	}
+	return err
 }

@@ -30,12 +30,15 @@ func EachColumns(dir string, int64Cols []string, strCol string, fn func(*Columns
 		return err
 	}
 	cols := &Columns{Int64: make([][]int64, len(int64Cols))}
+	var bad UnreadableParts
 	for _, path := range files {
 		if err := columnsOfFile(path, int64Cols, strCol, cols, fn); err != nil {
-			return err
+			if !bad.add(path, err) {
+				return err
+			}
 		}
 	}
-	return nil
+	return bad.err()
 }
 
 func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns, fn func(*Columns) error) error {
@@ -44,13 +47,9 @@ func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns
 		return fmt.Errorf("trace: %w", err)
 	}
 	defer f.Close()
-	st, err := f.Stat()
+	pf, err := checkPart(f, path)
 	if err != nil {
-		return fmt.Errorf("trace: %w", err)
-	}
-	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
-	if err != nil {
-		return fmt.Errorf("trace: open %s: %w", path, err)
+		return err
 	}
 	idx := make([]int, len(int64Cols))
 	for i, name := range int64Cols {

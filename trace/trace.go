@@ -294,18 +294,76 @@ func PartFiles(dir string) ([]string, error) {
 // Each streams the rows of every part of a table folder through fn, a row
 // group's worth at a time, so memory stays bounded whatever the trace size.
 // The slice passed to fn is reused.
+//
+// A part that is not readable Parquet (empty, truncated, another format)
+// is skipped: the other parts are read, and the error returned at the end
+// is an *UnreadableParts naming the skipped ones.
 func Each[T any](dir string, fn func(rows []T) error) error {
 	files, err := PartFiles(dir)
 	if err != nil {
 		return err
 	}
 	buf := make([]T, 4096)
+	var bad UnreadableParts
 	for _, path := range files {
 		if err := eachInFile(path, buf, fn); err != nil {
-			return err
+			if !bad.add(path, err) {
+				return err
+			}
 		}
 	}
-	return nil
+	return bad.err()
+}
+
+// UnreadableParts lists part files that could not be read as Parquet and
+// were skipped; the rest of the table was read.
+type UnreadableParts struct {
+	Paths  []string
+	Errors []error
+}
+
+var errUnreadable = errors.New("not a readable Parquet part")
+
+func (u *UnreadableParts) add(path string, err error) bool {
+	if !errors.Is(err, errUnreadable) {
+		return false
+	}
+	u.Paths, u.Errors = append(u.Paths, path), append(u.Errors, err)
+	return true
+}
+
+func (u *UnreadableParts) err() error {
+	if len(u.Paths) == 0 {
+		return nil
+	}
+	return u
+}
+
+func (u *UnreadableParts) Error() string {
+	return fmt.Sprintf("trace: %d unreadable part(s) skipped: %v", len(u.Paths), errors.Join(u.Errors...))
+}
+
+// checkPart opens a part's footer: parquet-go panics on a file that is not
+// Parquet when a reader is made from it, so every reader checks first.
+func checkPart(f *os.File, path string) (*parquet.File, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("trace: %w", err)
+	}
+	pf, err := openParquet(f, st.Size())
+	if err != nil {
+		return nil, fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, err)
+	}
+	return pf, nil
+}
+
+func openParquet(f *os.File, size int64) (pf *parquet.File, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			pf, err = nil, fmt.Errorf("%v", r)
+		}
+	}()
+	return parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
 }
 
 func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
@@ -314,6 +372,9 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
 		return fmt.Errorf("trace: %w", err)
 	}
 	defer f.Close()
+	if _, err := checkPart(f, path); err != nil {
+		return err
+	}
 	r := parquet.NewGenericReader[T](f)
 	defer r.Close()
 	for {
@@ -387,4 +448,12 @@ func OpenParts(dir string) int {
 		}
 	}
 	return n
+}
+
+// IsUnreadable reports whether err is about a part that is not readable
+// Parquet (from ReadFile), or lists such parts (from Each, ReadAll,
+// EachColumns, whose other parts were read).
+func IsUnreadable(err error) bool {
+	var u *UnreadableParts
+	return errors.Is(err, errUnreadable) || errors.As(err, &u)
 }

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -114,5 +115,36 @@ func TestUnwritableDirectory(t *testing.T) {
 	defer os.Chmod(dir, 0o700)
 	if _, err := NewPartWriter[tps.StepRecord](dir, "j", RankSteps, WriterOptions{}); err == nil {
 		t.Fatal("writer in a read-only directory accepted")
+	}
+}
+
+// Empty, garbage and truncated parts are skipped with their names; the
+// readable parts are read (parquet-go panicked on such files).
+func TestUnreadablePartsSkipped(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]tps.StepRecord{{Job: "j", Step: 1, Tokens: 5}, {Job: "j", Step: 2, Tokens: 6}})
+	w.Close()
+	dir := filepath.Join(root, "j", RankSteps)
+	good := w.Parts()[0]
+	b, _ := os.ReadFile(good)
+	os.WriteFile(filepath.Join(dir, "part-x-empty.parquet"), nil, 0o644)
+	os.WriteFile(filepath.Join(dir, "part-x-garbage.parquet"), []byte("not parquet at all\n"), 0o644)
+	os.WriteFile(filepath.Join(dir, "part-x-truncated.parquet"), b[:len(b)/2], 0o644)
+	rows, err := ReadAll[tps.StepRecord](dir)
+	var u *UnreadableParts
+	if !errors.As(err, &u) || len(u.Paths) != 3 || len(rows) != 2 || !IsUnreadable(err) {
+		t.Fatalf("rows %d, err %v", len(rows), err)
+	}
+	n := 0
+	err = EachColumns(dir, []string{"step", "tokens"}, "", func(c *Columns) error { n += c.Rows; return nil })
+	if !errors.As(err, &u) || len(u.Paths) != 3 || n != 2 {
+		t.Fatalf("columns: %d rows, err %v", n, err)
+	}
+	if _, err := ReadFile[tps.StepRecord](filepath.Join(dir, "part-x-empty.parquet")); !IsUnreadable(err) {
+		t.Errorf("ReadFile of an empty part: %v", err)
 	}
 }

@@ -352,3 +352,42 @@ func TestDurableAgentIntakeWhileNATSStalls(t *testing.T) {
 		t.Errorf("after the stall: %+v", st)
 	}
 }
+
+// A durable collector finding an unreadable part at start-up sets it aside
+// (renamed *.unreadable) and starts, instead of panicking in a crash loop
+// while the stream holds messages.
+func TestDurableStartWithUnreadablePart(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Durable: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := os.MkdirTemp("", "tpsprof-unread")
+	defer os.RemoveAll(dir)
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Durable: true, FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.SubmitStep(stepRec("unread", 0, 0, 2, 10, 1e9)) // one rank of two: the step stays open, its message in the stream
+	a.Flush(5 * time.Second)
+	col.Sync(5 * time.Second)
+	col.Close()
+	bad := filepath.Join(out, "unread", trace.RankSteps, "part-zz-broken.parquet")
+	if err := os.WriteFile(bad, []byte("PAR1 and then nothing"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	col2, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Durable: true})
+	if err != nil {
+		t.Fatalf("durable start with an unreadable part: %v", err)
+	}
+	defer col2.Close()
+	if _, err := os.Stat(bad + ".unreadable"); err != nil || col2.Stats().Quarantined != 1 {
+		t.Errorf("not set aside: %v, quarantined %d", err, col2.Stats().Quarantined)
+	}
+}
