@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -128,7 +129,11 @@ func (c *Collector) startDurable() error {
 		}
 	}
 	if err != nil {
-		return fmt.Errorf("collector: create stream %s: %w", StreamName, err)
+		hint := ""
+		if strings.Contains(strings.ToLower(err.Error()), "insufficient") || strings.Contains(strings.ToLower(err.Error()), "resources") {
+			hint = fmt.Sprintf(" (the stream may hold %d MiB and JetStream keeps a quarter of the disk free: give --stream-max-bytes a size the disk holds, or free space)", c.cfg.StreamMaxBytes>>20)
+		}
+		return fmt.Errorf("collector: create stream %s: %w%s", StreamName, err, hint)
 	}
 	// The stream is a work queue: acknowledged messages leave it, so it
 	// holds exactly what no collector has secured in Parquet. A consumer

@@ -84,6 +84,8 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
 	quietAfter := fs.Duration("quiet-after", 10*time.Second, "finalise a job's parts once it has sent no step for this long (and at once when an attempt ends)")
+	var streamBytes quantity = 8e9
+	fs.Var(&streamBytes, "stream-max-bytes", "durable mode: the most the stream may hold, e.g. 2G (messages not yet in Parquet; past it the oldest go)")
 	replicas := fs.Int("stream-replicas", 1, "durable mode: servers of a NATS cluster that hold the stream (3 on a three-server cluster survives losing one; docs/scale.md)")
 	maxJobs := fs.Int("max-jobs", 1024, "jobs held at once; past it a new job evicts the longest-idle one, or is rejected (job:limit) when all are active")
 	evictAfter := fs.Duration("evict-after", 10*time.Minute, "close and forget a job idle this long (its parts finalised; it starts new parts if it returns)")
@@ -155,7 +157,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
 	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter = *quietAfter, *maxJobs, *evictAfter
-	cfg.StreamReplicas = *replicas
+	cfg.StreamReplicas, cfg.StreamMaxBytes = *replicas, int64(streamBytes)
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
 	}
