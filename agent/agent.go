@@ -68,6 +68,9 @@ type Config struct {
 	// new connection also closes the one idle the longest, if it has been
 	// idle for 10 s, instead of being refused.
 	IdleTimeout time.Duration
+	// ForgetAfter stops republishing the metadata of a job, and sending GPU
+	// samples for it, once it has sent nothing for this long (default 1 h).
+	ForgetAfter time.Duration
 	// MaxConnections bounds concurrent intake connections (default 4096).
 	MaxConnections int
 	// ClockTolerance rejects records further in the future (default 10m).
@@ -139,6 +142,9 @@ func (c *Config) defaults() error {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 30 * time.Minute
+	}
+	if c.ForgetAfter <= 0 {
+		c.ForgetAfter = time.Hour
 	}
 	if c.MaxConnections <= 0 {
 		c.MaxConnections = MaxConnections

@@ -39,7 +39,7 @@ type publisher struct {
 	queueBytes int
 	metas      map[string][]byte
 	metaSent   time.Time
-	seenJobs   map[string]struct{}
+	seenJobs   map[string]time.Time      // job → last record or metadata; forgotten after ForgetAfter
 	topology   map[string]tps.Topology   // per job, from its run metadata (partials)
 	sentRanks  map[string]map[int64]bool // job/step → ranks already in a partial
 	sentOrder  []string
@@ -55,13 +55,13 @@ type publisher struct {
 
 func newPublisher(a *Agent) *publisher {
 	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{},
-		seenJobs: map[string]struct{}{}, topology: map[string]tps.Topology{}, sentRanks: map[string]map[int64]bool{}}
+		seenJobs: map[string]time.Time{}, topology: map[string]tps.Topology{}, sentRanks: map[string]map[int64]bool{}}
 }
 
 func (p *publisher) addStep(r tps.StepRecord) {
 	p.mu.Lock()
-	if _, ok := p.seenJobs[r.Job]; !ok && len(p.seenJobs) < 1024 {
-		p.seenJobs[r.Job] = struct{}{}
+	if _, ok := p.seenJobs[r.Job]; ok || len(p.seenJobs) < 1024 {
+		p.seenJobs[r.Job] = time.Now()
 	}
 	p.pending[r.Job] = append(p.pending[r.Job], r)
 	p.pendingN++
@@ -79,7 +79,7 @@ func (p *publisher) setMeta(m tps.RunMeta) {
 	b, _ := json.Marshal(m)
 	p.mu.Lock()
 	p.metas[m.Job] = b
-	p.seenJobs[m.Job] = struct{}{}
+	p.seenJobs[m.Job] = time.Now()
 	if m.Topology != (tps.Topology{}) {
 		p.topology[m.Job] = m.Topology
 	}
@@ -105,8 +105,10 @@ func (p *publisher) jobs() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]string, 0, len(p.seenJobs))
-	for j := range p.seenJobs {
-		out = append(out, j)
+	for j, t := range p.seenJobs {
+		if time.Since(t) < p.a.cfg.ForgetAfter {
+			out = append(out, j)
+		}
 	}
 	return out
 }
@@ -246,6 +248,7 @@ func (p *publisher) drain() {
 		return
 	}
 	if time.Since(p.metaSent) >= p.a.cfg.MetaInterval && len(p.metas) > 0 {
+		p.forget()
 		for job, b := range p.metas {
 			p.enqueue(outMsg{subject: wire.MetaSubject(job), data: b})
 		}
@@ -370,4 +373,16 @@ func (p *publisher) queued() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.queue)
+}
+
+// forget drops the jobs that sent nothing for ForgetAfter: their metadata
+// is no longer republished, nor GPU samples sent for them; mu held.
+func (p *publisher) forget() {
+	for job, t := range p.seenJobs {
+		if time.Since(t) >= p.a.cfg.ForgetAfter {
+			delete(p.seenJobs, job)
+			delete(p.metas, job)
+			delete(p.topology, job)
+		}
+	}
 }
