@@ -17,6 +17,10 @@ var liveHTML []byte
 
 // LiveStep is one step on the live page.
 type LiveStep struct {
+	// Seq is the ordinal of the (first) closed step, Steps how many closed
+	// steps a whole-run bucket holds (1 for the recent steps).
+	Seq       int64    `json:"seq"`
+	Steps     int      `json:"steps"`
 	Step      int64    `json:"step"`
 	TPS       float64  `json:"tps"`
 	MFU       *float64 `json:"mfu"` // null while unknown
@@ -34,7 +38,9 @@ type LiveJob struct {
 	MFU          *float64           `json:"mfu"`                   // null while unknown
 	MFUUnknown   string             `json:"mfu_unknown,omitempty"` // why
 	Breakdown    map[string]float64 `json:"breakdown"`
-	Steps        []LiveStep         `json:"steps"`
+	Steps        []LiveStep         `json:"steps"`   // the last 200 closed steps
+	History      []LiveStep         `json:"history"` // the whole run, at most 512 buckets
+	TPSMean10    float64            `json:"tps_mean10"`
 	SlowestRanks []tps.RankScore    `json:"slowest_ranks"`
 	// StragglerEpisodes are the recent and current straggler episodes.
 	StragglerEpisodes []LiveEpisode `json:"straggler_episodes"`
@@ -78,8 +84,12 @@ func (c *Collector) Summary() LiveSummary {
 				lj.Breakdown["data_stall"] += s.DataStallFractionMean / float64(k)
 				lj.Breakdown["checkpoint"] += s.CkptFractionMean / float64(k)
 			}
+			lj.History = j.history.series()
+			for _, s := range steps[n-k:] {
+				lj.TPSMean10 += s.TPS / float64(k)
+			}
 			for _, s := range steps[max(0, n-200):] {
-				lj.Steps = append(lj.Steps, LiveStep{Step: s.Step, TPS: s.TPS, MFU: knownMFU(s), Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
+				lj.Steps = append(lj.Steps, LiveStep{Steps: 1, Step: s.Step, TPS: s.TPS, MFU: knownMFU(s), Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
 			}
 		}
 		out.Jobs = append(out.Jobs, lj)

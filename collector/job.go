@@ -112,6 +112,7 @@ type job struct {
 	lastKey     stepKey           // the step of the last record added...
 	lastOpen    *openStep         // ...while it is open
 	recent      []tps.ClusterStep // ring of the last liveWindow cluster steps
+	history     runHistory        // the whole run, bucketed, for the live page
 	recentNext  int
 	newSinceLog bool
 	// a step closed since straggler episodes were last tracked
@@ -530,6 +531,7 @@ func (j *job) closeStep(c *Collector, k stepKey, st *openStep) {
 		c.stats.Incomplete++
 		j.incompleteSteps++
 	}
+	j.history.add(row)
 	if len(j.recent) < liveWindow {
 		j.recent = append(j.recent, row)
 	} else {
