@@ -1,5 +1,6 @@
 # An ordinary DDP training script that knows nothing of tpsprof: the
 # zero-code test runs it under `tpsprof launch --auto`.
+import sys
 import os
 import time
 
@@ -31,7 +32,11 @@ def main():
         loss.backward()
         opt.step()
         opt.zero_grad()
-    print("plain script done on rank", dist.get_rank())
+    # one write: the two ranks' lines interleave on the shared terminal, and
+    # print() writes its pieces separately ("... on rank" from one rank, then
+    # the other's, made the test miss "rank 1")
+    sys.stdout.write(f"plain script done on rank {dist.get_rank()}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 
