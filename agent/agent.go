@@ -299,6 +299,9 @@ func Start(cfg Config) (*Agent, error) {
 // listenUnix binds path with the given mode. A stale socket file (no one
 // answering) is replaced; a live one is ErrSocketInUse.
 func listenUnix(path string, mode os.FileMode) (net.Listener, error) {
+	if err := client.CheckSocket(path); errors.Is(err, client.ErrNotOwner) {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	if c, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("%w: %s", ErrSocketInUse, path)

@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -95,5 +98,30 @@ func TestIdleIntakeConnections(t *testing.T) {
 	st := a.Stats()
 	if st.Records != 1 || st.Rejected["conn:idle_closed"] < 1 || st.Rejected["conn:too_many"] != 0 || st.Rejected["conn:idle_timeout"] < 6 {
 		t.Errorf("stats: records %d, rejected %v", st.Records, st.Rejected)
+	}
+}
+
+// An agent does not take over, nor launch send to, a socket another user
+// squats on the default path; each says whose it is.
+func TestSquattedSocket(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to give the socket to another uid")
+	}
+	dir, _ := os.MkdirTemp("", "tpsprof-squat")
+	defer os.RemoveAll(dir)
+	path := filepath.Join(dir, "a.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	os.Chown(path, 4242, 4242)
+	if _, err := Start(Config{Socket: path, NATS: NATSOptions{URL: "nats://127.0.0.1:1"}}); err == nil || !strings.Contains(err.Error(), "uid 4242") {
+		t.Errorf("agent start on a squatted socket: %v", err)
+	}
+	var stderr strings.Builder
+	code, err := Launch(context.Background(), LaunchConfig{Job: "j", Agent: Config{Socket: path}, Command: []string{"true"}, Stdout: io.Discard, Stderr: &stderr, PythonDir: "-"})
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "uid 4242") {
+		t.Errorf("launch on a squatted socket: exit %d, %v", code, err)
 	}
 }

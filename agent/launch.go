@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tpsprof/tpsprof/client"
 	"io"
 	"net"
 	"os"
@@ -110,6 +111,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 	var send func(tps.Event)
 	var node string
 	var stop func()
+	if err := client.CheckSocket(cfg.Agent.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 2, fmt.Errorf("agent: launch: %w", err)
+	}
 	if c, err := net.DialTimeout("unix", cfg.Agent.Socket, 200*time.Millisecond); err == nil {
 		c.Close()
 		cl := NewClient(cfg.Agent.Socket, ClientOptions{})

@@ -10,12 +10,14 @@ package client
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -143,7 +145,9 @@ func (c *Client) run() {
 			}
 			lastTry = time.Now()
 			var err error
-			conn, err = net.DialTimeout("unix", c.path, c.opt.WriteTimeout)
+			if err = CheckSocket(c.path); err == nil {
+				conn, err = net.DialTimeout("unix", c.path, c.opt.WriteTimeout)
+			}
 			if err != nil {
 				conn = nil
 				c.dropped.Add(1)
@@ -196,4 +200,26 @@ func UserSocket() string {
 		return filepath.Join(d, "tpsprof.sock")
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d.sock", os.Getuid()))
+}
+
+// ErrNotOwner: the socket belongs to another user.
+var ErrNotOwner = errors.New("not sending records to another user's socket")
+
+// CheckSocket refuses an intake socket this user should not write to: a
+// path that is not a socket, or a socket owned by another user (root
+// aside, for an agent run as a node service). In a shared /tmp another
+// user could otherwise squat the default path and receive the job's
+// metadata, command line and step records.
+func CheckSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("client: %s is not a socket", path)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != uint32(os.Getuid()) && st.Uid != 0 {
+		return fmt.Errorf("client: %s belongs to uid %d, not to you (uid %d): %w (give the agent another socket, --socket or $XDG_RUNTIME_DIR)", path, st.Uid, os.Getuid(), ErrNotOwner)
+	}
+	return nil
 }

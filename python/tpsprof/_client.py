@@ -26,6 +26,8 @@ import contextlib
 import json
 import os
 import socket
+import sys
+import stat
 import tempfile
 import time
 
@@ -251,6 +253,8 @@ class Profiler:
         if now < self._next_try:
             return False
         self._next_try = now + self.reconnect_interval
+        if not _own_socket(self.path):
+            return False
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             s.settimeout(0.05)
@@ -288,3 +292,24 @@ class Profiler:
 
 # The name the copied hook file used; kept so that older scripts still run.
 TPSProf = Profiler
+
+
+_warned_foreign = set()
+
+
+def _own_socket(path):
+    """False for a path that is not a socket or a socket another user owns
+    (root aside: an agent run as a node service): in a shared /tmp another
+    user could squat the default path and read the job's records."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISSOCK(st.st_mode):
+        return False
+    if st.st_uid not in (os.getuid(), 0):
+        if path not in _warned_foreign:
+            _warned_foreign.add(path)
+            sys.stderr.write("tpsprof: %s belongs to uid %d, not to you: not sending records there\n" % (path, st.st_uid))
+        return False
+    return True
