@@ -7,6 +7,8 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -179,6 +181,10 @@ type Stats struct {
 	// Quarantined counts parts found unreadable at a durable start-up and
 	// renamed to *.unreadable.
 	Quarantined int64 `json:"parts_quarantined"`
+	// StaleParts counts unfinished part files (.part-*.tmp) of a writer
+	// that died, removed at start-up: the rows of its open parts, lost
+	// with it (a kill -9 loses up to a part age of rows in core mode).
+	StaleParts int64 `json:"stale_parts_removed"`
 	// AfterClose counts messages whose callback started once Close had
 	// begun (core mode): dropped, the jobs being closed.
 	AfterClose int64 `json:"dropped_after_close"`
@@ -224,6 +230,7 @@ func New(cfg Config) (*Collector, error) {
 	}
 	c := &Collector{cfg: cfg, jobs: map[string]*job{}, rejected: map[string]int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second)}
+	c.stats.StaleParts = removeStaleParts(cfg.OutDir, 2*cfg.Writer.PartAge+time.Minute, cfg.Logger)
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "tpsprof-collector"
 	}
@@ -921,4 +928,22 @@ func drain[T any](ch chan T) []T {
 			return out
 		}
 	}
+}
+
+// removeStaleParts deletes the unfinished parts (.part-*.tmp) under out
+// older than age: a live writer finalises its part within a part age, so
+// an older one belongs to a writer that died (kill -9, a crash) and will
+// never be completed. It says how many, and that their rows were lost.
+func removeStaleParts(out string, age time.Duration, log *slog.Logger) int64 {
+	files, _ := filepath.Glob(filepath.Join(out, "*", "*", ".part-*.tmp"))
+	var n int64
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && time.Since(fi.ModTime()) > age && os.Remove(f) == nil {
+			n++
+		}
+	}
+	if n > 0 {
+		log.Warn("removed unfinished parts of a collector that died: their rows were lost with it", "parts", n, "out", out)
+	}
+	return n
 }

@@ -715,3 +715,50 @@ func TestAbsurdStepAndFutureGPUSample(t *testing.T) {
 		t.Errorf("/api/summary gives the output path %q", s.OutDir)
 	}
 }
+
+// A collector that died (kill -9) left unfinished parts: the next one
+// removes those older than two part ages and counts them, and
+// /metrics exports rows lost, slow-consumer drops and stale parts.
+func TestStalePartsRemovedAndLossesExported(t *testing.T) {
+	out := t.TempDir()
+	dir := filepath.Join(out, "dead", trace.RankSteps)
+	os.MkdirAll(dir, 0o755)
+	old := filepath.Join(dir, ".part-20260101T000000.000000000Z-h-1-00001.parquet.tmp")
+	fresh := filepath.Join(dir, ".part-20260101T000000.000000000Z-h-2-00001.parquet.tmp")
+	os.WriteFile(old, []byte("PAR1"), 0o644)
+	os.WriteFile(fresh, []byte("PAR1"), 0o644)
+	past := time.Now().Add(-time.Hour)
+	os.Chtimes(old, past, past)
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	c, err := New(Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := os.Stat(old); !os.IsNotExist(err) {
+		t.Errorf("the stale part is still there: %v", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("a fresh part (maybe another writer's) was removed: %v", err)
+	}
+	if st := c.Stats(); st.StaleParts != 1 {
+		t.Errorf("stale parts %d", st.StaleParts)
+	}
+	srvH := httptest.NewServer(c.Handler())
+	defer srvH.Close()
+	resp, err := http.Get(srvH.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, m := range []string{"tpsprof_stale_parts_removed_total 1", "tpsprof_rows_lost_total 0", "tpsprof_nats_slow_consumer_drops_total 0"} {
+		if !strings.Contains(string(body), m) {
+			t.Errorf("/metrics lacks %q", m)
+		}
+	}
+}

@@ -30,6 +30,9 @@ var (
 	descLate       = prometheus.NewDesc("tpsprof_records_late_total", "Step records that arrived after their step closed.", nil, nil)
 	descRejected   = prometheus.NewDesc("tpsprof_records_rejected_total", "Records and messages rejected, by reason.", []string{"reason"}, nil)
 	descWriteErr   = prometheus.NewDesc("tpsprof_parquet_write_errors_total", "Failed Parquet writes.", nil, nil)
+	descRowsLost   = prometheus.NewDesc("tpsprof_rows_lost_total", "Rows of any table that failed to reach a finalised Parquet part (write errors, folders that could not be created).", nil, nil)
+	descSlowCons   = prometheus.NewDesc("tpsprof_nats_slow_consumer_drops_total", "Messages NATS dropped because the collector fell behind.", nil, nil)
+	descStaleParts = prometheus.NewDesc("tpsprof_stale_parts_removed_total", "Unfinished part files of a writer that died (kill -9, crash) removed at start-up; their rows were lost then.", nil, nil)
 	descNATS       = prometheus.NewDesc("tpsprof_nats_connected", "1 when the collector is connected to NATS.", nil, nil)
 )
 
@@ -39,7 +42,7 @@ type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descComm, descBubble, descData,
-		descWorld, descStraggler, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descNATS} {
+		descWorld, descStraggler, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descNATS} {
 		ch <- d
 	}
 }
@@ -88,6 +91,13 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		writeErrors += j.writerErrors()
 	}
 	counter(descWriteErr, float64(writeErrors))
+	rowsLost := c.stats.RowsLost
+	for _, j := range c.jobs {
+		rowsLost += j.writerLost()
+	}
+	counter(descRowsLost, float64(rowsLost))
+	counter(descSlowCons, float64(c.stats.SlowConsumer))
+	counter(descStaleParts, float64(c.stats.StaleParts))
 	for reason, n := range c.rejected {
 		counter(descRejected, float64(n), reason)
 	}
