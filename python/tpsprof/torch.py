@@ -270,6 +270,12 @@ class TorchProfiler:
         self._tracing = None
         try:
             rf.__exit__(None, None, None)
+            # A collective's work is marked complete (so the step could end)
+            # before its worker thread closes the op's profiler record; an
+            # op still open when the profiler stops is dropped from the
+            # trace (seen with gloo: a traced step without its all-reduce).
+            # A few milliseconds, on profiled steps only, let it close.
+            time.sleep(0.005)
             p.__exit__(None, None, None)
             c = self.client
             path = os.path.join(self.trace_dir, "%s.%d.%d.%d.pt.trace.json" % (c.job, c.attempt, c.rank, n))
