@@ -762,3 +762,44 @@ func TestStalePartsRemovedAndLossesExported(t *testing.T) {
 		}
 	}
 }
+
+// A stray record with another world size (an older attempt's late record,
+// a misconfigured rank) is rejected; it no longer closes the job's open
+// steps. A new attempt at another size is a relaunch and is taken.
+func TestStrayWorldSize(t *testing.T) {
+	c, nc := startCollector(t)
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	rec := func(attempt, step, rank, world int64) tps.StepRecord {
+		return tps.StepRecord{Job: "ws", Attempt: attempt, Step: step, Rank: rank, WorldSize: world, Tokens: 1000,
+			StartUnixNs: t0 + step*2e9, EndUnixNs: t0 + step*2e9 + 1e9, DurationNs: 1e9}
+	}
+	pub := func(recs ...tps.StepRecord) {
+		nc.Publish(wire.StepsSubject("ws", "n0"), wire.AppendSteps(nil, recs))
+		nc.Flush()
+		c.Sync(5 * time.Second)
+	}
+	attempt1 := func(step int64, ranks ...int64) (out []tps.StepRecord) {
+		for _, r := range ranks {
+			out = append(out, rec(1, step, r, 8))
+		}
+		return
+	}
+	pub(attempt1(0, 0, 1, 2, 3, 4, 5, 6)...)    // step 0: 7 of 8 ranks so far
+	pub(rec(0, 99, 0, 16), rec(1, 1, 3, 16))    // stray: an older attempt's, and one of this attempt's at 16
+	pub(attempt1(0, 7)...)                      // the eighth rank: step 0 closes whole
+	pub(attempt1(1, 0, 1, 2, 3, 4, 5, 6, 7)...) // step 1
+	rows := c.Recent("ws")
+	st := c.Stats()
+	if st.Rejected["world_size:mismatch"] != 2 || len(rows) != 2 {
+		t.Fatalf("rejected %v, %d rows", st.Rejected, len(rows))
+	}
+	for _, r := range rows {
+		if r.RanksReported != 8 || r.Tokens != 8000 || r.WorldSize != 8 {
+			t.Errorf("step %d: %d ranks, %d tokens, world %d", r.Step, r.RanksReported, r.Tokens, r.WorldSize)
+		}
+	}
+	pub(rec(2, 0, 0, 4), rec(2, 0, 1, 4), rec(2, 0, 2, 4), rec(2, 0, 3, 4)) // a relaunch at 4 ranks
+	if rows := c.Recent("ws"); len(rows) != 3 || rows[2].WorldSize != 4 || rows[2].RanksReported != 4 {
+		t.Errorf("relaunch at another size: %+v", rows[len(rows)-1])
+	}
+}

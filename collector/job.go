@@ -100,9 +100,10 @@ type job struct {
 	hasMeta bool
 	gpuSeen string // GPU name NVML reported on this job's nodes
 
-	world  int64
-	cfg    tps.AccumulatorConfig
-	cfgErr string
+	world        int64
+	worldAttempt int64 // the newest attempt seen: only a newer one may change world
+	cfg          tps.AccumulatorConfig
+	cfgErr       string
 
 	open        map[stepKey]*openStep
 	closed      stepBits          // ranks of the recently closed steps
@@ -360,12 +361,22 @@ func (j *job) window(attempt int64) (int64, bool) {
 func (j *job) add(c *Collector, r *tps.StepRecord, now time.Time) (k stepKey, open, keep bool) {
 	j.lastActive, j.unfinalised = now, true
 	if j.world != r.WorldSize {
+		if j.world != 0 && r.Attempt <= j.worldAttempt {
+			// Only a new attempt may change the world size: a stray record
+			// (an older attempt's late one, a misconfigured rank) used to
+			// close every open step, written with missing ranks and wrong
+			// tokens.
+			c.rejected["world_size:mismatch"]++
+			c.log.Warn("world", "record with another world size than its attempt's rejected", "job", j.id, "attempt", r.Attempt, "world_size", r.WorldSize, "attempt_world_size", j.world)
+			return stepKey{r.Attempt, r.Step}, false, false
+		}
 		if j.world != 0 && len(j.open) > 0 {
 			// A relaunch at another size: close what the old size left open.
 			j.closeAll(c)
 		}
 		j.configure(c, r.WorldSize)
 	}
+	j.worldAttempt = max(j.worldAttempt, r.Attempt)
 	if r.Node != "" && j.rankNode[r.Rank] != r.Node {
 		j.rankNode[r.Rank] = r.Node // Validate bounds Rank by WorldSize == len(rankNode)
 		if _, ok := j.nodes[r.Node]; !ok && len(j.nodes) < 1<<16 {
