@@ -100,11 +100,21 @@ func (a *Agent) serve(c net.Conn) {
 	a.mu.Lock()
 	last := a.conns[c]
 	a.mu.Unlock()
+	// The idle deadline moves only when half of it has passed: one clock
+	// read per line, not a timer reset per line.
+	deadline := time.Now().Add(a.cfg.IdleTimeout)
+	c.SetReadDeadline(deadline)
 	for {
-		c.SetReadDeadline(time.Now().Add(a.cfg.IdleTimeout))
 		line, err := r.ReadSlice('\n')
-		if last != nil && len(line) > 0 {
-			last.Store(time.Now().UnixNano())
+		if len(line) > 0 {
+			now := time.Now()
+			if last != nil {
+				last.Store(now.UnixNano())
+			}
+			if deadline.Sub(now) < a.cfg.IdleTimeout/2 {
+				deadline = now.Add(a.cfg.IdleTimeout)
+				c.SetReadDeadline(deadline)
+			}
 		}
 		if limit != nil && len(line) > 0 && !limit.Allow() {
 			a.lines.Add(1)

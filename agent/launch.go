@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tpsprof/tpsprof/client"
 	"io"
 	"net"
 	"os"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tpsprof/tpsprof/client"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/python"
 	"github.com/tpsprof/tpsprof/tps"

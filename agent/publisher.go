@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/url"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
 )
@@ -234,13 +234,13 @@ func (p *publisher) drain() {
 		// wrong URL must not be found only when the job ends.
 		if d := time.Since(p.downSince); d >= natsDownWarnAfter {
 			p.a.log.Warn("nats-down", "NATS unreachable: step records are held and published when it comes up; past the buffer the oldest are dropped",
-				"url", redactURL(p.a.cfg.NATS.URL), "for", d.Round(time.Second), "buffered_bytes", p.queueBytes, "buffer_max_bytes", p.a.cfg.BufferBytes, "dropped_records", p.dropped.Load())
+				"url", natsconn.Redacted(p.a.cfg.NATS.URL), "for", d.Round(time.Second), "buffered_bytes", p.queueBytes, "buffer_max_bytes", p.a.cfg.BufferBytes, "dropped_records", p.dropped.Load())
 		}
 	case p.sawDown:
 		p.sawDown = false
 		p.holdUntil = time.Now().Add(p.a.cfg.ResubscribeGrace)
 		if !p.downSince.IsZero() {
-			p.a.cfg.Logger.Info("NATS reachable again", "url", redactURL(p.a.cfg.NATS.URL), "after", time.Since(p.downSince).Round(time.Second))
+			p.a.cfg.Logger.Info("NATS reachable again", "url", natsconn.Redacted(p.a.cfg.NATS.URL), "after", time.Since(p.downSince).Round(time.Second))
 		}
 		p.downSince = time.Time{}
 	}
@@ -349,16 +349,6 @@ func (p *publisher) stats(s *Stats) {
 // natsDownWarnAfter is how long NATS may be unreachable before the agent
 // says so (then every 10 s while it lasts).
 const natsDownWarnAfter = 3 * time.Second
-
-// redactURL drops credentials from a NATS URL for logs.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	u.User = url.User("redacted")
-	return u.String()
-}
 
 // drained drains and reports whether nothing is queued or in flight
 // (another drain may be running: then it waits for that one).

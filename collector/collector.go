@@ -897,18 +897,16 @@ func (c *Collector) Close() error {
 }
 
 // closeJobs closes the writers of jobs no longer in use (the caller holds no
-// lock) and counts their failures.
+// lock). The writers count their own failures; those of an evicted job
+// move into the totals, as it leaves the map Stats sums over.
 func (c *Collector) closeJobs(jobs []*job) error {
 	var first error
 	for _, j := range jobs {
-		n, err := j.closeWriters()
-		if err != nil && first == nil {
+		if err := j.closeWriters(); err != nil && first == nil {
 			first = err
 		}
 		c.mu.Lock()
-		c.stats.WriteErrors += int64(n)
-		if _, live := c.jobs[j.id]; !live || c.jobs[j.id] != j {
-			// an evicted job's counters stay in the totals
+		if c.jobs[j.id] != j {
 			c.stats.WriteErrors += j.writerErrors()
 			c.stats.RowsLost += j.writerLost()
 		}

@@ -30,12 +30,20 @@ import (
 
 func startCollector(t *testing.T) (*Collector, *nats.Conn) {
 	t.Helper()
+	return startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute})
+}
+
+// startCollectorWith starts an embedded NATS server and a collector with
+// cfg on it (cfg.NATS is filled in), and a client connection to publish.
+func startCollectorWith(t *testing.T, cfg Config) (*Collector, *nats.Conn) {
+	t.Helper()
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	c, err := New(Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
+	cfg.NATS = natsconn.Options{URL: srv.URL()}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,6 +54,20 @@ func startCollector(t *testing.T) (*Collector, *nats.Conn) {
 	}
 	t.Cleanup(nc.Close)
 	return c, nc
+}
+
+// get fetches path from the collector's HTTP handler.
+func get(t *testing.T, c *Collector, path string) string {
+	t.Helper()
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
 
 // publishSteps sends steps [from, to) of a 4-rank pure-DP job, 1000 tokens
@@ -118,15 +140,8 @@ tpsprof_nats_connected 1
 	if problems, err := testutil.CollectAndLint(metricsCollector{c}); err != nil || len(problems) > 0 {
 		t.Errorf("lint: %v %+v", err, problems)
 	}
-	srv := httptest.NewServer(c.Handler())
-	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), `tpsprof_cluster_tokens_per_second{job="m1"} 4000`) || !strings.Contains(string(body), "go_goroutines") {
+	body := get(t, c, "/metrics")
+	if !strings.Contains(body, `tpsprof_cluster_tokens_per_second{job="m1"} 4000`) || !strings.Contains(body, "go_goroutines") {
 		t.Errorf("/metrics:\n%.2000s", body)
 	}
 }
@@ -345,18 +360,7 @@ func TestImpossibleMFUShownUnknown(t *testing.T) {
 	if err := c.Sync(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(c.Handler())
-	defer srv.Close()
-	get := func(path string) string {
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return string(b)
-	}
-	if m := get("/metrics"); strings.Contains(m, `tpsprof_mfu_ratio{`) || !strings.Contains(m, `tpsprof_last_step{job="mm"} 4`) {
+	if m := get(t, c, "/metrics"); strings.Contains(m, `tpsprof_mfu_ratio{`) || !strings.Contains(m, `tpsprof_last_step{job="mm"} 4`) {
 		t.Errorf("/metrics has an MFU sample or no steps:\n%.3000s", m)
 	}
 	var sum struct {
@@ -368,7 +372,7 @@ func TestImpossibleMFUShownUnknown(t *testing.T) {
 			} `json:"steps"`
 		} `json:"jobs"`
 	}
-	if err := json.Unmarshal([]byte(get("/api/summary")), &sum); err != nil {
+	if err := json.Unmarshal([]byte(get(t, c, "/api/summary")), &sum); err != nil {
 		t.Fatal(err)
 	}
 	if len(sum.Jobs) != 1 || sum.Jobs[0].MFU != nil || !strings.Contains(sum.Jobs[0].MFUUnknown, "topology") || sum.Jobs[0].Steps[0].MFU != nil {
@@ -387,24 +391,10 @@ func TestImpossibleMFUShownUnknown(t *testing.T) {
 // Parts are finalised when an attempt ends (once its last step closes) and
 // when a job goes quiet, not a PartAge later: a report works at once.
 func TestPartsFinalisedAtAttemptEndAndWhenQuiet(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
 	out := t.TempDir()
-	cfg := Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute, QuietAfter: time.Hour}
+	cfg := Config{OutDir: out, Grace: time.Minute, QuietAfter: time.Hour}
 	cfg.Writer.PartAge = time.Hour
-	c, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	c, nc := startCollectorWith(t, cfg)
 	parts := func(job, table string) int {
 		files, _ := trace.PartFiles(filepath.Join(out, job, table))
 		return len(files)
@@ -435,12 +425,8 @@ func TestPartsFinalisedAtAttemptEndAndWhenQuiet(t *testing.T) {
 	// quiet: a second collector with QuietAfter 300 ms and no event
 	out2 := t.TempDir()
 	cfg.OutDir, cfg.QuietAfter = out2, 300*time.Millisecond
-	c2, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
-	publishSteps(t, nc, "quiet", 0, 3)
+	_, nc2 := startCollectorWith(t, cfg)
+	publishSteps(t, nc2, "quiet", 0, 3)
 	deadline = time.Now().Add(5 * time.Second)
 	for {
 		files, _ := trace.PartFiles(filepath.Join(out2, "quiet", trace.ClusterSteps))
@@ -498,23 +484,9 @@ func TestLiveStragglerEpisode(t *testing.T) {
 // the writers read a snapshot, never the job's live fields (run under
 // -race: reading j.meta from the writer goroutine was a data race).
 func TestRotationWhileMetadataArrives(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	cfg := Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute}
+	cfg := Config{OutDir: t.TempDir(), Grace: time.Minute}
 	cfg.Writer.PartAge = time.Millisecond
-	c, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	c, nc := startCollectorWith(t, cfg)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -587,21 +559,7 @@ func TestCloseDuringPublish(t *testing.T) {
 // bounded (each job held to be 2 writers and 9.5 MiB, never evicted: 2,000
 // jobs took 1.5 GB).
 func TestManyJobsBounded(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	c, err := New(Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute, MaxJobs: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, MaxJobs: 64})
 	base := runtime.NumGoroutine()
 	t0 := time.Now().Add(-time.Hour).UnixNano()
 	const n = 10000
@@ -632,23 +590,9 @@ func TestManyJobsBounded(t *testing.T) {
 // once quiet): their parts are finalised, their writers stopped, and a job
 // that comes back starts new parts; every accepted row is on disk once.
 func TestIdleJobsEvicted(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
 	out := t.TempDir()
-	c, err := New(Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute, MaxJobs: 8,
+	c, nc := startCollectorWith(t, Config{OutDir: out, Grace: time.Minute, MaxJobs: 8,
 		QuietAfter: 5 * time.Millisecond, EvictAfter: 100 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	nc, err := nats.Connect(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	base := runtime.NumGoroutine()
 	t0 := time.Now().Add(-time.Hour).UnixNano()
 	maxG := 0
@@ -729,16 +673,7 @@ func TestStalePartsRemovedAndLossesExported(t *testing.T) {
 	os.WriteFile(fresh, []byte("PAR1"), 0o644)
 	past := time.Now().Add(-time.Hour)
 	os.Chtimes(old, past, past)
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Shutdown)
-	c, err := New(Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c, _ := startCollectorWith(t, Config{OutDir: out})
 	if _, err := os.Stat(old); !os.IsNotExist(err) {
 		t.Errorf("the stale part is still there: %v", err)
 	}
@@ -748,16 +683,9 @@ func TestStalePartsRemovedAndLossesExported(t *testing.T) {
 	if st := c.Stats(); st.StaleParts != 1 {
 		t.Errorf("stale parts %d", st.StaleParts)
 	}
-	srvH := httptest.NewServer(c.Handler())
-	defer srvH.Close()
-	resp, err := http.Get(srvH.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	body := get(t, c, "/metrics")
 	for _, m := range []string{"tpsprof_stale_parts_removed_total 1", "tpsprof_rows_lost_total 0", "tpsprof_nats_slow_consumer_drops_total 0"} {
-		if !strings.Contains(string(body), m) {
+		if !strings.Contains(body, m) {
 			t.Errorf("/metrics lacks %q", m)
 		}
 	}

@@ -24,23 +24,19 @@ type sink struct {
 }
 
 // closeWriters finalises the job's parts and stops its writer goroutines;
-// it waits for the disk, so no lock may be held. It returns the number of
-// writers that failed and the first error.
-func (j *sink) closeWriters() (int, error) {
+// it waits for the disk, so no lock may be held. Failures are counted by
+// the writers themselves (writerErrors); it returns the first.
+func (j *sink) closeWriters() error {
 	if j.ranks == nil {
-		return 0, fmt.Errorf("collector: job %s: trace folders could not be created", j.job)
+		return fmt.Errorf("collector: job %s: trace folders could not be created", j.job)
 	}
 	var first error
-	n := 0
 	for _, fn := range []func() error{j.ranks.close, j.cluster.close, j.events.close, j.gpus.close} {
-		if err := fn(); err != nil {
-			n++
-			if first == nil {
-				first = err
-			}
+		if err := fn(); err != nil && first == nil {
+			first = err
 		}
 	}
-	return n, first
+	return first
 }
 
 // writerErrors and writerLost sum the job's writers' counters.

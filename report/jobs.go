@@ -20,6 +20,17 @@ type JobInfo struct {
 	Modified  time.Time `json:"modified"`
 }
 
+// IsJobDir reports whether dir holds a job's tables (cluster_steps or
+// rank_steps).
+func IsJobDir(dir string) bool {
+	for _, t := range []string{trace.ClusterSteps, trace.RankSteps} {
+		if fi, err := os.Stat(filepath.Join(dir, t)); err == nil && fi.IsDir() {
+			return true
+		}
+	}
+	return false
+}
+
 // Jobs lists the job folders of a collector's output folder (those with a
 // cluster_steps or rank_steps table), most recently modified first.
 func Jobs(outDir string) ([]JobInfo, error) {
@@ -33,12 +44,12 @@ func Jobs(outDir string) ([]JobInfo, error) {
 			continue
 		}
 		dir := filepath.Join(outDir, e.Name())
+		if !IsJobDir(dir) {
+			continue
+		}
 		cl := filepath.Join(dir, trace.ClusterSteps)
 		fi, err := os.Stat(cl)
 		if err != nil {
-			if _, err := os.Stat(filepath.Join(dir, trace.RankSteps)); err != nil {
-				continue
-			}
 			fi, _ = os.Stat(dir)
 		}
 		files, _ := trace.PartFiles(cl)

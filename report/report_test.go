@@ -197,20 +197,7 @@ func TestGoldenSummaries(t *testing.T) {
 	enc := json.NewEncoder(&js)
 	enc.SetIndent("", "  ")
 	enc.Encode(rep)
-	for name, got := range map[string][]byte{"summary.txt": text.Bytes(), "summary.md": md.Bytes(), "summary.json": js.Bytes()} {
-		path := filepath.Join("testdata", name+".golden")
-		if *update {
-			os.WriteFile(path, got, 0o644)
-			continue
-		}
-		want, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatalf("%v (run with -update to create it)", err)
-		}
-		if !bytes.Equal(got, want) {
-			t.Errorf("%s differs from %s (run go test ./report -update after checking):\n%s", name, path, lineDiff(string(want), string(got)))
-		}
-	}
+	checkGolden(t, map[string][]byte{"summary.txt": text.Bytes(), "summary.md": md.Bytes(), "summary.json": js.Bytes()})
 }
 
 func lineDiff(want, got string) string {
@@ -417,7 +404,13 @@ func TestGoldenCompare(t *testing.T) {
 			t.Errorf("unknown %s given a value: %+v", r.Name, r)
 		}
 	}
-	for name, got := range map[string][]byte{"compare.txt": text.Bytes(), "compare.md": md.Bytes(), "compare.json": js.Bytes()} {
+	checkGolden(t, map[string][]byte{"compare.txt": text.Bytes(), "compare.md": md.Bytes(), "compare.json": js.Bytes()})
+}
+
+// checkGolden compares outputs with testdata/NAME.golden (-update rewrites them).
+func checkGolden(t *testing.T, outputs map[string][]byte) {
+	t.Helper()
+	for name, got := range outputs {
 		path := filepath.Join("testdata", name+".golden")
 		if *update {
 			os.WriteFile(path, got, 0o644)

@@ -99,8 +99,5 @@ func (s *GPUSample) Validate() error {
 // future: one such sample would make every later sample of its GPU look
 // stale until the clock caught up (no energy, no GPU join).
 func (s *GPUSample) CheckClock(now time.Time, tolerance time.Duration) error {
-	if limit := now.Add(tolerance).UnixNano(); s.UnixNs > limit {
-		return fieldErr("unix_ns", s.UnixNs, ReasonOutOfRange, "%s in the future", time.Duration(s.UnixNs-now.UnixNano()).Round(time.Second))
-	}
-	return nil
+	return checkFuture("unix_ns", s.UnixNs, now, tolerance)
 }

@@ -274,8 +274,13 @@ func (r *StepRecord) Validate() error {
 // Steps already measured with durations stay valid under modest clock skew,
 // because step time is taken from each rank's own DurationNs.
 func (r *StepRecord) CheckClock(now time.Time, tolerance time.Duration) error {
-	if limit := now.Add(tolerance).UnixNano(); r.EndUnixNs > limit {
-		return fieldErr("end_unix_ns", r.EndUnixNs, ReasonOutOfRange, "%s in the future", time.Duration(r.EndUnixNs-now.UnixNano()).Round(time.Second))
+	return checkFuture("end_unix_ns", r.EndUnixNs, now, tolerance)
+}
+
+// checkFuture rejects a time stamp further than tolerance ahead of now.
+func checkFuture(field string, ns int64, now time.Time, tolerance time.Duration) error {
+	if limit := now.Add(tolerance).UnixNano(); ns > limit {
+		return fieldErr(field, ns, ReasonOutOfRange, "%s in the future", time.Duration(ns-now.UnixNano()).Round(time.Second))
 	}
 	return nil
 }

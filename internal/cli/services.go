@@ -550,7 +550,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if isTerminal(stderr) {
 		opt.Progress = progressPrinter(stderr)
 	}
-	if !*compare && !isJobDir(dirs[0]) {
+	if !*compare && !report.IsJobDir(dirs[0]) {
 		if jobs, err := report.Jobs(dirs[0]); err == nil && len(jobs) > 0 {
 			if *asJSON {
 				printJSON(stdout, jobs)
@@ -658,14 +658,4 @@ func progressPrinter(w io.Writer) func(done, total int64) {
 			fmt.Fprintf(w, "\rreading rank_steps: %d rows", done)
 		}
 	}
-}
-
-// isJobDir reports whether dir holds a job's tables.
-func isJobDir(dir string) bool {
-	for _, t := range []string{trace.ClusterSteps, trace.RankSteps} {
-		if fi, err := os.Stat(filepath.Join(dir, t)); err == nil && fi.IsDir() {
-			return true
-		}
-	}
-	return false
 }

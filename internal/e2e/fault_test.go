@@ -3,13 +3,8 @@ package e2e
 import (
 	"bytes"
 	"fmt"
-	"github.com/nats-io/nats.go"
-	"github.com/tpsprof/tpsprof/wire"
-	"io"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,11 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // NATS goes away mid-run and comes back on the same address: the agent
@@ -229,15 +227,7 @@ func TestNATSUnreachableSaidAtStart(t *testing.T) {
 	if !strings.Contains(out, "127.0.0.1:1") || strings.Contains(out, "secret") || !strings.Contains(out, "buffered_bytes") {
 		t.Errorf("warning: %s", out)
 	}
-	srv := httptest.NewServer(a.Handler())
-	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(body), "tpsprof_agent_nats_connected 0") {
+	if body := metricsOf(t, a.Handler()); !bytes.Contains(body, []byte("tpsprof_agent_nats_connected 0")) {
 		t.Errorf("metrics do not say disconnected:\n%.1500s", body)
 	}
 }

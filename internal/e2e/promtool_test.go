@@ -67,14 +67,7 @@ func TestMetricsPassPromtool(t *testing.T) {
 	a.Flush(5 * time.Second)
 	col.Sync(5 * time.Second)
 	for name, h := range map[string]http.Handler{"collector": col.Handler(), "agent": a.Handler()} {
-		s := httptest.NewServer(h)
-		resp, err := http.Get(s.URL + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		s.Close()
+		body := metricsOf(t, h)
 		if !bytes.Contains(body, []byte("tpsprof_")) {
 			t.Fatalf("%s: no tpsprof metrics", name)
 		}
@@ -84,4 +77,18 @@ func TestMetricsPassPromtool(t *testing.T) {
 			t.Errorf("%s /metrics: promtool check metrics: %v\n%s", name, err, out)
 		}
 	}
+}
+
+// metricsOf is what a handler serves at /metrics.
+func metricsOf(t *testing.T, h http.Handler) []byte {
+	t.Helper()
+	s := httptest.NewServer(h)
+	defer s.Close()
+	resp, err := http.Get(s.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return body
 }

@@ -59,3 +59,12 @@ func TestAgentURLs(t *testing.T) {
 		c.Close()
 	}
 }
+
+// A server list is redacted member by member (the agent logs its URL list
+// while NATS is unreachable).
+func TestRedactedList(t *testing.T) {
+	got := Redacted("nats://u:secret@a:4222, nats://b:4222,nats://v:pw@c:4222")
+	if strings.Contains(got, "secret") || strings.Contains(got, "pw@") || !strings.Contains(got, "b:4222") || strings.Count(got, "nats://") != 3 {
+		t.Errorf("redacted: %q", got)
+	}
+}

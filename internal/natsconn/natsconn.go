@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -33,8 +34,16 @@ type Options struct {
 	ReconnectBufBytes int
 }
 
-// Redacted returns the URL with any user info replaced, for logs.
+// Redacted returns the URL (or comma-separated list of URLs) with any user
+// info replaced, for logs.
 func Redacted(raw string) string {
+	if strings.Contains(raw, ",") {
+		parts := strings.Split(raw, ",")
+		for i, p := range parts {
+			parts[i] = Redacted(strings.TrimSpace(p))
+		}
+		return strings.Join(parts, ",")
+	}
 	u, err := url.Parse(raw)
 	if err != nil || u.User == nil {
 		if err != nil {
