@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sort"
@@ -93,8 +94,9 @@ type Config struct {
 	// group). Not with Durable: dropping would acknowledge others' data.
 	Partition, Partitions int
 	// OnStep, when set, is called with every cluster step as it closes
-	// (before GPU samples are joined), under the collector's lock: it must
-	// return quickly.
+	// (before GPU samples are joined), on the goroutine that closed it,
+	// after the job's lock is released: it must return quickly (a slow
+	// one slows that goroutine's messages, never other jobs').
 	OnStep func(tps.ClusterStep)
 	// Logger receives errors and warnings, rate-limited; nil discards them.
 	Logger *slog.Logger
@@ -200,26 +202,65 @@ type Collector struct {
 
 	// gate orders message callbacks (readers) before Close (the writer):
 	// closed is set under it once no callback runs.
-	gate       sync.RWMutex
-	closed     bool
-	afterClose atomic.Int64 // messages that arrived after Close began, dropped
+	gate   sync.RWMutex
+	closed bool
 
+	// mu guards the map of jobs and the evicted jobs waiting to be
+	// closed; it is held for map operations only. Each job has its own
+	// lock (job.go); the order is mu, then a job's.
 	mu       sync.Mutex
 	jobs     map[string]*job
 	retired  []*job    // evicted jobs whose writers the loop closes
 	retireCh chan *job // evicted jobs for the closer goroutine
-	rejected map[string]int64
-	stats    Stats
-	// messages of other partitions, dropped unread
-	otherPartition atomic.Int64
-	unacked        []ackItem // durable mode: messages waiting for their data to be in Parquet
-	durable        *durableState
-	attempts       attemptBook
-	attemptSub     *nats.Subscription
+
+	n       counters // every counter: atomics, read by Stats and scrapes without a lock
+	rejMu   sync.Mutex
+	rejects map[string]int64 // by reason; rejMu
+
+	durable    *durableState
+	attempts   attemptBook
+	attemptSub *nats.Subscription
 
 	closeOnce sync.Once
 	done      chan struct{}
 	wg        sync.WaitGroup
+}
+
+// counters are the collector's totals since start.
+type counters struct {
+	records, duplicates, late, events, metaUpdates, stepsClosed, incomplete atomic.Int64
+	writeErrors, rowsLost, slowConsumer, otherPartition, evicted            atomic.Int64
+	quarantined, staleParts, afterClose                                     atomic.Int64
+}
+
+// apply counts and says what state calls did; the caller holds no lock
+// (the job's was released after settle). OnStep runs here too.
+func (c *Collector) apply(t *tally) {
+	c.n.records.Add(t.records)
+	c.n.duplicates.Add(t.duplicates)
+	c.n.late.Add(t.late)
+	c.n.stepsClosed.Add(t.stepsClosed)
+	c.n.incomplete.Add(t.incomplete)
+	if len(t.rejected) > 0 {
+		c.rejMu.Lock()
+		for k, v := range t.rejected {
+			c.rejects[k] += v
+		}
+		c.rejMu.Unlock()
+	}
+	for _, w := range t.warnings {
+		if w.key == "" {
+			c.cfg.Logger.Warn(w.msg, w.args...)
+		} else {
+			c.log.Warn(w.key, w.msg, w.args...)
+		}
+	}
+	if c.cfg.OnStep != nil {
+		for _, row := range t.closed {
+			c.cfg.OnStep(row)
+		}
+	}
+	*t = tally{now: t.now}
 }
 
 // New connects to NATS, subscribes to every job's subjects and starts the
@@ -228,17 +269,15 @@ func New(cfg Config) (*Collector, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	c := &Collector{cfg: cfg, jobs: map[string]*job{}, rejected: map[string]int64{}, done: make(chan struct{}),
+	c := &Collector{cfg: cfg, jobs: map[string]*job{}, rejects: map[string]int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second)}
-	c.stats.StaleParts = removeStaleParts(cfg.OutDir, 2*cfg.Writer.PartAge+time.Minute, cfg.Logger)
+	c.n.staleParts.Store(removeStaleParts(cfg.OutDir, 2*cfg.Writer.PartAge+time.Minute, cfg.Logger))
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "tpsprof-collector"
 	}
 	nc, err := natsconn.Connect(cfg.NATS, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrSlowConsumer) {
-			c.mu.Lock()
-			c.stats.SlowConsumer++
-			c.mu.Unlock()
+			c.n.slowConsumer.Add(1)
 		}
 		c.log.Warn("nats", "nats error", "err", err)
 	}))
@@ -305,9 +344,9 @@ func New(cfg Config) (*Collector, error) {
 func (c *Collector) URL() string { return natsconn.Redacted(c.nc.ConnectedUrl()) }
 
 func (c *Collector) reject(reason string, n int64) {
-	c.mu.Lock()
-	c.rejected[reason] += n
-	c.mu.Unlock()
+	c.rejMu.Lock()
+	c.rejects[reason] += n
+	c.rejMu.Unlock()
 }
 
 // subjectJob is the job of a message's subject; a subject that does not
@@ -332,7 +371,7 @@ func (c *Collector) core(handle func(subject string, data []byte, ack acker)) na
 		c.gate.RLock()
 		defer c.gate.RUnlock()
 		if c.closed {
-			c.afterClose.Add(1)
+			c.n.afterClose.Add(1)
 			return
 		}
 		if c.mine(m.Subject) {
@@ -361,12 +400,12 @@ func (c *Collector) mine(subject string) bool {
 	if int(h.Sum32()%uint32(c.cfg.Partitions)) == c.cfg.Partition {
 		return true
 	}
-	c.otherPartition.Add(1)
+	c.n.otherPartition.Add(1)
 	return false
 }
 
 // handleSteps processes one step batch. With ack set (durable mode) the
-// message is registered, under the same lock, to be acknowledged once the
+// message is registered, under the job's lock, to be acknowledged once the
 // steps it fed are in finalised Parquet parts.
 func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 	subjJob, ok := c.subjectJob(subject, ack)
@@ -388,41 +427,55 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var touched []stepKey
-	var j *job
-	maxAttempt := int64(-1)
-	kept := 0 // records whose rank row is written, moved to the front
+	t := tally{now: time.Now()}
+	defer c.apply(&t)
+	// Validate before taking the job: a batch of garbage costs no lock.
+	valid := 0
 	for i := range recs {
 		r := &recs[i]
 		r.Normalize()
 		if r.Job != subjJob {
-			c.rejected["job:subject_mismatch"]++
-			c.log.Warn("job", "record for another job on a job's subject", "subject", subject, "job", r.Job)
+			t.reject("job:subject_mismatch", 1)
+			t.warn("job", "record for another job on a job's subject", "subject", subject, "job", r.Job)
 			continue
 		}
 		if err := r.Validate(); err != nil {
-			c.countInvalid(err)
+			t.invalid(err)
 			continue
 		}
-		if err := r.CheckClock(now, c.cfg.ClockTolerance); err != nil {
-			c.countInvalid(err)
+		if err := r.CheckClock(t.now, c.cfg.ClockTolerance); err != nil {
+			t.invalid(err)
 			continue
 		}
-		if j == nil {
-			if j = c.jobFor(r.Job); j == nil { // every record of the batch is of subjJob
-				break // job:limit, counted once per message
-			}
+		if valid != i {
+			recs[valid] = *r
 		}
+		valid++
+	}
+	recs = recs[:valid]
+	if valid == 0 {
+		c.ackNow(ack)
+		return
+	}
+	j := c.lockJob(subjJob, &t)
+	if j == nil {
+		c.ackNow(ack) // job:limit: nothing of it is kept
+		return
+	}
+	defer j.mu.Unlock() // deferred calls run last first: apply after the unlock
+	defer j.settle(&t)
+	var touched []stepKey
+	maxAttempt := int64(-1)
+	kept := 0 // records whose rank row is written, moved to the front
+	for i := range recs {
+		r := &recs[i]
 		keep := true
 		if c.cfg.Role == "rank-writer" {
-			keep = j.writeOnce(c, r)
+			keep = j.writeOnce(r, &t)
 		} else {
 			var k stepKey
 			var open bool
-			if k, open, keep = j.add(c, r, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
+			if k, open, keep = j.add(r, &t); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
 				touched = append(touched, k)
 			}
 		}
@@ -437,35 +490,29 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 	if maxAttempt >= 0 {
 		c.attempts.sawRecords(subjJob, maxAttempt)
 	}
+	if len(t.closed) > 0 {
+		j.writeRows(false, &t)
+	}
 	switch {
-	case j == nil || kept == 0:
+	case kept == 0:
 	case j.ranks == nil: // the job's folders could not be created (counted then)
 		if c.durable == nil { // durable mode leaves the message in the stream instead
-			c.stats.RowsLost += int64(kept)
+			c.n.rowsLost.Add(int64(kept))
 		}
+	case kept >= directHandOff:
+		// A big batch goes to the writer as it is, without a copy; the
+		// writer returns the slice to decodeBufs.
+		j.flushRanks()
+		j.ranks.write(recs[:kept])
+		*bufp = nil
 	default:
-		if kept >= directHandOff {
-			// A big batch goes to the writer as it is, without a copy; the
-			// writer returns the slice to decodeBufs.
-			j.flushRanks(c)
-			j.ranks.write(recs[:kept])
-			*bufp = nil
-		} else {
-			j.rankBuf = append(j.rankBuf, recs[:kept]...)
-			if len(j.rankBuf) >= 4096 {
-				j.flushRanks(c)
-			}
+		j.rankBuf = append(j.rankBuf, recs[:kept]...)
+		if len(j.rankBuf) >= 4096 {
+			j.flushRanks()
 		}
 	}
 	if ack != nil {
-		if j == nil {
-			j = c.jobFor(subjJob)
-		}
-		if j == nil {
-			c.ackNow(ack) // rejected (job:limit): nothing of it is kept
-		} else {
-			c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
-		}
+		j.unacked = append(j.unacked, ackItem{ack: ack, steps: touched})
 	}
 }
 
@@ -490,24 +537,6 @@ func (c *Collector) ackNow(ack acker) {
 	}
 }
 
-// register queues a non-step message for acknowledgement at the next checkpoint.
-func (c *Collector) register(ack acker, j *job) {
-	if ack != nil {
-		c.unacked = append(c.unacked, ackItem{ack: ack, job: j})
-	}
-}
-
-// countInvalid counts a validation error by its code; the caller holds mu.
-func (c *Collector) countInvalid(err error) {
-	var fe *tps.FieldError
-	code := "record:invalid"
-	if errors.As(err, &fe) {
-		code = fe.Code()
-	}
-	c.rejected[code]++
-	c.log.Warn(code, "record rejected", "err", err)
-}
-
 // handlePartials merges a message of node partials (aggregator role). With
 // ack set (durable mode) the message is acknowledged once the steps it fed
 // are in finalised parts.
@@ -522,30 +551,34 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	now := time.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var touched []stepKey
-	j := c.jobFor(subjJob)
+	t := tally{now: time.Now()}
+	defer c.apply(&t)
+	j := c.lockJob(subjJob, &t)
 	if j == nil {
 		c.ackNow(ack)
 		return
 	}
+	defer j.mu.Unlock()
+	defer j.settle(&t)
+	var touched []stepKey
 	for i := range ps {
 		p := &ps[i]
 		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Attempt < 0 || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
-			c.rejected["partial:invalid"]++
+			t.reject("partial:invalid", 1)
 			continue
 		}
-		if k, open := j.addPartial(c, p, now); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
+		if k, open := j.addPartial(p, &t); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
 			touched = append(touched, k)
 		}
 		if i == 0 || p.Attempt != ps[i-1].Attempt {
 			c.attempts.sawRecords(subjJob, p.Attempt)
 		}
 	}
+	if len(t.closed) > 0 {
+		j.writeRows(false, &t)
+	}
 	if ack != nil {
-		c.unacked = append(c.unacked, ackItem{ack: ack, job: j, steps: touched})
+		j.unacked = append(j.unacked, ackItem{ack: ack, steps: touched})
 	}
 }
 
@@ -562,27 +595,30 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
+	t := tally{now: time.Now()}
+	defer c.apply(&t)
 	if err := e.Validate(); err != nil {
-		c.countInvalid(err)
+		t.invalid(err)
 		c.ackNow(ack)
 		return
 	}
-	c.stats.Events++
+	c.n.events.Add(1)
 	c.attempts.sawEvent(e)
-	j := c.jobFor(e.Job)
+	j := c.lockJob(e.Job, &t)
 	if j == nil {
 		c.ackNow(ack)
 		return
 	}
+	defer j.mu.Unlock()
 	if e.Kind == tps.EventAttemptEnd {
 		j.attemptEnded = true
 	}
 	if j.events != nil {
 		j.events.write([]tps.Event{e})
 	}
-	c.register(ack, j)
+	if ack != nil {
+		j.unacked = append(j.unacked, ackItem{ack: ack})
+	}
 }
 
 func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
@@ -602,11 +638,13 @@ func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 		c.log.Warn("meta", "bad topology in run metadata", "job", meta.Job, "err", err)
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.stats.MetaUpdates++
-	if j := c.jobFor(meta.Job); j != nil {
-		j.setMeta(c, meta)
+	c.n.metaUpdates.Add(1)
+	t := tally{now: time.Now()}
+	defer c.apply(&t)
+	if j := c.lockJob(meta.Job, &t); j != nil {
+		j.setMeta(meta, &t)
+		j.settle(&t)
+		j.mu.Unlock()
 	}
 }
 
@@ -621,97 +659,119 @@ func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.jobFor(subjJob)
-	if j == nil {
-		c.ackNow(ack)
-		return
-	}
-	defer c.register(ack, j)
+	t := tally{now: time.Now()}
+	defer c.apply(&t)
 	kept := samples[:0]
-	now := time.Now()
 	for _, s := range samples {
 		if err := s.Validate(); err != nil {
-			c.countInvalid(err)
+			t.invalid(err)
 			continue
 		}
-		if err := s.CheckClock(now, c.cfg.ClockTolerance); err != nil {
-			c.countInvalid(err)
+		if err := s.CheckClock(t.now, c.cfg.ClockTolerance); err != nil {
+			t.invalid(err)
 			continue
 		}
 		s.Job = subjJob
 		kept = append(kept, s)
 	}
-	j.addGPU(c, kept)
+	j := c.lockJob(subjJob, &t)
+	if j == nil {
+		c.ackNow(ack)
+		return
+	}
+	defer j.mu.Unlock()
+	defer j.settle(&t)
+	if len(kept) > 0 && j.gpus != nil {
+		j.addGPU(kept, &t)
+		j.gpus.write(kept) // kept is not touched again
+	}
+	if ack != nil {
+		j.unacked = append(j.unacked, ackItem{ack: ack})
+	}
 }
 
-// write runs one Parquet write, counting a failure; the caller holds mu.
-// jobFor returns the job, creating it; nil when the collector holds
-// MaxJobs active jobs (counted as job:limit). The caller holds mu.
-func (c *Collector) jobFor(id string) *job {
-	now := time.Now()
-	if j, ok := c.jobs[id]; ok {
-		j.touched = now
-		return j
+// lockJob returns the job, created if new, with its lock held; nil when
+// the collector holds MaxJobs active jobs (counted as job:limit). A new
+// job's folders are created outside every lock; two handlers creating the
+// same job at once keep the first and close the other's writers.
+func (c *Collector) lockJob(id string, t *tally) *job {
+	for {
+		c.mu.Lock()
+		j := c.jobs[id]
+		if j == nil {
+			if len(c.jobs) >= c.cfg.MaxJobs && !c.evictIdlest(t.now) {
+				c.mu.Unlock()
+				t.reject("job:limit", 1)
+				t.warn("job-limit", "too many active jobs: messages of a new job rejected", "job", id, "max_jobs", c.cfg.MaxJobs)
+				return nil
+			}
+			c.mu.Unlock()
+			nj := newJob(c, id) // creates folders: outside the lock
+			c.mu.Lock()
+			if j = c.jobs[id]; j == nil {
+				j, nj = nj, nil
+				c.jobs[id] = j
+			}
+			c.mu.Unlock()
+			if nj != nil {
+				nj.closeWriters() // lost the race; nothing was written to it
+			}
+		} else {
+			c.mu.Unlock()
+		}
+		j.touched.Store(t.now.UnixNano())
+		j.mu.Lock()
+		if !j.evicted {
+			return j
+		}
+		j.mu.Unlock() // evicted meanwhile: take the job anew
 	}
-	if len(c.jobs) >= c.cfg.MaxJobs && !c.evictIdlest(now) {
-		c.rejected["job:limit"]++
-		c.log.Warn("job-limit", "too many active jobs: messages of a new job rejected", "job", id, "max_jobs", c.cfg.MaxJobs)
-		return nil
-	}
-	j := newJob(c, id)
-	j.touched = now
-	c.jobs[id] = j
-	return j
-}
-
-// evictable: nothing open or waiting, no message unacknowledged for it.
-func (c *Collector) evictable(j *job, held map[*job]bool) bool {
-	return len(j.open) == 0 && len(j.pending) == 0 && len(j.rankBuf) == 0 && !held[j] && j.disk == nil
-}
-
-// heldJobs are the jobs unacknowledged messages point to (durable mode).
-func (c *Collector) heldJobs() map[*job]bool {
-	held := map[*job]bool{}
-	for _, it := range c.unacked {
-		held[it.job] = true
-	}
-	return held
 }
 
 // evictIdlest evicts the job idle the longest, if it has been idle for
-// QuietAfter and is evictable. The caller holds mu.
+// QuietAfter and is evictable. The caller holds mu. A job whose lock is
+// busy is not idle: it is skipped, never waited for.
 func (c *Collector) evictIdlest(now time.Time) bool {
-	held := c.heldJobs()
 	var best *job
 	for _, j := range c.jobs {
-		if now.Sub(j.touched) >= c.cfg.QuietAfter && c.evictable(j, held) && (best == nil || j.touched.Before(best.touched)) {
-			best = j
+		if now.Sub(j.idleSince()) >= c.cfg.QuietAfter && (best == nil || j.idleSince().Before(best.idleSince())) {
+			if j.mu.TryLock() {
+				ok := j.evictable()
+				j.mu.Unlock()
+				if ok {
+					best = j
+				}
+			}
 		}
 	}
-	if best == nil || len(c.retireCh) == cap(c.retireCh) {
+	if best == nil || len(c.retireCh) == cap(c.retireCh) || !best.mu.TryLock() {
 		return false
 	}
-	c.evict(best)
-	return true
+	ok := best.evictable()
+	if ok {
+		c.evict(best)
+	}
+	best.mu.Unlock()
+	return ok
 }
 
-// evict forgets a job; its writers are closed by the loop, outside the
-// lock. The caller holds mu.
+// evict forgets a job: out of the map, marked so a handler holding it
+// takes the job anew; its last rows are written and its writers closed by
+// the closer (or the loop), outside mu. The caller holds mu and the job's
+// lock.
 func (c *Collector) evict(j *job) {
-	j.prepareClose(c)
+	j.evicted = true
 	delete(c.jobs, j.id)
 	select {
 	case c.retireCh <- j: // the closer finalises its parts
 	default:
 		c.retired = append(c.retired, j) // the loop does, at its next tick
 	}
-	c.stats.Evicted++
+	c.n.evicted.Add(1)
 }
 
 // closer finalises the parts of evicted jobs and stops their writers, off
-// the lock and off the message path.
+// the collector's lock and off the message path.
 func (c *Collector) closer() {
 	defer c.wg.Done()
 	for {
@@ -726,17 +786,14 @@ func (c *Collector) closer() {
 
 // sweep evicts the jobs idle for EvictAfter. The caller holds mu.
 func (c *Collector) sweep(now time.Time) {
-	var held map[*job]bool
 	for _, j := range c.jobs {
-		if now.Sub(j.touched) < c.cfg.EvictAfter {
+		if now.Sub(j.idleSince()) < c.cfg.EvictAfter || !j.mu.TryLock() {
 			continue
 		}
-		if held == nil {
-			held = c.heldJobs()
-		}
-		if c.evictable(j, held) {
+		if j.evictable() {
 			c.evict(j)
 		}
+		j.mu.Unlock()
 	}
 }
 
@@ -750,41 +807,33 @@ func (c *Collector) loop() {
 		case <-c.done:
 			return
 		case now := <-tick.C:
-			c.mu.Lock()
-			for _, j := range c.jobs {
-				j.closeExpired(c, now)
-				if j.newSinceEpisodes {
-					j.trackEpisodes()
-					j.newSinceEpisodes = false
-				}
-				if c.durable == nil {
-					if j.finaliseDue(c, now) {
-						j.finalise(c, now)
-					} else {
-						j.rotateDue(c, now)
-					}
-				} else {
-					j.writeRows(c, now, false)
-					j.flushRanks(c)
-				}
+			live := c.cfg.Live != nil && now.Sub(lastLive) >= c.cfg.LiveInterval
+			if live {
+				lastLive = now
 			}
-			checkpoint := c.durable != nil && now.Sub(c.durable.lastRot) >= c.cfg.Writer.PartAge
+			var lines []string
+			t := tally{now: now}
+			for _, j := range c.jobList() {
+				j.mu.Lock()
+				if !j.evicted {
+					j.tick(c, &t)
+					if live {
+						if l := j.liveLine(now); l != "" {
+							lines = append(lines, l)
+						}
+					}
+					j.settle(&t)
+				}
+				j.mu.Unlock()
+				c.apply(&t)
+			}
+			c.mu.Lock()
 			c.sweep(now)
 			retired := c.retired
 			c.retired = nil
-			live := c.cfg.Live != nil && now.Sub(lastLive) >= c.cfg.LiveInterval
-			var lines []string
-			if live {
-				lastLive = now
-				for _, j := range c.sortedJobs() {
-					if l := j.liveLine(); l != "" {
-						lines = append(lines, l)
-					}
-				}
-			}
 			c.mu.Unlock()
-			if checkpoint {
-				c.checkpoint(now) // waits for the disk: outside the lock
+			if c.durable != nil && now.Sub(c.durable.lastRotation()) >= c.cfg.Writer.PartAge {
+				c.checkpoint(now) // waits for the disk: outside every lock
 			}
 			c.closeJobs(retired)
 			for _, l := range lines {
@@ -794,29 +843,34 @@ func (c *Collector) loop() {
 	}
 }
 
-func (c *Collector) sortedJobs() []*job {
+// jobList is the jobs, sorted by id (a snapshot of the map).
+func (c *Collector) jobList() []*job {
+	c.mu.Lock()
 	js := make([]*job, 0, len(c.jobs))
 	for _, j := range c.jobs {
 		js = append(js, j)
 	}
+	c.mu.Unlock()
 	sort.Slice(js, func(a, b int) bool { return js[a].id < js[b].id })
 	return js
 }
 
-// Stats returns the counters.
+// Stats returns the counters. It takes no job's lock: the counters are
+// atomics, the rejections have a lock of their own.
 func (c *Collector) Stats() Stats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	s := c.stats
-	s.Rejected = make(map[string]int64, len(c.rejected))
-	for k, v := range c.rejected {
-		s.Rejected[k] = v
+	s := Stats{
+		Records: c.n.records.Load(), Duplicates: c.n.duplicates.Load(), Late: c.n.late.Load(), Events: c.n.events.Load(),
+		MetaUpdates: c.n.metaUpdates.Load(), StepsClosed: c.n.stepsClosed.Load(), Incomplete: c.n.incomplete.Load(),
+		WriteErrors: c.n.writeErrors.Load(), RowsLost: c.n.rowsLost.Load(), SlowConsumer: c.n.slowConsumer.Load(),
+		OtherPartition: c.n.otherPartition.Load(), Evicted: c.n.evicted.Load(), Quarantined: c.n.quarantined.Load(),
+		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(),
 	}
-	s.Jobs = len(c.jobs)
-	s.OtherPartition = c.otherPartition.Load()
-	s.AfterClose = c.afterClose.Load()
-	for _, j := range c.jobs {
-		s.OpenSteps += len(j.open)
+	c.rejMu.Lock()
+	s.Rejected = maps.Clone(c.rejects)
+	c.rejMu.Unlock()
+	for _, j := range c.jobList() {
+		s.Jobs++
+		s.OpenSteps += int(j.openN.Load())
 		s.WriteErrors += j.writerErrors()
 		s.RowsLost += j.writerLost()
 	}
@@ -826,11 +880,14 @@ func (c *Collector) Stats() Stats {
 // Recent returns the last cluster steps of a job (at most the live window).
 func (c *Collector) Recent(job string) []tps.ClusterStep {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if j, ok := c.jobs[job]; ok {
-		return j.recentSteps()
+	j, ok := c.jobs[job]
+	c.mu.Unlock()
+	if !ok {
+		return nil
 	}
-	return nil
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.recentSteps()
 }
 
 // Sync makes sure every message published before it (on connections that
@@ -881,36 +938,52 @@ func (c *Collector) Close() error {
 		close(c.done)
 		c.wg.Wait()
 		c.mu.Lock()
-		jobs := c.sortedJobs()
-		for _, j := range jobs {
-			j.prepareClose(c)
+		jobs := make([]*job, 0, len(c.jobs))
+		for _, j := range c.jobs {
+			jobs = append(jobs, j)
 		}
 		jobs = append(jobs, c.retired...)
 		jobs = append(jobs, drain(c.retireCh)...)
 		c.retired = nil
 		c.mu.Unlock()
-		// finalising parts waits for the disk: outside the lock
+		// finalising parts waits for the disk: outside every lock
 		err = c.closeJobs(jobs)
 		c.nc.Close()
 	})
 	return err
 }
 
-// closeJobs closes the writers of jobs no longer in use (the caller holds no
-// lock). The writers count their own failures; those of an evicted job
-// move into the totals, as it leaves the map Stats sums over.
+// closeJobs writes the last rows of jobs no longer in use and closes their
+// writers (the caller holds no lock). The writers count their own
+// failures; those of an evicted job move into the totals, as it leaves
+// the map Stats sums over.
 func (c *Collector) closeJobs(jobs []*job) error {
 	var first error
 	for _, j := range jobs {
+		t := tally{now: time.Now()}
+		j.mu.Lock()
+		if c.durable == nil {
+			j.prepareClose(&t)
+		} else {
+			// Durable mode leaves open steps open: their messages are not
+			// acknowledged, and the next collector aggregates them.
+			j.writeRows(true, &t)
+			j.flushRanks()
+		}
+		j.evicted = true
+		j.settle(&t)
+		j.mu.Unlock()
+		c.apply(&t)
 		if err := j.closeWriters(); err != nil && first == nil {
 			first = err
 		}
 		c.mu.Lock()
-		if c.jobs[j.id] != j {
-			c.stats.WriteErrors += j.writerErrors()
-			c.stats.RowsLost += j.writerLost()
-		}
+		gone := c.jobs[j.id] != j
 		c.mu.Unlock()
+		if gone {
+			c.n.writeErrors.Add(j.writerErrors())
+			c.n.rowsLost.Add(j.writerLost())
+		}
 	}
 	return first
 }

@@ -248,8 +248,15 @@ func TestBigBatchHandOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.mu.Lock()
-	c.jobs["big"].closeAll(c)
+	j := c.jobs["big"]
 	c.mu.Unlock()
+	tl := tally{now: time.Now()}
+	j.mu.Lock()
+	j.closeAll(&tl)
+	j.writeRows(false, &tl)
+	j.settle(&tl)
+	j.mu.Unlock()
+	c.apply(&tl)
 	late := rec(1, 5)
 	nc.Publish(wire.StepsSubject("big", "n0"), wire.AppendSteps(nil, []tps.StepRecord{late}))
 	nc.Flush()
@@ -288,23 +295,21 @@ func TestBigBatchHandOff(t *testing.T) {
 // not only for the GPUs heard from so far: a node whose sampler speaks
 // late would otherwise be missing from the first steps' energy.
 func TestGPUJoinWaitsForEveryNode(t *testing.T) {
-	c, _ := startCollector(t)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	j := c.jobFor("g")
+	j := newJobState("g", limits{maxOpenSteps: 8}, nil, false)
+	var tl tally
 	j.nodes["a"], j.nodes["b"] = struct{}{}, struct{}{}
 	power := 600.0
 	sample := func(node string, at int64) tps.GPUSample {
 		return tps.GPUSample{Node: node, UUID: "GPU-" + node, UnixNs: at, PowerW: &power}
 	}
-	j.addGPU(c, []tps.GPUSample{sample("a", 100), sample("a", 300)})
+	j.addGPU([]tps.GPUSample{sample("a", 100), sample("a", 300)}, &tl)
 	if len(j.gpuSeries) != 1 {
 		t.Fatalf("%d GPU series", len(j.gpuSeries))
 	}
 	if j.gpuCovered(200) {
 		t.Fatal("covered with node b's GPUs not heard from")
 	}
-	j.addGPU(c, []tps.GPUSample{sample("b", 300)})
+	j.addGPU([]tps.GPUSample{sample("b", 300)}, &tl)
 	if !j.gpuCovered(200) {
 		t.Fatal("not covered once both nodes reported past the step")
 	}
@@ -380,9 +385,11 @@ func TestImpossibleMFUShownUnknown(t *testing.T) {
 	}
 	c.mu.Lock()
 	j := c.jobs["mm"]
-	j.newSinceLog = true
-	line := j.liveLine()
 	c.mu.Unlock()
+	j.mu.Lock()
+	j.newSinceLog = true
+	line := j.liveLine(time.Now())
+	j.mu.Unlock()
 	if !strings.Contains(line, "MFU n/a (the run's topology") {
 		t.Errorf("live line: %s", line)
 	}

@@ -66,7 +66,6 @@ type acker interface{ Ack() error }
 
 type ackItem struct {
 	ack   acker
-	job   *job
 	steps []stepKey // open steps the message's records went into
 }
 
@@ -75,7 +74,7 @@ type durableState struct {
 	consumer jetstream.Consumer
 	consume  jetstream.ConsumeContext
 	handled  atomic.Uint64 // highest stream sequence handled
-	lastRot  time.Time
+	lastRot  atomic.Int64  // unix ns of the last checkpoint
 	// checkpointing: a checkpoint runs (the loop's, or a Sync's)
 	checkpointing atomic.Bool
 }
@@ -150,7 +149,8 @@ func (c *Collector) startDurable() error {
 	if err != nil {
 		return fmt.Errorf("collector: create consumer %s (a work-queue stream takes one all-role collector, or an aggregator and rank writers, not both): %w", cfg.Durable, err)
 	}
-	c.durable = &durableState{js: js, consumer: cons, lastRot: time.Now()}
+	c.durable = &durableState{js: js, consumer: cons}
+	c.durable.lastRot.Store(time.Now().UnixNano())
 	if err := c.loadDiskKeys(ctx); err != nil {
 		return err
 	}
@@ -268,9 +268,12 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 			}
 		}
 		if n > 0 {
-			if j := c.jobFor(e.Name()); j != nil {
+			t := tally{now: time.Now()}
+			if j := c.lockJob(e.Name(), &t); j != nil {
 				j.disk = d
+				j.mu.Unlock()
 			}
+			c.apply(&t)
 			c.cfg.Logger.Info("durable restart: keys of recent parts loaded", "job", e.Name(), "parts", n,
 				"closed_steps", len(d.closed), "steps_with_rank_rows", len(d.ranks), "unacknowledged_messages", info.State.Msgs)
 		}
@@ -278,72 +281,93 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 	return nil
 }
 
+// lastRotation is when the last checkpoint started.
+func (d *durableState) lastRotation() time.Time { return time.Unix(0, d.lastRot.Load()) }
+
 // checkpoint finalises every job's parts and acknowledges the messages whose
 // data they now hold. The caller holds no lock: the rotations are queued
-// under it (after every write they must cover), awaited and acknowledged
-// outside it, so ingest never waits for the disk or the network. Messages
-// of a job whose write failed stay unacknowledged: they wait in the stream.
+// under each job's lock (after every write they must cover), awaited and
+// acknowledged outside it, so ingest never waits for the disk or the
+// network. Messages of a job whose write failed stay unacknowledged: they
+// wait in the stream. A job whose messages a checkpoint holds is not
+// evicted until they are settled.
 func (c *Collector) checkpoint(now time.Time) {
 	if !c.durable.checkpointing.CompareAndSwap(false, true) {
 		return // one at a time; the caller tries again later
 	}
 	defer c.durable.checkpointing.Store(false)
+	c.durable.lastRot.Store(now.UnixNano())
 	type rotation struct {
 		j       *job
 		replies [4]chan error
 		written map[stepKey]bool
+		items   []ackItem // these messages' rows were all queued before the rotations
+		failed  bool
 	}
-	failed := map[*job]bool{}
 	var rots []rotation
-	c.mu.Lock()
-	for _, j := range c.jobs {
-		j.writeRows(c, now, false)
-		j.flushRanks(c)
-		if j.ranks == nil {
-			failed[j] = true
+	for _, j := range c.jobList() {
+		t := tally{now: now}
+		j.mu.Lock()
+		if j.evicted {
+			j.mu.Unlock()
 			continue
 		}
-		rots = append(rots, rotation{j: j, written: j.written,
-			replies: [4]chan error{j.ranks.rotateAsync(), j.cluster.rotateAsync(), j.events.rotateAsync(), j.gpus.rotateAsync()}})
-		j.written = map[stepKey]bool{}
-	}
-	items := c.unacked // these messages' rows were all queued before the rotations
-	c.unacked = nil
-	c.durable.lastRot = now
-	c.mu.Unlock()
-
-	written := make(map[*job]map[stepKey]bool, len(rots))
-	var writeErrors int64
-	for _, r := range rots {
-		written[r.j] = r.written
-		for i, err := range [4]error{r.j.ranks.settle(r.replies[0]), r.j.cluster.settle(r.replies[1]),
-			r.j.events.settle(r.replies[2]), r.j.gpus.settle(r.replies[3])} {
-			if err != nil {
-				writeErrors++
-				c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", r.j.id, "table", i, "err", err)
-				failed[r.j] = true
-			}
-		}
-	}
-	var kept []ackItem
-	for _, it := range items {
-		settled := !failed[it.job]
-		for _, k := range it.steps {
-			if !written[it.job][k] {
-				settled = false
-				break
-			}
-		}
-		if settled {
-			it.ack.Ack()
+		j.writeRows(false, &t)
+		j.flushRanks()
+		r := rotation{j: j, written: j.written, items: j.unacked}
+		if j.ranks == nil {
+			r.failed = true
 		} else {
-			kept = append(kept, it)
+			r.replies = [4]chan error{j.ranks.rotateAsync(), j.cluster.rotateAsync(), j.events.rotateAsync(), j.gpus.rotateAsync()}
 		}
+		j.written, j.unacked, j.checkpointing = map[stepKey]bool{}, nil, true
+		j.settle(&t)
+		j.mu.Unlock()
+		c.apply(&t)
+		rots = append(rots, r)
 	}
-	c.mu.Lock()
-	c.unacked = append(kept, c.unacked...)
-	c.stats.WriteErrors += writeErrors
-	c.mu.Unlock()
+	for _, r := range rots {
+		if !r.failed {
+			for i, err := range [4]error{r.j.ranks.settle(r.replies[0]), r.j.cluster.settle(r.replies[1]),
+				r.j.events.settle(r.replies[2]), r.j.gpus.settle(r.replies[3])} {
+				if err != nil {
+					c.n.writeErrors.Add(1)
+					c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", r.j.id, "table", i, "err", err)
+					r.failed = true
+				}
+			}
+		}
+		var kept []ackItem
+		for _, it := range r.items {
+			settled := !r.failed
+			for _, k := range it.steps {
+				if !r.written[k] {
+					settled = false
+					break
+				}
+			}
+			if settled {
+				it.ack.Ack() // network I/O: outside every lock
+			} else {
+				kept = append(kept, it)
+			}
+		}
+		r.j.mu.Lock()
+		r.j.unacked = append(kept, r.j.unacked...)
+		r.j.checkpointing = false
+		r.j.mu.Unlock()
+	}
+}
+
+// unackedMessages counts the messages waiting for a checkpoint.
+func (c *Collector) unackedMessages() int {
+	n := 0
+	for _, j := range c.jobList() {
+		j.mu.Lock()
+		n += len(j.unacked)
+		j.mu.Unlock()
+	}
+	return n
 }
 
 // syncDurable waits until every message in the stream when it was called
@@ -393,10 +417,7 @@ func (c *Collector) syncDurable(timeout time.Duration) error {
 // syncShared is syncDurable for a consumer shared by a pool of collectors.
 func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error {
 	for {
-		c.mu.Lock()
-		pending := len(c.unacked) > 0
-		c.mu.Unlock()
-		if pending {
+		if c.unackedMessages() > 0 {
 			c.checkpoint(time.Now())
 		}
 		ci, err := c.durable.consumer.Info(ctx)
@@ -421,30 +442,34 @@ func (c *Collector) closeDurable() error {
 	<-c.durable.consume.Closed()
 	close(c.done)
 	c.wg.Wait()
-	c.mu.Lock()
 	now := time.Now()
-	for _, j := range c.jobs {
-		j.writeRows(c, now, true)
-	}
-	c.mu.Unlock()
-	c.checkpoint(now)
-	c.mu.Lock()
-	jobs := c.sortedJobs()
-	retired := append(c.retired, drain(c.retireCh)...)
-	c.retired = nil
 	var err error
-	for _, j := range jobs {
+	for _, j := range c.jobList() {
+		t := tally{now: now}
+		j.mu.Lock()
+		j.writeRows(true, &t)
 		if j.ranks == nil {
 			err = fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
 		}
+		j.settle(&t)
+		j.mu.Unlock()
+		c.apply(&t)
 	}
-	left := len(c.unacked)
-	c.mu.Unlock()
-	if left > 0 {
+	c.checkpoint(now)
+	if left := c.unackedMessages(); left > 0 {
 		c.cfg.Logger.Info("durable: messages left for the next collector", "messages", left)
 	}
+	c.mu.Lock()
+	jobs := make([]*job, 0, len(c.jobs))
+	for _, j := range c.jobs {
+		jobs = append(jobs, j)
+	}
+	jobs = append(jobs, c.retired...)
+	jobs = append(jobs, drain(c.retireCh)...)
+	c.retired = nil
+	c.mu.Unlock()
 	// the writers hold nothing since the checkpoint: stop their goroutines
-	c.closeJobs(append(jobs, retired...))
+	c.closeJobs(jobs)
 	c.nc.Close()
 	return err
 }
@@ -468,6 +493,6 @@ func (c *Collector) quarantine(path string, err error) {
 	if rerr := os.Rename(path, to); rerr != nil {
 		to = path
 	}
-	c.stats.Quarantined++
+	c.n.quarantined.Add(1)
 	c.cfg.Logger.Warn("unreadable part set aside", "part", to, "err", err)
 }

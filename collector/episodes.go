@@ -26,7 +26,7 @@ const maxEpisodes = 20
 
 // trackEpisodes opens an episode for each newly flagged node and closes
 // those no longer flagged, at the job's last closed step.
-func (j *job) trackEpisodes() {
+func (j *jobState) trackEpisodes() {
 	if len(j.recent) == 0 {
 		return
 	}
@@ -93,7 +93,7 @@ func mergeRanks(a, b []int64) []int64 {
 }
 
 // liveEpisodes are the job's episodes, open ones last, by start step.
-func (j *job) liveEpisodes() []LiveEpisode {
+func (j *jobState) liveEpisodes() []LiveEpisode {
 	out := slices.Clone(j.episodes)
 	for _, e := range j.openEpisodes {
 		c := *e

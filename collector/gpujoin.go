@@ -1,10 +1,6 @@
 package collector
 
-import (
-	"time"
-
-	"github.com/tpsprof/tpsprof/tps"
-)
+import "github.com/tpsprof/tpsprof/tps"
 
 // maxGPUPoints bounds the samples kept per GPU (10 minutes at 1 s).
 const maxGPUPoints = 600
@@ -45,18 +41,13 @@ func (g *gpuSeries) last() int64 {
 	return g.points[len(g.points)-1].UnixNs
 }
 
-type pendingRow struct {
-	row      tps.ClusterStep
-	closedAt time.Time
-}
-
 // gpuCovered reports whether every GPU has reported past t, and GPUs of
 // as many nodes as the job's records name have reported at all: a node
 // whose sampler has not spoken yet (it starts late, or its first message
 // is still in flight) holds the row until GPUJoinWait rather than have it
 // written with that node's GPUs missing. (Nodes are counted, not matched
 // by name: a rank may name its node differently from its agent.)
-func (j *job) gpuCovered(t int64) bool {
+func (j *jobState) gpuCovered(t int64) bool {
 	if len(j.gpuNodes) < len(j.nodes) {
 		return false
 	}
@@ -69,7 +60,7 @@ func (j *job) gpuCovered(t int64) bool {
 }
 
 // joinGPU adds energy, power, clock and throttle reasons to a cluster row.
-func (j *job) joinGPU(c *tps.ClusterStep) {
+func (j *jobState) joinGPU(c *tps.ClusterStep) {
 	var power, clock float64
 	for _, g := range j.gpuSeries {
 		w, ok := tps.JoinGPU(g.points, c.StartUnixNs, c.EndUnixNs)
@@ -89,35 +80,5 @@ func (j *job) joinGPU(c *tps.ClusterStep) {
 			c.TokensPerJoule = float64(c.Tokens) / c.EnergyJ
 			j.lastTPJ = c.TokensPerJoule
 		}
-	}
-}
-
-// writeRows writes the closed cluster rows whose GPU data has arrived (or
-// that waited long enough, or all with force).
-func (j *job) writeRows(c *Collector, now time.Time, force bool) {
-	n := 0
-	for n < len(j.pending) {
-		p := &j.pending[n]
-		if !force && len(j.gpuSeries) > 0 && !j.gpuCovered(p.row.EndUnixNs) && now.Sub(p.closedAt) < c.cfg.GPUJoinWait {
-			break // rows are written in closing order
-		}
-		if len(j.gpuSeries) > 0 {
-			j.joinGPU(&p.row)
-		}
-		n++
-	}
-	if n == 0 {
-		return
-	}
-	rows := make([]tps.ClusterStep, n)
-	for i := range rows {
-		rows[i] = j.pending[i].row
-		if j.written != nil {
-			j.written[stepKey{rows[i].Attempt, rows[i].Step}] = true
-		}
-	}
-	j.pending = j.pending[n:]
-	if j.cluster != nil {
-		j.cluster.write(rows)
 	}
 }

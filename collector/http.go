@@ -61,10 +61,9 @@ type LiveSummary struct {
 // breakdown over the last 10, and the slowest ranks by recent compute time.
 func (c *Collector) Summary() LiveSummary {
 	st := c.Stats()
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	out := LiveSummary{OutDir: filepath.Base(c.cfg.OutDir), GeneratedUnix: time.Now().UnixMilli(), Stats: st}
-	for _, j := range c.sortedJobs() {
+	for _, j := range c.jobList() {
+		j.mu.Lock()
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
 			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes()}
 		steps := j.recentSteps()
@@ -92,6 +91,7 @@ func (c *Collector) Summary() LiveSummary {
 				lj.Steps = append(lj.Steps, LiveStep{Steps: 1, Step: s.Step, TPS: s.TPS, MFU: knownMFU(s), Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
 			}
 		}
+		j.mu.Unlock()
 		out.Jobs = append(out.Jobs, lj)
 	}
 	return out

@@ -14,7 +14,7 @@ import (
 func TestSlowRanksMatchScoreMedians(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const world = 1000
-	j := &job{world: world, computeEWMA: make([]float64, world), rankNode: make([]string, world)}
+	j := &jobState{world: world, computeEWMA: make([]float64, world), rankNode: make([]string, world)}
 	med, nodes := map[int64]float64{}, map[int64]string{}
 	for r := range world {
 		if r%97 == 5 {
@@ -45,12 +45,12 @@ func TestSlowRanksMatchScoreMedians(t *testing.T) {
 }
 
 // BenchmarkLiveScores: the straggler figures the live page and /metrics
-// compute under the collector's lock, at 131,072 ranks.
+// compute under a job's lock (the live page) or at each closed step (/metrics), at 131,072 ranks.
 //
 //	go test -run '^$' -bench LiveScores ./collector/
 func BenchmarkLiveScores(b *testing.B) {
 	const world = 131072
-	j := &job{world: world, computeEWMA: make([]float64, world), rankNode: make([]string, world)}
+	j := &jobState{world: world, computeEWMA: make([]float64, world), rankNode: make([]string, world)}
 	for r := range world {
 		j.computeEWMA[r] = 1e9 + float64((r*7919)%1000)*1e6
 		j.rankNode[r] = fmt.Sprintf("node-%d", r/8)

@@ -55,19 +55,21 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
 	}
-	c.mu.Lock()
-	for _, j := range c.sortedJobs() {
-		counter(descClosed, float64(j.closedSteps), j.id)
-		counter(descIncomplete, float64(j.incompleteSteps), j.id)
-		counter(descTokens, float64(j.tokens), j.id)
-		if j.world > 0 {
-			gauge(descWorld, float64(j.world), j.id)
-			gauge(descStraggler, float64(j.stragglers()), j.id)
+	// Scrapes take no job's lock: each job publishes its figures at every
+	// closed step (job.settle), the counters are atomics.
+	for _, j := range c.jobList() {
+		f := j.live.Load()
+		counter(descClosed, float64(f.closed), j.id)
+		counter(descIncomplete, float64(f.incomplete), j.id)
+		counter(descTokens, float64(f.tokens), j.id)
+		if f.world > 0 {
+			gauge(descWorld, float64(f.world), j.id)
+			gauge(descStraggler, float64(f.stragglers), j.id)
 		}
-		if len(j.recent) == 0 {
+		last := f.last
+		if last == nil {
 			continue
 		}
-		last := j.lastRow()
 		gauge(descTPS, last.TPS, j.id)
 		gauge(descTPSPerGPU, last.TPSPerGPU, j.id)
 		if last.MFUUnknown == "" && last.MFU > 0 {
@@ -79,29 +81,21 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descComm, last.CommFractionMean, j.id)
 		gauge(descBubble, last.BubbleFractionMean, j.id)
 		gauge(descData, last.DataStallFractionMean, j.id)
-		if j.lastTPJ > 0 {
-			gauge(descTPJ, j.lastTPJ, j.id)
+		if f.tokensPerJoule > 0 {
+			gauge(descTPJ, f.tokensPerJoule, j.id)
 		}
 	}
-	counter(descAccepted, float64(c.stats.Records))
-	counter(descDuplicate, float64(c.stats.Duplicates))
-	counter(descLate, float64(c.stats.Late))
-	writeErrors := c.stats.WriteErrors
-	for _, j := range c.jobs {
-		writeErrors += j.writerErrors()
-	}
-	counter(descWriteErr, float64(writeErrors))
-	rowsLost := c.stats.RowsLost
-	for _, j := range c.jobs {
-		rowsLost += j.writerLost()
-	}
-	counter(descRowsLost, float64(rowsLost))
-	counter(descSlowCons, float64(c.stats.SlowConsumer))
-	counter(descStaleParts, float64(c.stats.StaleParts))
-	for reason, n := range c.rejected {
+	st := c.Stats()
+	counter(descAccepted, float64(st.Records))
+	counter(descDuplicate, float64(st.Duplicates))
+	counter(descLate, float64(st.Late))
+	counter(descWriteErr, float64(st.WriteErrors))
+	counter(descRowsLost, float64(st.RowsLost))
+	counter(descSlowCons, float64(st.SlowConsumer))
+	counter(descStaleParts, float64(st.StaleParts))
+	for reason, n := range st.Rejected {
 		counter(descRejected, float64(n), reason)
 	}
-	c.mu.Unlock()
 	conn := 0.0
 	if c.nc.IsConnected() {
 		conn = 1

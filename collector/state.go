@@ -1,0 +1,764 @@
+package collector
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// The state side of a job: what its records add up to. jobState holds the
+// open steps, the dedupe windows, the GPU series rows wait for and the
+// live figures; its methods take no lock, log nothing and touch neither
+// the disk nor the network. What a call did (counts, rejections, warnings,
+// the steps it closed) goes into the tally the caller passes; the rows
+// ready to be written are taken with readyRows. The collector (job.go,
+// collector.go) owns the lock around it and the I/O after it; state_test.go
+// tests it alone.
+
+type stepKey struct{ attempt, step int64 }
+
+type openStep struct {
+	acc   *tps.StepAccumulator
+	first time.Time
+}
+
+// stepBits remembers which ranks of the last limit steps were seen, so a
+// repeated record is still recognised: the ranks that reported recently
+// closed steps (all and aggregator roles) or whose rows a rank writer
+// wrote. Memory: one bit per rank per step.
+type stepBits struct {
+	seen  map[stepKey][]uint64
+	order []stepKey
+	limit int
+	floor map[int64]int64 // per attempt, the highest step forgotten
+}
+
+func newStepBits(limit int) stepBits {
+	return stepBits{seen: map[stepKey][]uint64{}, limit: limit, floor: map[int64]int64{}}
+}
+
+// add remembers k's bits, forgetting the oldest step past the limit.
+func (c *stepBits) add(k stepKey, bits []uint64) {
+	if len(c.order) >= c.limit {
+		old := c.order[0]
+		delete(c.seen, old)
+		if f, ok := c.floor[old.attempt]; !ok || old.step > f {
+			c.floor[old.attempt] = old.step
+		}
+		c.order = c.order[1:]
+	}
+	c.seen[k] = bits
+	c.order = append(c.order, k)
+}
+
+// forgotten reports whether k is at or below a step already forgotten.
+func (c *stepBits) forgotten(k stepKey) bool {
+	f, ok := c.floor[k.attempt]
+	return ok && k.step <= f
+}
+
+const liveWindow = 512
+
+// rankSeenSteps is how many steps a rank writer remembers the rows of.
+const rankSeenSteps = 256
+
+// maxStepJump is how far past a job's current steps a new step may be:
+// resuming from a checkpoint skips a few thousand, never ten million.
+const maxStepJump = 10_000_000
+
+// ewmaAlpha weighs the last step in a rank's recent compute time.
+const ewmaAlpha = 0.1
+
+// tally is what state calls did, for the caller to count and say once the
+// job's lock is released. One tally serves one message (or one tick).
+type tally struct {
+	now                       time.Time
+	records, duplicates, late int64
+	stepsClosed, incomplete   int64
+	rejected                  map[string]int64
+	warnings                  []warning
+	closed                    []tps.ClusterStep // steps closed, in order (for OnStep)
+	metaChanged               bool              // the parts' metadata snapshot is stale
+	liveChanged               bool              // the figures /metrics reads changed
+}
+
+// warning is a log line the state asks for: key rate-limits it (empty:
+// always said, once per occurrence).
+type warning struct {
+	key, msg string
+	args     []any
+}
+
+func (t *tally) reject(reason string, n int64) {
+	if t.rejected == nil {
+		t.rejected = map[string]int64{}
+	}
+	t.rejected[reason] += n
+}
+
+func (t *tally) warn(key, msg string, args ...any) {
+	if len(t.warnings) < 16 {
+		t.warnings = append(t.warnings, warning{key, msg, args})
+	}
+}
+
+// invalid counts a validation error by its code.
+func (t *tally) invalid(err error) {
+	var fe *tps.FieldError
+	code := "record:invalid"
+	if errors.As(err, &fe) {
+		code = fe.Code()
+	}
+	t.reject(code, 1)
+	t.warn(code, "record rejected", "err", err)
+}
+
+// limits are the collector's settings the state needs.
+type limits struct {
+	maxOpenSteps int
+	gpuJoinWait  time.Duration
+	quietAfter   time.Duration
+}
+
+type pendingRow struct {
+	row      tps.ClusterStep
+	closedAt time.Time
+}
+
+type jobState struct {
+	id      string
+	lim     limits
+	meta    tps.RunMeta
+	hasMeta bool
+	gpuSeen string // GPU name NVML reported on this job's nodes
+
+	world        int64
+	worldAttempt int64 // the newest attempt seen: only a newer one may change world
+	cfg          tps.AccumulatorConfig
+	cfgErr       string
+
+	open        map[stepKey]*openStep
+	closed      stepBits          // ranks of the recently closed steps
+	rowsSeen    stepBits          // rank-writer role: rows written recently
+	maxClosed   map[int64]int64   // highest closed step per attempt
+	rankNode    []string          // by rank, world entries
+	lastKey     stepKey           // the step of the last record added...
+	lastOpen    *openStep         // ...while it is open
+	recent      []tps.ClusterStep // ring of the last liveWindow cluster steps
+	history     runHistory        // the whole run, bucketed, for the live page
+	recentNext  int
+	newSinceLog bool
+	// a step closed since straggler episodes were last tracked
+	newSinceEpisodes bool
+
+	// finalising parts when an attempt ends or the job goes quiet
+	lastActive   time.Time // the last step record
+	unfinalised  bool      // rows written since the parts were last finalised
+	attemptEnded bool      // an attempt_end event since then
+
+	gpuSeries map[string]*gpuSeries // node/uuid → samples
+	nodes     map[string]struct{}   // nodes named by the job's records
+	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
+	pending   []pendingRow          // closed rows waiting for GPU samples
+
+	// durable mode
+	disk    *diskKeys        // what parts not yet covered by acknowledgements hold
+	written map[stepKey]bool // steps whose cluster rows were handed out since the last checkpoint
+
+	// live figures for metrics and the live page
+	closedSteps, incompleteSteps, tokens int64
+	lastTPJ                              float64
+	computeEWMA                          []float64 // per rank, ns
+	openEpisodes                         map[string]*LiveEpisode
+	episodes                             []LiveEpisode // closed, the last maxEpisodes
+}
+
+// newJobState is a job with nothing heard yet: meta (may be nil) is the
+// metadata every job starts from; durable keeps the written-steps set
+// checkpoints need.
+func newJobState(id string, lim limits, meta *tps.RunMeta, durable bool) jobState {
+	s := jobState{id: id, lim: lim, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{},
+		nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{}, closed: newStepBits(64)}
+	if durable {
+		s.written = map[stepKey]bool{}
+	}
+	if meta != nil {
+		s.meta = *meta
+		s.meta.Job = id
+		s.hasMeta = true
+	}
+	return s
+}
+
+// writeOnce reports whether r's rank row is to be written (rank-writer
+// role): not already written by this collector within the window. A step
+// older than the window is written unchecked (and counted late).
+func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
+	w := &s.rowsSeen
+	if w.seen == nil {
+		*w = newStepBits(rankSeenSteps)
+	}
+	k := stepKey{r.Attempt, r.Step}
+	if s.disk != nil && s.disk.ranks[k][r.Rank] { // written before a restart (durable mode)
+		t.duplicates++
+		return false
+	}
+	bits, ok := w.seen[k]
+	if !ok {
+		if w.forgotten(k) {
+			t.late++
+			return true
+		}
+		bits = make([]uint64, (r.WorldSize+63)/64)
+		w.add(k, bits)
+	}
+	i, b := r.Rank/64, uint64(1)<<(r.Rank%64)
+	if i < int64(len(bits)) { // else the world size changed within a step: cannot check
+		if bits[i]&b != 0 {
+			t.duplicates++
+			return false
+		}
+		bits[i] |= b
+	}
+	t.records++
+	return true
+}
+
+// observeCompute folds a rank's compute time into its moving average.
+func (s *jobState) observeCompute(rank int64, ns float64) {
+	if int64(len(s.computeEWMA)) != s.world {
+		s.computeEWMA = make([]float64, s.world)
+	}
+	if rank < 0 || rank >= int64(len(s.computeEWMA)) {
+		return
+	}
+	if e := s.computeEWMA[rank]; e == 0 {
+		s.computeEWMA[rank] = ns
+	} else {
+		s.computeEWMA[rank] = e + ewmaAlpha*(ns-e)
+	}
+}
+
+// slowRanks returns the ranks with their score (fastest recent compute /
+// theirs), slowest first (ties by rank), at most n. It keeps the n
+// slowest in a small sorted slice instead of scoring and sorting every
+// rank through maps (70 ms at 131,072 ranks; see BenchmarkLiveScores).
+func (s *jobState) slowRanks(n int) []tps.RankScore {
+	best := s.bestCompute()
+	if best == 0 || n <= 0 {
+		return nil
+	}
+	top := make([]tps.RankScore, 0, min(n, len(s.computeEWMA))+1)
+	after := func(a tps.RankScore, score float64, rank int64) bool { // a sorts after (score, rank)
+		return a.Score > score || (a.Score == score && a.Rank > rank)
+	}
+	for r, v := range s.computeEWMA {
+		if v <= 0 {
+			continue
+		}
+		score, rank := best/v, int64(r)
+		if len(top) == n && !after(top[n-1], score, rank) {
+			continue
+		}
+		i := len(top)
+		for i > 0 && after(top[i-1], score, rank) {
+			i--
+		}
+		top = slices.Insert(top, i, tps.RankScore{Rank: rank, MedianComputeNs: v, Score: score})
+		if len(top) > n {
+			top = top[:n]
+		}
+	}
+	for i := range top {
+		if top[i].Rank < int64(len(s.rankNode)) {
+			top[i].Node = s.rankNode[top[i].Rank]
+		}
+		top[i].Straggler = top[i].Score < tps.StragglerThreshold
+	}
+	return top
+}
+
+// bestCompute is the fastest recent compute time over ranks (0: none yet).
+func (s *jobState) bestCompute() float64 {
+	best := 0.0
+	for _, v := range s.computeEWMA {
+		if v > 0 && (best == 0 || v < best) {
+			best = v
+		}
+	}
+	return best
+}
+
+// stragglers counts ranks below the straggler threshold.
+func (s *jobState) stragglers() int {
+	best := s.bestCompute()
+	n := 0
+	for _, v := range s.computeEWMA {
+		if v > 0 && best/v < tps.StragglerThreshold {
+			n++
+		}
+	}
+	return n
+}
+
+func (s *jobState) lastRow() tps.ClusterStep {
+	if len(s.recent) < liveWindow {
+		return s.recent[len(s.recent)-1]
+	}
+	return s.recent[(s.recentNext+liveWindow-1)%liveWindow]
+}
+
+// fileMetadata is stored in every part: the run metadata as known when the
+// part is finalised.
+func (s *jobState) fileMetadata() map[string]string {
+	m := s.meta
+	m.Job = s.id
+	if m.GPU == "" {
+		m.GPU = s.gpuSeen
+	}
+	b, _ := json.Marshal(m)
+	out := map[string]string{trace.MetaRun: string(b)}
+	if s.cfg.PeakFLOPSPerGPU > 0 {
+		out["tpsprof.peak_tflops"] = fmt.Sprint(s.cfg.PeakFLOPSPerGPU / 1e12)
+	}
+	if s.cfg.FLOPsPerToken > 0 {
+		out["tpsprof.flops_per_token"] = fmt.Sprint(s.cfg.FLOPsPerToken)
+	}
+	out["tpsprof.topology"] = s.cfg.Topology.String()
+	return out
+}
+
+func (s *jobState) setMeta(m tps.RunMeta, t *tally) {
+	s.meta.Merge(m)
+	s.hasMeta = true
+	if s.world > 0 {
+		s.configure(s.world, t)
+	}
+	t.metaChanged = true
+}
+
+// configure derives the aggregation settings for world; steps opened from
+// now on use them.
+func (s *jobState) configure(world int64, t *tally) {
+	if world != s.world || s.rankNode == nil {
+		s.rankNode = make([]string, world)
+	}
+	s.world = world
+	cfg, err := s.meta.AccumulatorConfig(int(world), s.gpuSeen)
+	s.cfg = cfg
+	t.metaChanged, t.liveChanged = true, true
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg != s.cfgErr && msg != "" {
+		t.warn("", "MFU not computed for this job", "job", s.id, "why", msg)
+	}
+	s.cfgErr = msg
+	if tp := s.meta.Topology; tp != (tps.Topology{}) && tp.Validate(int(world)) != nil {
+		t.warn("", "the job's topology does not match its world size; assuming pure data parallelism", "job", s.id, "topology", tp.String(), "world_size", world)
+	}
+}
+
+// window is the attempt's current step: the highest closed step, else the
+// lowest open one; ok is false before any.
+func (s *jobState) window(attempt int64) (int64, bool) {
+	if hi, ok := s.maxClosed[attempt]; ok {
+		return hi, true
+	}
+	lo, ok := int64(0), false
+	for k := range s.open {
+		if k.attempt == attempt && (!ok || k.step < lo) {
+			lo, ok = k.step, true
+		}
+	}
+	return lo, ok
+}
+
+// admission is where a record or partial of step k goes.
+type admission int
+
+const (
+	admitOpen      admission = iota // into an open step (opened now if new)
+	admitLate                       // after its step closed: not aggregated
+	admitStale                      // after its step closed too long ago to check for duplicates
+	admitDuplicate                  // already counted
+	admitRejected                   // refused; the reason is in the tally
+)
+
+// admit finds or opens the step of a record or partial: the one path both
+// take. ranks are the ranks it carries (one for a record); n counts them.
+// A step closed recently is checked rank by rank (rerun says a closed
+// step's rank came again); one closed before a restart (durable mode) or
+// long ago is late; a step far ahead of the job's window is rejected.
+func (s *jobState) admit(k stepKey, world int64, ranks func(yield func(int64) bool), n int64, t *tally) (*openStep, admission) {
+	st := s.lastOpen
+	if st == nil || s.lastKey != k {
+		st = s.open[k]
+	}
+	if st != nil {
+		return st, admitOpen
+	}
+	if bits, closed := s.closed.seen[k]; closed {
+		if n == 1 {
+			for r := range ranks {
+				i, b := r/64, uint64(1)<<(r%64)
+				if i < int64(len(bits)) && bits[i]&b != 0 {
+					t.duplicates++
+					return nil, admitDuplicate
+				}
+				if i < int64(len(bits)) {
+					bits[i] |= b
+				}
+			}
+		}
+		t.late += n
+		return nil, admitLate
+	}
+	if s.disk != nil && s.disk.closed[k] { // closed before a restart (durable mode)
+		if n != 1 { // a partial: its row was written before the restart
+			t.duplicates += n
+			return nil, admitDuplicate
+		}
+		for r := range ranks {
+			if s.disk.ranks[k][r] {
+				t.duplicates++
+				return nil, admitDuplicate
+			}
+			s.disk.markRank(k, r)
+		}
+		t.late++
+		return nil, admitLate
+	}
+	if hi, ok := s.maxClosed[k.attempt]; ok && k.step <= hi {
+		t.late += n // closed too long ago to check for duplicates
+		return nil, admitStale
+	}
+	if ref, ok := s.window(k.attempt); ok && k.step > ref+maxStepJump {
+		// One absurd step number would move the window: every later step
+		// would count as late (2^62 from one rank stopped a job's cluster
+		// rows).
+		t.reject("step:jump", n)
+		t.warn("step-jump", "record far ahead of the job's steps rejected", "job", s.id, "step", k.step, "current", ref)
+		return nil, admitRejected
+	}
+	acc, err := tps.NewStepAccumulator(s.id, k.attempt, k.step, world, s.cfg)
+	if err != nil {
+		t.invalid(err)
+		return nil, admitRejected
+	}
+	st = &openStep{acc: acc, first: t.now}
+	s.open[k] = st
+	if len(s.open) > s.lim.maxOpenSteps {
+		s.closeOldest(t)
+	}
+	return st, admitOpen
+}
+
+// setWorld adopts a record's world size: only a new attempt may change it
+// (a stray record with another size, an older attempt's late one, used to
+// close every open step, written with missing ranks and wrong tokens). A
+// relaunch at another size closes what the old size left open.
+func (s *jobState) setWorld(world, attempt int64, t *tally) bool {
+	if s.world == world {
+		return true
+	}
+	if s.world != 0 && attempt <= s.worldAttempt {
+		t.reject("world_size:mismatch", 1)
+		t.warn("world", "record with another world size than its attempt's rejected", "job", s.id, "attempt", attempt, "world_size", world, "attempt_world_size", s.world)
+		return false
+	}
+	if s.world != 0 && len(s.open) > 0 {
+		s.closeAll(t)
+	}
+	s.configure(world, t)
+	return true
+}
+
+// add folds a record in. It returns the step's key, whether the record
+// went into an open step (whose cluster row is still to be written), and
+// whether its rank row is to be written (not a duplicate, not invalid, not
+// already on disk from before a restart).
+func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool) {
+	s.lastActive, s.unfinalised = t.now, true
+	k = stepKey{r.Attempt, r.Step}
+	if !s.setWorld(r.WorldSize, r.Attempt, t) {
+		return k, false, false
+	}
+	s.worldAttempt = max(s.worldAttempt, r.Attempt)
+	if r.Node != "" && s.rankNode[r.Rank] != r.Node {
+		s.rankNode[r.Rank] = r.Node // Validate bounds Rank by WorldSize == len(rankNode)
+		if _, ok := s.nodes[r.Node]; !ok && len(s.nodes) < 1<<16 {
+			s.nodes[r.Node] = struct{}{}
+		}
+	}
+	// Records of a step arrive together: admit remembers the last open
+	// step rather than hashing its key for every record.
+	st, how := s.admit(k, r.WorldSize, func(yield func(int64) bool) { yield(r.Rank) }, 1, t)
+	switch how {
+	case admitLate:
+		return k, false, true
+	case admitStale:
+		s.warnRerun(r, t)
+		return k, false, true
+	case admitDuplicate:
+		s.warnRerun(r, t)
+		return k, false, false
+	case admitRejected:
+		return k, false, false
+	}
+	s.lastKey, s.lastOpen = k, st
+	added, err := st.acc.Add(r)
+	if err != nil {
+		t.invalid(err)
+		return k, false, false
+	}
+	if !added {
+		t.duplicates++
+		return k, false, false
+	}
+	t.records++
+	s.observeCompute(r.Rank, float64(r.ComputeNs()))
+	if st.acc.Full() {
+		s.closeStep(k, st, t)
+	}
+	// A rank row already written before a restart is aggregated again
+	// (its step's cluster row was not written) but not written twice.
+	return k, true, s.disk == nil || !s.disk.ranks[k][r.Rank]
+}
+
+// addPartial merges a node partial (aggregator role). It returns the step's
+// key and whether the partial went into an open step.
+func (s *jobState) addPartial(p *tps.Partial, t *tally) (stepKey, bool) {
+	s.lastActive, s.unfinalised = t.now, true
+	k := stepKey{p.Attempt, p.Step}
+	n := int64(len(p.Ranks))
+	if s.world != p.WorldSize {
+		if s.world != 0 && len(s.open) > 0 {
+			s.closeAll(t)
+		}
+		s.configure(p.WorldSize, t)
+	}
+	st, how := s.admit(k, p.WorldSize, func(yield func(int64) bool) {
+		for _, r := range p.Ranks {
+			if !yield(r) {
+				return
+			}
+		}
+	}, n, t)
+	if how != admitOpen {
+		return k, false
+	}
+	added, err := st.acc.AddPartial(p)
+	switch {
+	case errors.Is(err, tps.ErrPartialOverlap):
+		t.reject("partial:overlap", 1)
+		return k, false
+	case err != nil:
+		t.invalid(err)
+		return k, false
+	case !added:
+		t.duplicates += n
+		return k, false
+	}
+	t.records += n
+	if st.acc.Full() {
+		s.closeStep(k, st, t)
+	}
+	return k, true
+}
+
+func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
+	delete(s.open, k)
+	if s.lastOpen == st {
+		s.lastOpen = nil
+	}
+	row := st.acc.Result()
+	t.closed = append(t.closed, row)
+	s.closed.add(k, st.acc.SeenBits())
+	if hi, ok := s.maxClosed[k.attempt]; !ok || k.step > hi {
+		s.maxClosed[k.attempt] = k.step
+	}
+	t.stepsClosed++
+	t.liveChanged = true
+	s.closedSteps++
+	s.tokens += row.Tokens
+	if !row.Complete() {
+		t.incomplete++
+		s.incompleteSteps++
+	}
+	s.history.add(row)
+	if len(s.recent) < liveWindow {
+		s.recent = append(s.recent, row)
+	} else {
+		s.recent[s.recentNext] = row
+		s.recentNext = (s.recentNext + 1) % liveWindow
+	}
+	s.newSinceLog, s.newSinceEpisodes = true, true
+	s.pending = append(s.pending, pendingRow{row: row, closedAt: t.now})
+}
+
+func (s *jobState) closeOldest(t *tally) {
+	keys := slices.SortedFunc(maps.Keys(s.open), cmpKey)
+	s.closeStep(keys[0], s.open[keys[0]], t)
+}
+
+func cmpKey(a, b stepKey) int {
+	if a.attempt != b.attempt {
+		return int(a.attempt - b.attempt)
+	}
+	switch {
+	case a.step < b.step:
+		return -1
+	case a.step > b.step:
+		return 1
+	}
+	return 0
+}
+
+// closeExpired closes the steps open for grace or longer.
+func (s *jobState) closeExpired(grace time.Duration, t *tally) {
+	if len(s.open) == 0 {
+		return
+	}
+	for _, k := range slices.SortedFunc(maps.Keys(s.open), cmpKey) {
+		if st := s.open[k]; t.now.Sub(st.first) >= grace {
+			s.closeStep(k, st, t)
+		}
+	}
+}
+
+func (s *jobState) closeAll(t *tally) {
+	for _, k := range slices.SortedFunc(maps.Keys(s.open), cmpKey) {
+		s.closeStep(k, s.open[k], t)
+	}
+}
+
+// addGPU folds GPU samples into the series closed rows join.
+func (s *jobState) addGPU(samples []tps.GPUSample, t *tally) {
+	if len(samples) == 0 {
+		return
+	}
+	for i := range samples {
+		key := samples[i].Node + "/" + samples[i].UUID
+		g, ok := s.gpuSeries[key]
+		if !ok {
+			if len(s.gpuSeries) >= 1<<16 {
+				continue
+			}
+			g = &gpuSeries{}
+			s.gpuSeries[key] = g
+			s.gpuNodes[samples[i].Node] = struct{}{}
+		}
+		g.add(&samples[i])
+	}
+	if s.gpuSeen == "" && samples[0].Name != "" {
+		s.gpuSeen = samples[0].Name
+		t.metaChanged = true
+		if s.world > 0 {
+			s.configure(s.world, t) // the GPU model may make MFU computable
+		}
+	}
+}
+
+// readyRows takes the closed cluster rows whose GPU data has arrived (or
+// that waited GPUJoinWait, or all with force), GPU figures joined, in
+// closing order.
+func (s *jobState) readyRows(force bool, t *tally) []tps.ClusterStep {
+	n := 0
+	for n < len(s.pending) {
+		p := &s.pending[n]
+		if !force && len(s.gpuSeries) > 0 && !s.gpuCovered(p.row.EndUnixNs) && t.now.Sub(p.closedAt) < s.lim.gpuJoinWait {
+			break // rows are written in closing order
+		}
+		if len(s.gpuSeries) > 0 {
+			s.joinGPU(&p.row)
+			t.liveChanged = true
+		}
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	rows := make([]tps.ClusterStep, n)
+	for i := range rows {
+		rows[i] = s.pending[i].row
+		if s.written != nil {
+			s.written[stepKey{rows[i].Attempt, rows[i].Step}] = true
+		}
+	}
+	s.pending = s.pending[n:]
+	return rows
+}
+
+// finaliseDue: rows since the last finalisation, no open step, and an
+// attempt that ended or a job quiet for QuietAfter.
+func (s *jobState) finaliseDue(now time.Time) bool {
+	return s.unfinalised && len(s.open) == 0 && (s.attemptEnded || now.Sub(s.lastActive) >= s.lim.quietAfter)
+}
+
+func (s *jobState) recentSteps() []tps.ClusterStep {
+	out := make([]tps.ClusterStep, 0, len(s.recent))
+	out = append(out, s.recent[s.recentNext:]...)
+	out = append(out, s.recent[:s.recentNext]...)
+	return out
+}
+
+// liveLine is the job's line for the live output, or "" when no step
+// closed since the last one.
+func (s *jobState) liveLine(now time.Time) string {
+	if !s.newSinceLog || len(s.recent) == 0 {
+		return ""
+	}
+	s.newSinceLog = false
+	steps := s.recentSteps()
+	last := steps[len(steps)-1]
+	// Average over the last few steps so the line does not jitter.
+	n := min(len(steps), 10)
+	var tpsSum, mfuSum, commSum float64
+	for _, st := range steps[len(steps)-n:] {
+		tpsSum += st.TPS
+		mfuSum += st.MFU
+		commSum += st.CommFractionMean
+	}
+	mfuText := "MFU n/a"
+	if last.MFUUnknown != "" {
+		mfuText = "MFU n/a (" + shortReason(last.MFUUnknown) + ")"
+	} else if last.MFU > 0 {
+		mfuText = fmt.Sprintf("MFU %.1f%%", 100*mfuSum/float64(n))
+	}
+	node := ""
+	if last.SlowestRank >= 0 && last.SlowestRank < int64(len(s.rankNode)) {
+		node = s.rankNode[last.SlowestRank]
+	}
+	if node != "" {
+		node = " on " + node
+	}
+	return fmt.Sprintf("[%s] %s step %d | TPS %s (%s/GPU) | %s | comm %.1f%% | slowest rank %d%s | ranks %d/%d",
+		now.Format("15:04:05"), s.id, last.Step, tps.SI(tpsSum/float64(n)), tps.SI(tpsSum/float64(n)/float64(max(last.WorldSize, 1))),
+		mfuText, 100*commSum/float64(n), last.SlowestRank, node, last.RanksReported, last.WorldSize)
+}
+
+// warnRerun says, rate-limited, why records of closed steps arrive: most
+// often a second run under the job id and attempt of an earlier one.
+// They are counted (duplicate or late), never merged into the closed rows.
+func (s *jobState) warnRerun(r *tps.StepRecord, t *tally) {
+	t.warn("rerun", "records for steps this job and attempt closed already: a second run under the same job id? "+
+		"tpsprof launch gives a new launch the next attempt; or use a new job id",
+		"job", s.id, "attempt", r.Attempt, "step", r.Step, "rank", r.Rank)
+}
+
+// shortReason is the first clause of a reason, for one-line displays.
+func shortReason(s string) string {
+	if i := strings.IndexAny(s, ":;("); i > 0 {
+		s = s[:i]
+	}
+	return strings.TrimSpace(s)
+}

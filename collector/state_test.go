@@ -1,0 +1,200 @@
+package collector
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// The state machine alone: no collector, no NATS, no lock, no disk. Each
+// case feeds records and checks the tally (what the collector counts and
+// says) and the rows it hands out.
+
+func stateRec(step, rank, world int64) tps.StepRecord {
+	start := int64(1_700_000_000_000_000_000) + step*int64(time.Second)
+	r := tps.StepRecord{Job: "s", Step: step, Rank: rank, WorldSize: world, Tokens: 100, Node: "n0",
+		StartUnixNs: start, EndUnixNs: start + int64(500*time.Millisecond), FwdNs: int64(200 * time.Millisecond)}
+	r.Normalize()
+	return r
+}
+
+func newTestState(maxOpen int) (*jobState, *tally) {
+	s := newJobState("s", limits{maxOpenSteps: maxOpen, gpuJoinWait: time.Second, quietAfter: time.Second}, nil, false)
+	return &s, &tally{now: time.Unix(100, 0)}
+}
+
+func TestStateClosesFullStepOnce(t *testing.T) {
+	s, tl := newTestState(8)
+	for rank := range int64(4) {
+		r := stateRec(1, rank, 4)
+		if _, open, keep := s.add(&r, tl); !open || !keep {
+			t.Fatalf("rank %d: open %v keep %v", rank, open, keep)
+		}
+	}
+	if tl.records != 4 || tl.stepsClosed != 1 || len(tl.closed) != 1 || tl.closed[0].Tokens != 400 || tl.closed[0].RanksReported != 4 {
+		t.Fatalf("tally %+v", tl)
+	}
+	rows := s.readyRows(false, tl) // no GPU series: ready at once
+	if len(rows) != 1 || rows[0].Step != 1 || len(s.open) != 0 {
+		t.Fatalf("rows %+v, open %d", rows, len(s.open))
+	}
+	if again := s.readyRows(true, tl); len(again) != 0 {
+		t.Fatalf("a row handed out twice: %+v", again)
+	}
+	// The same rank again: a duplicate, said as a possible rerun.
+	tl.warnings = nil // the first record said MFU is not computed (no model)
+	r := stateRec(1, 2, 4)
+	if _, open, keep := s.add(&r, tl); open || keep || tl.duplicates != 1 || len(tl.warnings) != 1 || tl.warnings[0].key != "rerun" {
+		t.Fatalf("duplicate: open %v keep %v tally %+v", open, keep, tl)
+	}
+}
+
+func TestStateLateAndStale(t *testing.T) {
+	s, tl := newTestState(2)
+	// Three open steps with a bound of two: the oldest closes early.
+	for step := int64(1); step <= 3; step++ {
+		r := stateRec(step, 0, 2)
+		s.add(&r, tl)
+	}
+	if tl.stepsClosed != 1 || tl.closed[0].Step != 1 || tl.incomplete != 1 || len(s.open) != 2 {
+		t.Fatalf("after 3 steps with 2 open at most: %+v, open %d", tl, len(s.open))
+	}
+	// Rank 1 of the closed step: late, its row kept, not aggregated.
+	tl.warnings = nil
+	r := stateRec(1, 1, 2)
+	if _, open, keep := s.add(&r, tl); open || !keep || tl.late != 1 || len(tl.warnings) != 0 {
+		t.Fatalf("late: open %v keep %v tally %+v", open, keep, tl)
+	}
+	// Forget step 1 (64 closed steps remembered), then it is stale: late,
+	// and said as a possible rerun.
+	for step := int64(4); step < 80; step++ {
+		for rank := range int64(2) {
+			r := stateRec(step, rank, 2)
+			s.add(&r, tl)
+		}
+	}
+	r = stateRec(1, 1, 2)
+	tl.warnings = nil
+	if _, _, keep := s.add(&r, tl); !keep || tl.late != 2 || len(tl.warnings) != 1 || tl.warnings[0].key != "rerun" {
+		t.Fatalf("stale: keep %v tally late %d warnings %+v", keep, tl.late, tl.warnings)
+	}
+}
+
+func TestStateRejects(t *testing.T) {
+	s, tl := newTestState(8)
+	r := stateRec(10, 0, 4)
+	s.add(&r, tl)
+	// Another world size within the same attempt: rejected, nothing closed.
+	odd := stateRec(10, 1, 8)
+	if _, open, keep := s.add(&odd, tl); open || keep || tl.rejected["world_size:mismatch"] != 1 || tl.stepsClosed != 0 {
+		t.Fatalf("world mismatch: tally %+v", tl)
+	}
+	// A step ten million past the window: rejected, the window stays.
+	far := stateRec(10+maxStepJump+1, 1, 4)
+	if _, open, _ := s.add(&far, tl); open || tl.rejected["step:jump"] != 1 || len(s.open) != 1 {
+		t.Fatalf("step jump: tally %+v open %d", tl, len(s.open))
+	}
+	// A new attempt may change the world: the old one's open step closes.
+	next := stateRec(10, 0, 8)
+	next.Attempt = 1
+	if _, open, _ := s.add(&next, tl); !open || tl.stepsClosed != 1 || s.world != 8 {
+		t.Fatalf("new attempt: tally %+v world %d", tl, s.world)
+	}
+}
+
+func TestStatePartialsShareAdmission(t *testing.T) {
+	s, tl := newTestState(8)
+	recs := []tps.StepRecord{stateRec(5, 0, 4), stateRec(5, 1, 4)}
+	p, err := tps.NewPartial(recs, tps.Topology{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, open := s.addPartial(&p, tl); !open || tl.records != 2 {
+		t.Fatalf("first partial: %+v", tl)
+	}
+	if _, open := s.addPartial(&p, tl); open || tl.duplicates != 2 {
+		t.Fatalf("the same partial again: %+v", tl)
+	}
+	overlap, _ := tps.NewPartial([]tps.StepRecord{stateRec(5, 1, 4), stateRec(5, 2, 4)}, tps.Topology{})
+	if _, open := s.addPartial(&overlap, tl); open || tl.rejected["partial:overlap"] != 1 {
+		t.Fatalf("overlapping partial: %+v", tl)
+	}
+	rest, _ := tps.NewPartial([]tps.StepRecord{stateRec(5, 2, 4), stateRec(5, 3, 4)}, tps.Topology{})
+	if _, open := s.addPartial(&rest, tl); !open || tl.stepsClosed != 1 || tl.closed[0].Tokens != 400 {
+		t.Fatalf("completing partial: %+v", tl)
+	}
+	// After the step closed: late, counted per rank (the path records take).
+	if _, open := s.addPartial(&rest, tl); open || tl.late != 2 {
+		t.Fatalf("late partial: %+v", tl)
+	}
+	far, _ := tps.NewPartial([]tps.StepRecord{stateRec(5+maxStepJump+1, 0, 4)}, tps.Topology{})
+	if _, open := s.addPartial(&far, tl); open || tl.rejected["step:jump"] != 1 {
+		t.Fatalf("far partial: %+v", tl)
+	}
+}
+
+// Closed rows wait for the GPU samples that cover them, up to gpuJoinWait.
+func TestStateRowsWaitForGPUs(t *testing.T) {
+	s, tl := newTestState(8)
+	power := 500.0
+	s.addGPU([]tps.GPUSample{{Node: "n0", UUID: "GPU-0", UnixNs: 1, PowerW: &power, Name: "NVIDIA H100 80GB HBM3"}}, tl)
+	if !tl.metaChanged {
+		t.Error("the GPU model did not mark the parts' metadata stale")
+	}
+	r := stateRec(1, 0, 1)
+	s.add(&r, tl)
+	if rows := s.readyRows(false, tl); len(rows) != 0 {
+		t.Fatalf("row written before the GPU samples covering it: %+v", rows)
+	}
+	s.addGPU([]tps.GPUSample{{Node: "n0", UUID: "GPU-0", UnixNs: r.EndUnixNs + 1, PowerW: &power}}, tl)
+	rows := s.readyRows(false, tl)
+	if len(rows) != 1 || rows[0].GPUsJoined != 1 || rows[0].PowerWMean != 500 {
+		t.Fatalf("rows once covered: %+v", rows)
+	}
+	r = stateRec(2, 0, 1)
+	s.add(&r, tl)
+	tl.now = tl.now.Add(2 * time.Second) // past gpuJoinWait
+	if rows := s.readyRows(false, tl); len(rows) != 1 || rows[0].Step != 2 {
+		t.Fatalf("row not written after the wait: %+v", rows)
+	}
+}
+
+// Scrapes and Stats never wait for a job's lock: a job whose ingest is
+// stuck (its lock held, as behind a full writer queue) leaves /metrics and
+// Stats answering, with the figures of its last closed step. With one lock
+// for every job and the scrape, they waited as long as the ingest did.
+func TestScrapeWhileJobLocked(t *testing.T) {
+	c, nc := startCollector(t)
+	publishSteps(t, nc, "busy", 0, 3)
+	nc.Flush()
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	j := c.jobs["busy"]
+	c.mu.Unlock()
+	if j == nil {
+		t.Fatal("no job")
+	}
+	j.mu.Lock() // the ingest path of the job, stuck
+	done := make(chan string)
+	go func() {
+		st := c.Stats()
+		body := get(t, c, "/metrics")
+		done <- fmt.Sprintf("records %d\n%s", st.Records, body)
+	}()
+	select {
+	case out := <-done:
+		j.mu.Unlock()
+		if !strings.Contains(out, "records 12") || !strings.Contains(out, `tpsprof_steps_closed_total{job="busy"}`) {
+			t.Errorf("scrape while the job's lock is held:\n%.600s", out)
+		}
+	case <-time.After(5 * time.Second):
+		j.mu.Unlock()
+		<-done
+		t.Fatal("Stats and /metrics waited for a job's lock")
+	}
+}
