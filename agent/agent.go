@@ -277,7 +277,8 @@ func Start(cfg Config) (*Agent, error) {
 	a.nc = nc
 	a.pub = newPublisher(a)
 	if cfg.Durable {
-		js, err := jetstream.New(nc)
+		// Async publishes expire with the window's wait, so none lingers.
+		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(publishTimeout), jetstream.WithPublishAsyncMaxPending(4*publishWindow))
 		if err != nil {
 			nc.Close()
 			ln.Close()

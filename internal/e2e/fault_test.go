@@ -305,7 +305,8 @@ func TestDurableAgentIntakeWhileNATSStalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	col, err := collector.New(collector.Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Durable: true})
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Durable: true})
 	if err != nil {
 		t.Fatal(err) // creates the stream
 	}
@@ -337,12 +338,39 @@ func TestDurableAgentIntakeWhileNATSStalls(t *testing.T) {
 	if st := a.Stats(); st.Dropped != 0 || st.Records != 301 {
 		t.Errorf("stats while stalled: %+v", st)
 	}
+	// Past the window's wait the acknowledgements time out: the batches
+	// go back to the head of the queue and are published again.
+	deadline := time.Now().Add(15 * time.Second)
+	for a.Stats().PublishErrors == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st := a.Stats(); st.PublishErrors == 0 {
+		t.Errorf("no publish timed out during a 15 s stall: %+v", st)
+	}
 	proxy.stalled.Store(false)
 	if err := a.Flush(20 * time.Second); err != nil {
 		t.Errorf("flush after the stall: %v", err)
 	}
 	if st := a.Stats(); st.Published != 301 || st.Dropped != 0 {
 		t.Errorf("after the stall: %+v", st)
+	}
+	// Every record reaches Parquet once, however often it was published.
+	if err := col.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := col.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "stall", trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := map[int64]int{}
+	for _, r := range rows {
+		steps[r.Step]++
+	}
+	if len(rows) != 301 || len(steps) != 301 {
+		t.Errorf("%d rank rows, %d distinct steps; want 301 once each", len(rows), len(steps))
 	}
 }
 
