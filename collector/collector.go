@@ -46,6 +46,14 @@ type Config struct {
 	// early (default 256). With Grace it bounds memory by the window, not by
 	// the length of the run.
 	MaxOpenSteps int
+	// MaxStateBytes bounds the memory that jobs' declared world sizes
+	// claim (default 4 GiB): open steps cost
+	// tps.StepAccumulatorBytes(world) each plus a bit per rank kept after
+	// they close, a job 24 bytes per rank. A record that would go past it
+	// is rejected (world_size:memory): a record claiming the largest world
+	// costs ~67 MB of open step, and a few hundred used to get the
+	// collector killed. 131,072 ranks with 256 open steps fit in 1 GiB.
+	MaxStateBytes int64
 	// MaxJobs bounds the jobs held at once (default 1024): past it a new
 	// job id evicts the longest-idle job, or, when every job is active,
 	// its messages are rejected (counted as job:limit).
@@ -117,6 +125,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxJobs <= 0 {
 		c.MaxJobs = 1024
+	}
+	if c.MaxStateBytes <= 0 {
+		c.MaxStateBytes = 4 << 30
 	}
 	if c.EvictAfter <= 0 {
 		c.EvictAfter = 10 * time.Minute
@@ -190,6 +201,9 @@ type Stats struct {
 	// AfterClose counts messages whose callback started once Close had
 	// begun (core mode): dropped, the jobs being closed.
 	AfterClose int64 `json:"dropped_after_close"`
+	// StateBytes is the memory jobs' declared world sizes claim now
+	// (bounded by Config.MaxStateBytes).
+	StateBytes int64 `json:"state_bytes"`
 }
 
 // Collector aggregates steps and writes traces. Its methods are safe for
@@ -213,7 +227,8 @@ type Collector struct {
 	retired  []*job    // evicted jobs whose writers the loop closes
 	retireCh chan *job // evicted jobs for the closer goroutine
 
-	n       counters // every counter: atomics, read by Stats and scrapes without a lock
+	mem     memBudget // what declared world sizes claim (MaxStateBytes)
+	n       counters  // every counter: atomics, read by Stats and scrapes without a lock
 	rejMu   sync.Mutex
 	rejects map[string]int64 // by reason; rejMu
 
@@ -271,6 +286,7 @@ func New(cfg Config) (*Collector, error) {
 	}
 	c := &Collector{cfg: cfg, jobs: map[string]*job{}, rejects: map[string]int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second)}
+	c.mem.max = cfg.MaxStateBytes
 	c.n.staleParts.Store(removeStaleParts(cfg.OutDir, 2*cfg.Writer.PartAge+time.Minute, cfg.Logger))
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "tpsprof-collector"
@@ -863,7 +879,7 @@ func (c *Collector) Stats() Stats {
 		MetaUpdates: c.n.metaUpdates.Load(), StepsClosed: c.n.stepsClosed.Load(), Incomplete: c.n.incomplete.Load(),
 		WriteErrors: c.n.writeErrors.Load(), RowsLost: c.n.rowsLost.Load(), SlowConsumer: c.n.slowConsumer.Load(),
 		OtherPartition: c.n.otherPartition.Load(), Evicted: c.n.evicted.Load(), Quarantined: c.n.quarantined.Load(),
-		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(),
+		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(),
 	}
 	c.rejMu.Lock()
 	s.Rejected = maps.Clone(c.rejects)
@@ -971,6 +987,7 @@ func (c *Collector) closeJobs(jobs []*job) error {
 			j.flushRanks()
 		}
 		j.evicted = true
+		j.release()
 		j.settle(&t)
 		j.mu.Unlock()
 		c.apply(&t)

@@ -39,7 +39,7 @@ type liveFigures struct {
 }
 
 func newJob(c *Collector, id string) *job {
-	j := &job{jobState: newJobState(id, limits{maxOpenSteps: c.cfg.MaxOpenSteps, gpuJoinWait: c.cfg.GPUJoinWait, quietAfter: c.cfg.QuietAfter}, c.cfg.Meta, c.cfg.Durable),
+	j := &job{jobState: newJobState(id, limits{maxOpenSteps: c.cfg.MaxOpenSteps, gpuJoinWait: c.cfg.GPUJoinWait, quietAfter: c.cfg.QuietAfter, mem: &c.mem}, c.cfg.Meta, c.cfg.Durable),
 		sink: sink{job: id}}
 	j.touched.Store(time.Now().UnixNano())
 	j.live.Store(&liveFigures{})

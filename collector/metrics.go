@@ -33,6 +33,7 @@ var (
 	descRowsLost   = prometheus.NewDesc("tpsprof_rows_lost_total", "Rows of any table that failed to reach a finalised Parquet part (write errors, folders that could not be created).", nil, nil)
 	descSlowCons   = prometheus.NewDesc("tpsprof_nats_slow_consumer_drops_total", "Messages NATS dropped because the collector fell behind.", nil, nil)
 	descStaleParts = prometheus.NewDesc("tpsprof_stale_parts_removed_total", "Unfinished part files of a writer that died (kill -9, crash) removed at start-up; their rows were lost then.", nil, nil)
+	descStateBytes = prometheus.NewDesc("tpsprof_collector_state_bytes", "Memory the jobs' declared world sizes claim (open steps, recent rank bits, per-rank figures); past --max-state-bytes records are rejected (world_size:memory).", nil, nil)
 	descNATS       = prometheus.NewDesc("tpsprof_nats_connected", "1 when the collector is connected to NATS.", nil, nil)
 )
 
@@ -42,7 +43,7 @@ type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descComm, descBubble, descData,
-		descWorld, descStraggler, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descNATS} {
+		descWorld, descStraggler, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
 }
@@ -93,6 +94,7 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descRowsLost, float64(st.RowsLost))
 	counter(descSlowCons, float64(st.SlowConsumer))
 	counter(descStaleParts, float64(st.StaleParts))
+	gauge(descStateBytes, float64(st.StateBytes))
 	for reason, n := range st.Rejected {
 		counter(descRejected, float64(n), reason)
 	}

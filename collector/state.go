@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -27,6 +28,7 @@ type stepKey struct{ attempt, step int64 }
 type openStep struct {
 	acc   *tps.StepAccumulator
 	first time.Time
+	cost  int64 // bytes charged to the memory budget for acc
 }
 
 // stepBits remembers which ranks of the last limit steps were seen, so a
@@ -44,10 +46,12 @@ func newStepBits(limit int) stepBits {
 	return stepBits{seen: map[stepKey][]uint64{}, limit: limit, floor: map[int64]int64{}}
 }
 
-// add remembers k's bits, forgetting the oldest step past the limit.
-func (c *stepBits) add(k stepKey, bits []uint64) {
+// add remembers k's bits, forgetting the oldest step past the limit; it
+// returns the bytes of the bits it forgot.
+func (c *stepBits) add(k stepKey, bits []uint64) (freed int64) {
 	if len(c.order) >= c.limit {
 		old := c.order[0]
+		freed = 8 * int64(len(c.seen[old]))
 		delete(c.seen, old)
 		if f, ok := c.floor[old.attempt]; !ok || old.step > f {
 			c.floor[old.attempt] = old.step
@@ -56,6 +60,7 @@ func (c *stepBits) add(k stepKey, bits []uint64) {
 	}
 	c.seen[k] = bits
 	c.order = append(c.order, k)
+	return freed
 }
 
 // forgotten reports whether k is at or below a step already forgotten.
@@ -125,7 +130,43 @@ type limits struct {
 	maxOpenSteps int
 	gpuJoinWait  time.Duration
 	quietAfter   time.Duration
+	mem          *memBudget // shared by the collector's jobs; nil: unbounded
 }
+
+// memBudget bounds the memory the declared world sizes of all jobs may
+// claim: per open step an accumulator sized to the world
+// (tps.StepAccumulatorBytes) and the rank bits kept once it closes, per
+// job 24 bytes a rank (node names, compute averages). A record whose step
+// would go past it is rejected (world_size:memory) instead of the
+// collector being killed for memory: one record claiming the largest
+// world costs ~67 MB of open step. It is an atomic, not a lock.
+type memBudget struct {
+	used atomic.Int64
+	max  int64
+}
+
+// take charges n bytes, or reports false (and charges nothing) when they
+// do not fit.
+func (m *memBudget) take(n int64) bool {
+	if m == nil || m.max <= 0 {
+		return true
+	}
+	if m.used.Add(n) > m.max {
+		m.used.Add(-n)
+		return false
+	}
+	return true
+}
+
+func (m *memBudget) give(n int64) {
+	if m != nil && m.max > 0 && n != 0 {
+		m.used.Add(-n)
+	}
+}
+
+// jobBytesPerRank is what a job holds per rank of its world besides its
+// open steps: a node name (a string header) and a compute average.
+const jobBytesPerRank = 24
 
 type pendingRow struct {
 	row      tps.ClusterStep
@@ -143,6 +184,8 @@ type jobState struct {
 	worldAttempt int64 // the newest attempt seen: only a newer one may change world
 	cfg          tps.AccumulatorConfig
 	cfgErr       string
+
+	held int64 // bytes this job has charged to lim.mem
 
 	open        map[stepKey]*openStep
 	closed      stepBits          // ranks of the recently closed steps
@@ -216,8 +259,17 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 			t.late++
 			return true
 		}
+		cost := 8 * ((r.WorldSize + 63) / 64)
+		if !s.lim.mem.take(cost) {
+			t.reject("world_size:memory", 1)
+			t.warn("memory", "record rejected: the collector's memory budget for declared world sizes is spent", "job", s.id, "world_size", r.WorldSize)
+			return false
+		}
+		s.held += cost
 		bits = make([]uint64, (r.WorldSize+63)/64)
-		w.add(k, bits)
+		freed := w.add(k, bits)
+		s.lim.mem.give(freed)
+		s.held -= freed
 	}
 	i, b := r.Rank/64, uint64(1)<<(r.Rank%64)
 	if i < int64(len(bits)) { // else the world size changed within a step: cannot check
@@ -449,12 +501,22 @@ func (s *jobState) admit(k stepKey, world int64, ranks func(yield func(int64) bo
 		t.warn("step-jump", "record far ahead of the job's steps rejected", "job", s.id, "step", k.step, "current", ref)
 		return nil, admitRejected
 	}
+	// The accumulator, and the rank bits kept once the step closes.
+	cost, bits := tps.StepAccumulatorBytes(world, s.cfg.Topology), 8*((world+63)/64)
+	if !s.lim.mem.take(cost + bits) {
+		t.reject("world_size:memory", n)
+		t.warn("memory", "step not opened: the collector's memory budget for declared world sizes is spent (open steps hold memory for Grace)",
+			"job", s.id, "world_size", world, "step_bytes", cost+bits)
+		return nil, admitRejected
+	}
 	acc, err := tps.NewStepAccumulator(s.id, k.attempt, k.step, world, s.cfg)
 	if err != nil {
+		s.lim.mem.give(cost + bits)
 		t.invalid(err)
 		return nil, admitRejected
 	}
-	st = &openStep{acc: acc, first: t.now}
+	s.held += cost + bits
+	st = &openStep{acc: acc, first: t.now, cost: cost}
 	s.open[k] = st
 	if len(s.open) > s.lim.maxOpenSteps {
 		s.closeOldest(t)
@@ -463,23 +525,38 @@ func (s *jobState) admit(k stepKey, world int64, ranks func(yield func(int64) bo
 }
 
 // setWorld adopts a record's world size: only a new attempt may change it
+// (strict; partials, grouped by agents per attempt, are not checked)
 // (a stray record with another size, an older attempt's late one, used to
 // close every open step, written with missing ranks and wrong tokens). A
 // relaunch at another size closes what the old size left open.
-func (s *jobState) setWorld(world, attempt int64, t *tally) bool {
+func (s *jobState) setWorld(world, attempt int64, strict bool, t *tally) bool {
 	if s.world == world {
 		return true
 	}
-	if s.world != 0 && attempt <= s.worldAttempt {
+	if strict && s.world != 0 && attempt <= s.worldAttempt {
 		t.reject("world_size:mismatch", 1)
 		t.warn("world", "record with another world size than its attempt's rejected", "job", s.id, "attempt", attempt, "world_size", world, "attempt_world_size", s.world)
 		return false
 	}
+	if !s.lim.mem.take(jobBytesPerRank * world) {
+		t.reject("world_size:memory", 1)
+		t.warn("memory", "record rejected: the collector's memory budget for declared world sizes is spent", "job", s.id, "world_size", world)
+		return false
+	}
+	s.lim.mem.give(jobBytesPerRank * s.world)
+	s.held += jobBytesPerRank * (world - s.world)
 	if s.world != 0 && len(s.open) > 0 {
 		s.closeAll(t)
 	}
 	s.configure(world, t)
 	return true
+}
+
+// release gives back everything the job charged to the memory budget;
+// the job is being closed.
+func (s *jobState) release() {
+	s.lim.mem.give(s.held)
+	s.held = 0
 }
 
 // add folds a record in. It returns the step's key, whether the record
@@ -489,7 +566,7 @@ func (s *jobState) setWorld(world, attempt int64, t *tally) bool {
 func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool) {
 	s.lastActive, s.unfinalised = t.now, true
 	k = stepKey{r.Attempt, r.Step}
-	if !s.setWorld(r.WorldSize, r.Attempt, t) {
+	if !s.setWorld(r.WorldSize, r.Attempt, true, t) {
 		return k, false, false
 	}
 	s.worldAttempt = max(s.worldAttempt, r.Attempt)
@@ -541,10 +618,11 @@ func (s *jobState) addPartial(p *tps.Partial, t *tally) (stepKey, bool) {
 	k := stepKey{p.Attempt, p.Step}
 	n := int64(len(p.Ranks))
 	if s.world != p.WorldSize {
-		if s.world != 0 && len(s.open) > 0 {
-			s.closeAll(t)
+		// Partials come from agents, which group a node's records of one
+		// attempt: a new size is a relaunch.
+		if !s.setWorld(p.WorldSize, p.Attempt, false, t) {
+			return k, false
 		}
-		s.configure(p.WorldSize, t)
 	}
 	st, how := s.admit(k, p.WorldSize, func(yield func(int64) bool) {
 		for _, r := range p.Ranks {
@@ -582,7 +660,10 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	}
 	row := st.acc.Result()
 	t.closed = append(t.closed, row)
-	s.closed.add(k, st.acc.SeenBits())
+	s.lim.mem.give(st.cost)
+	freed := s.closed.add(k, st.acc.SeenBits())
+	s.lim.mem.give(freed)
+	s.held -= st.cost + freed
 	if hi, ok := s.maxClosed[k.attempt]; !ok || k.step > hi {
 		s.maxClosed[k.attempt] = k.step
 	}

@@ -2,11 +2,13 @@ package collector
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // The state machine alone: no collector, no NATS, no lock, no disk. Each
@@ -196,5 +198,64 @@ func TestScrapeWhileJobLocked(t *testing.T) {
 		j.mu.Unlock()
 		<-done
 		t.Fatal("Stats and /metrics waited for a job's lock")
+	}
+}
+
+// Records claiming the largest world on distinct steps are rejected once
+// the memory budget is spent, instead of each costing ~67 MB of heap
+// (eight of them took 5 GiB before); closing and releasing the job gives
+// the budget back.
+func TestStateMemoryBudget(t *testing.T) {
+	mem := &memBudget{max: 256 << 20}
+	s := newJobState("s", limits{maxOpenSteps: 256, mem: mem}, nil, false)
+	tl := &tally{now: time.Unix(100, 0)}
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	opened := 0
+	for step := range int64(64) {
+		r := stateRec(step, 0, tps.MaxWorldSize)
+		if _, open, _ := s.add(&r, tl); open {
+			opened++
+		}
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if opened == 0 || opened > 4 || tl.rejected["world_size:memory"] != int64(64-opened) {
+		t.Fatalf("%d steps opened, rejected %v %v", opened, tl.rejected, tl.warnings)
+	}
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 300<<20 {
+		t.Errorf("heap grew %d MiB with a 256 MiB budget", grew>>20)
+	}
+	if used := mem.used.Load(); used > mem.max || used != s.held {
+		t.Errorf("budget used %d, job holds %d, max %d", used, s.held, mem.max)
+	}
+	s.closeAll(tl)
+	s.release()
+	if used := mem.used.Load(); used != 0 {
+		t.Errorf("budget used %d after the job was released", used)
+	}
+}
+
+// Through NATS: records claiming the largest world fill the budget and
+// are then rejected, counted; another job keeps working, and the claimed
+// memory is in Stats and /metrics.
+func TestHugeWorldsBounded(t *testing.T) {
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, MaxStateBytes: 512 << 20})
+	now := time.Now().Add(-time.Minute).UnixNano()
+	for step := range int64(20) {
+		r := tps.StepRecord{Job: "huge", Step: step, Rank: step, WorldSize: tps.MaxWorldSize, Tokens: 1, StartUnixNs: now, EndUnixNs: now + 1e9}
+		nc.Publish(wire.StepsSubject("huge", "n0"), wire.AppendSteps(nil, []tps.StepRecord{r}))
+	}
+	publishSteps(t, nc, "small", 0, 3)
+	if err := c.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.Rejected["world_size:memory"] < 10 || st.StateBytes > 512<<20 || st.StepsClosed != 3 {
+		t.Errorf("stats %+v", st)
+	}
+	if m := get(t, c, "/metrics"); !strings.Contains(m, "tpsprof_collector_state_bytes ") || !strings.Contains(m, `reason="world_size:memory"`) {
+		t.Errorf("/metrics lacks the state bytes or the rejection")
 	}
 }

@@ -193,6 +193,19 @@ func NewStepAccumulator(job string, attempt, step, world int64, cfg AccumulatorC
 
 func words(n int64) int { return int((n + 63) / 64) }
 
+// StepAccumulatorBytes is what NewStepAccumulator allocates for a step of
+// world ranks under topo (the zero Topology: pure data parallelism): a
+// bit per rank, and per data-parallel replica two bits and two int64s.
+// Collectors budget open steps with it: memory follows the declared world,
+// not the ranks heard from.
+func StepAccumulatorBytes(world int64, topo Topology) int64 {
+	dp := world
+	if topo != (Topology{}) {
+		dp = int64(topo.normalized().DP)
+	}
+	return 8*int64(words(world)) + 16*int64(words(dp)) + 16*dp + 256
+}
+
 func (a *StepAccumulator) reset(job string, attempt, step, world int64, cfg AccumulatorConfig) {
 	dp := int64(cfg.Topology.normalized().DP)
 	*a = StepAccumulator{

@@ -87,6 +87,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	var streamBytes quantity = 8e9
 	fs.Var(&streamBytes, "stream-max-bytes", "durable mode: the most the stream may hold, e.g. 2G (messages not yet in Parquet; past it the oldest go)")
 	replicas := fs.Int("stream-replicas", 1, "durable mode: servers of a NATS cluster that hold the stream (3 on a three-server cluster survives losing one; docs/scale.md)")
+	maxState := fs.Int64("max-state-bytes", 4<<30, "memory the jobs' declared world sizes may claim (open steps sized to the world); past it records are rejected (world_size:memory)")
 	maxJobs := fs.Int("max-jobs", 1024, "jobs held at once; past it a new job evicts the longest-idle one, or is rejected (job:limit) when all are active")
 	evictAfter := fs.Duration("evict-after", 10*time.Minute, "close and forget a job idle this long (its parts finalised; it starts new parts if it returns)")
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
@@ -156,7 +157,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
 		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
-	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter = *quietAfter, *maxJobs, *evictAfter
+	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter, cfg.MaxStateBytes = *quietAfter, *maxJobs, *evictAfter, *maxState
 	cfg.StreamReplicas, cfg.StreamMaxBytes = *replicas, int64(streamBytes)
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live
