@@ -47,7 +47,18 @@ func natsSecrets(o *natsconn.Options) {
 	o.Token = os.Getenv("TPSPROF_NATS_TOKEN")
 }
 
-const natsEnvHelp = "\nSecrets come from the environment, never from flags: TPSPROF_NATS_PASSWORD (with --nats-user), TPSPROF_NATS_TOKEN.\n"
+// natsClientSecrets is natsSecrets for agents and launch: with no
+// credentials given at all, the token a collector of the same user wrote
+// for its embedded server (natsconn.TokenPath) is used.
+func natsClientSecrets(o *natsconn.Options) {
+	natsSecrets(o)
+	if o.User == "" && o.Token == "" && o.CredsFile == "" && o.NKeyFile == "" {
+		o.Token = natsconn.LocalToken()
+	}
+}
+
+const natsEnvHelp = "\nSecrets come from the environment, never from flags: TPSPROF_NATS_PASSWORD (with --nats-user), TPSPROF_NATS_TOKEN.\n" +
+	"With none given, agents and launch use the token a collector of the same user wrote for its embedded server (~/.config/tpsprof/nats-token).\n"
 
 func newLogger(w io.Writer, verbose bool) *slog.Logger {
 	lvl := slog.LevelInfo
@@ -79,6 +90,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	natsFlags(fs, &no)
 	out := fs.String("out", "", "output directory; one folder per job (required)")
 	listen := fs.String("listen", "127.0.0.1:4222", "address of the embedded NATS server when --nats is not given")
+	noAuth := fs.Bool("nats-no-auth", false, "embedded server: accept clients without credentials (by default it requires --nats-user with TPSPROF_NATS_PASSWORD, TPSPROF_NATS_TOKEN, or a token it keeps in ~/.config/tpsprof/nats-token); anyone who reaches it can then read, forge and delete records")
 	grace := fs.Duration("grace", 30*time.Second, "how long a step waits for missing ranks")
 	metaFile := fs.String("meta", "", "run metadata JSON (topology, model, gpu, dtype, gpu_hour_usd) applied to every job")
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
@@ -141,7 +153,28 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		if *durable {
 			store = filepath.Join(*out, ".jetstream")
 		}
-		srv, err := natsconn.StartEmbedded(host, port, store)
+		// The embedded server requires the collector's credentials, or a
+		// token of the user's own: without, any local user (or anyone on
+		// the network with --listen 0.0.0.0) could read every record,
+		// forge records and delete the durable stream.
+		auth := natsconn.Auth{User: no.User, Password: no.Password, Token: no.Token}
+		tokenPath := ""
+		if auth.User == "" && auth.Token == "" && !*noAuth {
+			tok, path, err := natsconn.EnsureToken()
+			if err != nil {
+				failErr(stderr, "collector", fmt.Errorf("%w (or give TPSPROF_NATS_TOKEN, or --nats-no-auth)", err))
+				return exitError
+			}
+			auth.Token, no.Token, tokenPath = tok, tok, path
+		}
+		if *noAuth {
+			where := "any user of this machine"
+			if !natsconn.IsLoopback(host) {
+				where = "anyone who reaches " + *listen
+			}
+			fmt.Fprintf(stderr, "tpsprof collector: warning: --nats-no-auth: %s can read every record, forge records and delete the stream\n", where)
+		}
+		srv, err := natsconn.StartEmbeddedAuth(host, port, store, auth)
 		if err != nil {
 			failErr(stderr, "collector", err)
 			return exitError
@@ -150,6 +183,9 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		no.URL = srv.URL()
 		urls, local := natsconn.AgentURLs(host, srv.Server().Addr().(*net.TCPAddr).Port)
 		fmt.Fprintf(stdout, "embedded NATS server listening on %s; agents connect with: --nats %s\n", *listen, strings.Join(urls, " (or) "))
+		if tokenPath != "" {
+			fmt.Fprintf(stdout, "  it requires the token in %s: agents of this user read it there (a shared home included); elsewhere give it as TPSPROF_NATS_TOKEN\n", tokenPath)
+		}
 		if local {
 			fmt.Fprintf(stdout, "  (this machine only: give --listen 0.0.0.0:%d for agents on other nodes)\n", srv.Server().Addr().(*net.TCPAddr).Port)
 		}
@@ -246,7 +282,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
-	natsSecrets(&no)
+	natsClientSecrets(&no)
 	if no.URL == "" {
 		return usageErr(stderr, cmd, "--nats is required (the URL the collector printed)")
 	}
@@ -358,7 +394,7 @@ restart count to the attempt inside the ranks.
 	if code, ok := parseFlags(fs, args[:dash], stderr); !ok {
 		return code
 	}
-	natsSecrets(&no)
+	natsClientSecrets(&no)
 	if dash >= len(args)-1 {
 		return usageErr(stderr, cmd, "no command: put it after --")
 	}

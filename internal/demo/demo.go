@@ -9,6 +9,8 @@ package demo
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
@@ -116,19 +118,25 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		progress = io.Discard
 	}
 
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	// The demo's server, like the collector's, requires a token: a random
+	// one, known only to this process.
+	tok := make([]byte, 16)
+	crand.Read(tok)
+	nopts := natsconn.Options{Token: hex.EncodeToString(tok)}
+	srv, err := natsconn.StartEmbeddedAuth("127.0.0.1", -1, "", natsconn.Auth{Token: nopts.Token})
 	if err != nil {
 		return Result{}, err
 	}
+	nopts.URL = srv.URL()
 	defer srv.Shutdown()
 	fmt.Fprintf(progress, "embedded NATS at %s\n", srv.URL())
-	ccfg := collector.Config{OutDir: cfg.Out, NATS: natsconn.Options{URL: srv.URL()}, Grace: 5 * time.Second,
+	ccfg := collector.Config{OutDir: cfg.Out, NATS: nopts, Grace: 5 * time.Second,
 		Live: cfg.Live, LiveInterval: 2 * time.Second, Logger: cfg.Logger}
 	var writers []*collector.Collector
 	if cfg.Split {
 		ccfg.Role = "aggregator"
 		for i := range 2 {
-			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: natsconn.Options{URL: srv.URL()}, Role: "rank-writer",
+			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: nopts, Role: "rank-writer",
 				Logger: cfg.Logger, Writer: trace.WriterOptions{WriterID: fmt.Sprintf("rank-writer-%d", i)}})
 			if err != nil {
 				return Result{}, err
@@ -166,7 +174,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	for n := range agents {
 		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
-			NATS: natsconn.Options{URL: srv.URL()}, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
+			NATS: nopts, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
 			Partials: cfg.Split,
 			GPU:      newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: clock.Now}) // sampled once per simulated step, below
 		if err != nil {

@@ -8,20 +8,25 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 func runServer(t *testing.T, opts *server.Options) *server.Server {
@@ -178,4 +183,88 @@ func writeTestPKI(t *testing.T, dir string) (ca, cert, key string) {
 	os.WriteFile(cert, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srvDER}), 0o644)
 	os.WriteFile(key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600)
 	return ca, cert, key
+}
+
+// The collector's embedded server requires a token by default: a client
+// without it (any other local user) is refused; the token file is the
+// user's alone (0600); an agent of the same user finds it and delivers.
+// Before, the embedded server took any client: read every record, forge
+// records, delete the stream.
+func TestEmbeddedServerRequiresToken(t *testing.T) {
+	bin := buildBinary(t)
+	home := t.TempDir()
+	port := freePort(t)
+	out := t.TempDir()
+	env := append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(home, "config"), "HOME="+home)
+	cmd := exec.Command(bin, "collector", "--out", out, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--live", "0")
+	cmd.Env = env
+	var stdout strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	tokenPath := filepath.Join(home, "config", "tpsprof", "nats-token")
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(tokenPath); err == nil {
+			if nc, err := nats.Connect(url, nats.Token("x")); err == nil {
+				nc.Close()
+				t.Fatal("a wrong token was accepted")
+			} else if strings.Contains(strings.ToLower(err.Error()), "authorization") {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("collector not up with a token:\n%s", stdout.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := nats.Connect(url); err == nil || !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Fatalf("a client without the token: %v", err)
+	}
+	fi, err := os.Stat(tokenPath)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file %v, mode %v", err, fi.Mode())
+	}
+	b, _ := os.ReadFile(tokenPath)
+	nc, err := nats.Connect(url, nats.Token(strings.TrimSpace(string(b))))
+	if err != nil {
+		t.Fatalf("with the token: %v", err)
+	}
+	nc.Close()
+	// An agent of the same user (same config dir), given no credentials.
+	sock := filepath.Join(t.TempDir(), "a.sock")
+	ag := exec.Command(bin, "agent", "--nats", url, "--socket", sock, "--gpu-interval", "0", "--stats", "0")
+	ag.Env = env
+	var agOut strings.Builder
+	ag.Stdout, ag.Stderr = &agOut, &agOut
+	if err := ag.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ag.Process.Signal(os.Interrupt); ag.Wait() }()
+	var conn net.Conn
+	for conn == nil {
+		if conn, err = net.Dial("unix", sock); err != nil {
+			conn = nil
+			if time.Now().After(deadline) {
+				t.Fatalf("agent socket: %v\n%s", err, agOut.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	now := time.Now().UnixNano()
+	fmt.Fprintf(conn, `{"job":"tok","step":0,"rank":0,"world_size":1,"tokens":100,"start_unix_ns":%d,"end_unix_ns":%d}`+"\n", now-1e9, now)
+	conn.Close()
+	for {
+		rows, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "tok", trace.ClusterSteps))
+		if len(rows) == 1 {
+			break
+		}
+		if time.Now().After(deadline.Add(20 * time.Second)) {
+			t.Fatalf("the agent's record never reached Parquet:\nagent: %s\ncollector: %s", agOut.String(), stdout.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }

@@ -4,11 +4,14 @@
 package natsconn
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -108,9 +111,22 @@ type Embedded struct {
 }
 
 // StartEmbedded starts nats-server on host:port (port -1 picks a free one)
-// and waits until it accepts connections. With storeDir set, JetStream is
-// enabled and stores there.
+// with no authentication, and waits until it accepts connections. With
+// storeDir set, JetStream is enabled and stores there. Tests and
+// in-process uses take it; the collector command uses StartEmbeddedAuth.
 func StartEmbedded(host string, port int, storeDir string) (*Embedded, error) {
+	return StartEmbeddedAuth(host, port, storeDir, Auth{})
+}
+
+// Auth is what the embedded server requires of clients: a user and
+// password, or a token; neither means none (any local user could then
+// read every record, forge records and delete the stream).
+type Auth struct {
+	User, Password, Token string
+}
+
+// StartEmbeddedAuth is StartEmbedded requiring auth of every client.
+func StartEmbeddedAuth(host string, port int, storeDir string, auth Auth) (*Embedded, error) {
 	if port > 0 {
 		// the server only says "did not start" after its timeout: try the
 		// address first for the real reason (address in use, no such host)
@@ -121,6 +137,12 @@ func StartEmbedded(host string, port int, storeDir string) (*Embedded, error) {
 		ln.Close()
 	}
 	opts := &server.Options{Host: host, Port: port, NoLog: true, NoSigs: true, MaxPayload: 8 << 20}
+	switch {
+	case auth.User != "":
+		opts.Username, opts.Password = auth.User, auth.Password
+	case auth.Token != "":
+		opts.Authorization = auth.Token
+	}
 	if storeDir != "" {
 		opts.JetStream = true
 		opts.StoreDir = storeDir
@@ -135,6 +157,85 @@ func StartEmbedded(host string, port int, storeDir string) (*Embedded, error) {
 		return nil, fmt.Errorf("natsconn: embedded server on %s:%d did not start", host, port)
 	}
 	return &Embedded{srv: s}, nil
+}
+
+// TokenPath is where the collector keeps the embedded server's token and
+// agents of the same user look for it: the user's config directory
+// (~/.config/tpsprof/nats-token), shared by the nodes of a cluster whose
+// home directories are.
+func TokenPath() (string, error) {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", fmt.Errorf("natsconn: no config directory for the NATS token: %w", err)
+	}
+	return filepath.Join(dir, "tpsprof", "nats-token"), nil
+}
+
+// EnsureToken returns the embedded server's token, creating it (32 random
+// bytes, hex; the file mode 0600 in a 0700 folder) on first use. A token
+// file that others could read is replaced.
+func EnsureToken() (token, path string, err error) {
+	path, err = TokenPath()
+	if err != nil {
+		return "", "", err
+	}
+	if t := readOwnToken(path); t != "" {
+		return t, path, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", "", fmt.Errorf("natsconn: token folder: %w", err)
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", "", err
+	}
+	token = hex.EncodeToString(b)
+	tmp := path + ".tmp"
+	os.Remove(tmp)
+	if err := os.WriteFile(tmp, []byte(token+"\n"), 0o600); err != nil {
+		return "", "", fmt.Errorf("natsconn: write token: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", "", fmt.Errorf("natsconn: write token: %w", err)
+	}
+	return token, path, nil
+}
+
+// LocalToken is the token EnsureToken wrote, for agents of the same user:
+// "" when there is none, or when the file is not the user's own or others
+// may read it (then it is not trusted).
+func LocalToken() string {
+	path, err := TokenPath()
+	if err != nil {
+		return ""
+	}
+	return readOwnToken(path)
+}
+
+func readOwnToken(path string) string {
+	fi, err := os.Stat(path)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o077 != 0 || !ownedByMe(fi) {
+		return ""
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	t := strings.TrimSpace(string(b))
+	if len(t) < 16 || len(t) > 256 {
+		return ""
+	}
+	return t
+}
+
+// IsLoopback reports whether host (an address or name) is this machine
+// only.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // URL is what agents connect to.
