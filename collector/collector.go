@@ -201,6 +201,9 @@ type Stats struct {
 	// AfterClose counts messages whose callback started once Close had
 	// begun (core mode): dropped, the jobs being closed.
 	AfterClose int64 `json:"dropped_after_close"`
+	// JobResets counts jobs restarted after a part could not be written
+	// (durable mode): their unacknowledged messages were redelivered.
+	JobResets int64 `json:"job_resets"`
 	// StateBytes is the memory jobs' declared world sizes claim now
 	// (bounded by Config.MaxStateBytes).
 	StateBytes int64 `json:"state_bytes"`
@@ -245,7 +248,7 @@ type Collector struct {
 type counters struct {
 	records, duplicates, late, events, metaUpdates, stepsClosed, incomplete atomic.Int64
 	writeErrors, rowsLost, slowConsumer, otherPartition, evicted            atomic.Int64
-	quarantined, staleParts, afterClose                                     atomic.Int64
+	quarantined, staleParts, afterClose, resets                             atomic.Int64
 }
 
 // apply counts and says what state calls did; the caller holds no lock
@@ -741,6 +744,7 @@ func (c *Collector) lockJob(id string, t *tally) *job {
 			return j
 		}
 		j.mu.Unlock() // evicted meanwhile: take the job anew
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -879,7 +883,7 @@ func (c *Collector) Stats() Stats {
 		MetaUpdates: c.n.metaUpdates.Load(), StepsClosed: c.n.stepsClosed.Load(), Incomplete: c.n.incomplete.Load(),
 		WriteErrors: c.n.writeErrors.Load(), RowsLost: c.n.rowsLost.Load(), SlowConsumer: c.n.slowConsumer.Load(),
 		OtherPartition: c.n.otherPartition.Load(), Evicted: c.n.evicted.Load(), Quarantined: c.n.quarantined.Load(),
-		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(),
+		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(), JobResets: c.n.resets.Load(),
 	}
 	c.rejMu.Lock()
 	s.Rejected = maps.Clone(c.rejects)

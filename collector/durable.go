@@ -230,42 +230,9 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 		if !e.IsDir() || !tps.ValidJobID(e.Name()) {
 			continue
 		}
-		dir := filepath.Join(c.cfg.OutDir, e.Name())
-		d := &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
-		n := 0
-		for _, table := range []string{trace.ClusterSteps, trace.RankSteps} {
-			files, _ := trace.PartFiles(filepath.Join(dir, table))
-			for _, f := range files {
-				if fi, err := os.Stat(f); err != nil || fi.ModTime().Before(cutoff) {
-					continue
-				}
-				n++
-				if table == trace.ClusterSteps {
-					rows, err := trace.ReadFile[tps.ClusterStep](f)
-					if trace.IsUnreadable(err) {
-						c.quarantine(f, err)
-						continue
-					}
-					if err != nil {
-						return err
-					}
-					for _, r := range rows {
-						d.closed[stepKey{r.Attempt, r.Step}] = true
-					}
-				} else {
-					rows, err := trace.ReadFile[tps.StepRecord](f)
-					if trace.IsUnreadable(err) {
-						c.quarantine(f, err)
-						continue
-					}
-					if err != nil {
-						return err
-					}
-					for _, r := range rows {
-						d.markRank(stepKey{r.Attempt, r.Step}, r.Rank)
-					}
-				}
-			}
+		d, n, err := c.diskKeysOf(e.Name(), cutoff)
+		if err != nil {
+			return err
 		}
 		if n > 0 {
 			t := tally{now: time.Now()}
@@ -279,6 +246,113 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// diskKeysOf reads the step and rank keys of a job's rank_steps and
+// cluster_steps parts finalised at or after cutoff; n is how many parts.
+func (c *Collector) diskKeysOf(job string, cutoff time.Time) (d *diskKeys, n int, err error) {
+	dir := filepath.Join(c.cfg.OutDir, job)
+	d = &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
+	for _, table := range []string{trace.ClusterSteps, trace.RankSteps} {
+		files, _ := trace.PartFiles(filepath.Join(dir, table))
+		for _, f := range files {
+			if fi, err := os.Stat(f); err != nil || fi.ModTime().Before(cutoff) {
+				continue
+			}
+			n++
+			if table == trace.ClusterSteps {
+				rows, err := trace.ReadFile[tps.ClusterStep](f)
+				if trace.IsUnreadable(err) {
+					c.quarantine(f, err)
+					continue
+				}
+				if err != nil {
+					return nil, 0, err
+				}
+				for _, r := range rows {
+					d.closed[stepKey{r.Attempt, r.Step}] = true
+				}
+			} else {
+				rows, err := trace.ReadFile[tps.StepRecord](f)
+				if trace.IsUnreadable(err) {
+					c.quarantine(f, err)
+					continue
+				}
+				if err != nil {
+					return nil, 0, err
+				}
+				for _, r := range rows {
+					d.markRank(stepKey{r.Attempt, r.Step}, r.Rank)
+				}
+			}
+		}
+	}
+	return d, n, nil
+}
+
+// nakker is an acknowledgement that can also ask for redelivery.
+type nakker interface{ NakWithDelay(time.Duration) error }
+
+func (h *handlerAck) NakWithDelay(d time.Duration) error { return h.m.NakWithDelay(d) }
+
+// redeliverAfter is how long a message whose data could not be written
+// waits before the stream hands it back.
+const redeliverAfter = 2 * time.Second
+
+// resetJob restarts a job whose part could not be finalised (a full
+// disk): as a collector restart would, but for this job alone. Its
+// messages not acknowledged are handed back by the stream (negative
+// acknowledgement), and a fresh job, knowing what the parts now on disk
+// hold, aggregates and writes them again. Keeping the old job would lose
+// them: its dedupe windows took their redelivered records for duplicates
+// or late ones, acknowledged without their rows in Parquet. The caller
+// holds no lock.
+func (c *Collector) resetJob(j *job) {
+	j.mu.Lock()
+	if j.evicted {
+		j.mu.Unlock()
+		return
+	}
+	j.evicted = true // handlers wait for the fresh job (lockJob)
+	items := j.unacked
+	j.unacked, j.pending, j.rankBuf = nil, nil, nil
+	j.release()
+	j.mu.Unlock()
+	c.n.writeErrors.Add(j.writerErrors())
+	_ = j.closeWriters() // what it holds of other tables is finalised if it can be
+	cutoff := time.Now().Add(-24 * time.Hour)
+	if info, err := c.streamInfo(context.Background()); err == nil && info.State.Msgs > 0 {
+		cutoff = info.State.FirstTime.Add(-time.Minute)
+	}
+	d, _, err := c.diskKeysOf(j.id, cutoff)
+	if err != nil {
+		c.cfg.Logger.Error("durable: cannot read the job's parts after a failed write; its messages stay in the stream until a restart", "job", j.id, "err", err)
+		d = &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
+	}
+	nj := newJob(c, j.id)
+	nj.disk = d
+	nj.redo = map[stepKey]bool{}
+	for _, it := range items {
+		for _, k := range it.steps {
+			if !d.closed[k] {
+				nj.redo[k] = true
+			}
+		}
+	}
+	c.mu.Lock()
+	if c.jobs[j.id] == j {
+		c.jobs[j.id] = nj
+	} else {
+		c.jobs[j.id] = nj // evicted meanwhile (cannot be: it held messages); take its place
+	}
+	c.mu.Unlock()
+	c.n.resets.Add(1)
+	for _, it := range items {
+		if n, ok := it.ack.(nakker); ok {
+			n.NakWithDelay(redeliverAfter)
+		}
+	}
+	c.cfg.Logger.Warn("durable: a part of the job could not be written; its unacknowledged messages are redelivered and written again", "job", j.id, "messages", len(items))
 }
 
 // lastRotation is when the last checkpoint started.
@@ -336,6 +410,14 @@ func (c *Collector) checkpoint(now time.Time) {
 					r.failed = true
 				}
 			}
+		}
+		if r.failed && r.j.ranks != nil {
+			r.j.mu.Lock()
+			r.j.unacked = append(r.items, r.j.unacked...)
+			r.j.checkpointing = false
+			r.j.mu.Unlock()
+			c.resetJob(r.j)
+			continue
 		}
 		var kept []ackItem
 		for _, it := range r.items {

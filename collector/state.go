@@ -213,6 +213,7 @@ type jobState struct {
 
 	// durable mode
 	disk    *diskKeys        // what parts not yet covered by acknowledgements hold
+	redo    map[stepKey]bool // steps a reset job aggregates again, whatever its window says
 	written map[stepKey]bool // steps whose cluster rows were handed out since the last checkpoint
 
 	// live figures for metrics and the live page
@@ -489,11 +490,12 @@ func (s *jobState) admit(k stepKey, world int64, ranks func(yield func(int64) bo
 		t.late++
 		return nil, admitLate
 	}
-	if hi, ok := s.maxClosed[k.attempt]; ok && k.step <= hi {
+	redo := s.redo[k] // redelivered after a failed write: its row is not on disk
+	if hi, ok := s.maxClosed[k.attempt]; ok && k.step <= hi && !redo {
 		t.late += n // closed too long ago to check for duplicates
 		return nil, admitStale
 	}
-	if ref, ok := s.window(k.attempt); ok && k.step > ref+maxStepJump {
+	if ref, ok := s.window(k.attempt); ok && k.step > ref+maxStepJump && !redo {
 		// One absurd step number would move the window: every later step
 		// would count as late (2^62 from one rank stopped a job's cluster
 		// rows).
@@ -581,10 +583,10 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	st, how := s.admit(k, r.WorldSize, func(yield func(int64) bool) { yield(r.Rank) }, 1, t)
 	switch how {
 	case admitLate:
-		return k, false, true
+		return k, false, s.disk == nil || !s.disk.ranks[k][r.Rank]
 	case admitStale:
 		s.warnRerun(r, t)
-		return k, false, true
+		return k, false, s.disk == nil || !s.disk.ranks[k][r.Rank]
 	case admitDuplicate:
 		s.warnRerun(r, t)
 		return k, false, false
@@ -655,6 +657,7 @@ func (s *jobState) addPartial(p *tps.Partial, t *tally) (stepKey, bool) {
 
 func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	delete(s.open, k)
+	delete(s.redo, k)
 	if s.lastOpen == st {
 		s.lastOpen = nil
 	}
