@@ -180,6 +180,11 @@ func (a *Agent) handleLine(line []byte) {
 		a.log.Warn("json", "intake line is not a JSON object", "prefix", prefix(line))
 		return
 	}
+	if err := tps.CheckKeys(line); err != nil {
+		a.reject("line:key_case")
+		a.log.Warn("key", "intake line with a key not in lower case (keys would match case-insensitively)", "err", err)
+		return
+	}
 	kind := "step"
 	if bytes.Contains(line, typeKey) {
 		var t lineType

@@ -603,6 +603,11 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 
 func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	var e tps.Event
+	if err := tps.CheckKeys(data); err != nil {
+		c.reject("event:key_case", 1)
+		c.ackNow(ack)
+		return
+	}
 	if err := json.Unmarshal(data, &e); err != nil {
 		c.reject("event:decode", 1)
 		c.ackNow(ack)
@@ -643,6 +648,10 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
 	defer c.ackNow(ack) // metadata is republished by agents; nothing to keep
 	var meta tps.RunMeta
+	if err := tps.CheckKeys(data); err != nil {
+		c.reject("meta:key_case", 1)
+		return
+	}
 	if err := json.Unmarshal(data, &meta); err != nil {
 		c.reject("meta:decode", 1)
 		return

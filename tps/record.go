@@ -78,10 +78,13 @@ type StepRecord struct {
 const (
 	MaxWorldSize = 1 << 22 // 4,194,304 ranks
 	MaxStepNs    = int64(24 * time.Hour)
-	MaxTokens    = int64(1) << 40                        // per replica per step
-	MaxStringLen = 256                                   // node, gpu_uuid
-	MinUnixNs    = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
-	maxJobLen    = 64
+	MaxTokens    = int64(1) << 40 // per replica per step
+	// MaxTokensPerNs bounds a replica's rate: 1e9 tokens/s, beyond any
+	// GPU (a 10M-parameter model at 100% of an H100 does ~1.6e7).
+	MaxTokensPerNs = 1
+	MaxStringLen   = 256                                   // node, gpu_uuid
+	MinUnixNs      = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
+	maxJobLen      = 64
 )
 
 // ErrInvalidRecord is wrapped by every validation error of this package.
@@ -205,6 +208,10 @@ func (r *StepRecord) Validate() error {
 	}
 	if r.Tokens > MaxTokens {
 		return fieldErr("tokens", r.Tokens, ReasonOutOfRange, "above %d per replica per step", MaxTokens)
+	}
+	if r.Tokens > r.DurationNs*MaxTokensPerNs {
+		// 2^40 tokens in a 1 ns step passed the bounds above: TPS 1e21.
+		return fieldErr("tokens", r.Tokens, ReasonOutOfRange, "more than %d per nanosecond of the step's duration_ns=%d (1e9 tokens/s per replica)", MaxTokensPerNs, r.DurationNs)
 	}
 	if r.PaddedTokens < 0 {
 		return fieldErr("padded_tokens", r.PaddedTokens, ReasonNegative, "must not be negative")

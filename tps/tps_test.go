@@ -41,6 +41,7 @@ func TestValidateRejects(t *testing.T) {
 		{"tp_rank out of world", func(r *StepRecord) { r.TPRank = i32(9) }, "tp_rank", ReasonOutOfRange},
 		{"negative tokens", func(r *StepRecord) { r.Tokens = -5 }, "tokens", ReasonNegative},
 		{"absurd tokens", func(r *StepRecord) { r.Tokens = MaxTokens + 1 }, "tokens", ReasonOutOfRange},
+		{"2^40 tokens in 1 ns", func(r *StepRecord) { r.Tokens, r.EndUnixNs, r.DurationNs = 1<<40, r.StartUnixNs+1, 1 }, "tokens", ReasonOutOfRange},
 		{"1970 timestamp", func(r *StepRecord) { r.StartUnixNs, r.EndUnixNs = 1000, 2000 }, "start_unix_ns", ReasonOutOfRange},
 		{"end before start", func(r *StepRecord) { r.EndUnixNs = r.StartUnixNs - 1 }, "end_unix_ns", ReasonOutOfRange},
 		{"day-long step", func(r *StepRecord) { r.DurationNs = MaxStepNs + 1 }, "duration_ns", ReasonOutOfRange},

@@ -35,6 +35,9 @@ const (
 	Events       = "events"
 )
 
+// Tables are the table names, each a folder of a job.
+var Tables = []string{RankSteps, ClusterSteps, GPUSamples, Events}
+
 // Metadata keys.
 const (
 	MetaSchemaVersion = "tpsprof.schema_version"
@@ -344,7 +347,9 @@ func (u *UnreadableParts) Error() string {
 }
 
 // checkPart opens a part's footer: parquet-go panics on a file that is not
-// Parquet when a reader is made from it, so every reader checks first.
+// Parquet when a reader is made from it, so every reader checks first. A
+// part whose metadata names another table than its folder is unreadable
+// here too.
 func checkPart(f *os.File, path string) (*parquet.File, error) {
 	st, err := f.Stat()
 	if err != nil {
@@ -353,6 +358,13 @@ func checkPart(f *os.File, path string) (*parquet.File, error) {
 	pf, err := openParquet(f, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, err)
+	}
+	// A part of another table (a rank_steps part copied into
+	// cluster_steps) would decode into zeros and defaults: skip it, named.
+	if table, ok := pf.Lookup(MetaTable); ok && table != "" {
+		if dir := filepath.Base(filepath.Dir(path)); slices.Contains(Tables, dir) && dir != table {
+			return nil, fmt.Errorf("trace: %s: %w: a %s part in the %s folder", path, errUnreadable, table, dir)
+		}
 	}
 	return pf, nil
 }

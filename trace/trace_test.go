@@ -147,4 +147,14 @@ func TestUnreadablePartsSkipped(t *testing.T) {
 	if _, err := ReadFile[tps.StepRecord](filepath.Join(dir, "part-x-empty.parquet")); !IsUnreadable(err) {
 		t.Errorf("ReadFile of an empty part: %v", err)
 	}
+	// A rank_steps part placed in cluster_steps is not read as cluster rows.
+	cw, _ := NewPartWriter[tps.ClusterStep](root, "j", ClusterSteps, WriterOptions{WriterID: "a"})
+	cw.Write([]tps.ClusterStep{{Job: "j", Step: 1, Tokens: 11}})
+	cw.Close()
+	cdir := filepath.Join(root, "j", ClusterSteps)
+	os.WriteFile(filepath.Join(cdir, "part-x-rank.parquet"), b, 0o644)
+	crows, err := ReadAll[tps.ClusterStep](cdir)
+	if !errors.As(err, &u) || len(u.Paths) != 1 || !strings.Contains(err.Error(), "a rank_steps part in the cluster_steps folder") || len(crows) != 1 || crows[0].Tokens != 11 {
+		t.Errorf("a rank part among cluster parts: rows %+v, err %v", crows, err)
+	}
 }

@@ -242,6 +242,7 @@ func TestEndToEndBadLinesCounted(t *testing.T) {
 		"\x00\x01\x02\xff\xfe",
 		`{"job":"bad","step":0,"rank":0,"world_size":1,"tokens":1,"start_unix_ns":1,"end_unix_ns":2}`,
 		strings.Repeat("x", 100<<10), // over the 64 KiB cap
+		`{"job":"bad","step":1,"rank":0,"world_size":1,"TOKENS":1,"start_unix_ns":1760000000000000000,"end_unix_ns":1760000001000000000}`,
 		string(goodLine),
 	}
 	for _, l := range lines {
@@ -253,7 +254,7 @@ func TestEndToEndBadLinesCounted(t *testing.T) {
 	e.waitLines(t, int64(len(lines)))
 	st := e.agents[0].Stats()
 	want := map[string]int64{"line:not_json_object": 2, "line:json": 1, "tokens:negative": 1, "job:invalid": 1,
-		"line:unknown_type": 1, "start_unix_ns:out_of_range": 1, "line:oversized": 1}
+		"line:unknown_type": 1, "start_unix_ns:out_of_range": 1, "line:oversized": 1, "line:key_case": 1}
 	for k, v := range want {
 		if st.Rejected[k] != v {
 			t.Errorf("rejected[%s] = %d, want %d (all: %v)", k, st.Rejected[k], v, st.Rejected)
