@@ -290,6 +290,15 @@ func New(cfg Config) (*Collector, error) {
 	c := &Collector{cfg: cfg, jobs: map[string]*job{}, rejects: map[string]int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second)}
 	c.mem.max = cfg.MaxStateBytes
+	// A job holds up to four open part files: with the default 1,024 jobs
+	// and a limit of 1,024 open files, 700 jobs stopped the collector's
+	// HTTP server and every new part with "too many open files".
+	if lim, ok := openFileLimit(); ok && lim < uint64(cfg.MaxJobs)*filesPerJob+reservedFiles {
+		n := max(int((int64(lim)-reservedFiles)/filesPerJob), 1)
+		cfg.Logger.Warn("open-files limit too low for --max-jobs: fewer jobs held at once (raise it with ulimit -n)",
+			"open_files_limit", lim, "max_jobs", cfg.MaxJobs, "now", n)
+		c.cfg.MaxJobs = n
+	}
 	c.n.staleParts.Store(removeStaleParts(cfg.OutDir, 2*cfg.Writer.PartAge+time.Minute, cfg.Logger))
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "tpsprof-collector"
@@ -534,6 +543,17 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		j.unacked = append(j.unacked, ackItem{ack: ack, steps: touched})
 	}
 }
+
+// filesPerJob is the most part files a job holds open (four tables);
+// reservedFiles leaves room for sockets, NATS and HTTP connections.
+const (
+	filesPerJob   = 4
+	reservedFiles = 256
+)
+
+// MaxJobs is the number of jobs held at once: Config.MaxJobs, lowered to
+// what the open-files limit allows.
+func (c *Collector) MaxJobs() int { return c.cfg.MaxJobs }
 
 // directHandOff is the batch size from which decoded records go to the
 // rank writer without being copied into the job's buffer.

@@ -156,3 +156,37 @@ func TestDurableDiskFullLosesNothing(t *testing.T) {
 		t.Errorf("no write error counted: %+v", st)
 	}
 }
+
+// In core mode a full disk loses the rows of the parts it could not
+// write, and every one of them is counted: rows on disk plus rows_lost
+// is every row (rank and cluster). Before, rows_lost stayed 0 while 704
+// rank and 85 cluster rows were lost.
+func TestCoreDiskFullCountsRowsLost(t *testing.T) {
+	out := smallDisk(t, 2<<20)
+	c, nc := startCollectorWith(t, Config{OutDir: out, Grace: time.Minute, Writer: trace.WriterOptions{PartAge: 100 * time.Millisecond}})
+	publishSteps(t, nc, "core", 0, 20)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	filler := fill(t, out)
+	publishSteps(t, nc, "core", 20, 60)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // rotations fail
+	os.Remove(filler)
+	publishSteps(t, nc, "core", 60, 80)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Logf("close: %v", err)
+	}
+	rk, _ := trace.ReadAll[tps.StepRecord](filepath.Join(out, "core", trace.RankSteps))
+	cl, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "core", trace.ClusterSteps))
+	st := c.Stats()
+	if st.RowsLost == 0 || int64(len(rk)+len(cl))+st.RowsLost != 80*4+80 {
+		t.Errorf("%d rank + %d cluster rows on disk, %d counted lost; want %d in all (stats %+v)", len(rk), len(cl), st.RowsLost, 80*4+80, st)
+	}
+}

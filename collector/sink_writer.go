@@ -54,9 +54,7 @@ func (r *asyncWriter[T]) loop() {
 		var err error
 		switch {
 		case cmd.rows != nil:
-			if err = r.w.Write(cmd.rows); err != nil {
-				r.lost.Add(int64(len(cmd.rows)))
-			}
+			err = r.w.Write(cmd.rows)
 			if r.release != nil {
 				r.release(cmd.rows)
 			}
@@ -64,6 +62,8 @@ func (r *asyncWriter[T]) loop() {
 			err = r.w.Rotate()
 		}
 		if err != nil {
+			// every row of a part that failed, counted by the part writer
+			r.lost.Store(r.w.Lost())
 			r.errors.Add(1)
 			r.failed.Store(true)
 			if r.onError != nil {

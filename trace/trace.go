@@ -136,6 +136,7 @@ type PartWriter[T any] struct {
 	rows    int64
 	opened  time.Time
 	written int64
+	lost    int64
 	parts   []string
 }
 
@@ -161,6 +162,10 @@ func (p *PartWriter[T]) Parts() []string { return slices.Clone(p.parts) }
 
 // Rows is the number of rows in finalised parts.
 func (p *PartWriter[T]) Rows() int64 { return p.written }
+
+// Lost is the number of rows that failed to reach a finalised part (an
+// error writing, finalising or renaming it), since the writer was made.
+func (p *PartWriter[T]) Lost() int64 { return p.lost }
 
 // Pending is the number of rows written to the open part.
 func (p *PartWriter[T]) Pending() int64 { return p.rows }
@@ -199,11 +204,13 @@ func (p *PartWriter[T]) Write(rows []T) error {
 	}
 	if p.w == nil {
 		if err := p.open(); err != nil {
+			p.lost += int64(len(rows))
 			return err
 		}
 	}
 	if _, err := p.w.Write(rows); err != nil {
 		lost := p.rows + int64(len(rows))
+		p.lost += lost
 		p.discard()
 		return fmt.Errorf("trace: write %s: %w (%d rows of the open part lost)", p.table, err, lost)
 	}
@@ -239,13 +246,15 @@ func (p *PartWriter[T]) Rotate() error {
 	}
 	if err != nil {
 		os.Remove(p.tmp)
-		p.w, p.f = nil, nil
+		p.w, p.f, p.rows = nil, nil, 0
+		p.lost += rows
 		return fmt.Errorf("trace: finalise %s part: %w (%d rows lost)", p.table, err, rows)
 	}
 	final := filepath.Join(p.dir, strings.TrimSuffix(strings.TrimPrefix(filepath.Base(p.tmp), "."), ".tmp"))
 	if err := os.Rename(p.tmp, final); err != nil {
 		os.Remove(p.tmp)
-		p.w, p.f = nil, nil
+		p.w, p.f, p.rows = nil, nil, 0
+		p.lost += rows
 		return fmt.Errorf("trace: rename %s part: %w (%d rows lost)", p.table, err, rows)
 	}
 	syncDir(p.dir)

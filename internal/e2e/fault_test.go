@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -451,5 +454,81 @@ func TestAgentForgetsQuietJobs(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	if n := metas.Load() - before; n != 0 {
 		t.Errorf("%d metadata messages for jobs quiet past ForgetAfter", n)
+	}
+}
+
+// With a low open-files limit the collector holds fewer jobs (each may
+// keep four part files open) instead of running out of descriptors: 700
+// jobs under nofile=1024 stopped its HTTP server and every new part.
+// Here: 300 jobs under 512 open files; the rest are rejected (job:limit)
+// and the collector keeps serving.
+func TestOpenFilesLimitBoundsJobs(t *testing.T) {
+	bin := buildBinary(t)
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	out := t.TempDir()
+	port := freePort(t)
+	cmd := exec.Command("bash", "-c", fmt.Sprintf("ulimit -n 512 && exec %s collector --out %s --nats %s --http 127.0.0.1:%d --live 0", bin, out, srv.URL(), port))
+	var log strings.Builder
+	cmd.Stdout, cmd.Stderr = &log, &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if resp, err := http.Get(base + "/metrics"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("collector not up:\n%s", log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	now := time.Now().Add(-time.Minute).UnixNano()
+	for i := range 300 {
+		job := fmt.Sprintf("j%03d", i)
+		// one rank of two: the step stays open, the job active
+		r := tps.StepRecord{Job: job, Step: 0, Rank: 0, WorldSize: 2, Tokens: 1, StartUnixNs: now, EndUnixNs: now + 1e9}
+		nc.Publish(wire.StepsSubject(job, "n0"), wire.AppendSteps(nil, []tps.StepRecord{r}))
+	}
+	nc.Flush()
+	var sum struct {
+		Stats collector.Stats `json:"stats"`
+	}
+	for {
+		resp, err := http.Get(base + "/api/summary")
+		if err != nil {
+			t.Fatalf("the collector stopped serving: %v\n%s", err, log.String())
+		}
+		json.NewDecoder(resp.Body).Decode(&sum)
+		resp.Body.Close()
+		if int64(sum.Stats.Jobs)+sum.Stats.Rejected["job:limit"] >= 300 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats %+v\n%s", sum.Stats, log.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if sum.Stats.Jobs != 64 || sum.Stats.Rejected["job:limit"] != 236 || sum.Stats.WriteErrors != 0 {
+		t.Errorf("jobs %d, job:limit %d, write errors %d; want 64, 236, 0", sum.Stats.Jobs, sum.Stats.Rejected["job:limit"], sum.Stats.WriteErrors)
+	}
+	if !strings.Contains(log.String(), "open-files limit too low") {
+		t.Errorf("no warning about the open-files limit:\n%s", log.String())
+	}
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid))
+	if len(fds) >= 512 {
+		t.Errorf("%d open files", len(fds))
 	}
 }
