@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/parquet-go/parquet-go"
@@ -116,6 +117,7 @@ type plotData struct {
 	heat   *heatGrid
 	gpu    *gpuSeries
 	nodeOf map[int64]string
+	events []tps.Event // checkpoints and evaluations, marked on plots
 }
 
 // Analyze reads the traces of the job folder dir (OUT/<job>).
@@ -232,6 +234,9 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		for _, e := range rows {
 			rep.Events[e.Kind]++
 			events = append(events, e)
+			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(rep.data.events) < 10000 {
+				rep.data.events = append(rep.data.events, e)
+			}
 		}
 		return nil
 	}); rep.tolerate(err) != nil {
@@ -439,20 +444,32 @@ func (h *heatGrid) value(c, r int) float64 {
 	return h.sum[i] / float64(h.n[i])
 }
 
-// gpuSeries bins GPU samples over the run's time into at most 600 buckets.
+// gpuSeries bins GPU samples over the run's time into at most 600
+// buckets, for all GPUs and (coarser, 150 buckets) per node.
 type gpuSeries struct {
 	t0, width    int64
 	power, clock []float64
 	util         []float64
 	n, nUtil     []int
+	nodes        map[string]*nodeGPU
+	nodeBin      int // buckets per node bucket
 }
+
+// nodeGPU is one node's power and clock, in buckets of nodeBin.
+type nodeGPU struct {
+	power, clock []float64
+	n            []int
+}
+
+// maxGPUNodes bounds the nodes tracked one by one.
+const maxGPUNodes = 4096
 
 func newGPUSeries(steps []tps.ClusterStep) *gpuSeries {
 	lo, hi := steps[0].StartUnixNs, steps[0].EndUnixNs
 	for _, c := range steps {
 		lo, hi = min(lo, c.StartUnixNs), max(hi, c.EndUnixNs)
 	}
-	g := &gpuSeries{t0: lo, width: max((hi-lo)/600+1, 1)}
+	g := &gpuSeries{t0: lo, width: max((hi-lo)/600+1, 1), nodes: map[string]*nodeGPU{}, nodeBin: 4}
 	g.power, g.clock, g.util = make([]float64, 600), make([]float64, 600), make([]float64, 600)
 	g.n, g.nUtil = make([]int, 600), make([]int, 600)
 	return g
@@ -467,11 +484,80 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 		g.power[b] += *s.PowerW
 		g.clock[b] += float64(*s.SMClockMHz)
 		g.n[b]++
+		n := g.nodes[s.Node]
+		if n == nil && len(g.nodes) < maxGPUNodes {
+			k := 600 / g.nodeBin
+			n = &nodeGPU{power: make([]float64, k), clock: make([]float64, k), n: make([]int, k)}
+			g.nodes[s.Node] = n
+		}
+		if n != nil {
+			nb := int(b) / g.nodeBin
+			n.power[nb] += *s.PowerW
+			n.clock[nb] += float64(*s.SMClockMHz)
+			n.n[nb]++
+		}
 	}
 	if s.GPUUtilPct != nil {
 		g.util[b] += *s.GPUUtilPct
 		g.nUtil[b]++
 	}
+}
+
+// oddNodes are the nodes (at most k, most different first) whose mean
+// power or SM clock differs from the median node's by more than 3%.
+func (g *gpuSeries) oddNodes(k int) []string {
+	if len(g.nodes) < 2 {
+		return nil
+	}
+	type nm struct {
+		name         string
+		power, clock float64
+	}
+	var ms []nm
+	for name, n := range g.nodes {
+		var p, c float64
+		cnt := 0
+		for b := range n.n {
+			p, c, cnt = p+n.power[b], c+n.clock[b], cnt+n.n[b]
+		}
+		if cnt > 0 {
+			ms = append(ms, nm{name, p / float64(cnt), c / float64(cnt)})
+		}
+	}
+	med := func(get func(nm) float64) float64 {
+		v := make([]float64, len(ms))
+		for i, m := range ms {
+			v[i] = get(m)
+		}
+		sort.Float64s(v)
+		return v[len(v)/2]
+	}
+	mp, mc := med(func(m nm) float64 { return m.power }), med(func(m nm) float64 { return m.clock })
+	type odd struct {
+		name string
+		dev  float64
+	}
+	var out []odd
+	for _, m := range ms {
+		dev := 0.0
+		if mp > 0 {
+			dev = math.Abs(m.power-mp) / mp
+		}
+		if mc > 0 {
+			dev = math.Max(dev, math.Abs(m.clock-mc)/mc)
+		}
+		if dev > 0.03 {
+			out = append(out, odd{m.name, dev})
+		}
+	}
+	sort.Slice(out, func(a, b int) bool {
+		return out[a].dev > out[b].dev || (out[a].dev == out[b].dev && out[a].name < out[b].name)
+	})
+	var names []string
+	for _, o := range out[:min(k, len(out))] {
+		names = append(names, o.name)
+	}
+	return names
 }
 
 // tolerate turns unreadable parts (skipped, the rest read) into a note;
