@@ -491,7 +491,11 @@ func (s *jobState) admit(k stepKey, world int64, ranks func(yield func(int64) bo
 		return nil, admitLate
 	}
 	redo := s.redo[k] // redelivered after a failed write: its row is not on disk
-	if hi, ok := s.maxClosed[k.attempt]; ok && k.step <= hi && !redo {
+	// Below the highest closed step, a step the closed window does not
+	// hold was either closed and forgotten (at or below the window's
+	// floor: late, unchecked) or never closed: its records arrive out of
+	// order (a NATS server failing over reorders publishes) and it opens.
+	if hi, ok := s.maxClosed[k.attempt]; ok && k.step <= hi && !redo && s.closed.forgotten(k) {
 		t.late += n // closed too long ago to check for duplicates
 		return nil, admitStale
 	}

@@ -259,3 +259,21 @@ func TestHugeWorldsBounded(t *testing.T) {
 		t.Errorf("/metrics lacks the state bytes or the rejection")
 	}
 }
+
+// Steps arriving out of order (a failover reorders publishes) open and
+// close with every rank when the later steps have closed already; only
+// steps closed and forgotten count as late.
+func TestStateOutOfOrderSteps(t *testing.T) {
+	s, tl := newTestState(8)
+	for _, step := range []int64{20, 21, 22, 10, 11} {
+		for rank := range int64(2) {
+			r := stateRec(step, rank, 2)
+			if _, open, _ := s.add(&r, tl); !open {
+				t.Fatalf("step %d rank %d not aggregated", step, rank)
+			}
+		}
+	}
+	if tl.stepsClosed != 5 || tl.incomplete != 0 || tl.late != 0 {
+		t.Errorf("tally %+v", tl)
+	}
+}

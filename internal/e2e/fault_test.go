@@ -472,7 +472,7 @@ func TestOpenFilesLimitBoundsJobs(t *testing.T) {
 	out := t.TempDir()
 	port := freePort(t)
 	cmd := exec.Command("bash", "-c", fmt.Sprintf("ulimit -n 512 && exec %s collector --out %s --nats %s --http 127.0.0.1:%d --live 0", bin, out, srv.URL(), port))
-	var log strings.Builder
+	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -198,7 +198,7 @@ func TestEmbeddedServerRequiresToken(t *testing.T) {
 	env := append(os.Environ(), "XDG_CONFIG_HOME="+filepath.Join(home, "config"), "HOME="+home)
 	cmd := exec.Command(bin, "collector", "--out", out, "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--http", "", "--live", "0")
 	cmd.Env = env
-	var stdout strings.Builder
+	var stdout syncBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -238,7 +238,7 @@ func TestEmbeddedServerRequiresToken(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "a.sock")
 	ag := exec.Command(bin, "agent", "--nats", url, "--socket", sock, "--gpu-interval", "0", "--stats", "0")
 	ag.Env = env
-	var agOut strings.Builder
+	var agOut syncBuffer
 	ag.Stdout, ag.Stderr = &agOut, &agOut
 	if err := ag.Start(); err != nil {
 		t.Fatal(err)
