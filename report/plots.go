@@ -109,6 +109,8 @@ func (f Figure) Render(w io.Writer, format string, dpi int) error {
 		c = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(f.W, f.H), vgimg.UseDPI(dpi))}
 	case "svg":
 		c = vgsvg.NewWith(vgsvg.UseWH(f.W, f.H), vgsvg.EmbedFonts(true))
+	case "svgtext": // SVG naming its fonts rather than embedding them (HTML)
+		c = vgsvg.NewWith(vgsvg.UseWH(f.W, f.H))
 	default:
 		return fmt.Errorf("report: unknown format %q", format)
 	}

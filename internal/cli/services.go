@@ -539,6 +539,10 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 		if paths, err := report.SaveFigures(figs, filepath.Join(res.JobDir, "report")); err == nil {
 			fmt.Fprintf(stdout, "\n%d plots (PNG and SVG): %s/report/\n", len(paths), abs)
 		}
+		page := filepath.Join(abs, "report", "report.html")
+		if err := writeHTMLFile(page, func(w io.Writer) error { return report.WriteHTML(w, rep, figs) }); err == nil {
+			fmt.Fprintf(stdout, "HTML report (one file, open it in a browser): %s\n", page)
+		}
 	}
 	fmt.Fprintf(stdout, "\nParquet traces: %s/{rank_steps,cluster_steps,gpu_samples,events}/*.parquet\n", abs)
 	fmt.Fprintf(stdout, "e.g. duckdb -c \"select step, tps, mfu, comm_fraction_mean from '%s/cluster_steps/*.parquet' order by step\"\n", abs)
@@ -547,16 +551,18 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	const cmd = "report"
-	fs := newFlagSet(cmd, "report [flags] JOB_DIR   |   report --compare JOB_DIR_A JOB_DIR_B", `  tpsprof report traces/llama-8b                 # summary, plus plots in traces/llama-8b/report/
+	fs := newFlagSet(cmd, "report [flags] JOB_DIR   |   report --compare JOB_DIR_A JOB_DIR_B", `  tpsprof report traces/llama-8b                 # summary, plus report.html and plots in traces/llama-8b/report/
   tpsprof report --json --warmup 10 traces/llama-8b
   tpsprof report --markdown --no-plots traces/llama-8b >> review.md
   tpsprof report --compare traces/run-a traces/run-b
+  tpsprof report --compare --html ab.html traces/run-a traces/run-b
 `, stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)")
 	asMD := fs.Bool("markdown", false, "print the report as Markdown")
 	compare := fs.Bool("compare", false, "compare two job folders side by side")
 	plots := fs.String("plots", "", "folder for the plots (PNG and SVG); default JOB_DIR/report")
-	noPlots := fs.Bool("no-plots", false, "do not draw plots")
+	noPlots := fs.Bool("no-plots", false, "do not draw plots (nor the HTML report)")
+	htmlOut := fs.String("html", "", "where to write the HTML report, one self-contained file to open or share (default PLOTS/report.html; with --compare, only when given)")
 	warmup := fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)")
 	var train, price quantity
 	fs.Var(&train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
@@ -626,6 +632,13 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		default:
 			report.WriteCompare(stdout, reps[0], reps[1])
 		}
+		if *htmlOut != "" {
+			if err := writeHTMLFile(*htmlOut, func(w io.Writer) error { return report.WriteCompareHTML(w, reps[0], reps[1]) }); err != nil {
+				failErr(stderr, "report", err)
+				return exitError
+			}
+			fmt.Fprintf(stderr, "HTML comparison written to %s\n", *htmlOut)
+		}
 		return exitOK
 	}
 	rep := reps[0]
@@ -652,11 +665,42 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "\n%d plots written to %s\n", len(paths), dir)
 		}
 	}
+	if err == nil {
+		page := *htmlOut
+		if page == "" {
+			page = filepath.Join(dir, "report.html")
+		}
+		if err = writeHTMLFile(page, func(w io.Writer) error { return report.WriteHTML(w, rep, figs) }); err == nil && !*asJSON && !*asMD {
+			fmt.Fprintf(stdout, "HTML report (one file, open it in a browser): %s\n", page)
+		}
+	}
 	if err != nil {
 		failErr(stderr, "report", err)
 		return exitError
 	}
 	return exitOK
+}
+
+// writeHTMLFile writes a page under a temporary name and renames it into
+// place, so a browser never opens half of one.
+func writeHTMLFile(path string, write func(io.Writer) error) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	f, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	err = write(f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // needsValue reports whether a flag takes the next argument as its value.
@@ -666,7 +710,7 @@ func needsValue(flagArg string) bool {
 		return false
 	}
 	switch name {
-	case "plots", "warmup", "train-tokens", "gpu-hour-usd":
+	case "plots", "warmup", "train-tokens", "gpu-hour-usd", "html":
 		return true
 	}
 	return false

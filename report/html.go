@@ -1,0 +1,358 @@
+package report
+
+import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"html/template"
+	"io"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/tpsprof/tpsprof/mfu"
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// The HTML report: one self-contained file (no script, no CDN, no font
+// download) a person can open and share. The figures are inline SVG; the
+// text says what each figure and figure means, so someone who never saw
+// tpsprof can read the run from it.
+
+type htmlCard struct {
+	Label, Value, Note string
+	Bad                bool
+}
+
+type htmlRow struct {
+	Cells  []string
+	Bar    float64 // 0-1, drawn behind cell BarCol when > 0
+	BarCol int
+}
+
+type htmlTable struct {
+	Title, Intro string
+	Head         []string
+	Rows         []htmlRow
+}
+
+type htmlFigure struct {
+	Name, Caption string
+	SVG           template.HTML
+	MaxWidthPx    int // the figure's drawn width: a square plot is not blown up to the page's
+}
+
+type htmlPage struct {
+	Title, Subtitle string
+	Generated       string
+	Notes           []string
+	Cards           []htmlCard
+	Tables          []htmlTable
+	Figures         []htmlFigure
+	Glossary        [][2]string
+}
+
+// WriteHTML writes the report of one job with its figures (rep.Figures()).
+func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
+	s := rep.Summary
+	p := htmlPage{Title: "tpsprof report: " + rep.Job, Generated: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Notes: rep.Notes}
+	p.Subtitle = runLine(rep)
+	if s.SteadySteps == 0 {
+		p.Notes = append(p.Notes, "no steady steps to summarise")
+		return renderHTML(w, p)
+	}
+	mfuValue, mfuNote, mfuBad := "unknown", s.MFUUnknown, true
+	if s.MFU != nil {
+		mfuValue, mfuBad = fmt.Sprintf("%.1f%%", 100**s.MFU), false
+		mfuNote = "model FLOPs / peak"
+		if s.HFU != nil && *s.HFU > *s.MFU*1.001 {
+			mfuNote += fmt.Sprintf(" (HFU %.1f%%)", 100**s.HFU)
+		}
+	}
+	p.Cards = []htmlCard{
+		{Label: "throughput", Value: tps.SI(s.TPS.Mean) + " tokens/s", Note: fmt.Sprintf("mean of %d steady steps (p50 %s)", s.SteadySteps, tps.SI(s.TPS.P50))},
+		{Label: "per GPU", Value: tps.SI(s.TPSPerGPU) + " tokens/s", Note: fmt.Sprintf("%d GPUs", s.WorldSize)},
+		{Label: "MFU", Value: mfuValue, Note: mfuNote, Bad: mfuBad},
+		{Label: "step time", Value: fmt.Sprintf("%.2f s", s.StepTimeS.P50), Note: fmt.Sprintf("median; p99 %.2f s", s.StepTimeS.P99)},
+	}
+	if g := rep.Goodput; g.ElapsedS > 0 {
+		p.Cards = append(p.Cards, htmlCard{Label: "goodput", Value: pct(g.Goodput), Note: fmt.Sprintf("of %s elapsed spent on steps that count", dur(g.ElapsedS)), Bad: g.Goodput < 0.9})
+	}
+	p.Cards = append(p.Cards, htmlCard{Label: "exposed communication", Value: pct(rep.Breakdown.ExposedComm), Note: "of step time, waiting on collectives", Bad: rep.Breakdown.ExposedComm > 0.2})
+	if len(rep.Nodes) > 0 && rep.Nodes[0].Score < tps.StragglerThreshold {
+		n := rep.Nodes[0]
+		p.Cards = append(p.Cards, htmlCard{Label: "slowest node", Value: n.Node, Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*n.Score), Bad: true})
+	}
+
+	b := rep.Breakdown
+	bubble := pct(b.Bubble)
+	if b.BubbleTheoretical > 0 {
+		bubble += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
+	}
+	p.Tables = append(p.Tables, htmlTable{Title: "Where step time goes", Intro: "Mean over steady steps of each step's mean over ranks.",
+		Head: []string{"category", "share of step time"}, Rows: []htmlRow{
+			{Cells: []string{"compute", pct(b.Compute)}, Bar: b.Compute, BarCol: 1},
+			{Cells: []string{"exposed communication (not hidden by compute)", pct(b.ExposedComm)}, Bar: b.ExposedComm, BarCol: 1},
+			{Cells: []string{"pipeline bubble", bubble}, Bar: b.Bubble, BarCol: 1},
+			{Cells: []string{"data-loader stall", pct(b.DataStall)}, Bar: b.DataStall, BarCol: 1},
+			{Cells: []string{"checkpoint", pct(b.Checkpoint)}, Bar: b.Checkpoint, BarCol: 1},
+		}})
+	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
+	add := func(k, v string) { detail.Rows = append(detail.Rows, htmlRow{Cells: []string{k, v}}) }
+	add("steps", fmt.Sprintf("%d (%d warm-up excluded, %d steady, %d incomplete, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, s.IncompleteSteps, s.Attempts))
+	add("step TPS", fmt.Sprintf("mean %s, p50 %s, p95 %s, p99 %s (min %s, max %s) tokens/s", tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max)))
+	add("wall TPS", fmt.Sprintf("%s tokens/s, counting the gaps between steps", tps.SI(s.WallTPS)))
+	add("tokens", fmt.Sprintf("%s in steady steps", tps.SI(float64(s.Tokens))))
+	add("MFU / HFU", mfuText(s))
+	if s.MFU != nil {
+		dt := mfu.BF16
+		if rep.Meta != nil && rep.Meta.DType != "" {
+			if d, err := mfu.ParseDType(rep.Meta.DType); err == nil {
+				dt = d
+			}
+		}
+		add("peak convention", mfu.PeakConvention(dt))
+	}
+	if f := rep.CommFit; f.Slope != 0 {
+		add("TPS vs comm", fmt.Sprintf("each percentage point of exposed communication costs %s tokens/s (R² %.2f)", tps.SI(-f.Slope/100), f.R2))
+	}
+	if e := rep.Energy; e != nil {
+		add("energy", fmt.Sprintf("%.2f tokens/J, %.0f W and %.0f MHz per GPU on average, %d steady steps throttled", e.TokensPerJoule, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps))
+	}
+	if rep.CostPerMTok != nil {
+		add("cost", fmt.Sprintf("$%.3f per million tokens", *rep.CostPerMTok))
+	}
+	if rep.TimeToTrainS != nil {
+		add("time to train", dur(*rep.TimeToTrainS))
+	}
+	if pd := rep.Padding; pd != nil {
+		add("padding", fmt.Sprintf("%s of the tokens processed are real", pct(pd.RealFraction)))
+	}
+	p.Tables = append(p.Tables, detail)
+
+	if g := rep.Goodput; g.ElapsedS > 0 {
+		t := htmlTable{Title: "Goodput", Intro: fmt.Sprintf("Of %s elapsed, %s went to steps that count. Restarts: %d, steps redone: %d.", dur(g.ElapsedS), pct(g.Goodput), g.Restarts, g.RedoneSteps),
+			Head: []string{"time lost to", "seconds", "share"}}
+		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {
+			t.Rows = append(t.Rows, htmlRow{Cells: []string{k, fmt.Sprintf("%.0f", g.BadputS[k]), pct(g.BadputS[k] / g.ElapsedS)}, Bar: g.BadputS[k] / g.ElapsedS, BarCol: 2})
+		}
+		p.Tables = append(p.Tables, t)
+	}
+	if len(rep.Episodes) > 0 {
+		t := htmlTable{Title: "Straggler episodes", Intro: fmt.Sprintf("Spans of steps during which a node computed below %.0f%% of the fastest rank's pace, judged over windows of %d steps.", 100*tps.StragglerThreshold, rep.EpisodeWindow),
+			Head: []string{"node", "steps", "worst pace", "TPS during", "TPS had it kept pace"}}
+		for _, e := range rep.Episodes {
+			t.Rows = append(t.Rows, htmlRow{Cells: []string{e.Node, fmt.Sprintf("%d–%d (%d)", e.StartStep, e.EndStep, e.Steps), fmt.Sprintf("%.0f%%", 100*e.WorstScore),
+				tps.SI(e.TPSDuring), tps.SI(e.TPSWithout)}})
+		}
+		p.Tables = append(p.Tables, t)
+	}
+	if len(rep.Stragglers) > 0 {
+		t := htmlTable{Title: "Slowest ranks", Intro: "Median compute time over steady steps; pace is the fastest rank's median over this rank's.",
+			Head: []string{"rank", "node", "median compute", "pace"}}
+		for _, r := range rep.Stragglers {
+			t.Rows = append(t.Rows, htmlRow{Cells: []string{fmt.Sprint(r.Rank), r.Node, fmt.Sprintf("%.1f ms", r.MedianComputeNs/1e6), fmt.Sprintf("%.0f%%", 100*r.Score)}, Bar: r.Score, BarCol: 3})
+		}
+		p.Tables = append(p.Tables, t)
+	}
+	if tr := rep.Traces; tr != nil && len(tr.Collectives) > 0 {
+		t := htmlTable{Title: "Collectives (from profiler traces)", Intro: fmt.Sprintf("%d profiled rank-steps (%s timeline); per profiled rank-step.", tr.Profiled, tr.Device),
+			Head: []string{"collective", "calls", "time", "bytes"}}
+		for _, c := range tr.Collectives {
+			bytes := "—"
+			if c.Bytes > 0 {
+				bytes = tps.SI(float64(c.Bytes)) + "B"
+			}
+			t.Rows = append(t.Rows, htmlRow{Cells: []string{c.Kind, fmt.Sprint(c.Count), fmt.Sprintf("%.2f ms", c.TimeUs/1e3), bytes}})
+		}
+		p.Tables = append(p.Tables, t)
+	}
+	for _, f := range figs {
+		var b bytes.Buffer
+		if f.Name == "rank_heatmap" {
+			// A cell per rank row and step column: up to 204,800 SVG
+			// rectangles (20 MB) at 16,384 ranks. It goes in as a PNG.
+			if err := f.Render(&b, "png", 110); err != nil {
+				return err
+			}
+			img := `<img alt="` + template.HTMLEscapeString(f.Caption) + `" src="data:image/png;base64,` + base64.StdEncoding.EncodeToString(b.Bytes()) + `">`
+			p.Figures = append(p.Figures, htmlFigure{Name: f.Name, Caption: f.Caption, SVG: template.HTML(img), MaxWidthPx: int(f.W.Points() * 4 / 3)})
+			continue
+		}
+		if err := f.renderInline(&b); err != nil {
+			return err
+		}
+		p.Figures = append(p.Figures, htmlFigure{Name: f.Name, Caption: f.Caption, SVG: template.HTML(b.String()), MaxWidthPx: int(f.W.Points() * 4 / 3)})
+	}
+	p.Glossary = glossary
+	return renderHTML(w, p)
+}
+
+// WriteCompareHTML writes the comparison of two runs.
+func WriteCompareHTML(w io.Writer, a, b *Report) error {
+	c := Compare(a, b)
+	p := htmlPage{Title: fmt.Sprintf("tpsprof: %s against %s", c.B, c.A), Generated: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Notes: c.Notes}
+	p.Subtitle = "A: " + runLine(a) + " · B: " + runLine(b)
+	for _, part := range []struct {
+		title string
+		rows  []CompareRow
+	}{{"What differs between the runs", c.Shape}, {"Figures", c.Rows}} {
+		t := htmlTable{Title: part.title, Head: []string{"", "A: " + c.A, "B: " + c.B, "B against A"}}
+		for _, r := range part.rows {
+			t.Rows = append(t.Rows, htmlRow{Cells: []string{r.Name, compareCell(r, r.A, r.TextA), compareCell(r, r.B, r.TextB), deltaCell(r)}})
+		}
+		if len(t.Rows) > 0 {
+			p.Tables = append(p.Tables, t)
+		}
+	}
+	p.Glossary = glossary
+	return renderHTML(w, p)
+}
+
+func compareCell(r CompareRow, v *float64, text string) string {
+	if r.Unit == "text" || v == nil {
+		if text == "" {
+			return "—"
+		}
+		return text
+	}
+	switch r.Unit {
+	case "fraction":
+		return pct(*v)
+	case "s":
+		return fmt.Sprintf("%.3f s", *v)
+	case "tokens/s":
+		return tps.SI(*v) + " tokens/s"
+	}
+	return tps.SI(*v)
+}
+
+func deltaCell(r CompareRow) string {
+	switch {
+	case r.DeltaPct != nil:
+		return fmt.Sprintf("%+.1f%%", *r.DeltaPct)
+	case r.DeltaPoints != nil:
+		return fmt.Sprintf("%+.1f points", *r.DeltaPoints)
+	}
+	return ""
+}
+
+// renderInline draws the figure as SVG for inlining in HTML: fonts are
+// not embedded (they would add ~300 KB a figure); the page's font stack
+// stands in.
+func (f Figure) renderInline(w io.Writer) error {
+	var b bytes.Buffer
+	if err := f.Render(&b, "svgtext", 0); err != nil {
+		return err
+	}
+	s := b.String()
+	if i := strings.Index(s, "<svg"); i >= 0 {
+		s = s[i:] // drop the XML prolog and doctype: not allowed inside HTML
+	}
+	_, err := io.WriteString(w, s)
+	return err
+}
+
+func runLine(r *Report) string {
+	s := r.Summary
+	parts := []string{fmt.Sprintf("%d ranks", s.WorldSize)}
+	if m := r.Meta; m != nil {
+		model := m.ModelPreset
+		if model == "" && m.Model != nil {
+			model = "custom model"
+		}
+		for _, x := range []string{m.Topology.String(), model, m.GPU, m.DType} {
+			if x != "" {
+				parts = append(parts, x)
+			}
+		}
+	}
+	if r.Running {
+		parts = append(parts, "still running")
+	}
+	return r.Job + ": " + strings.Join(parts, ", ")
+}
+
+func dur(s float64) string {
+	d := time.Duration(s * float64(time.Second)).Round(time.Second)
+	return d.String()
+}
+
+var glossary = [][2]string{
+	{"TPS", "training tokens per second of the whole cluster; a token is counted once per data-parallel replica, however many GPUs (tensor, pipeline, context parallel) worked on it."},
+	{"steady steps", "steps after each attempt's warm-up (the first steps, slower while kernels compile and caches fill); summaries use these only."},
+	{"MFU", "model FLOPs utilisation: the FLOPs the model needs per token (forward and backward) times tokens per second, over the GPUs' peak. HFU adds recomputation. Shown as unknown, with the reason, when it cannot be right."},
+	{"exposed communication", "time ranks spent waiting on collectives that compute did not hide."},
+	{"pipeline bubble", "time pipeline stages wait for each other; the theory is (p−1)/(m+p−1) for p stages and m micro-batches."},
+	{"goodput", "the share of elapsed time spent on steps that count: not warm-up, not redone after a restart, not lost to restarts or gaps."},
+	{"pace", "the fastest rank's median compute time over a rank's (or node's): 100% keeps up; below 75% is a straggler."},
+}
+
+func renderHTML(w io.Writer, p htmlPage) error {
+	return htmlTmpl.Execute(w, p)
+}
+
+var htmlTmpl = template.Must(template.New("report").Funcs(template.FuncMap{
+	"width": func(f float64) string { return fmt.Sprintf("%.1f%%", 100*min(max(f, 0), 1)) },
+}).Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{.Title}}</title>
+<style>
+:root { --fg:#1d2330; --muted:#5b6475; --line:#e3e6ec; --accent:#4c72b0; --bad:#c44e52; --bg:#fff; --card:#f6f7f9; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.5 "Liberation Sans", "DejaVu Sans", Helvetica, Arial, sans-serif; color: var(--fg); background: var(--bg); }
+header { padding: 24px 40px 12px; border-bottom: 1px solid var(--line); }
+h1 { margin: 0 0 4px; font-size: 24px; }
+h2 { font-size: 18px; margin: 32px 0 8px; }
+.sub { color: var(--muted); }
+main { padding: 0 40px 40px; max-width: 1400px; }
+.notes { margin: 16px 0 0; padding: 10px 14px; background: #fff8e6; border: 1px solid #f0dca8; border-radius: 6px; }
+.cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(200px, 1fr)); gap: 12px; margin-top: 20px; }
+.card { background: var(--card); border-radius: 8px; padding: 12px 14px; border-left: 4px solid var(--accent); }
+.card.bad { border-left-color: var(--bad); }
+.card .label { color: var(--muted); font-size: 13px; text-transform: uppercase; letter-spacing: .04em; }
+.card .value { font-size: 22px; font-weight: bold; margin: 2px 0; }
+.card .note { color: var(--muted); font-size: 13px; }
+table { border-collapse: collapse; width: 100%; max-width: 1000px; }
+th, td { text-align: left; padding: 6px 10px; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { color: var(--muted); font-weight: normal; font-size: 13px; }
+td.bar { position: relative; }
+td.bar span.fill { position: absolute; left: 0; top: 4px; bottom: 4px; background: #dbe4f3; z-index: 0; border-radius: 2px; }
+td.bar span.text { position: relative; z-index: 1; }
+.intro { color: var(--muted); margin: 0 0 8px; }
+figure { margin: 28px 0; }
+figure svg, figure img { width: 100%; height: auto; max-width: 1200px; display: block; border: 1px solid var(--line); border-radius: 6px; }
+figcaption { color: var(--muted); max-width: 1000px; margin-top: 6px; }
+dl.glossary dt { font-weight: bold; margin-top: 8px; }
+dl.glossary dd { margin: 0 0 0 16px; color: var(--muted); }
+footer { color: var(--muted); font-size: 13px; padding: 0 40px 24px; }
+</style>
+</head>
+<body>
+<header>
+<h1>{{.Title}}</h1>
+<div class="sub">{{.Subtitle}}</div>
+{{if .Notes}}<div class="notes">{{range .Notes}}<div>{{.}}</div>{{end}}</div>{{end}}
+</header>
+<main>
+{{if .Cards}}<section class="cards">{{range .Cards}}
+<div class="card{{if .Bad}} bad{{end}}"><div class="label">{{.Label}}</div><div class="value">{{.Value}}</div><div class="note">{{.Note}}</div></div>{{end}}
+</section>{{end}}
+{{range .Tables}}<section>
+<h2>{{.Title}}</h2>{{if .Intro}}<p class="intro">{{.Intro}}</p>{{end}}
+<table><thead><tr>{{range .Head}}<th>{{.}}</th>{{end}}</tr></thead><tbody>
+{{range .Rows}}{{$bar := .Bar}}{{$col := .BarCol}}<tr>{{range $i, $c := .Cells}}{{if and (gt $bar 0.0) (eq $i $col)}}<td class="bar"><span class="fill" style="width: {{width $bar}}"></span><span class="text">{{$c}}</span></td>{{else}}<td>{{$c}}</td>{{end}}{{end}}</tr>
+{{end}}</tbody></table>
+</section>{{end}}
+{{range .Figures}}<figure id="{{.Name}}" style="max-width: {{.MaxWidthPx}}px">{{.SVG}}<figcaption>{{.Caption}}</figcaption></figure>
+{{end}}
+{{if .Glossary}}<section><h2>Reading this report</h2><dl class="glossary">{{range .Glossary}}<dt>{{index . 0}}</dt><dd>{{index . 1}}</dd>{{end}}</dl></section>{{end}}
+</main>
+<footer>Generated by tpsprof on {{.Generated}}. Self-contained: no script, nothing fetched.</footer>
+</body>
+</html>
+`))
