@@ -64,6 +64,7 @@ func (j *jobState) trackEpisodes() {
 		}
 		end := last.Step
 		e.EndStep = &end
+		j.episodesEnded++
 		j.episodes = append(j.episodes, *e)
 		if len(j.episodes) > maxEpisodes {
 			j.episodes = j.episodes[len(j.episodes)-maxEpisodes:]

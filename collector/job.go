@@ -33,7 +33,8 @@ type job struct {
 // for scrapes, which never take a job's lock.
 type liveFigures struct {
 	world, closed, incomplete, tokens int64
-	stragglers                        int
+	stragglers, episodesOpen          int
+	episodesEnded                     int64
 	last                              *tps.ClusterStep
 	tokensPerJoule                    float64
 }
@@ -96,7 +97,7 @@ func (j *job) settle(t *tally) {
 	}
 	t.liveChanged = false
 	f := &liveFigures{world: j.world, closed: j.closedSteps, incomplete: j.incompleteSteps, tokens: j.tokens,
-		stragglers: j.stragglers(), tokensPerJoule: j.lastTPJ}
+		stragglers: j.stragglers(), tokensPerJoule: j.lastTPJ, episodesOpen: len(j.openEpisodes), episodesEnded: j.episodesEnded}
 	if len(j.recent) > 0 {
 		last := j.lastRow()
 		f.last = &last
@@ -152,6 +153,7 @@ func (j *job) tick(c *Collector, t *tally) {
 	if j.newSinceEpisodes {
 		j.trackEpisodes()
 		j.newSinceEpisodes = false
+		t.liveChanged = true // /metrics shows the episodes
 	}
 	switch {
 	case c.cfg.Durable:

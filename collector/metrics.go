@@ -21,6 +21,8 @@ var (
 	descData       = prometheus.NewDesc("tpsprof_data_stall_ratio", "Data-loader wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
 	descWorld      = prometheus.NewDesc("tpsprof_world_size", "Ranks in the job.", []string{"job"}, nil)
 	descStraggler  = prometheus.NewDesc("tpsprof_stragglers", "Ranks whose recent compute time is more than 1/0.75 of the fastest rank's.", []string{"job"}, nil)
+	descEpOpen     = prometheus.NewDesc("tpsprof_straggler_episodes_open", "Straggler episodes under way: nodes (or ranks without a node) whose recent compute time has been more than 1/0.75 of the fastest rank's since the episode began (the live page lists them).", []string{"job"}, nil)
+	descEpEnded    = prometheus.NewDesc("tpsprof_straggler_episodes_ended_total", "Straggler episodes that ended.", []string{"job"}, nil)
 	descTPJ        = prometheus.NewDesc("tpsprof_tokens_per_joule", "Tokens per joule of GPU energy, last closed step with GPU samples.", []string{"job"}, nil)
 	descClosed     = prometheus.NewDesc("tpsprof_steps_closed_total", "Cluster steps closed.", []string{"job"}, nil)
 	descIncomplete = prometheus.NewDesc("tpsprof_steps_incomplete_total", "Cluster steps closed with ranks missing.", []string{"job"}, nil)
@@ -43,7 +45,7 @@ type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descComm, descBubble, descData,
-		descWorld, descStraggler, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
+		descWorld, descStraggler, descEpOpen, descEpEnded, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
 }
@@ -66,6 +68,8 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		if f.world > 0 {
 			gauge(descWorld, float64(f.world), j.id)
 			gauge(descStraggler, float64(f.stragglers), j.id)
+			gauge(descEpOpen, float64(f.episodesOpen), j.id)
+			counter(descEpEnded, float64(f.episodesEnded), j.id)
 		}
 		last := f.last
 		if last == nil {

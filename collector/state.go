@@ -222,6 +222,7 @@ type jobState struct {
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
 	episodes                             []LiveEpisode // closed, the last maxEpisodes
+	episodesEnded                        int64         // closed since the job started
 }
 
 // newJobState is a job with nothing heard yet: meta (may be nil) is the
