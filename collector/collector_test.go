@@ -188,6 +188,17 @@ func TestLivePageInBrowser(t *testing.T) {
 	if path == nil || strings.Count(path[1], "L") < 20 {
 		t.Fatalf("no chart line with the steps' points:\n%.3000s", dom)
 	}
+	// x labels at round steps, evenly spaced
+	var xt []int
+	for _, m := range regexp.MustCompile(`class="xtick"[^>]*>(\d+)<`).FindAllStringSubmatch(dom, -1) {
+		v, _ := strconv.Atoi(m[1])
+		xt = append(xt, v)
+	}
+	if len(xt) < 4 {
+		t.Errorf("x labels %v", xt)
+	} else if d := xt[1] - xt[0]; d <= 0 || xt[0]%d != 0 || (d != 1 && d%5 != 0 && d != 2) {
+		t.Errorf("x labels not round: %v", xt)
+	}
 	stepOf := func(dom string) int {
 		m := regexp.MustCompile(`<b class="v-step">(\d+)</b>`).FindStringSubmatch(dom)
 		if m == nil {
