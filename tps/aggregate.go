@@ -63,6 +63,26 @@ type ClusterStep struct {
 	PowerWMean        float64 `json:"power_w_mean" parquet:"power_w_mean"`
 	SMClockMHzMean    float64 `json:"sm_clock_mhz_mean" parquet:"sm_clock_mhz_mean"`
 	ClockEventReasons int64   `json:"clock_event_reasons" parquet:"clock_event_reasons"`
+
+	// Bytes is the UTF-8 text behind Tokens (once per replica) when ranks
+	// report it; BytesPerSecond compares across tokenizers.
+	Bytes          int64   `json:"bytes" parquet:"bytes"`
+	BytesPerSecond float64 `json:"bytes_per_second" parquet:"bytes_per_second"`
+	// The generation phase (RL rollouts), when ranks report one: the
+	// slowest rank's generation time, requests and tokens summed over
+	// ranks, generated tokens per second of the slowest rank's
+	// generation time (output: generated only; total: with the prompts),
+	// the mean share of step time ranks spent generating, and MFU of the
+	// training phase alone (the update's FLOPs over the step time less
+	// the generation).
+	GenNsMax        int64   `json:"gen_ns_max" parquet:"gen_ns_max"`
+	GenRequests     int64   `json:"gen_requests" parquet:"gen_requests"`
+	GenPromptTokens int64   `json:"gen_prompt_tokens" parquet:"gen_prompt_tokens"`
+	GenOutputTokens int64   `json:"gen_output_tokens" parquet:"gen_output_tokens"`
+	GenOutputTPS    float64 `json:"gen_output_tps" parquet:"gen_output_tps"`
+	GenTotalTPS     float64 `json:"gen_total_tps" parquet:"gen_total_tps"`
+	GenFractionMean float64 `json:"gen_fraction_mean" parquet:"gen_fraction_mean"`
+	MFUTraining     float64 `json:"mfu_training" parquet:"mfu_training"`
 }
 
 // Complete reports whether every rank reported.
@@ -103,6 +123,7 @@ type StepAccumulator struct {
 	replicaSeen   []uint64
 	replicaTokens []int64
 	replicaFLOPs  []float64
+	replicaBytes  []int64 // nil until a replica reports bytes
 	replicaRank   []int64 // lowest rank whose tokens were taken
 	mismatched    []uint64
 
@@ -131,6 +152,13 @@ type stepSums struct {
 	SumLoss       float64 `json:"sum_loss"`
 	NLoss         int64   `json:"n_loss"`
 	Skipped       int64   `json:"skipped"`
+	// generation phase (records only: partials do not carry it yet)
+	SumGen       float64 `json:"sum_gen_ns,omitempty"`
+	MaxGen       int64   `json:"max_gen_ns,omitempty"`
+	GenRequests  int64   `json:"gen_requests,omitempty"`
+	GenPrompt    int64   `json:"gen_prompt_tokens,omitempty"`
+	GenOutput    int64   `json:"gen_output_tokens,omitempty"`
+	GenRanks     int64   `json:"gen_ranks,omitempty"`
 }
 
 func newStepSums() stepSums { return stepSums{SlowestRank: -1, MinStartNs: math.MaxInt64} }
@@ -147,6 +175,14 @@ func (s *stepSums) addRecord(r *StepRecord) {
 	}
 	if r.Skipped {
 		s.Skipped++
+	}
+	if r.GenNs > 0 || r.GenRequests > 0 {
+		s.SumGen += float64(r.GenNs)
+		s.MaxGen = max(s.MaxGen, r.GenNs)
+		s.GenRequests += r.GenRequests
+		s.GenPrompt += r.GenPromptTokens
+		s.GenOutput += r.GenOutputTokens
+		s.GenRanks++
 	}
 }
 
@@ -172,6 +208,12 @@ func (s *stepSums) merge(o *stepSums) {
 	s.SumLoss += o.SumLoss
 	s.NLoss += o.NLoss
 	s.Skipped += o.Skipped
+	s.SumGen += o.SumGen
+	s.MaxGen = max(s.MaxGen, o.MaxGen)
+	s.GenRequests += o.GenRequests
+	s.GenPrompt += o.GenPrompt
+	s.GenOutput += o.GenOutput
+	s.GenRanks += o.GenRanks
 }
 
 // NewStepAccumulator starts the aggregation of one step. The topology must
@@ -256,7 +298,7 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	if flops == 0 && r.SeqSqSum > 0 && a.cfg.AttnFLOPsPerSeqSq > 0 {
 		flops = float64(r.Tokens)*a.cfg.DenseFLOPsPerToken + float64(r.SeqSqSum)*a.cfg.AttnFLOPsPerSeqSq
 	}
-	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: flops, LowestRank: r.Rank})
+	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: flops, LowestRank: r.Rank, Bytes: r.Bytes})
 	a.sums.addRecord(r)
 	return true, nil
 }
@@ -275,6 +317,7 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 		if x.FLOPs > 0 {
 			a.setFLOPs(x.Replica, x.FLOPs)
 		}
+		a.setBytes(x.Replica, x.Bytes)
 		return
 	}
 	if a.replicaTokens[x.Replica] != x.Tokens {
@@ -285,7 +328,18 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 		if x.FLOPs > 0 {
 			a.setFLOPs(x.Replica, x.FLOPs)
 		}
+		a.setBytes(x.Replica, x.Bytes)
 	}
+}
+
+func (a *StepAccumulator) setBytes(rep, n int64) {
+	if n <= 0 && a.replicaBytes == nil {
+		return
+	}
+	if a.replicaBytes == nil {
+		a.replicaBytes = make([]int64, len(a.replicaTokens))
+	}
+	a.replicaBytes[rep] = n
 }
 
 func (a *StepAccumulator) setFLOPs(rep int64, f float64) {
@@ -321,6 +375,9 @@ func (a *StepAccumulator) Result() ClusterStep {
 		}
 		c.ReplicasReported++
 		c.Tokens += a.replicaTokens[i]
+		if a.replicaBytes != nil {
+			c.Bytes += a.replicaBytes[i]
+		}
 		switch {
 		case a.replicaFLOPs != nil && a.replicaFLOPs[i] > 0:
 			flops += a.replicaFLOPs[i]
@@ -351,6 +408,18 @@ func (a *StepAccumulator) Result() ClusterStep {
 		c.CommOverlap = 1 - s.SumExposed/s.SumComm
 	}
 	c.ComputeNsMean = s.SumCompute / n
+	if D > 0 && c.Bytes > 0 {
+		c.BytesPerSecond = float64(c.Bytes) / (D / 1e9)
+	}
+	if s.GenRanks > 0 && D > 0 {
+		c.GenNsMax, c.GenRequests, c.GenPromptTokens, c.GenOutputTokens = s.MaxGen, s.GenRequests, s.GenPrompt, s.GenOutput
+		c.GenFractionMean = s.SumGen / n / D
+		if s.MaxGen > 0 {
+			sec := float64(s.MaxGen) / 1e9
+			c.GenOutputTPS = float64(s.GenOutput) / sec
+			c.GenTotalTPS = float64(s.GenOutput+s.GenPrompt) / sec
+		}
+	}
 	if s.NLoss > 0 {
 		c.LossMean = s.SumLoss / float64(s.NLoss)
 	}
@@ -368,6 +437,14 @@ func (a *StepAccumulator) Result() ClusterStep {
 		}
 		if why := ImpossibleMFU(c.MFU, c.HFU); why != "" {
 			c.MFU, c.HFU, c.MFUUnknown = 0, 0, why
+		} else if c.GenNsMax > 0 && c.GenNsMax < s.MaxDurationNs {
+			// The update's FLOPs over the time left once the slowest
+			// rank's generation is taken out (the generation's own FLOPs
+			// are not counted: MFU of the training phase only).
+			c.MFUTraining = c.MFU * D / (D - float64(c.GenNsMax))
+			if ImpossibleMFU(c.MFUTraining, c.MFUTraining) != "" {
+				c.MFUTraining = 0
+			}
 		}
 	} else if c.MFUUnknown == "" && c.FLOPs > 0 {
 		c.MFUUnknown = "no GPU peak known for this job"

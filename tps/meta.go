@@ -50,8 +50,17 @@ func (e *Event) Validate() error {
 	if len(e.Name) > MaxStringLen || !printable(e.Name) {
 		return fieldErr("name", truncate(e.Name, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
 	}
-	if len(e.Detail) > 4*MaxStringLen || !printable(e.Detail) {
-		return fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "must be at most %d printable characters", 4*MaxStringLen)
+	maxDetail := 4 * MaxStringLen
+	if e.Kind == EventRollout {
+		maxDetail = MaxRolloutDetail // two sketches
+	}
+	if len(e.Detail) > maxDetail || !printable(e.Detail) {
+		return fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "must be at most %d printable characters", maxDetail)
+	}
+	if e.Kind == EventRollout {
+		if _, err := ParseRollout(e.Detail); err != nil {
+			return fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
+		}
 	}
 	if len(e.Node) > MaxStringLen || !printable(e.Node) {
 		return fieldErr("node", truncate(e.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)

@@ -29,6 +29,9 @@ type ReplicaPart struct {
 	FLOPs      float64 `json:"flops,omitempty"`
 	LowestRank int64   `json:"lowest_rank"`
 	Mismatch   bool    `json:"mismatch,omitempty"`
+	// Bytes travel in JSON partials only (the binary layout has no field
+	// for them yet).
+	Bytes int64 `json:"bytes,omitempty"`
 }
 
 // NewPartial aggregates validated records of one step. A rank given twice

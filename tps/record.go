@@ -45,6 +45,23 @@ type StepRecord struct {
 	// masking) it makes the attention term of the FLOPs exact instead of
 	// charging every token the whole training sequence. Zero: not given.
 	SeqSqSum int64 `json:"seq_sq_sum,omitempty" parquet:"seq_sq_sum"`
+	// Bytes is the UTF-8 length of the text behind Tokens: throughput in
+	// bytes/s compares runs whose tokenizers differ (the same text is a
+	// different number of tokens). Zero: not given. Counted once per
+	// replica, like Tokens.
+	Bytes int64 `json:"bytes,omitempty" parquet:"bytes"`
+
+	// The generation phase of the step (RL post-training: rollouts before
+	// the update), as this rank saw it: its wall time within the step,
+	// the requests it generated, their prompt and generated tokens. Each
+	// rank reports the requests it generated (with tensor-parallel
+	// generation, one rank of the group: docs/capture.md). Per-request
+	// latencies (time to first token, inter-token) go in a rollout event
+	// as mergeable sketches. Zero: no generation phase.
+	GenNs           int64 `json:"gen_ns,omitempty" parquet:"gen_ns"`
+	GenRequests     int64 `json:"gen_requests,omitempty" parquet:"gen_requests"`
+	GenPromptTokens int64 `json:"gen_prompt_tokens,omitempty" parquet:"gen_prompt_tokens"`
+	GenOutputTokens int64 `json:"gen_output_tokens,omitempty" parquet:"gen_output_tokens"`
 
 	DataWaitNs    int64 `json:"data_wait_ns,omitempty" parquet:"data_wait_ns"`
 	FwdNs         int64 `json:"fwd_ns,omitempty" parquet:"fwd_ns"`
@@ -218,6 +235,23 @@ func (r *StepRecord) Validate() error {
 	}
 	if r.PaddedTokens > MaxTokens {
 		return fieldErr("padded_tokens", r.PaddedTokens, ReasonOutOfRange, "above %d", MaxTokens)
+	}
+	if r.Bytes < 0 || r.Bytes > MaxTokens*64 {
+		return fieldErr("bytes", r.Bytes, ReasonOutOfRange, "must lie between 0 and %d", MaxTokens*64)
+	}
+	if r.GenNs < 0 || r.GenNs > r.DurationNs {
+		return fieldErr("gen_ns", r.GenNs, ReasonOutOfRange, "must lie between 0 and the step's duration_ns=%d", r.DurationNs)
+	}
+	for _, g := range [...]struct {
+		name string
+		v    int64
+	}{{"gen_requests", r.GenRequests}, {"gen_prompt_tokens", r.GenPromptTokens}, {"gen_output_tokens", r.GenOutputTokens}} {
+		if g.v < 0 || g.v > MaxTokens {
+			return fieldErr(g.name, g.v, ReasonOutOfRange, "must lie between 0 and %d", MaxTokens)
+		}
+	}
+	if r.GenOutputTokens > 0 && r.GenOutputTokens > r.GenNs*MaxTokensPerNs {
+		return fieldErr("gen_output_tokens", r.GenOutputTokens, ReasonOutOfRange, "more than %d per nanosecond of gen_ns=%d", MaxTokensPerNs, r.GenNs)
 	}
 	if r.SeqSqSum < 0 {
 		return fieldErr("seq_sq_sum", r.SeqSqSum, ReasonNegative, "must not be negative")

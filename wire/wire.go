@@ -160,6 +160,11 @@ const (
 	hasTrace
 	// hasSeqSq: the batch's Σ document length² follows (a varint).
 	hasSeqSq
+	// hasBytes: the text's UTF-8 bytes follow (a varint).
+	hasBytes
+	// hasGen: the generation phase follows (four varints: gen_ns,
+	// requests, prompt tokens, output tokens).
+	hasGen
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -193,6 +198,13 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	if r.SeqSqSum != 0 {
 		bits |= hasSeqSq
 	}
+	if r.Bytes != 0 {
+		bits |= hasBytes
+	}
+	gen := r.GenNs != 0 || r.GenRequests != 0 || r.GenPromptTokens != 0 || r.GenOutputTokens != 0
+	if gen {
+		bits |= hasGen
+	}
 	b = binary.AppendUvarint(b, bits)
 	b = appendString(b, r.Job)
 	for _, v := range [...]int64{r.Attempt, r.Step, r.Rank, r.WorldSize} {
@@ -220,6 +232,14 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	}
 	if r.SeqSqSum != 0 {
 		b = binary.AppendVarint(b, r.SeqSqSum)
+	}
+	if r.Bytes != 0 {
+		b = binary.AppendVarint(b, r.Bytes)
+	}
+	if gen {
+		for _, v := range [...]int64{r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens} {
+			b = binary.AppendVarint(b, v)
+		}
 	}
 	return b
 }
@@ -362,7 +382,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		dst = append(dst, tps.StepRecord{})
 		r := &dst[len(dst)-1]
 		bits := d.uvarint()
-		if bits >= hasSeqSq<<1 {
+		if bits >= hasGen<<1 {
 			return dst[:start], fmt.Errorf("wire: record %d: unknown field bits %#x", i, bits)
 		}
 		r.Job = d.string(64)
@@ -402,6 +422,12 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		}
 		if bits&hasSeqSq != 0 {
 			r.SeqSqSum = d.varint()
+		}
+		if bits&hasBytes != 0 {
+			r.Bytes = d.varint()
+		}
+		if bits&hasGen != 0 {
+			r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens = d.varint(), d.varint(), d.varint(), d.varint()
 		}
 		if d.err != nil {
 			return dst[:start], fmt.Errorf("record %d: %w", i, d.err)

@@ -18,7 +18,8 @@ func sample() []tps.StepRecord {
 			Node: "node-7", GPUUUID: "GPU-1234", StartUnixNs: 1_760_000_000_000_000_000, EndUnixNs: 1_760_000_001_000_000_000,
 			DurationNs: 1e9, Tokens: 131072, PaddedTokens: 140000, Samples: 16, DataWaitNs: 1, FwdNs: 2, BwdNs: 3, OptimNs: 4,
 			CommNs: 5, ExposedCommNs: 4, PPWaitNs: 6, CkptNs: 7, FLOPs: 1.5e16, Loss: &loss, Skipped: true,
-			TraceComputeNs: 900, TraceCommNs: 80, TraceExposedCommNs: 30, SeqSqSum: 123456},
+			TraceComputeNs: 900, TraceCommNs: 80, TraceExposedCommNs: 30, SeqSqSum: 123456,
+			Bytes: 524288, GenNs: 4e8, GenRequests: 8, GenPromptTokens: 4096, GenOutputTokens: 16384},
 		{Job: "llama", Step: 100, Rank: 0, WorldSize: 64, StartUnixNs: 1, EndUnixNs: 2, Tokens: -5}, // decoded, not validated
 	}
 }
