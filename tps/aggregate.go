@@ -153,12 +153,12 @@ type stepSums struct {
 	NLoss         int64   `json:"n_loss"`
 	Skipped       int64   `json:"skipped"`
 	// generation phase (records only: partials do not carry it yet)
-	SumGen       float64 `json:"sum_gen_ns,omitempty"`
-	MaxGen       int64   `json:"max_gen_ns,omitempty"`
-	GenRequests  int64   `json:"gen_requests,omitempty"`
-	GenPrompt    int64   `json:"gen_prompt_tokens,omitempty"`
-	GenOutput    int64   `json:"gen_output_tokens,omitempty"`
-	GenRanks     int64   `json:"gen_ranks,omitempty"`
+	SumGen      float64 `json:"sum_gen_ns,omitempty"`
+	MaxGen      int64   `json:"max_gen_ns,omitempty"`
+	GenRequests int64   `json:"gen_requests,omitempty"`
+	GenPrompt   int64   `json:"gen_prompt_tokens,omitempty"`
+	GenOutput   int64   `json:"gen_output_tokens,omitempty"`
+	GenRanks    int64   `json:"gen_ranks,omitempty"`
 }
 
 func newStepSums() stepSums { return stepSums{SlowestRank: -1, MinStartNs: math.MaxInt64} }
