@@ -657,6 +657,12 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	if e.Kind == tps.EventAttemptEnd {
 		j.attemptEnded = true
 	}
+	if e.Kind == tps.EventRollout {
+		if d, err := tps.ParseRollout(e.Detail); err == nil { // Validate checked it
+			j.addRollout(d, &t)
+			j.settle(&t)
+		}
+	}
 	if j.events != nil {
 		j.events.write([]tps.Event{e})
 	}

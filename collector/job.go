@@ -37,6 +37,9 @@ type liveFigures struct {
 	episodesEnded                     int64
 	last                              *tps.ClusterStep
 	tokensPerJoule                    float64
+	// generation latencies over the recent rollout events (seconds)
+	ttft, itl [3]float64
+	rollouts  bool
 }
 
 func newJob(c *Collector, id string) *job {
@@ -102,6 +105,7 @@ func (j *job) settle(t *tally) {
 		last := j.lastRow()
 		f.last = &last
 	}
+	f.ttft, f.itl, f.rollouts = j.rolloutQuantiles()
 	j.live.Store(f)
 }
 

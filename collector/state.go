@@ -221,8 +221,9 @@ type jobState struct {
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
-	episodes                             []LiveEpisode // closed, the last maxEpisodes
-	episodesEnded                        int64         // closed since the job started
+	episodes                             []LiveEpisode       // closed, the last maxEpisodes
+	episodesEnded                        int64               // closed since the job started
+	rollouts                             []tps.RolloutDetail // the last liveRollouts rollout events (generation latencies)
 }
 
 // newJobState is a job with nothing heard yet: meta (may be nil) is the
@@ -798,6 +799,34 @@ func (s *jobState) recentSteps() []tps.ClusterStep {
 	out = append(out, s.recent[s.recentNext:]...)
 	out = append(out, s.recent[:s.recentNext]...)
 	return out
+}
+
+// liveRollouts is how many ranks' rollout events the live latency
+// figures merge (the most recent).
+const liveRollouts = 256
+
+// addRollout keeps a rank's generation latencies for the live figures.
+func (s *jobState) addRollout(d tps.RolloutDetail, t *tally) {
+	if len(s.rollouts) >= liveRollouts {
+		copy(s.rollouts, s.rollouts[1:])
+		s.rollouts = s.rollouts[:len(s.rollouts)-1]
+	}
+	s.rollouts = append(s.rollouts, d)
+	t.liveChanged = true
+}
+
+// rolloutQuantiles merges the recent rollout sketches: p50, p95 and p99 of
+// time to first token and of inter-token latency (NaN when none).
+func (s *jobState) rolloutQuantiles() (ttft, itl [3]float64, ok bool) {
+	var a, b tps.Sketch
+	for i := range s.rollouts {
+		a.Merge(&s.rollouts[i].TTFT)
+		b.Merge(&s.rollouts[i].ITL)
+	}
+	for k, q := range [3]float64{0.5, 0.95, 0.99} {
+		ttft[k], itl[k] = a.Quantile(q), b.Quantile(q)
+	}
+	return ttft, itl, a.Count > 0 || b.Count > 0
 }
 
 // liveLine is the job's line for the live output, or "" when no step

@@ -26,7 +26,8 @@ type Comparison struct {
 // CompareRow is one figure of both runs.
 type CompareRow struct {
 	Name string `json:"name"`
-	// Unit is "tokens/s", "s", "tokens", "count", "fraction" or "text".
+	// Unit is "tokens/s", "bytes/s", "s", "tokens", "count", "ratio",
+	// "fraction" or "text".
 	Unit  string   `json:"unit"`
 	A     *float64 `json:"a,omitempty"`
 	B     *float64 `json:"b,omitempty"`
@@ -117,6 +118,51 @@ func Compare(a, b *Report) Comparison {
 		valueRow("goodput", "fraction", known(a.Goodput.Goodput, a.Goodput.ElapsedS > 0), known(b.Goodput.Goodput, b.Goodput.ElapsedS > 0)),
 		textRow("worst straggler node", worstNode(a), worstNode(b)),
 	}
+	// Throughput in text, and the generation phase, when the runs have them.
+	text := func(r *Report) (bps, tpb *float64) {
+		if r.Text == nil {
+			return nil, nil
+		}
+		return num(r.Text.BytesPerSecond), num(r.Text.TokensPerByte)
+	}
+	ba, ta := text(a)
+	bb, tb := text(b)
+	if ba != nil || bb != nil {
+		c.Rows = append(c.Rows, valueRow("text bytes/s", "bytes/s", ba, bb), valueRow("tokens per byte", "ratio", ta, tb))
+	}
+	if ta != nil && tb != nil && math.Abs(*ta-*tb) > 0.02*math.Max(*ta, *tb) || ma.Tokenizer != mb.Tokenizer && ma.Tokenizer != "" && mb.Tokenizer != "" {
+		what := "their tokenizers differ"
+		if ta != nil && tb != nil {
+			what = fmt.Sprintf("their tokenizers differ (%.3f and %.3f tokens per byte of text)", *ta, *tb)
+		}
+		if ba != nil && bb != nil {
+			c.Notes = append(c.Notes, fmt.Sprintf("%s: a token is not the same unit in both, so step TPS does not compare; text bytes/s does (%s against %s bytes/s, %+.1f%%)",
+				what, tps.SI(*ba), tps.SI(*bb), 100*(*bb-*ba) / *ba))
+		} else {
+			c.Notes = append(c.Notes, what+": step TPS does not compare; report bytes (prof.end(bytes=...)) to compare by text bytes/s")
+		}
+	}
+	gen := func(r *Report, f func(g *Generation) float64) *float64 {
+		if r.Generation == nil {
+			return nil
+		}
+		return num(f(r.Generation))
+	}
+	if a.Generation != nil || b.Generation != nil {
+		c.Rows = append(c.Rows,
+			valueRow("generation TPS (output)", "tokens/s", gen(a, func(g *Generation) float64 { return g.OutputTPS }), gen(b, func(g *Generation) float64 { return g.OutputTPS })),
+			valueRow("generation share of step", "fraction", gen(a, func(g *Generation) float64 { return g.GenShare }), gen(b, func(g *Generation) float64 { return g.GenShare })),
+			valueRow("training share of step", "fraction", gen(a, func(g *Generation) float64 { return g.TrainingShare }), gen(b, func(g *Generation) float64 { return g.TrainingShare })))
+		lat := func(r *Report, l func(g *Generation) *Latency) *float64 {
+			if r.Generation == nil || l(r.Generation) == nil {
+				return nil
+			}
+			return num(l(r.Generation).P95)
+		}
+		c.Rows = append(c.Rows,
+			valueRow("time to first token p95", "s", lat(a, func(g *Generation) *Latency { return g.TTFT }), lat(b, func(g *Generation) *Latency { return g.TTFT })),
+			valueRow("inter-token latency p95", "s", lat(a, func(g *Generation) *Latency { return g.ITL }), lat(b, func(g *Generation) *Latency { return g.ITL })))
+	}
 	if sa.WorldSize != sb.WorldSize {
 		c.Notes = append(c.Notes, fmt.Sprintf("the runs have different world sizes (%d and %d ranks): compare TPS per GPU and MFU, not step TPS", sa.WorldSize, sb.WorldSize))
 	}
@@ -160,6 +206,8 @@ func (r CompareRow) cell(v *float64, text string) string {
 		return fmt.Sprintf("%.3f s", *v)
 	case "count":
 		return fmt.Sprintf("%.0f", *v)
+	case "ratio":
+		return fmt.Sprintf("%.3f", *v)
 	}
 	return tps.SI(*v)
 }

@@ -130,6 +130,17 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		add("padding", fmt.Sprintf("%s of the tokens processed are real", pct(pd.RealFraction)))
 	}
 	p.Tables = append(p.Tables, detail)
+	if gl := generationLines(rep); len(gl) > 0 {
+		t := htmlTable{Title: "Generation and training (RL post-training)", Head: []string{"figure", "value"},
+			Intro: "Steps with a generation phase (rollouts) before the update: how fast the fleet generates, how requests are served, and where step time goes between generating, training and waiting. Latencies merge every rank's per-request sketches (1% relative accuracy)."}
+		for _, l := range gl {
+			t.Rows = append(t.Rows, htmlRow{Cells: []string{l[0], l[1]}})
+		}
+		p.Tables = append(p.Tables, t)
+	}
+	if g := rep.Generation; g != nil {
+		p.Cards = append(p.Cards, htmlCard{Label: "generation", Value: tps.SI(g.OutputTPS) + " tokens/s", Note: fmt.Sprintf("generated; %s of step time generating", pct(g.GenShare))})
+	}
 
 	if g := rep.Goodput; g.ElapsedS > 0 {
 		t := htmlTable{Title: "Goodput", Intro: fmt.Sprintf("Of %s elapsed, %s went to steps that count. Restarts: %d, steps redone: %d.", dur(g.ElapsedS), pct(g.Goodput), g.Restarts, g.RedoneSteps),
@@ -224,6 +235,10 @@ func compareCell(r CompareRow, v *float64, text string) string {
 		return fmt.Sprintf("%.3f s", *v)
 	case "tokens/s":
 		return tps.SI(*v) + " tokens/s"
+	case "bytes/s":
+		return tps.SI(*v) + " bytes/s"
+	case "ratio":
+		return fmt.Sprintf("%.3f", *v)
 	}
 	return tps.SI(*v)
 }

@@ -27,6 +27,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	p("| MFU / HFU | %s |\n", mfuText(s))
 	p("| compute / exposed comm / bubble / data stall / checkpoint | %s / %s / %s (theory %s) / %s / %s |\n",
 		pct(b.Compute), pct(b.ExposedComm), pct(b.Bubble), pct(b.BubbleTheoretical), pct(b.DataStall), pct(b.Checkpoint))
+	for _, l := range generationLines(r) {
+		p("| %s | %s |\n", l[0], l[1])
+	}
 	if g := r.Goodput; g.ElapsedS > 0 {
 		p("| goodput | %s of %.0f s |\n", pct(g.Goodput), g.ElapsedS)
 		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {

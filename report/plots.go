@@ -66,6 +66,7 @@ func (rep *Report) Figures() ([]Figure, error) {
 		{"tps_comm", 10 * vg.Inch, 6 * vg.Inch, rep.plotTPSComm},
 		{"tps_vs_comm", 7 * vg.Inch, 6 * vg.Inch, rep.plotScatter},
 		{"breakdown", 10 * vg.Inch, 5 * vg.Inch, rep.plotBreakdown},
+		{"phases", 10 * vg.Inch, 4.5 * vg.Inch, rep.plotPhases},
 		{"rank_heatmap", 10 * vg.Inch, 7.5 * vg.Inch, rep.plotHeatmap},
 		{"mfu", 10 * vg.Inch, 4 * vg.Inch, rep.plotMFU},
 		{"gpu", 10 * vg.Inch, 7 * vg.Inch, rep.plotGPU},
@@ -591,22 +592,49 @@ func (rep *Report) plotScatter() (Figure, error) {
 	return Figure{Plots: []*plot.Plot{p}, Caption: "Each point is a steady step: how its throughput falls as exposed communication grows. The slope is what one percentage point of exposed communication costs."}, nil
 }
 
+type shareCat struct {
+	name string
+	col  color.Color
+	get  func(c *tpsStep) float64
+}
+
 // plotBreakdown: shares of step time, stacked, over steps (binned to at
 // most 400 columns).
 func (rep *Report) plotBreakdown() (Figure, error) {
-	steps := rep.data.steps
-	cats := []struct {
-		name string
-		col  color.Color
-		get  func(c *tpsStep) float64
-	}{
+	cats := []shareCat{
 		{"compute", colCompute, func(c *tpsStep) float64 { return c.ComputeNsMean / float64(c.StepTimeNs) }},
 		{"exposed comm", colComm, func(c *tpsStep) float64 { return c.CommFractionMean }},
 		{"pipeline bubble", colBubble, func(c *tpsStep) float64 { return c.BubbleFractionMean }},
 		{"data stall", colData, func(c *tpsStep) float64 { return c.DataStallFractionMean }},
 		{"checkpoint", colCkpt, func(c *tpsStep) float64 { return c.CkptFractionMean }},
 	}
-	p := newPlot(fmt.Sprintf("%s: where step time goes (mean over ranks)", rep.Job), "step", "% of step time")
+	return rep.stackedShares(fmt.Sprintf("%s: where step time goes (mean over ranks)", rep.Job), cats,
+		"Mean share of step time per category, stacked.")
+}
+
+// plotPhases: for RL post-training, the shares of step time spent
+// generating, training and waiting, over steps.
+func (rep *Report) plotPhases() (Figure, error) {
+	if rep.Generation == nil {
+		return Figure{}, nil
+	}
+	wait := func(c *tpsStep) float64 {
+		return c.CommFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
+	}
+	cats := []shareCat{
+		{"generation (rollouts)", colCkpt, func(c *tpsStep) float64 { return c.GenFractionMean }},
+		{"training (the update)", colCompute, func(c *tpsStep) float64 { return max(0, 1-c.GenFractionMean-wait(c)) }},
+		{"waiting (comm, bubble, data, checkpoint)", colComm, wait},
+	}
+	return rep.stackedShares(fmt.Sprintf("%s: generation, training and waiting per step", rep.Job), cats,
+		"For RL post-training: the mean share of step time ranks spent generating rollouts, training on them, and waiting, stacked.")
+}
+
+// stackedShares draws shares of step time, stacked, over steps (binned to
+// at most 400 columns).
+func (rep *Report) stackedShares(title string, cats []shareCat, caption string) (Figure, error) {
+	steps := rep.data.steps
+	p := newPlot(title, "step", "% of step time")
 	per := max((len(steps)+399)/400, 1)
 	type bin struct {
 		x0, x1 float64
@@ -660,11 +688,10 @@ func (rep *Report) plotBreakdown() (Figure, error) {
 	p.Y.Tick.Marker = plot.ConstantTicks([]plot.Tick{{Value: 0, Label: "0%"}, {Value: 25, Label: "25%"}, {Value: 50, Label: "50%"}, {Value: 75, Label: "75%"}, {Value: 100, Label: "100%"}})
 	p.X.Tick.Marker = niceTicks{}
 	p.Legend.Left = false
-	cap := "Mean share of step time per category, stacked."
 	if per > 1 {
-		cap += fmt.Sprintf(" Each column is %d consecutive steps.", per)
+		caption += fmt.Sprintf(" Each column is %d consecutive steps.", per)
 	}
-	return Figure{Plots: []*plot.Plot{p}, Caption: cap}, nil
+	return Figure{Plots: []*plot.Plot{p}, Caption: caption}, nil
 }
 
 type tpsStep = tps.ClusterStep

@@ -57,6 +57,60 @@ type Padding struct {
 	RealFraction float64 `json:"real_fraction"`
 }
 
+// Generation sums up the generation phase of the steady steps that had
+// one (RL post-training: rollouts, then the update).
+type Generation struct {
+	Steps    int   `json:"steps"`
+	Requests int64 `json:"requests"`
+	// Generated and prompt tokens over the slowest rank's generation time
+	// of each step, summed over steps: the fleet's generation throughput
+	// (output: generated tokens only; total: with the prompts).
+	OutputTPS    float64 `json:"output_tps"`
+	TotalTPS     float64 `json:"total_tps"`
+	OutputTokens int64   `json:"output_tokens"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	// Shares of step time (means over steps of the means over ranks):
+	// generating, waiting (exposed communication, pipeline, data,
+	// checkpoint) and training (the rest: the update's compute).
+	GenShare      float64 `json:"gen_share"`
+	TrainingShare float64 `json:"training_share"`
+	WaitingShare  float64 `json:"waiting_share"`
+	// MFUTraining is the mean MFU of the training phase alone (the
+	// update's FLOPs over the step time less the generation); nil when
+	// MFU is unknown.
+	MFUTraining *float64 `json:"mfu_training"`
+	// Latencies per request, seconds, merged across ranks and steps from
+	// the ranks' sketches (1% relative accuracy); nil without rollout
+	// events.
+	TTFT *Latency `json:"ttft_s"`
+	ITL  *Latency `json:"itl_s"`
+}
+
+// Latency is a latency distribution from a merged sketch.
+type Latency struct {
+	Count int64   `json:"count"`
+	Mean  float64 `json:"mean"`
+	P50   float64 `json:"p50"`
+	P95   float64 `json:"p95"`
+	P99   float64 `json:"p99"`
+}
+
+func latencyOf(s *tps.Sketch) *Latency {
+	if s.Count == 0 {
+		return nil
+	}
+	return &Latency{Count: s.Count, Mean: s.Mean(), P50: s.Quantile(0.5), P95: s.Quantile(0.95), P99: s.Quantile(0.99)}
+}
+
+// TextRate is throughput in text, comparable across tokenizers: bytes
+// (UTF-8) per second of step time over the steady steps that reported
+// bytes, and tokens per byte of those steps.
+type TextRate struct {
+	Steps          int     `json:"steps"`
+	BytesPerSecond float64 `json:"bytes_per_second"`
+	TokensPerByte  float64 `json:"tokens_per_byte"`
+}
+
 // Energy sums up the GPU samples joined to steady steps.
 type Energy struct {
 	TokensPerJoule float64 `json:"tokens_per_joule"`
@@ -98,6 +152,11 @@ type Report struct {
 	Events        map[string]int64   `json:"events"`
 	// Padding compares real and padded tokens where ranks report both.
 	Padding *Padding `json:"padding,omitempty"`
+	// Generation sums up the steps' generation phase (RL rollouts), when
+	// ranks reported one.
+	Generation *Generation `json:"generation,omitempty"`
+	// Text is throughput in bytes of text, when ranks reported bytes.
+	Text *TextRate `json:"text,omitempty"`
 	// Running is true when some part of the job is still being written:
 	// the report covers what is finalised (Notes say so).
 	Running      bool          `json:"running"`
@@ -243,6 +302,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		return nil, err
 	}
 	rep.Goodput = ComputeGoodput(steps, warm, events)
+	rep.generation(steps, warm, events)
 	if rep.Traces, err = summarizeTraces(dir, events); err != nil {
 		return nil, err
 	}
@@ -321,6 +381,79 @@ func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
 		energy.SMClockMHzMean /= eSteps
 		rep.Energy = &energy
 	}
+}
+
+// generation sums up the generation phases and the text rate of the
+// steady steps, and merges the rollout events' latency sketches.
+func (rep *Report) generation(steps []tps.ClusterStep, warm []bool, events []tps.Event) {
+	var g Generation
+	var genSec, mfuSum float64
+	mfuN := 0
+	var txt TextRate
+	var bytes, tokens int64
+	var sec float64
+	for i, c := range steps {
+		if warm[i] || c.StepTimeNs <= 0 {
+			continue
+		}
+		if c.Bytes > 0 {
+			txt.Steps++
+			bytes += c.Bytes
+			tokens += c.Tokens
+			sec += float64(c.StepTimeNs) / 1e9
+		}
+		if c.GenNsMax <= 0 {
+			continue
+		}
+		g.Steps++
+		g.Requests += c.GenRequests
+		g.OutputTokens += c.GenOutputTokens
+		g.PromptTokens += c.GenPromptTokens
+		genSec += float64(c.GenNsMax) / 1e9
+		wait := c.CommFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
+		g.GenShare += c.GenFractionMean
+		g.WaitingShare += wait
+		g.TrainingShare += max(0, 1-c.GenFractionMean-wait)
+		if c.MFUTraining > 0 && c.MFUUnknown == "" {
+			mfuSum += c.MFUTraining
+			mfuN++
+		}
+	}
+	if txt.Steps > 0 && sec > 0 && bytes > 0 {
+		txt.BytesPerSecond, txt.TokensPerByte = float64(bytes)/sec, float64(tokens)/float64(bytes)
+		rep.Text = &txt
+	}
+	if g.Steps == 0 {
+		return
+	}
+	n := float64(g.Steps)
+	g.GenShare, g.WaitingShare, g.TrainingShare = g.GenShare/n, g.WaitingShare/n, g.TrainingShare/n
+	if genSec > 0 {
+		g.OutputTPS = float64(g.OutputTokens) / genSec
+		g.TotalTPS = float64(g.OutputTokens+g.PromptTokens) / genSec
+	}
+	if mfuN > 0 {
+		m := mfuSum / float64(mfuN)
+		g.MFUTraining = &m
+	}
+	var ttft, itl tps.Sketch
+	steady := map[[2]int64]bool{}
+	for i, c := range steps {
+		if !warm[i] {
+			steady[[2]int64{c.Attempt, c.Step}] = true
+		}
+	}
+	for _, e := range events {
+		if e.Kind != tps.EventRollout || !steady[[2]int64{e.Attempt, e.Step}] {
+			continue
+		}
+		if d, err := tps.ParseRollout(e.Detail); err == nil {
+			ttft.Merge(&d.TTFT)
+			itl.Merge(&d.ITL)
+		}
+	}
+	g.TTFT, g.ITL = latencyOf(&ttft), latencyOf(&itl)
+	rep.Generation = &g
 }
 
 // fitLine is ordinary least squares of y on x.

@@ -65,6 +65,9 @@ func WriteText(w io.Writer, r *Report) error {
 	if f := r.CommFit; f.Slope != 0 {
 		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", tps.SI(-f.Slope/100), f.R2)
 	}
+	for _, l := range generationLines(r) {
+		row(l[0], "%s", l[1])
+	}
 	if g := r.Goodput; g.ElapsedS > 0 {
 		var bad []string
 		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {
@@ -224,4 +227,44 @@ func rankList(rs []int64) string {
 		i = j + 1
 	}
 	return strings.Join(parts, ",")
+}
+
+// generationLines are the generation and text-rate figures, as label and
+// text, for the text, Markdown and HTML reports.
+func generationLines(r *Report) [][2]string {
+	var out [][2]string
+	if g := r.Generation; g != nil {
+		out = append(out, [2]string{"generation", fmt.Sprintf("%d steps with a generation phase: %s generated tokens/s (%s with prompts), %d requests",
+			g.Steps, tps.SI(g.OutputTPS), tps.SI(g.TotalTPS), g.Requests)})
+		out = append(out, [2]string{"step phases", fmt.Sprintf("generation %s | training %s | waiting %s (exposed comm, bubble, data, checkpoint)",
+			pct(g.GenShare), pct(g.TrainingShare), pct(g.WaitingShare))})
+		if g.MFUTraining != nil {
+			out = append(out, [2]string{"training MFU", fmt.Sprintf("%.1f%% (the update alone: its FLOPs over the step time less the generation)", 100**g.MFUTraining)})
+		}
+		lat := func(l *Latency) string {
+			return fmt.Sprintf("p50 %s  p95 %s  p99 %s  (mean %s, %d)", secs(l.P50), secs(l.P95), secs(l.P99), secs(l.Mean), l.Count)
+		}
+		if g.TTFT != nil {
+			out = append(out, [2]string{"time to first token", lat(g.TTFT) + " requests"})
+		}
+		if g.ITL != nil {
+			out = append(out, [2]string{"inter-token latency", lat(g.ITL) + " gaps"})
+		}
+	}
+	if t := r.Text; t != nil {
+		out = append(out, [2]string{"text rate", fmt.Sprintf("%s bytes/s, %.3f tokens per byte (%d steps with bytes): compares across tokenizers", tps.SI(t.BytesPerSecond), t.TokensPerByte, t.Steps)})
+	}
+	return out
+}
+
+// secs formats seconds with a unit that keeps three digits.
+func secs(s float64) string {
+	switch {
+	case s >= 1:
+		return fmt.Sprintf("%.2fs", s)
+	case s >= 1e-3:
+		return fmt.Sprintf("%.1fms", s*1e3)
+	default:
+		return fmt.Sprintf("%.0fµs", s*1e6)
+	}
 }

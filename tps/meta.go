@@ -92,11 +92,14 @@ type RunMeta struct {
 	Model        *mfu.Model `json:"model,omitempty"`
 	Seq          int        `json:"seq,omitempty"` // overrides the model's
 	DType        string     `json:"dtype,omitempty"`
-	GPU          string     `json:"gpu,omitempty"` // table key or NVML name
-	PeakTFLOPS   float64    `json:"peak_tflops,omitempty"`
-	Attention    string     `json:"attention,omitempty"`
-	Recompute    string     `json:"recompute,omitempty"`
-	GPUHourUSD   float64    `json:"gpu_hour_usd,omitempty"`
+	// Tokenizer names the tokenizer (free text, e.g. "llama3"): report
+	// --compare says when two runs' differ.
+	Tokenizer  string  `json:"tokenizer,omitempty"`
+	GPU        string  `json:"gpu,omitempty"` // table key or NVML name
+	PeakTFLOPS float64 `json:"peak_tflops,omitempty"`
+	Attention  string  `json:"attention,omitempty"`
+	Recompute  string  `json:"recompute,omitempty"`
+	GPUHourUSD float64 `json:"gpu_hour_usd,omitempty"`
 }
 
 // Merge overlays the fields o sets onto m.
@@ -122,7 +125,7 @@ func (m *RunMeta) Merge(o RunMeta) {
 	if o.Seq > 0 {
 		m.Seq = o.Seq
 	}
-	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}} {
+	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}, {&m.Tokenizer, &o.Tokenizer}} {
 		if *f.src != "" {
 			*f.dst = *f.src
 		}

@@ -25,13 +25,19 @@ into the training loop:
   ``tpsprof launch --auto -- torchrun train.py`` does the same to an
   unmodified script.
 
+In RL post-training, time the step's generation with ``with prof.rollout()
+as r:`` and record each request (``r.request(prompt_tokens, output_tokens,
+token_times=..., start=...)``): the collector reports generation TPS, time to
+first token and inter-token latency beside the update's TPS and MFU.
+
 Records go to the node's tpsprof agent over its unix socket (TPSPROF_SOCKET,
 set by ``tpsprof launch``).
 """
 
 from ._client import PHASES, Profiler, TPSProf, default_socket, env_attempt
+from ._rollout import Rollout, Sketch
 
-__all__ = ["PHASES", "Profiler", "TPSProf", "default_socket", "env_attempt", "torch"]
+__all__ = ["PHASES", "Profiler", "Rollout", "Sketch", "TPSProf", "default_socket", "env_attempt", "torch"]
 __version__ = "0.2.0"
 
 

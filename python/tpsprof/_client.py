@@ -31,6 +31,8 @@ import stat
 import tempfile
 import time
 
+from . import _rollout
+
 __all__ = ["Profiler", "TPSProf", "PHASES", "default_socket", "env_attempt"]
 
 PHASES = ("data_wait", "fwd", "bwd", "optim", "comm", "exposed_comm", "pp_wait", "ckpt")
@@ -109,12 +111,14 @@ class Profiler:
         self._t0 = 0
         self._t0_wall = 0
         self._phases = {}
+        self._rollout = None
 
     # -- timing -----------------------------------------------------------
     def start(self, step):
         """Marks the start of optimizer step ``step``."""
         self._step = int(step)
         self._phases = {}
+        self._rollout = None
         self._t0_wall = time.time_ns()
         self._t0 = time.perf_counter_ns()
 
@@ -133,25 +137,44 @@ class Profiler:
             if name in PHASES:
                 self._phases[name] = self._phases.get(name, 0) + time.perf_counter_ns() - t
 
-    def end(self, tokens, loss=None, flops=None, samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None):
+    def rollout(self):
+        """Times the step's generation phase (RL rollouts before the
+        update) and returns its :class:`Rollout` to record requests on::
+
+            with prof.rollout() as r:
+                for prompt in prompts:
+                    out, times = generate(prompt)
+                    r.request(len(prompt), len(out), token_times=times, start=t0)
+
+        Tokens passed to :meth:`end` are the update's training tokens."""
+        def done(r):
+            self._rollout = r
+        return _rollout.RolloutBlock(done, self._rollout)
+
+    def end(self, tokens, loss=None, flops=None, samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None,
+            bytes=None):
         """Closes the current step and sends its record. Never raises.
 
         ``seq_sq_sum`` is, for packed or variable-length batches, the sum
         over the batch's documents of their length squared: the collector
         then counts attention FLOPs exactly instead of charging every token
-        the whole training sequence."""
+        the whole training sequence. ``bytes`` is the UTF-8 length of the
+        text behind the tokens: bytes/s compares runs with different
+        tokenizers."""
         try:
             if self._step is None:
                 return
             dur = max(time.perf_counter_ns() - self._t0, 1)
             step, self._step = self._step, None
             self.send_step(step, self._t0_wall, dur, tokens, self._phases, loss=loss, flops=flops,
-                           samples=samples, padded_tokens=padded_tokens, skipped=skipped, seq_sq_sum=seq_sq_sum)
+                           samples=samples, padded_tokens=padded_tokens, skipped=skipped, seq_sq_sum=seq_sq_sum,
+                           bytes=bytes, rollout=self._rollout)
+            self._rollout = None
         except Exception:  # never into the training loop
             self.dropped += 1
 
     def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
-                  samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None):
+                  samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None, bytes=None, rollout=None):
         """Sends one step measured elsewhere (tpsprof.torch). Never raises.
 
         ``phases_ns`` maps phase names (PHASES) to nanoseconds; phases that
@@ -191,7 +214,19 @@ class Profiler:
                 rec["seq_sq_sum"] = int(seq_sq_sum)
             if skipped:
                 rec["skipped"] = True
+            if bytes and int(bytes) > 0:
+                rec["bytes"] = int(bytes)
+            if rollout is not None and (rollout.requests or rollout.ns):
+                gen = rollout.fields()
+                gen["gen_ns"] = min(gen["gen_ns"], dur)
+                rec.update({k: v for k, v in gen.items() if v > 0})
             self._send(rec)
+            if rollout is not None and rollout.requests:
+                ev = {"type": "event", "job": self.job, "attempt": self.attempt, "kind": "rollout",
+                      "rank": self.rank, "step": int(step), "start_unix_ns": int(start_unix_ns),
+                      "end_unix_ns": int(start_unix_ns) + dur,
+                      "detail": json.dumps(rollout.detail(), separators=(",", ":"))}
+                self._send(ev)
         except Exception:  # never into the training loop
             self.dropped += 1
 

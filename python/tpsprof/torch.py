@@ -35,7 +35,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _client
+from . import _client, _rollout
 from ._intervals import clip, exposed
 
 __all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
@@ -95,7 +95,8 @@ class _Step:
     (perf_counter_ns) on CPU and CUDA events on a GPU."""
 
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "seq_sq", "fwd", "bwd",
-                 "loss", "optim", "comm", "blocked", "fwd_open", "optim_open", "age", "trained", "cuda")
+                 "loss", "optim", "comm", "blocked", "fwd_open", "optim_open", "age", "trained", "cuda", "rollout",
+                 "bytes")
 
     def __init__(self, t0, wall0):
         self.cuda = not isinstance(t0, int)  # its marks are CUDA events
@@ -110,6 +111,8 @@ class _Step:
         self.fwd_open = self.optim_open = None
         self.age = 0
         self.trained = False
+        self.rollout = None  # the generation phase (prof.rollout())
+        self.bytes = 0  # text behind the tokens (prof.add_bytes())
 
 
 class TorchProfiler:
@@ -205,6 +208,37 @@ class TorchProfiler:
         """A context manager that marks one training step, for loops without
         an optimizer given to :func:`instrument`."""
         return _StepBlock(self)
+
+    def rollout(self):
+        """Times the current step's generation phase (RL rollouts before the
+        update; host clock: generation hands its tokens to the host anyway)
+        and returns the :class:`tpsprof._rollout.Rollout` to record each
+        request on (``r.request(prompt_tokens, output_tokens, token_times=...,
+        start=...)``). The step's measured tokens stay the update's."""
+        def done(r):
+            try:
+                if self.off:
+                    return
+                if self._cur is None:
+                    self._cur = self._begin()
+                if self._cur.rollout is None:
+                    self._cur.rollout = r
+            except Exception:
+                self._err()
+        cur = self._cur.rollout if self._cur is not None else None
+        return _rollout.RolloutBlock(done, cur)
+
+    def add_bytes(self, n):
+        """Adds the UTF-8 length of text trained on in this step (bytes/s
+        compares runs whose tokenizers differ)."""
+        try:
+            if self.off:
+                return
+            if self._cur is None:
+                self._cur = self._begin()
+            self._cur.bytes += max(int(n), 0)
+        except Exception:
+            self._err()
 
     # -- clocks -------------------------------------------------------------
     def _set_device_from(self, model):
@@ -387,7 +421,8 @@ class TorchProfiler:
         # every batch of the step packed: the exact attention term
         seq_sq = sum(_resolve(t) for t in st.seq_sq) if st.seq_sq and len(st.seq_sq) == len(st.tokens) else None
         self.client.send_step(st.number, st.wall0, dur, tokens, phases, samples=st.samples or None,
-                              padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq)
+                              padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
+                              bytes=st.bytes or None, rollout=st.rollout)
 
     # -- hooks --------------------------------------------------------------
     def _fwd_pre(self, module, inputs):
