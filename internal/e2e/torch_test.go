@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -350,5 +351,87 @@ func TestTorchTraceSampling(t *testing.T) {
 	}
 	if rep.Traces == nil || rep.Traces.Profiled != 6 || rep.Traces.EventTimedExposedUs == nil || len(rep.Traces.Collectives) == 0 {
 		t.Fatalf("report traces: %+v", rep.Traces)
+	}
+}
+
+// An RL-style job (2 ranks, gloo, torchrun): each step generates 4
+// rollouts of 16 tokens with the policy (greedy, token by token), then
+// updates on them, instrumented with prof.rollout(). Checked end to end:
+// the generation fields of every rank row, the cluster rows' generation
+// throughput and share, the rollout events' sketches, and the report's
+// generation section, against figures recomputed from the rows.
+func TestTorchRLRollouts(t *testing.T) {
+	py := torchPython(t)
+	const steps, requests, prompt, newTok = 5, 4, 8, 16
+	dir, log := launchTorch(t, "rl", false, torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "rl_train.py"),
+		"--steps", strconv.Itoa(steps), "--requests", strconv.Itoa(requests), "--prompt", strconv.Itoa(prompt), "--new", strconv.Itoa(newTok)))
+	rows := rankRows(t, dir)
+	if len(rows) != 2*steps {
+		t.Fatalf("%d rank rows, want %d\n%s", len(rows), 2*steps, log)
+	}
+	genMax := map[int64]int64{}
+	var out int64
+	for _, r := range rows {
+		switch {
+		case r.GenRequests != requests || r.GenPromptTokens != requests*prompt || r.GenOutputTokens != requests*newTok:
+			t.Errorf("row %d/%d: %d requests, %d prompt, %d output tokens", r.Step, r.Rank, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens)
+		case r.GenNs <= 0 || r.GenNs >= r.DurationNs:
+			t.Errorf("row %d/%d: generation %d ns of a %d ns step", r.Step, r.Rank, r.GenNs, r.DurationNs)
+		case r.Tokens != requests*(prompt+newTok-1) || r.Bytes != r.Tokens:
+			t.Errorf("row %d/%d: %d tokens, %d bytes; want %d each", r.Step, r.Rank, r.Tokens, r.Bytes, requests*(prompt+newTok-1))
+		case r.FwdNs <= 0 || r.FwdNs > r.DurationNs-r.GenNs:
+			t.Errorf("row %d/%d: forward %d ns: the generation's forwards counted in the update's?", r.Step, r.Rank, r.FwdNs)
+		}
+		genMax[r.Step] = max(genMax[r.Step], r.GenNs)
+		out += r.GenOutputTokens
+	}
+	cl, err := trace.ReadAll[tps.ClusterStep](filepath.Join(dir, trace.ClusterSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cl {
+		want := float64(c.GenOutputTokens) / (float64(genMax[c.Step]) / 1e9)
+		if c.GenNsMax != genMax[c.Step] || c.GenOutputTokens != 2*requests*newTok || math.Abs(c.GenOutputTPS-want) > 1e-9*want ||
+			c.GenFractionMean <= 0 || c.GenFractionMean >= 1 || c.BytesPerSecond <= 0 {
+			t.Errorf("cluster step %d: %+v (want generation TPS %.1f)", c.Step, c, want)
+		}
+	}
+	rep, err := report.Analyze(dir, report.Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := rep.Generation
+	if g == nil || g.TTFT == nil || g.ITL == nil {
+		t.Fatalf("report without the generation section: %+v", rep.Generation)
+	}
+	steady := int64(g.Steps)
+	if g.Steps != steps-1 || g.TTFT.Count != steady*2*requests || g.ITL.Count != steady*2*requests*(newTok-1) {
+		t.Errorf("generation over %d steps: %d TTFT and %d ITL samples; want %d steps, %d and %d", g.Steps, g.TTFT.Count, g.ITL.Count,
+			steps-1, (steps-1)*2*requests, (steps-1)*2*requests*(newTok-1))
+	}
+	// A request is its first token then 15 gaps; a rank's 4 requests run
+	// one after another inside its generation time.
+	var genMean float64
+	for _, r := range rows {
+		if r.Step > 0 {
+			genMean += float64(r.GenNs) / 1e9 / float64(2*(steps-1))
+		}
+	}
+	perRequest := g.TTFT.Mean + float64(newTok-1)*g.ITL.Mean
+	if perRequest*requests > genMean*1.02 || perRequest*requests < genMean*0.5 {
+		t.Errorf("requests take %.4fs each (TTFT %.4f + 15 × ITL %.4f), ranks generate for %.4fs per step", perRequest, g.TTFT.Mean, g.ITL.Mean, genMean)
+	}
+	if !(g.TTFT.P50 > 0 && g.TTFT.P50 <= g.TTFT.P99 && g.ITL.P50 > 0 && g.GenShare > 0 && g.GenShare+g.TrainingShare+g.WaitingShare > 0.99) {
+		t.Errorf("generation figures: %+v TTFT %+v ITL %+v", g, *g.TTFT, *g.ITL)
+	}
+	if rep.Text == nil || math.Abs(rep.Text.TokensPerByte-1) > 1e-9 {
+		t.Errorf("text rate: %+v (one byte a token)", rep.Text)
+	}
+	var text bytes.Buffer
+	report.WriteText(&text, rep)
+	for _, want := range []string{"generation", "time to first token", "inter-token latency", "text rate"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, text.String())
+		}
 	}
 }

@@ -147,6 +147,7 @@ class TorchProfiler:
         self._hooks = []
         self._optimizer = None
         self._closed = False
+        self._in_rollout = False
         self._poller = None
         _install_collectives()
         _ACTIVE = self
@@ -216,6 +217,7 @@ class TorchProfiler:
         request on (``r.request(prompt_tokens, output_tokens, token_times=...,
         start=...)``). The step's measured tokens stay the update's."""
         def done(r):
+            self._in_rollout = False
             try:
                 if self.off:
                     return
@@ -225,8 +227,28 @@ class TorchProfiler:
                     self._cur.rollout = r
             except Exception:
                 self._err()
+        try:
+            if self._cur is None and not self.off:
+                self._cur = self._begin()  # the step starts with its generation
+        except Exception:
+            self._err()
         cur = self._cur.rollout if self._cur is not None else None
+        # forwards while generating are the rollout's, not the update's:
+        # the hooks leave them alone (see _fwd_pre)
+        self._in_rollout = True
         return _rollout.RolloutBlock(done, cur)
+
+    def add_tokens(self, n):
+        """Adds training tokens to this step, for loops whose batches do not
+        come through a watched data loader (e.g. RL updates on rollouts)."""
+        try:
+            if self.off:
+                return
+            if self._cur is None:
+                self._cur = self._begin()
+            self._cur.tokens.append(max(int(n), 0))
+        except Exception:
+            self._err()
 
     def add_bytes(self, n):
         """Adds the UTF-8 length of text trained on in this step (bytes/s
@@ -427,6 +449,8 @@ class TorchProfiler:
     # -- hooks --------------------------------------------------------------
     def _fwd_pre(self, module, inputs):
         if self.off:
+            return
+        if self._in_rollout:
             return
         try:
             if not torch.is_grad_enabled() or not module.training:
