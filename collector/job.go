@@ -38,8 +38,25 @@ type liveFigures struct {
 	last                              *tps.ClusterStep
 	tokensPerJoule                    float64
 	// generation latencies over the recent rollout events (seconds)
-	ttft, itl [3]float64
-	rollouts  bool
+	ttft, itl *latencySummary
+}
+
+// latencySummary is a merged sketch as a Prometheus summary.
+type latencySummary struct {
+	count     uint64
+	sum       float64
+	quantiles map[float64]float64
+}
+
+func summaryOf(s *tps.Sketch) *latencySummary {
+	if s.Count == 0 {
+		return nil
+	}
+	q := map[float64]float64{}
+	for _, p := range []float64{0.5, 0.95, 0.99} {
+		q[p] = s.Quantile(p)
+	}
+	return &latencySummary{count: uint64(s.Count), sum: s.Sum, quantiles: q}
 }
 
 func newJob(c *Collector, id string) *job {
@@ -105,7 +122,10 @@ func (j *job) settle(t *tally) {
 		last := j.lastRow()
 		f.last = &last
 	}
-	f.ttft, f.itl, f.rollouts = j.rolloutQuantiles()
+	if len(j.rollouts) > 0 {
+		ttft, itl := j.rolloutSketches()
+		f.ttft, f.itl = summaryOf(&ttft), summaryOf(&itl)
+	}
 	j.live.Store(f)
 }
 

@@ -815,18 +815,14 @@ func (s *jobState) addRollout(d tps.RolloutDetail, t *tally) {
 	t.liveChanged = true
 }
 
-// rolloutQuantiles merges the recent rollout sketches: p50, p95 and p99 of
-// time to first token and of inter-token latency (NaN when none).
-func (s *jobState) rolloutQuantiles() (ttft, itl [3]float64, ok bool) {
-	var a, b tps.Sketch
+// rolloutSketches merges the recent rollout sketches: time to first token
+// and inter-token latency.
+func (s *jobState) rolloutSketches() (ttft, itl tps.Sketch) {
 	for i := range s.rollouts {
-		a.Merge(&s.rollouts[i].TTFT)
-		b.Merge(&s.rollouts[i].ITL)
+		ttft.Merge(&s.rollouts[i].TTFT)
+		itl.Merge(&s.rollouts[i].ITL)
 	}
-	for k, q := range [3]float64{0.5, 0.95, 0.99} {
-		ttft[k], itl[k] = a.Quantile(q), b.Quantile(q)
-	}
-	return ttft, itl, a.Count > 0 || b.Count > 0
+	return ttft, itl
 }
 
 // liveLine is the job's line for the live output, or "" when no step
