@@ -47,6 +47,18 @@ type LiveJob struct {
 	StepsClosed       int64         `json:"steps_closed"`
 	Incomplete        int64         `json:"steps_incomplete"`
 	TokensTotal       int64         `json:"tokens_total"`
+	// Generation (RL post-training), when the last step had one: its
+	// generated tokens per second and share of step time, and the p95
+	// time to first token and inter-token latency over recent rollouts.
+	Generation *LiveGeneration `json:"generation,omitempty"`
+}
+
+// LiveGeneration is a job's generation phase on the live page.
+type LiveGeneration struct {
+	OutputTPS float64  `json:"output_tps"`
+	Share     float64  `json:"share"`
+	TTFTP95   *float64 `json:"ttft_p95_s"`
+	ITLP95    *float64 `json:"itl_p95_s"`
 }
 
 // LiveSummary is the /api/summary document.
@@ -90,6 +102,20 @@ func (c *Collector) Summary() LiveSummary {
 			for _, s := range steps[max(0, n-200):] {
 				lj.Steps = append(lj.Steps, LiveStep{Steps: 1, Step: s.Step, TPS: s.TPS, MFU: knownMFU(s), Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
 			}
+		}
+		if n := len(steps); n > 0 && steps[n-1].GenNsMax > 0 {
+			last := steps[n-1]
+			g := &LiveGeneration{OutputTPS: last.GenOutputTPS, Share: last.GenFractionMean}
+			ttft, itl := j.rolloutSketches()
+			if ttft.Count > 0 {
+				v := ttft.Quantile(0.95)
+				g.TTFTP95 = &v
+			}
+			if itl.Count > 0 {
+				v := itl.Quantile(0.95)
+				g.ITLP95 = &v
+			}
+			lj.Generation = g
 		}
 		j.mu.Unlock()
 		out.Jobs = append(out.Jobs, lj)

@@ -338,6 +338,13 @@ func TestGenerationMetrics(t *testing.T) {
 	if v := value(`tpsprof_generation_ttft_seconds_count{job="rl"}`); v != 200 {
 		t.Errorf("TTFT count %v, want 200", v)
 	}
+	var sum LiveSummary
+	if err := json.Unmarshal([]byte(get(t, c, "/api/summary")), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if g := sum.Jobs[0].Generation; g == nil || g.OutputTPS != 1000 || g.TTFTP95 == nil || math.Abs(*g.TTFTP95-0.190) > 0.0019 {
+		t.Errorf("/api/summary generation: %+v", g)
+	}
 	// the latencies are summaries, as promtool wants quantile labels to be
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
