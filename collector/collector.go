@@ -992,20 +992,26 @@ func (c *Collector) Close() error {
 		c.gate.Unlock()
 		close(c.done)
 		c.wg.Wait()
-		c.mu.Lock()
-		jobs := make([]*job, 0, len(c.jobs))
-		for _, j := range c.jobs {
-			jobs = append(jobs, j)
-		}
-		jobs = append(jobs, c.retired...)
-		jobs = append(jobs, drain(c.retireCh)...)
-		c.retired = nil
-		c.mu.Unlock()
 		// finalising parts waits for the disk: outside every lock
-		err = c.closeJobs(jobs)
+		err = c.closeJobs(c.allJobs())
 		c.nc.Close()
 	})
 	return err
+}
+
+// allJobs is every job, those in the map and those evicted but not yet
+// closed, for Close.
+func (c *Collector) allJobs() []*job {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	jobs := make([]*job, 0, len(c.jobs)+len(c.retired))
+	for _, j := range c.jobs {
+		jobs = append(jobs, j)
+	}
+	jobs = append(jobs, c.retired...)
+	jobs = append(jobs, drain(c.retireCh)...)
+	c.retired = nil
+	return jobs
 }
 
 // closeJobs writes the last rows of jobs no longer in use and closes their

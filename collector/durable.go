@@ -260,34 +260,34 @@ func (c *Collector) diskKeysOf(job string, cutoff time.Time) (d *diskKeys, n int
 				continue
 			}
 			n++
+			var err error
 			if table == trace.ClusterSteps {
-				rows, err := trace.ReadFile[tps.ClusterStep](f)
-				if trace.IsUnreadable(err) {
-					c.quarantine(f, err)
-					continue
-				}
-				if err != nil {
-					return nil, 0, err
-				}
-				for _, r := range rows {
-					d.closed[stepKey{r.Attempt, r.Step}] = true
-				}
+				err = readKeys(f, func(r *tps.ClusterStep) { d.closed[stepKey{r.Attempt, r.Step}] = true })
 			} else {
-				rows, err := trace.ReadFile[tps.StepRecord](f)
-				if trace.IsUnreadable(err) {
-					c.quarantine(f, err)
-					continue
-				}
-				if err != nil {
-					return nil, 0, err
-				}
-				for _, r := range rows {
-					d.markRank(stepKey{r.Attempt, r.Step}, r.Rank)
-				}
+				err = readKeys(f, func(r *tps.StepRecord) { d.markRank(stepKey{r.Attempt, r.Step}, r.Rank) })
+			}
+			if trace.IsUnreadable(err) {
+				c.quarantine(f, err)
+				continue
+			}
+			if err != nil {
+				return nil, 0, err
 			}
 		}
 	}
 	return d, n, nil
+}
+
+// readKeys reads a part and hands each row to fn.
+func readKeys[T any](path string, fn func(*T)) error {
+	rows, err := trace.ReadFile[T](path)
+	if err != nil {
+		return err
+	}
+	for i := range rows {
+		fn(&rows[i])
+	}
+	return nil
 }
 
 // nakker is an acknowledgement that can also ask for redelivery.
@@ -541,17 +541,8 @@ func (c *Collector) closeDurable() error {
 	if left := c.unackedMessages(); left > 0 {
 		c.cfg.Logger.Info("durable: messages left for the next collector", "messages", left)
 	}
-	c.mu.Lock()
-	jobs := make([]*job, 0, len(c.jobs))
-	for _, j := range c.jobs {
-		jobs = append(jobs, j)
-	}
-	jobs = append(jobs, c.retired...)
-	jobs = append(jobs, drain(c.retireCh)...)
-	c.retired = nil
-	c.mu.Unlock()
 	// the writers hold nothing since the checkpoint: stop their goroutines
-	c.closeJobs(jobs)
+	c.closeJobs(c.allJobs())
 	c.nc.Close()
 	return err
 }
