@@ -152,7 +152,7 @@ type stepSums struct {
 	SumLoss       float64 `json:"sum_loss"`
 	NLoss         int64   `json:"n_loss"`
 	Skipped       int64   `json:"skipped"`
-	// generation phase (records only: partials do not carry it yet)
+	// the generation phase
 	SumGen      float64 `json:"sum_gen_ns,omitempty"`
 	MaxGen      int64   `json:"max_gen_ns,omitempty"`
 	GenRequests int64   `json:"gen_requests,omitempty"`

@@ -29,9 +29,7 @@ type ReplicaPart struct {
 	FLOPs      float64 `json:"flops,omitempty"`
 	LowestRank int64   `json:"lowest_rank"`
 	Mismatch   bool    `json:"mismatch,omitempty"`
-	// Bytes travel in JSON partials only (the binary layout has no field
-	// for them yet).
-	Bytes int64 `json:"bytes,omitempty"`
+	Bytes      int64   `json:"bytes,omitempty"` // text behind the tokens (the lowest rank's)
 }
 
 // NewPartial aggregates validated records of one step. A rank given twice
@@ -64,14 +62,14 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 				x.Mismatch = true
 			}
 			if r.Rank < x.LowestRank {
-				x.Tokens, x.LowestRank = r.Tokens, r.Rank
+				x.Tokens, x.LowestRank, x.Bytes = r.Tokens, r.Rank, r.Bytes
 				if r.FLOPs > 0 {
 					x.FLOPs = r.FLOPs
 				}
 			}
 		} else {
 			reps[rep] = len(p.Replicas)
-			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank})
+			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank, Bytes: r.Bytes})
 		}
 		p.addRecord(r)
 	}

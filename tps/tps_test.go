@@ -522,6 +522,8 @@ func TestPartialsMergeExactly(t *testing.T) {
 	for r := int64(0); r < world; r++ {
 		x := rec("j", 9, r, world, 1000+int64(topo.Coords(int(r)).DP), 1e9+r*1e5)
 		x.ExposedCommNs, x.CommNs, x.PPWaitNs, x.DataWaitNs = 1e8+r*1e3, 3e8, 5e7, r*1e4
+		x.Bytes = 4 * x.Tokens
+		x.GenNs, x.GenRequests, x.GenPromptTokens, x.GenOutputTokens = 2e8+r*1e4, 3, 96, 300+r // RL rollouts
 		l := float64(r)
 		x.Loss = &l
 		recs = append(recs, x)
@@ -543,6 +545,9 @@ func TestPartialsMergeExactly(t *testing.T) {
 	got := acc.Result()
 	if got != want {
 		t.Errorf("merged partials:\n got %+v\nwant %+v", got, want)
+	}
+	if want.GenNsMax == 0 || want.GenOutputTPS <= 0 || want.Bytes == 0 || want.MFUTraining <= want.MFU {
+		t.Errorf("the generation phase and bytes did not reach the cluster step: %+v", want)
 	}
 	// a resent node is a duplicate; an overlapping partial is refused
 	p, _ := NewPartial(recs[:8], topo)

@@ -13,7 +13,11 @@ import (
 // version. Node partials are what an aggregator handles per message
 // (docs/scale.md); JSON made them cost ~15 µs each to decode, the binary
 // form about a tenth of that.
-var partialMagic = [4]byte{'T', 'P', 'P', 1}
+var partialMagic = [4]byte{'T', 'P', 'P', 2}
+
+// partialMagic1 is layout 1, without bytes and the generation phase; it
+// is still decoded.
+var partialMagic1 = [4]byte{'T', 'P', 'P', 1}
 
 // MaxPartials bounds one partials message.
 const MaxPartials = 4096
@@ -25,9 +29,12 @@ const MaxPartials = 4096
 // uvarint count, the first rank and the gaps to the next (uvarints, at
 // least 1: ranks are sorted and distinct); the replicas as a uvarint count
 // and per replica its index, tokens, FLOPs (float64 little endian), lowest
-// rank and a mismatch byte; then the merged sums: seven varints (max
-// duration, max compute, slowest rank, min start, max end, losses,
-// skipped) and eleven float64 (the sums and maxima of docs/wire.md).
+// rank, a mismatch byte and its bytes of text; then the merged sums:
+// seven varints (max duration, max compute, slowest rank, min start, max
+// end, losses, skipped), eleven float64 (the sums and maxima of
+// docs/wire.md), and the generation phase: a float64 (Σ generation time)
+// and five varints (the slowest generation, requests, prompt and output
+// tokens, ranks that generated).
 func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 	dst = append(dst, partialMagic[:]...)
 	dst = binary.AppendUvarint(dst, uint64(len(ps)))
@@ -50,13 +57,17 @@ func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(x.FLOPs))
 			dst = binary.AppendVarint(dst, x.LowestRank)
 			dst = append(dst, boolByte(x.Mismatch))
+			dst = binary.AppendVarint(dst, x.Bytes)
 		}
 		for _, v := range [...]int64{p.MaxDurationNs, p.MaxComputeNs, p.SlowestRank, p.MinStartNs, p.MaxEndNs, p.NLoss, p.Skipped} {
 			dst = binary.AppendVarint(dst, v)
 		}
 		for _, f := range [...]float64{p.SumDuration, p.SumCompute, p.SumExposed, p.MaxExposed, p.SumComm, p.SumPP, p.MaxPP,
-			p.SumData, p.MaxData, p.SumCkpt, p.SumLoss} {
+			p.SumData, p.MaxData, p.SumCkpt, p.SumLoss, p.SumGen} {
 			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(f))
+		}
+		for _, v := range [...]int64{p.MaxGen, p.GenRequests, p.GenPrompt, p.GenOutput, p.GenRanks} {
+			dst = binary.AppendVarint(dst, v)
 		}
 	}
 	return dst
@@ -86,9 +97,11 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 		}
 		return p, nil
 	}
-	if len(data) < len(partialMagic) || [4]byte(data[:4]) != partialMagic {
+	if len(data) < len(partialMagic) || ([4]byte(data[:4]) != partialMagic && [4]byte(data[:4]) != partialMagic1) {
 		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
 	}
+	v2 := [4]byte(data[:4]) == partialMagic
+
 	d := decoder{b: data[4:]}
 	n := d.uvarint()
 	if d.err != nil {
@@ -140,6 +153,9 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 					d.err = fmt.Errorf("mismatch flag %d", m)
 				}
 			}
+			if v2 {
+				x.Bytes = d.varint()
+			}
 		}
 		for _, v := range [...]*int64{&p.MaxDurationNs, &p.MaxComputeNs, &p.SlowestRank, &p.MinStartNs, &p.MaxEndNs, &p.NLoss, &p.Skipped} {
 			*v = d.varint()
@@ -147,6 +163,12 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 		for _, f := range [...]*float64{&p.SumDuration, &p.SumCompute, &p.SumExposed, &p.MaxExposed, &p.SumComm, &p.SumPP, &p.MaxPP,
 			&p.SumData, &p.MaxData, &p.SumCkpt, &p.SumLoss} {
 			*f = d.float()
+		}
+		if v2 {
+			p.SumGen = d.float()
+			for _, v := range [...]*int64{&p.MaxGen, &p.GenRequests, &p.GenPrompt, &p.GenOutput, &p.GenRanks} {
+				*v = d.varint()
+			}
 		}
 		if d.err != nil {
 			return nil, fmt.Errorf("wire: partial %d: %w", i, d.err)

@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"encoding/binary"
 	"encoding/json"
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -21,7 +23,8 @@ func samplePartials(t testing.TB) []tps.Partial {
 			recs = append(recs, tps.StepRecord{Job: "j-1", Attempt: 1, Step: 42, Rank: r, WorldSize: 16,
 				StartUnixNs: 1_760_000_000_000_000_000 + r, EndUnixNs: 1_760_000_001_000_000_000, DurationNs: 1e9 - r*1e6,
 				Tokens: 4096 + r%2*int64(node), FLOPs: 1.5e15, ExposedCommNs: 1e8, CommNs: 3e8, DataWaitNs: r * 1e5,
-				PPWaitNs: 2e7, CkptNs: 0, Loss: &loss, Skipped: r == 3})
+				PPWaitNs: 2e7, CkptNs: 0, Loss: &loss, Skipped: r == 3, Bytes: 16384 + r,
+				GenNs: 4e8 + r*1e6, GenRequests: 2, GenPromptTokens: 64, GenOutputTokens: 512 + r})
 		}
 		p, err := tps.NewPartial(recs, topo)
 		if err != nil {
@@ -56,6 +59,50 @@ func TestPartialsRoundTrip(t *testing.T) {
 		if _, err := DecodePartials(b[:n]); err == nil {
 			t.Fatalf("truncated at %d of %d decoded", n, len(b))
 		}
+	}
+}
+
+// Layout 1 (before bytes and the generation phase) still decodes: the
+// same partials without those figures.
+func TestPartialsLayout1(t *testing.T) {
+	ps := samplePartials(t)
+	var b []byte
+	b = append(b, partialMagic1[:]...)
+	b = binary.AppendUvarint(b, uint64(len(ps)))
+	for i := range ps {
+		p := &ps[i]
+		b = appendString(b, p.Job)
+		for _, v := range [...]int64{p.Attempt, p.Step, p.WorldSize} {
+			b = binary.AppendVarint(b, v)
+		}
+		b = binary.AppendUvarint(b, uint64(len(p.Ranks)))
+		prev := int64(-1)
+		for _, r := range p.Ranks {
+			b = binary.AppendUvarint(b, uint64(r-prev))
+			prev = r
+		}
+		b = binary.AppendUvarint(b, uint64(len(p.Replicas)))
+		for k := range p.Replicas {
+			x := &p.Replicas[k]
+			b = binary.AppendVarint(b, x.Replica)
+			b = binary.AppendVarint(b, x.Tokens)
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x.FLOPs))
+			b = binary.AppendVarint(b, x.LowestRank)
+			b = append(b, boolByte(x.Mismatch))
+			x.Bytes = 0 // not in layout 1
+		}
+		for _, v := range [...]int64{p.MaxDurationNs, p.MaxComputeNs, p.SlowestRank, p.MinStartNs, p.MaxEndNs, p.NLoss, p.Skipped} {
+			b = binary.AppendVarint(b, v)
+		}
+		for _, f := range [...]float64{p.SumDuration, p.SumCompute, p.SumExposed, p.MaxExposed, p.SumComm, p.SumPP, p.MaxPP,
+			p.SumData, p.MaxData, p.SumCkpt, p.SumLoss} {
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+		}
+		p.SumGen, p.MaxGen, p.GenRequests, p.GenPrompt, p.GenOutput, p.GenRanks = 0, 0, 0, 0, 0, 0
+	}
+	got, err := DecodePartials(b)
+	if err != nil || !reflect.DeepEqual(got, ps) {
+		t.Fatalf("layout 1: %v\n got %+v\nwant %+v", err, got, ps)
 	}
 }
 
