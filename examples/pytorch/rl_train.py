@@ -102,7 +102,7 @@ def main():
         prof.add_bytes(batch[:, 1:].numel())  # byte-level vocabulary: one byte a token
         opt.step()
     prof.close()
-    print("rank %d: %d steps sent, %d dropped" % (rank, prof.client.sent, prof.client.dropped), flush=True)
+    print("rank %d: %d steps, %d lines sent, %d dropped" % (rank, prof.steps, prof.client.sent, prof.client.dropped), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
 
