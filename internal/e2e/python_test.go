@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +149,42 @@ func TestPythonPackageInstallsOffline(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), target) {
 		t.Fatalf("installed package: %v\n%s", err, out)
+	}
+}
+
+// The Python package's sketch and Go's are the same sketch: the same
+// values give the same buckets, so the collector merges what ranks send
+// exactly.
+func TestPythonSketchMatchesGo(t *testing.T) {
+	script := `import json, sys, random
+sys.path.insert(0, sys.argv[1])
+from tpsprof._rollout import Sketch
+r = random.Random(5)
+s = Sketch()
+vals = [r.lognormvariate(-3, 1) for _ in range(5000)] + [0.0, 1e-12]
+for v in vals:
+    s.add(v)
+print(json.dumps({"values": vals, "sketch": s.to_json()}))`
+	out, err := exec.Command(python(t), "-c", script, filepath.Join(repoRoot(t), "python")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Values []float64  `json:"values"`
+		Sketch tps.Sketch `json:"sketch"`
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatal(err)
+	}
+	var want tps.Sketch
+	for _, v := range got.Values {
+		want.Add(v)
+	}
+	if err := got.Sketch.Check(); err != nil {
+		t.Fatalf("the Python sketch does not check: %v", err)
+	}
+	if got.Sketch.Offset != want.Offset || !slices.Equal(got.Sketch.Bins, want.Bins) || got.Sketch.Zero != want.Zero || got.Sketch.Count != want.Count {
+		t.Errorf("Python sketch offset %d, %d bins, zero %d; Go's offset %d, %d bins, zero %d", got.Sketch.Offset, len(got.Sketch.Bins), got.Sketch.Zero,
+			want.Offset, len(want.Bins), want.Zero)
 	}
 }
