@@ -296,8 +296,8 @@ type nakker interface{ NakWithDelay(time.Duration) error }
 func (h *handlerAck) NakWithDelay(d time.Duration) error { return h.m.NakWithDelay(d) }
 
 // redeliverAfter is how long a message whose data could not be written
-// waits before the stream hands it back.
-const redeliverAfter = 2 * time.Second
+// waits before the stream hands it back (a variable for tests).
+var redeliverAfter = 2 * time.Second
 
 // resetJob restarts a job whose part could not be finalised (a full
 // disk): as a collector restart would, but for this job alone. Its
@@ -314,7 +314,7 @@ func (c *Collector) resetJob(j *job) {
 		return
 	}
 	j.evicted = true // handlers wait for the fresh job (lockJob)
-	items := j.unacked
+	items, redo := j.unacked, j.redo
 	j.unacked, j.pending, j.rankBuf = nil, nil, nil
 	j.release()
 	j.mu.Unlock()
@@ -331,7 +331,15 @@ func (c *Collector) resetJob(j *job) {
 	}
 	nj := newJob(c, j.id)
 	nj.disk = d
+	// Steps to aggregate again: those of the messages handed back now, and
+	// those an earlier reset handed back whose messages have not come
+	// again yet (a second failure before the redelivery).
 	nj.redo = map[stepKey]bool{}
+	for k := range redo {
+		if !d.closed[k] {
+			nj.redo[k] = true
+		}
+	}
 	for _, it := range items {
 		for _, k := range it.steps {
 			if !d.closed[k] {
