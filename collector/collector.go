@@ -551,10 +551,6 @@ const (
 	reservedFiles = 256
 )
 
-// MaxJobs is the number of jobs held at once: Config.MaxJobs, lowered to
-// what the open-files limit allows.
-func (c *Collector) MaxJobs() int { return c.cfg.MaxJobs }
-
 // directHandOff is the batch size from which decoded records go to the
 // rank writer without being copied into the job's buffer.
 const directHandOff = 256
@@ -641,7 +637,8 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	}
 	t := tally{now: time.Now()}
 	defer c.apply(&t)
-	if err := e.Validate(); err != nil {
+	rollout, err := e.ValidateRollout() // the rollout detail is parsed once
+	if err != nil {
 		t.invalid(err)
 		c.ackNow(ack)
 		return
@@ -658,10 +655,7 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 		j.attemptEnded = true
 	}
 	if e.Kind == tps.EventRollout {
-		if d, err := tps.ParseRollout(e.Detail); err == nil { // Validate checked it
-			j.addRollout(d, &t)
-			j.settle(&t)
-		}
+		j.addRollout(rollout)
 	}
 	if j.events != nil {
 		j.events.write([]tps.Event{e})

@@ -122,10 +122,9 @@ func (j *job) settle(t *tally) {
 		last := j.lastRow()
 		f.last = &last
 	}
-	if len(j.rollouts) > 0 {
-		ttft, itl := j.rolloutSketches()
-		f.ttft, f.itl = summaryOf(&ttft), summaryOf(&itl)
-	}
+	ttft, itl := j.rolloutSketches()
+	f.ttft, f.itl = summaryOf(&ttft), summaryOf(&itl)
+	j.rollDirty = false
 	j.live.Store(f)
 }
 
@@ -178,6 +177,9 @@ func (j *job) tick(c *Collector, t *tally) {
 		j.trackEpisodes()
 		j.newSinceEpisodes = false
 		t.liveChanged = true // /metrics shows the episodes
+	}
+	if j.rollDirty {
+		t.liveChanged = true // rollout latencies arrived: published here, not per event
 	}
 	switch {
 	case c.cfg.Durable:

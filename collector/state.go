@@ -221,9 +221,11 @@ type jobState struct {
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
-	episodes                             []LiveEpisode       // closed, the last maxEpisodes
-	episodesEnded                        int64               // closed since the job started
-	rollouts                             []tps.RolloutDetail // the last liveRollouts rollout events (generation latencies)
+	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
+	episodesEnded                        int64                             // closed since the job started
+	rollWin                              [rolloutWindows]tps.RolloutDetail // generation latencies of the last steps, merged per step
+	rollIdx                              int                               // the window rollout events merge into
+	rollDirty                            bool                              // merged since the live figures were published
 }
 
 // newJobState is a job with nothing heard yet: meta (may be nil) is the
@@ -685,6 +687,8 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 		s.incompleteSteps++
 	}
 	s.history.add(row)
+	s.rollIdx = (s.rollIdx + 1) % rolloutWindows // the oldest latency window makes room
+	s.rollWin[s.rollIdx] = tps.RolloutDetail{}
 	if len(s.recent) < liveWindow {
 		s.recent = append(s.recent, row)
 	} else {
@@ -801,26 +805,27 @@ func (s *jobState) recentSteps() []tps.ClusterStep {
 	return out
 }
 
-// liveRollouts is how many ranks' rollout events the live latency
-// figures merge (the most recent).
-const liveRollouts = 256
+// rolloutWindows is how many closed steps' rollout events the live
+// latency figures cover: every rank's, merged into one sketch pair per
+// step window as they arrive (a rollout event comes per rank and step:
+// merging is O(buckets), and the figures are published by the loop, not
+// per event).
+const rolloutWindows = 8
 
-// addRollout keeps a rank's generation latencies for the live figures.
-func (s *jobState) addRollout(d tps.RolloutDetail, t *tally) {
-	if len(s.rollouts) >= liveRollouts {
-		copy(s.rollouts, s.rollouts[1:])
-		s.rollouts = s.rollouts[:len(s.rollouts)-1]
-	}
-	s.rollouts = append(s.rollouts, d)
-	t.liveChanged = true
+// addRollout merges a rank's generation latencies into the current window.
+func (s *jobState) addRollout(d tps.RolloutDetail) {
+	w := &s.rollWin[s.rollIdx]
+	w.TTFT.Merge(&d.TTFT)
+	w.ITL.Merge(&d.ITL)
+	s.rollDirty = true
 }
 
-// rolloutSketches merges the recent rollout sketches: time to first token
-// and inter-token latency.
+// rolloutSketches merges the windows: time to first token and inter-token
+// latency over the last rolloutWindows steps.
 func (s *jobState) rolloutSketches() (ttft, itl tps.Sketch) {
-	for i := range s.rollouts {
-		ttft.Merge(&s.rollouts[i].TTFT)
-		itl.Merge(&s.rollouts[i].ITL)
+	for i := range s.rollWin {
+		ttft.Merge(&s.rollWin[i].TTFT)
+		itl.Merge(&s.rollWin[i].ITL)
 	}
 	return ttft, itl
 }

@@ -311,7 +311,12 @@ func TestGenerationMetrics(t *testing.T) {
 	if err := c.Sync(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
+	// The loop publishes rollout latencies (at most every tick), not each event.
 	m := get(t, c, "/metrics")
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(m, "tpsprof_generation_ttft_seconds_count") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		m = get(t, c, "/metrics")
+	}
 	value := func(prefix string) float64 {
 		for _, l := range strings.Split(m, "\n") {
 			if strings.HasPrefix(l, prefix+" ") {

@@ -397,27 +397,26 @@ func (rep *Report) marks() []mark {
 		}
 		return byTime[i-1].step, true
 	}
-	ckpt := map[int64]bool{}
-	for _, e := range rep.data.events {
-		var label string
-		var col color.Color
-		switch e.Kind {
-		case tps.EventCheckpointSave:
-			label, col = "checkpoint", colCkpt
-		case tps.EventEval:
-			label, col = "eval", colBubble
-		default:
-			continue
+	ckpt := map[int64]bool{} // steps marked as checkpoints: once each
+	markCkpt := func(s int64) {
+		if !ckpt[s] {
+			ckpt[s] = true
+			out = append(out, mark{float64(s), "checkpoint", colCkpt})
 		}
-		if s, ok := stepAt(e.StartUnixNs); ok && !(label == "checkpoint" && ckpt[s]) {
-			ckpt[s] = ckpt[s] || label == "checkpoint"
-			out = append(out, mark{float64(s), label, col})
+	}
+	for _, e := range rep.data.events {
+		s, ok := stepAt(e.StartUnixNs)
+		switch {
+		case !ok:
+		case e.Kind == tps.EventCheckpointSave:
+			markCkpt(s)
+		case e.Kind == tps.EventEval:
+			out = append(out, mark{float64(s), "eval", colBubble})
 		}
 	}
 	for _, c := range steps {
-		if c.CkptFractionMean > 0.05 && !ckpt[c.Step] {
-			ckpt[c.Step] = true
-			out = append(out, mark{float64(c.Step), "checkpoint", colCkpt})
+		if c.CkptFractionMean > 0.05 {
+			markCkpt(c.Step)
 		}
 	}
 	if len(out) > 40 { // too many to label: keep every k-th

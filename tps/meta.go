@@ -41,43 +41,53 @@ type Event struct {
 
 // Validate checks an event.
 func (e *Event) Validate() error {
+	_, err := e.ValidateRollout()
+	return err
+}
+
+// ValidateRollout checks an event like Validate and returns, for a
+// rollout event, its decoded detail (the zero value for other kinds), so
+// that the detail is parsed once.
+func (e *Event) ValidateRollout() (RolloutDetail, error) {
+	var d RolloutDetail
 	if !ValidJobID(e.Job) {
-		return fieldErr("job", truncate(e.Job, 80), ReasonInvalid, "must be 1-64 characters of [A-Za-z0-9_-]")
+		return d, fieldErr("job", truncate(e.Job, 80), ReasonInvalid, "must be 1-64 characters of [A-Za-z0-9_-]")
 	}
 	if e.Kind == "" || len(e.Kind) > 64 || !printable(e.Kind) {
-		return fieldErr("kind", truncate(e.Kind, 80), ReasonInvalid, "must be 1-64 printable characters")
+		return d, fieldErr("kind", truncate(e.Kind, 80), ReasonInvalid, "must be 1-64 printable characters")
 	}
 	if len(e.Name) > MaxStringLen || !printable(e.Name) {
-		return fieldErr("name", truncate(e.Name, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+		return d, fieldErr("name", truncate(e.Name, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
 	}
 	maxDetail := 4 * MaxStringLen
 	if e.Kind == EventRollout {
 		maxDetail = MaxRolloutDetail // two sketches
 	}
 	if len(e.Detail) > maxDetail || !printable(e.Detail) {
-		return fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "must be at most %d printable characters", maxDetail)
+		return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "must be at most %d printable characters", maxDetail)
 	}
 	if e.Kind == EventRollout {
-		if _, err := ParseRollout(e.Detail); err != nil {
-			return fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
+		var err error
+		if d, err = ParseRollout(e.Detail); err != nil {
+			return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
 		}
 	}
 	if len(e.Node) > MaxStringLen || !printable(e.Node) {
-		return fieldErr("node", truncate(e.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+		return d, fieldErr("node", truncate(e.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
 	}
 	if e.Attempt < 0 {
-		return fieldErr("attempt", e.Attempt, ReasonNegative, "must not be negative")
+		return d, fieldErr("attempt", e.Attempt, ReasonNegative, "must not be negative")
 	}
 	if e.StartUnixNs < MinUnixNs {
-		return fieldErr("start_unix_ns", e.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
+		return d, fieldErr("start_unix_ns", e.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
 	}
 	if e.EndUnixNs == 0 {
 		e.EndUnixNs = e.StartUnixNs
 	}
 	if e.EndUnixNs < e.StartUnixNs {
-		return fieldErr("end_unix_ns", e.EndUnixNs, ReasonOutOfRange, "before start_unix_ns=%d", e.StartUnixNs)
+		return d, fieldErr("end_unix_ns", e.EndUnixNs, ReasonOutOfRange, "before start_unix_ns=%d", e.StartUnixNs)
 	}
-	return nil
+	return d, nil
 }
 
 // RunMeta describes a job: topology, model, hardware and price. It comes from

@@ -37,14 +37,15 @@ const (
 	SketchMaxBins = 2048
 )
 
-var sketchLogGamma = math.Log((1 + SketchAlpha) / (1 - SketchAlpha))
+var (
+	sketchGamma    = (1 + SketchAlpha) / (1 - SketchAlpha)
+	sketchLogGamma = math.Log(sketchGamma)
+)
 
 func sketchIndex(x float64) int32 { return int32(math.Ceil(math.Log(x) / sketchLogGamma)) }
 
-func sketchValue(i int32) float64 {
-	g := math.Exp(sketchLogGamma)
-	return 2 * math.Exp(float64(i)*sketchLogGamma) / (g + 1)
-}
+// sketchValue answers for bucket i: within SketchAlpha of every value in it.
+func sketchValue(i int32) float64 { return 2 * math.Exp(float64(i)*sketchLogGamma) / (sketchGamma + 1) }
 
 // Add adds one value (negative and NaN values are ignored).
 func (s *Sketch) Add(x float64) {
