@@ -17,6 +17,7 @@ import (
 	"github.com/tpsprof/tpsprof/client"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/internal/ratelog"
+	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -225,6 +226,8 @@ type Agent struct {
 	done      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	// traceDirErr is why the trace folder was refused (nil: usable).
+	traceDirErr error
 }
 
 // ErrSocketInUse means another agent already serves the socket path.
@@ -238,7 +241,11 @@ func Start(cfg Config) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*atomic.Int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 16)}
-	if err := os.MkdirAll(cfg.TraceDir, 0o700); err != nil {
+	// The trace folder is adopted only when it is this user's alone: in a
+	// shared /tmp another user could have made it first and planted links
+	// that a rank's trace writer would follow (docs/security.md).
+	if err := safefs.PrivateDir(cfg.TraceDir); err != nil {
+		a.traceDirErr = err
 		a.log.Warn("trace", "no trace folder: sampled profiler traces will be refused", "dir", cfg.TraceDir, "err", err)
 	}
 	if cfg.NATS.Name == "" {
@@ -467,7 +474,9 @@ func (a *Agent) Close() error {
 			a.cfg.GPU.Close()
 		}
 		os.Remove(a.cfg.Socket)
-		os.Remove(a.cfg.TraceDir) // only when empty: kept traces stay
+		if a.traceDirErr == nil {
+			os.Remove(a.cfg.TraceDir) // only when empty: kept traces stay
+		}
 	})
 	return nil
 }

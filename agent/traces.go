@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/kineto"
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -68,6 +69,9 @@ func (a *Agent) tracePath(p string) (string, error) {
 	if filepath.Dir(p) != dir {
 		return "", fmt.Errorf("agent: trace %q is not in the trace folder %s", p, dir)
 	}
+	if a.traceDirErr != nil {
+		return "", fmt.Errorf("agent: trace folder refused: %w", a.traceDirErr)
+	}
 	fi, err := os.Lstat(p)
 	if err != nil {
 		return "", fmt.Errorf("agent: trace: %w", err)
@@ -79,6 +83,24 @@ func (a *Agent) tracePath(p string) (string, error) {
 		return "", fmt.Errorf("agent: trace %q is larger than %d bytes", p, MaxTraceBytes)
 	}
 	return p, nil
+}
+
+// analyseFile analyses a trace that was checked to be a regular file when
+// it was announced; it is opened again without following a link and
+// without blocking, so that a FIFO or device swapped in since is refused
+// instead of hanging the trace worker.
+func analyseFile(path string) (*kineto.Result, error) {
+	f, err := safefs.OpenRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	r, err := kineto.AnalyzeWith(f, kineto.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
+	}
+	r.File = path
+	return r, nil
 }
 
 func (a *Agent) removeTrace(p string) {
@@ -108,7 +130,7 @@ func (a *Agent) analyseTraces() {
 func (a *Agent) analyseTrace(n TraceNote) {
 	defer a.removeTrace(n.Path)
 	start := time.Now()
-	r, err := kineto.AnalyzeFile(n.Path)
+	r, err := analyseFile(n.Path)
 	if err != nil {
 		a.reject("trace:unreadable")
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)

@@ -3,6 +3,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,5 +120,92 @@ func TestTraceFiguresJoinTheRecord(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the held record was not published")
+	}
+}
+
+// A trace folder someone else made first (a shared /tmp, XDG_RUNTIME_DIR
+// unset) is not adopted: the agent refuses every trace note for it, and a
+// link planted there is never followed. chown needs root, which CI has.
+func TestForeignTraceFolderRefused(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("this test gives a folder to uid 4242 and needs root (CI runs as root)")
+	}
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "a.sock")
+	td := DefaultTraceDir(sock)
+	os.Mkdir(td, 0o777)
+	os.Chmod(td, 0o777)
+	victim := filepath.Join(dir, "victim")
+	os.WriteFile(victim, []byte("root's"), 0o600)
+	link := filepath.Join(td, "j.0.0.0.pt.trace.json")
+	os.Symlink(victim, link)
+	plant := filepath.Join(td, "j.0.0.1.pt.trace.json")
+	os.WriteFile(plant, []byte(`{"traceEvents":[]}`), 0o644)
+	filepath.Walk(td, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, 4242, 4242) })
+	a, err := Start(Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{link, plant} {
+		if err := a.SubmitTrace(TraceNote{Job: "j", Step: 1, Path: p}); err == nil {
+			t.Errorf("%s in another user's folder accepted", p)
+		}
+	}
+	if n := a.Stats().Rejected["trace:path"]; n != 2 {
+		t.Errorf("trace:path rejections %d, want 2", n)
+	}
+	a.Close()
+	if b, _ := os.ReadFile(victim); string(b) != "root's" {
+		t.Errorf("the link's target changed: %q", b)
+	}
+	if _, err := os.Stat(td); err != nil {
+		t.Errorf("the agent removed a folder that is not its own: %v", err)
+	}
+}
+
+// A FIFO swapped in for a trace after its note was checked does not block
+// the trace worker: it is counted unreadable at once and the agent closes.
+func TestTraceFIFOSwappedIn(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	dir := t.TempDir()
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(DefaultTraceDir(filepath.Join(dir, "a.sock")), "j.0.0.1.pt.trace.json")
+	os.WriteFile(p, []byte(`{"traceEvents":[]}`), 0o600)
+	// the check passes on the regular file; the worker then meets a FIFO
+	if _, err := analyseFile(p); err != nil {
+		t.Fatalf("regular trace: %v", err)
+	}
+	os.Remove(p)
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := analyseFile(p); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("a FIFO analysed")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the trace worker blocked on a FIFO")
+	}
+	closed := make(chan struct{})
+	go func() { a.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the agent did not close")
 	}
 }

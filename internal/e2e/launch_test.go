@@ -131,3 +131,39 @@ func TestLaunchExitCodeAndSignals(t *testing.T) {
 func collectorOn(url, out string) (*collector.Collector, error) {
 	return collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: url}, Grace: time.Second})
 }
+
+// launch --auto chains the site's own sitecustomize as Python would run
+// it: what it adds to sys.path stays (the script imports from there), and
+// an error inside it is shown on stderr while the script still runs.
+func TestAutoChainsSiteCustomize(t *testing.T) {
+	site, extra := t.TempDir(), t.TempDir()
+	os.WriteFile(filepath.Join(extra, "sitemod.py"), []byte("X = 42\n"), 0o644)
+	script := "import sys, sitemod, sitecustomize; print('sitemod', sitemod.X, sitecustomize.MARK)"
+	for _, c := range []struct {
+		name, body, want string
+	}{
+		{"adds a path", "import sys\nsys.path.append(%q)\nMARK = 'site'\n", "sitemod 42 site"},
+		{"raises", "import sys\nsys.path.append(%q)\nMARK = 'site'\nraise RuntimeError('site broke')\n", "site broke"},
+	} {
+		os.WriteFile(filepath.Join(site, "sitecustomize.py"), []byte(strings.Replace(c.body, "%q", "'"+extra+"'", 1)), 0o644)
+		t.Setenv("PYTHONPATH", site)
+		srv, col, _, sock := launchEnv(t)
+		var out bytes.Buffer
+		cmd := []string{python(t), "-c", script}
+		if c.name == "raises" {
+			cmd = []string{python(t), "-c", "print('script ran')"}
+		}
+		code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: "site", Auto: true, PythonDir: t.TempDir(),
+			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n"}, Command: cmd, Stdout: &out, Stderr: &out})
+		if err != nil || code != 0 {
+			t.Fatalf("%s: code %d err %v\n%s", c.name, code, err, out.String())
+		}
+		if !strings.Contains(out.String(), c.want) {
+			t.Errorf("%s: output lacks %q:\n%s", c.name, c.want, out.String())
+		}
+		col.Close()
+		if c.name == "raises" && !strings.Contains(out.String(), "script ran") {
+			t.Errorf("the script did not run after the site's error:\n%s", out.String())
+		}
+	}
+}

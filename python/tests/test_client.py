@@ -35,5 +35,43 @@ class ForeignSocketTest(unittest.TestCase):
         srv.close()
 
 
+class PrivateFolderTest(unittest.TestCase):
+    """Traces are written only into a folder of ours that no one else can
+    write, at a name created afresh (never through a planted link)."""
+
+    def test_folder_checks(self):
+        d = tempfile.mkdtemp()
+        self.assertIsNone(_client.private_dir_problem(d))
+        os.chmod(d, 0o777)
+        self.assertIn("writable by group or others", _client.private_dir_problem(d))
+        os.chmod(d, 0o700)
+        link = d + ".link"
+        os.symlink(d, link)
+        self.assertIn("not a folder", _client.private_dir_problem(link))
+        self.assertIsNotNone(_client.private_dir_problem(os.path.join(d, "missing")))
+
+    @unittest.skipUnless(os.getuid() == 0, "needs root to give the folder to another uid")
+    def test_foreign_folder(self):
+        d = tempfile.mkdtemp()
+        os.chown(d, 4242, 4242)
+        self.assertIn("uid 4242", _client.private_dir_problem(d))
+
+    def test_link_replaced_not_followed(self):
+        d = tempfile.mkdtemp()
+        victim = os.path.join(d, "victim")
+        with open(victim, "w") as f:
+            f.write("keep")
+        os.chmod(victim, 0o600)
+        path = os.path.join(d, "j.0.0.1.pt.trace.json")
+        os.symlink(victim, path)
+        _client.create_private_file(path)
+        self.assertFalse(os.path.islink(path))
+        with open(path, "w") as f:
+            f.write("trace")
+        with open(victim) as f:
+            self.assertEqual(f.read(), "keep")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+
+
 if __name__ == "__main__":
     unittest.main()

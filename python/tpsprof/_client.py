@@ -332,6 +332,35 @@ TPSProf = Profiler
 _warned_foreign = set()
 
 
+def private_dir_problem(path):
+    """None when path is a folder (not a link) of this user that group and
+    others cannot write; else why not. Only in such a folder can a file be
+    written without another user planting a link at its name first."""
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        return "%s: %s" % (path, e.strerror)
+    if not stat.S_ISDIR(st.st_mode):
+        return "%s is not a folder" % path
+    if st.st_uid != os.geteuid():
+        return "%s belongs to uid %d, not to you (uid %d)" % (path, st.st_uid, os.geteuid())
+    if st.st_mode & 0o022:
+        return "%s is writable by group or others (mode %04o)" % (path, st.st_mode & 0o7777)
+    return None
+
+
+def create_private_file(path):
+    """Creates path afresh (0600, never through a link: O_EXCL|O_NOFOLLOW);
+    an old file of ours at that name is replaced."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, flags, 0o600)
+    os.close(fd)
+
+
 def _own_socket(path):
     """False for a path that is not a socket or a socket another user owns
     (root aside: an agent run as a node service): in a shared /tmp another

@@ -27,6 +27,7 @@ Nothing here raises into the training loop: a hook that fails is counted
 import atexit
 import collections
 import os
+import sys
 import threading
 import time
 import types
@@ -131,6 +132,7 @@ class TorchProfiler:
         self.trace_dir = os.environ.get("TPSPROF_TRACE_DIR") or (self.client.path + ".traces")
         self.traces = 0
         self._tracing = None
+        self._trace_dir_ok = None  # checked once, at the first trace
         self.token_fn = tokens
         self.ignore_index = ignore_index
         self.step_number = first_step
@@ -334,7 +336,18 @@ class TorchProfiler:
             time.sleep(0.005)
             p.__exit__(None, None, None)
             c = self.client
+            if self._trace_dir_ok is None:
+                why = _client.private_dir_problem(self.trace_dir)
+                self._trace_dir_ok = why is None
+                if why is not None:
+                    sys.stderr.write("tpsprof: not writing profiler traces: %s\n" % why)
+            if not self._trace_dir_ok:
+                self.trace_every = 0
+                return
             path = os.path.join(self.trace_dir, "%s.%d.%d.%d.pt.trace.json" % (c.job, c.attempt, c.rank, n))
+            # the folder is ours alone and the name made afresh: the
+            # exporter cannot be sent through a planted link
+            _client.create_private_file(path)
             p.export_chrome_trace(path)
             c.trace_ready(n, path)
             self.traces += 1

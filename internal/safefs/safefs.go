@@ -1,0 +1,86 @@
+// Package safefs creates and adopts folders and opens files in places
+// other users of the machine can also write (/tmp above all) without
+// letting them plant a folder, a symbolic link or a FIFO there first.
+//
+// A folder tpsprof writes into (the trace folder beside the intake socket,
+// the unpacked Python package) must be the user's own and writable by no
+// one else: then nobody else can create, replace or link anything inside
+// it, and what is written there stays the user's. docs/security.md says
+// where each is used.
+package safefs
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
+
+// ErrNotPrivate means a path exists but is not a folder only its user can
+// change: another user's, group- or other-writable, or not a folder.
+var ErrNotPrivate = errors.New("not a private folder")
+
+// PrivateDir makes dir (mode 0700, parents as MkdirAll makes them) or
+// adopts an existing one when it is a real folder (not a link), owned by
+// the effective user and not writable by group or others. Anything else is
+// refused with an error that says whose it is and what to do, never
+// changed: a folder someone else made must not be trusted, and its
+// contents may already be theirs.
+func PrivateDir(dir string) error {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+		return err
+	}
+	return CheckPrivateDir(dir)
+}
+
+// CheckPrivateDir refuses dir unless it is a folder (not a link) of the
+// effective user that group and others cannot write.
+func CheckPrivateDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a folder (%s): %w; remove it or choose another path", dir, fi.Mode().Type(), ErrNotPrivate)
+	}
+	if uid, ok := owner(fi); ok && uid != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d, not to you (uid %d): %w; another user may have made it to plant files; remove it or choose another path", dir, uid, os.Geteuid(), ErrNotPrivate)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by group or others (mode %04o): %w; chmod go-w it or choose another path", dir, fi.Mode().Perm(), ErrNotPrivate)
+	}
+	return nil
+}
+
+// ErrNotRegular means a path is not a regular file (a link, a FIFO, a
+// device, a folder).
+var ErrNotRegular = errors.New("not a regular file")
+
+// OpenRegular opens path for reading only when it is a regular file: it
+// does not follow a final symbolic link and does not block on a FIFO or a
+// device swapped in after an earlier check (the file is opened
+// non-blocking, checked with fstat, then read normally).
+func OpenRegular(path string) (*os.File, error) {
+	f, err := openNoFollow(path)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%s: %w (%s)", path, ErrNotRegular, fi.Mode().Type())
+	}
+	if err := setBlocking(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
