@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,12 +40,37 @@ func torchPython(t *testing.T) string {
 	return ""
 }
 
-// torchrun is the command line of a 2-rank torchrun on this machine
-// (torch 1.13 with Python 3.11 needs non-zero --redirects/--tee).
+// torchrun is the command line of a torchrun on this machine (torch 1.13
+// with Python 3.11 needs non-zero --redirects/--tee). Current torch
+// (Debian sid's, built without libuv) meets at a file rendezvous: its TCP
+// store rendezvous fails there.
 func torchrun(py string, nproc int, extra ...string) []string {
-	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", strconv.Itoa(nproc), "--redirects", "2", "--tee", "2",
-		"--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0"}
+	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", strconv.Itoa(nproc), "--redirects", "2", "--tee", "2"}
+	if torchMajor(py) >= 2 {
+		f, err := os.CreateTemp("", "tpsprof-rdzv")
+		if err == nil {
+			f.Close()
+			os.Remove(f.Name())
+			cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", f.Name(), "--rdzv_conf", "store_type=file")
+			return append(cmd, extra...)
+		}
+	}
+	cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", "127.0.0.1:0")
 	return append(cmd, extra...)
+}
+
+var torchVersions sync.Map
+
+// torchMajor is the major version of py's torch (0 when unknown).
+func torchMajor(py string) int {
+	if v, ok := torchVersions.Load(py); ok {
+		return v.(int)
+	}
+	out, _ := exec.Command(py, "-c", "import torch; print(torch.__version__)").Output()
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	major, _ := strconv.Atoi(strings.SplitN(lines[len(lines)-1], ".", 2)[0])
+	torchVersions.Store(py, major)
+	return major
 }
 
 // launchTorch runs cmd under agent.Launch with an agent of its own and

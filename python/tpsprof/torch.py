@@ -36,8 +36,8 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _client, _rollout
-from ._intervals import clip, exposed
+from . import _c10d, _client, _rollout
+from ._intervals import clip, exposed, length, subtract
 
 __all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
 
@@ -96,7 +96,7 @@ class _Step:
     (perf_counter_ns) on CPU and CUDA events on a GPU."""
 
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "seq_sq", "fwd", "bwd",
-                 "loss", "optim", "comm", "blocked", "fwd_open", "optim_open", "age", "trained", "cuda", "rollout",
+                 "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "age", "trained", "cuda", "rollout",
                  "bytes")
 
     def __init__(self, t0, wall0):
@@ -109,6 +109,7 @@ class _Step:
         self.fwd, self.bwd, self.loss, self.optim = [], [], [], []
         self.comm = []  # [start, end] lists; end None while in flight (set from other threads)
         self.blocked = []
+        self.pp_wait = []  # host blocked waiting for a point-to-point receive
         self.fwd_open = self.optim_open = None
         self.age = 0
         self.trained = False
@@ -151,6 +152,8 @@ class TorchProfiler:
         self._closed = False
         self._in_rollout = False
         self._poller = None
+        self._recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
+        self._fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
         _install_collectives()
         _ACTIVE = self
         atexit.register(self.close)
@@ -162,8 +165,9 @@ class TorchProfiler:
         self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
         self._hooks.append(model.register_forward_hook(self._fwd_post))
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
-        if ddp is not None and isinstance(model, ddp):
-            _ddp_comm_hook(model)
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
+        if ddp is not None and not _c10d.installed and (isinstance(model, ddp) or isinstance(inner, ddp)):
+            _ddp_comm_hook(model if isinstance(model, ddp) else inner)
 
     def watch_optimizer(self, optimizer):
         """Makes ``optimizer.step()`` the end of each training step."""
@@ -407,7 +411,7 @@ class TorchProfiler:
             return
         seen = set()
         marks = [st.t0, st.end]
-        for iv in st.fwd + st.bwd + st.loss + st.optim + st.comm + st.blocked:
+        for iv in st.fwd + st.bwd + st.loss + st.optim + st.comm + st.blocked + st.pp_wait:
             marks.extend(iv)
         for ev in marks:
             if isinstance(ev, torch.cuda.Event) and id(ev) not in seen and len(self._events) < 4096:
@@ -447,9 +451,13 @@ class TorchProfiler:
         fwd, bwd, loss, optim = ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim)
         # phases of one kind never overlap on the host's timeline: sums
         phases = {"data_wait": st.data_wait, "fwd": _total(fwd), "bwd": _total(bwd), "optim": _total(optim)}
+        pp = ivs(st.pp_wait)
+        if pp:
+            phases["pp_wait"] = length(pp)
         if st.comm:
             comm, blocked = ivs([(c[0], c[1]) for c in st.comm]), ivs(st.blocked)
-            phases["comm"], phases["exposed_comm"] = exposed(comm, fwd + loss + bwd + optim, blocked)
+            # time blocked for another stage hides nothing and is not communication
+            phases["comm"], phases["exposed_comm"] = exposed(subtract(comm, pp), fwd + loss + bwd + optim, blocked + pp)
         tokens = sum(_resolve(t) for t in st.tokens)
         padded = sum(_resolve(t) for t in st.padded)
         self.steps += 1
@@ -582,6 +590,95 @@ class TorchProfiler:
         except Exception:
             self._err()
 
+    # -- communication through the dispatcher (PyTorch 2; see _c10d) --------
+    def _comm_mark(self):
+        """A mark now, or None when no step is being measured."""
+        if self.off or self._cur is None:
+            return None
+        try:
+            return self._mark()
+        except Exception:
+            self._err()
+            return None
+
+    def _comm_issue(self, recv=False):
+        """A collective is issued: its span's cell [start, end], kept in the
+        step (a receive opens the step: a later pipeline stage's first
+        activity is waiting for its input)."""
+        if self.off:
+            return None
+        try:
+            st = self._cur
+            if st is None:
+                if not recv:
+                    return None
+                st = self._cur = self._begin()
+            cell = [self._mark(), None]
+            if not recv:
+                st.comm.append(cell)
+            return cell
+        except Exception:
+            self._err()
+            return None
+
+    def _comm_track(self, cell, work, recv=False):
+        """Ends cell when work completes; a receive's work is remembered so
+        that waiting on it counts as pipeline wait."""
+        try:
+            if work is not None:
+                # waiting on the work also ends its span: some works (gloo's
+                # reduce-scatter done as an all-reduce) report completion
+                # only once waited on
+                if len(self._recv_works) >= 4096:
+                    self._recv_works.clear()
+                self._recv_works[id(work)] = (work, cell, recv)
+            self._comm_end([cell[0], None, self._cur, False], work, cell)
+        except Exception:
+            self._err()
+
+    def _work_waited(self, work, t0):
+        try:
+            st = self._cur
+            if st is None:
+                return
+            iv = (t0, self._mark())
+            got = self._recv_works.pop(id(work), None)
+            if got is not None and got[1][1] is None:
+                got[1][1] = iv[1]
+            if got is not None and got[2]:
+                st.pp_wait.append(iv)
+            else:
+                st.blocked.append(iv)
+        except Exception:
+            self._err()
+
+    def _functional_issued(self, cell, out, args, recv):
+        try:
+            t = out[0] if isinstance(out, (list, tuple)) else out
+            if not isinstance(t, torch.Tensor):
+                t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            if t is None:
+                return
+            if len(self._fpending) > 4096:
+                self._fpending.clear()
+            self._fpending[t.data_ptr()] = (cell, recv)
+        except Exception:
+            self._err()
+
+    def _functional_waited(self, t, t0):
+        """A functional collective's wait_tensor returned: on the issuing
+        stream (or the host, on CPU) the collective is complete now."""
+        try:
+            end = self._mark()
+            got = self._fpending.pop(t.data_ptr(), None) if isinstance(t, torch.Tensor) else None
+            if got is not None:
+                got[0][1] = end
+            st = self._cur
+            if st is not None:
+                (st.pp_wait if got is not None and got[1] else st.blocked).append((t0, end))
+        except Exception:
+            self._err()
+
     def _comm_begin(self, sync):
         if self.off:
             return None
@@ -590,17 +687,21 @@ class TorchProfiler:
             return None
         return [self._mark(), None, st, sync]
 
-    def _comm_end(self, tok, work):
+    def _comm_end(self, tok, work, cell=None):
         st = tok[2]
-        if work is None or tok[3]:
+        if cell is None and (work is None or tok[3]):
             end = self._mark()
             tok[1] = end
             st.comm.append(tok[:2])
             st.blocked.append((tok[0], end))
             return
+        if work is None:
+            cell[1] = self._mark()
+            return
         # asynchronous: ends when the work's future completes
-        cell = [tok[0], None]
-        st.comm.append(cell)
+        if cell is None:
+            cell = [tok[0], None]
+            st.comm.append(cell)
         works = work if isinstance(work, list) else [work]
         if not self.cuda:
             # On CPU (gloo) a completion callback would run on gloo's own
@@ -925,6 +1026,8 @@ def _install_collectives():
     if _installed or not dist.is_available():
         return
     _installed = True
+    if _c10d.install(lambda: _ACTIVE):
+        return  # PyTorch 2: every collective passes through the dispatcher
     from torch.distributed import distributed_c10d as c10d
     for name in COLLECTIVES:
         fn = getattr(c10d, name, None) or getattr(dist, name, None)

@@ -1,0 +1,225 @@
+"""Parallel training loops of current PyTorch, measured by tpsprof and by themselves.
+
+    torchrun --nproc_per_node 2 examples/pytorch/parallel_train.py --mode fsdp2 --truth DIR
+
+Modes (CPU and gloo work; a GPU is used when there is one):
+  ddp-compile    torch.compile(DDP(model))
+  fsdp2          fully_shard on every block and the root
+  fsdp2-compile  the same, compiled
+  tp             tensor parallel through DTensor (parallelize_module, colwise then rowwise)
+  pp             two pipeline stages by hand: blocking send/recv of activations and
+                 gradients, --micro micro-batches per step (GPipe order)
+
+The model is instrumented with one call (tpsprof.torch.instrument). Independently of
+tpsprof, every step is also profiled by the job itself with torch.profiler and the job
+writes its own truth to DIR/truth.RANK.jsonl, one line per step: communication as the
+union of the process group backend's own events ("gloo:*", "nccl:*"), the time it
+blocked in receives from the other stage by its own clock, and the tokens it trained on.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+try:
+    import tpsprof.torch  # noqa: F401
+except ImportError:  # a checkout, not under tpsprof launch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+
+import tpsprof.torch
+
+
+class Block(nn.Module):
+    def __init__(self, dim):
+        super().__init__()
+        self.up = nn.Linear(dim, 4 * dim)
+        self.down = nn.Linear(4 * dim, dim)
+
+    def forward(self, x):
+        return x + self.down(torch.relu(self.up(x)))
+
+
+class LM(nn.Module):
+    def __init__(self, vocab, dim, layers):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.blocks = nn.ModuleList(Block(dim) for _ in range(layers))
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def union_us(spans):
+    total, end = 0.0, None
+    for a, b in sorted(spans):
+        if end is None or a > end:
+            total += b - a
+            end = b
+        elif b > end:
+            total += b - end
+            end = b
+    return total
+
+
+def backend_comm_ns(prof):
+    """The union of the communication backend's own events (gloo runs each
+    collective on a thread of its own and records it there)."""
+    spans = []
+    for e in prof.events():
+        if e.name.startswith("gloo:") or e.name.startswith("nccl:"):
+            spans.append((e.time_range.start, e.time_range.end))
+    return int(union_us(spans) * 1000)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", required=True, choices=["ddp-compile", "fsdp2", "fsdp2-compile", "tp", "pp"])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--micro", type=int, default=4, help="micro-batches per step (pp)")
+    p.add_argument("--stage-sleep", type=float, default=0.0, help="seconds of extra work per micro-batch on the last stage (pp)")
+    p.add_argument("--truth", required=True, help="folder for the job's own measurements")
+    args = p.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = LM(args.vocab, args.dim, args.layers)
+    same_data = args.mode in ("tp", "pp")  # ranks of one replica see the same batch
+    g = torch.Generator().manual_seed(1234 if same_data else 1234 + rank)
+    # (inputs, targets) pairs: the tokens trained on are the targets
+    seqs = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g) for _ in range(args.steps)]
+    data = [(s[:, :-1].contiguous(), s[:, 1:].contiguous()) for s in seqs]
+    loader = torch.utils.data.DataLoader(data, batch_size=None)
+
+    if args.mode == "pp":
+        return run_pp(args, model, loader, rank)
+    if args.mode == "ddp-compile":
+        model = torch.compile(nn.parallel.DistributedDataParallel(model))
+    elif args.mode.startswith("fsdp2"):
+        from torch.distributed.fsdp import fully_shard
+        for b in model.blocks:
+            fully_shard(b)
+        fully_shard(model)
+        if args.mode == "fsdp2-compile":
+            model = torch.compile(model)
+    elif args.mode == "tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+        for b in model.blocks:
+            parallelize_module(b, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    prof = tpsprof.torch.instrument(model, opt, loader)
+    out = open(os.path.join(args.truth, "truth.%d.jsonl" % rank), "w")
+    loss_fn = nn.CrossEntropyLoss()
+    step = 0
+    it = iter(loader)
+    while True:
+        with profile(activities=[ProfilerActivity.CPU]) as tp:
+            t0 = time.perf_counter_ns()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            ids, labels = batch
+            logits = model(ids)
+            loss = loss_fn(logits.reshape(-1, args.vocab), labels.reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            t1 = time.perf_counter_ns()
+        out.write(json.dumps({"step": step, "rank": rank, "comm_ns": backend_comm_ns(tp), "pp_wait_ns": 0,
+                              "tokens": ids.numel(), "step_ns": t1 - t0}) + "\n")
+        step += 1
+    out.close()
+    prof.close()
+    print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d" % (
+        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops)), flush=True)
+    dist.destroy_process_group()
+
+
+def run_pp(args, model, loader, rank):
+    """Two stages: rank 0 holds the embedding and the first half of the
+    blocks, rank 1 the rest and the head. GPipe order: every micro-batch
+    forward, then every backward."""
+    half = len(model.blocks) // 2
+    if rank == 0:
+        stage = nn.Sequential(model.emb, *model.blocks[:half])
+    else:
+        stage = nn.Sequential(*model.blocks[half:], model.head)
+    opt = torch.optim.AdamW(stage.parameters(), lr=1e-3)
+    prof = tpsprof.torch.instrument(stage, opt, loader)
+    out = open(os.path.join(args.truth, "truth.%d.jsonl" % rank), "w")
+    loss_fn = nn.CrossEntropyLoss()
+    mb = args.batch // args.micro
+    shape = (mb, args.seq, args.dim)
+    step = 0
+    it = iter(loader)
+    while True:
+        with profile(activities=[ProfilerActivity.CPU]) as tp:
+            t0 = time.perf_counter_ns()
+            try:
+                batch = next(it)
+            except StopIteration:
+                break
+            ids, labels = batch
+            waited = 0
+            acts, outs = [], []
+            for m in range(args.micro):
+                if rank == 0:
+                    y = stage(ids[m * mb:(m + 1) * mb])
+                    dist.send(y.detach().contiguous(), 1)
+                    outs.append(y)
+                else:
+                    x = torch.empty(shape)
+                    w0 = time.perf_counter_ns()
+                    dist.recv(x, 0)
+                    waited += time.perf_counter_ns() - w0
+                    x.requires_grad_()
+                    if args.stage_sleep:
+                        time.sleep(args.stage_sleep)
+                    logits = stage(x)
+                    loss = loss_fn(logits.reshape(-1, args.vocab), labels[m * mb:(m + 1) * mb].reshape(-1))
+                    acts.append((x, loss))
+            for m in range(args.micro):
+                if rank == 0:
+                    gr = torch.empty(shape)
+                    w0 = time.perf_counter_ns()
+                    dist.recv(gr, 1)
+                    waited += time.perf_counter_ns() - w0
+                    outs[m].backward(gr)
+                else:
+                    x, loss = acts[m]
+                    loss.backward()
+                    dist.send(x.grad.contiguous(), 0)
+            opt.step()
+            opt.zero_grad()
+            t1 = time.perf_counter_ns()
+        out.write(json.dumps({"step": step, "rank": rank, "comm_ns": backend_comm_ns(tp), "pp_wait_ns": waited,
+                              "tokens": ids.numel(), "step_ns": t1 - t0}) + "\n")
+        step += 1
+    out.close()
+    prof.close()
+    print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d" % (
+        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops)), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,218 @@
+"""Communication captured where every collective passes, however it was issued.
+
+On PyTorch 2 every collective of a process group goes through a dispatcher
+operator: ``c10d::allreduce_``, ``c10d::_allgather_base_``, ``c10d::send``
+... for the ``torch.distributed`` API (under any name it was imported as),
+DDP's reducer (in C++), FSDP2 and pipelining; ``_c10d_functional::*`` for
+functional collectives (DTensor, tensor parallel, async TP, and what
+``torch.compile`` turns collectives into). A kernel of ours registered at
+those operators' autograd keys notes the call and redispatches below
+autograd to PyTorch's own kernel: the collective itself, its arguments and
+its result are untouched, and no Python frame of ours is traced by dynamo
+(the operators stay opaque to it), so compiled graphs do not change.
+
+What is noted, for the active profiler (see tpsprof.torch):
+- a collective's span, from its issue to its completion: the work's
+  completion (polled on CPU, a CUDA event from the work's future on a
+  GPU) for c10d operators; the end of its ``wait_tensor`` for functional
+  ones (the completion as the issuing stream sees it);
+- time the host blocks in ``Work.wait()`` or ``wait_tensor``;
+- point-to-point receives apart: the time blocked waiting for one is the
+  pipeline wait (``pp_wait_ns``), not communication.
+
+PyTorch 1.13's Python API does not go through these operators; there the
+``torch.distributed`` functions are wrapped instead (tpsprof.torch).
+docs/capture.md gives the table per version.
+"""
+
+import threading
+
+import torch
+
+# c10d operators that are not communication of the training step
+_SKIP = {"check_for_nan", "monitored_barrier_"}
+# point-to-point receives: waiting for one is waiting for another stage
+_RECV = {"recv_", "recv_any_source_"}
+_F_RECV = {"irecv"}
+
+_lib = None
+_lock = threading.Lock()
+_tls = threading.local()
+installed = False
+ops = []  # the operators hooked, for docs and tests
+
+
+def available():
+    """True on PyTorch 2 and later, where collectives are dispatcher ops."""
+    try:
+        major = int(torch.__version__.split(".")[0])
+    except ValueError:
+        return False
+    return major >= 2 and hasattr(torch, "library") and hasattr(torch._C, "_AutoDispatchBelowAutograd")
+
+
+def install(active):
+    """Registers the kernels once per process; ``active()`` returns the
+    profiler to report to (or None: the kernels then only redispatch).
+    Returns whether the dispatcher path is in use."""
+    global _lib, installed
+    with _lock:
+        if installed:
+            return True
+        if not available():
+            return False
+        try:
+            names = sorted(n for n in torch._C._dispatch_get_all_op_names()
+                           if n.startswith("c10d::") or n.startswith("_c10d_functional::"))
+        except Exception:
+            return False
+        if not any(n.startswith("c10d::") for n in names):
+            return False
+        lib_c10d = torch.library.Library("c10d", "IMPL")
+        lib_f = torch.library.Library("_c10d_functional", "IMPL")
+        hooked = []
+        for full in names:
+            ns, name = full.split("::", 1)
+            if name in _SKIP:
+                continue
+            packet = getattr(getattr(torch.ops, ns), name, None)
+            if packet is None:
+                continue
+            for overload in packet.overloads():
+                op = getattr(packet, overload)
+                qual = name if overload == "default" else "%s.%s" % (name, overload)
+                if ns == "c10d":
+                    k = _c10d_kernel(op, name, active)
+                elif name == "wait_tensor":
+                    k = _wait_kernel(op, active)
+                else:
+                    k = _functional_kernel(op, name, active)
+                lib = lib_c10d if ns == "c10d" else lib_f
+                for key in ("AutogradCPU", "AutogradCUDA"):
+                    try:
+                        lib.impl(qual, k, key)
+                    except Exception:
+                        continue
+                hooked.append("%s::%s" % (ns, qual))
+        _lib = (lib_c10d, lib_f)
+        _patch_wait(active)
+        ops[:] = hooked
+        installed = True
+        return True
+
+
+def _below():
+    return torch._C._AutoDispatchBelowAutograd()
+
+
+def _real(args):
+    """False while tracing with fake or meta tensors (torch.compile): then
+    nothing runs and nothing is noted."""
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            if not a:
+                continue
+            a = a[0]
+        if isinstance(a, torch.Tensor):
+            if a.device.type == "meta" or type(a).__name__ in ("FakeTensor", "FunctionalTensor"):
+                return False
+            return True
+    return True
+
+
+try:
+    from torch._C._distributed_c10d import Work as _Work
+    _unbox = getattr(_Work, "unbox", None)
+except ImportError:
+    _unbox = None
+
+
+def _c10d_kernel(op, name, active):
+    recv = name in _RECV
+
+    def kernel(*args, **kwargs):
+        prof = active()
+        if prof is None or getattr(_tls, "inside", False) or not _real(args):
+            with _below():
+                return op(*args, **kwargs)
+        cell = prof._comm_issue(recv)
+        _tls.inside = True
+        try:
+            with _below():
+                out = op(*args, **kwargs)
+        finally:
+            _tls.inside = False
+        if cell is not None:
+            work = out[-1] if isinstance(out, tuple) else out
+            # the operator hands back a TorchScript box; the Python Work
+            # inside is the very object the caller gets (and waits on)
+            if _unbox is not None and isinstance(work, torch.ScriptObject):
+                try:
+                    work = _unbox(work)
+                except Exception:
+                    work = None
+            prof._comm_track(cell, work, recv)
+        return out
+    return kernel
+
+
+def _functional_kernel(op, name, active):
+    recv = name in _F_RECV
+
+    def kernel(*args, **kwargs):
+        prof = active()
+        if prof is None or getattr(_tls, "inside", False) or not _real(args):
+            with _below():
+                return op(*args, **kwargs)
+        cell = prof._comm_issue(recv)
+        _tls.inside = True
+        try:
+            with _below():
+                out = op(*args, **kwargs)
+        finally:
+            _tls.inside = False
+        if cell is not None:
+            prof._functional_issued(cell, out, args, recv)
+        return out
+    return kernel
+
+
+def _wait_kernel(op, active):
+    def kernel(*args, **kwargs):
+        prof = active()
+        if prof is None or not _real(args):
+            with _below():
+                return op(*args, **kwargs)
+        t0 = prof._comm_mark()
+        with _below():
+            out = op(*args, **kwargs)
+        if t0 is not None:
+            prof._functional_waited(args[0] if args else None, t0)
+        return out
+    return kernel
+
+
+def _patch_wait(active):
+    """Times the host blocked in ``Work.wait()`` (the synchronous API waits
+    there, as do FSDP2 and pipelining)."""
+    try:
+        from torch._C._distributed_c10d import Work
+    except ImportError:
+        return
+    inner = Work.wait
+    if getattr(inner, "_tpsprof", False):
+        return
+
+    def wait(self, *args, **kwargs):
+        prof = active()
+        if prof is None:
+            return inner(self, *args, **kwargs)
+        t0 = prof._comm_mark()
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            if t0 is not None:
+                prof._work_waited(self, t0)
+    wait._tpsprof = True
+    wait.__doc__ = inner.__doc__
+    Work.wait = wait
