@@ -7,9 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // modernTorchPython is a Python with current PyTorch:
@@ -115,6 +119,36 @@ func TestModernTorchParallelisms(t *testing.T) {
 					want[r.Rank] += float64(tr.CommNs)
 				}
 			}
+			// Tokens once per data-parallel replica, from the job's own
+			// mesh (nothing declared): the tensor-parallel ranks of one
+			// replica trained on one batch.
+			cl, err := trace.ReadAll[tps.ClusterStep](filepath.Join(dir, trace.ClusterSteps))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cl) != steps {
+				t.Fatalf("%d cluster rows, want %d", len(cl), steps)
+			}
+			for _, c := range cl {
+				want := truth[[2]int64{c.Step, 0}].Tokens + truth[[2]int64{c.Step, 1}].Tokens
+				replicas := int64(2)
+				if mode == "tp" || mode == "pp" {
+					want, replicas = truth[[2]int64{c.Step, 0}].Tokens, 1
+				}
+				if mode == "pp" {
+					continue // the pipeline stages are set by hand: no mesh says so
+				}
+				if c.Tokens != want || c.Replicas != replicas {
+					t.Errorf("cluster step %d: %d tokens over %d replicas, the job trained on %d over %d", c.Step, c.Tokens, c.Replicas, want, replicas)
+				}
+			}
+			if mode == "tp" {
+				for _, r := range rows {
+					if r.DPRank == nil || *r.DPRank != 0 || r.TPRank == nil || int64(*r.TPRank) != r.Rank {
+						t.Errorf("row %d/%d: coordinates dp %v tp %v, the mesh puts it at dp 0, tp %d", r.Step, r.Rank, r.DPRank, r.TPRank, r.Rank)
+					}
+				}
+			}
 			what := "communication"
 			if mode == "pp" {
 				what = "pipeline wait"
@@ -135,6 +169,65 @@ func TestModernTorchParallelisms(t *testing.T) {
 				t.Logf("rank %d: %s %.1f ms measured, %.1f ms by the job's own truth (ratio %.2f)", rank, what, got[rank]/1e6, want[rank]/1e6, ratio)
 				if math.IsNaN(ratio) || ratio < lo || ratio > hi {
 					t.Errorf("rank %d: %s %.1f ms, the job's own truth %.1f ms: ratio %.2f outside [%.2f, %.2f]", rank, what, got[rank]/1e6, want[rank]/1e6, ratio, lo, hi)
+				}
+			}
+		})
+	}
+}
+
+// Instrumenting a compiled model, or compiling an instrumented one, must not
+// change what torch.compile does: dynamo's own counters (graph breaks and
+// their reasons, frames, unique graphs, recompilations) and the warnings
+// raised are those of the same job without tpsprof, for a plain model, DDP
+// and FSDP2 (inductor on CPU, one process). Every step is still measured.
+func TestModernTorchCompileUnchanged(t *testing.T) {
+	py := modernTorchPython(t)
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "compile_check.py")
+	type counts struct {
+		GraphBreaks  int            `json:"graph_breaks"`
+		BreakReasons []string       `json:"break_reasons"`
+		UniqueGraphs int            `json:"unique_graphs"`
+		Recompiles   int            `json:"recompiles"`
+		FrameCounts  map[string]int `json:"frame_counts"`
+		Warnings     []string       `json:"warnings"`
+		Profiled     bool           `json:"profiled"`
+		Steps        int            `json:"steps_measured"`
+		Errors       int            `json:"profiler_errors"`
+	}
+	run := func(t *testing.T, wrap, how string) counts {
+		cmd := exec.Command(py, script, "--wrap", wrap, "--instrument", how, "--steps", "4")
+		cmd.Dir = t.TempDir()
+		cmd.Env = append(os.Environ(), "TPSPROF_SOCKET="+filepath.Join(cmd.Dir, "none.sock"))
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", wrap, how, err, out)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		var c counts
+		if err := json.Unmarshal([]byte(lines[len(lines)-1]), &c); err != nil {
+			t.Fatalf("%s %s: %v\n%s", wrap, how, err, out)
+		}
+		return c
+	}
+	for _, wrap := range []string{"plain", "ddp", "fsdp2"} {
+		t.Run(wrap, func(t *testing.T) {
+			base := run(t, wrap, "none")
+			for _, how := range []string{"before", "after"} {
+				got := run(t, wrap, how)
+				t.Logf("%s, instrumented %s compile: %d graph breaks (bare %d), %d unique graphs (bare %d), frames %v (bare %v), %d steps measured",
+					wrap, how, got.GraphBreaks, base.GraphBreaks, got.UniqueGraphs, base.UniqueGraphs, got.FrameCounts, base.FrameCounts, got.Steps)
+				if got.GraphBreaks != base.GraphBreaks || strings.Join(got.BreakReasons, "|") != strings.Join(base.BreakReasons, "|") {
+					t.Errorf("%s, instrumented %s compile: %d graph breaks %q, bare %d", wrap, how, got.GraphBreaks, got.BreakReasons, base.GraphBreaks)
+				}
+				if got.UniqueGraphs != base.UniqueGraphs || got.Recompiles != base.Recompiles || !reflect.DeepEqual(got.FrameCounts, base.FrameCounts) {
+					t.Errorf("%s, instrumented %s compile: graphs %d recompiles %d frames %v; bare %d %d %v",
+						wrap, how, got.UniqueGraphs, got.Recompiles, got.FrameCounts, base.UniqueGraphs, base.Recompiles, base.FrameCounts)
+				}
+				if !reflect.DeepEqual(got.Warnings, base.Warnings) {
+					t.Errorf("%s, instrumented %s compile: warnings %q, bare %q", wrap, how, got.Warnings, base.Warnings)
+				}
+				if !got.Profiled || got.Steps != 4 || got.Errors != 0 {
+					t.Errorf("%s, instrumented %s compile: profiled %v, %d steps measured of 4, %d errors", wrap, how, got.Profiled, got.Steps, got.Errors)
 				}
 			}
 		})

@@ -61,6 +61,9 @@ class _Roots:
         import torch.nn.modules.module as mm
         if not hasattr(mm, "register_module_forward_pre_hook"):
             return
+        from ._c10d import skip_dynamo
+        skip_dynamo(self.pre)
+        skip_dynamo(self.post)
         self.handles = [mm.register_module_forward_pre_hook(self.pre), mm.register_module_forward_hook(self.post)]
         orig = self.prof._finish
         roots = self
@@ -72,6 +75,8 @@ class _Roots:
         self.prof._finish = finish
 
     def pre(self, module, inputs):
+        if _compiling():
+            return
         d = getattr(self.local, "depth", 0)
         self.local.depth = d + 1
         if d == 0:
@@ -80,6 +85,8 @@ class _Roots:
             self.prof._fwd_pre(module, inputs)
 
     def post(self, module, inputs, output):
+        if _compiling():
+            return
         d = getattr(self.local, "depth", 1) - 1
         self.local.depth = max(d, 0)
         if d == 0:
@@ -94,6 +101,11 @@ class _Roots:
             if m.training:
                 self.prof.watch_model(m)
         self.roots = []
+
+
+def _compiling():
+    from ._c10d import compiling
+    return compiling()
 
 
 def install():

@@ -6,10 +6,19 @@ operator: ``c10d::allreduce_``, ``c10d::_allgather_base_``, ``c10d::send``
 DDP's reducer (in C++), FSDP2 and pipelining; ``_c10d_functional::*`` for
 functional collectives (DTensor, tensor parallel, async TP, and what
 ``torch.compile`` turns collectives into). A kernel of ours registered at
-those operators' autograd keys notes the call and redispatches below
-autograd to PyTorch's own kernel: the collective itself, its arguments and
-its result are untouched, and no Python frame of ours is traced by dynamo
-(the operators stay opaque to it), so compiled graphs do not change.
+those operators' ``BackendSelect`` key notes the call and redispatches to
+PyTorch's own kernel for the tensors' backend: the collective itself, its
+arguments and its result are untouched, and no Python frame of ours is
+traced by dynamo (the operators stay opaque to it), so compiled graphs do
+not change.
+
+Why ``BackendSelect``: it is in every call's key set and sits below the
+autograd, Python (tensor subclasses, DTensor) and fake-tensor keys, so the
+kernel sees the plain tensors of every real call, also the calls made where
+autograd is already excluded (inside a tensor subclass's
+``__torch_dispatch__``, as DTensor and ``AsyncCollectiveTensor`` wait and
+redistribute; under an autograd kernel), which a kernel at the autograd keys
+misses. Fake and meta tensors of a compilation never run a collective.
 
 What is noted, for the active profiler (see tpsprof.torch):
 - a collective's span, from its issue to its completion: the work's
@@ -42,13 +51,41 @@ installed = False
 ops = []  # the operators hooked, for docs and tests
 
 
+def skip_dynamo(fn):
+    """Tells torch.compile never to compile fn's frames nor the frames they
+    call (they run as written, outside any graph). Our kernels and hooks
+    run inside compiled programs' eager parts (a collective issued after a
+    graph break, a hook of a module called there); dynamo would otherwise
+    try to compile them as frames of their own and break on our clocks.
+    Uses dynamo's C-level per-code setting, so torch._dynamo (over a second
+    to import) is not imported for jobs that never compile. Returns fn."""
+    try:
+        ef = torch._C._dynamo.eval_frame
+        skip = ef._FrameAction.SKIP
+        ef.set_code_exec_strategy(getattr(fn, "__func__", fn).__code__, ef._FrameExecStrategy(skip, skip))
+    except Exception:
+        pass  # PyTorch 1.13, or a PyTorch without the setting: nothing compiles our frames there
+    return fn
+
+
+def compiling():
+    """True while dynamo traces (constant inside a traced function, so a hook
+    that returns on it adds nothing to the graph and no graph break)."""
+    f = _is_compiling
+    return f is not None and f()
+
+
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+
+
 def available():
     """True on PyTorch 2 and later, where collectives are dispatcher ops."""
     try:
         major = int(torch.__version__.split(".")[0])
     except ValueError:
         return False
-    return major >= 2 and hasattr(torch, "library") and hasattr(torch._C, "_AutoDispatchBelowAutograd")
+    return (major >= 2 and hasattr(torch, "library") and hasattr(torch._C, "_dispatch_keyset_full_after")
+            and hasattr(torch._ops.OpOverload, "redispatch"))
 
 
 def install(active):
@@ -88,11 +125,12 @@ def install(active):
                 else:
                     k = _functional_kernel(op, name, active)
                 lib = lib_c10d if ns == "c10d" else lib_f
-                for key in ("AutogradCPU", "AutogradCUDA"):
-                    try:
-                        lib.impl(qual, k, key)
-                    except Exception:
-                        continue
+                try:
+                    if torch._C._dispatch_has_kernel_for_dispatch_key(full, "BackendSelect"):
+                        continue  # PyTorch's own: never replaced
+                    lib.impl(qual, k, "BackendSelect")
+                except Exception:
+                    continue
                 hooked.append("%s::%s" % (ns, qual))
         _lib = (lib_c10d, lib_f)
         _patch_wait(active)
@@ -101,23 +139,38 @@ def install(active):
         return True
 
 
-def _below():
-    return torch._C._AutoDispatchBelowAutograd()
+_AFTER = None
+
+
+def _call(op, args, kwargs):
+    """Runs op's kernel for the backend of its tensors (what the dispatcher
+    would call after BackendSelect), leaving the thread's dispatch state
+    as it is for what runs inside."""
+    global _AFTER
+    if _AFTER is None:
+        _AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
+    t = _first_tensor(args)
+    if t is None:
+        ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+    else:
+        ks = torch._C._dispatch_keys(t) & _AFTER
+    return op.redispatch(ks, *args, **kwargs)
+
+
+def _first_tensor(args):
+    for a in args:
+        while isinstance(a, (list, tuple)) and a:
+            a = a[0]
+        if isinstance(a, torch.Tensor):
+            return a
+    return None
 
 
 def _real(args):
     """False while tracing with fake or meta tensors (torch.compile): then
     nothing runs and nothing is noted."""
-    for a in args:
-        if isinstance(a, (list, tuple)):
-            if not a:
-                continue
-            a = a[0]
-        if isinstance(a, torch.Tensor):
-            if a.device.type == "meta" or type(a).__name__ in ("FakeTensor", "FunctionalTensor"):
-                return False
-            return True
-    return True
+    a = _first_tensor(args)
+    return a is None or not (a.device.type == "meta" or type(a).__name__ in ("FakeTensor", "FunctionalTensor"))
 
 
 try:
@@ -133,13 +186,11 @@ def _c10d_kernel(op, name, active):
     def kernel(*args, **kwargs):
         prof = active()
         if prof is None or getattr(_tls, "inside", False) or not _real(args):
-            with _below():
-                return op(*args, **kwargs)
+            return _call(op, args, kwargs)
         cell = prof._comm_issue(recv)
         _tls.inside = True
         try:
-            with _below():
-                out = op(*args, **kwargs)
+            out = _call(op, args, kwargs)
         finally:
             _tls.inside = False
         if cell is not None:
@@ -153,7 +204,7 @@ def _c10d_kernel(op, name, active):
                     work = None
             prof._comm_track(cell, work, recv)
         return out
-    return kernel
+    return skip_dynamo(kernel)
 
 
 def _functional_kernel(op, name, active):
@@ -162,34 +213,30 @@ def _functional_kernel(op, name, active):
     def kernel(*args, **kwargs):
         prof = active()
         if prof is None or getattr(_tls, "inside", False) or not _real(args):
-            with _below():
-                return op(*args, **kwargs)
+            return _call(op, args, kwargs)
         cell = prof._comm_issue(recv)
         _tls.inside = True
         try:
-            with _below():
-                out = op(*args, **kwargs)
+            out = _call(op, args, kwargs)
         finally:
             _tls.inside = False
         if cell is not None:
             prof._functional_issued(cell, out, args, recv)
         return out
-    return kernel
+    return skip_dynamo(kernel)
 
 
 def _wait_kernel(op, active):
     def kernel(*args, **kwargs):
         prof = active()
         if prof is None or not _real(args):
-            with _below():
-                return op(*args, **kwargs)
+            return _call(op, args, kwargs)
         t0 = prof._comm_mark()
-        with _below():
-            out = op(*args, **kwargs)
+        out = _call(op, args, kwargs)
         if t0 is not None:
             prof._functional_waited(args[0] if args else None, t0)
         return out
-    return kernel
+    return skip_dynamo(kernel)
 
 
 def _patch_wait(active):
@@ -215,4 +262,4 @@ def _patch_wait(active):
                 prof._work_waited(self, t0)
     wait._tpsprof = True
     wait.__doc__ = inner.__doc__
-    Work.wait = wait
+    Work.wait = skip_dynamo(wait)

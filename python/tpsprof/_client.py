@@ -94,6 +94,7 @@ class Profiler:
         self.attempt = int(attempt) if attempt is not None else env_attempt()
         self.path = socket_path or env.get("TPSPROF_SOCKET") or default_socket()
         topo = topology or env.get("TPSPROF_TOPOLOGY")
+        self.declared_topology = topo or None
         self._coords = {}
         if topo:
             try:
@@ -228,6 +229,16 @@ class Profiler:
                       "detail": json.dumps(rollout.detail(), separators=(",", ":"))}
                 self._send(ev)
         except Exception:  # never into the training loop
+            self.dropped += 1
+
+    def meta(self, **fields):
+        """Sends run metadata (keys of the intake's meta line, e.g.
+        ``topology={"dp": 4, "tp": 2}``). Never raises."""
+        try:
+            m = {"type": "meta", "job": self.job}
+            m.update(fields)
+            self._send(m)
+        except Exception:
             self.dropped += 1
 
     def trace_ready(self, step, path):

@@ -148,6 +148,9 @@ class TorchProfiler:
         self._pending = collections.deque()
         self._events = []  # free CUDA events
         self._hooks = []
+        self._models = {}  # id(model) -> (model, its hook handles)
+        self._topology_done = False
+        self.topology = None  # what the job's device mesh says, once read
         self._optimizer = None
         self._closed = False
         self._in_rollout = False
@@ -162,12 +165,24 @@ class TorchProfiler:
     def watch_model(self, model):
         """Times the forward and backward passes of ``model``."""
         self._set_device_from(model)
-        self._hooks.append(model.register_forward_pre_hook(self._fwd_pre))
-        self._hooks.append(model.register_forward_hook(self._fwd_post))
+        hs = [model.register_forward_pre_hook(self._fwd_pre), model.register_forward_hook(self._fwd_post)]
+        self._hooks.extend(hs)
+        self._models[id(model)] = (model, hs)
+        _patch_compile()
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
         if ddp is not None and not _c10d.installed and (isinstance(model, ddp) or isinstance(inner, ddp)):
             _ddp_comm_hook(model if isinstance(model, ddp) else inner)
+
+    def _unwatch_model(self, model):
+        """Takes the hooks off model (it is about to be compiled: they move
+        to the compiled wrapper); True when it was watched."""
+        got = self._models.pop(id(model), None)
+        if got is None or got[0] is not model:
+            return False
+        for h in got[1]:
+            h.remove()
+        return True
 
     def watch_optimizer(self, optimizer):
         """Makes ``optimizer.step()`` the end of each training step."""
@@ -181,8 +196,8 @@ class TorchProfiler:
             except Exception:
                 pass
         if hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook"):
-            self._hooks.append(optimizer.register_step_pre_hook(lambda opt, a, kw: self._optim_pre(opt)))
-            self._hooks.append(optimizer.register_step_post_hook(lambda opt, a, kw: self._optim_post()))
+            self._hooks.append(optimizer.register_step_pre_hook(_c10d.skip_dynamo(lambda opt, a, kw: self._optim_pre(opt))))
+            self._hooks.append(optimizer.register_step_post_hook(_c10d.skip_dynamo(lambda opt, a, kw: self._optim_post())))
             return
         # Older PyTorch: wrap the bound method (a bound method still, so that
         # LR schedulers can wrap it in turn).
@@ -326,6 +341,44 @@ class TorchProfiler:
             except Exception:
                 self._err()
 
+    def _topology_from_mesh(self):
+        """After the first step: the parallel layout from the device mesh of
+        the parameters (DTensor: FSDP2, tensor parallel, 2-D, HSDP), sent as
+        each record's coordinates and, by rank 0, as the job's topology, so
+        that tokens are counted once per data-parallel replica with nothing
+        declared. A declared topology (TPSPROF_TOPOLOGY) that contradicts
+        the mesh is reported and the mesh wins: it is what the job built."""
+        try:
+            params = []
+            if self._optimizer is not None:
+                for g in self._optimizer.param_groups:
+                    params.extend(g["params"])
+            for m, _ in self._models.values():
+                params.extend(m.parameters())
+            got = mesh_topology(params, self.client.world_size)
+        except Exception:
+            self._err()
+            return
+        if got is None:
+            return
+        sizes, coords = got
+        self.topology = sizes
+        c = self.client
+        declared = getattr(c, "declared_topology", None)
+        if declared:
+            try:
+                d = _client._topology_coords(declared, c.rank)
+            except (ValueError, ZeroDivisionError):
+                d = None
+            if d is None or {k: d.get(k) for k in coords} != coords:
+                sys.stderr.write("tpsprof: rank %d: the declared topology %r does not match the job's device mesh "
+                                 "(%s, this rank at %s); the mesh's is used\n" % (
+                                     c.rank, declared, ",".join("%s=%d" % kv for kv in sizes.items()),
+                                     ",".join("%s=%d" % (k[:-5], v) for k, v in coords.items())))
+        c._coords = coords
+        if c.rank == 0:
+            c.meta(topology=sizes)
+
     def _trace_end(self):
         """Ends a profiled step, writes its trace for the agent and tells it."""
         p, rf, n = self._tracing
@@ -366,6 +419,9 @@ class TorchProfiler:
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
+        if not self._topology_done:
+            self._topology_done = True
+            self._topology_from_mesh()
         if self._tracing is not None:
             self._trace_end()
         self.step_number += 1
@@ -469,7 +525,7 @@ class TorchProfiler:
 
     # -- hooks --------------------------------------------------------------
     def _fwd_pre(self, module, inputs):
-        if self.off:
+        if self.off or _c10d.compiling():
             return
         if self._in_rollout:
             return
@@ -483,11 +539,13 @@ class TorchProfiler:
                 self._cur = self._begin()
             self._cur.trained = True
             self._cur.fwd_open = self._mark()
+            if self._poller is not None:
+                self._poller.sweep()
         except Exception:
             self._err()
 
     def _fwd_post(self, module, inputs, output):
-        if self.off:
+        if self.off or _c10d.compiling():
             return
         try:
             st = self._cur
@@ -496,6 +554,8 @@ class TorchProfiler:
             end = self._mark()
             st.fwd.append((st.fwd_open, end))
             st.fwd_open = None
+            if self._poller is not None:
+                self._poller.sweep()
             t = _first_grad_tensor(output)
             if t is not None:
                 t.register_hook(self._bwd_hook(st, end))
@@ -511,14 +571,16 @@ class TorchProfiler:
                 def done():
                     try:
                         st.bwd.append((start, self._mark()))
+                        if self._poller is not None:
+                            self._poller.sweep()
                     except Exception:
                         self._err()
                 # Runs when autograd has computed every gradient, before
                 # DDP waits for its buckets (its callback is queued later).
-                torch.autograd.Variable._execution_engine.queue_callback(done)
+                torch.autograd.Variable._execution_engine.queue_callback(_c10d.skip_dynamo(done))
             except Exception:
                 self._err()
-        return hook
+        return _c10d.skip_dynamo(hook)
 
     def _optim_pre(self, opt):
         if self.off:
@@ -529,6 +591,8 @@ class TorchProfiler:
             if self._cur is None:
                 self._cur = self._begin()
             self._cur.optim_open = self._mark()
+            if self._poller is not None:
+                self._poller.sweep()
         except Exception:
             self._err()
 
@@ -766,6 +830,24 @@ class TorchProfiler:
         return self.client.dropped
 
 
+def _settle(items, now):
+    """Ends the cells whose works are complete at now (the earliest
+    observation wins); returns the others."""
+    left = []
+    for cell, works in items:
+        if cell[1] is not None:
+            continue
+        try:
+            done = all(w.is_completed() for w in works)
+        except Exception:
+            done = True
+        if done:
+            cell[1] = now
+        else:
+            left.append((cell, works))
+    return left
+
+
 class _Poller:
     """Notes when asynchronous collectives complete, on a thread of its own.
 
@@ -794,27 +876,32 @@ class _Poller:
                     return
                 items = self._items
                 self._items = []
-            now = time.perf_counter_ns()
-            left = []
-            for cell, works in items:
-                try:
-                    done = all(w.is_completed() for w in works)
-                except Exception:
-                    done = True
-                if done:
-                    cell[1] = now
-                else:
-                    left.append((cell, works))
+            left = _settle(items, time.perf_counter_ns())
             if left:
                 with self._cv:
                     self._items = left + self._items
                 time.sleep(self.interval)
+
+    def sweep(self):
+        """The training thread's own look at the works in flight, at its
+        phase boundaries: on a loaded machine this thread may be scheduled
+        (or get the GIL) long after a work completed, and a completion the
+        training thread has already seen is not later than now."""
+        with self._cv:
+            items = list(self._items)
+        if items:
+            _settle(items, time.perf_counter_ns())
 
     def stop(self):
         with self._cv:
             self._stop = True
             self._cv.notify()
         self._thread.join(1.0)
+
+
+for _f in (TorchProfiler._fwd_pre, TorchProfiler._fwd_post, TorchProfiler._optim_pre, TorchProfiler._optim_post,
+           TorchProfiler._data_enter, TorchProfiler._data_exit):
+    _c10d.skip_dynamo(_f)
 
 
 class _StepBlock:
@@ -848,6 +935,7 @@ class _LoaderIter:
     def __iter__(self):
         return self
 
+    @_c10d.skip_dynamo
     def __next__(self):
         prof = _ACTIVE if self._prof is None else self._prof
         if prof is None:
@@ -1016,6 +1104,113 @@ def _optimizer_step(opt):
 # -- communication ------------------------------------------------------------
 
 _installed = False
+
+
+def _patch_compile():
+    """``torch.compile(model)`` of a watched model: its hooks move to the
+    compiled wrapper, whose forward runs outside the graph. Hooks left on
+    the inner module would be traced into the graph (a hook returns at once
+    while dynamo traces, so the graph is unchanged, but the compiled code
+    then never calls it). ``model.compile()`` compiles in place: its
+    forward and backward are then not timed (the step, data wait, optimizer
+    and communication still are)."""
+    c = getattr(torch, "compile", None)
+    if c is None or getattr(c, "_tpsprof", False):
+        return
+
+    def compile(model=None, *args, **kwargs):
+        prof = _ACTIVE
+        moved = False
+        if prof is not None and isinstance(model, torch.nn.Module):
+            try:
+                moved = prof._unwatch_model(model)
+            except Exception:
+                moved = False
+        out = c(model, *args, **kwargs)
+        if moved:
+            try:
+                prof.watch_model(out if isinstance(out, torch.nn.Module) else model)
+            except Exception:
+                prof._err()
+        return out
+    compile._tpsprof = True
+    compile.__doc__ = c.__doc__
+    compile.__wrapped__ = c
+    torch.compile = compile
+
+
+_DIMS = (
+    ("dp", ("dp", "data", "replicate", "shard", "fsdp", "hsdp", "ddp", "dp_replicate", "dp_shard", "dp_cp", "batch")),
+    ("tp", ("tp", "tensor", "model", "mp")),
+    ("pp", ("pp", "pipe", "pipeline", "stage")),
+    ("cp", ("cp", "context")),
+    ("ep", ("ep", "expert")),
+)
+
+
+def _dim_kind(name):
+    n = (name or "").lower()
+    for kind, names in _DIMS:
+        if n in names:
+            return kind
+    for kind, names in _DIMS:
+        if any(part in names for part in n.replace("-", "_").split("_")):
+            return kind
+    return None
+
+
+def mesh_topology(params, world_size):
+    """The layout the job's device mesh gives: ({"dp":..,"tp":..,"pp":..,
+    "cp":..}, {"dp_rank":..,...}) for this rank, or None when no parameter
+    is a DTensor, the mesh does not span the whole job, or a dimension's
+    name says nothing of its kind. Dimensions are told apart by name
+    (torchtitan's dp_replicate, dp_shard, cp, tp, pp; "dp", "tp", ...);
+    several data-parallel dimensions (HSDP) make one, and an expert
+    dimension counts as data-parallel for tokens (its ranks see
+    different batches)."""
+    best = None
+    seen = set()
+    for p in params:
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is None or id(mesh) in seen:
+            continue
+        seen.add(id(mesh))
+        root = mesh
+        for get in (getattr(mesh, "_get_root_mesh", None),):
+            if get is not None:
+                try:
+                    root = get() or mesh
+                except Exception:
+                    root = mesh
+        if root is mesh:
+            try:
+                from torch.distributed.device_mesh import _mesh_resources
+                root = _mesh_resources.get_root_mesh(mesh) or mesh
+            except Exception:
+                pass
+        if best is None or root.size() > best.size():
+            best = root
+    if best is None or best.size() != world_size:
+        return None
+    names = best.mesh_dim_names
+    coord = best.get_coordinate()
+    shape = tuple(best.mesh.shape)
+    if not names and len(shape) == 1:
+        names = ("dp",)  # fully_shard's own mesh when given none
+    if not names or coord is None:
+        return None
+    sizes = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
+    coords = {"dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "cp_rank": 0}
+    for name, n, c in zip(names, shape, coord):
+        kind = _dim_kind(name)
+        if kind is None:
+            return None
+        if kind == "ep":
+            kind = "dp"
+        key = kind + "_rank"
+        coords[key] = coords[key] * n + c  # row-major over the dimensions of one kind
+        sizes[kind] *= n
+    return sizes, coords
 
 
 def _install_collectives():
