@@ -202,3 +202,77 @@ class CudaEventPathTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class LoopTest(unittest.TestCase):
+    """Iterations as loops write them, on a real model (CPU)."""
+
+    def run_loop(self, batches, body):
+        sink = Sink()
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+        a = torch.optim.SGD(model[1].parameters(), lr=0.1)
+        b = torch.optim.AdamW(model[0].parameters(), lr=0.1)
+        prof = tt.instrument(model, [a, b], job="l", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        for i, batch in enumerate(prof.wrap(batches)):
+            body(i, batch, model, a, b)
+        prof.close()
+        for _ in range(100):
+            if len([x for x in sink.lines if "step" in x and "type" not in x]) >= 1 and prof.steps == len(
+                    [x for x in sink.lines if "type" not in x]):
+                break
+            threading.Event().wait(0.02)
+        return prof, [x for x in sink.lines if "type" not in x], [x for x in sink.lines if x.get("type") == "event"]
+
+    def test_two_optimizers_one_step_and_a_skipped_one(self):
+        losses = []
+
+        def body(i, seq, model, a, b):
+            a.zero_grad()
+            b.zero_grad()
+            ids, tgt = seq[:, :-1], seq[:, 1:]
+            loss = torch.nn.functional.cross_entropy(model(ids).reshape(-1, 50), tgt.reshape(-1))
+            loss.backward()
+            losses.append(loss.item())
+            if i == 1:
+                return  # skipped: no optimizer step (the next zero_grad says so)
+            a.step()
+            b.step()
+
+        batches = [torch.randint(0, 50, (2, 9)) for _ in range(4)]
+        prof, rows, _ = self.run_loop(batches, body)
+        self.assertEqual([r["step"] for r in rows], [0, 1, 2, 3])
+        self.assertEqual([r.get("skipped", False) for r in rows], [False, True, False, False])
+        # (2, 9) batches split into (2, 8) inputs and targets: 16 tokens trained
+        self.assertEqual([r["tokens"] for r in rows], [16, 0, 16, 16])
+        for r, want in zip(rows, losses):
+            self.assertAlmostEqual(r["loss"], want, places=5)
+        self.assertEqual(prof.errors, 0)
+
+    def test_evaluation_and_a_checkpoint_are_events(self):
+        d = tempfile.mkdtemp()
+
+        def body(i, seq, model, a, b):
+            loss = model(seq).float().mean()
+            loss.backward()
+            a.step()
+            b.step()
+            a.zero_grad()
+            b.zero_grad()
+            if i == 1:
+                model.eval()
+                with torch.no_grad():
+                    model(seq)
+                model.train()
+                torch.save(model.state_dict(), os.path.join(d, "m.pt"))
+
+        batches = [torch.randint(0, 50, (2, 8)) for _ in range(3)]
+        prof, rows, events = self.run_loop(batches, body)
+        self.assertEqual(len(rows), 3)
+        self.assertEqual(sorted(e["kind"] for e in events), ["checkpoint_save", "eval"])
+        for e in events:
+            self.assertEqual(e["step"], 1)
+            self.assertGreaterEqual(e["end_unix_ns"], e["start_unix_ns"])
+        # the step after them starts after them
+        ck = [e for e in events if e["kind"] == "checkpoint_save"][0]
+        self.assertGreaterEqual(rows[2]["start_unix_ns"], ck["end_unix_ns"])
+        self.assertLessEqual(rows[1]["end_unix_ns"], [e for e in events if e["kind"] == "eval"][0]["start_unix_ns"])

@@ -123,8 +123,7 @@ def install():
         opt_init(self, *args, **kwargs)
         try:
             p = _ensure()
-            if p._optimizer is None:
-                p.watch_optimizer(self)
+            p.watch_optimizer(self)  # every optimizer: an iteration steps them all
         except Exception:
             pass
     torch.optim.Optimizer.__init__ = optimizer_init

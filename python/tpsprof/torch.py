@@ -97,7 +97,7 @@ class _Step:
 
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "seq_sq", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "age", "trained", "cuda", "rollout",
-                 "bytes")
+                 "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare")
 
     def __init__(self, t0, wall0):
         self.cuda = not isinstance(t0, int)  # its marks are CUDA events
@@ -115,6 +115,16 @@ class _Step:
         self.trained = False
         self.rollout = None  # the generation phase (prof.rollout())
         self.bytes = 0  # text behind the tokens (prof.add_bytes())
+        # an optimizer has stepped: the iteration ends at the last optimizer
+        # step before the next iteration's first activity (end_at)
+        self.optimized = False
+        self.end_at = None
+        self.bwd_done = False  # a backward pass has completed
+        self.tail = []  # fetches since the last backward: (mark, wall, dt, token index, samples)
+        self.skipped = False  # the iteration ended without an optimizer step
+        self.losses = []  # the losses whose backward ran (detached)
+        self.gap = 0  # ns of checkpointing inside the step before its training: not the step's
+        self.bare = None  # (token index, shape) of a bare (B, L) id batch, until its forward
 
 
 class TorchProfiler:
@@ -151,13 +161,18 @@ class TorchProfiler:
         self._models = {}  # id(model) -> (model, its hook handles)
         self._topology_done = False
         self.topology = None  # what the job's device mesh says, once read
-        self._optimizer = None
+        self._optimizer = None  # the first watched (numbering); all: _optimizers
+        self._optimizers = []
+        self._side = {}  # eval / checkpoint_save / checkpoint_restore -> [wall start, wall end] not yet sent
+        self._eval_open = False
         self._closed = False
         self._in_rollout = False
         self._poller = None
         self._recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
         self._fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
         _install_collectives()
+        _install_loss()
+        _install_checkpoints()
         _ACTIVE = self
         atexit.register(self.close)
 
@@ -168,6 +183,7 @@ class TorchProfiler:
         hs = [model.register_forward_pre_hook(self._fwd_pre), model.register_forward_hook(self._fwd_post)]
         self._hooks.extend(hs)
         self._models[id(model)] = (model, hs)
+        self._watch_zero_grad(model)
         _patch_compile()
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
@@ -185,10 +201,42 @@ class TorchProfiler:
         return True
 
     def watch_optimizer(self, optimizer):
-        """Makes ``optimizer.step()`` the end of each training step."""
+        """Makes ``optimizer.step()`` part of each training step: an
+        iteration ends at the last optimizer step (of any watched optimizer)
+        before the next iteration starts; ``zero_grad()`` after a backward
+        without an optimizer step ends it as skipped. Several optimizers
+        (a list, or one call each) are one step."""
+        if isinstance(optimizer, (list, tuple)):
+            for o in optimizer:
+                self.watch_optimizer(o)
+            return
+        if any(o is optimizer for o in self._optimizers):
+            return
+        self._optimizers.append(optimizer)
+        self._watch_zero_grad(optimizer)
         if self._optimizer is not None:
+            self._hook_optimizer(optimizer)
             return
         self._optimizer = optimizer
+        self._hook_optimizer(optimizer)
+
+    def _watch_zero_grad(self, obj):
+        inner = getattr(obj, "zero_grad", None)
+        if inner is None or getattr(inner, "_tpsprof", False):
+            return
+        prof = self
+
+        def zero_grad(*args, **kwargs):
+            prof._zero_grad()
+            return inner(*args, **kwargs)
+        zero_grad._tpsprof = True
+        _c10d.skip_dynamo(zero_grad)
+        try:
+            object.__setattr__(obj, "zero_grad", zero_grad)
+        except Exception:
+            pass
+
+    def _hook_optimizer(self, optimizer):
         if self.device is None:
             try:
                 p = optimizer.param_groups[0]["params"][0]
@@ -249,8 +297,8 @@ class TorchProfiler:
             except Exception:
                 self._err()
         try:
-            if self._cur is None and not self.off:
-                self._cur = self._begin()  # the step starts with its generation
+            if not self.off:
+                self._open()  # the step starts with its generation
         except Exception:
             self._err()
         cur = self._cur.rollout if self._cur is not None else None
@@ -341,6 +389,72 @@ class TorchProfiler:
             except Exception:
                 self._err()
 
+    def _settle_step(self):
+        """The next iteration's first activity: an iteration whose optimizer
+        has stepped is over (it ends at its last optimizer step)."""
+        st = self._cur
+        if st is not None and st.optimized:
+            self._finish()
+
+    def _open(self):
+        """The step in progress, opening one (after settling the last)."""
+        self._settle_step()
+        if self._cur is None:
+            self._cur = self._begin()
+        return self._cur
+
+    def _zero_grad(self):
+        """zero_grad() after a backward with no optimizer step since: the
+        optimizer step was skipped (non-finite gradients, a grad scaler's
+        skip) and the iteration is over. Fetches made since its backward
+        belong to the next iteration and move there."""
+        if self.off:
+            return
+        try:
+            st = self._cur
+            if st is None or st.optimized or not st.bwd_done:
+                return
+            st.skipped = True
+            nxt = None
+            if st.tail:
+                m, wall, _, n0, _ = st.tail[0]
+                nxt = _Step(m, wall)
+                for _, _, dt, _, smp in st.tail:
+                    nxt.data_wait += dt
+                    st.data_wait -= dt
+                    nxt.samples += smp
+                    st.samples -= smp
+                if len(st.seq_sq) == len(st.tokens):
+                    nxt.seq_sq, st.seq_sq = st.seq_sq[n0:], st.seq_sq[:n0]
+                nxt.tokens, st.tokens = st.tokens[n0:], st.tokens[:n0]
+                nxt.padded, st.padded = st.padded[n0:], st.padded[:n0]
+                if st.bare is not None and st.bare[0] >= n0:
+                    nxt.bare, st.bare = (st.bare[0] - n0, st.bare[1]), None
+                st.end_at = m
+                st.tail = []
+            self._finish()
+            self._cur = nxt
+        except Exception:
+            self._err()
+
+    def _side_event(self, kind, start, end):
+        """Notes time spent on evaluation or checkpoints between steps (wall
+        ns); consecutive calls of one kind merge, sent once training resumes."""
+        got = self._side.get(kind)
+        if got is None:
+            self._side[kind] = [start, end]
+        else:
+            got[0], got[1] = min(got[0], start), max(got[1], end)
+
+    def _flush_side(self):
+        if not self._side:
+            return
+        side, self._side = self._side, {}
+        step = self.step_number
+        for kind, (a, b) in sorted(side.items(), key=lambda kv: kv[1][0]):
+            self.client.event(kind, start_unix_ns=a, end_unix_ns=max(b, a),
+                              step=None if step is None else max(step - 1, 0))
+
     def _topology_from_mesh(self):
         """After the first step: the parallel layout from the device mesh of
         the parameters (DTensor: FSDP2, tensor parallel, 2-D, HSDP), sent as
@@ -415,7 +529,7 @@ class TorchProfiler:
         st, self._cur = self._cur, None
         if st is None:
             return
-        st.end = self._mark()
+        st.end = st.end_at if st.end_at is not None else self._mark()
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
@@ -486,9 +600,9 @@ class TorchProfiler:
                     if not wait:
                         return None  # a collective still running on its stream
                     ev.synchronize()  # only at close
-                return int(base.elapsed_time(ev) * 1e6)
+                return int(base.elapsed_time(ev) * 1e6) - st.gap
         else:
-            base = st.t0
+            base = st.t0 + st.gap
 
             def ns(t):
                 return None if t is None else t - base
@@ -516,10 +630,21 @@ class TorchProfiler:
             phases["comm"], phases["exposed_comm"] = exposed(subtract(comm, pp), fwd + loss + bwd + optim, blocked + pp)
         tokens = sum(_resolve(t) for t in st.tokens)
         padded = sum(_resolve(t) for t in st.padded)
+        if st.skipped:
+            tokens = padded = 0  # nothing was trained on them
+        loss = None
+        if st.losses:
+            try:
+                vals = [float(x) for x in st.losses]
+                loss = sum(vals) / len(vals)
+            except Exception:
+                loss = None
         self.steps += 1
         # every batch of the step packed: the exact attention term
         seq_sq = sum(_resolve(t) for t in st.seq_sq) if st.seq_sq and len(st.seq_sq) == len(st.tokens) else None
-        self.client.send_step(st.number, st.wall0, dur, tokens, phases, samples=st.samples or None,
+        self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, phases,
+                              samples=None if st.skipped else (st.samples or None), loss=loss,
+                              skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
                               bytes=st.bytes or None, rollout=st.rollout)
 
@@ -531,23 +656,50 @@ class TorchProfiler:
             return
         try:
             if not torch.is_grad_enabled() or not module.training:
-                # evaluation: a step that only fetched data was eval's, not training's
-                if self._cur is not None and not self._cur.trained:
+                # evaluation: the training step before it is over; a step
+                # that only fetched data for it was evaluation's
+                self._settle_step()
+                st = self._cur
+                now = time.time_ns()
+                start = now
+                if st is not None and not st.trained:
+                    start = st.wall0
                     self._discard()
+                if st is None or not st.trained:
+                    self._side_event("eval", start, now)
+                    self._eval_open = True
                 return
-            if self._cur is None:
-                self._cur = self._begin()
-            self._cur.trained = True
-            self._cur.fwd_open = self._mark()
+            st = self._open()
+            if not st.trained:
+                self._flush_side()
+            if st.bare is not None:
+                self._split_batch(st, inputs)
+            st.trained = True
+            st.fwd_open = self._mark()
             if self._poller is not None:
                 self._poller.sweep()
         except Exception:
             self._err()
 
+    def _split_batch(self, st, inputs):
+        """A bare (B, L) id batch whose forward takes (B, L-1) ids: the loop
+        split it into inputs and next-token targets; B*(L-1) tokens are
+        trained on, not B*L."""
+        i, (b, n) = st.bare
+        st.bare = None
+        for a in inputs if isinstance(inputs, (list, tuple)) else (inputs,):
+            if isinstance(a, torch.Tensor):
+                if _is_ids(a) and a.dim() == 2 and a.shape[0] == b and a.shape[1] == n - 1 and i < len(st.tokens):
+                    st.tokens[i] = st.padded[i] = b * (n - 1)
+                return
+
     def _fwd_post(self, module, inputs, output):
         if self.off or _c10d.compiling():
             return
         try:
+            if self._eval_open:
+                self._eval_open = False
+                self._side_event("eval", time.time_ns(), time.time_ns())
             st = self._cur
             if st is None or st.fwd_open is None:
                 return
@@ -571,6 +723,8 @@ class TorchProfiler:
                 def done():
                     try:
                         st.bwd.append((start, self._mark()))
+                        st.bwd_done = True
+                        st.tail = []
                         if self._poller is not None:
                             self._poller.sweep()
                     except Exception:
@@ -587,8 +741,9 @@ class TorchProfiler:
             return
         try:
             if self.step_number is None and not self._first_step_given:
-                self.step_number = _optimizer_step(opt)
+                self.step_number = max(_optimizer_step(o) for o in self._optimizers or [opt])
             if self._cur is None:
+                self._flush_side()
                 self._cur = self._begin()
             self._cur.optim_open = self._mark()
             if self._poller is not None:
@@ -604,18 +759,30 @@ class TorchProfiler:
             if st is None:
                 return
             if st.optim_open is not None:
-                st.optim.append((st.optim_open, self._mark()))
+                end = self._mark()
+                st.optim.append((st.optim_open, end))
                 st.optim_open = None
-            self._finish()
+                st.end_at = end
+            # the iteration may step other optimizers yet: it ends at the
+            # next iteration's first activity (or close)
+            st.optimized = True
         except Exception:
             self._err()
 
     def _data_enter(self):
         """Called as ``next`` starts: opens a step if none is open. Returns
         whether it did (undone if the iterator turns out to be exhausted)."""
-        if self.off or self._cur is not None:
+        if self.off:
             return False
         try:
+            st = self._cur
+            if st is not None and not st.optimized:
+                if st.bwd_done:
+                    # after a backward: the next micro-batch, or the first
+                    # fetch of the next iteration if this one's step is skipped
+                    return (self._mark(), time.time_ns())
+                return False
+            self._settle_step()
             self._cur = self._begin()
             return True
         except Exception:
@@ -634,6 +801,8 @@ class TorchProfiler:
                     self._discard()
                 return
             st.data_wait += dt
+            if isinstance(opened, tuple):
+                st.tail.append((opened[0], opened[1], dt, len(st.tokens), 0))
             real = padded = None
             samples = 0
             if self.token_fn is not None:
@@ -644,6 +813,8 @@ class TorchProfiler:
                 if got is not None:
                     real, padded, samples = got
             if real is not None:
+                if self.token_fn is None and isinstance(batch, torch.Tensor) and _is_ids(batch) and batch.dim() == 2:
+                    st.bare = (len(st.tokens), tuple(batch.shape))
                 st.tokens.append(_lazy_int(real))
                 st.padded.append(_lazy_int(padded))
                 if self.token_fn is None:
@@ -651,6 +822,9 @@ class TorchProfiler:
                     if sq is not None:
                         st.seq_sq.append(_lazy_int(sq))
             st.samples += samples
+            if samples and isinstance(opened, tuple) and st.tail:
+                m, w, dt0, n0, _ = st.tail[-1]
+                st.tail[-1] = (m, w, dt0, n0, samples)
         except Exception:
             self._err()
 
@@ -673,6 +847,11 @@ class TorchProfiler:
             return None
         try:
             st = self._cur
+            if st is not None and st.optimized:
+                if not recv:
+                    return None  # after the iteration's optimizer step: in no step
+                self._finish()
+                st = None
             if st is None:
                 if not recv:
                     return None
@@ -807,6 +986,11 @@ class TorchProfiler:
             return
         self._closed = True
         try:
+            self._settle_step()
+            self._flush_side()
+        except Exception:
+            self._err()
+        try:
             self._poll(wait=True)
         except Exception:
             self._err()
@@ -911,8 +1095,8 @@ class _StepBlock:
     def __enter__(self):
         p = self.prof
         try:
-            if p._cur is None and not p.off:
-                p._cur = p._begin()
+            if not p.off:
+                p._open()
         except Exception:
             p._err()
         return p
@@ -1087,18 +1271,153 @@ def _first_grad_tensor(out, depth=0):
 
 
 def _optimizer_step(opt):
-    """The optimizer's own step count (Adam-like state loaded from a
-    checkpoint), so that a resumed run numbers its steps where it left off."""
+    """The optimizer's own step count (state loaded from a checkpoint), so
+    that a resumed run numbers its steps where it left off: the largest
+    ``step`` in its per-parameter state (Adam-like; frozen parameters have
+    none) or in its parameter groups (some optimizers keep it there)."""
+    best = 0
     try:
+        for st in opt.state.values():
+            s = st.get("step") if isinstance(st, dict) else None
+            if s is not None:
+                best = max(best, int(s))
         for group in opt.param_groups:
-            for p in group["params"]:
-                s = opt.state.get(p, {}).get("step")
-                if s is not None:
-                    return int(s)
-                return 0
+            s = group.get("step")
+            if s is not None:
+                best = max(best, int(s))
     except Exception:
         pass
-    return 0
+    return best
+
+
+def _loss_of(t):
+    """A backward ran from t: its value when it is a loss (one element)."""
+    prof = _ACTIVE
+    if prof is None or prof.off:
+        return
+    try:
+        st = prof._cur
+        if st is None or not st.trained or st.optimized or t.numel() != 1 or len(st.losses) >= 1024:
+            return
+        scale = _scaled.pop(id(t), None) if _scaled else None
+        v = t.detach()
+        if scale is not None:
+            if scale[0]() is not t:
+                scale = None
+            else:
+                v = v / scale[1]  # a grad scaler's output: the loss before scaling
+        st.losses.append(v.reshape(()))
+    except Exception:
+        prof._err()
+
+
+_scaled = {}  # id(scaled loss) -> (weakref to it, the scale it was multiplied by)
+
+
+def _side_call(kind, fn):
+    """fn (a checkpoint save or load) timed as a ``kind`` event between
+    steps: an iteration whose optimizer has stepped ends before it, and a
+    step opened by a fetch but not yet training does not count its time."""
+    def call(*args, **kwargs):
+        prof = _ACTIVE
+        if prof is None or prof.off or getattr(_side_tls, "inside", False):
+            return fn(*args, **kwargs)
+        _side_tls.inside = True
+        t0 = time.time_ns()
+        try:
+            prof._settle_step()
+        except Exception:
+            prof._err()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _side_tls.inside = False
+            t1 = time.time_ns()
+            try:
+                prof._side_event(kind, t0, t1)
+                st = prof._cur
+                if st is not None and not st.trained:
+                    st.gap += t1 - t0
+            except Exception:
+                prof._err()
+    call._tpsprof = True
+    call.__doc__ = fn.__doc__
+    call.__wrapped__ = fn
+    return _c10d.skip_dynamo(call)
+
+
+_side_tls = threading.local()
+
+
+def _install_checkpoints():
+    """torch.save / torch.load and torch.distributed.checkpoint's save and
+    load (what framework checkpoint calls go through) become checkpoint
+    events (docs/capture.md)."""
+    targets = [(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")]
+    for modname in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_saver",
+                    "torch.distributed.checkpoint.state_dict_loader"):
+        mod = sys.modules.get(modname)
+        if mod is None:
+            continue
+        for name, kind in (("save", "checkpoint_save"), ("async_save", "checkpoint_save"),
+                           ("save_state_dict", "checkpoint_save"), ("load", "checkpoint_restore"),
+                           ("load_state_dict", "checkpoint_restore")):
+            if callable(getattr(mod, name, None)):
+                targets.append((mod, name, kind))
+    for mod, name, kind in targets:
+        fn = getattr(mod, name, None)
+        if fn is None or getattr(fn, "_tpsprof", False):
+            continue
+        try:
+            setattr(mod, name, _side_call(kind, fn))
+        except Exception:
+            pass
+
+
+def _install_loss():
+    """Tensor.backward notes the loss (``loss.backward()``); a grad scaler's
+    ``scale(loss)`` notes its factor so the unscaled loss is recorded."""
+    inner = torch.Tensor.backward
+    if getattr(inner, "_tpsprof", False):
+        return
+
+    def backward(self, *args, **kwargs):
+        _loss_of(self)
+        return inner(self, *args, **kwargs)
+    backward._tpsprof = True
+    backward.__doc__ = inner.__doc__
+    torch.Tensor.backward = _c10d.skip_dynamo(backward)
+    for modname in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+        mod = sys.modules.get(modname)
+        if mod is None:
+            try:
+                mod = __import__(modname, fromlist=["GradScaler"])
+            except Exception:
+                continue
+        cls = getattr(mod, "GradScaler", None)
+        if cls is None or getattr(cls.scale, "_tpsprof", False):
+            continue
+        _wrap_scale(cls)
+
+
+def _wrap_scale(cls):
+    inner = cls.scale
+
+    def scale(self, outputs):
+        out = inner(self, outputs)
+        try:
+            if _ACTIVE is not None and isinstance(out, torch.Tensor) and out is not outputs and out.numel() == 1:
+                sc = getattr(self, "_scale", None)
+                if sc is not None:
+                    if len(_scaled) > 64:
+                        _scaled.clear()
+                    _scaled[id(out)] = (weakref.ref(out), sc.detach().clone().reshape(()))
+        except Exception:
+            pass
+        return out
+    scale._tpsprof = True
+    scale.__doc__ = inner.__doc__
+    cls.scale = scale
 
 
 # -- communication ------------------------------------------------------------

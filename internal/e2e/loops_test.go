@@ -1,0 +1,170 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+type loopTruth struct {
+	Iter    int64   `json:"iter"`
+	Rank    int64   `json:"rank"`
+	Event   string  `json:"event"`
+	StartNs int64   `json:"start_ns"`
+	EndNs   int64   `json:"end_ns"`
+	Tokens  int64   `json:"tokens"`
+	Loss    float64 `json:"loss"`
+	Skipped bool    `json:"skipped"`
+}
+
+func readLoopTruth(t *testing.T, dir string) (iters map[[2]int64]loopTruth, events map[string][]loopTruth) {
+	t.Helper()
+	iters, events = map[[2]int64]loopTruth{}, map[string][]loopTruth{}
+	files, _ := filepath.Glob(filepath.Join(dir, "truth.*.jsonl"))
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			var r loopTruth
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Event != "" {
+				events[r.Event] = append(events[r.Event], r)
+			} else {
+				iters[[2]int64{r.Iter, r.Rank}] = r
+			}
+		}
+		fh.Close()
+	}
+	return iters, events
+}
+
+// A loop as real jobs write it (2 ranks, DDP over gloo, torchrun under
+// tpsprof launch), with one instrument() call and with no call at all
+// (--auto): two optimizers and an LR scheduler, skipped optimizer steps
+// (non-finite gradients), evaluation over a second loader and checkpoints
+// between steps. The job logs its own clock around each iteration (fetch to
+// last optimizer step), each evaluation and checkpoint. One row per
+// iteration and rank, its duration that of the iteration (a skipped one
+// lasts until the next fetch), skipped iterations flagged with no tokens,
+// the loss the job computed; evaluations and checkpoints are events of
+// their own, never inside a step.
+func TestTorchTrainingLoops(t *testing.T) {
+	py := torchPython(t)
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "loops_train.py")
+	for _, auto := range []bool{false, true} {
+		name := "instrument"
+		if auto {
+			name = "auto"
+		}
+		t.Run(name, func(t *testing.T) {
+			const iters = 12
+			truthDir := t.TempDir()
+			args := []string{script, "--iters", strconv.Itoa(iters), "--truth", truthDir}
+			if auto {
+				args = append(args, "--auto")
+			}
+			dir, log := launchTorch(t, "loops-"+name, auto, torchrun(py, 2, args...))
+			rows := rankRows(t, dir)
+			truth, evs := readLoopTruth(t, truthDir)
+			if len(rows) != 2*iters || len(truth) != 2*iters {
+				t.Fatalf("%d rank rows and %d truth iterations, want %d each\n%s", len(rows), len(truth), 2*iters, log)
+			}
+			skipped := 0
+			for _, r := range rows {
+				tr, ok := truth[[2]int64{r.Step, r.Rank}]
+				if !ok {
+					t.Fatalf("row %d/%d: no such iteration", r.Step, r.Rank)
+				}
+				want := tr.EndNs - tr.StartNs
+				if tr.Skipped {
+					skipped++
+					next, ok := truth[[2]int64{r.Step + 1, r.Rank}]
+					if !ok {
+						t.Fatalf("the last iteration skipped")
+					}
+					want = next.StartNs - tr.StartNs
+				}
+				if r.Skipped != tr.Skipped {
+					t.Errorf("row %d/%d: skipped %v, the job skipped %v", r.Step, r.Rank, r.Skipped, tr.Skipped)
+				}
+				wantTokens := tr.Tokens
+				if tr.Skipped {
+					wantTokens = 0
+				}
+				if r.Tokens != wantTokens {
+					t.Errorf("row %d/%d: %d tokens, want %d (skipped %v)", r.Step, r.Rank, r.Tokens, wantTokens, tr.Skipped)
+				}
+				if d := math.Abs(float64(r.DurationNs - want)); d > 0.15*float64(want)+3e6 {
+					t.Errorf("row %d/%d: %.1f ms, the iteration took %.1f ms by the job's clock (skipped %v)", r.Step, r.Rank, float64(r.DurationNs)/1e6, float64(want)/1e6, tr.Skipped)
+				}
+				if r.Loss == nil || math.Abs(*r.Loss-tr.Loss) > 1e-4*math.Max(1, math.Abs(tr.Loss)) {
+					t.Errorf("row %d/%d: loss %v, the job's %v", r.Step, r.Rank, r.Loss, tr.Loss)
+				}
+			}
+			if skipped != 4 {
+				t.Errorf("%d skipped iterations in the truth, want 4", skipped)
+			}
+			events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := map[string][]tps.Event{}
+			for _, e := range events {
+				if e.Rank >= 0 {
+					got[e.Kind] = append(got[e.Kind], e)
+				}
+			}
+			for _, kind := range []string{"eval", "checkpoint_save"} {
+				want := evs[kind]
+				if len(got[kind]) != len(want) || len(want) == 0 {
+					t.Errorf("%d %s events, the job ran %d", len(got[kind]), kind, len(want))
+					continue
+				}
+				var gotNs, wantNs float64
+				for i := range want {
+					gotNs += float64(got[kind][i].EndUnixNs - got[kind][i].StartUnixNs)
+					wantNs += float64(want[i].EndNs - want[i].StartNs)
+				}
+				t.Logf("%s: %d events, %.1f ms measured, %.1f ms by the job's clock", kind, len(want), gotNs/1e6, wantNs/1e6)
+				if math.Abs(gotNs-wantNs) > 0.2*wantNs+float64(len(want))*3e6 {
+					t.Errorf("%s: %.1f ms in all, the job's clock %.1f ms", kind, gotNs/1e6, wantNs/1e6)
+				}
+			}
+		})
+	}
+}
+
+// A resumed run numbers its steps where the first left off, from the
+// optimizers' own state (the AdamW's first parameter frozen, without state;
+// an SGD without a step count).
+func TestTorchResumeNumbering(t *testing.T) {
+	py := torchPython(t)
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "loops_train.py")
+	state := t.TempDir()
+	common := []string{script, "--iters", "4", "--skip-every", "0", "--eval-every", "0", "--ckpt-every", "0", "--data-sleep", "0"}
+	first, _ := launchTorch(t, "resume-1", false, torchrun(py, 2, append(common, "--truth", t.TempDir(), "--save", state)...))
+	second, log := launchTorch(t, "resume-2", false, torchrun(py, 2, append(common, "--truth", t.TempDir(), "--resume", state)...))
+	for i, dir := range []string{first, second} {
+		rows := rankRows(t, dir)
+		if len(rows) != 8 {
+			t.Fatalf("run %d: %d rows, want 8\n%s", i+1, len(rows), log)
+		}
+		for _, r := range rows {
+			if r.Step < int64(4*i) || r.Step >= int64(4*i+4) {
+				t.Errorf("run %d: step %d (rank %d), want steps %d-%d", i+1, r.Step, r.Rank, 4*i, 4*i+3)
+			}
+		}
+	}
+}
