@@ -97,7 +97,7 @@ def main():
         "frame_counts": dict(counters["frames"]),
         "warnings": sorted(set(caught)),
         "profiled": prof is not None and not prof.off,
-        "steps_measured": 0 if prof is None else prof.sent + prof.dropped,
+        "steps_measured": 0 if prof is None else prof.steps,
         "profiler_errors": 0 if prof is None else prof.errors,
     }), flush=True)
     if dist.is_initialized():

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import types
+import warnings
 import weakref
 
 import torch
@@ -1495,18 +1496,17 @@ def mesh_topology(params, world_size):
             continue
         seen.add(id(mesh))
         root = mesh
-        for get in (getattr(mesh, "_get_root_mesh", None),):
-            if get is not None:
-                try:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                get = getattr(mesh, "_get_root_mesh", None)
+                if get is not None:
                     root = get() or mesh
-                except Exception:
-                    root = mesh
-        if root is mesh:
-            try:
-                from torch.distributed.device_mesh import _mesh_resources
-                root = _mesh_resources.get_root_mesh(mesh) or mesh
-            except Exception:
-                pass
+                else:  # older PyTorch 2
+                    from torch.distributed.device_mesh import _mesh_resources
+                    root = _mesh_resources.get_root_mesh(mesh) or mesh
+        except Exception:
+            root = mesh
         if best is None or root.size() > best.size():
             best = root
     if best is None or best.size() != world_size:
