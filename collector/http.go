@@ -91,6 +91,7 @@ func (c *Collector) Summary() LiveSummary {
 					lj.Breakdown["compute"] += s.ComputeNsMean / float64(s.StepTimeNs) / float64(k)
 				}
 				lj.Breakdown["exposed_comm"] += s.CommFractionMean / float64(k)
+				lj.Breakdown["waiting_for_peers"] += s.WaitFractionMean / float64(k)
 				lj.Breakdown["bubble"] += s.BubbleFractionMean / float64(k)
 				lj.Breakdown["data_stall"] += s.DataStallFractionMean / float64(k)
 				lj.Breakdown["checkpoint"] += s.CkptFractionMean / float64(k)

@@ -841,11 +841,12 @@ func (s *jobState) liveLine(now time.Time) string {
 	last := steps[len(steps)-1]
 	// Average over the last few steps so the line does not jitter.
 	n := min(len(steps), 10)
-	var tpsSum, mfuSum, commSum float64
+	var tpsSum, mfuSum, commSum, waitSum float64
 	for _, st := range steps[len(steps)-n:] {
 		tpsSum += st.TPS
 		mfuSum += st.MFU
 		commSum += st.CommFractionMean
+		waitSum += st.WaitFractionMean
 	}
 	mfuText := "MFU n/a"
 	if last.MFUUnknown != "" {
@@ -860,9 +861,9 @@ func (s *jobState) liveLine(now time.Time) string {
 	if node != "" {
 		node = " on " + node
 	}
-	return fmt.Sprintf("[%s] %s step %d | TPS %s (%s/GPU) | %s | comm %.1f%% | slowest rank %d%s | ranks %d/%d",
+	return fmt.Sprintf("[%s] %s step %d | TPS %s (%s/GPU) | %s | comm %.1f%% | waiting for rank %d%s %.1f%% | ranks %d/%d",
 		now.Format("15:04:05"), s.id, last.Step, tps.SI(tpsSum/float64(n)), tps.SI(tpsSum/float64(n)/float64(max(last.WorldSize, 1))),
-		mfuText, 100*commSum/float64(n), last.SlowestRank, node, last.RanksReported, last.WorldSize)
+		mfuText, 100*commSum/float64(n), last.SlowestRank, node, 100*waitSum/float64(n), last.RanksReported, last.WorldSize)
 }
 
 // warnRerun says, rate-limited, why records of closed steps arrive: most

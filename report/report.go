@@ -39,8 +39,12 @@ type Options struct {
 // Breakdown is where a steady step's time goes, as fractions of step time
 // (means over steady steps of the per-step means over ranks).
 type Breakdown struct {
-	Compute           float64 `json:"compute"`
-	ExposedComm       float64 `json:"exposed_comm"`
+	Compute     float64 `json:"compute"`
+	ExposedComm float64 `json:"exposed_comm"`
+	// WaitingForPeers is time blocked in collectives until the critical
+	// (slowest) rank arrived: imbalance, charged to that rank, not the
+	// network. ExposedComm is the transfer that remains.
+	WaitingForPeers   float64 `json:"waiting_for_peers"`
 	Bubble            float64 `json:"bubble"`
 	BubbleTheoretical float64 `json:"bubble_theoretical"`
 	DataStall         float64 `json:"data_stall"`
@@ -370,6 +374,7 @@ func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
 		rep.Breakdown.CommOverlap /= n
 	}
 	rep.Breakdown.ExposedComm, rep.Breakdown.Bubble = s.CommFraction, s.BubbleFraction
+	rep.Breakdown.WaitingForPeers = s.WaitFraction
 	rep.Breakdown.DataStall, rep.Breakdown.Checkpoint = s.DataStallFraction, s.CkptFraction
 	if rep.Meta != nil {
 		rep.Breakdown.BubbleTheoretical = tps.TheoreticalBubble(rep.Meta.Topology.PP, rep.Meta.MicroBatches, rep.Meta.Interleave)
@@ -410,7 +415,7 @@ func (rep *Report) generation(steps []tps.ClusterStep, warm []bool, events []tps
 		g.OutputTokens += c.GenOutputTokens
 		g.PromptTokens += c.GenPromptTokens
 		genSec += float64(c.GenNsMax) / 1e9
-		wait := c.CommFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
+		wait := c.CommFractionMean + c.WaitFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
 		g.GenShare += c.GenFractionMean
 		g.WaitingShare += wait
 		g.TrainingShare += max(0, 1-c.GenFractionMean-wait)

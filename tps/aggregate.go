@@ -26,10 +26,11 @@ type ClusterStep struct {
 	Tokens     int64   `json:"tokens" parquet:"tokens"`
 	FLOPs      float64 `json:"flops" parquet:"flops"`
 	StepTimeNs int64   `json:"step_time_ns" parquet:"step_time_ns"`
-	// SlowestRank is the rank with the most compute time (duration less
-	// exposed communication, data wait and pipeline wait): in a synchronous
-	// step every rank's duration is about the same, and the others' waiting
-	// shows up as their exposed communication.
+	// SlowestRank is the critical rank: the one with the most busy time
+	// (compute plus data wait: duration less exposed communication,
+	// pipeline wait and checkpoint). In a synchronous step every rank's
+	// duration is about the same; the others wait for this one inside
+	// their collectives (WaitFractionMean).
 	SlowestRank int64 `json:"slowest_rank" parquet:"slowest_rank"`
 	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns"`
 	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns"`
@@ -43,7 +44,15 @@ type ClusterStep struct {
 	// ranks, or inputs that would give a utilisation above 100%.
 	MFUUnknown string `json:"mfu_unknown,omitempty" parquet:"mfu_unknown,optional"`
 
-	CommFractionMean      float64 `json:"comm_fraction_mean" parquet:"comm_fraction_mean"`
+	// CommFractionMean is exposed transfer: the ranks' mean exposed
+	// communication less WaitFractionMean, over the step time.
+	CommFractionMean float64 `json:"comm_fraction_mean" parquet:"comm_fraction_mean"`
+	// WaitFractionMean is the time ranks spent blocked in collectives
+	// waiting for the critical rank (SlowestRank) to arrive, mean over
+	// ranks, over the step time: the critical rank's busy time less the
+	// ranks' mean busy time, at most their mean exposed communication
+	// (docs/report.md). Imbalance, not the network.
+	WaitFractionMean      float64 `json:"wait_fraction_mean" parquet:"wait_fraction_mean"`
 	CommFractionMax       float64 `json:"comm_fraction_max" parquet:"comm_fraction_max"`
 	CommOverlap           float64 `json:"comm_overlap" parquet:"comm_overlap"`
 	BubbleFractionMean    float64 `json:"bubble_fraction_mean" parquet:"bubble_fraction_mean"`
@@ -135,8 +144,8 @@ type StepAccumulator struct {
 // the same for one record, a node's partial, or the whole step.
 type stepSums struct {
 	MaxDurationNs int64   `json:"max_duration_ns"`
-	MaxComputeNs  int64   `json:"max_compute_ns"`
-	SlowestRank   int64   `json:"slowest_rank"` // -1: none yet
+	MaxComputeNs  int64   `json:"max_compute_ns"` // the critical rank's busy time: compute + data wait
+	SlowestRank   int64   `json:"slowest_rank"`   // -1: none yet
 	MinStartNs    int64   `json:"min_start_unix_ns"`
 	MaxEndNs      int64   `json:"max_end_unix_ns"`
 	SumDuration   float64 `json:"sum_duration_ns"`
@@ -165,7 +174,7 @@ func newStepSums() stepSums { return stepSums{SlowestRank: -1, MinStartNs: math.
 
 func (s *stepSums) addRecord(r *StepRecord) {
 	c := r.ComputeNs()
-	s.merge(&stepSums{MaxDurationNs: r.DurationNs, MaxComputeNs: c, SlowestRank: r.Rank, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs,
+	s.merge(&stepSums{MaxDurationNs: r.DurationNs, MaxComputeNs: c + r.DataWaitNs, SlowestRank: r.Rank, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs,
 		SumDuration: float64(r.DurationNs), SumCompute: float64(c), SumExposed: float64(r.ExposedCommNs), MaxExposed: float64(r.ExposedCommNs),
 		SumComm: float64(r.CommNs), SumPP: float64(r.PPWaitNs), MaxPP: float64(r.PPWaitNs), SumData: float64(r.DataWaitNs),
 		MaxData: float64(r.DataWaitNs), SumCkpt: float64(r.CkptNs)})
@@ -186,9 +195,9 @@ func (s *stepSums) addRecord(r *StepRecord) {
 	}
 }
 
-// merge folds in the sums of other ranks. The slowest rank is the one with
-// the most compute time, the lowest rank on ties, so the result does not
-// depend on the order of merging.
+// merge folds in the sums of other ranks. The slowest (critical) rank is
+// the one with the most busy time (compute + data wait), the lowest rank on
+// ties, so the result does not depend on the order of merging.
 func (s *stepSums) merge(o *stepSums) {
 	s.MaxDurationNs = max(s.MaxDurationNs, o.MaxDurationNs)
 	if o.SlowestRank >= 0 && (s.SlowestRank < 0 || o.MaxComputeNs > s.MaxComputeNs || (o.MaxComputeNs == s.MaxComputeNs && o.SlowestRank < s.SlowestRank)) {
@@ -396,7 +405,14 @@ func (a *StepAccumulator) Result() ClusterStep {
 		sec := D / 1e9
 		c.TPS = float64(c.Tokens) / sec
 		c.TPSPerGPU = c.TPS / float64(a.world)
-		c.CommFractionMean = s.SumExposed / n / D
+		// Waiting for the critical rank: a rank that was busy less than
+		// it blocks in its collectives until it arrives. Mean over ranks
+		// (sums merge; per-rank minima would not), at most the mean
+		// exposed communication: what is left of that is transfer.
+		exposed := s.SumExposed / n
+		wait := min(max(float64(s.MaxComputeNs)-(s.SumCompute+s.SumData)/n, 0), exposed)
+		c.WaitFractionMean = wait / D
+		c.CommFractionMean = (exposed - wait) / D
 		c.CommFractionMax = s.MaxExposed / D
 		c.BubbleFractionMean = s.SumPP / n / D
 		c.BubbleFractionMax = s.MaxPP / D

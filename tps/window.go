@@ -114,6 +114,7 @@ type Summary struct {
 	MFUUnknown string   `json:"mfu_unknown,omitempty"`
 
 	CommFraction      float64 `json:"comm_fraction"`
+	WaitFraction      float64 `json:"wait_fraction"` // waiting for slower peers (ClusterStep.WaitFractionMean)
 	CommFractionMax   float64 `json:"comm_fraction_max"`
 	BubbleFraction    float64 `json:"bubble_fraction"`
 	DataStallFraction float64 `json:"data_stall_fraction"`
@@ -169,7 +170,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	mask := WarmupMask(steps, opt)
 	s := Summary{Steps: len(steps)}
 	var times, tps []float64
-	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt float64
+	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait float64
 	first, last := int64(math.MaxInt64), int64(0)
 	attempts := map[int64]bool{}
 	for i := range steps {
@@ -204,6 +205,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 			s.MFUUnknown = cmp.Or(why, "no model or GPU in the run metadata")
 		}
 		sumComm += c.CommFractionMean
+		sumWait += c.WaitFractionMean
 		s.CommFractionMax = max(s.CommFractionMax, c.CommFractionMax)
 		sumBubble += c.BubbleFractionMean
 		sumData += c.DataStallFractionMean
@@ -235,7 +237,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	} else if s.MFUUnknown == "" {
 		s.MFUUnknown = "no model or GPU in the run metadata"
 	}
-	s.CommFraction, s.BubbleFraction = sumComm/n, sumBubble/n
+	s.CommFraction, s.BubbleFraction, s.WaitFraction = sumComm/n, sumBubble/n, sumWait/n
 	s.DataStallFraction, s.CkptFraction = sumData/n, sumCkpt/n
 	return s
 }
