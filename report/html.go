@@ -57,6 +57,9 @@ type htmlPage struct {
 func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	s := rep.Summary
 	p := htmlPage{Title: "tpsprof report: " + rep.Job, Generated: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Notes: rep.Notes}
+	if rep.Summary.CompleteNote != "" {
+		p.Notes = append(p.Notes, rep.Summary.CompleteNote)
+	}
 	p.Subtitle = runLine(rep)
 	if s.SteadySteps == 0 {
 		p.Notes = append(p.Notes, "no steady steps to summarise")
@@ -101,7 +104,7 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		}})
 	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
 	add := func(k, v string) { detail.Rows = append(detail.Rows, htmlRow{Cells: []string{k, v}}) }
-	add("steps", fmt.Sprintf("%d (%d warm-up excluded, %d steady, %d incomplete, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, s.IncompleteSteps, s.Attempts))
+	add("steps", fmt.Sprintf("%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts))
 	add("step TPS", fmt.Sprintf("mean %s, p50 %s, p95 %s, p99 %s (min %s, max %s) tokens/s", tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max)))
 	add("wall TPS", fmt.Sprintf("%s tokens/s, counting the gaps between steps", tps.SI(s.WallTPS)))
 	add("tokens", fmt.Sprintf("%s in steady steps", tps.SI(float64(s.Tokens))))

@@ -20,7 +20,10 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	if m := r.Meta; m != nil {
 		p("| run | %s, %s, %s %s |\n", m.Topology, orDash(m.ModelPreset), orDash(m.GPU), orDash(m.DType))
 	}
-	p("| steps | %d (%d warm-up excluded, %d incomplete) |\n", s.Steps, s.WarmupSteps, s.IncompleteSteps)
+	if s.CompleteNote != "" {
+		p("| note | %s |\n", s.CompleteNote)
+	}
+	p("| steps | %d (%d warm-up excluded, %s) |\n", s.Steps, s.WarmupSteps, incompleteText(s))
 	p("| step TPS mean / p50 / p95 / p99 | %s / %s / %s / %s |\n", tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99))
 	p("| TPS per GPU | %s |\n", tps.SI(s.TPSPerGPU))
 	p("| wall TPS | %s |\n", tps.SI(s.WallTPS))

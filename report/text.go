@@ -31,7 +31,10 @@ func WriteText(w io.Writer, r *Report) error {
 		}
 		row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
 	}
-	row("steps", "%d (%d warm-up excluded, %d steady, %d incomplete, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, s.IncompleteSteps, s.Attempts)
+	if s.CompleteNote != "" {
+		row("note", "%s", s.CompleteNote)
+	}
+	row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
 	if s.SteadySteps == 0 {
 		tw.Flush()
 		fmt.Fprintln(w, "  no steady steps to summarise")
@@ -266,5 +269,17 @@ func secs(s float64) string {
 		return fmt.Sprintf("%.1fms", s*1e3)
 	default:
 		return fmt.Sprintf("%.0fµs", s*1e6)
+	}
+}
+
+// incompleteText says how many steps missed ranks and what was done with them.
+func incompleteText(s tps.Summary) string {
+	switch {
+	case s.IncompleteSteps == 0:
+		return "0 incomplete"
+	case s.IncompleteLeftOut > 0:
+		return fmt.Sprintf("%d incomplete, %d of them left out of the figures", s.IncompleteSteps, s.IncompleteLeftOut)
+	default:
+		return fmt.Sprintf("%d incomplete", s.IncompleteSteps)
 	}
 }

@@ -443,6 +443,11 @@ func (a *StepAccumulator) Result() ClusterStep {
 		c.FLOPs = flops
 	}
 	c.MFUUnknown = a.cfg.MFUUnknown
+	if c.MFUUnknown == "" && a.reported < a.world {
+		// The missing ranks' work is not known: MFU over the whole job's
+		// GPUs would mix a guess into a measured figure.
+		c.MFUUnknown = fmt.Sprintf("incomplete step: %d of %d ranks reported", a.reported, a.world)
+	}
 	if peak := a.cfg.PeakFLOPSPerGPU; peak > 0 && D > 0 && c.MFUUnknown == "" {
 		denom := D / 1e9 * float64(a.world) * peak
 		c.MFU = c.FLOPs / denom

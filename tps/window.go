@@ -2,6 +2,7 @@ package tps
 
 import (
 	"cmp"
+	"fmt"
 	"math"
 	"slices"
 )
@@ -92,6 +93,12 @@ type Summary struct {
 	WarmupSteps     int   `json:"warmup_steps"`
 	SteadySteps     int   `json:"steady_steps"`
 	IncompleteSteps int   `json:"incomplete_steps"`
+	// IncompleteLeftOut counts incomplete steps kept out of the steady
+	// figures (all of them, unless no step of the run was complete; then
+	// CompleteNote says so and the figures are those of the ranks that
+	// reported).
+	IncompleteLeftOut int    `json:"incomplete_left_out"`
+	CompleteNote      string `json:"complete_note,omitempty"`
 	Attempts        int   `json:"attempts"`
 	WorldSize       int64 `json:"world_size"`
 
@@ -173,6 +180,14 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait float64
 	first, last := int64(math.MaxInt64), int64(0)
 	attempts := map[int64]bool{}
+	anyComplete := false
+	var mostRanks int64
+	for i := range steps {
+		if steps[i].Complete() && !mask[i] {
+			anyComplete = true
+		}
+		mostRanks = max(mostRanks, steps[i].RanksReported)
+	}
 	for i := range steps {
 		c := &steps[i]
 		attempts[c.Attempt] = true
@@ -182,6 +197,10 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		}
 		if mask[i] {
 			s.WarmupSteps++
+			continue
+		}
+		if !c.Complete() && anyComplete {
+			s.IncompleteLeftOut++
 			continue
 		}
 		if c.StepTimeNs <= 0 {
@@ -215,6 +234,9 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		last = max(last, c.EndUnixNs)
 	}
 	s.Attempts = len(attempts)
+	if !anyComplete && s.SteadySteps > 0 {
+		s.CompleteNote = fmt.Sprintf("no step had all %d ranks (at most %d reported): every figure counts only the ranks that reported", s.WorldSize, mostRanks)
+	}
 	if s.SteadySteps == 0 {
 		return s
 	}

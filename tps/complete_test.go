@@ -1,0 +1,76 @@
+package tps
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+func completeRecs(step int64, world, reported int) []StepRecord {
+	recs := make([]StepRecord, reported)
+	for r := range recs {
+		recs[r] = StepRecord{Job: "j", Step: step, Rank: int64(r), WorldSize: int64(world), StartUnixNs: 1.8e18 + step*1e9,
+			EndUnixNs: 1.8e18 + step*1e9 + 5e8, DurationNs: 5e8, Tokens: 1000}
+	}
+	return recs
+}
+
+// An incomplete step has no MFU (the missing ranks' work is unknown), and
+// the run's figures are over its complete steps, with the incomplete ones
+// counted as left out: a rank that dies half-way changes no run figure.
+func TestIncompleteStepsLeftOut(t *testing.T) {
+	cfg := AccumulatorConfig{FLOPsPerToken: 1e9, PeakFLOPSPerGPU: 1e13}
+	var steps []ClusterStep
+	for s := int64(0); s < 20; s++ {
+		reported := 4
+		if s >= 10 {
+			reported = 3 // rank 3 died
+		}
+		c, err := Aggregate(completeRecs(s, 4, reported), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reported < 4 && (c.MFU != 0 || !strings.Contains(c.MFUUnknown, "incomplete step: 3 of 4")) {
+			t.Fatalf("step %d: MFU %g (%q) with a rank missing", s, c.MFU, c.MFUUnknown)
+		}
+		if reported == 4 && (c.MFU <= 0 || c.MFUUnknown != "") {
+			t.Fatalf("step %d: MFU %g (%q), complete", s, c.MFU, c.MFUUnknown)
+		}
+		steps = append(steps, c)
+	}
+	s := Summarize(steps, WindowOptions{Warmup: 0})
+	// 4 ranks × 1000 tokens over 0.5 s; MFU = 4000 × 1e9 / (0.5 × 4 × 1e13)
+	if s.SteadySteps != 10 || s.IncompleteSteps != 10 || s.IncompleteLeftOut != 10 || s.CompleteNote != "" {
+		t.Fatalf("steady %d, incomplete %d, left out %d, note %q", s.SteadySteps, s.IncompleteSteps, s.IncompleteLeftOut, s.CompleteNote)
+	}
+	if s.TPS.Mean != 8000 || s.MFU == nil || math.Abs(*s.MFU-0.2) > 1e-12 || s.MFUUnknown != "" {
+		t.Fatalf("TPS %g, MFU %v (%q): want 8000 and 0.2 over the complete steps", s.TPS.Mean, mfuOf(s), s.MFUUnknown)
+	}
+}
+
+// A job whose declared ranks never all report (2 of 64) has no MFU and says
+// so: the figures count only the ranks that reported.
+func TestNeverCompleteSaysSo(t *testing.T) {
+	var steps []ClusterStep
+	for s := int64(0); s < 10; s++ {
+		c, err := Aggregate(completeRecs(s, 64, 2), AccumulatorConfig{FLOPsPerToken: 1e9, PeakFLOPSPerGPU: 1e13})
+		if err != nil {
+			t.Fatal(err)
+		}
+		steps = append(steps, c)
+	}
+	s := Summarize(steps, WindowOptions{Warmup: 0})
+	if s.MFU != nil || !strings.Contains(s.MFUUnknown, "incomplete step: 2 of 64") {
+		t.Fatalf("MFU %v (%q)", s.MFU, s.MFUUnknown)
+	}
+	if !strings.Contains(s.CompleteNote, "no step had all 64 ranks (at most 2 reported)") || s.IncompleteLeftOut != 0 {
+		t.Fatalf("note %q, left out %d", s.CompleteNote, s.IncompleteLeftOut)
+	}
+}
+
+func mfuOf(s Summary) any {
+	if s.MFU == nil {
+		return nil
+	}
+	return *s.MFU
+}
