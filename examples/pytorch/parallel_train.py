@@ -9,12 +9,16 @@ Modes (CPU and gloo work; a GPU is used when there is one):
   tp             tensor parallel through DTensor (parallelize_module, colwise then rowwise)
   pp             two pipeline stages by hand: blocking send/recv of activations and
                  gradients, --micro micro-batches per step (GPipe order)
+  pp-gpipe       two stages with torch.distributed.pipelining (PipelineStage,
+  pp-1f1b        ScheduleGPipe or Schedule1F1B), --micro micro-batches per step
 
 The model is instrumented with one call (tpsprof.torch.instrument). Independently of
 tpsprof, every step is also profiled by the job itself with torch.profiler and the job
 writes its own truth to DIR/truth.RANK.jsonl, one line per step: communication as the
 union of the process group backend's own events ("gloo:*", "nccl:*"), the time it
-blocked in receives from the other stage by its own clock, and the tokens it trained on.
+blocked in sends to and receives from the other stage by its own clock (with pipelining:
+around the library's own waits on its batched sends and receives), and the tokens it
+trained on.
 """
 
 import argparse
@@ -84,7 +88,7 @@ def backend_comm_ns(prof):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", required=True, choices=["ddp-compile", "fsdp2", "fsdp2-compile", "tp", "pp"])
+    p.add_argument("--mode", required=True, choices=["ddp-compile", "fsdp2", "fsdp2-compile", "tp", "pp", "pp-gpipe", "pp-1f1b"])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=64)
@@ -100,7 +104,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = LM(args.vocab, args.dim, args.layers)
-    same_data = args.mode in ("tp", "pp")  # ranks of one replica see the same batch
+    same_data = args.mode in ("tp", "pp", "pp-gpipe", "pp-1f1b")  # ranks of one replica see the same batch
     g = torch.Generator().manual_seed(1234 if same_data else 1234 + rank)
     # (inputs, targets) pairs: the tokens trained on are the targets
     seqs = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g) for _ in range(args.steps)]
@@ -109,6 +113,8 @@ def main():
 
     if args.mode == "pp":
         return run_pp(args, model, loader, rank)
+    if args.mode.startswith("pp-"):
+        return run_pipelining(args, model, loader, rank)
     if args.mode == "ddp-compile":
         model = torch.compile(nn.parallel.DistributedDataParallel(model))
     elif args.mode.startswith("fsdp2"):
@@ -184,7 +190,9 @@ def run_pp(args, model, loader, rank):
             for m in range(args.micro):
                 if rank == 0:
                     y = stage(ids[m * mb:(m + 1) * mb])
+                    w0 = time.perf_counter_ns()
                     dist.send(y.detach().contiguous(), 1)
+                    waited += time.perf_counter_ns() - w0
                     outs.append(y)
                 else:
                     x = torch.empty(shape)
@@ -207,7 +215,9 @@ def run_pp(args, model, loader, rank):
                 else:
                     x, loss = acts[m]
                     loss.backward()
+                    w0 = time.perf_counter_ns()
                     dist.send(x.grad.contiguous(), 0)
+                    waited += time.perf_counter_ns() - w0
             opt.step()
             opt.zero_grad()
             t1 = time.perf_counter_ns()
@@ -218,6 +228,94 @@ def run_pp(args, model, loader, rank):
     prof.close()
     print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d" % (
         rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops)), flush=True)
+    dist.destroy_process_group()
+
+
+class _Stage0(nn.Module):
+    def __init__(self, model, half):
+        super().__init__()
+        self.emb = model.emb
+        self.blocks = nn.ModuleList(model.blocks[:half])
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+class _Stage1(nn.Module):
+    def __init__(self, model, half):
+        super().__init__()
+        self.blocks = nn.ModuleList(model.blocks[half:])
+        self.head = model.head
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def run_pipelining(args, model, loader, rank):
+    """Two stages run by torch.distributed.pipelining's own schedule (GPipe
+    or 1F1B). The job's truth for its wait on the other stage is its own
+    clock around the library's waits on batched receives."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import schedules as pp_schedules
+
+    half = len(model.blocks) // 2
+    stage_mod = _Stage0(model, half) if rank == 0 else _Stage1(model, half)
+    stage = PipelineStage(stage_mod, rank, 2, torch.device("cpu"))
+    loss_fn = nn.CrossEntropyLoss()
+
+    def loss_of(logits, labels):
+        return loss_fn(logits.reshape(-1, args.vocab), labels.reshape(-1))
+    cls = ScheduleGPipe if args.mode == "pp-gpipe" else Schedule1F1B
+    schedule = cls(stage, n_microbatches=args.micro, loss_fn=loss_of)
+    waited = [0]
+    inner_wait = pp_schedules._wait_batch_p2p
+
+    def timed_wait(works):
+        t = time.perf_counter_ns()
+        try:
+            return inner_wait(works)
+        finally:
+            if stage_sleep_done[0] is not None:
+                waited[0] += time.perf_counter_ns() - t
+    stage_sleep_done = [None]
+    pp_schedules._wait_batch_p2p = timed_wait
+    if rank == 1 and args.stage_sleep:
+        def slow(mod, inp):
+            time.sleep(args.stage_sleep)
+        stage_mod.register_forward_pre_hook(slow)
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-3)
+    prof = tpsprof.torch.instrument(stage_mod, opt, loader)
+    out = open(os.path.join(args.truth, "truth.%d.jsonl" % rank), "w")
+    step = 0
+    it = iter(loader)
+    while True:
+        with profile(activities=[ProfilerActivity.CPU]) as tp:
+            t0 = time.perf_counter_ns()
+            try:
+                ids, labels = next(it)
+            except StopIteration:
+                break
+            waited[0] = 0
+            stage_sleep_done[0] = True
+            if rank == 0:
+                schedule.step(ids)
+            else:
+                schedule.step(target=labels)
+            opt.step()
+            opt.zero_grad()
+            t1 = time.perf_counter_ns()
+        out.write(json.dumps({"step": step, "rank": rank, "comm_ns": backend_comm_ns(tp), "pp_wait_ns": waited[0],
+                              "tokens": ids.numel(), "step_ns": t1 - t0}) + "\n")
+        step += 1
+    out.close()
+    prof.close()
+    print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d, topology %s" % (
+        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops), prof.topology), flush=True)
     dist.destroy_process_group()
 
 

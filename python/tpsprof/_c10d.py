@@ -26,8 +26,9 @@ What is noted, for the active profiler (see tpsprof.torch):
   GPU) for c10d operators; the end of its ``wait_tensor`` for functional
   ones (the completion as the issuing stream sees it);
 - time the host blocks in ``Work.wait()`` or ``wait_tensor``;
-- point-to-point receives apart: the time blocked waiting for one is the
-  pipeline wait (``pp_wait_ns``), not communication.
+- point-to-point apart: the time blocked waiting for a receive or a send
+  to complete is the pipeline wait (``pp_wait_ns``), waiting for another
+  stage, not communication; a receive's span is not communication either.
 
 PyTorch 1.13's Python API does not go through these operators; there the
 ``torch.distributed`` functions are wrapped instead (tpsprof.torch).
@@ -42,6 +43,10 @@ import torch
 _SKIP = {"check_for_nan", "monitored_barrier_"}
 # point-to-point receives: waiting for one is waiting for another stage
 _RECV = {"recv_", "recv_any_source_"}
+# point-to-point sends: their transfer is communication, but the time
+# blocked waiting for one to complete is waiting for the other stage to
+# take it (pipeline wait), like a receive's
+_SEND = {"send"}
 _F_RECV = {"irecv"}
 
 _lib = None
@@ -182,6 +187,7 @@ except ImportError:
 
 def _c10d_kernel(op, name, active):
     recv = name in _RECV
+    p2p = recv or name in _SEND
 
     def kernel(*args, **kwargs):
         prof = active()
@@ -202,7 +208,7 @@ def _c10d_kernel(op, name, active):
                     work = _unbox(work)
                 except Exception:
                     work = None
-            prof._comm_track(cell, work, recv)
+            prof._comm_track(cell, work, p2p)
         return out
     return skip_dynamo(kernel)
 

@@ -174,6 +174,7 @@ class TorchProfiler:
         _install_collectives()
         _install_loss()
         _install_checkpoints()
+        _install_pipelining()
         _ACTIVE = self
         atexit.register(self.close)
 
@@ -458,7 +459,8 @@ class TorchProfiler:
 
     def _topology_from_mesh(self):
         """After the first step: the parallel layout from the device mesh of
-        the parameters (DTensor: FSDP2, tensor parallel, 2-D, HSDP), sent as
+        the parameters (DTensor: FSDP2, tensor parallel, 2-D, HSDP) and the
+        pipeline stage a torch.distributed.pipelining schedule runs, sent as
         each record's coordinates and, by rank 0, as the job's topology, so
         that tokens are counted once per data-parallel replica with nothing
         declared. A declared topology (TPSPROF_TOPOLOGY) that contradicts
@@ -470,7 +472,7 @@ class TorchProfiler:
                     params.extend(g["params"])
             for m, _ in self._models.values():
                 params.extend(m.parameters())
-            got = mesh_topology(params, self.client.world_size)
+            got = job_topology(params, self.client.world_size, _pp_stage)
         except Exception:
             self._err()
             return
@@ -491,8 +493,9 @@ class TorchProfiler:
                                      c.rank, declared, ",".join("%s=%d" % kv for kv in sizes.items()),
                                      ",".join("%s=%d" % (k[:-5], v) for k, v in coords.items())))
         c._coords = coords
-        if c.rank == 0:
-            c.meta(topology=sizes)
+        # every rank, before its first record: whichever rank's record
+        # reaches the collector first, the layout is there before it
+        c.meta(topology=sizes)
 
     def _trace_end(self):
         """Ends a profiled step, writes its trace for the agent and tells it."""
@@ -1477,6 +1480,63 @@ def _dim_kind(name):
         if any(part in names for part in n.replace("-", "_").split("_")):
             return kind
     return None
+
+
+_pp_stage = None  # the stage the pipelining schedule of this process runs (first seen)
+
+
+def _install_pipelining():
+    """torch.distributed.pipelining schedules note the stage they run (its
+    group size and rank are the pipeline's), at their first step."""
+    mod = sys.modules.get("torch.distributed.pipelining.schedules")
+    if mod is None:
+        return
+    for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
+        cls = getattr(mod, name, None)
+        step = getattr(cls, "step", None)
+        if step is None or getattr(step, "_tpsprof", False):
+            continue
+
+        def wrapped(self, *args, _inner=step, **kwargs):
+            global _pp_stage
+            if _pp_stage is None:
+                st = getattr(self, "_stage", None)
+                if st is None:
+                    stages = getattr(self, "_stages", None) or [None]
+                    st = stages[0]
+                _pp_stage = st
+            return _inner(self, *args, **kwargs)
+        wrapped._tpsprof = True
+        wrapped.__doc__ = step.__doc__
+        cls.step = _c10d.skip_dynamo(wrapped)
+
+
+def job_topology(params, world_size, stage=None):
+    """The job's layout from what it built: the device mesh of its DTensor
+    parameters (mesh_topology) and the pipeline stage its schedule runs
+    (the stage's group size is the pipeline's). None when they do not
+    account for every rank."""
+    pp = pp_rank = None
+    if stage is not None:
+        try:
+            pp, pp_rank = int(stage.group_size), int(stage.group_rank)
+        except Exception:
+            pp = None
+    whole = mesh_topology(params, world_size)
+    if pp is None or pp <= 1 or (whole is not None and whole[0]["pp"] == pp):
+        return whole  # the mesh spans every rank (with its pipeline dimension)
+    if world_size % pp:
+        return None
+    got = mesh_topology(params, world_size // pp)
+    if got is None:
+        if world_size != pp:
+            return None  # data-parallel pipelines without a mesh: which replica is unknown
+        got = ({"dp": 1, "tp": 1, "pp": 1, "cp": 1}, {"dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "cp_rank": 0})
+    sizes, coords = got
+    if sizes["pp"] != 1:
+        return None
+    sizes["pp"], coords["pp_rank"] = pp, pp_rank
+    return sizes, coords
 
 
 def mesh_topology(params, world_size):
