@@ -7,6 +7,8 @@ Modes (CPU and gloo work; a GPU is used when there is one):
   fsdp2          fully_shard on every block and the root
   fsdp2-compile  the same, compiled
   tp             tensor parallel through DTensor (parallelize_module, colwise then rowwise)
+  fsdp2-tp       2-D: a (dp, tp) mesh, tensor parallel inside each pair of ranks and
+                 FSDP2 across them (4 ranks: 2 replicas of 2)
   pp             two pipeline stages by hand: blocking send/recv of activations and
                  gradients, --micro micro-batches per step (GPipe order)
   pp-gpipe       two stages with torch.distributed.pipelining (PipelineStage,
@@ -88,7 +90,7 @@ def backend_comm_ns(prof):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", required=True, choices=["ddp-compile", "fsdp2", "fsdp2-compile", "tp", "pp", "pp-gpipe", "pp-1f1b"])
+    p.add_argument("--mode", required=True, choices=["ddp-compile", "fsdp2", "fsdp2-compile", "tp", "fsdp2-tp", "pp", "pp-gpipe", "pp-1f1b"])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--seq", type=int, default=64)
@@ -105,7 +107,10 @@ def main():
     torch.manual_seed(0)
     model = LM(args.vocab, args.dim, args.layers)
     same_data = args.mode in ("tp", "pp", "pp-gpipe", "pp-1f1b")  # ranks of one replica see the same batch
-    g = torch.Generator().manual_seed(1234 if same_data else 1234 + rank)
+    replica = 0 if same_data else rank
+    if args.mode == "fsdp2-tp":
+        replica = rank // 2  # the (dp, tp) mesh is row-major: ranks 0-1 are replica 0
+    g = torch.Generator().manual_seed(1234 + replica)
     # (inputs, targets) pairs: the tokens trained on are the targets
     seqs = [torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g) for _ in range(args.steps)]
     data = [(s[:, :-1].contiguous(), s[:, 1:].contiguous()) for s in seqs]
@@ -117,13 +122,22 @@ def main():
         return run_pipelining(args, model, loader, rank)
     if args.mode == "ddp-compile":
         model = torch.compile(nn.parallel.DistributedDataParallel(model))
-    elif args.mode.startswith("fsdp2"):
+    elif args.mode in ("fsdp2", "fsdp2-compile"):
         from torch.distributed.fsdp import fully_shard
         for b in model.blocks:
             fully_shard(b)
         fully_shard(model)
         if args.mode == "fsdp2-compile":
             model = torch.compile(model)
+    elif args.mode == "fsdp2-tp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("dp", "tp"))
+        for b in model.blocks:
+            parallelize_module(b, mesh["tp"], {"up": ColwiseParallel(), "down": RowwiseParallel()})
+            fully_shard(b, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
     elif args.mode == "tp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
@@ -155,8 +169,8 @@ def main():
         step += 1
     out.close()
     prof.close()
-    print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d" % (
-        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops)), flush=True)
+    print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d, topology %s" % (
+        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops), prof.topology), flush=True)
     dist.destroy_process_group()
 
 

@@ -72,8 +72,12 @@ func readTruth(t *testing.T, dir string) map[[2]int64]truthRow {
 func TestModernTorchParallelisms(t *testing.T) {
 	py := modernTorchPython(t)
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "parallel_train.py")
-	for _, mode := range []string{"fsdp2", "tp", "pp", "pp-gpipe", "pp-1f1b", "ddp-compile", "fsdp2-compile"} {
+	for _, mode := range []string{"fsdp2", "tp", "fsdp2-tp", "pp", "pp-gpipe", "pp-1f1b", "ddp-compile", "fsdp2-compile"} {
 		pipeline := strings.HasPrefix(mode, "pp")
+		world := 2
+		if mode == "fsdp2-tp" {
+			world = 4 // 2 replicas of 2 tensor-parallel ranks
+		}
 		t.Run(mode, func(t *testing.T) {
 			const steps = 5
 			truthDir := t.TempDir()
@@ -81,16 +85,16 @@ func TestModernTorchParallelisms(t *testing.T) {
 			if pipeline {
 				args = append(args, "--stage-sleep", "0.02")
 			}
-			dir, log := launchTorch(t, "modern-"+mode, false, torchrun(py, 2, args...))
+			dir, log := launchTorch(t, "modern-"+mode, false, torchrun(py, world, args...))
 			if !strings.Contains(log, "c10d ops hooked") || strings.Contains(log, "c10d ops hooked: 0") {
 				t.Fatalf("the dispatcher capture is not in use:\n%s", log)
 			}
 			rows := rankRows(t, dir)
 			truth := readTruth(t, truthDir)
-			if len(rows) != 2*steps || len(truth) != 2*steps {
-				t.Fatalf("%d rank rows and %d truth rows, want %d each\n%s", len(rows), len(truth), 2*steps, log)
+			if len(rows) != world*steps || len(truth) != world*steps {
+				t.Fatalf("%d rank rows and %d truth rows, want %d each\n%s", len(rows), len(truth), world*steps, log)
 			}
-			var got, want [2]float64
+			got, want := make([]float64, world), make([]float64, world)
 			for _, r := range rows {
 				tr, ok := truth[[2]int64{r.Step, r.Rank}]
 				if !ok {
@@ -133,6 +137,9 @@ func TestModernTorchParallelisms(t *testing.T) {
 			for _, c := range cl {
 				want := truth[[2]int64{c.Step, 0}].Tokens + truth[[2]int64{c.Step, 1}].Tokens
 				replicas := int64(2)
+				if mode == "fsdp2-tp" {
+					want = truth[[2]int64{c.Step, 0}].Tokens + truth[[2]int64{c.Step, 2}].Tokens
+				}
 				if mode == "tp" || pipeline {
 					// one replica: tensor-parallel peers from the mesh, the
 					// stages of a torch.distributed.pipelining schedule
@@ -145,10 +152,14 @@ func TestModernTorchParallelisms(t *testing.T) {
 					t.Errorf("cluster step %d: %d tokens over %d replicas, the job trained on %d over %d", c.Step, c.Tokens, c.Replicas, want, replicas)
 				}
 			}
-			if mode == "tp" {
+			if mode == "tp" || mode == "fsdp2-tp" {
 				for _, r := range rows {
-					if r.DPRank == nil || *r.DPRank != 0 || r.TPRank == nil || int64(*r.TPRank) != r.Rank {
-						t.Errorf("row %d/%d: coordinates dp %v tp %v, the mesh puts it at dp 0, tp %d", r.Step, r.Rank, r.DPRank, r.TPRank, r.Rank)
+					dp, tp := int64(0), r.Rank
+					if mode == "fsdp2-tp" {
+						dp, tp = r.Rank/2, r.Rank%2
+					}
+					if r.DPRank == nil || int64(*r.DPRank) != dp || r.TPRank == nil || int64(*r.TPRank) != tp {
+						t.Errorf("row %d/%d: coordinates dp %v tp %v, the mesh puts it at dp %d, tp %d", r.Step, r.Rank, r.DPRank, r.TPRank, dp, tp)
 					}
 				}
 			}
