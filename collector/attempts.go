@@ -78,6 +78,9 @@ func (b *attemptBook) sawRecords(job string, maxAttempt int64) {
 func (b *attemptBook) sawEvent(e tps.Event) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if e.Attempt < 0 || e.Attempt > tps.MaxAttempt {
+		return // never validated (files written before the bound): ignored
+	}
 	j := b.entry(e.Job)
 	j.has = true
 	j.max = max(j.max, e.Attempt)
@@ -139,7 +142,7 @@ func (b *attemptBook) merge(job string, disk wire.AttemptReply) {
 	j.onDisk = true
 	if disk.HasData {
 		j.has = true
-		j.max = max(j.max, disk.MaxAttempt)
+		j.max = max(j.max, min(disk.MaxAttempt, tps.MaxAttempt))
 	}
 }
 
@@ -165,7 +168,9 @@ func attemptsOnDisk(out, job string) (wire.AttemptReply, error) {
 	}
 	err = trace.EachColumns(filepath.Join(root, trace.ClusterSteps), []string{"attempt"}, "", func(c *trace.Columns) error {
 		for _, a := range c.Int64[0][:c.Rows] {
-			maxSeen = max(maxSeen, a)
+			if a <= tps.MaxAttempt { // rows written before the bound may hold any value
+				maxSeen = max(maxSeen, a)
+			}
 		}
 		return nil
 	})

@@ -598,7 +598,7 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 	var touched []stepKey
 	for i := range ps {
 		p := &ps[i]
-		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Attempt < 0 || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
+		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Step > tps.MaxStep || p.Attempt < 0 || p.Attempt > tps.MaxAttempt || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
 			t.reject("partial:invalid", 1)
 			continue
 		}

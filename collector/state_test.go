@@ -313,7 +313,8 @@ func TestGenerationMetrics(t *testing.T) {
 	}
 	// The loop publishes rollout latencies (at most every tick), not each event.
 	m := get(t, c, "/metrics")
-	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(m, "tpsprof_generation_ttft_seconds_count") && time.Now().Before(deadline); {
+	// (both ranks' events: a tick may publish after the first alone)
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(m, `tpsprof_generation_ttft_seconds_count{job="rl"} 200`) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
 		m = get(t, c, "/metrics")
 	}

@@ -78,6 +78,12 @@ func (e *Event) ValidateRollout() (RolloutDetail, error) {
 	if e.Attempt < 0 {
 		return d, fieldErr("attempt", e.Attempt, ReasonNegative, "must not be negative")
 	}
+	if e.Attempt > MaxAttempt {
+		return d, fieldErr("attempt", e.Attempt, ReasonOutOfRange, "above the limit of %d", MaxAttempt)
+	}
+	if e.Step < 0 || e.Step > MaxStep {
+		return d, fieldErr("step", e.Step, ReasonOutOfRange, "must be 0 to %d", MaxStep)
+	}
 	if e.StartUnixNs < MinUnixNs {
 		return d, fieldErr("start_unix_ns", e.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
 	}

@@ -94,6 +94,12 @@ type StepRecord struct {
 // purpose: a rejection must mean the producer is wrong, not that the job is big.
 const (
 	MaxWorldSize = 1 << 22 // 4,194,304 ranks
+	// MaxAttempt bounds attempt numbers (a million launches and restarts of
+	// one job): a record with attempt 2^63-1 would otherwise make the next
+	// launch's attempt overflow.
+	MaxAttempt = int64(1) << 20
+	// MaxStep bounds step numbers (a trillion steps).
+	MaxStep = int64(1) << 40
 	MaxStepNs    = int64(24 * time.Hour)
 	MaxTokens    = int64(1) << 40 // per replica per step
 	// MaxTokensPerNs bounds a replica's rate: 1e9 tokens/s, beyond any
@@ -173,8 +179,14 @@ func (r *StepRecord) Validate() error {
 	if r.Attempt < 0 {
 		return fieldErr("attempt", r.Attempt, ReasonNegative, "must not be negative")
 	}
+	if r.Attempt > MaxAttempt {
+		return fieldErr("attempt", r.Attempt, ReasonOutOfRange, "above the limit of %d", MaxAttempt)
+	}
 	if r.Step < 0 {
 		return fieldErr("step", r.Step, ReasonNegative, "must not be negative")
+	}
+	if r.Step > MaxStep {
+		return fieldErr("step", r.Step, ReasonOutOfRange, "above the limit of %d", MaxStep)
 	}
 	if r.WorldSize <= 0 {
 		return fieldErr("world_size", r.WorldSize, ReasonMissing, "required, at least 1")

@@ -72,6 +72,10 @@ func (r AttemptReply) Choose(now time.Time, join time.Duration) (int64, string) 
 	if !r.HasData {
 		return 0, "attempt 0 (the job has no data yet)"
 	}
+	if r.MaxAttempt < 0 || r.MaxAttempt >= tps.MaxAttempt {
+		// a collector that never bounded attempts: never overflow, never go negative
+		return tps.MaxAttempt, fmt.Sprintf("attempt %d (the job's data claims attempt %d, past the limit: pass --attempt)", tps.MaxAttempt, r.MaxAttempt)
+	}
 	next := r.MaxAttempt + 1
 	return next, fmt.Sprintf("attempt %d (the job has data up to attempt %d: this launch is a new attempt, reported apart from the earlier ones)", next, r.MaxAttempt)
 }

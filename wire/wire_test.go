@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/json"
 	"errors"
+	"math"
 	"reflect"
 	"testing"
 	"time"
@@ -188,6 +189,8 @@ func TestAttemptReplyChoose(t *testing.T) {
 		{AttemptReply{HasData: true, MaxAttempt: 3, Running: 3, RunningSinceUnixNs: now.Add(-time.Minute).UnixNano()}, 3},
 		// started too long ago: a launch that died without its attempt_end
 		{AttemptReply{HasData: true, MaxAttempt: 3, Running: 3, RunningSinceUnixNs: now.Add(-time.Hour).UnixNano()}, 4},
+		// a collector that never bounded attempts answers 2^63-1: no overflow
+		{AttemptReply{HasData: true, MaxAttempt: math.MaxInt64, Running: -1}, tps.MaxAttempt},
 	} {
 		if got, why := c.r.Choose(now, 5*time.Minute); got != c.want || why == "" {
 			t.Errorf("%+v: attempt %d (%s), want %d", c.r, got, why, c.want)
