@@ -99,9 +99,9 @@ const (
 	// launch's attempt overflow.
 	MaxAttempt = int64(1) << 20
 	// MaxStep bounds step numbers (a trillion steps).
-	MaxStep = int64(1) << 40
-	MaxStepNs    = int64(24 * time.Hour)
-	MaxTokens    = int64(1) << 40 // per replica per step
+	MaxStep   = int64(1) << 40
+	MaxStepNs = int64(24 * time.Hour)
+	MaxTokens = int64(1) << 40 // per replica per step
 	// MaxTokensPerNs bounds a replica's rate: 1e9 tokens/s, beyond any
 	// GPU (a 10M-parameter model at 100% of an H100 does ~1.6e7).
 	MaxTokensPerNs = 1

@@ -89,18 +89,18 @@ const AutoWarmup = -1
 
 // Summary is the steady-state view of a window of cluster steps.
 type Summary struct {
-	Steps           int   `json:"steps"`
-	WarmupSteps     int   `json:"warmup_steps"`
-	SteadySteps     int   `json:"steady_steps"`
-	IncompleteSteps int   `json:"incomplete_steps"`
+	Steps           int `json:"steps"`
+	WarmupSteps     int `json:"warmup_steps"`
+	SteadySteps     int `json:"steady_steps"`
+	IncompleteSteps int `json:"incomplete_steps"`
 	// IncompleteLeftOut counts incomplete steps kept out of the steady
 	// figures (all of them, unless no step of the run was complete; then
 	// CompleteNote says so and the figures are those of the ranks that
 	// reported).
 	IncompleteLeftOut int    `json:"incomplete_left_out"`
 	CompleteNote      string `json:"complete_note,omitempty"`
-	Attempts        int   `json:"attempts"`
-	WorldSize       int64 `json:"world_size"`
+	Attempts          int    `json:"attempts"`
+	WorldSize         int64  `json:"world_size"`
 
 	StepTimeS Dist `json:"step_time_s"`
 	TPS       Dist `json:"tps"`
