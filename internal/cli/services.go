@@ -242,8 +242,8 @@ func serveHTTP(addr string, h http.Handler) (string, func(), error) {
 	if err != nil {
 		return "", nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go srv.Serve(ln)
+	srv, lim := collector.NewHTTPServer(h, ln, 0)
+	go srv.Serve(lim)
 	return "http://" + ln.Addr().String() + "/", func() { srv.Close() }, nil
 }
 

@@ -17,7 +17,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -156,8 +155,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("demo: live page: %w", err)
 		}
-		hs := &http.Server{Handler: col.Handler(), ReadHeaderTimeout: 5 * time.Second}
-		go hs.Serve(ln)
+		hs, lim := collector.NewHTTPServer(col.Handler(), ln, 0)
+		go hs.Serve(lim)
 		defer hs.Close()
 		fmt.Fprintf(progress, "live page: http://%s/ (metrics at /metrics)\n", ln.Addr())
 	}
