@@ -118,7 +118,9 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		}
 		add("peak convention", mfu.PeakConvention(dt))
 	}
-	if f := rep.CommFit; f.Slope != 0 {
+	if f := rep.CommFit; f.Slope != 0 && f.R2 < MinFitR2 {
+		add("TPS vs comm", fmt.Sprintf("no relation found between step TPS and exposed communication (R² %.2f)", f.R2))
+	} else if f.Slope != 0 {
 		add("TPS vs comm", fmt.Sprintf("each percentage point of exposed communication costs %s tokens/s (R² %.2f)", tps.SI(-f.Slope/100), f.R2))
 	}
 	if e := rep.Energy; e != nil {

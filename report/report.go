@@ -129,6 +129,11 @@ type Energy struct {
 // CommFit is the least-squares line of step TPS against the exposed
 // communication fraction over steady steps: how much throughput each point
 // of exposed communication costs.
+// MinFitR2 is the share of TPS variance a fit must explain to be quoted as
+// a cost: below it the report says no relation was found (a line through
+// noise, e.g. R² 0.04, is not a cost per point of communication).
+const MinFitR2 = 0.3
+
 type CommFit struct {
 	Slope     float64 `json:"slope_tps_per_fraction"`
 	Intercept float64 `json:"intercept_tps"`

@@ -65,7 +65,9 @@ func WriteText(w io.Writer, r *Report) error {
 	if b.CommOverlap > 0 {
 		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}
-	if f := r.CommFit; f.Slope != 0 {
+	if f := r.CommFit; f.Slope != 0 && f.R2 < MinFitR2 {
+		row("TPS vs comm", "no relation found between step TPS and exposed communication (R² %.2f)", f.R2)
+	} else if f.Slope != 0 {
 		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", tps.SI(-f.Slope/100), f.R2)
 	}
 	for _, l := range generationLines(r) {
