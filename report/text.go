@@ -35,6 +35,9 @@ func WriteText(w io.Writer, r *Report) error {
 		row("note", "%s", s.CompleteNote)
 	}
 	row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
+	if s.WarmupSteps > 0 && s.WarmupRule != "" {
+		row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)
+	}
 	if s.SteadySteps == 0 {
 		tw.Flush()
 		fmt.Fprintln(w, "  no steady steps to summarise")

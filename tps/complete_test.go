@@ -74,3 +74,24 @@ func mfuOf(s Summary) any {
 	}
 	return *s.MFU
 }
+
+// The automatic warm-up rule is bounded (a run slow for long is reported
+// slow) and says what it did.
+func TestAutoWarmupBoundedAndExplained(t *testing.T) {
+	var steps []ClusterStep
+	for i := int64(0); i < 100; i++ {
+		d := int64(1e9)
+		if i < 30 {
+			d = 3e9 // slow for its first 30 steps
+		}
+		steps = append(steps, ClusterStep{Step: i, WorldSize: 8, Tokens: 8000, StepTimeNs: d, TPS: 8000 / (float64(d) / 1e9),
+			StartUnixNs: 1.8e18 + i*4e9, EndUnixNs: 1.8e18 + i*4e9 + d})
+	}
+	s := Summarize(steps, WindowOptions{Warmup: AutoWarmup})
+	if s.WarmupSteps != 10 || s.SteadySteps != 90 {
+		t.Fatalf("%d warm-up steps, %d steady: want 10 (10%% of 100) and 90", s.WarmupSteps, s.SteadySteps)
+	}
+	if !strings.Contains(s.WarmupRule, "slower than") || !strings.Contains(s.WarmupRule, "at most 10%") {
+		t.Errorf("rule %q", s.WarmupRule)
+	}
+}

@@ -97,10 +97,12 @@ type Summary struct {
 	// figures (all of them, unless no step of the run was complete; then
 	// CompleteNote says so and the figures are those of the ranks that
 	// reported).
-	IncompleteLeftOut int    `json:"incomplete_left_out"`
-	CompleteNote      string `json:"complete_note,omitempty"`
-	Attempts          int    `json:"attempts"`
-	WorldSize         int64  `json:"world_size"`
+	IncompleteLeftOut int `json:"incomplete_left_out"`
+	// WarmupRule says which steps were excluded as warm-up and why.
+	WarmupRule   string `json:"warmup_rule,omitempty"`
+	CompleteNote string `json:"complete_note,omitempty"`
+	Attempts     int    `json:"attempts"`
+	WorldSize    int64  `json:"world_size"`
 
 	StepTimeS Dist `json:"step_time_s"`
 	TPS       Dist `json:"tps"`
@@ -129,31 +131,49 @@ type Summary struct {
 	TokenMismatch     int64   `json:"token_mismatch_replicas"`
 }
 
+// MaxAutoWarmupShare bounds the automatic warm-up rule: at most this share
+// of an attempt's steps (and at most 3 in an attempt shorter than 30) are
+// excluded as warm-up, so a run that is slow for long is reported slow,
+// not cut down to its fast end.
+const MaxAutoWarmupShare = 0.1
+
+// warmupThreshold is the automatic rule's step time: median + max(3 MAD,
+// 5% of the median) over the run (+Inf for a fixed count).
+func warmupThreshold(steps []ClusterStep, opt WindowOptions) float64 {
+	if opt.Warmup >= 0 || len(steps) == 0 {
+		return math.Inf(1)
+	}
+	times := make([]float64, len(steps))
+	for i := range steps {
+		times[i] = float64(steps[i].StepTimeNs)
+	}
+	med, mad := MedianMAD(times)
+	return med + max(3*mad, 0.05*med)
+}
+
 // WarmupMask marks, for steps sorted by (attempt, step), which are warm-up.
 func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
 	mask := make([]bool, len(steps))
 	if len(steps) == 0 {
 		return mask
 	}
-	threshold := math.Inf(1)
-	if opt.Warmup < 0 {
-		times := make([]float64, len(steps))
-		for i := range steps {
-			times[i] = float64(steps[i].StepTimeNs)
-		}
-		med, mad := MedianMAD(times)
-		threshold = med + max(3*mad, 0.05*med)
-	}
+	threshold := warmupThreshold(steps, opt)
 	pos := 0 // position within the current attempt
 	inWarmup := true
+	limit := 1
 	for i := range steps {
 		if i == 0 || steps[i].Attempt != steps[i-1].Attempt {
 			pos, inWarmup = 0, true
+			n := 0
+			for j := i; j < len(steps) && steps[j].Attempt == steps[i].Attempt; j++ {
+				n++
+			}
+			limit = max(3, int(MaxAutoWarmupShare*float64(n)))
 		}
 		if opt.Warmup >= 0 {
 			mask[i] = pos < opt.Warmup
 		} else {
-			if inWarmup && (pos == 0 || float64(steps[i].StepTimeNs) > threshold) {
+			if inWarmup && (pos == 0 || (pos < limit && float64(steps[i].StepTimeNs) > threshold)) {
 				mask[i] = true
 			} else {
 				inWarmup = false
@@ -234,6 +254,12 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		last = max(last, c.EndUnixNs)
 	}
 	s.Attempts = len(attempts)
+	if opt.Warmup >= 0 {
+		s.WarmupRule = fmt.Sprintf("the first %d steps of each attempt", opt.Warmup)
+	} else if len(steps) > 0 {
+		s.WarmupRule = fmt.Sprintf("the first step of each attempt and the leading steps slower than %.3g s (median + max(3 MAD, 5%%) of the run's step times), at most %.0f%% of an attempt's steps (3 in a short one)",
+			warmupThreshold(steps, opt)/1e9, 100*MaxAutoWarmupShare)
+	}
 	if !anyComplete && s.SteadySteps > 0 {
 		s.CompleteNote = fmt.Sprintf("no step had all %d ranks (at most %d reported): every figure counts only the ranks that reported", s.WorldSize, mostRanks)
 	}
