@@ -3,6 +3,7 @@ package agent
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -85,6 +86,15 @@ func (a *Agent) tracePath(p string) (string, error) {
 	return p, nil
 }
 
+// Bounds of one trace analysis in the agent: its memory follows the events
+// of the trace's densest step (about 200 B each), and a small gzip can
+// unpack to gigabytes. A trace past either is not analysed (counted as
+// trace:unreadable) and its step's record is released at once.
+const (
+	MaxTraceUncompressedBytes = 4 << 30
+	MaxTraceEvents            = 2_000_000
+)
+
 // analyseFile analyses a trace that was checked to be a regular file when
 // it was announced; it is opened again without following a link and
 // without blocking, so that a FIFO or device swapped in since is refused
@@ -95,7 +105,7 @@ func analyseFile(path string) (*kineto.Result, error) {
 		return nil, err
 	}
 	defer f.Close()
-	r, err := kineto.AnalyzeWith(f, kineto.Options{})
+	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
 	}
@@ -137,14 +147,28 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		a.settle(n, nil)
 		return
 	}
-	s := r.Total
-	for _, st := range r.Steps {
-		if st.Step == n.Step {
-			s = st
+	// The noted step's figures; a trace without that ProfilerStep gives
+	// none (its totals would be another span of time than the step's).
+	var s *kineto.StepStats
+	for i := range r.Steps {
+		if r.Steps[i].Step == n.Step {
+			s = &r.Steps[i]
 		}
+	}
+	if s == nil {
+		a.reject("trace:no_step")
+		a.log.Warn("trace", "profiler trace has no ProfilerStep of the noted step", "path", n.Path, "step", n.Step)
+		a.settle(n, nil)
+		return
 	}
 	f := tps.TraceFigures{Device: r.Device, DurationUs: s.DurationUs, ComputeUs: s.ComputeUs, CommUs: s.CommUs,
 		ExposedCommUs: s.ExposedCommUs, MemoryUs: s.MemoryUs, OverlapPct: s.OverlapPct}
+	if !plausibleFigures(f) {
+		a.reject("trace:implausible")
+		a.log.Warn("trace", "profiler trace figures out of range: not attached", "path", n.Path, "duration_us", f.DurationUs)
+		a.settle(n, nil)
+		return
+	}
 	for _, c := range r.Collectives {
 		if len(f.Collectives) == 6 {
 			break
@@ -280,4 +304,17 @@ func attachTrace(r *tps.StepRecord, f *tps.TraceFigures) {
 		r.CommNs = r.TraceCommNs
 		r.ExposedCommNs = min(r.TraceExposedCommNs, r.DurationNs)
 	}
+}
+
+// plausibleFigures: finite, not negative, within a day (what the collector
+// accepts for a step), an overlap a percentage. Figures past these would
+// make the collector reject the whole step record they ride on.
+func plausibleFigures(f tps.TraceFigures) bool {
+	const day = 86400e6 // µs
+	for _, v := range []float64{f.DurationUs, f.ComputeUs, f.CommUs, f.ExposedCommUs, f.MemoryUs} {
+		if math.IsNaN(v) || v < 0 || v > day {
+			return false
+		}
+	}
+	return f.OverlapPct == nil || (!math.IsNaN(*f.OverlapPct) && *f.OverlapPct >= 0 && *f.OverlapPct <= 100)
 }

@@ -209,3 +209,57 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 		t.Fatal("the agent did not close")
 	}
 }
+
+// A trace without a ProfilerStep of the noted step gives the record no
+// figures (the whole trace's totals are another span of time); the record
+// is released at once, not after the 30 s hold.
+func TestTraceWithoutTheNotedStep(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	msgs := make(chan *nats.Msg, 16)
+	nc.ChanSubscribe(wire.StepsSubject("tn", "n0"), msgs)
+	nc.Flush()
+	dir, _ := os.MkdirTemp("", "tpsprof-tr")
+	defer os.RemoveAll(dir)
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
+		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	tr := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#6","ts":0,"dur":200},
+{"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":60,"args":{"stream":7}}]}`
+	path := filepath.Join(a.cfg.TraceDir, "tn.0.3.7.pt.trace.json")
+	os.WriteFile(path, []byte(tr), 0o600)
+	now := time.Now().UnixNano()
+	rec := tps.StepRecord{Job: "tn", Step: 7, Rank: 3, WorldSize: 4, StartUnixNs: now - 1e6, EndUnixNs: now, Tokens: 10}
+	if err := a.SubmitTrace(TraceNote{Job: "tn", Step: 7, Rank: 3, Path: path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SubmitStep(rec); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-msgs:
+		recs, err := wire.DecodeSteps(m.Data, nil)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("%v %v", recs, err)
+		}
+		if r := recs[0]; r.TraceComputeNs != 0 || r.TraceCommNs != 0 {
+			t.Fatalf("step 7 got step 6's trace figures: %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held record was not released")
+	}
+	if got := a.Stats().Rejected["trace:no_step"]; got != 1 {
+		t.Errorf("trace:no_step %d, want 1", got)
+	}
+}

@@ -132,6 +132,13 @@ type Options struct {
 	// SpillDir is where the compact records of a large trace wait between
 	// passes (an unlinked temporary file; default os.TempDir()).
 	SpillDir string
+	// MaxBytes and MaxEvents bound what one analysis reads: the trace's
+	// bytes once decompressed (a small gzip can hold gigabytes) and its
+	// events (the records of the densest step are held at once, about
+	// 200 B each). 0: no bound. Past either the analysis stops with an
+	// error.
+	MaxBytes  int64
+	MaxEvents int64
 }
 
 // AnalyzeFile analyses a trace file; gzip is recognised by its magic bytes,
@@ -172,7 +179,13 @@ func analyze(r io.Reader, opt Options) (*Result, int, error) {
 			return nil, 0, fmt.Errorf("kineto: gzip: %w", err)
 		}
 		defer gz.Close()
-		br = bufio.NewReaderSize(gz, 1<<20)
+		var src io.Reader = gz
+		if opt.MaxBytes > 0 {
+			src = &boundedReader{r: gz, left: opt.MaxBytes, limit: opt.MaxBytes}
+		}
+		br = bufio.NewReaderSize(src, 1<<20)
+	} else if opt.MaxBytes > 0 {
+		br = bufio.NewReaderSize(&boundedReader{r: br, left: opt.MaxBytes, limit: opt.MaxBytes}, 1<<20)
 	}
 	a := analyzer{groups: map[string]uint16{}, groupOf: []string{""}, opt: opt, sp: spill{dir: opt.SpillDir}}
 	defer a.sp.close()
@@ -225,8 +238,29 @@ func (a *analyzer) info(b []byte) error {
 	return nil
 }
 
+// boundedReader fails once more than limit bytes were read.
+type boundedReader struct {
+	r           io.Reader
+	left, limit int64
+}
+
+func (b *boundedReader) Read(p []byte) (int, error) {
+	if b.left <= 0 {
+		return 0, fmt.Errorf("kineto: the trace is larger than %d bytes (uncompressed): not analysed", b.limit)
+	}
+	if int64(len(p)) > b.left {
+		p = p[:b.left]
+	}
+	n, err := b.r.Read(p)
+	b.left -= int64(n)
+	return n, err
+}
+
 func (a *analyzer) event(b []byte) error {
 	a.events++
+	if a.opt.MaxEvents > 0 && a.events > a.opt.MaxEvents {
+		return fmt.Errorf("kineto: the trace has more than %d events: not analysed", a.opt.MaxEvents)
+	}
 	e := &a.ev
 	*e = rawEvent{corr: -1}
 	err := fields(b, func(k, v []byte) error {

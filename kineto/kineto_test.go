@@ -388,3 +388,32 @@ func TestInterleavedCorrelations(t *testing.T) {
 		t.Fatalf("steps: %+v", r.Steps)
 	}
 }
+
+// A trace is bounded by what it unpacks to, its event count and the size of
+// one value: a small gzip of a huge trace, a trace of many events and a
+// distributedInfo of millions of digits are refused with an error, early,
+// not held in memory.
+func TestAnalysisBounds(t *testing.T) {
+	var big bytes.Buffer
+	zw := gzip.NewWriter(&big)
+	zw.Write([]byte(`{"traceEvents":[`))
+	ev := []byte(`{"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":1,"args":{"stream":7}},`)
+	for i := 0; i < 200_000; i++ {
+		zw.Write(ev)
+	}
+	zw.Write([]byte(`{"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":1}]}`))
+	zw.Close()
+	if _, err := AnalyzeWith(bytes.NewReader(big.Bytes()), Options{MaxBytes: 1 << 20}); err == nil || !strings.Contains(err.Error(), "uncompressed") {
+		t.Errorf("a %d-byte gzip of 15 MB under a 1 MiB bound: %v", big.Len(), err)
+	}
+	if _, err := AnalyzeWith(bytes.NewReader(big.Bytes()), Options{MaxEvents: 1000}); err == nil || !strings.Contains(err.Error(), "more than 1000 events") {
+		t.Errorf("200,001 events under a bound of 1,000: %v", err)
+	}
+	if _, err := AnalyzeWith(bytes.NewReader(big.Bytes()), Options{}); err != nil {
+		t.Errorf("unbounded: %v", err)
+	}
+	huge := `{"distributedInfo":` + strings.Repeat("9", 20<<20) + `,"traceEvents":[]}`
+	if _, err := AnalyzeWith(strings.NewReader(huge), Options{}); !errors.Is(err, errTooBig) {
+		t.Errorf("a 20 MB number as distributedInfo: %v", err)
+	}
+}

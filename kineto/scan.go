@@ -77,6 +77,9 @@ func (s *scanner) value(c byte, keep bool) error {
 			}
 			s.off++
 			if keep {
+				if len(s.buf) >= maxEventBytes {
+					return errTooBig
+				}
 				s.buf = append(s.buf, b)
 			}
 		}
