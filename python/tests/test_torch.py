@@ -154,6 +154,12 @@ class CudaEventPathTest(unittest.TestCase):
         FakeEvent.clock = 400.0
         with prof.step():
             FakeEvent.clock += 60.0
+        # handed to the sender thread, which builds and sends them
+        self.assertEqual(len(prof._pending), 2)
+        for _ in range(200):
+            if prof.steps == 2:
+                break
+            threading.Event().wait(0.005)
         self.assertEqual(prof.steps, 2)
         prof.close()  # waits for the rest, once
         self.assertEqual(prof.steps, 4)

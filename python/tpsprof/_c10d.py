@@ -64,13 +64,27 @@ def skip_dynamo(fn):
     try to compile them as frames of their own and break on our clocks.
     Uses dynamo's C-level per-code setting, so torch._dynamo (over a second
     to import) is not imported for jobs that never compile. Returns fn."""
+    global _no_dynamo
+    if _no_dynamo:
+        return fn
     try:
-        ef = torch._C._dynamo.eval_frame
+        code = getattr(fn, "__func__", fn).__code__
+        if code in _skipped:
+            return fn  # closures share their code: once is enough
+        ef = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+        if ef is None:
+            _no_dynamo = True  # PyTorch 1.13: nothing compiles our frames
+            return fn
         skip = ef._FrameAction.SKIP
-        ef.set_code_exec_strategy(getattr(fn, "__func__", fn).__code__, ef._FrameExecStrategy(skip, skip))
+        ef.set_code_exec_strategy(code, ef._FrameExecStrategy(skip, skip))
+        _skipped.add(code)
     except Exception:
         pass  # PyTorch 1.13, or a PyTorch without the setting: nothing compiles our frames there
     return fn
+
+
+_skipped = set()
+_no_dynamo = False
 
 
 def compiling():

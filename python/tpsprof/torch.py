@@ -169,6 +169,9 @@ class TorchProfiler:
         self._closed = False
         self._in_rollout = False
         self._poller = None
+        # records are built and sent by a thread of ours, in order: the
+        # training thread only decides a step is over (docs/capture.md)
+        self._sender = _Sender(self)
         self._recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
         self._fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
         _install_collectives()
@@ -454,8 +457,8 @@ class TorchProfiler:
         side, self._side = self._side, {}
         step = self.step_number
         for kind, (a, b) in sorted(side.items(), key=lambda kv: kv[1][0]):
-            self.client.event(kind, start_unix_ns=a, end_unix_ns=max(b, a),
-                              step=None if step is None else max(step - 1, 0))
+            self._sender.put(lambda kind=kind, a=a, b=b: self.client.event(
+                kind, start_unix_ns=a, end_unix_ns=max(b, a), step=None if step is None else max(step - 1, 0)))
 
     def _topology_from_mesh(self):
         """After the first step: the parallel layout from the device mesh of
@@ -495,7 +498,7 @@ class TorchProfiler:
         c._coords = coords
         # every rank, before its first record: whichever rank's record
         # reaches the collector first, the layout is there before it
-        c.meta(topology=sizes)
+        self._sender.put(lambda: c.meta(topology=sizes))
 
     def _trace_end(self):
         """Ends a profiled step, writes its trace for the agent and tells it."""
@@ -524,7 +527,9 @@ class TorchProfiler:
             # exporter cannot be sent through a planted link
             _client.create_private_file(path)
             p.export_chrome_trace(path)
-            c.trace_ready(n, path)
+            # before the step's record, in order: the agent holds the
+            # record for the trace's figures
+            self._sender.put(lambda: c.trace_ready(n, path))
             self.traces += 1
         except Exception:
             self._err()
@@ -567,11 +572,15 @@ class TorchProfiler:
             if not ready:
                 return
             self._pending.popleft()
-            try:
-                self._send(st, wait)
-            except Exception:
-                self._err()
-            self._release(st)
+            self._sender.put(lambda st=st, wait=wait: self._send_release(st, wait))
+
+    def _send_release(self, st, wait):
+        """(On the sender thread.) Builds and sends a step's record."""
+        try:
+            self._send(st, wait)
+        except Exception:
+            self._err()
+        self._release(st)
 
     def _ready(self, st):
         if st.cuda:
@@ -813,7 +822,7 @@ class TorchProfiler:
                 n = self.token_fn(batch)
                 real, padded = n if isinstance(n, tuple) else (n, n)
             else:
-                got = count_tokens(batch, self.ignore_index)
+                got = _count_tokens(batch, self.ignore_index)
                 if got is not None:
                     real, padded, samples = got
             if real is not None:
@@ -822,7 +831,7 @@ class TorchProfiler:
                 st.tokens.append(_lazy_int(real))
                 st.padded.append(_lazy_int(padded))
                 if self.token_fn is None:
-                    sq = packed_seq_sq(batch)
+                    sq = _packed_seq_sq(batch)
                     if sq is not None:
                         st.seq_sq.append(_lazy_int(sq))
             st.samples += samples
@@ -1007,6 +1016,7 @@ class TorchProfiler:
             _ACTIVE = None
         if self._poller is not None:
             self._poller.stop()
+        self._sender.close(timeout)
         self.client.close(timeout)
 
     @property
@@ -1016,6 +1026,52 @@ class TorchProfiler:
     @property
     def dropped(self):
         return self.client.dropped
+
+
+class _Sender:
+    """Runs what touches the agent connection (building and sending step
+    records, events, metadata, trace notes) on a thread of its own, in the
+    order the training thread asked for it, in batches: the training thread
+    appends to a queue (no lock, no wake-up) and the thread takes what is
+    there every ``interval`` seconds, so a step costs the training thread a
+    queue append, not the record's arithmetic, JSON and socket write, nor a
+    thread switch per step."""
+
+    def __init__(self, prof, interval=0.05):
+        self._prof = prof
+        self.interval = interval
+        self._items = collections.deque()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # starts the thread once
+        self._thread = None
+
+    def put(self, fn):
+        self._items.append(fn)  # atomic; the thread picks it up
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="tpsprof-send", daemon=True)
+                    self._thread.start()
+
+    def _drain(self):
+        while self._items:
+            fn = self._items.popleft()
+            try:
+                fn()
+            except Exception:
+                self._prof._err()
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self._drain()
+        self._drain()
+
+    def close(self, timeout=2.0):
+        """Runs what is queued (at most timeout seconds), then stops."""
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
 
 
 def _settle(items, now):
@@ -1167,6 +1223,16 @@ def _is_ids(t):
 
 
 def count_tokens(batch, ignore_index=-100):
+    """(real, padded, samples) of a batch, or None when it holds no tokens
+    (see _count_tokens; counts on a GPU stay GPU tensors)."""
+    got = _count_tokens(batch, ignore_index)
+    if got is None:
+        return None
+    real, padded, samples = got
+    return (int(real) if isinstance(real, _CountLater) else real), padded, samples
+
+
+def _count_tokens(batch, ignore_index=-100):
     """(real, padded, samples) of a batch, or None when it holds no tokens.
 
     Real tokens are the attention mask's sum when the batch has one, else
@@ -1194,11 +1260,17 @@ def count_tokens(batch, ignore_index=-100):
     padded = ids.numel()
     samples = ids.shape[0] if ids.dim() > 1 else 1
     if labels is not None and isinstance(labels, torch.Tensor) and labels.numel() == padded:
-        return _sum(labels != ignore_index), padded, samples
+        return _sum(labels, ignore_index), padded, samples
     return padded, padded, samples
 
 
 def packed_seq_sq(batch):
+    """Σ document length² of a packed batch (see _packed_seq_sq), or None."""
+    v = _packed_seq_sq(batch)
+    return int(v) if isinstance(v, _CountLater) else v
+
+
+def _packed_seq_sq(batch):
     """Σ document length² of a packed batch, or None for an unpacked one.
 
     A batch is packed when it carries ``cu_seqlens`` (cumulative document
@@ -1227,15 +1299,33 @@ def packed_seq_sq(batch):
     return _sum(lens * lens)
 
 
-def _sum(t):
-    s = t.sum()
-    if s.device.type == "cpu":
-        return int(s)
+class _CountLater:
+    """Tokens of a CPU tensor counted when the record is built, on the
+    sender thread: the mask's sum, or the labels other than the ignore
+    index (the training thread keeps a reference, not a reduction)."""
+
+    __slots__ = ("t", "ignore")
+
+    def __init__(self, t, ignore=None):
+        self.t, self.ignore = t, ignore
+
+    def __int__(self):
+        t = self.t if self.ignore is None else (self.t != self.ignore)
+        return int(t.sum())
+
+
+def _sum(t, ignore=None):
+    if t.device.type == "cpu":
+        return _CountLater(t, ignore)
+    s = (t if ignore is None else (t != ignore)).sum()
     return s
 
 
 def _lazy_int(v):
-    """An int now, or a pinned host copy of a GPU scalar read after the step."""
+    """An int now, or a pinned host copy of a GPU scalar read after the step,
+    or a CPU count made when the record is built."""
+    if isinstance(v, _CountLater):
+        return v
     if not isinstance(v, torch.Tensor):
         return int(v)
     if v.device.type == "cpu":
@@ -1253,7 +1343,7 @@ def _total(intervals):
 
 
 def _resolve(v):
-    return int(v) if isinstance(v, torch.Tensor) else v
+    return int(v) if isinstance(v, (torch.Tensor, _CountLater)) else v
 
 
 def _first_grad_tensor(out, depth=0):
