@@ -78,9 +78,13 @@ func (a *Agent) tracePath(p string) (string, error) {
 		return "", fmt.Errorf("agent: trace: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return "", fmt.Errorf("agent: trace %q is not a regular file", p)
+		// a link, FIFO or device in our own folder: removed (the entry
+		// itself, never what a link points to), so none piles up
+		os.Remove(p)
+		return "", fmt.Errorf("agent: trace %q is not a regular file (removed)", p)
 	}
 	if fi.Size() > MaxTraceBytes {
+		a.removeTrace(p)
 		return "", fmt.Errorf("agent: trace %q is larger than %d bytes", p, MaxTraceBytes)
 	}
 	return p, nil

@@ -201,6 +201,26 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the trace worker blocked on a FIFO")
 	}
+	// announced while a FIFO, or a link: refused and removed from the folder
+	// (the link's target untouched)
+	if err := a.SubmitTrace(TraceNote{Job: "j", Step: 1, Path: p}); err == nil {
+		t.Error("a FIFO's note accepted")
+	}
+	target := filepath.Join(dir, "target")
+	os.WriteFile(target, []byte("keep"), 0o600)
+	link := filepath.Join(filepath.Dir(p), "j.0.0.2.pt.trace.json")
+	os.Symlink(target, link)
+	if err := a.SubmitTrace(TraceNote{Job: "j", Step: 2, Path: link}); err == nil {
+		t.Error("a link's note accepted")
+	}
+	for _, q := range []string{p, link} {
+		if _, err := os.Lstat(q); !os.IsNotExist(err) {
+			t.Errorf("%s left in the trace folder (%v)", q, err)
+		}
+	}
+	if b, err := os.ReadFile(target); err != nil || string(b) != "keep" {
+		t.Errorf("the link's target: %q %v", b, err)
+	}
 	closed := make(chan struct{})
 	go func() { a.Close(); close(closed) }()
 	select {

@@ -25,3 +25,24 @@ func TestWeakFitSaysNoRelation(t *testing.T) {
 		}
 	}
 }
+
+// Names from the run (node, model, GPU, job) are escaped in Markdown: a
+// node named "<script>" renders as text, a pipe cannot break the table.
+func TestMarkdownEscapesNames(t *testing.T) {
+	r := &Report{Job: "j<b>", Summary: tps.Summary{Steps: 1, SteadySteps: 1},
+		Meta: &tps.RunMeta{ModelPreset: "<script>alert(1)</script>", GPU: "a|b"},
+		Nodes: []tps.NodeScore{{Node: "<img src=x onerror=alert(1)>", Score: 0.5, Straggler: true}}}
+	var b bytes.Buffer
+	if err := WriteMarkdown(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, bad := range []string{"<script>", "<img", "<b>", "a|b"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("%q in the Markdown:\n%s", bad, out)
+		}
+	}
+	if !strings.Contains(out, "&lt;script&gt;") || !strings.Contains(out, `a\|b`) {
+		t.Errorf("names not escaped:\n%s", out)
+	}
+}

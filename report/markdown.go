@@ -5,6 +5,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -15,10 +16,10 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	s := r.Summary
 	b := r.Breakdown
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
-	p("## tpsprof report: %s\n\n", r.Job)
+	p("## tpsprof report: %s\n\n", mdText(r.Job))
 	p("| metric | value |\n|---|---|\n")
 	if m := r.Meta; m != nil {
-		p("| run | %s, %s, %s %s |\n", m.Topology, orDash(m.ModelPreset), orDash(m.GPU), orDash(m.DType))
+		p("| run | %s, %s, %s %s |\n", m.Topology, mdText(orDash(m.ModelPreset)), mdText(orDash(m.GPU)), mdText(orDash(m.DType)))
 	}
 	if s.CompleteNote != "" {
 		p("| note | %s |\n", s.CompleteNote)
@@ -31,7 +32,7 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	p("| compute / exposed comm / waiting for slower peers / bubble / data stall / checkpoint | %s / %s / %s / %s (theory %s) / %s / %s |\n",
 		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), pct(b.Bubble), pct(b.BubbleTheoretical), pct(b.DataStall), pct(b.Checkpoint))
 	for _, l := range generationLines(r) {
-		p("| %s | %s |\n", l[0], l[1])
+		p("| %s | %s |\n", mdText(l[0]), mdText(l[1]))
 	}
 	if g := r.Goodput; g.ElapsedS > 0 {
 		p("| goodput | %s of %.0f s |\n", pct(g.Goodput), g.ElapsedS)
@@ -41,11 +42,11 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	}
 	for _, n := range r.Nodes {
 		if n.Straggler {
-			p("| straggler node | %s (score %.2f) |\n", n.Node, n.Score)
+			p("| straggler node | %s (score %.2f) |\n", mdText(n.Node), n.Score)
 		}
 	}
 	for _, e := range r.Episodes {
-		p("| straggler episode | %s |\n", episodeText(e, r.EpisodeWindow))
+		p("| straggler episode | %s |\n", mdText(episodeText(e, r.EpisodeWindow)))
 	}
 	if e := r.Energy; e != nil {
 		p("| tokens per joule | %.2f |\n", e.TokensPerJoule)
@@ -55,3 +56,12 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	}
 	return nil
 }
+
+// mdText makes a name safe in a Markdown table cell: HTML is escaped (a
+// node or model named "<script>..." renders as text where Markdown is shown
+// as HTML), pipes and line breaks cannot end the cell or the row.
+func mdText(s string) string {
+	return mdEscaper.Replace(s)
+}
+
+var mdEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", "|", "\\|", "\n", " ", "\r", " ", "`", "\\`")
