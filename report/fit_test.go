@@ -30,7 +30,7 @@ func TestWeakFitSaysNoRelation(t *testing.T) {
 // node named "<script>" renders as text, a pipe cannot break the table.
 func TestMarkdownEscapesNames(t *testing.T) {
 	r := &Report{Job: "j<b>", Summary: tps.Summary{Steps: 1, SteadySteps: 1},
-		Meta: &tps.RunMeta{ModelPreset: "<script>alert(1)</script>", GPU: "a|b"},
+		Meta:  &tps.RunMeta{ModelPreset: "<script>alert(1)</script>", GPU: "a|b"},
 		Nodes: []tps.NodeScore{{Node: "<img src=x onerror=alert(1)>", Score: 0.5, Straggler: true}}}
 	var b bytes.Buffer
 	if err := WriteMarkdown(&b, r); err != nil {
