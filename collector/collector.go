@@ -47,7 +47,8 @@ type Config struct {
 	// the length of the run.
 	MaxOpenSteps int
 	// MaxStateBytes bounds the memory that jobs' declared world sizes
-	// claim (default 4 GiB): open steps cost
+	// claim (default DefaultMaxStateBytes: a quarter of the memory the
+	// process may use, at most 4 GiB): open steps cost
 	// tps.StepAccumulatorBytes(world) each plus a bit per rank kept after
 	// they close, a job 24 bytes per rank. A record that would go past it
 	// is rejected (world_size:memory): a record claiming the largest world
@@ -127,7 +128,7 @@ func (c *Config) defaults() error {
 		c.MaxJobs = 1024
 	}
 	if c.MaxStateBytes <= 0 {
-		c.MaxStateBytes = 4 << 30
+		c.MaxStateBytes = DefaultMaxStateBytes()
 	}
 	if c.EvictAfter <= 0 {
 		c.EvictAfter = 10 * time.Minute

@@ -99,7 +99,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	var streamBytes quantity = 8e9
 	fs.Var(&streamBytes, "stream-max-bytes", "durable mode: the most the stream may hold, e.g. 2G (messages not yet in Parquet; past it the oldest go)")
 	replicas := fs.Int("stream-replicas", 1, "durable mode: servers of a NATS cluster that hold the stream (3 on a three-server cluster survives losing one; docs/scale.md)")
-	maxState := fs.Int64("max-state-bytes", 4<<30, "memory the jobs' declared world sizes may claim (open steps sized to the world); past it records are rejected (world_size:memory)")
+	maxState := fs.Int64("max-state-bytes", 0, "memory the jobs' declared world sizes may claim (open steps sized to the world); past it records are rejected (world_size:memory); 0: a quarter of the machine's or cgroup's memory, at most 4 GiB")
 	maxJobs := fs.Int("max-jobs", 1024, "jobs held at once; past it a new job evicts the longest-idle one, or is rejected (job:limit) when all are active")
 	evictAfter := fs.Duration("evict-after", 10*time.Minute, "close and forget a job idle this long (its parts finalised; it starts new parts if it returns)")
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
