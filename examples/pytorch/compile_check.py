@@ -87,6 +87,8 @@ def main():
     if prof is None and args.instrument == "auto":
         import tpsprof.torch
         prof = tpsprof.torch._ACTIVE
+    if prof is not None:
+        prof.close()  # records are sent by a thread of the package: counted once it drained
     breaks = dict(counters["graph_break"])
     stats = dict(counters["stats"])
     print(json.dumps({
