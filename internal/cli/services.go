@@ -273,6 +273,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	node := fs.String("node", "", "node name stamped on records (default: host name)")
 	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
 	idle := fs.Duration("idle-timeout", 30*time.Minute, "close an intake connection that sends nothing for this long")
+	forget := fs.Duration("forget-after", time.Hour, "stop republishing a job's metadata (every 10 s) and sending GPU samples for it once it has sent nothing for this long")
 	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
 	gpuEvery := fs.Duration("gpu-interval", time.Second, "GPU sampling interval through NVML (0 turns GPU telemetry off)")
 	httpAddr := fs.String("http", "", "address of the agent's /metrics, e.g. 127.0.0.1:9466 (empty: off)")
@@ -302,7 +303,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	}
 	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
 		TraceDir: *traceDir, KeepTraces: *keepTraces,
-		BufferBytes: *buffer << 20, IdleTimeout: *idle, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable, Partials: *partials})
+		BufferBytes: *buffer << 20, IdleTimeout: *idle, ForgetAfter: *forget, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable, Partials: *partials})
 	if err != nil {
 		failErr(stderr, "agent", err)
 		return exitError

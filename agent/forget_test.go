@@ -1,0 +1,58 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// A job's metadata is republished every MetaInterval while the job is
+// active and no longer once it has sent nothing for ForgetAfter (the
+// agent's --forget-after; it used to be an hour, with no flag).
+func TestMetadataForgottenAfterQuiet(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var got atomic.Int64
+	nc.Subscribe(wire.MetaSubject("fj"), func(*nats.Msg) { got.Add(1) })
+	nc.Flush()
+	dir, _ := os.MkdirTemp("", "tpsprof-fg")
+	defer os.RemoveAll(dir)
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
+		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond, MetaInterval: 20 * time.Millisecond,
+		ForgetAfter: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if err := a.SubmitMeta(tps.RunMeta{Job: "fj", Topology: tps.Topology{DP: 2, TP: 1, PP: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); got.Load() < 3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := got.Load(); n < 3 {
+		t.Fatalf("%d metadata messages in 5 s at a 20 ms interval", n)
+	}
+	time.Sleep(time.Second) // well past ForgetAfter
+	before := got.Load()
+	time.Sleep(500 * time.Millisecond)
+	if after := got.Load(); after != before {
+		t.Errorf("%d more metadata messages after the job was forgotten", after-before)
+	}
+}
