@@ -282,3 +282,29 @@ class LoopTest(unittest.TestCase):
         ck = [e for e in events if e["kind"] == "checkpoint_save"][0]
         self.assertGreaterEqual(rows[2]["start_unix_ns"], ck["end_unix_ns"])
         self.assertLessEqual(rows[1]["end_unix_ns"], [e for e in events if e["kind"] == "eval"][0]["start_unix_ns"])
+
+
+class TraceDiskFullTest(unittest.TestCase):
+    def test_failed_trace_writes_stop_tracing_not_the_profiler(self):
+        sink = Sink()
+        d = tempfile.mkdtemp()
+        os.chmod(d, 0o700)
+        prof = tt.TorchProfiler(job="t", rank=0, world_size=1, attempt=0, socket_path=sink.path, trace_every=1)
+        prof.trace_dir = d
+        real = tt._client.create_private_file
+
+        def full(path):
+            raise OSError(28, "No space left on device")
+        tt._client.create_private_file = full
+        try:
+            for _ in range(150):
+                with prof.step():
+                    pass
+        finally:
+            tt._client.create_private_file = real
+        prof.close()
+        self.assertFalse(prof.off)
+        self.assertEqual(prof.steps, 150)
+        self.assertEqual(prof.trace_errors, 3)
+        self.assertEqual(prof.trace_every, 0)
+        self.assertEqual(prof.errors, 0)

@@ -143,6 +143,7 @@ class TorchProfiler:
         self.trace_every = max(int(trace_every), 0)
         self.trace_dir = os.environ.get("TPSPROF_TRACE_DIR") or (self.client.path + ".traces")
         self.traces = 0
+        self.trace_errors = 0  # traces that could not be written (they never switch the profiler off)
         self._tracing = None
         self._trace_dir_ok = None  # checked once, at the first trace
         self.token_fn = tokens
@@ -531,8 +532,21 @@ class TorchProfiler:
             # record for the trace's figures
             self._sender.put(lambda: c.trace_ready(n, path))
             self.traces += 1
-        except Exception:
-            self._err()
+            self._trace_failures = 0
+        except Exception as e:
+            # A trace that cannot be written (a full disk) costs the traces,
+            # never the step records: after 3 failures in a row tracing
+            # stops, said once, and the profiler goes on (it used to count
+            # them as errors and switch itself off after 100).
+            self.trace_errors += 1
+            self._trace_failures = getattr(self, "_trace_failures", 0) + 1
+            try:
+                os.remove(path)
+            except Exception:
+                pass
+            if self._trace_failures >= 3 and self.trace_every:
+                self.trace_every = 0
+                sys.stderr.write("tpsprof: profiler traces off after 3 failed writes (%s); steps are still measured\n" % (e,))
 
     def _finish(self):
         st, self._cur = self._cur, None
