@@ -101,6 +101,59 @@ func TestIdleIntakeConnections(t *testing.T) {
 	}
 }
 
+// Connections that send an empty line (or garbage) every few tenths of a
+// second are not active: at the bound the idlest of them is closed for a
+// new rank (they used to lock new ranks out for good).
+func TestBlankLinesDoNotHoldTheIntake(t *testing.T) {
+	dir, _ := os.MkdirTemp("", "tpsprof-blank")
+	defer os.RemoveAll(dir)
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: NATSOptions{URL: "nats://127.0.0.1:1"}, MaxConnections: 4, IdleTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	stop := make(chan struct{})
+	defer close(stop)
+	for i := 0; i < 4; i++ {
+		c, err := net.Dial("unix", a.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func(c net.Conn, garbage bool) {
+			defer c.Close()
+			tick := time.NewTicker(200 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+					line := "\n"
+					if garbage {
+						line = "not json\n"
+					}
+					if _, err := c.Write([]byte(line)); err != nil {
+						return
+					}
+				}
+			}
+		}(c, i%2 == 1)
+	}
+	time.Sleep(1500 * time.Millisecond) // past half the idle timeout
+	c := NewClient(a.Socket(), ClientOptions{})
+	rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "blank", WorldSize: 1}, c)
+	rec.Start(0)
+	rec.End(10)
+	c.Close(2 * time.Second)
+	deadline := time.Now().Add(3 * time.Second)
+	for a.Stats().Records < 1 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := a.Stats(); st.Records != 1 || st.Rejected["conn:too_many"] != 0 {
+		t.Errorf("a rank after 4 blank-line connections: records %d, rejected %v", st.Records, st.Rejected)
+	}
+}
+
 // An agent does not take over, nor launch send to, a socket another user
 // squats on the default path; each says whose it is.
 func TestSquattedSocket(t *testing.T) {

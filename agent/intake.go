@@ -106,16 +106,6 @@ func (a *Agent) serve(c net.Conn) {
 	c.SetReadDeadline(deadline)
 	for {
 		line, err := r.ReadSlice('\n')
-		if len(line) > 0 {
-			now := time.Now()
-			if last != nil {
-				last.Store(now.UnixNano())
-			}
-			if deadline.Sub(now) < a.cfg.IdleTimeout/2 {
-				deadline = now.Add(a.cfg.IdleTimeout)
-				c.SetReadDeadline(deadline)
-			}
-		}
 		if limit != nil && len(line) > 0 && !limit.Allow() {
 			a.lines.Add(1)
 			a.reject("line:rate_limited")
@@ -137,8 +127,18 @@ func (a *Agent) serve(c net.Conn) {
 			}
 			continue
 		}
-		if len(line) > 0 {
-			a.handleLine(line)
+		// Only an accepted line is activity: blank lines or garbage every
+		// few seconds must not keep a connection from counting as idle
+		// (they used to lock new ranks out of a full intake for good).
+		if len(line) > 0 && a.handleLine(line) {
+			now := time.Now()
+			if last != nil {
+				last.Store(now.UnixNano())
+			}
+			if deadline.Sub(now) < a.cfg.IdleTimeout/2 {
+				deadline = now.Add(a.cfg.IdleTimeout)
+				c.SetReadDeadline(deadline)
+			}
 		}
 		if err != nil {
 			switch {
@@ -169,21 +169,22 @@ func discardLine(r *bufio.Reader) bool {
 // fuzzing and for embedding the intake elsewhere).
 func (a *Agent) HandleLine(line []byte) { a.handleLine(line) }
 
-func (a *Agent) handleLine(line []byte) {
+// handleLine processes a line and says whether it was accepted.
+func (a *Agent) handleLine(line []byte) bool {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 {
-		return
+		return false
 	}
 	a.lines.Add(1)
 	if line[0] != '{' {
 		a.reject("line:not_json_object")
 		a.log.Warn("json", "intake line is not a JSON object", "prefix", prefix(line))
-		return
+		return false
 	}
 	if err := tps.CheckKeys(line); err != nil {
 		a.reject("line:key_case")
 		a.log.Warn("key", "intake line with a key not in lower case (keys would match case-insensitively)", "err", err)
-		return
+		return false
 	}
 	kind := "step"
 	if bytes.Contains(line, typeKey) {
@@ -191,7 +192,7 @@ func (a *Agent) handleLine(line []byte) {
 		if err := json.Unmarshal(line, &t); err != nil {
 			a.reject("line:json")
 			a.log.Warn("json", "intake line is not valid JSON", "err", err)
-			return
+			return false
 		}
 		if t.Type != "" {
 			kind = t.Type
@@ -203,33 +204,34 @@ func (a *Agent) handleLine(line []byte) {
 		if err := json.Unmarshal(line, &r); err != nil {
 			a.reject("line:json")
 			a.log.Warn("json", "step line does not decode", "err", err)
-			return
+			return false
 		}
-		_ = a.SubmitStep(r) // counted inside
+		return a.SubmitStep(r) == nil // counted inside
 	case "event":
 		var e tps.Event
 		if err := json.Unmarshal(line, &e); err != nil {
 			a.reject("line:json")
-			return
+			return false
 		}
-		_ = a.SubmitEvent(e)
+		return a.SubmitEvent(e) == nil
 	case "trace":
 		var n TraceNote
 		if err := json.Unmarshal(line, &n); err != nil {
 			a.reject("line:json")
-			return
+			return false
 		}
-		_ = a.SubmitTrace(n)
+		return a.SubmitTrace(n) == nil
 	case "meta":
 		var m tps.RunMeta
 		if err := json.Unmarshal(line, &m); err != nil {
 			a.reject("line:json")
-			return
+			return false
 		}
-		_ = a.SubmitMeta(m)
+		return a.SubmitMeta(m) == nil
 	default:
 		a.reject("line:unknown_type")
 		a.log.Warn("type", "intake line of unknown type", "type", prefix([]byte(kind)))
+		return false
 	}
 }
 
