@@ -231,10 +231,12 @@ type Collector struct {
 	retired  []*job    // evicted jobs whose writers the loop closes
 	retireCh chan *job // evicted jobs for the closer goroutine
 
-	mem     memBudget // what declared world sizes claim (MaxStateBytes)
-	n       counters  // every counter: atomics, read by Stats and scrapes without a lock
-	rejMu   sync.Mutex
-	rejects map[string]int64 // by reason; rejMu
+	mem memBudget // what declared world sizes claim (MaxStateBytes)
+	// summaryCache shares /api/summary pages among requests (http.go)
+	summaryCache summaryCache
+	n            counters // every counter: atomics, read by Stats and scrapes without a lock
+	rejMu        sync.Mutex
+	rejects      map[string]int64 // by reason; rejMu
 
 	durable    *durableState
 	attempts   attemptBook

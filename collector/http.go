@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -153,7 +154,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 func (c *Collector) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{}))
-	cache := &summaryCache{}
+	cache := &c.summaryCache
 	mux.HandleFunc("GET /api/summary", func(w http.ResponseWriter, r *http.Request) {
 		offset, limit := 0, SummaryPageJobs
 		if v := r.URL.Query().Get("offset"); v != "" {
@@ -197,6 +198,7 @@ func (c *Collector) Handler() http.Handler {
 type summaryCache struct {
 	mu      sync.Mutex
 	entries map[[2]int]*summaryEntry
+	builds  atomic.Int64 // pages built (tests: shared, not one per request)
 }
 
 type summaryEntry struct {
@@ -223,6 +225,7 @@ func (sc *summaryCache) get(offset, limit int, build func() []byte) []byte {
 	e = &summaryEntry{ready: make(chan struct{})}
 	sc.entries[k] = e
 	sc.mu.Unlock()
+	sc.builds.Add(1)
 	body := build() // outside the lock: building takes every job's lock in turn
 	sc.mu.Lock()
 	e.body, e.at, e.done = body, time.Now(), true

@@ -75,6 +75,7 @@ func TestHTTPSlowReadersAndIdleConnections(t *testing.T) {
 	var ms0, ms1 runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&ms0)
+	builds0 := c.summaryCache.builds.Load()
 	var slow []net.Conn
 	for i := 0; i < 60; i++ {
 		conn, err := net.Dial("tcp", addr)
@@ -90,8 +91,11 @@ func TestHTTPSlowReadersAndIdleConnections(t *testing.T) {
 	runtime.ReadMemStats(&ms1)
 	grew := int64(ms1.HeapInuse) - int64(ms0.HeapInuse)
 	t.Logf("summary %d bytes; 60 slow readers: heap grew %.1f MiB", body, float64(grew)/(1<<20))
-	if grew > int64(2*body)+2<<20 { // a copy each would be 60 × the page
-		t.Errorf("heap grew %d bytes with 60 slow readers of a %d-byte page", grew, body)
+	// The pages the slow readers hold are the builds (one per second at
+	// most, shared); a copy each would be 60 builds. The heap figure is
+	// logged: other work of the collector moves it under load.
+	if b := c.summaryCache.builds.Load() - builds0; b > 5 {
+		t.Errorf("%d pages built for 60 requests within a second or so", b)
 	}
 
 	// a scrape gets through although slow readers hold the slots
