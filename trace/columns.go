@@ -55,7 +55,7 @@ func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns
 	for i, name := range int64Cols {
 		leaf, ok := pf.Schema().Lookup(name)
 		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
-			return fmt.Errorf("trace: %s: no required int64 column %q", path, name)
+			return fmt.Errorf("trace: %s: %w: no required int64 column %q", path, errUnreadable, name)
 		}
 		idx[i] = leaf.ColumnIndex
 	}
@@ -63,7 +63,7 @@ func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns
 	if strCol != "" {
 		leaf, ok := pf.Schema().Lookup(strCol)
 		if !ok || leaf.Node.Type().Kind() != parquet.ByteArray || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
-			return fmt.Errorf("trace: %s: no required string column %q", path, strCol)
+			return fmt.Errorf("trace: %s: %w: no required string column %q", path, errUnreadable, strCol)
 		}
 		strIdx = leaf.ColumnIndex
 	}
@@ -73,20 +73,20 @@ func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns
 		for i, ci := range idx {
 			v, err := readInt64Chunk(chunks[ci], cols.Int64[i][:0])
 			if err != nil {
-				return fmt.Errorf("trace: %s: column %s: %w", path, int64Cols[i], err)
+				return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, int64Cols[i], err)
 			}
 			if len(v) != rows {
-				return fmt.Errorf("trace: %s: column %s: %d values for %d rows", path, int64Cols[i], len(v), rows)
+				return fmt.Errorf("trace: %s: %w: column %s: %d values for %d rows", path, errUnreadable, int64Cols[i], len(v), rows)
 			}
 			cols.Int64[i] = v
 		}
 		if strIdx >= 0 {
 			v, err := readStringChunk(chunks[strIdx], cols.Strings[:0])
 			if err != nil {
-				return fmt.Errorf("trace: %s: column %s: %w", path, strCol, err)
+				return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, strCol, err)
 			}
 			if len(v) != rows {
-				return fmt.Errorf("trace: %s: column %s: %d values for %d rows", path, strCol, len(v), rows)
+				return fmt.Errorf("trace: %s: %w: column %s: %d values for %d rows", path, errUnreadable, strCol, len(v), rows)
 			}
 			cols.Strings = v
 		}

@@ -393,9 +393,47 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
 		return fmt.Errorf("trace: %w", err)
 	}
 	defer f.Close()
-	if _, err := checkPart(f, path); err != nil {
+	pf, err := checkPart(f, path)
+	if err != nil {
 		return err
 	}
+	if err := schemaFits[T](pf, path); err != nil {
+		return err
+	}
+	return readRows(f, path, buf, fn)
+}
+
+// schemaFits refuses a part whose columns have other types than T's (a
+// part written by another program under a table's name, or a footer that
+// lies): read, its values would be converted wrongly or make the reader
+// fail half-way; skipped as unreadable, the other parts are read.
+func schemaFits[T any](pf *parquet.File, path string) error {
+	want := parquet.SchemaOf(new(T))
+	have := pf.Schema()
+	for _, col := range want.Columns() {
+		wl, ok := want.Lookup(col...)
+		if !ok {
+			continue
+		}
+		hl, ok := have.Lookup(col...)
+		if !ok {
+			continue // a column added since: its zero value
+		}
+		if wk, hk := wl.Node.Type().Kind(), hl.Node.Type().Kind(); wk != hk {
+			return fmt.Errorf("trace: %s: %w: column %s is %v, want %v", path, errUnreadable, strings.Join(col, "."), hk, wk)
+		}
+	}
+	return nil
+}
+
+// readRows streams a checked part's rows; a failure of the Parquet reader
+// (a panic included) makes the part unreadable, not the whole table.
+func readRows[T any](f *os.File, path string, buf []T, fn func([]T) error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
+		}
+	}()
 	r := parquet.NewGenericReader[T](f)
 	defer r.Close()
 	for {
@@ -409,7 +447,7 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
 			if errors.Is(err, io.EOF) {
 				return nil
 			}
-			return fmt.Errorf("trace: read %s: %w", path, err)
+			return fmt.Errorf("trace: read %s: %w: %v", path, errUnreadable, err)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package trace
 
 import (
 	"errors"
+	"github.com/parquet-go/parquet-go"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -156,5 +157,42 @@ func TestUnreadablePartsSkipped(t *testing.T) {
 	crows, err := ReadAll[tps.ClusterStep](cdir)
 	if !errors.As(err, &u) || len(u.Paths) != 1 || !strings.Contains(err.Error(), "a rank_steps part in the cluster_steps folder") || len(crows) != 1 || crows[0].Tokens != 11 {
 		t.Errorf("a rank part among cluster parts: rows %+v, err %v", crows, err)
+	}
+}
+
+// A part whose columns have other types than the table's (written by
+// another program under the table's name) is skipped and named; the other
+// parts are read (it used to fail the whole report).
+func TestWrongTypedPartSkipped(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Write([]tps.StepRecord{{Job: "j", Step: 1, Tokens: 5}, {Job: "j", Step: 2, Tokens: 6}})
+	w.Close()
+	dir := filepath.Join(root, "j", RankSteps)
+	type lying struct {
+		Job    string `parquet:"job"`
+		Step   string `parquet:"step"`
+		Tokens string `parquet:"tokens"`
+	}
+	f, err := os.Create(filepath.Join(dir, "part-x-lying.parquet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw := parquet.NewGenericWriter[lying](f)
+	pw.Write([]lying{{Job: "j", Step: "three", Tokens: "many"}})
+	pw.Close()
+	f.Close()
+	rows, err := ReadAll[tps.StepRecord](dir)
+	var u *UnreadableParts
+	if !errors.As(err, &u) || len(u.Paths) != 1 || len(rows) != 2 || !strings.Contains(err.Error(), "column step is BYTE_ARRAY, want INT64") {
+		t.Fatalf("rows %+v, err %v", rows, err)
+	}
+	n := 0
+	err = EachColumns(dir, []string{"step", "tokens"}, "", func(c *Columns) error { n += c.Rows; return nil })
+	if !errors.As(err, &u) || len(u.Paths) != 1 || n != 2 {
+		t.Fatalf("columns: %d rows, err %v", n, err)
 	}
 }
