@@ -7,6 +7,7 @@ const maxGPUPoints = 600
 
 // gpuSeries is one GPU's recent samples, oldest first.
 type gpuSeries struct {
+	node   string // its samples' times are on this node's clock
 	points []tps.GPUPoint
 }
 
@@ -52,7 +53,7 @@ func (j *jobState) gpuCovered(t int64) bool {
 		return false
 	}
 	for _, g := range j.gpuSeries {
-		if g.last() < t {
+		if g.last()-j.clocks.offset(g.node) < t {
 			return false
 		}
 	}
@@ -63,7 +64,8 @@ func (j *jobState) gpuCovered(t int64) bool {
 func (j *jobState) joinGPU(c *tps.ClusterStep) {
 	var power, clock float64
 	for _, g := range j.gpuSeries {
-		w, ok := tps.JoinGPU(g.points, c.StartUnixNs, c.EndUnixNs)
+		off := j.clocks.offset(g.node) // the row is on the reference clock
+		w, ok := tps.JoinGPU(g.points, c.StartUnixNs+off, c.EndUnixNs+off)
 		if !ok {
 			continue
 		}

@@ -55,6 +55,10 @@ type LiveJob struct {
 	// generated tokens per second and share of step time, and the p95
 	// time to first token and inter-token latency over recent rollouts.
 	Generation *LiveGeneration `json:"generation,omitempty"`
+	// ClockOffsetsNs are the nodes' clock offsets from rank 0's node that
+	// cluster rows are corrected by (docs/report.md, "Clocks"); absent
+	// while every node's clock agrees within a millisecond.
+	ClockOffsetsNs map[string]int64 `json:"clock_offsets_ns,omitempty"`
 }
 
 // LiveGeneration is a job's generation phase on the live page.
@@ -102,7 +106,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 	for _, j := range jobs {
 		j.mu.Lock()
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
-			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes()}
+			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes(), ClockOffsetsNs: j.clocks.offsets()}
 		steps := j.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]

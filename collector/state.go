@@ -206,6 +206,10 @@ type jobState struct {
 	unfinalised  bool      // rows written since the parts were last finalised
 	attemptEnded bool      // an attempt_end event since then
 
+	clocks  clockEstimator // nodes' clock offsets from rank 0's node
+	prevKey stepKey        // the newest step closed...
+	prevEnd int64          // ...and where it ended, on the reference clock (0: none yet)
+
 	gpuSeries map[string]*gpuSeries // node/uuid → samples
 	nodes     map[string]struct{}   // nodes named by the job's records
 	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
@@ -389,6 +393,10 @@ func (s *jobState) fileMetadata() map[string]string {
 		out["tpsprof.flops_per_token"] = fmt.Sprint(s.cfg.FLOPsPerToken)
 	}
 	out["tpsprof.topology"] = s.cfg.Topology.String()
+	if offs := s.clocks.offsets(); offs != nil {
+		b, _ := json.Marshal(offs)
+		out[trace.MetaClockOffsets] = string(b)
+	}
 	return out
 }
 
@@ -669,7 +677,21 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	if s.lastOpen == st {
 		s.lastOpen = nil
 	}
-	row := st.acc.Result()
+	ref := ""
+	if len(s.rankNode) > 0 {
+		ref = s.rankNode[0]
+	}
+	if s.clocks.observe(st.acc.NodeSpans(), ref) {
+		t.metaChanged, t.liveChanged = true, true
+	}
+	ctx := tps.StepContext{ClockOffsetNs: s.clocks.offsetFunc()}
+	if s.prevEnd != 0 && s.prevKey.attempt == k.attempt && s.prevKey.step == k.step-1 {
+		ctx.PrevEndUnixNs = s.prevEnd
+	}
+	row := st.acc.ResultIn(ctx)
+	if s.prevEnd == 0 || cmpKey(k, s.prevKey) > 0 {
+		s.prevKey, s.prevEnd = k, row.EndUnixNs
+	}
 	t.closed = append(t.closed, row)
 	s.lim.mem.give(st.cost)
 	freed := s.closed.add(k, st.acc.SeenBits())
@@ -747,7 +769,7 @@ func (s *jobState) addGPU(samples []tps.GPUSample, t *tally) {
 			if len(s.gpuSeries) >= 1<<16 {
 				continue
 			}
-			g = &gpuSeries{}
+			g = &gpuSeries{node: samples[i].Node}
 			s.gpuSeries[key] = g
 			s.gpuNodes[samples[i].Node] = struct{}{}
 		}

@@ -7,7 +7,9 @@ import (
 )
 
 // Goodput splits the job's elapsed time, across attempts, into productive
-// step time and badput by cause. The parts add up to ElapsedS.
+// step time and badput by cause. The parts add up to ElapsedS: each moment
+// goes to one part (a step's part runs from the previous step's end, as
+// its step time does; see docs/report.md).
 type Goodput struct {
 	ElapsedS    float64            `json:"elapsed_s"`
 	ProductiveS float64            `json:"productive_s"`
@@ -91,56 +93,63 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 	}
 	g.ElapsedS = sec(finish - begin)
 
+	// The elapsed time is cut at one cursor that only moves forward: each
+	// stretch of time goes to exactly one part, so the parts add up to the
+	// elapsed time whatever the rows say (a step that overlaps the previous
+	// one counts from its end, as its step time does).
+	cursor := begin
+	account := func(cause string, to int64) {
+		if to > cursor {
+			g.BadputS[cause] += sec(to - cursor)
+			cursor = to
+		}
+	}
 	for i, c := range steps {
-		d := sec(c.StepTimeNs)
+		first := i == 0 || steps[i-1].Attempt != c.Attempt
+		if first {
+			s, ok := starts[c.Attempt]
+			if i > 0 { // restart: the previous attempt's last step to this attempt's start
+				to := c.StartUnixNs
+				if ok && s < to {
+					to = s
+				}
+				account(BadRestart, to)
+			}
+			account(BadStartup, c.StartUnixNs)
+		} else if gap := c.StartUnixNs - cursor; gap > 0 {
+			// Between steps: evaluation, checkpoints, and the rest idle.
+			ev := overlap(evals, cursor, c.StartUnixNs)
+			ck := min(overlap(ckpts, cursor, c.StartUnixNs), gap-ev)
+			g.BadputS[BadEval] += sec(ev)
+			g.BadputS[BadCheckpoint] += sec(ck)
+			g.BadputS[BadIdle] += sec(gap - ev - ck)
+			cursor = c.StartUnixNs
+		}
+		// The step's part of the timeline: from where the previous one
+		// ended (or its own start, after a gap) to its end.
+		var d float64
+		if c.EndUnixNs > cursor {
+			d = sec(c.EndUnixNs - cursor)
+			cursor = c.EndUnixNs
+		}
 		if ra, ok := resumeAfter[c.Attempt]; ok && c.Step >= ra {
 			g.BadputS[BadRedone] += d
 			g.RedoneSteps++
 		} else if warm[i] {
 			g.BadputS[BadWarmup] += d
 		} else {
-			stall := d * c.DataStallFractionMean
-			ck := d * c.CkptFractionMean
+			stall := d * min(max(c.DataStallFractionMean, 0), 1)
+			ck := min(d*max(c.CkptFractionMean, 0), d-stall)
 			g.BadputS[BadDataStall] += stall
 			g.BadputS[BadCheckpoint] += ck
 			g.ProductiveS += d - stall - ck
 		}
-		// The wall time between this step's end and the next one's start.
-		first := i == 0 || steps[i-1].Attempt != c.Attempt
-		if first {
-			if s, ok := starts[c.Attempt]; ok && s < c.StartUnixNs {
-				g.BadputS[BadStartup] += sec(c.StartUnixNs - s)
-			}
-			if i > 0 { // restart gap: previous attempt's end of steps to this attempt's start
-				from := steps[i-1].EndUnixNs
-				to := c.StartUnixNs
-				if s, ok := starts[c.Attempt]; ok && s < to {
-					to = s
-				}
-				if to > from {
-					g.BadputS[BadRestart] += sec(to - from)
-				}
-			}
-		}
-		// Step time is the slowest rank's duration, measured from the
-		// earliest start: rank start skew goes to idle.
-		if skew := (c.EndUnixNs - c.StartUnixNs) - c.StepTimeNs; skew > 0 {
-			g.BadputS[BadIdle] += sec(skew)
-		}
 		last := i+1 == len(steps) || steps[i+1].Attempt != c.Attempt
-		if !last {
-			gapStart, gapEnd := c.EndUnixNs, steps[i+1].StartUnixNs
-			if gapEnd > gapStart {
-				ev := overlap(evals, gapStart, gapEnd)
-				ck := overlap(ckpts, gapStart, gapEnd)
-				g.BadputS[BadEval] += sec(ev)
-				g.BadputS[BadCheckpoint] += sec(ck)
-				g.BadputS[BadIdle] += sec(max(gapEnd-gapStart-ev-ck, 0))
-			}
-		} else if e, ok := ends[c.Attempt]; ok && e > c.EndUnixNs {
-			g.BadputS[BadIdle] += sec(e - c.EndUnixNs)
+		if e, ok := ends[c.Attempt]; last && ok {
+			account(BadIdle, e) // the attempt's tail
 		}
 	}
+	account(BadIdle, finish)
 	if g.ElapsedS > 0 {
 		g.Goodput = g.ProductiveS / g.ElapsedS
 	}

@@ -60,6 +60,9 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	if rep.Summary.CompleteNote != "" {
 		p.Notes = append(p.Notes, rep.Summary.CompleteNote)
 	}
+	if c := ClockOffsetsText(rep.ClockOffsetsNs); c != "" {
+		p.Notes = append(p.Notes, "clock offsets: "+c)
+	}
 	p.Subtitle = runLine(rep)
 	if s.SteadySteps == 0 {
 		p.Notes = append(p.Notes, "no steady steps to summarise")

@@ -24,6 +24,9 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	if s.CompleteNote != "" {
 		p("| note | %s |\n", s.CompleteNote)
 	}
+	if c := ClockOffsetsText(r.ClockOffsetsNs); c != "" {
+		p("| clock offsets | %s |\n", mdText(c))
+	}
 	p("| steps | %d (%d warm-up excluded, %s) |\n", s.Steps, s.WarmupSteps, incompleteText(s))
 	p("| step TPS mean / p50 / p95 / p99 | %s / %s / %s / %s |\n", tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99))
 	p("| TPS per GPU | %s |\n", tps.SI(s.TPSPerGPU))

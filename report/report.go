@@ -6,12 +6,15 @@
 package report
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -168,12 +171,15 @@ type Report struct {
 	Text *TextRate `json:"text,omitempty"`
 	// Running is true when some part of the job is still being written:
 	// the report covers what is finalised (Notes say so).
-	Running      bool          `json:"running"`
-	Notes        []string      `json:"notes,omitempty"`
-	Traces       *TraceSummary `json:"traces,omitempty"`
-	Energy       *Energy       `json:"energy,omitempty"`
-	CostPerMTok  *float64      `json:"cost_per_million_tokens_usd,omitempty"`
-	TimeToTrainS *float64      `json:"time_to_train_s,omitempty"`
+	Running bool `json:"running"`
+	// ClockOffsetsNs are the nodes' clock offsets from rank 0's node that
+	// the collector removed from cluster rows (docs/report.md, "Clocks").
+	ClockOffsetsNs map[string]int64 `json:"clock_offsets_ns,omitempty"`
+	Notes          []string         `json:"notes,omitempty"`
+	Traces         *TraceSummary    `json:"traces,omitempty"`
+	Energy         *Energy          `json:"energy,omitempty"`
+	CostPerMTok    *float64         `json:"cost_per_million_tokens_usd,omitempty"`
+	TimeToTrainS   *float64         `json:"time_to_train_s,omitempty"`
 
 	data plotData
 }
@@ -217,6 +223,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
 	}
 	rep.Meta = readMeta(clusterDir)
+	rep.ClockOffsetsNs = readClockOffsets(clusterDir)
 	wopt := tps.WindowOptions{Warmup: opt.Warmup}
 	rep.Summary = tps.Summarize(steps, wopt) // sorts steps
 	warm := tps.WarmupMask(steps, wopt)
@@ -527,6 +534,53 @@ func readMeta(dir string) *tps.RunMeta {
 		}
 	}
 	return nil
+}
+
+// readClockOffsets reads the clock offsets of the newest part that has
+// them (the collector's estimate settles as steps close).
+func readClockOffsets(dir string) map[string]int64 {
+	files, _ := trace.PartFiles(dir)
+	for i := len(files) - 1; i >= 0; i-- {
+		md, err := trace.FileMetadata(files[i])
+		if err != nil {
+			continue
+		}
+		var m map[string]int64
+		if raw, ok := md[trace.MetaClockOffsets]; ok && json.Unmarshal([]byte(raw), &m) == nil && len(m) > 0 {
+			return m
+		}
+	}
+	return nil
+}
+
+// ClockOffsetsText is the nodes' clock offsets in one line, the largest
+// first and at most eight named ("" when there are none).
+func ClockOffsetsText(offs map[string]int64) string {
+	if len(offs) == 0 {
+		return ""
+	}
+	nodes := slices.Collect(maps.Keys(offs))
+	slices.SortFunc(nodes, func(a, b string) int {
+		if c := cmp.Compare(abs(offs[b]), abs(offs[a])); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for _, n := range nodes[:min(len(nodes), 8)] {
+		parts = append(parts, fmt.Sprintf("%s %+.3f s", n, float64(offs[n])/1e9))
+	}
+	if len(nodes) > 8 {
+		parts = append(parts, fmt.Sprintf("and %d more", len(nodes)-8))
+	}
+	return strings.Join(parts, ", ") + " from rank 0's node; removed before comparing times across nodes"
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }
 
 // medianBudget bounds the values the per-rank medians hold together (128

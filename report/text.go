@@ -34,6 +34,9 @@ func WriteText(w io.Writer, r *Report) error {
 	if s.CompleteNote != "" {
 		row("note", "%s", s.CompleteNote)
 	}
+	if c := ClockOffsetsText(r.ClockOffsetsNs); c != "" {
+		row("clock offsets", "%s", c)
+	}
 	row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
 	if s.WarmupSteps > 0 && s.WarmupRule != "" {
 		row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)

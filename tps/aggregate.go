@@ -23,9 +23,13 @@ type ClusterStep struct {
 	// token counts; their tokens are taken from the lowest rank that reported.
 	TokenMismatchReplicas int64 `json:"token_mismatch_replicas" parquet:"token_mismatch_replicas"`
 
-	Tokens     int64   `json:"tokens" parquet:"tokens"`
-	FLOPs      float64 `json:"flops" parquet:"flops"`
-	StepTimeNs int64   `json:"step_time_ns" parquet:"step_time_ns"`
+	Tokens int64   `json:"tokens" parquet:"tokens"`
+	FLOPs  float64 `json:"flops" parquet:"flops"`
+	// StepTimeNs is the step's period on the critical path (see
+	// StepAccumulator.ResultIn); TPS, MFU and the fractions are over it.
+	StepTimeNs int64 `json:"step_time_ns" parquet:"step_time_ns"`
+	// RankTimeMaxNs is the slowest rank's own step duration.
+	RankTimeMaxNs int64 `json:"rank_time_max_ns" parquet:"rank_time_max_ns"`
 	// SlowestRank is the critical rank: the one with the most busy time
 	// (compute plus data wait: duration less exposed communication,
 	// pipeline wait and checkpoint). In a synchronous step every rank's
@@ -138,7 +142,52 @@ type StepAccumulator struct {
 
 	reported, dupes int64
 	sums            stepSums
+
+	// Each node's earliest start and latest end, on its own clock: the
+	// collector estimates clock offsets between nodes from them and
+	// removes them before any cross-node arithmetic (ResultIn).
+	nodes   []NodeSpan
+	nodeIdx map[string]int
 }
+
+// NodeSpan is one node's part of a step, on that node's clock: the earliest
+// start and the latest end of its ranks that reported.
+type NodeSpan struct {
+	Node       string `json:"node"`
+	MinStartNs int64  `json:"min_start_unix_ns"`
+	MaxEndNs   int64  `json:"max_end_unix_ns"`
+	Ranks      int64  `json:"ranks"`
+}
+
+// maxStepNodes bounds the node spans one step keeps; ranks of further
+// nodes count under the last one (a job of more distinct node names than
+// this is mislabelled, not large).
+const maxStepNodes = 1 << 16
+
+func (a *StepAccumulator) addNode(n NodeSpan) {
+	i, ok := a.nodeIdx[n.Node]
+	if !ok {
+		if len(a.nodes) >= maxStepNodes {
+			i = len(a.nodes) - 1
+		} else {
+			if a.nodeIdx == nil {
+				a.nodeIdx = map[string]int{}
+			}
+			i = len(a.nodes)
+			a.nodeIdx[n.Node] = i
+			a.nodes = append(a.nodes, NodeSpan{Node: n.Node, MinStartNs: n.MinStartNs, MaxEndNs: n.MaxEndNs, Ranks: n.Ranks})
+			return
+		}
+	}
+	x := &a.nodes[i]
+	x.MinStartNs, x.MaxEndNs = min(x.MinStartNs, n.MinStartNs), max(x.MaxEndNs, n.MaxEndNs)
+	x.Ranks += n.Ranks
+}
+
+// NodeSpans are the step's nodes as reported so far (records without a
+// node name count under ""), in the order first heard. The slice is the
+// accumulator's own: read it, do not keep it.
+func (a *StepAccumulator) NodeSpans() []NodeSpan { return a.nodes }
 
 // stepSums are a step's figures over ranks that merge by sum, max and min:
 // the same for one record, a node's partial, or the whole step.
@@ -309,6 +358,7 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	}
 	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: flops, LowestRank: r.Rank, Bytes: r.Bytes})
 	a.sums.addRecord(r)
+	a.addNode(NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1})
 	return true, nil
 }
 
@@ -358,21 +408,56 @@ func (a *StepAccumulator) setFLOPs(rep int64, f float64) {
 	a.replicaFLOPs[rep] = f
 }
 
-// Result computes the cluster step from what has arrived so far; missing
-// ranks are reported in RanksMissing. Step time is the slowest rank's
-// duration: a synchronous step ends when its slowest rank ends.
-func (a *StepAccumulator) Result() ClusterStep {
+// StepContext is what the job knows beyond one step's records.
+type StepContext struct {
+	// ClockOffsetNs is a node's clock less the job's reference clock (nil,
+	// or 0 for a node: none known). Starts and ends are brought onto the
+	// reference clock before they are compared across nodes.
+	ClockOffsetNs func(node string) int64
+	// PrevEndUnixNs is where the attempt's previous step ended, on the
+	// reference clock (0: unknown, as for an attempt's first step).
+	PrevEndUnixNs int64
+}
+
+// Result is ResultIn with no context: clocks taken as they are, and the
+// step time the slowest rank's own duration.
+func (a *StepAccumulator) Result() ClusterStep { return a.ResultIn(StepContext{}) }
+
+// ResultIn computes the cluster step from what has arrived so far; missing
+// ranks are reported in RanksMissing. Start and end are the earliest start
+// and the latest end over the ranks, each node's clock offset removed.
+//
+// Step time is the step's period on the critical path: from the later of
+// the previous step's end and this step's first start, to this step's last
+// end. Ranks start a step at different moments (each when it finished the
+// last one), so the slowest rank's own duration (RankTimeMaxNs) overlaps
+// the next step and overstates the period; consecutive step times add up
+// to the wall time they cover. Without the previous step's end the step
+// time is the slowest rank's duration.
+func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 	c := ClusterStep{
 		Job: a.job, Attempt: a.attempt, Step: a.step, WorldSize: a.world,
 		RanksReported: a.reported, RanksMissing: a.world - a.reported,
 		DuplicateRecords: a.dupes, Replicas: int64(len(a.replicaTokens)),
-		StepTimeNs: a.sums.MaxDurationNs, SlowestRank: a.sums.SlowestRank, SkippedRanks: a.sums.Skipped,
+		StepTimeNs: a.sums.MaxDurationNs, RankTimeMaxNs: a.sums.MaxDurationNs, SlowestRank: a.sums.SlowestRank, SkippedRanks: a.sums.Skipped,
 	}
 	if a.reported == 0 {
 		return c
 	}
 	s := &a.sums
 	c.StartUnixNs, c.EndUnixNs = s.MinStartNs, s.MaxEndNs
+	if ctx.ClockOffsetNs != nil && len(a.nodes) > 0 {
+		c.StartUnixNs, c.EndUnixNs = math.MaxInt64, math.MinInt64
+		for _, n := range a.nodes {
+			off := ctx.ClockOffsetNs(n.Node)
+			c.StartUnixNs, c.EndUnixNs = min(c.StartUnixNs, n.MinStartNs-off), max(c.EndUnixNs, n.MaxEndNs-off)
+		}
+	}
+	if p := ctx.PrevEndUnixNs; p > 0 {
+		if d := c.EndUnixNs - max(p, c.StartUnixNs); d > 0 && d <= MaxStepNs {
+			c.StepTimeNs = d
+		}
+	}
 	// FLOPs: a replica's own figure (reported, or from its Σ document
 	// length²), else its tokens × the model's FLOPs per token; a replica
 	// with neither leaves the step's FLOPs unknown (0).
@@ -400,7 +485,7 @@ func (a *StepAccumulator) Result() ClusterStep {
 		c.TokenMismatchReplicas += int64(bits.OnesCount64(w))
 	}
 	n := float64(a.reported)
-	D := float64(s.MaxDurationNs)
+	D := float64(c.StepTimeNs)
 	if D > 0 {
 		sec := D / 1e9
 		c.TPS = float64(c.Tokens) / sec
@@ -458,7 +543,7 @@ func (a *StepAccumulator) Result() ClusterStep {
 		}
 		if why := ImpossibleMFU(c.MFU, c.HFU); why != "" {
 			c.MFU, c.HFU, c.MFUUnknown = 0, 0, why
-		} else if c.GenNsMax > 0 && c.GenNsMax < s.MaxDurationNs {
+		} else if c.GenNsMax > 0 && c.GenNsMax < c.StepTimeNs {
 			// The update's FLOPs over the time left once the slowest
 			// rank's generation is taken out (the generation's own FLOPs
 			// are not counted: MFU of the training phase only).

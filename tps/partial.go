@@ -18,6 +18,9 @@ type Partial struct {
 	// Ranks are the distinct ranks included, sorted.
 	Ranks    []int64       `json:"ranks"`
 	Replicas []ReplicaPart `json:"replicas"`
+	// Nodes are the spans of the partial's nodes on their own clocks (an
+	// agent's partial has one); empty from agents that predate them.
+	Nodes []NodeSpan `json:"nodes,omitempty"`
 
 	stepSums
 }
@@ -45,6 +48,7 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 	p := Partial{Job: r0.Job, Attempt: r0.Attempt, Step: r0.Step, WorldSize: r0.WorldSize, stepSums: newStepSums()}
 	seen := make(map[int64]bool, len(records))
 	reps := map[int64]int{}
+	nodes := map[string]int{}
 	for i := range records {
 		r := &records[i]
 		if r.Job != p.Job || r.Attempt != p.Attempt || r.Step != p.Step || r.WorldSize != p.WorldSize {
@@ -72,6 +76,13 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank, Bytes: r.Bytes})
 		}
 		p.addRecord(r)
+		if k, ok := nodes[r.Node]; ok {
+			n := &p.Nodes[k]
+			n.MinStartNs, n.MaxEndNs, n.Ranks = min(n.MinStartNs, r.StartUnixNs), max(n.MaxEndNs, r.EndUnixNs), n.Ranks+1
+		} else {
+			nodes[r.Node] = len(p.Nodes)
+			p.Nodes = append(p.Nodes, NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1})
+		}
 	}
 	slices.Sort(p.Ranks)
 	return p, nil
@@ -120,5 +131,14 @@ func (a *StepAccumulator) AddPartial(p *Partial) (bool, error) {
 		a.mergeReplica(x)
 	}
 	a.sums.merge(&p.stepSums)
+	if len(p.Nodes) == 0 {
+		a.addNode(NodeSpan{MinStartNs: p.MinStartNs, MaxEndNs: p.MaxEndNs, Ranks: int64(len(p.Ranks))})
+	}
+	for _, n := range p.Nodes {
+		if len(n.Node) > MaxStringLen {
+			n.Node = n.Node[:MaxStringLen]
+		}
+		a.addNode(n)
+	}
 	return true, nil
 }

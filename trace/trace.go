@@ -45,6 +45,10 @@ const (
 	MetaTable         = "tpsprof.table"
 	MetaWriter        = "tpsprof.writer"
 	MetaRun           = "tpsprof.run_meta" // JSON of tps.RunMeta: topology, model, GPU, peak
+	// MetaClockOffsets is a JSON object of node → clock offset in ns
+	// (the node's clock less rank 0's node's) that the part's cluster
+	// rows were corrected by; absent when no node needed one.
+	MetaClockOffsets = "tpsprof.clock_offsets_ns"
 )
 
 // WriterOptions bound parts and row groups.

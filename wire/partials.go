@@ -13,11 +13,19 @@ import (
 // version. Node partials are what an aggregator handles per message
 // (docs/scale.md); JSON made them cost ~15 µs each to decode, the binary
 // form about a tenth of that.
-var partialMagic = [4]byte{'T', 'P', 'P', 2}
+var partialMagic = [4]byte{'T', 'P', 'P', 3}
 
-// partialMagic1 is layout 1, without bytes and the generation phase; it
-// is still decoded.
-var partialMagic1 = [4]byte{'T', 'P', 'P', 1}
+// partialMagic2 is layout 2, without the node spans, and partialMagic1
+// layout 1, without bytes and the generation phase as well; both are
+// still decoded.
+var (
+	partialMagic2 = [4]byte{'T', 'P', 'P', 2}
+	partialMagic1 = [4]byte{'T', 'P', 'P', 1}
+)
+
+// maxPartialNodes bounds the node spans of one partial (an agent's has
+// one).
+const maxPartialNodes = 1024
 
 // MaxPartials bounds one partials message.
 const MaxPartials = 4096
@@ -34,7 +42,9 @@ const MaxPartials = 4096
 // end, losses, skipped), eleven float64 (the sums and maxima of
 // docs/wire.md), and the generation phase: a float64 (Σ generation time)
 // and five varints (the slowest generation, requests, prompt and output
-// tokens, ranks that generated).
+// tokens, ranks that generated); then the node spans (layout 3): a uvarint
+// count and per node its name, earliest start, latest end and ranks
+// (varints), which clock offsets between nodes are estimated from.
 func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 	dst = append(dst, partialMagic[:]...)
 	dst = binary.AppendUvarint(dst, uint64(len(ps)))
@@ -69,6 +79,13 @@ func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 		for _, v := range [...]int64{p.MaxGen, p.GenRequests, p.GenPrompt, p.GenOutput, p.GenRanks} {
 			dst = binary.AppendVarint(dst, v)
 		}
+		dst = binary.AppendUvarint(dst, uint64(len(p.Nodes)))
+		for _, n := range p.Nodes {
+			dst = appendString(dst, n.Node)
+			for _, v := range [...]int64{n.MinStartNs, n.MaxEndNs, n.Ranks} {
+				dst = binary.AppendVarint(dst, v)
+			}
+		}
 	}
 	return dst
 }
@@ -97,10 +114,19 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 		}
 		return p, nil
 	}
-	if len(data) < len(partialMagic) || ([4]byte(data[:4]) != partialMagic && [4]byte(data[:4]) != partialMagic1) {
+	if len(data) < len(partialMagic) {
 		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
 	}
-	v2 := [4]byte(data[:4]) == partialMagic
+	var v2, v3 bool
+	switch [4]byte(data[:4]) {
+	case partialMagic:
+		v2, v3 = true, true
+	case partialMagic2:
+		v2 = true
+	case partialMagic1:
+	default:
+		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
+	}
 
 	d := decoder{b: data[4:]}
 	n := d.uvarint()
@@ -168,6 +194,21 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 			p.SumGen = d.float()
 			for _, v := range [...]*int64{&p.MaxGen, &p.GenRequests, &p.GenPrompt, &p.GenOutput, &p.GenRanks} {
 				*v = d.varint()
+			}
+		}
+		if v3 {
+			nn := d.uvarint()
+			// A node span takes at least four bytes.
+			if d.err == nil && (nn > maxPartialNodes || nn > nr || nn*4 > uint64(len(d.b))) {
+				return nil, fmt.Errorf("wire: partial %d: %d node spans for %d ranks", i, nn, nr)
+			}
+			if nn > 0 && d.err == nil {
+				p.Nodes = make([]tps.NodeSpan, nn)
+				for k := range p.Nodes {
+					n := &p.Nodes[k]
+					n.Node = d.string(tps.MaxStringLen)
+					n.MinStartNs, n.MaxEndNs, n.Ranks = d.varint(), d.varint(), d.varint()
+				}
 			}
 		}
 		if d.err != nil {

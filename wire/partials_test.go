@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"math"
 	"reflect"
 	"strings"
@@ -20,7 +21,7 @@ func samplePartials(t testing.TB) []tps.Partial {
 		var recs []tps.StepRecord
 		for r := node * 8; r < node*8+8; r++ {
 			loss := 2.5 + float64(r)/100
-			recs = append(recs, tps.StepRecord{Job: "j-1", Attempt: 1, Step: 42, Rank: r, WorldSize: 16,
+			recs = append(recs, tps.StepRecord{Job: "j-1", Attempt: 1, Step: 42, Rank: r, WorldSize: 16, Node: fmt.Sprintf("node-%d", node),
 				StartUnixNs: 1_760_000_000_000_000_000 + r, EndUnixNs: 1_760_000_001_000_000_000, DurationNs: 1e9 - r*1e6,
 				Tokens: 4096 + r%2*int64(node), FLOPs: 1.5e15, ExposedCommNs: 1e8, CommNs: 3e8, DataWaitNs: r * 1e5,
 				PPWaitNs: 2e7, CkptNs: 0, Loss: &loss, Skipped: r == 3, Bytes: 16384 + r,
@@ -99,6 +100,7 @@ func TestPartialsLayout1(t *testing.T) {
 			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
 		}
 		p.SumGen, p.MaxGen, p.GenRequests, p.GenPrompt, p.GenOutput, p.GenRanks = 0, 0, 0, 0, 0, 0
+		p.Nodes = nil // not before layout 3
 	}
 	got, err := DecodePartials(b)
 	if err != nil || !reflect.DeepEqual(got, ps) {

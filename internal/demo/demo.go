@@ -45,6 +45,11 @@ type Config struct {
 	// (-1 for none).
 	StragglerNode     int
 	StragglerSlowdown float64
+	// SkewNode's clock (its ranks' step times and its GPU samples) runs
+	// Skew ahead of the others' (-1 for none): cluster figures must not
+	// change (docs/report.md, "Clocks").
+	SkewNode int
+	Skew     time.Duration
 	// StepInterval paces the simulation in real time so the live line moves.
 	StepInterval time.Duration
 	Seed         uint64
@@ -64,7 +69,7 @@ type Config struct {
 // Defaults are a Llama-3-8B-like job on 64 H100s (DP 4 × TP 8 × PP 2).
 func Defaults() Config {
 	return Config{Out: filepath.Join(os.TempDir(), "tpsprof-demo"), Job: "demo", Steps: 200, Topology: tps.Topology{DP: 4, TP: 8, PP: 2, CP: 1, EP: 1},
-		GPUsPerNode: 8, Model: "llama3-8b", GPU: "h100-sxm", MicroBatches: 16, StragglerNode: 5, StragglerSlowdown: 1.35,
+		GPUsPerNode: 8, Model: "llama3-8b", GPU: "h100-sxm", MicroBatches: 16, StragglerNode: 5, StragglerSlowdown: 1.35, SkewNode: -1,
 		StepInterval: 100 * time.Millisecond, Seed: 1}
 }
 
@@ -172,10 +177,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var stepNow atomic.Int64 // the step being simulated, for the GPUs' straggler state
 	for n := range agents {
 		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
+		nodeClock := clock.Now
+		if n == cfg.SkewNode {
+			nodeClock = func() time.Time { return clock.Now().Add(cfg.Skew) }
+		}
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
 			NATS: nopts, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
 			Partials: cfg.Split,
-			GPU:      newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: clock.Now}) // sampled once per simulated step, below
+			GPU:      newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: nodeClock}) // sampled once per simulated step, below
 		if err != nil {
 			return Result{}, err
 		}
@@ -231,6 +240,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		for r := 0; r < world; r++ {
 			p := step.ranks[r]
 			start := now.Add(p.offset)
+			if r/cfg.GPUsPerNode == cfg.SkewNode {
+				start = start.Add(cfg.Skew)
+			}
 			if err := recs[r].Record(int64(s), start, start.Add(p.duration), sim.replicaTokens, p.phases); err != nil {
 				return Result{}, fmt.Errorf("demo: rank %d step %d: %w", r, s, err)
 			}

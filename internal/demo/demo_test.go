@@ -1,10 +1,12 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -187,5 +189,80 @@ func TestDemoStragglerIsNotCommunication(t *testing.T) {
 	parts := bw.Compute + bw.ExposedComm + bw.WaitingForPeers + bw.Bubble + bw.DataStall + bw.Checkpoint
 	if parts > 1.005 {
 		t.Errorf("the breakdown adds up to %.1f%% of step time", 100*parts)
+	}
+}
+
+// A node whose clock runs 2 s ahead (its ranks' step times and its GPU
+// samples) changes no figure: the collector estimates the offset from the
+// synchronous step ends, names it, and removes it before comparing times
+// across nodes. Without it every step spanned 2 s more: wall TPS fell and
+// goodput counted the skew as idle.
+// The scale-out path (node partials merged by an aggregator) carries each
+// node's span and corrects the same way.
+func TestDemoClockSkewChangesNoFigure(t *testing.T) {
+	for _, split := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one-collector", true: "split"}[split], func(t *testing.T) { testClockSkew(t, split) })
+	}
+}
+
+func testClockSkew(t *testing.T, split bool) {
+	run := func(skew time.Duration) (*report.Report, string) {
+		cfg := Defaults()
+		cfg.Out, cfg.Steps, cfg.StepInterval, cfg.SkewNode, cfg.Skew, cfg.Split = t.TempDir(), 60, 0, 3, skew, split
+		res, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := report.Analyze(res.JobDir, report.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, _ := trace.PartFiles(filepath.Join(res.JobDir, trace.ClusterSteps))
+		md, _ := trace.FileMetadata(files[len(files)-1])
+		return rep, md[trace.MetaClockOffsets]
+	}
+	skewed, offs := run(2 * time.Second)
+	plain, none := run(0)
+	if offs != `{"node-3":2000000000}` || none != "" {
+		t.Errorf("clock offsets in the parts: %q with the skew, %q without; want node-3 at 2 s, then none", offs, none)
+	}
+	var text bytes.Buffer
+	report.WriteText(&text, skewed)
+	if skewed.ClockOffsetsNs["node-3"] != 2e9 || len(skewed.ClockOffsetsNs) != 1 || !strings.Contains(text.String(), "node-3 +2.000 s from rank 0's node") {
+		t.Errorf("the report's clock offsets: %v\n%s", skewed.ClockOffsetsNs, text.String())
+	}
+	a, b := skewed.Summary, plain.Summary
+	t.Logf("skewed: step %.3f s, TPS %.0f, wall TPS %.0f, goodput %.3f; plain: %.3f s, %.0f, %.0f, %.3f",
+		a.StepTimeS.P50, a.AggregateTPS, a.WallTPS, skewed.Goodput.Goodput, b.StepTimeS.P50, b.AggregateTPS, b.WallTPS, plain.Goodput.Goodput)
+	near := func(what string, x, y float64) {
+		t.Helper()
+		if math.Abs(x-y) > 1e-3*math.Abs(y) {
+			t.Errorf("%s: %g with the skewed node, %g without", what, x, y)
+		}
+	}
+	near("median step time", a.StepTimeS.P50, b.StepTimeS.P50)
+	near("aggregate TPS", a.AggregateTPS, b.AggregateTPS)
+	near("wall TPS", a.WallTPS, b.WallTPS)
+	near("exposed communication", a.CommFraction, b.CommFraction)
+	near("goodput", skewed.Goodput.Goodput, plain.Goodput.Goodput)
+	near("elapsed", skewed.Goodput.ElapsedS, plain.Goodput.ElapsedS)
+	near("idle", skewed.Goodput.BadputS[report.BadIdle], plain.Goodput.BadputS[report.BadIdle])
+	if a.MFU == nil || b.MFU == nil {
+		t.Fatalf("MFU unknown: %q / %q", a.MFUUnknown, b.MFUUnknown)
+	}
+	near("MFU", *a.MFU, *b.MFU)
+	if skewed.Energy == nil || plain.Energy == nil {
+		t.Fatal("no GPU energy joined")
+	}
+	near("tokens per joule", skewed.Energy.TokensPerJoule, plain.Energy.TokensPerJoule)
+	for _, r := range []*report.Report{skewed, plain} {
+		g := r.Goodput
+		sum := g.ProductiveS
+		for _, v := range g.BadputS {
+			sum += v
+		}
+		if math.Abs(sum-g.ElapsedS) > 0.005*g.ElapsedS {
+			t.Errorf("goodput parts add up to %.3f s of %.3f s elapsed", sum, g.ElapsedS)
+		}
 	}
 }
