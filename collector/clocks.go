@@ -38,20 +38,16 @@ type nodeClock struct {
 	median  int64
 }
 
-// observe folds one closed step's node spans in; ref is the reference
-// node (rank 0's, "" when not known yet: the first named node). It
-// reports whether an applied offset appeared, went or moved by a
-// millisecond or more (what parts store is then refreshed).
-func (c *clockEstimator) observe(spans []tps.NodeSpan, ref string) (changed bool) {
-	if ref == "" {
-		ref = c.ref
-	}
-	if ref == "" {
-		for _, n := range spans {
-			if n.Node != "" {
-				ref = n.Node
-				break
-			}
+// observe folds one closed step's node spans in; the reference is rank
+// 0's node (a step without rank 0 gives no sample). It reports whether an
+// applied offset appeared, went or moved by a millisecond or more (what
+// parts store is then refreshed).
+func (c *clockEstimator) observe(spans []tps.NodeSpan) (changed bool) {
+	ref := ""
+	for _, n := range spans {
+		if n.LowestRank == 0 {
+			ref = n.Node
+			break
 		}
 	}
 	if ref == "" {

@@ -27,6 +27,9 @@ import (
 // NATSOptions configure the connection to NATS (URL, credentials, TLS).
 type NATSOptions = natsconn.Options
 
+// defaultMetaWait is Config.MetaWait's default.
+var defaultMetaWait = 2 * time.Second
+
 // Config configures a Collector.
 type Config struct {
 	// OutDir receives one folder per job.
@@ -72,6 +75,14 @@ type Config struct {
 	// Live receives the live line every LiveInterval (default 5s); nil is silent.
 	Live         io.Writer
 	LiveInterval time.Duration
+	// MetaWait is how long the steps of a job that has no run metadata yet
+	// are held open after its first record, for the metadata to arrive
+	// (it travels on a subject of its own and can lose the race): when it
+	// comes, the held steps are aggregated under its topology and model,
+	// tensor- and pipeline-parallel peers' tokens counted once. Default
+	// 2s; negative: not held. A job that never sends metadata closes its
+	// first steps that much later, then as usual.
+	MetaWait time.Duration
 	// GPUJoinWait is how long a closed step waits for the GPU samples that
 	// cover it before its row is written without them (default 5s).
 	GPUJoinWait time.Duration
@@ -161,6 +172,12 @@ func (c *Config) defaults() error {
 	}
 	if c.GPUJoinWait <= 0 {
 		c.GPUJoinWait = 5 * time.Second
+	}
+	switch {
+	case c.MetaWait == 0:
+		c.MetaWait = defaultMetaWait
+	case c.MetaWait < 0:
+		c.MetaWait = 0
 	}
 	if c.LiveInterval <= 0 {
 		c.LiveInterval = 5 * time.Second

@@ -60,7 +60,7 @@ func summaryOf(s *tps.Sketch) *latencySummary {
 }
 
 func newJob(c *Collector, id string) *job {
-	j := &job{jobState: newJobState(id, limits{maxOpenSteps: c.cfg.MaxOpenSteps, gpuJoinWait: c.cfg.GPUJoinWait, quietAfter: c.cfg.QuietAfter, mem: &c.mem}, c.cfg.Meta, c.cfg.Durable),
+	j := &job{jobState: newJobState(id, limits{maxOpenSteps: c.cfg.MaxOpenSteps, gpuJoinWait: c.cfg.GPUJoinWait, metaWait: c.cfg.MetaWait, quietAfter: c.cfg.QuietAfter, mem: &c.mem}, c.cfg.Meta, c.cfg.Durable),
 		sink: sink{job: id}}
 	j.touched.Store(time.Now().UnixNano())
 	j.live.Store(&liveFigures{})
@@ -173,6 +173,7 @@ func (j *job) rotateDue(t *tally) {
 // track straggler episodes, write or finalise.
 func (j *job) tick(c *Collector, t *tally) {
 	j.closeExpired(c.cfg.Grace, t)
+	j.closeHeld(t)
 	if j.newSinceEpisodes {
 		j.trackEpisodes()
 		j.newSinceEpisodes = false

@@ -129,6 +129,7 @@ func (t *tally) invalid(err error) {
 type limits struct {
 	maxOpenSteps int
 	gpuJoinWait  time.Duration
+	metaWait     time.Duration // full steps of a job without metadata are held this long (Config.MetaWait)
 	quietAfter   time.Duration
 	mem          *memBudget // shared by the collector's jobs; nil: unbounded
 }
@@ -203,6 +204,8 @@ type jobState struct {
 
 	// finalising parts when an attempt ends or the job goes quiet
 	lastActive   time.Time // the last step record
+	firstRecord  time.Time // the first one: steps are held for metadata until metaWait after it
+	heldFull     bool      // a full step is held open for the metadata
 	unfinalised  bool      // rows written since the parts were last finalised
 	attemptEnded bool      // an attempt_end event since then
 
@@ -405,7 +408,9 @@ func (s *jobState) setMeta(m tps.RunMeta, t *tally) {
 	s.hasMeta = true
 	if s.world > 0 {
 		s.configure(s.world, t)
+		s.reconfigureOpen(t)
 	}
+	s.closeHeld(t)
 	t.metaChanged = true
 }
 
@@ -583,6 +588,9 @@ func (s *jobState) release() {
 // already on disk from before a restart).
 func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool) {
 	s.lastActive, s.unfinalised = t.now, true
+	if s.firstRecord.IsZero() {
+		s.firstRecord = t.now
+	}
 	k = stepKey{r.Attempt, r.Step}
 	if !s.setWorld(r.WorldSize, r.Attempt, true, t) {
 		return k, false, false
@@ -622,7 +630,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	t.records++
 	s.observeCompute(r.Rank, float64(r.ComputeNs()))
 	if st.acc.Full() {
-		s.closeStep(k, st, t)
+		s.closeFull(k, st, t)
 	}
 	// A rank row already written before a restart is aggregated again
 	// (its step's cluster row was not written) but not written twice.
@@ -633,6 +641,9 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 // key and whether the partial went into an open step.
 func (s *jobState) addPartial(p *tps.Partial, t *tally) (stepKey, bool) {
 	s.lastActive, s.unfinalised = t.now, true
+	if s.firstRecord.IsZero() {
+		s.firstRecord = t.now
+	}
 	k := stepKey{p.Attempt, p.Step}
 	n := int64(len(p.Ranks))
 	if s.world != p.WorldSize {
@@ -665,10 +676,64 @@ func (s *jobState) addPartial(p *tps.Partial, t *tally) (stepKey, bool) {
 		return k, false
 	}
 	t.records += n
+	// The nodes the GPU join waits for (gpuCovered), as records name them.
+	for _, x := range p.Nodes {
+		if _, ok := s.nodes[x.Node]; !ok && x.Node != "" && len(s.nodes) < 1<<16 {
+			s.nodes[x.Node] = struct{}{}
+		}
+	}
 	if st.acc.Full() {
-		s.closeStep(k, st, t)
+		s.closeFull(k, st, t)
 	}
 	return k, true
+}
+
+// holding: the job has no run metadata yet and its first record is less
+// than metaWait old, so full steps wait for it (Config.MetaWait).
+func (s *jobState) holding(now time.Time) bool {
+	return !s.hasMeta && s.lim.metaWait > 0 && now.Sub(s.firstRecord) < s.lim.metaWait
+}
+
+// closeFull closes a step every rank reported, unless it is held for the
+// job's metadata.
+func (s *jobState) closeFull(k stepKey, st *openStep, t *tally) {
+	if s.holding(t.now) {
+		s.heldFull = true
+		return
+	}
+	s.closeStep(k, st, t)
+}
+
+// closeHeld closes the full steps held for metadata once it arrived or
+// the wait is over.
+func (s *jobState) closeHeld(t *tally) {
+	if !s.heldFull || s.holding(t.now) {
+		return
+	}
+	s.heldFull = false
+	for _, k := range slices.SortedFunc(maps.Keys(s.open), cmpKey) {
+		if st := s.open[k]; st.acc.Full() {
+			s.closeStep(k, st, t)
+		}
+	}
+}
+
+// reconfigureOpen applies a configuration learnt while steps were open
+// (run metadata after the first records) to them, and adjusts what they
+// charge to the memory budget.
+func (s *jobState) reconfigureOpen(t *tally) {
+	for k, st := range s.open {
+		if !st.acc.Reconfigure(s.cfg) {
+			t.warn("regroup", "a step opened before the job's metadata could not be regrouped under its topology", "job", s.id, "step", k.step)
+			continue
+		}
+		cost := tps.StepAccumulatorBytes(s.world, s.cfg.Topology)
+		if d := st.cost - cost; d > 0 {
+			s.lim.mem.give(d)
+			s.held -= d
+			st.cost = cost
+		}
+	}
 }
 
 func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
@@ -677,11 +742,7 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	if s.lastOpen == st {
 		s.lastOpen = nil
 	}
-	ref := ""
-	if len(s.rankNode) > 0 {
-		ref = s.rankNode[0]
-	}
-	if s.clocks.observe(st.acc.NodeSpans(), ref) {
+	if s.clocks.observe(st.acc.NodeSpans()) {
 		t.metaChanged, t.liveChanged = true, true
 	}
 	ctx := tps.StepContext{ClockOffsetNs: s.clocks.offsetFunc()}

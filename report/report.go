@@ -317,6 +317,8 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}); rep.tolerate(err) != nil {
 		return nil, err
 	}
+	alignEvents(events, rep.ClockOffsetsNs, nodes)
+	alignEvents(rep.data.events, rep.ClockOffsetsNs, nodes)
 	rep.Goodput = ComputeGoodput(steps, warm, events)
 	rep.generation(steps, warm, events)
 	if rep.Traces, err = summarizeTraces(dir, events); err != nil {
@@ -551,6 +553,23 @@ func readClockOffsets(dir string) map[string]int64 {
 		}
 	}
 	return nil
+}
+
+// alignEvents brings events onto the cluster rows' clock: an event keeps
+// its rank's clock in Parquet (it may arrive before the collector knows
+// any offset), so the offset of its rank's node is removed here. Events of
+// no rank (a launcher's) are taken as they are.
+func alignEvents(events []tps.Event, offs map[string]int64, nodeOf map[int64]string) {
+	if len(offs) == 0 {
+		return
+	}
+	for i := range events {
+		e := &events[i]
+		if off := offs[nodeOf[e.Rank]]; e.Rank >= 0 && off != 0 {
+			e.StartUnixNs -= off
+			e.EndUnixNs -= off
+		}
+	}
 }
 
 // ClockOffsetsText is the nodes' clock offsets in one line, the largest

@@ -139,6 +139,9 @@ type StepAccumulator struct {
 	replicaBytes  []int64 // nil until a replica reports bytes
 	replicaRank   []int64 // lowest rank whose tokens were taken
 	mismatched    []uint64
+	// explicit marks replicas keyed by a record's own dp_rank (not
+	// derived from its rank): Reconfigure keeps their index.
+	explicit []uint64
 
 	reported, dupes int64
 	sums            stepSums
@@ -148,6 +151,8 @@ type StepAccumulator struct {
 	// removes them before any cross-node arithmetic (ResultIn).
 	nodes   []NodeSpan
 	nodeIdx map[string]int
+
+	fromPartials bool // partials merged: replicas cannot be regrouped
 }
 
 // NodeSpan is one node's part of a step, on that node's clock: the earliest
@@ -157,6 +162,7 @@ type NodeSpan struct {
 	MinStartNs int64  `json:"min_start_unix_ns"`
 	MaxEndNs   int64  `json:"max_end_unix_ns"`
 	Ranks      int64  `json:"ranks"`
+	LowestRank int64  `json:"lowest_rank"` // rank 0's node is the clocks' reference
 }
 
 // maxStepNodes bounds the node spans one step keeps; ranks of further
@@ -175,13 +181,14 @@ func (a *StepAccumulator) addNode(n NodeSpan) {
 			}
 			i = len(a.nodes)
 			a.nodeIdx[n.Node] = i
-			a.nodes = append(a.nodes, NodeSpan{Node: n.Node, MinStartNs: n.MinStartNs, MaxEndNs: n.MaxEndNs, Ranks: n.Ranks})
+			a.nodes = append(a.nodes, n)
 			return
 		}
 	}
 	x := &a.nodes[i]
 	x.MinStartNs, x.MaxEndNs = min(x.MinStartNs, n.MinStartNs), max(x.MaxEndNs, n.MaxEndNs)
 	x.Ranks += n.Ranks
+	x.LowestRank = min(x.LowestRank, n.LowestRank)
 }
 
 // NodeSpans are the step's nodes as reported so far (records without a
@@ -313,6 +320,7 @@ func (a *StepAccumulator) reset(job string, attempt, step, world int64, cfg Accu
 		seen:          make([]uint64, words(world)),
 		replicaSeen:   make([]uint64, words(dp)),
 		mismatched:    make([]uint64, words(dp)),
+		explicit:      make([]uint64, words(dp)),
 		replicaTokens: make([]int64, dp),
 		replicaRank:   make([]int64, dp),
 		sums:          newStepSums(),
@@ -350,6 +358,9 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 		a.dupes++
 		return false, nil
 	}
+	if r.DPRank != nil {
+		a.explicit[rep/64] |= 1 << (rep % 64)
+	}
 	a.seen[w] |= b
 	a.reported++
 	flops := r.FLOPs
@@ -358,7 +369,7 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	}
 	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: flops, LowestRank: r.Rank, Bytes: r.Bytes})
 	a.sums.addRecord(r)
-	a.addNode(NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1})
+	a.addNode(NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1, LowestRank: r.Rank})
 	return true, nil
 }
 
@@ -389,6 +400,61 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 		}
 		a.setBytes(x.Replica, x.Bytes)
 	}
+}
+
+// Reconfigure applies a job configuration learnt after the step opened
+// (run metadata that lost the race with the first records): the model and
+// peak for MFU, and the topology. Opened without one (pure data
+// parallelism: each rank its own replica), its replicas are regrouped
+// under the new topology, tensor- and pipeline-parallel peers counted once,
+// as if the records had arrived after the metadata. Replicas keyed by the
+// records' own dp_rank keep it. It returns false, changing nothing, when
+// the step's replicas cannot be regrouped: opened under another topology
+// (its replicas are data-parallel coordinates, not ranks), or a topology
+// that does not match the world size, or partials merged into it.
+func (a *StepAccumulator) Reconfigure(cfg AccumulatorConfig) bool {
+	if cfg.Topology == (Topology{}) {
+		cfg.Topology = DataParallel(int(a.world))
+	}
+	if cfg.Topology.Validate(int(a.world)) != nil {
+		return false
+	}
+	old := a.cfg.Topology.normalized()
+	if cfg.Topology.normalized() == old {
+		a.cfg = cfg
+		return true
+	}
+	if old.DP != int(a.world) || a.fromPartials {
+		return false
+	}
+	b := &StepAccumulator{}
+	b.reset(a.job, a.attempt, a.step, a.world, cfg)
+	b.seen, b.reported, b.dupes, b.sums, b.nodes, b.nodeIdx, b.fromPartials = a.seen, a.reported, a.dupes, a.sums, a.nodes, a.nodeIdx, a.fromPartials
+	for i := range a.replicaTokens {
+		w, bit := i/64, uint64(1)<<(i%64)
+		if a.replicaSeen[w]&bit == 0 {
+			continue
+		}
+		rep := int64(i)
+		if a.explicit[w]&bit == 0 {
+			rep = int64(cfg.Topology.Coords(i).DP) // i was the rank
+		} else if rep >= int64(len(b.replicaTokens)) {
+			return false
+		}
+		x := ReplicaPart{Replica: rep, Tokens: a.replicaTokens[i], LowestRank: a.replicaRank[i], Mismatch: a.mismatched[w]&bit != 0}
+		if a.replicaFLOPs != nil {
+			x.FLOPs = a.replicaFLOPs[i]
+		}
+		if a.replicaBytes != nil {
+			x.Bytes = a.replicaBytes[i]
+		}
+		b.mergeReplica(x)
+		if a.explicit[w]&bit != 0 {
+			b.explicit[rep/64] |= 1 << (rep % 64)
+		}
+	}
+	*a = *b
+	return true
 }
 
 func (a *StepAccumulator) setBytes(rep, n int64) {

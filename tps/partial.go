@@ -79,9 +79,10 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 		if k, ok := nodes[r.Node]; ok {
 			n := &p.Nodes[k]
 			n.MinStartNs, n.MaxEndNs, n.Ranks = min(n.MinStartNs, r.StartUnixNs), max(n.MaxEndNs, r.EndUnixNs), n.Ranks+1
+			n.LowestRank = min(n.LowestRank, r.Rank)
 		} else {
 			nodes[r.Node] = len(p.Nodes)
-			p.Nodes = append(p.Nodes, NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1})
+			p.Nodes = append(p.Nodes, NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1, LowestRank: r.Rank})
 		}
 	}
 	slices.Sort(p.Ranks)
@@ -127,12 +128,13 @@ func (a *StepAccumulator) AddPartial(p *Partial) (bool, error) {
 		a.seen[r/64] |= 1 << (r % 64)
 	}
 	a.reported += int64(len(p.Ranks))
+	a.fromPartials = true
 	for _, x := range p.Replicas {
 		a.mergeReplica(x)
 	}
 	a.sums.merge(&p.stepSums)
 	if len(p.Nodes) == 0 {
-		a.addNode(NodeSpan{MinStartNs: p.MinStartNs, MaxEndNs: p.MaxEndNs, Ranks: int64(len(p.Ranks))})
+		a.addNode(NodeSpan{MinStartNs: p.MinStartNs, MaxEndNs: p.MaxEndNs, Ranks: int64(len(p.Ranks)), LowestRank: p.Ranks[0]})
 	}
 	for _, n := range p.Nodes {
 		if len(n.Node) > MaxStringLen {

@@ -44,7 +44,8 @@ const MaxPartials = 4096
 // and five varints (the slowest generation, requests, prompt and output
 // tokens, ranks that generated); then the node spans (layout 3): a uvarint
 // count and per node its name, earliest start, latest end and ranks
-// (varints), which clock offsets between nodes are estimated from.
+// and lowest rank (varints), which clock offsets between nodes are
+// estimated from.
 func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 	dst = append(dst, partialMagic[:]...)
 	dst = binary.AppendUvarint(dst, uint64(len(ps)))
@@ -82,7 +83,7 @@ func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 		dst = binary.AppendUvarint(dst, uint64(len(p.Nodes)))
 		for _, n := range p.Nodes {
 			dst = appendString(dst, n.Node)
-			for _, v := range [...]int64{n.MinStartNs, n.MaxEndNs, n.Ranks} {
+			for _, v := range [...]int64{n.MinStartNs, n.MaxEndNs, n.Ranks, n.LowestRank} {
 				dst = binary.AppendVarint(dst, v)
 			}
 		}
@@ -198,8 +199,8 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 		}
 		if v3 {
 			nn := d.uvarint()
-			// A node span takes at least four bytes.
-			if d.err == nil && (nn > maxPartialNodes || nn > nr || nn*4 > uint64(len(d.b))) {
+			// A node span takes at least five bytes.
+			if d.err == nil && (nn > maxPartialNodes || nn > nr || nn*5 > uint64(len(d.b))) {
 				return nil, fmt.Errorf("wire: partial %d: %d node spans for %d ranks", i, nn, nr)
 			}
 			if nn > 0 && d.err == nil {
@@ -207,7 +208,7 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 				for k := range p.Nodes {
 					n := &p.Nodes[k]
 					n.Node = d.string(tps.MaxStringLen)
-					n.MinStartNs, n.MaxEndNs, n.Ranks = d.varint(), d.varint(), d.varint()
+					n.MinStartNs, n.MaxEndNs, n.Ranks, n.LowestRank = d.varint(), d.varint(), d.varint(), d.varint()
 				}
 			}
 		}

@@ -96,6 +96,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	live := fs.Duration("live", 5*time.Second, "interval of the live line (0 to silence it)")
 	partAge := fs.Duration("part-age", time.Minute, "finalise Parquet parts at least this often")
 	quietAfter := fs.Duration("quiet-after", 10*time.Second, "finalise a job's parts once it has sent no step for this long (and at once when an attempt ends)")
+	metaWait := fs.Duration("meta-wait", 2*time.Second, "hold the steps of a job that has sent no run metadata yet this long after its first record, so they are aggregated under its topology and model when it comes (negative: do not hold)")
 	var streamBytes quantity = 8e9
 	fs.Var(&streamBytes, "stream-max-bytes", "durable mode: the most the stream may hold, e.g. 2G (messages not yet in Parquet; past it the oldest go)")
 	replicas := fs.Int("stream-replicas", 1, "durable mode: servers of a NATS cluster that hold the stream (3 on a three-server cluster survives losing one; docs/scale.md)")
@@ -194,6 +195,10 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		Partition: part, Partitions: parts}
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
 	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter, cfg.MaxStateBytes = *quietAfter, *maxJobs, *evictAfter, *maxState
+	cfg.MetaWait = *metaWait
+	if cfg.MetaWait == 0 {
+		cfg.MetaWait = -1 // 0 on the command line: not held
+	}
 	cfg.StreamReplicas, cfg.StreamMaxBytes = *replicas, int64(streamBytes)
 	if *live > 0 {
 		cfg.Live, cfg.LiveInterval = stdout, *live

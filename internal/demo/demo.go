@@ -255,8 +255,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		now = now.Add(step.wall + step.gapAfter)
 		clock.Set(now)
 		if step.gapAfter > time.Second {
-			clients[0].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventEval, Step: int64(s), Rank: 0,
-				StartUnixNs: now.Add(-step.gapAfter).UnixNano(), EndUnixNs: now.UnixNano()})
+			// the last rank reports the evaluation, on its node's clock
+			last := world - 1
+			at := now
+			if last/cfg.GPUsPerNode == cfg.SkewNode {
+				at = at.Add(cfg.Skew)
+			}
+			clients[last].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventEval, Step: int64(s), Rank: int64(last),
+				StartUnixNs: at.Add(-step.gapAfter).UnixNano(), EndUnixNs: at.UnixNano()})
 		}
 		if cfg.StepInterval > 0 {
 			select {

@@ -208,7 +208,7 @@ func TestDemoClockSkewChangesNoFigure(t *testing.T) {
 func testClockSkew(t *testing.T, split bool) {
 	run := func(skew time.Duration) (*report.Report, string) {
 		cfg := Defaults()
-		cfg.Out, cfg.Steps, cfg.StepInterval, cfg.SkewNode, cfg.Skew, cfg.Split = t.TempDir(), 60, 0, 3, skew, split
+		cfg.Out, cfg.Steps, cfg.StepInterval, cfg.SkewNode, cfg.Skew, cfg.Split = t.TempDir(), 120, 0, 7, skew, split
 		res, err := Run(context.Background(), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -223,12 +223,12 @@ func testClockSkew(t *testing.T, split bool) {
 	}
 	skewed, offs := run(2 * time.Second)
 	plain, none := run(0)
-	if offs != `{"node-3":2000000000}` || none != "" {
-		t.Errorf("clock offsets in the parts: %q with the skew, %q without; want node-3 at 2 s, then none", offs, none)
+	if offs != `{"node-7":2000000000}` || none != "" {
+		t.Errorf("clock offsets in the parts: %q with the skew, %q without; want node-7 at 2 s, then none", offs, none)
 	}
 	var text bytes.Buffer
 	report.WriteText(&text, skewed)
-	if skewed.ClockOffsetsNs["node-3"] != 2e9 || len(skewed.ClockOffsetsNs) != 1 || !strings.Contains(text.String(), "node-3 +2.000 s from rank 0's node") {
+	if skewed.ClockOffsetsNs["node-7"] != 2e9 || len(skewed.ClockOffsetsNs) != 1 || !strings.Contains(text.String(), "node-7 +2.000 s from rank 0's node") {
 		t.Errorf("the report's clock offsets: %v\n%s", skewed.ClockOffsetsNs, text.String())
 	}
 	a, b := skewed.Summary, plain.Summary
@@ -247,6 +247,11 @@ func testClockSkew(t *testing.T, split bool) {
 	near("goodput", skewed.Goodput.Goodput, plain.Goodput.Goodput)
 	near("elapsed", skewed.Goodput.ElapsedS, plain.Goodput.ElapsedS)
 	near("idle", skewed.Goodput.BadputS[report.BadIdle], plain.Goodput.BadputS[report.BadIdle])
+	// the evaluations, reported by a rank of the skewed node
+	near("evaluation", skewed.Goodput.BadputS[report.BadEval], plain.Goodput.BadputS[report.BadEval])
+	if plain.Goodput.BadputS[report.BadEval] < 4 {
+		t.Errorf("evaluation badput %g s, want the demo's 4 s evaluations", plain.Goodput.BadputS[report.BadEval])
+	}
 	if a.MFU == nil || b.MFU == nil {
 		t.Fatalf("MFU unknown: %q / %q", a.MFUUnknown, b.MFUUnknown)
 	}

@@ -149,14 +149,9 @@ func TestModernTorchParallelisms(t *testing.T) {
 					continue // stages set up by hand: nothing in the job says so (declare the topology)
 				}
 				// The layout reaches the collector as run metadata, on a
-				// subject of its own: a first step whose records win that
-				// race is aggregated with the default replica count (its
-				// tokens are still right: every record carries its
-				// coordinates). Holding records until the metadata is
-				// issue 24's.
-				if c.Step == 0 && c.Tokens == want {
-					continue
-				}
+				// subject of its own: steps that win that race are held
+				// for it (collector.Config.MetaWait), so the first step's
+				// replicas are right too.
 				if c.Tokens != want || c.Replicas != replicas {
 					t.Errorf("cluster step %d: %d tokens over %d replicas, the job trained on %d over %d", c.Step, c.Tokens, c.Replicas, want, replicas)
 				}

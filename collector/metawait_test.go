@@ -1,0 +1,90 @@
+package collector
+
+import (
+	"encoding/json"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// Records that reach the collector before their job's metadata (it travels
+// on a subject of its own) are held, not aggregated without the topology:
+// a 4-rank job of 2 tensor-parallel pairs whose records carry no
+// coordinates sends 5 steps, then its metadata. The steps close when it
+// arrives, each pair's tokens counted once and MFU known. Before, these
+// steps were summed over the tensor-parallel peers (tokens doubled) with
+// no model. A job that never sends metadata closes its steps MetaWait
+// after its first record, under pure data parallelism.
+func TestStepsHeldForLateMetadata(t *testing.T) {
+	out := t.TempDir()
+	c, nc := startCollectorWith(t, Config{OutDir: out, Grace: time.Minute, MetaWait: 1500 * time.Millisecond})
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	send := func(job string) {
+		var recs []tps.StepRecord
+		for s := int64(0); s < 5; s++ {
+			for r := int64(0); r < 4; r++ {
+				recs = append(recs, tps.StepRecord{Job: job, Step: s, Rank: r, WorldSize: 4, Tokens: 1000, Node: "n0",
+					StartUnixNs: t0 + s*2e9, EndUnixNs: t0 + s*2e9 + 1e9, DurationNs: 1e9})
+			}
+		}
+		if err := nc.Publish(wire.StepsSubject(job, "n0"), wire.AppendSteps(nil, recs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	began := time.Now()
+	send("late")
+	send("never")
+	waitFor := func(what string, ok func(Stats) bool) Stats {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st := c.Stats()
+			if ok(st) {
+				return st
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v", what, st)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	st := waitFor("the 10 steps open", func(s Stats) bool { return s.OpenSteps+int(s.StepsClosed) == 10 })
+	if st.StepsClosed != 0 && time.Since(began) < 1500*time.Millisecond {
+		t.Fatalf("before the metadata: %d steps closed; want them held", st.StepsClosed)
+	}
+	meta, _ := json.Marshal(tps.RunMeta{Job: "late", Topology: tps.Topology{DP: 2, TP: 2}, ModelPreset: "llama3-8b", GPU: "h100-sxm", DType: "bf16"})
+	if err := nc.Publish(wire.MetaSubject("late"), meta); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the late job's steps closed", func(s Stats) bool { return s.StepsClosed >= 5 })
+	if held := time.Since(began); held < 1500*time.Millisecond {
+		if st := c.Stats(); st.StepsClosed != 5 {
+			t.Errorf("after %v: %d steps closed, want the 5 of the job whose metadata came", held, st.StepsClosed)
+		}
+	}
+	waitFor("every step closed", func(s Stats) bool { return s.StepsClosed == 10 })
+	if d := time.Since(began); d < 1500*time.Millisecond {
+		t.Errorf("the job without metadata closed its steps after %v, want 1.5 s", d)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for job, want := range map[string]struct{ tokens, replicas int64 }{"late": {2000, 2}, "never": {4000, 4}} {
+		rows, err := trace.ReadAll[tps.ClusterStep](filepath.Join(out, job, trace.ClusterSteps))
+		if err != nil || len(rows) != 5 {
+			t.Fatalf("%s: %d rows, %v", job, len(rows), err)
+		}
+		for _, r := range rows {
+			if r.Tokens != want.tokens || r.Replicas != want.replicas || r.TokenMismatchReplicas != 0 {
+				t.Errorf("%s step %d: %d tokens over %d replicas, want %d over %d", job, r.Step, r.Tokens, r.Replicas, want.tokens, want.replicas)
+			}
+			if job == "late" && (r.MFU <= 0 || r.MFUUnknown != "") {
+				t.Errorf("late step %d: MFU %g unknown %q, want it computed from the late model", r.Step, r.MFU, r.MFUUnknown)
+			}
+		}
+	}
+}
