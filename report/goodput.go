@@ -1,13 +1,16 @@
 package report
 
 import (
+	"fmt"
 	"sort"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
 
 // Goodput splits the job's elapsed time, across attempts, into productive
-// step time and badput by cause. The parts add up to ElapsedS: each moment
+// step time, badput by cause and unmonitored time. The parts add up to
+// ElapsedS (the time between launches is not in it): each moment
 // goes to one part (a step's part runs from the previous step's end, as
 // its step time does; see docs/report.md).
 type Goodput struct {
@@ -21,6 +24,18 @@ type Goodput struct {
 	// has a launcher's attempt_start event); the others restarted inside a
 	// launch (torchrun elastic restarts).
 	Launches int `json:"launches"`
+	// BetweenLaunchesS is the time from one launch's last step (or end) to
+	// the next launch's start: not the job's time (a job id reused hours
+	// later), so not in ElapsedS, wall TPS or cost.
+	BetweenLaunchesS float64 `json:"between_launches_s,omitempty"`
+	// UnmonitoredS is the time of steps no rank's record reached the
+	// traces for (step numbers jump inside an attempt: an agent or the
+	// collector was down): in ElapsedS but neither productive nor badput,
+	// and out of goodput's denominator. UnmonitoredSteps counts them.
+	UnmonitoredS     float64 `json:"unmonitored_s,omitempty"`
+	UnmonitoredSteps int64   `json:"unmonitored_steps,omitempty"`
+
+	excluded [][2]int64 // between launches and unmonitored, for wall TPS
 }
 
 // Badput causes.
@@ -75,9 +90,11 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 			ckpts = append(ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		}
 	}
+	launch := map[int64]bool{}
 	for _, a := range attempts[1:] {
 		if _, ok := starts[a]; ok {
 			g.Launches++
+			launch[a] = true
 		}
 	}
 	sec := func(ns int64) float64 { return float64(ns) / 1e9 }
@@ -113,9 +130,21 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 				if ok && s < to {
 					to = s
 				}
+				if launch[c.Attempt] && to > cursor {
+					// another launch: its own start-up counts, the wait before it is not the job's
+					g.BetweenLaunchesS += sec(to - cursor)
+					g.excluded = append(g.excluded, [2]int64{cursor, to})
+					cursor = to
+				}
 				account(BadRestart, to)
 			}
 			account(BadStartup, c.StartUnixNs)
+		} else if miss := c.Step - steps[i-1].Step - 1; miss > 0 && c.StartUnixNs > cursor {
+			// Steps missing from the traces: trained, not monitored.
+			g.UnmonitoredS += sec(c.StartUnixNs - cursor)
+			g.UnmonitoredSteps += miss
+			g.excluded = append(g.excluded, [2]int64{cursor, c.StartUnixNs})
+			cursor = c.StartUnixNs
 		} else if gap := c.StartUnixNs - cursor; gap > 0 {
 			// Between steps: evaluation, checkpoints, and the rest idle.
 			ev := overlap(evals, cursor, c.StartUnixNs)
@@ -150,8 +179,9 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 		}
 	}
 	account(BadIdle, finish)
-	if g.ElapsedS > 0 {
-		g.Goodput = g.ProductiveS / g.ElapsedS
+	g.ElapsedS -= g.BetweenLaunchesS
+	if d := g.ElapsedS - g.UnmonitoredS; d > 0 {
+		g.Goodput = g.ProductiveS / d
 	}
 	for k, v := range g.BadputS {
 		if v <= 0 {
@@ -160,6 +190,10 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 	}
 	return g
 }
+
+// ExcludedWithin is how much of [a, b) lay between launches or in
+// unmonitored gaps, ns: wall time that was not the job's or not seen.
+func (g *Goodput) ExcludedWithin(a, b int64) int64 { return overlap(g.excluded, a, b) }
 
 // overlap is how much of [a, b) the intervals cover (they may overlap each other).
 func overlap(iv [][2]int64, a, b int64) int64 {
@@ -180,4 +214,16 @@ func overlap(iv [][2]int64, a, b int64) int64 {
 		cur = s[1]
 	}
 	return total
+}
+
+// NotCountedText says what time the goodput leaves out ("" when none).
+func (g *Goodput) NotCountedText() string {
+	var parts []string
+	if g.BetweenLaunchesS > 0 {
+		parts = append(parts, fmt.Sprintf("%s between launches (not the job's time)", dur(g.BetweenLaunchesS)))
+	}
+	if g.UnmonitoredS > 0 {
+		parts = append(parts, fmt.Sprintf("%s unmonitored (%d steps missing from the traces: an agent or the collector was down)", dur(g.UnmonitoredS), g.UnmonitoredSteps))
+	}
+	return strings.Join(parts, "; ")
 }

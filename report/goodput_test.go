@@ -50,3 +50,81 @@ func TestGoodputPartsAddUp(t *testing.T) {
 		t.Errorf("eval %g s, idle %g s; want 2 and 1", g.BadputS[BadEval], g.BadputS[BadIdle])
 	}
 }
+
+// An agent down for a while: steps 4-6 never reached the traces. Their
+// time is unmonitored, not idle: in the elapsed time, out of goodput's
+// denominator and out of wall TPS. A second launch an hour later adds
+// nothing to the elapsed time.
+func TestGoodputUnmonitoredAndBetweenLaunches(t *testing.T) {
+	const s = int64(1e9)
+	t0 := int64(1_760_000_000) * s
+	var steps []tps.ClusterStep
+	at := t0
+	for _, i := range []int64{0, 1, 2, 3, 7, 8, 9} {
+		if i == 7 {
+			at += 3 * s // the three steps nobody recorded
+		}
+		steps = append(steps, tps.ClusterStep{Step: i, StartUnixNs: at, EndUnixNs: at + s, StepTimeNs: s, Tokens: 100})
+		at += s
+	}
+	relaunch := at + 3600*s
+	ev := []tps.Event{{Kind: tps.EventAttemptStart, Attempt: 1, Rank: -1, StartUnixNs: relaunch, EndUnixNs: relaunch}}
+	for i := int64(10); i < 13; i++ {
+		steps = append(steps, tps.ClusterStep{Attempt: 1, Step: i, StartUnixNs: relaunch + (i-9)*s, EndUnixNs: relaunch + (i-8)*s, StepTimeNs: s, Tokens: 100})
+	}
+	g := ComputeGoodput(steps, make([]bool, len(steps)), ev)
+	if g.UnmonitoredSteps != 3 || math.Abs(g.UnmonitoredS-3) > 1e-9 || g.BadputS[BadIdle] != 0 {
+		t.Errorf("unmonitored %g s over %d steps, idle %g s; want 3 s, 3 steps, no idle", g.UnmonitoredS, g.UnmonitoredSteps, g.BadputS[BadIdle])
+	}
+	if math.Abs(g.BetweenLaunchesS-3600) > 1e-9 || g.BadputS[BadRestart] != 0 || math.Abs(g.BadputS[BadStartup]-1) > 1e-9 {
+		t.Errorf("between launches %g s, restart %g s, startup %g s; want 3600, 0, 1", g.BetweenLaunchesS, g.BadputS[BadRestart], g.BadputS[BadStartup])
+	}
+	// 7 + 3 steps of 1 s, 3 s unmonitored, 1 s start-up of the second launch
+	if math.Abs(g.ElapsedS-14) > 1e-9 || math.Abs(g.ProductiveS-10) > 1e-9 || math.Abs(g.Goodput-10.0/11) > 1e-9 {
+		t.Errorf("elapsed %g s, productive %g s, goodput %g; want 14, 10, 10/11", g.ElapsedS, g.ProductiveS, g.Goodput)
+	}
+	sum := g.ProductiveS + g.UnmonitoredS
+	for _, v := range g.BadputS {
+		sum += v
+	}
+	if math.Abs(sum-g.ElapsedS) > 1e-9 {
+		t.Errorf("parts add up to %g s of %g", sum, g.ElapsedS)
+	}
+	if out := g.ExcludedWithin(t0, relaunch+4*s); out != 3603*s {
+		t.Errorf("excluded from wall time: %d ns, want 3603 s", out)
+	}
+}
+
+// The attempts table: a launch that crashed (exit 137), an elastic
+// restart inside it that finished; TPS and MFU over each attempt's own
+// steady, complete steps.
+func TestAttemptRows(t *testing.T) {
+	const s = int64(1e9)
+	t0 := int64(1_760_000_000) * s
+	var steps []tps.ClusterStep
+	for i := range int64(6) {
+		a := i / 3
+		steps = append(steps, tps.ClusterStep{Attempt: a, Step: i, StartUnixNs: t0 + i*s, EndUnixNs: t0 + (i+1)*s, StepTimeNs: s,
+			Tokens: 1000 * (a + 1), MFU: 0.1 * float64(a+1)})
+	}
+	steps[2].RanksMissing, steps[2].MFUUnknown = 1, "incomplete step" // left out of attempt 0's figures
+	ev := []tps.Event{
+		{Kind: tps.EventAttemptStart, Attempt: 0, Rank: -1, StartUnixNs: t0},
+		{Kind: tps.EventAttemptEnd, Attempt: 0, Rank: 3, ExitCode: 137, StartUnixNs: t0 + 3*s},
+		{Kind: tps.EventAttemptEnd, Attempt: 1, Rank: 0, StartUnixNs: t0 + 6*s},
+	}
+	warm := []bool{true, false, false, true, false, false}
+	rows := attemptRows(steps, warm, ev)
+	if len(rows) != 2 || !rows[0].Launch || rows[1].Launch || rows[0].Steps != 3 || rows[1].FirstStep != 3 || rows[1].LastStep != 5 {
+		t.Fatalf("rows %+v", rows)
+	}
+	if rows[0].TPS != 1000 || rows[1].TPS != 2000 || rows[0].MFU == nil || math.Abs(*rows[1].MFU-0.2) > 1e-12 {
+		t.Errorf("TPS %g, %g; MFU %v, %v", rows[0].TPS, rows[1].TPS, rows[0].MFU, rows[1].MFU)
+	}
+	if rows[0].Outcome() != "crashed (exit 137)" || rows[1].Outcome() != "finished" {
+		t.Errorf("outcomes %q, %q", rows[0].Outcome(), rows[1].Outcome())
+	}
+	if l := attemptLines(rows); len(l) != 2 || l[0] != "0 (launch): steps 0-2 (3), 1.0k tokens/s, MFU 10.0%, 3s, crashed (exit 137)" {
+		t.Errorf("lines %q", l)
+	}
+}

@@ -152,7 +152,7 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	}
 
 	if g := rep.Goodput; g.ElapsedS > 0 {
-		t := htmlTable{Title: "Goodput", Intro: fmt.Sprintf("Of %s elapsed, %s went to steps that count. Restarts: %d, steps redone: %d.", dur(g.ElapsedS), pct(g.Goodput), g.Restarts, g.RedoneSteps),
+		t := htmlTable{Title: "Goodput", Intro: fmt.Sprintf("Of %s elapsed, %s went to steps that count. Restarts: %d, steps redone: %d.%s", dur(g.ElapsedS), pct(g.Goodput), g.Restarts, g.RedoneSteps, notCounted(g)),
 			Head: []string{"time lost to", "seconds", "share"}}
 		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {
 			t.Rows = append(t.Rows, htmlRow{Cells: []string{k, fmt.Sprintf("%.0f", g.BadputS[k]), pct(g.BadputS[k] / g.ElapsedS)}, Bar: g.BadputS[k] / g.ElapsedS, BarCol: 2})
@@ -381,3 +381,10 @@ footer { color: var(--muted); font-size: 13px; padding: 0 40px 24px; }
 </body>
 </html>
 `))
+
+func notCounted(g Goodput) string {
+	if nc := g.NotCountedText(); nc != "" {
+		return " Not counted: " + nc + "."
+	}
+	return ""
+}

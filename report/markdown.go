@@ -39,6 +39,14 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	}
 	if g := r.Goodput; g.ElapsedS > 0 {
 		p("| goodput | %s of %.0f s |\n", pct(g.Goodput), g.ElapsedS)
+		if nc := g.NotCountedText(); nc != "" {
+			p("| not counted | %s |\n", nc)
+		}
+		if len(r.Attempts) > 1 {
+			for _, l := range attemptLines(r.Attempts) {
+				p("| attempt | %s |\n", l)
+			}
+		}
 		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {
 			p("| badput: %s | %s |\n", k, pct(g.BadputS[k]/g.ElapsedS))
 		}

@@ -146,13 +146,16 @@ type CommFit struct {
 // Report is the analysis of one job. Its JSON keys are stable and
 // documented in docs/report.md.
 type Report struct {
-	Job        string          `json:"job"`
-	Dir        string          `json:"dir"`
-	Meta       *tps.RunMeta    `json:"meta,omitempty"`
-	Summary    tps.Summary     `json:"summary"`
-	Breakdown  Breakdown       `json:"breakdown"`
-	CommFit    CommFit         `json:"comm_fit"`
-	Goodput    Goodput         `json:"goodput"`
+	Job       string       `json:"job"`
+	Dir       string       `json:"dir"`
+	Meta      *tps.RunMeta `json:"meta,omitempty"`
+	Summary   tps.Summary  `json:"summary"`
+	Breakdown Breakdown    `json:"breakdown"`
+	CommFit   CommFit      `json:"comm_fit"`
+	Goodput   Goodput      `json:"goodput"`
+	// Attempts are the run's attempts (launches and restarts inside
+	// them): steps, TPS, MFU, wall time and how each ended.
+	Attempts   []AttemptRow    `json:"attempts"`
 	Stragglers []tps.RankScore `json:"straggler_ranks"`
 	Nodes      []tps.NodeScore `json:"straggler_nodes"`
 	// Episodes are the spans of steps during which a node ran below the
@@ -320,6 +323,14 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	alignEvents(events, rep.ClockOffsetsNs, nodes)
 	alignEvents(rep.data.events, rep.ClockOffsetsNs, nodes)
 	rep.Goodput = ComputeGoodput(steps, warm, events)
+	rep.Attempts = attemptRows(steps, warm, events)
+	if s := &rep.Summary; s.WallTPS > 0 {
+		// Wall TPS over the job's own, monitored time.
+		span := s.WallToUnixNs - s.WallFromUnixNs
+		if out := rep.Goodput.ExcludedWithin(s.WallFromUnixNs, s.WallToUnixNs); out > 0 && out < span {
+			s.WallTPS *= float64(span) / float64(span-out)
+		}
+	}
 	rep.generation(steps, warm, events)
 	if rep.Traces, err = summarizeTraces(dir, events); err != nil {
 		return nil, err

@@ -166,8 +166,10 @@ func TestKnownAnswers(t *testing.T) {
 	if gp.RedoneSteps != 10 || gp.Restarts != 1 {
 		t.Errorf("redone %d steps over %d restarts, want 10 and 1", gp.RedoneSteps, gp.Restarts)
 	}
-	if got, want := gp.BadputS[BadRestart], float64(g.attempt1Start-g.attempt0End)/1e9; math.Abs(got-want) > 1e-6 {
-		t.Errorf("restart badput %g s, want %g", got, want)
+	// The second attempt is a new launch (a launcher's attempt_start):
+	// the minute before it is not the job's time, so not badput.
+	if got, want := gp.BetweenLaunchesS, float64(g.attempt1Start-g.attempt0End)/1e9; math.Abs(got-want) > 1e-6 || gp.BadputS[BadRestart] != 0 || gp.Launches != 1 {
+		t.Errorf("between launches %g s (restart badput %g s, %d launches), want %g, 0 and 1", got, gp.BadputS[BadRestart], gp.Launches, want)
 	}
 	if got := gp.BadputS[BadStartup]; math.Abs(got-40) > 1e-6 {
 		t.Errorf("start-up badput %g s, want 40 (20 s per attempt)", got)

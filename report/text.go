@@ -49,7 +49,7 @@ func WriteText(w io.Writer, r *Report) error {
 	row("step TPS", "mean %s  p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s",
 		tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
 	row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
-	row("wall TPS", "%s tokens/s (includes gaps between steps: %.1f%% below step TPS)", tps.SI(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
+	row("wall TPS", "%s tokens/s (counts the gaps between steps, not the time between launches: %.1f%% below step TPS)", tps.SI(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
 	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
 	row("MFU / HFU", "%s", mfuText(s))
 	if s.MFU != nil {
@@ -85,8 +85,16 @@ func WriteText(w io.Writer, r *Report) error {
 			bad = append(bad, fmt.Sprintf("%s %s", k, pct(g.BadputS[k]/g.ElapsedS)))
 		}
 		row("goodput", "%s of %.0fs elapsed; badput: %s", pct(g.Goodput), g.ElapsedS, strings.Join(bad, ", "))
+		if nc := g.NotCountedText(); nc != "" {
+			row("not counted", "%s", nc)
+		}
 		if g.Restarts > 0 {
 			row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
+		}
+	}
+	if crashed := slices.ContainsFunc(r.Attempts, func(a AttemptRow) bool { return a.ExitCode != nil && *a.ExitCode != 0 }); len(r.Attempts) > 1 || crashed {
+		for _, l := range attemptLines(r.Attempts) {
+			row("attempt", "%s", l)
 		}
 	}
 	if t := r.Traces; t != nil {

@@ -113,6 +113,11 @@ type Summary struct {
 	// WallTPS is Σtokens / wall time from the first steady step's start to the
 	// last one's end: it includes the gaps between steps (eval, checkpoint).
 	WallTPS float64 `json:"wall_tps"`
+	// WallFromUnixNs and WallToUnixNs are the span WallTPS divides by
+	// (the report takes the time between launches and unmonitored gaps
+	// out of it).
+	WallFromUnixNs int64 `json:"-"`
+	WallToUnixNs   int64 `json:"-"`
 
 	Tokens int64 `json:"tokens"`
 	// MFU and HFU are means over the steady steps whose MFU is known
@@ -275,6 +280,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	s.AggregateTPS = sumTok / sumDur
 	if last > first {
 		s.WallTPS = sumTok / (float64(last-first) / 1e9)
+		s.WallFromUnixNs, s.WallToUnixNs = first, last
 	}
 	if s.MFUSteps > 0 {
 		m, h := sumMFU/float64(s.MFUSteps), sumHFU/float64(s.MFUSteps)

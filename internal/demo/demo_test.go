@@ -262,7 +262,7 @@ func testClockSkew(t *testing.T, split bool) {
 	near("tokens per joule", skewed.Energy.TokensPerJoule, plain.Energy.TokensPerJoule)
 	for _, r := range []*report.Report{skewed, plain} {
 		g := r.Goodput
-		sum := g.ProductiveS
+		sum := g.ProductiveS + g.UnmonitoredS
 		for _, v := range g.BadputS {
 			sum += v
 		}
