@@ -128,3 +128,22 @@ func TestAttemptRows(t *testing.T) {
 		t.Errorf("lines %q", l)
 	}
 }
+
+// Steps missing inside an attempt break the plotted line (a gap, not a
+// straight line across the unmonitored time); a new attempt does too.
+func TestSegmentsBreakAtGaps(t *testing.T) {
+	var steps []tps.ClusterStep
+	for _, k := range [][2]int64{{0, 0}, {0, 1}, {0, 2}, {0, 6}, {0, 7}, {1, 5}, {1, 6}} {
+		steps = append(steps, tps.ClusterStep{Attempt: k[0], Step: k[1]})
+	}
+	got := segments(steps)
+	want := [][2]int{{0, 3}, {3, 5}, {5, 7}}
+	if len(got) != len(want) {
+		t.Fatalf("segments %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("segments %v, want %v", got, want)
+		}
+	}
+}

@@ -320,13 +320,28 @@ func runs(steps []tps.ClusterStep) [][2]int {
 	return out
 }
 
-// series draws ys over the steps' numbers, one line per attempt: faint
+// segments splits the steps into runs drawn as one line: a new attempt,
+// or steps missing from the traces (an agent or the collector was down:
+// unmonitored, drawn as a gap rather than a straight line across it).
+func segments(steps []tps.ClusterStep) [][2]int {
+	var out [][2]int
+	start := 0
+	for i := 1; i <= len(steps); i++ {
+		if i == len(steps) || steps[i].Attempt != steps[start].Attempt || steps[i].Step > steps[i-1].Step+1 {
+			out = append(out, [2]int{start, i})
+			start = i
+		}
+	}
+	return out
+}
+
+// series draws ys over the steps' numbers, one line per segment: faint
 // raw values under a moving mean when the run is long. It returns the
 // line for the legend (the smoothed one when there is one).
 func series(p *plot.Plot, steps []tps.ClusterStep, ys []float64, keep func(i int) bool, c color.RGBA, width vg.Length, dashed bool) (*plotter.Line, int, error) {
 	w := smoothWindow(len(steps))
 	var legend *plotter.Line
-	for _, r := range runs(steps) {
+	for _, r := range segments(steps) {
 		var xs, vs []float64
 		for i := r[0]; i < r[1]; i++ {
 			if keep == nil || keep(i) {
