@@ -227,11 +227,40 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 	rep.Meta = readMeta(clusterDir)
 	rep.ClockOffsetsNs = readClockOffsets(clusterDir)
-	wopt := tps.WindowOptions{Warmup: opt.Warmup}
+	var events []tps.Event
+	if err := trace.Each(filepath.Join(dir, trace.Events), func(rows []tps.Event) error {
+		for _, e := range rows {
+			rep.Events[e.Kind]++
+			events = append(events, e)
+			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(rep.data.events) < 10000 {
+				rep.data.events = append(rep.data.events, e)
+			}
+		}
+		return nil
+	}); rep.tolerate(err) != nil {
+		return nil, err
+	}
+	// Steps a rank profiled (the agent analysed its trace) ran slower
+	// under the profiler: out of the statistics, in wall TPS and goodput.
+	profiled := map[[2]int64]bool{}
+	for _, e := range events {
+		if e.Kind == tps.EventTraceAnalysis && len(profiled) < 1<<20 {
+			profiled[[2]int64{e.Attempt, e.Step}] = true
+		}
+	}
+	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled}
 	rep.Summary = tps.Summarize(steps, wopt) // sorts steps
 	warm := tps.WarmupMask(steps, wopt)
 	rep.data.steps, rep.data.warm = steps, warm
-	rep.breakdown(steps, warm)
+	// what the statistics leave out: warm-up and profiled steps
+	skip := warm
+	if len(profiled) > 0 {
+		skip = slices.Clone(warm)
+		for i, c := range steps {
+			skip[i] = skip[i] || profiled[[2]int64{c.Attempt, c.Step}]
+		}
+	}
+	rep.breakdown(steps, skip)
 
 	// One pass over rank_steps: per-rank compute medians of steady steps and
 	// the heatmap grid.
@@ -307,19 +336,6 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.Episodes = []StragglerEpisode{}
 	}
 
-	var events []tps.Event
-	if err := trace.Each(filepath.Join(dir, trace.Events), func(rows []tps.Event) error {
-		for _, e := range rows {
-			rep.Events[e.Kind]++
-			events = append(events, e)
-			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(rep.data.events) < 10000 {
-				rep.data.events = append(rep.data.events, e)
-			}
-		}
-		return nil
-	}); rep.tolerate(err) != nil {
-		return nil, err
-	}
 	alignEvents(events, rep.ClockOffsetsNs, nodes)
 	alignEvents(rep.data.events, rep.ClockOffsetsNs, nodes)
 	rep.Goodput = ComputeGoodput(steps, warm, events)
@@ -331,7 +347,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			s.WallTPS *= float64(span) / float64(span-out)
 		}
 	}
-	rep.generation(steps, warm, events)
+	rep.generation(steps, skip, events)
 	if rep.Traces, err = summarizeTraces(dir, events); err != nil {
 		return nil, err
 	}

@@ -290,6 +290,11 @@ func secs(s float64) string {
 
 // incompleteText says how many steps missed ranks and what was done with them.
 func incompleteText(s tps.Summary) string {
+	if s.ProfiledLeftOut > 0 {
+		s2 := s
+		s2.ProfiledLeftOut = 0
+		return incompleteText(s2) + fmt.Sprintf(", %d profiled (slowed by the profiler) left out of the figures", s.ProfiledLeftOut)
+	}
 	switch {
 	case s.IncompleteSteps == 0:
 		return "0 incomplete"

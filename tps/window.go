@@ -82,6 +82,10 @@ type WindowOptions struct {
 	// floor keeps a run of near-identical steps, whose MAD is about zero,
 	// from calling every slightly slow early step warm-up.)
 	Warmup int
+	// Profiled are the (attempt, step) pairs some rank profiled (a trace
+	// was taken: the profiler slows the step): they are left out of the
+	// statistics, their tokens and time still in wall TPS.
+	Profiled map[[2]int64]bool
 }
 
 // AutoWarmup selects the automatic warm-up rule.
@@ -113,6 +117,9 @@ type Summary struct {
 	// WallTPS is Σtokens / wall time from the first steady step's start to the
 	// last one's end: it includes the gaps between steps (eval, checkpoint).
 	WallTPS float64 `json:"wall_tps"`
+	// ProfiledLeftOut counts the steady steps left out of the statistics
+	// because a rank profiled them (WindowOptions.Profiled).
+	ProfiledLeftOut int `json:"profiled_left_out,omitempty"`
 	// WallFromUnixNs and WallToUnixNs are the span WallTPS divides by
 	// (the report takes the time between launches and unmonitored gaps
 	// out of it).
@@ -202,7 +209,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	mask := WarmupMask(steps, opt)
 	s := Summary{Steps: len(steps)}
 	var times, tps []float64
-	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait float64
+	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait, wallTok float64
 	first, last := int64(math.MaxInt64), int64(0)
 	attempts := map[int64]bool{}
 	anyComplete := false
@@ -231,6 +238,12 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		if c.StepTimeNs <= 0 {
 			continue
 		}
+		first, last = min(first, c.StartUnixNs), max(last, c.EndUnixNs)
+		wallTok += float64(c.Tokens)
+		if opt.Profiled[[2]int64{c.Attempt, c.Step}] {
+			s.ProfiledLeftOut++
+			continue
+		}
 		s.SteadySteps++
 		times = append(times, float64(c.StepTimeNs)/1e9)
 		tps = append(tps, c.TPS)
@@ -255,8 +268,6 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		sumData += c.DataStallFractionMean
 		sumCkpt += c.CkptFractionMean
 		s.TokenMismatch += c.TokenMismatchReplicas
-		first = min(first, c.StartUnixNs)
-		last = max(last, c.EndUnixNs)
 	}
 	s.Attempts = len(attempts)
 	if opt.Warmup >= 0 {
@@ -279,7 +290,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	}
 	s.AggregateTPS = sumTok / sumDur
 	if last > first {
-		s.WallTPS = sumTok / (float64(last-first) / 1e9)
+		s.WallTPS = wallTok / (float64(last-first) / 1e9)
 		s.WallFromUnixNs, s.WallToUnixNs = first, last
 	}
 	if s.MFUSteps > 0 {
