@@ -59,6 +59,9 @@ type LiveJob struct {
 	// cluster rows are corrected by (docs/report.md, "Clocks"); absent
 	// while every node's clock agrees within a millisecond.
 	ClockOffsetsNs map[string]int64 `json:"clock_offsets_ns,omitempty"`
+	// Note is shown at the top of the job: no closed step had every
+	// declared rank (their figures count only the ranks that reported).
+	Note string `json:"note,omitempty"`
 }
 
 // LiveGeneration is a job's generation phase on the live page.
@@ -107,6 +110,9 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 		j.mu.Lock()
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
 			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes(), ClockOffsetsNs: j.clocks.offsets()}
+		if j.closedSteps > 0 && j.incompleteSteps == j.closedSteps {
+			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.world, j.mostRanks)
+		}
 		steps := j.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]

@@ -88,3 +88,32 @@ func TestStepsHeldForLateMetadata(t *testing.T) {
 		}
 	}
 }
+
+// A job whose 64 declared ranks never all report (2 do) says so at the
+// top of its live page: its figures count only the ranks that reported.
+func TestNeverCompleteSaysSoLive(t *testing.T) {
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: 100 * time.Millisecond})
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	var recs []tps.StepRecord
+	for s := int64(0); s < 3; s++ {
+		for r := int64(0); r < 2; r++ {
+			recs = append(recs, tps.StepRecord{Job: "few", Step: s, Rank: r, WorldSize: 64, Tokens: 1000,
+				StartUnixNs: t0 + s*2e9, EndUnixNs: t0 + s*2e9 + 1e9, DurationNs: 1e9})
+		}
+	}
+	if err := nc.Publish(wire.StepsSubject("few", "n0"), wire.AppendSteps(nil, recs)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().StepsClosed < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(summaryCacheFor)
+	var sum LiveSummary
+	if err := json.Unmarshal([]byte(get(t, c, "/api/summary")), &sum); err != nil {
+		t.Fatal(err)
+	}
+	if len(sum.Jobs) != 1 || sum.Jobs[0].Note != "no step has had all 64 declared ranks (at most 2 reported): the figures count only the ranks that reported" {
+		t.Errorf("/api/summary: %+v", sum.Jobs)
+	}
+}

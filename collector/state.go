@@ -225,6 +225,7 @@ type jobState struct {
 
 	// live figures for metrics and the live page
 	closedSteps, incompleteSteps, tokens int64
+	mostRanks                            int64 // the most ranks a closed step had
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
@@ -764,6 +765,7 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	t.stepsClosed++
 	t.liveChanged = true
 	s.closedSteps++
+	s.mostRanks = max(s.mostRanks, row.RanksReported)
 	s.tokens += row.Tokens
 	if !row.Complete() {
 		t.incomplete++
