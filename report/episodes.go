@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -36,6 +37,17 @@ type StragglerEpisode struct {
 	CostFraction float64 `json:"cost_fraction"`
 	// Ongoing is true when the episode lasts to the last steady step.
 	Ongoing bool `json:"ongoing"`
+	// GPUHoursLost is what the episode cost the job: every GPU waits for
+	// the slow node, so each step's excess time (as in TPSWithout) times
+	// the world size.
+	GPUHoursLost float64 `json:"gpu_hours_lost"`
+	// Cause is what the joined signals say of the slow node: its GPUs'
+	// SM clock and power against the other nodes' over the episode, and
+	// the clock event (throttle) reasons NVML gave; without GPU samples,
+	// only that its compute was slow.
+	Cause string `json:"cause"`
+	// from, to: the episode's time on the rows' clock, for the GPU join
+	from, to int64
 }
 
 // episodeCells bounds windows × ranks (12 bytes each, 48 MiB): at 131,072
@@ -178,6 +190,7 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 			e.StartAttempt, e.StartStep = steps[a].Attempt, steps[a].Step
 			e.EndAttempt, e.EndStep = steps[b].Attempt, steps[b].Step
 			e.Ongoing = win == nw
+			e.from, e.to = steps[a].StartUnixNs, steps[b].EndUnixNs
 			var during, without float64
 			for i := a; i <= b; i++ {
 				if w.of[i] < 0 {
@@ -188,6 +201,7 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 				d := float64(steps[i].StepTimeNs)
 				faster := max(d-f[w.of[i]].excess, d/2) // never more than twice as fast
 				without += float64(steps[i].Tokens) / (faster / 1e9)
+				e.GPUHoursLost += (d - faster) / 1e9 * float64(steps[i].WorldSize) / 3600
 			}
 			e.TPSDuring = during / float64(max(e.Steps, 1))
 			e.TPSWithout = without / float64(max(e.Steps, 1))
@@ -203,4 +217,62 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node))
 	})
 	return out
+}
+
+// throttleNames names the NVML clock event reasons that slow a GPU (not
+// idle, application clocks, sync boost or display settings).
+var throttleNames = []struct {
+	bit  int64
+	name string
+}{{0x4, "software power cap"}, {0x8, "hardware slowdown"}, {0x20, "software thermal slowdown"}, {0x40, "hardware thermal slowdown"}, {0x80, "power brake"}}
+
+// episodeCauses explains each episode from the GPU samples of its node
+// against the other nodes' over the same time.
+func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
+	for i := range rep.Episodes {
+		e := &rep.Episodes[i]
+		e.Cause = "slow compute on the node's ranks (no GPU samples of the node to say why)"
+		n := g.nodes[e.Node]
+		if rep.GPUSamples == 0 || n == nil || len(g.nodes) < 2 {
+			continue
+		}
+		lo, hi := int((e.from-g.t0)/g.width)/g.nodeBin, int((e.to-g.t0)/g.width)/g.nodeBin
+		lo, hi = max(lo, 0), min(hi, len(n.n)-1)
+		var clk, pw, k, oclk, ok float64
+		var reasons int64
+		for b := lo; b <= hi; b++ {
+			if n.n[b] > 0 {
+				clk += n.clock[b]
+				pw += n.power[b]
+				k += float64(n.n[b])
+				reasons |= n.reasons[b]
+			}
+			for name, o := range g.nodes {
+				if name != e.Node && o.n[b] > 0 {
+					oclk += o.clock[b]
+					ok += float64(o.n[b])
+				}
+			}
+		}
+		if k == 0 || ok == 0 {
+			continue
+		}
+		clk, pw, oclk = clk/k, pw/k, oclk/ok
+		var why []string
+		for _, t := range throttleNames {
+			if reasons&t.bit != 0 {
+				why = append(why, t.name)
+			}
+		}
+		switch {
+		case clk < 0.95*oclk && len(why) > 0:
+			e.Cause = fmt.Sprintf("GPU clocks throttled: %.0f MHz against %.0f MHz on the other nodes (%s), %.0f W", clk, oclk, strings.Join(why, ", "), pw)
+		case clk < 0.95*oclk:
+			e.Cause = fmt.Sprintf("GPU clocks low: %.0f MHz against %.0f MHz on the other nodes, %.0f W, no throttle reason given", clk, oclk, pw)
+		case len(why) > 0:
+			e.Cause = fmt.Sprintf("throttle reasons on the node (%s) with clocks near the others' (%.0f against %.0f MHz)", strings.Join(why, ", "), clk, oclk)
+		default:
+			e.Cause = fmt.Sprintf("slow compute with normal GPU clocks (%.0f MHz, others %.0f MHz): the kernels, the input or the host (launch gaps, CPU contention)", clk, oclk)
+		}
+	}
 }

@@ -353,6 +353,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 
 	gpu := newGPUSeries(steps)
+	gpu.offsets = rep.ClockOffsetsNs
 	if err := trace.Each(filepath.Join(dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
 		for i := range rows {
 			rep.GPUSamples++
@@ -365,6 +366,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	if rep.GPUSamples > 0 {
 		rep.data.gpu = gpu
 	}
+	rep.episodeCauses(steps, gpu)
 
 	s := rep.Summary
 	price := opt.GPUHourUSD
@@ -695,13 +697,15 @@ type gpuSeries struct {
 	util         []float64
 	n, nUtil     []int
 	nodes        map[string]*nodeGPU
-	nodeBin      int // buckets per node bucket
+	nodeBin      int              // buckets per node bucket
+	offsets      map[string]int64 // nodes' clock offsets (samples are on their node's clock)
 }
 
 // nodeGPU is one node's power and clock, in buckets of nodeBin.
 type nodeGPU struct {
 	power, clock []float64
 	n            []int
+	reasons      []int64 // NVML clock event reasons seen, OR'ed
 }
 
 // maxGPUNodes bounds the nodes tracked one by one.
@@ -719,7 +723,7 @@ func newGPUSeries(steps []tps.ClusterStep) *gpuSeries {
 }
 
 func (g *gpuSeries) add(s *tps.GPUSample) {
-	b := (s.UnixNs - g.t0) / g.width
+	b := (s.UnixNs - g.offsets[s.Node] - g.t0) / g.width // onto the rows' clock
 	if b < 0 || b >= 600 {
 		return
 	}
@@ -730,7 +734,7 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 		n := g.nodes[s.Node]
 		if n == nil && len(g.nodes) < maxGPUNodes {
 			k := 600 / g.nodeBin
-			n = &nodeGPU{power: make([]float64, k), clock: make([]float64, k), n: make([]int, k)}
+			n = &nodeGPU{power: make([]float64, k), clock: make([]float64, k), n: make([]int, k), reasons: make([]int64, k)}
 			g.nodes[s.Node] = n
 		}
 		if n != nil {
@@ -738,6 +742,9 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 			n.power[nb] += *s.PowerW
 			n.clock[nb] += float64(*s.SMClockMHz)
 			n.n[nb]++
+			if s.ClockEventReason != nil {
+				n.reasons[nb] |= *s.ClockEventReason
+			}
 		}
 	}
 	if s.GPUUtilPct != nil {

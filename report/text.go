@@ -227,8 +227,15 @@ func episodeText(e StragglerEpisode, window int) string {
 	if e.Ongoing {
 		span += " (to the end)"
 	}
-	return fmt.Sprintf("%s %s (±%d), ranks %s: score %.2f worst, %.2f mean; cost %s tokens/s (%s: %s instead of about %s)",
+	out := fmt.Sprintf("%s %s (±%d), ranks %s: score %.2f worst, %.2f mean; cost %s tokens/s (%s: %s instead of about %s)",
 		who, span, window, rankList(e.Ranks), e.WorstScore, e.MeanScore, tps.SI(e.CostTPS), pct(e.CostFraction), tps.SI(e.TPSDuring), tps.SI(e.TPSWithout))
+	if e.GPUHoursLost > 0 {
+		out += fmt.Sprintf(", %.2f GPU-hours lost", e.GPUHoursLost)
+	}
+	if e.Cause != "" {
+		out += "; cause: " + e.Cause
+	}
+	return out
 }
 
 func rankList(rs []int64) string {

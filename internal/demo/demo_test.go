@@ -183,6 +183,16 @@ func TestDemoStragglerIsNotCommunication(t *testing.T) {
 	if bw.WaitingForPeers < bo.WaitingForPeers+0.1 {
 		t.Errorf("waiting for slower peers %.1f%% with the straggler, %.1f%% without", 100*bw.WaitingForPeers, 100*bo.WaitingForPeers)
 	}
+	// The episode's cause from the joined GPU samples: the demo's slow
+	// node runs at 1500 MHz under a thermal slowdown (the episode starts
+	// at a window's edge, a few steps before the slowdown).
+	if len(with.Episodes) == 0 || with.Episodes[0].Node != "node-5" || !strings.Contains(with.Episodes[0].Cause, "GPU clocks throttled: 15") ||
+		!strings.Contains(with.Episodes[0].Cause, "MHz against 1980 MHz") ||
+		!strings.Contains(with.Episodes[0].Cause, "hardware thermal slowdown") || with.Episodes[0].GPUHoursLost <= 0 {
+		t.Errorf("straggler episodes: %+v", with.Episodes)
+	} else {
+		t.Logf("episode: %s, %.3f GPU-hours lost", with.Episodes[0].Cause, with.Episodes[0].GPUHoursLost)
+	}
 	if len(with.Stragglers) == 0 || with.Stragglers[0].Rank/8 != 5 {
 		t.Errorf("the ranks waited for: %+v, want a rank of node 5 first", with.Stragglers)
 	}
