@@ -86,7 +86,9 @@ func TestDurableCollectorSurvivesKill9(t *testing.T) {
 		}
 	}
 	nc.Flush()
-	time.Sleep(2 * time.Second) // let it consume and checkpoint
+	// Let it consume and checkpoint: the job sends no run metadata, so a
+	// restarted collector holds its steps for --meta-wait (2 s) first.
+	time.Sleep(4 * time.Second)
 	col.Process.Signal(syscall.SIGTERM)
 	if err := col.Wait(); err != nil {
 		logs, _ := filepath.Glob(filepath.Join(out, "collector-*.log"))

@@ -105,9 +105,12 @@ func (e *env) finish(t *testing.T, lines int64) {
 	}
 }
 
+// stepT0 is where stepRec's steps start: one time base for every record,
+// so consecutive steps' periods are exactly 2 s.
+var stepT0 = time.Now().Add(-time.Hour).UnixNano()
+
 func stepRec(job string, step, rank, world, tokens, durNs int64) tps.StepRecord {
-	t0 := time.Now().Add(-time.Hour).UnixNano()
-	start := t0 + step*2e9
+	start := stepT0 + step*2e9
 	return tps.StepRecord{Job: job, Step: step, Rank: rank, WorldSize: world, Tokens: tokens,
 		StartUnixNs: start, EndUnixNs: start + durNs, DurationNs: durNs}
 }
