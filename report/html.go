@@ -104,6 +104,7 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 			{Cells: []string{"pipeline bubble", bubble}, Bar: b.Bubble, BarCol: 1},
 			{Cells: []string{"data-loader stall", pct(b.DataStall)}, Bar: b.DataStall, BarCol: 1},
 			{Cells: []string{"checkpoint", pct(b.Checkpoint)}, Bar: b.Checkpoint, BarCol: 1},
+			{Cells: []string{"host and other (outside the ranks' steps)", pct(b.Other)}, Bar: b.Other, BarCol: 1},
 		}})
 	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
 	add := func(k, v string) { detail.Rows = append(detail.Rows, htmlRow{Cells: []string{k, v}}) }

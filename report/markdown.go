@@ -32,8 +32,8 @@ func WriteMarkdown(w io.Writer, r *Report) error {
 	p("| TPS per GPU | %s |\n", tps.SI(s.TPSPerGPU))
 	p("| wall TPS | %s |\n", tps.SI(s.WallTPS))
 	p("| MFU / HFU | %s |\n", mfuText(s))
-	p("| compute / exposed comm / waiting for slower peers / bubble / data stall / checkpoint | %s / %s / %s / %s (theory %s) / %s / %s |\n",
-		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), pct(b.Bubble), pct(b.BubbleTheoretical), pct(b.DataStall), pct(b.Checkpoint))
+	p("| compute / exposed comm / waiting for slower peers / bubble / data stall / checkpoint / host, other | %s / %s / %s / %s (theory %s) / %s / %s / %s |\n",
+		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), pct(b.Bubble), pct(b.BubbleTheoretical), pct(b.DataStall), pct(b.Checkpoint), pct(b.Other))
 	for _, l := range generationLines(r) {
 		p("| %s | %s |\n", mdText(l[0]), mdText(l[1]))
 	}

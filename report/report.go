@@ -52,7 +52,12 @@ type Breakdown struct {
 	BubbleTheoretical float64 `json:"bubble_theoretical"`
 	DataStall         float64 `json:"data_stall"`
 	Checkpoint        float64 `json:"checkpoint"`
-	CommOverlap       float64 `json:"comm_overlap"`
+	// Other is what the parts leave of the step time: host time outside
+	// the ranks' own steps (between one step's end and the next one's
+	// start), so the parts add up to the step time (0 when the ranks'
+	// steps fill the period).
+	Other       float64 `json:"other"`
+	CommOverlap float64 `json:"comm_overlap"`
 }
 
 // Padding is real against padded tokens over the steady rank rows that
@@ -419,6 +424,10 @@ func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
 	rep.Breakdown.ExposedComm, rep.Breakdown.Bubble = s.CommFraction, s.BubbleFraction
 	rep.Breakdown.WaitingForPeers = s.WaitFraction
 	rep.Breakdown.DataStall, rep.Breakdown.Checkpoint = s.DataStallFraction, s.CkptFraction
+	b := &rep.Breakdown
+	if n > 0 {
+		b.Other = max(0, 1-(b.Compute+b.ExposedComm+b.WaitingForPeers+b.Bubble+b.DataStall+b.Checkpoint))
+	}
 	if rep.Meta != nil {
 		rep.Breakdown.BubbleTheoretical = tps.TheoreticalBubble(rep.Meta.Topology.PP, rep.Meta.MicroBatches, rep.Meta.Interleave)
 	}

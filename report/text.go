@@ -66,8 +66,8 @@ func WriteText(w io.Writer, r *Report) error {
 	if b.BubbleTheoretical > 0 {
 		bubble += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
 	}
-	row("time breakdown", "compute %s | exposed comm %s | waiting for slower peers %s | bubble %s | data stall %s | checkpoint %s",
-		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), bubble, pct(b.DataStall), pct(b.Checkpoint))
+	row("time breakdown", "compute %s | exposed comm %s | waiting for slower peers %s | bubble %s | data stall %s | checkpoint %s | host/other %s",
+		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), bubble, pct(b.DataStall), pct(b.Checkpoint), pct(b.Other))
 	if b.CommOverlap > 0 {
 		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}
