@@ -162,7 +162,11 @@ type Report struct {
 	// them): steps, TPS, MFU, wall time and how each ended.
 	Attempts   []AttemptRow    `json:"attempts"`
 	Stragglers []tps.RankScore `json:"straggler_ranks"`
-	Nodes      []tps.NodeScore `json:"straggler_nodes"`
+	// WaitCharged is the waiting for slower peers of the steady steps
+	// charged to the node whose rank was critical (the cluster row's
+	// slowest rank), most first, at most TopStragglers nodes.
+	WaitCharged []WaitShare     `json:"wait_charged"`
+	Nodes       []tps.NodeScore `json:"straggler_nodes"`
 	// Episodes are the spans of steps during which a node ran below the
 	// straggler threshold, judged over windows of EpisodeWindow steps.
 	Episodes      []StragglerEpisode `json:"straggler_episodes"`
@@ -334,6 +338,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
 	rep.data.heat, rep.data.nodeOf = heat, nodes
 	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
+	rep.WaitCharged = waitCharged(steps, skipMask(steps, warm, profiled), nodes, opt.TopStragglers)
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
 	}
@@ -574,6 +579,65 @@ func readMeta(dir string) *tps.RunMeta {
 		}
 	}
 	return nil
+}
+
+// WaitShare is the waiting for slower peers charged to one node: the
+// ranks waited in their collectives for its rank.
+type WaitShare struct {
+	Node  string  `json:"node"`
+	Ranks []int64 `json:"ranks"` // its ranks that were critical (at most 64)
+	Steps int     `json:"steps"` // steady steps it was critical in
+	WaitS float64 `json:"wait_s"`
+	Share float64 `json:"share"` // of all the waiting
+}
+
+func skipMask(steps []tps.ClusterStep, warm []bool, profiled map[[2]int64]bool) []bool {
+	out := slices.Clone(warm)
+	for i, c := range steps {
+		out[i] = out[i] || profiled[[2]int64{c.Attempt, c.Step}] || !c.Complete()
+	}
+	return out
+}
+
+// waitCharged sums each steady step's waiting (wait fraction × step time)
+// by the node of its critical rank.
+func waitCharged(steps []tps.ClusterStep, skip []bool, nodeOf map[int64]string, top int) []WaitShare {
+	by := map[string]*WaitShare{}
+	var total float64
+	for i, c := range steps {
+		if skip[i] || c.SlowestRank < 0 || c.WaitFractionMean <= 0 {
+			continue
+		}
+		w := c.WaitFractionMean * float64(c.StepTimeNs) / 1e9
+		total += w
+		n := nodeOf[c.SlowestRank]
+		if n == "" {
+			n = fmt.Sprintf("rank %d", c.SlowestRank)
+		}
+		x := by[n]
+		if x == nil {
+			if len(by) >= 4096 {
+				continue
+			}
+			x = &WaitShare{Node: n}
+			by[n] = x
+		}
+		x.Steps++
+		x.WaitS += w
+		if !slices.Contains(x.Ranks, c.SlowestRank) && len(x.Ranks) < 64 {
+			x.Ranks = append(x.Ranks, c.SlowestRank)
+		}
+	}
+	out := make([]WaitShare, 0, len(by))
+	for _, x := range by {
+		x.Share = x.WaitS / total
+		slices.Sort(x.Ranks)
+		out = append(out, *x)
+	}
+	slices.SortFunc(out, func(a, b WaitShare) int {
+		return cmp.Or(cmp.Compare(b.WaitS, a.WaitS), strings.Compare(a.Node, b.Node))
+	})
+	return out[:min(len(out), top)]
 }
 
 // readClockOffsets reads the clock offsets of the newest part that has

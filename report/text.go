@@ -68,6 +68,13 @@ func WriteText(w io.Writer, r *Report) error {
 	}
 	row("time breakdown", "compute %s | exposed comm %s | waiting for slower peers %s | bubble %s | data stall %s | checkpoint %s | host/other %s",
 		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), bubble, pct(b.DataStall), pct(b.Checkpoint), pct(b.Other))
+	if len(r.WaitCharged) > 0 {
+		var parts []string
+		for _, w := range r.WaitCharged {
+			parts = append(parts, fmt.Sprintf("%s %s (ranks %s, critical in %d steps)", w.Node, pct(w.Share), rankList(w.Ranks), w.Steps))
+		}
+		row("waiting caused by", "%s", strings.Join(parts, "; "))
+	}
 	if b.CommOverlap > 0 {
 		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}

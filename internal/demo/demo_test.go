@@ -183,6 +183,12 @@ func TestDemoStragglerIsNotCommunication(t *testing.T) {
 	if bw.WaitingForPeers < bo.WaitingForPeers+0.1 {
 		t.Errorf("waiting for slower peers %.1f%% with the straggler, %.1f%% without", 100*bw.WaitingForPeers, 100*bo.WaitingForPeers)
 	}
+	// The waiting is charged to the slow node's ranks.
+	if len(with.WaitCharged) == 0 || with.WaitCharged[0].Node != "node-5" || with.WaitCharged[0].Share < 0.7 {
+		t.Errorf("waiting charged to %+v, want node-5 first with most of it", with.WaitCharged)
+	} else {
+		t.Logf("waiting charged to node-5: %.1f%% of it, %d steps", 100*with.WaitCharged[0].Share, with.WaitCharged[0].Steps)
+	}
 	// The episode's cause from the joined GPU samples: the demo's slow
 	// node runs at 1500 MHz under a thermal slowdown (the episode starts
 	// at a window's edge, a few steps before the slowdown).
