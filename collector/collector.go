@@ -66,9 +66,17 @@ type Config struct {
 	// long and has no open step (default 10 min); its parts are finalised,
 	// and a job that comes back starts a new set of parts.
 	EvictAfter time.Duration
-	// ClockTolerance rejects records further than this in the future
-	// (default 10 minutes).
+	// ClockTolerance rejects GPU samples further than this in the future
+	// (default 10 minutes): one would make every later sample of its GPU
+	// look stale. Step records are checked against the clock they were
+	// measured on by the node's agent (same bound); here only against
+	// RecordClockTolerance, since the collector's clock may be behind the
+	// nodes' (a collector 10 minutes behind rejected every record).
 	ClockTolerance time.Duration
+	// RecordClockTolerance rejects step records further than this ahead of
+	// the collector's clock (default 24 hours): a broken clock or unit, not
+	// skew, which the clock offsets handle.
+	RecordClockTolerance time.Duration
 	// Meta is run metadata from a file, applied to every job before what
 	// the job itself publishes.
 	Meta *tps.RunMeta
@@ -146,6 +154,9 @@ func (c *Config) defaults() error {
 	}
 	if c.ClockTolerance <= 0 {
 		c.ClockTolerance = 10 * time.Minute
+	}
+	if c.RecordClockTolerance <= 0 {
+		c.RecordClockTolerance = max(24*time.Hour, c.ClockTolerance)
 	}
 	if c.StreamMaxAge <= 0 {
 		c.StreamMaxAge = 7 * 24 * time.Hour
@@ -491,7 +502,7 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 			t.invalid(err)
 			continue
 		}
-		if err := r.CheckClock(t.now, c.cfg.ClockTolerance); err != nil {
+		if err := r.CheckClock(t.now, c.cfg.RecordClockTolerance); err != nil {
 			t.invalid(err)
 			continue
 		}

@@ -117,3 +117,30 @@ func TestNeverCompleteSaysSoLive(t *testing.T) {
 		t.Errorf("/api/summary: %+v", sum.Jobs)
 	}
 }
+
+// A collector whose clock is 15 minutes behind the nodes' accepts their
+// records (the agents checked them against the clock they were measured
+// on); a record two days ahead is still a broken clock, refused.
+func TestCollectorClockBehindTheNodes(t *testing.T) {
+	c, nc := startCollector(t)
+	ahead := time.Now().Add(15 * time.Minute).UnixNano()
+	var recs []tps.StepRecord
+	for s := int64(0); s < 3; s++ {
+		for r := int64(0); r < 2; r++ {
+			recs = append(recs, tps.StepRecord{Job: "behind", Step: s, Rank: r, WorldSize: 2, Tokens: 1000,
+				StartUnixNs: ahead + s*2e9, EndUnixNs: ahead + s*2e9 + 1e9, DurationNs: 1e9})
+		}
+	}
+	far := time.Now().Add(48 * time.Hour).UnixNano()
+	recs = append(recs, tps.StepRecord{Job: "behind", Step: 3, Rank: 0, WorldSize: 2, Tokens: 1000, StartUnixNs: far, EndUnixNs: far + 1e9, DurationNs: 1e9})
+	if err := nc.Publish(wire.StepsSubject("behind", "n0"), wire.AppendSteps(nil, recs)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for c.Stats().StepsClosed < 3 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if st := c.Stats(); st.StepsClosed != 3 || st.Rejected["end_unix_ns:out_of_range"] != 1 {
+		t.Errorf("%d steps closed, rejections %v; want 3 and the two-day-ahead record refused", st.StepsClosed, st.Rejected)
+	}
+}
