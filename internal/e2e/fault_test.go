@@ -532,3 +532,35 @@ func TestOpenFilesLimitBoundsJobs(t *testing.T) {
 		t.Errorf("%d open files", len(fds))
 	}
 }
+
+// A wrong NATS token is said as refused credentials, not as an outage: the
+// agent keeps the records (a fixed token would deliver them), and the log
+// says what to fix.
+func TestWrongTokenSaidAsRefused(t *testing.T) {
+	srv, err := natsconn.StartEmbeddedAuth("127.0.0.1", -1, "", natsconn.Auth{Token: "right-token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	dir, _ := os.MkdirTemp("", "tpsprof-token")
+	defer os.RemoveAll(dir)
+	var logs syncBuffer
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL(), Token: "wrong-token"},
+		Node: "n0", FlushInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	a.SubmitStep(stepRec("tok", 0, 0, 1, 100, 1e9))
+	deadline := time.Now().Add(8 * time.Second)
+	for !strings.Contains(logs.String(), "refused") && !strings.Contains(logs.String(), "unreachable") {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing said about NATS within 8 s:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	out := logs.String()
+	if !strings.Contains(out, "refused this agent's credentials") || strings.Contains(out, "NATS unreachable") || strings.Contains(out, "wrong-token") {
+		t.Errorf("warning: %s", out)
+	}
+}

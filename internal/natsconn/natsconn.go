@@ -105,6 +105,20 @@ func Connect(o Options, extra ...nats.Option) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// Refused reports whether err says the server refused the client's
+// credentials (a wrong token, user or password, or an expired
+// credential), which retrying will not fix, as opposed to an outage.
+func Refused(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, nats.ErrAuthorization) || errors.Is(err, nats.ErrAuthExpired) || errors.Is(err, nats.ErrAuthRevoked) {
+		return true
+	}
+	m := strings.ToLower(err.Error())
+	return strings.Contains(m, "authorization violation") || strings.Contains(m, "authentication")
+}
+
 // Embedded is the real nats-server, in process.
 type Embedded struct {
 	srv *server.Server
