@@ -102,6 +102,10 @@ const (
 
 type span struct{ start, end int64 }
 
+// maxTraceNs bounds event timestamps and durations (see Analyze's event
+// check).
+const maxTraceNs = int64(1) << 61
+
 type gpuEvent struct {
 	span
 	corr  int64
@@ -306,6 +310,12 @@ func (a *analyzer) event(b []byte) error {
 	}
 	if e.dur < 0 {
 		return fmt.Errorf("kineto: event %d (%s) has a negative duration", a.events, e.name)
+	}
+	// Bounded so that no span or difference of spans overflows int64 (at
+	// the limits a step's duration came out negative): ±2^61 ns is ±73
+	// years around the trace's time origin.
+	if e.ts > maxTraceNs || e.ts < -maxTraceNs || e.dur > maxTraceNs-max(e.ts, 0) {
+		return fmt.Errorf("kineto: event %d (%s): timestamp or duration out of range (beyond ±2^61 ns)", a.events, e.name)
 	}
 	sp := span{e.ts, e.ts + e.dur}
 	if a.opt.HTARounding {

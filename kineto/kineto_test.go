@@ -417,3 +417,36 @@ func TestAnalysisBounds(t *testing.T) {
 		t.Errorf("a 20 MB number as distributedInfo: %v", err)
 	}
 }
+
+// Timestamps near the int64 limits are refused with a clear error: every
+// accepted time lies within ±2^61 ns, so no span or difference of spans
+// can overflow (a negative duration_us was reported at the limits; the
+// parser's own cap at 2^62 ns left differences of two such times able to
+// overflow). The largest accepted times still give positive figures.
+func TestTimestampsAtTheLimits(t *testing.T) {
+	for _, ev := range []string{
+		`{"ph":"X","cat":"kernel","name":"gemm","ts":4000000000000000,"dur":10}`,
+		`{"ph":"X","cat":"kernel","name":"gemm","ts":-4000000000000000,"dur":10}`,
+		`{"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":4000000000000000}`,
+		`{"ph":"X","cat":"kernel","name":"gemm","ts":2000000000000000,"dur":2000000000000000}`,
+	} {
+		tr := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","ts":0,"dur":100},` + ev + `]}`
+		r, err := AnalyzeWith(strings.NewReader(tr), Options{})
+		if err == nil {
+			for _, s := range r.Steps {
+				if s.DurationUs < 0 || s.ComputeUs < 0 {
+					t.Errorf("%s: negative figures %+v", ev, s)
+				}
+			}
+			t.Errorf("%s: accepted", ev)
+		} else if !strings.Contains(err.Error(), "out of range") {
+			t.Errorf("%s: %v", ev, err)
+		}
+	}
+	ok := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","ts":2000000000000000,"dur":100},` +
+		`{"ph":"X","cat":"kernel","name":"gemm","ts":2000000000000000,"dur":50}]}`
+	r, err := AnalyzeWith(strings.NewReader(ok), Options{})
+	if err != nil || len(r.Steps) != 1 || r.Steps[0].DurationUs <= 0 {
+		t.Fatalf("times near 2^62 ns: %v %+v", err, r)
+	}
+}
