@@ -37,6 +37,8 @@ type Options struct {
 	TopStragglers int
 	// Progress, when set, is called as rank rows are read (done of total).
 	Progress func(done, total int64)
+	// Select restricts the report to part of the run (the zero value: all).
+	Select Selection
 }
 
 // Breakdown is where a steady step's time goes, as fractions of step time
@@ -172,8 +174,13 @@ type Report struct {
 	Episodes      []StragglerEpisode `json:"straggler_episodes"`
 	EpisodeWindow int                `json:"straggler_window_steps"`
 	RankRows      int64              `json:"rank_rows"`
-	GPUSamples    int64              `json:"gpu_samples"`
-	Events        map[string]int64   `json:"events"`
+	// Selection says what part of the run the report covers ("" for all);
+	// RankRowsSkipped counts the rank rows it did not read (row groups
+	// outside the selection, by the parts' statistics).
+	Selection       string           `json:"selection,omitempty"`
+	RankRowsSkipped int64            `json:"rank_rows_skipped,omitempty"`
+	GPUSamples      int64            `json:"gpu_samples"`
+	Events          map[string]int64 `json:"events"`
 	// Padding compares real and padded tokens where ranks report both.
 	Padding *Padding `json:"padding,omitempty"`
 	// Generation sums up the steps' generation phase (RL rollouts), when
@@ -234,6 +241,17 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.Running = true
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
 	}
+	var ranges []trace.Range
+	if sel := opt.Select; sel.Active() {
+		n := len(steps)
+		steps = sel.apply(steps)
+		if len(steps) == 0 {
+			return nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, n)
+		}
+		rep.Selection = sel.String()
+		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps); elapsed time runs from its first step's start to its last step's end", sel, len(steps), n))
+		ranges = selectedRanges(steps)
+	}
 	rep.Meta = readMeta(clusterDir)
 	rep.ClockOffsetsNs = readClockOffsets(clusterDir)
 	var events []tps.Event
@@ -248,6 +266,14 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		return nil
 	}); rep.tolerate(err) != nil {
 		return nil, err
+	}
+	if rep.Selection != "" {
+		events = selectEvents(events, steps)
+		rep.data.events = selectEvents(rep.data.events, steps)
+		clear(rep.Events)
+		for _, e := range events {
+			rep.Events[e.Kind]++
+		}
 	}
 	// Steps a rank profiled (the agent analysed its trace) ran slower
 	// under the profiler: out of the statistics, in wall TPS and goodput.
@@ -285,7 +311,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
 	wins := newWindows(steps, warm, rep.Summary.WorldSize)
 	var done, realTok, padTok int64
-	err = trace.EachColumns(rankDir, rankColumns, "node", func(c *trace.Columns) error {
+	pruned, err := trace.EachColumnsIn(rankDir, rankColumns, "node", ranges, func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		lastKey, si, ok := [2]int64{-1, -1}, 0, false
 		for i := range c.Rows {
@@ -325,6 +351,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		}
 		return nil
 	})
+	rep.RankRowsSkipped = pruned.Rows
 	if err = rep.tolerate(err); err != nil {
 		return nil, err
 	}

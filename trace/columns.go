@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -25,23 +26,72 @@ type Columns struct {
 // reused. A part lacking a column, or holding it with another type or with
 // nulls, is an error naming the part.
 func EachColumns(dir string, int64Cols []string, strCol string, fn func(*Columns) error) error {
+	_, err := EachColumnsIn(dir, int64Cols, strCol, nil, fn)
+	return err
+}
+
+// Range selects the row groups whose statistics for the int64 Column
+// overlap [Min, Max]; a row group without statistics is read.
+type Range struct {
+	Column   string
+	Min, Max int64
+}
+
+// Pruned counts what EachColumnsIn left unread.
+type Pruned struct {
+	RowGroups, Rows int64
+}
+
+// EachColumnsIn is EachColumns over the row groups whose column statistics
+// overlap every range (a window of a long run reads what the window
+// holds, from the parts' footers), saying what it skipped. fn may still
+// see rows outside the ranges: statistics bound row groups, not rows.
+func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range, fn func(*Columns) error) (Pruned, error) {
+	var pr Pruned
 	files, err := PartFiles(dir)
 	if err != nil {
-		return err
+		return pr, err
 	}
 	cols := &Columns{Int64: make([][]int64, len(int64Cols))}
 	var bad UnreadableParts
 	for _, path := range files {
-		if err := columnsOfFile(path, int64Cols, strCol, cols, fn); err != nil {
+		if err := columnsOfFile(path, int64Cols, strCol, ranges, &pr, cols, fn); err != nil {
 			if !bad.add(path, err) {
-				return err
+				return pr, err
 			}
 		}
 	}
-	return bad.err()
+	return pr, bad.err()
 }
 
-func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns, fn func(*Columns) error) error {
+// overlaps reports whether row group rg of pf may hold rows in every range.
+func overlaps(pf *parquet.File, rg int, ranges []Range) bool {
+	md := pf.Metadata()
+	if rg >= len(md.RowGroups) {
+		return true
+	}
+	for _, r := range ranges {
+		leaf, ok := pf.Schema().Lookup(r.Column)
+		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.ColumnIndex >= len(md.RowGroups[rg].Columns) {
+			continue
+		}
+		st := md.RowGroups[rg].Columns[leaf.ColumnIndex].MetaData.Statistics
+		lo, hi := st.MinValue, st.MaxValue
+		if len(lo) != 8 || len(hi) != 8 {
+			lo, hi = st.Min, st.Max // written by older writers
+		}
+		if len(lo) != 8 || len(hi) != 8 {
+			continue
+		}
+		mn, mx := int64(binary.LittleEndian.Uint64(lo)), int64(binary.LittleEndian.Uint64(hi))
+		if mx < r.Min || mn > r.Max {
+			return false
+		}
+	}
+	return true
+}
+
+func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Range, pr *Pruned, cols *Columns, fn func(*Columns) error) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
@@ -67,8 +117,13 @@ func columnsOfFile(path string, int64Cols []string, strCol string, cols *Columns
 		}
 		strIdx = leaf.ColumnIndex
 	}
-	for _, rg := range pf.RowGroups() {
+	for g, rg := range pf.RowGroups() {
 		rows := int(rg.NumRows())
+		if len(ranges) > 0 && !overlaps(pf, g, ranges) {
+			pr.RowGroups++
+			pr.Rows += int64(rows)
+			continue
+		}
 		chunks := rg.ColumnChunks()
 		for i, ci := range idx {
 			v, err := readInt64Chunk(chunks[ci], cols.Int64[i][:0])

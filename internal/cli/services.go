@@ -562,6 +562,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
   tpsprof report --markdown --no-plots traces/llama-8b >> review.md
   tpsprof report --compare traces/run-a traces/run-b
   tpsprof report --compare --html ab.html traces/run-a traces/run-b
+  tpsprof report --last 1000 traces/llama-8b      # the last 1,000 steps only
+  tpsprof report --attempt 3 --steps 50000:60000 traces/llama-8b
+  tpsprof report --since 2h traces/llama-8b       # steps of the last two hours
 `, stderr)
 	asJSON := fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)")
 	asMD := fs.Bool("markdown", false, "print the report as Markdown")
@@ -573,6 +576,11 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	var train, price quantity
 	fs.Var(&train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
 	fs.Var(&price, "gpu-hour-usd", "price of a GPU-hour (overrides the run metadata)")
+	stepsSel := fs.String("steps", "", "report only steps A:B (inclusive; A: or :B for open ends)")
+	last := fs.Int("last", 0, "report only the last N steps")
+	attempt := fs.Int64("attempt", -1, "report only this attempt (-1: all)")
+	since := fs.String("since", "", "report only steps ending at or after this time (RFC 3339, or a duration before now: 2h)")
+	until := fs.String("until", "", "report only steps starting at or before this time (RFC 3339, or a duration before now)")
 	// job folders may come before, between or after the flags
 	var dirs, rest []string
 	for _, a := range args {
@@ -596,6 +604,36 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, cmd, "give %d job folder(s) (OUT/JOB), got %d", want, len(dirs))
 	}
 	opt := report.Options{Warmup: *warmup, TrainTokens: float64(train), GPUHourUSD: float64(price)}
+	if *stepsSel != "" {
+		from, to, err := report.ParseSteps(*stepsSel)
+		if err != nil {
+			return usageErr(stderr, cmd, "--steps: %v", err)
+		}
+		opt.Select.StepFrom, opt.Select.StepTo = from, to
+	}
+	if *last < 0 {
+		return usageErr(stderr, cmd, "--last %d: give a positive number of steps", *last)
+	}
+	opt.Select.Last = *last
+	if *attempt >= 0 {
+		opt.Select.Attempt = attempt
+	}
+	for _, t := range []struct {
+		name, v string
+		dst     *time.Time
+	}{{"since", *since, &opt.Select.Since}, {"until", *until, &opt.Select.Until}} {
+		if t.v == "" {
+			continue
+		}
+		v, err := report.ParseTime(t.v, time.Now())
+		if err != nil {
+			return usageErr(stderr, cmd, "--%s: %v", t.name, err)
+		}
+		*t.dst = v
+	}
+	if *compare && opt.Select.Active() {
+		return usageErr(stderr, cmd, "a selection (--steps, --last, --attempt, --since, --until) applies to one job's report, not to --compare")
+	}
 	if isTerminal(stderr) {
 		opt.Progress = progressPrinter(stderr)
 	}
@@ -716,7 +754,7 @@ func needsValue(flagArg string) bool {
 		return false
 	}
 	switch name {
-	case "plots", "warmup", "train-tokens", "gpu-hour-usd", "html":
+	case "plots", "warmup", "train-tokens", "gpu-hour-usd", "html", "steps", "last", "attempt", "since", "until":
 		return true
 	}
 	return false
