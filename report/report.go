@@ -242,8 +242,19 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
 	}
 	var ranges []trace.Range
+	var selWarm map[[2]int64]bool
 	if sel := opt.Select; sel.Active() {
 		n := len(steps)
+		// The warm-up is the whole run's: a window that starts mid-attempt
+		// has none of its own.
+		tps.SortSteps(steps)
+		warmAll := map[[2]int64]bool{}
+		for i, w := range tps.WarmupMask(steps, tps.WindowOptions{Warmup: opt.Warmup}) {
+			if w {
+				warmAll[[2]int64{steps[i].Attempt, steps[i].Step}] = true
+			}
+		}
+		selWarm = warmAll
 		steps = sel.apply(steps)
 		if len(steps) == 0 {
 			return nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, n)
@@ -283,7 +294,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			profiled[[2]int64{e.Attempt, e.Step}] = true
 		}
 	}
-	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled}
+	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Warm: selWarm}
 	rep.Summary = tps.Summarize(steps, wopt) // sorts steps
 	warm := tps.WarmupMask(steps, wopt)
 	rep.data.steps, rep.data.warm = steps, warm

@@ -70,6 +70,11 @@ func TestSelection(t *testing.T) {
 	if err != nil || rep.Summary.Steps != 5 || rep.data.steps[0].Attempt != 1 || rep.data.steps[0].Step != 95 {
 		t.Errorf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, rep.data.steps[0])
 	}
+	// the warm-up is the whole run's: a window from mid-attempt has none
+	rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
+	if err != nil || rep.Summary.WarmupSteps != 0 || rep.Summary.SteadySteps != 5 {
+		t.Errorf("--last 5 with the automatic warm-up: %v, %d warm-up steps", err, rep.Summary.WarmupSteps)
+	}
 	since := time.Unix(0, t0+195*s) // 195 s in: attempt 1's steps ending from then, 84 to 99 (the slow window took 10 s more)
 	rep, err = Analyze(dir, Options{Warmup: 0, Select: Selection{Since: since}})
 	if err != nil || rep.Summary.Steps != 16 {

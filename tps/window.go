@@ -86,6 +86,10 @@ type WindowOptions struct {
 	// was taken: the profiler slows the step): they are left out of the
 	// statistics, their tokens and time still in wall TPS.
 	Profiled map[[2]int64]bool
+	// Warm, when set, is the warm-up: the (attempt, step) pairs to exclude
+	// instead of applying the rule (a report of part of a run takes the
+	// whole run's warm-up).
+	Warm map[[2]int64]bool
 }
 
 // AutoWarmup selects the automatic warm-up rule.
@@ -167,6 +171,12 @@ func warmupThreshold(steps []ClusterStep, opt WindowOptions) float64 {
 func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
 	mask := make([]bool, len(steps))
 	if len(steps) == 0 {
+		return mask
+	}
+	if opt.Warm != nil {
+		for i, c := range steps {
+			mask[i] = opt.Warm[[2]int64{c.Attempt, c.Step}]
+		}
 		return mask
 	}
 	threshold := warmupThreshold(steps, opt)
