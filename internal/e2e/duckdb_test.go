@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tpsprof/tpsprof/internal/demo"
+	"github.com/tpsprof/tpsprof/report"
 )
 
 // duckdbModules returns a node_modules folder holding @duckdb/node-api:
@@ -83,5 +85,65 @@ func TestDuckDBReadsTraces(t *testing.T) {
 	}
 	if got.Meta.V != "1" {
 		t.Errorf("schema version metadata: %q", got.Meta.V)
+	}
+}
+
+// The report's figures computed by DuckDB from the same folders with the
+// SQL docs/parquet.md gives agree with the report's: TPS mean and
+// quantiles, median step time, aggregate TPS, the time breakdown, MFU and
+// the slowest rank's straggler score.
+func TestDuckDBAgreesWithReport(t *testing.T) {
+	mods := duckdbModules(t)
+	cfg := demo.Defaults()
+	cfg.Out, cfg.Steps, cfg.StepInterval = t.TempDir(), 60, 0
+	res, err := demo.Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := report.Analyze(res.JobDir, report.Options{Warmup: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "duckdb_report.mjs")
+	work := t.TempDir()
+	os.Symlink(mods, filepath.Join(work, "node_modules"))
+	b, _ := os.ReadFile(script)
+	os.WriteFile(filepath.Join(work, "report.mjs"), b, 0o644)
+	out, err := exec.Command("node", filepath.Join(work, "report.mjs"), res.JobDir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, out)
+	}
+	var got map[string]map[string]any
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	num := func(table, key string) float64 {
+		switch v := got[table][key].(type) {
+		case float64:
+			return v
+		case string:
+			f, _ := strconv.ParseFloat(v, 64)
+			return f
+		}
+		t.Fatalf("%s.%s: %v in %s", table, key, got[table][key], out)
+		return 0
+	}
+	s, bd := rep.Summary, rep.Breakdown
+	for _, c := range []struct {
+		name       string
+		duck, ours float64
+	}{
+		{"TPS mean", num("tps", "mean"), s.TPS.Mean}, {"TPS p50", num("tps", "p50"), s.TPS.P50}, {"TPS p95", num("tps", "p95"), s.TPS.P95},
+		{"step time p50", num("tps", "step_p50"), s.StepTimeS.P50}, {"aggregate TPS", num("tps", "aggregate_tps"), s.AggregateTPS},
+		{"compute", num("breakdown", "compute"), bd.Compute}, {"exposed comm", num("breakdown", "exposed_comm"), bd.ExposedComm},
+		{"waiting", num("breakdown", "waiting"), bd.WaitingForPeers}, {"bubble", num("breakdown", "bubble"), bd.Bubble},
+		{"data stall", num("breakdown", "data_stall"), bd.DataStall}, {"MFU", num("breakdown", "mfu"), *s.MFU},
+		{"slowest rank's score", num("straggler", "score"), rep.Stragglers[0].Score},
+		{"slowest rank", num("straggler", "rank"), float64(rep.Stragglers[0].Rank)},
+	} {
+		t.Logf("%s: DuckDB %.6g, report %.6g", c.name, c.duck, c.ours)
+		if math.Abs(c.duck-c.ours) > 1e-9*math.Max(1, math.Abs(c.ours)) {
+			t.Errorf("%s: DuckDB %.12g, the report %.12g", c.name, c.duck, c.ours)
+		}
 	}
 }
