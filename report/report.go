@@ -322,6 +322,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
 	wins := newWindows(steps, warm, rep.Summary.WorldSize)
 	var done, realTok, padTok int64
+	crit := critExcess{}
 	pruned, err := trace.EachColumnsIn(rankDir, rankColumns, "node", ranges, func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		lastKey, si, ok := [2]int64{-1, -1}, 0, false
@@ -340,6 +341,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			heat.add(si, r, comp)
 			if n := c.Strings[i]; n != "" && nodes[r] == "" {
 				nodes[r] = n
+			}
+			if st := &steps[si]; r == st.SlowestRank && !warm[si] && st.StepTimeNs > 0 {
+				// what the critical rank had more of than the mean rank
+				crit.add(c.Strings[i], r, comp-st.ComputeNsMean, float64(c.Int64[5][i])-st.DataStallFractionMean*float64(st.StepTimeNs))
 			}
 			if warm[si] {
 				continue
@@ -377,6 +382,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep.data.heat, rep.data.nodeOf = heat, nodes
 	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
 	rep.WaitCharged = waitCharged(steps, skipMask(steps, warm, profiled), nodes, opt.TopStragglers)
+	crit.explain(rep.WaitCharged)
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
 	}
@@ -619,9 +625,51 @@ func readMeta(dir string) *tps.RunMeta {
 	return nil
 }
 
+// critExcess sums, by node, how much more compute and data wait its
+// ranks had than the step's mean rank in the steps they were critical.
+type critExcess map[string]*[3]float64 // compute ns, data wait ns, steps
+
+func (x critExcess) add(node string, rank int64, compute, data float64) {
+	if node == "" {
+		node = fmt.Sprintf("rank %d", rank)
+	}
+	e := x[node]
+	if e == nil {
+		if len(x) >= 4096 {
+			return
+		}
+		e = &[3]float64{}
+		x[node] = e
+	}
+	e[0] += compute
+	e[1] += data
+	e[2]++
+}
+
+// explain names what made each node's rank critical: its compute or its
+// wait for data, whichever it had more of beyond the mean rank.
+func (x critExcess) explain(ws []WaitShare) {
+	for i := range ws {
+		e := x[ws[i].Node]
+		if e == nil || e[2] == 0 {
+			continue
+		}
+		c, d := e[0]/e[2]/1e6, e[1]/e[2]/1e6
+		switch {
+		case d > c && d > 0:
+			ws[i].Cause = fmt.Sprintf("data loading: %.1f ms a step more waiting for data than the mean rank (compute %+.1f ms)", d, c)
+		case c > 0:
+			ws[i].Cause = fmt.Sprintf("compute: %.1f ms a step more than the mean rank (data wait %+.1f ms)", c, d)
+		}
+	}
+}
+
 // WaitShare is the waiting for slower peers charged to one node: the
 // ranks waited in their collectives for its rank.
 type WaitShare struct {
+	// Cause is what its critical rank had more of than the mean rank:
+	// compute or waiting for data.
+	Cause string  `json:"cause,omitempty"`
 	Node  string  `json:"node"`
 	Ranks []int64 `json:"ranks"` // its ranks that were critical (at most 64)
 	Steps int     `json:"steps"` // steady steps it was critical in

@@ -71,7 +71,11 @@ func WriteText(w io.Writer, r *Report) error {
 	if len(r.WaitCharged) > 0 {
 		var parts []string
 		for _, w := range r.WaitCharged {
-			parts = append(parts, fmt.Sprintf("%s %s (ranks %s, critical in %d steps)", w.Node, pct(w.Share), rankList(w.Ranks), w.Steps))
+			p := fmt.Sprintf("%s %s (ranks %s, critical in %d steps", w.Node, pct(w.Share), rankList(w.Ranks), w.Steps)
+			if w.Cause != "" {
+				p += "; " + w.Cause
+			}
+			parts = append(parts, p+")")
 		}
 		row("waiting caused by", "%s", strings.Join(parts, "; "))
 	}
