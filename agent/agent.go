@@ -267,7 +267,14 @@ func Start(cfg Config) (*Agent, error) {
 			a.reject("nats:error")
 			a.log.Warn("nats", "NATS reported an error", "err", err)
 		}),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if err == nil && nc.IsClosed() {
+				return // our own Close: a clean exit, nothing to warn of
+			}
+			if natsconn.Refused(err) {
+				a.log.Warn("disconnect", "NATS refused this agent's credentials (wrong token, user or password); records are held", "err", err)
+				return
+			}
 			a.log.Warn("disconnect", "NATS disconnected; buffering", "err", err)
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {

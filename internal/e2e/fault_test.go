@@ -564,3 +564,27 @@ func TestWrongTokenSaidAsRefused(t *testing.T) {
 		t.Errorf("warning: %s", out)
 	}
 }
+
+// A clean exit says nothing alarming: the agent's own Close used to log
+// `WARN "NATS disconnected; buffering" err=<nil>`.
+func TestCleanExitIsQuiet(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	dir, _ := os.MkdirTemp("", "tpsprof-quiet")
+	defer os.RemoveAll(dir)
+	var logs syncBuffer
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()},
+		Node: "n0", FlushInterval: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.SubmitStep(stepRec("quiet", 0, 0, 1, 100, 1e9))
+	a.Flush(5 * time.Second)
+	a.Close()
+	if out := logs.String(); strings.Contains(out, "level=WARN") || strings.Contains(out, "level=ERROR") {
+		t.Errorf("a clean exit logged:\n%s", out)
+	}
+}
