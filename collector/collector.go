@@ -83,6 +83,11 @@ type Config struct {
 	// Live receives the live line every LiveInterval (default 5s); nil is silent.
 	Live         io.Writer
 	LiveInterval time.Duration
+	// StaleAfter is how long after a job's last closed step its
+	// throughput gauges (TPS, MFU, step time, ratios) stop being exported
+	// on /metrics (default 5 min); tpsprof_last_step_timestamp_seconds
+	// stays.
+	StaleAfter time.Duration
 	// MetaWait is how long the steps of a job that has no run metadata yet
 	// are held open after its first record, for the metadata to arrive
 	// (it travels on a subject of its own and can lose the race): when it
@@ -183,6 +188,9 @@ func (c *Config) defaults() error {
 	}
 	if c.GPUJoinWait <= 0 {
 		c.GPUJoinWait = 5 * time.Second
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = 5 * time.Minute
 	}
 	switch {
 	case c.MetaWait == 0:
@@ -684,6 +692,11 @@ func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
 	defer j.mu.Unlock()
 	if e.Kind == tps.EventAttemptEnd {
 		j.attemptEnded = true
+	}
+	if e.Kind == tps.EventAttemptEnd || e.Kind == tps.EventJobEnd {
+		j.ended = true // until its next step record
+		t.liveChanged = true
+		j.settle(&t)
 	}
 	if e.Kind == tps.EventRollout {
 		j.addRollout(rollout)

@@ -114,7 +114,7 @@ tpsprof_records_accepted_total 20
 # HELP tpsprof_records_rejected_total Records and messages rejected, by reason.
 # TYPE tpsprof_records_rejected_total counter
 tpsprof_records_rejected_total{reason="batch:decode"} 1
-# HELP tpsprof_step_time_seconds Duration of the last closed step (slowest rank).
+# HELP tpsprof_step_time_seconds Step time of the last closed step: its period on the critical path (docs/report.md).
 # TYPE tpsprof_step_time_seconds gauge
 tpsprof_step_time_seconds{job="m1"} 1
 # HELP tpsprof_steps_closed_total Cluster steps closed.

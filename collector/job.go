@@ -36,6 +36,8 @@ type liveFigures struct {
 	stragglers, episodesOpen          int
 	episodesEnded                     int64
 	last                              *tps.ClusterStep
+	lastClosedAt                      time.Time // the collector's clock when the last step closed
+	ended                             bool      // its last attempt ended
 	tokensPerJoule                    float64
 	// generation latencies over the recent rollout events (seconds)
 	ttft, itl *latencySummary
@@ -121,7 +123,9 @@ func (j *job) settle(t *tally) {
 	if len(j.recent) > 0 {
 		last := j.lastRow()
 		f.last = &last
+		f.lastClosedAt = j.lastClosedAt
 	}
+	f.ended = j.ended
 	ttft, itl := j.rolloutSketches()
 	f.ttft, f.itl = summaryOf(&ttft), summaryOf(&itl)
 	j.rollDirty = false

@@ -3,6 +3,9 @@ package collector
 import (
 	"encoding/json"
 	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,5 +145,39 @@ func TestCollectorClockBehindTheNodes(t *testing.T) {
 	}
 	if st := c.Stats(); st.StepsClosed != 3 || st.Rejected["end_unix_ns:out_of_range"] != 1 {
 		t.Errorf("%d steps closed, rejections %v; want 3 and the two-day-ahead record refused", st.StepsClosed, st.Rejected)
+	}
+}
+
+// A silent job is told from a running one on /metrics: the last step's
+// timestamp stays, the throughput gauges go once it is silent past
+// StaleAfter (a hung job's last TPS no longer looks current), and
+// tpsprof_job_running turns 0 when its attempt ends.
+func TestSilentJobMetrics(t *testing.T) {
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, StaleAfter: 300 * time.Millisecond})
+	before := float64(time.Now().UnixNano()) / 1e9
+	publishSteps(t, nc, "s1", 0, 3)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	m := get(t, c, "/metrics")
+	ts := regexp.MustCompile(`tpsprof_last_step_timestamp_seconds\{job="s1"\} (\S+)`).FindStringSubmatch(m)
+	if ts == nil || !strings.Contains(m, `tpsprof_cluster_tokens_per_second{job="s1"}`) || !strings.Contains(m, `tpsprof_job_running{job="s1"} 1`) {
+		t.Fatalf("a running job's metrics:\n%s", m)
+	}
+	if v, _ := strconv.ParseFloat(ts[1], 64); v < before-1 || v > float64(time.Now().UnixNano())/1e9+1 {
+		t.Errorf("last step timestamp %s, want about now (%f)", ts[1], before)
+	}
+	time.Sleep(400 * time.Millisecond)
+	m = get(t, c, "/metrics")
+	if strings.Contains(m, `tpsprof_cluster_tokens_per_second{job="s1"}`) || !strings.Contains(m, `tpsprof_last_step_timestamp_seconds{job="s1"}`) {
+		t.Errorf("a job silent past StaleAfter still exports its TPS, or lost its timestamp:\n%s", m)
+	}
+	ev, _ := json.Marshal(tps.Event{Job: "s1", Kind: tps.EventAttemptEnd, Rank: 0, StartUnixNs: time.Now().UnixNano()})
+	nc.Publish(wire.EventsSubject("s1"), ev)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if m = get(t, c, "/metrics"); !strings.Contains(m, `tpsprof_job_running{job="s1"} 0`) {
+		t.Errorf("an ended job still running:\n%s", m)
 	}
 }

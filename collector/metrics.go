@@ -1,6 +1,8 @@
 package collector
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -14,8 +16,10 @@ var (
 	descTPSPerGPU  = prometheus.NewDesc("tpsprof_cluster_tokens_per_second_per_gpu", "Tokens per second of the last closed step divided by the world size.", []string{"job"}, nil)
 	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last closed step; absent while it is unknown (no model or GPU, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
 	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last closed step; absent while MFU is unknown.", []string{"job"}, nil)
-	descStepTime   = prometheus.NewDesc("tpsprof_step_time_seconds", "Duration of the last closed step (slowest rank).", []string{"job"}, nil)
+	descStepTime   = prometheus.NewDesc("tpsprof_step_time_seconds", "Step time of the last closed step: its period on the critical path (docs/report.md).", []string{"job"}, nil)
 	descStep       = prometheus.NewDesc("tpsprof_last_step", "Step number of the last closed step.", []string{"job"}, nil)
+	descRunning    = prometheus.NewDesc("tpsprof_job_running", "1 while the job runs, 0 once its last attempt ended (an attempt_end or job_end event, until its next record): a silent running job is hung, a silent ended one finished.", []string{"job"}, nil)
+	descStepAt     = prometheus.NewDesc("tpsprof_last_step_timestamp_seconds", "When the job's last step closed, on the collector's clock (Unix seconds): time() minus it is how long the job has been silent, what tells a hung or dead job from a running one.", []string{"job"}, nil)
 	descComm       = prometheus.NewDesc("tpsprof_exposed_comm_ratio", "Exposed communication as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
 	descBubble     = prometheus.NewDesc("tpsprof_pipeline_bubble_ratio", "Pipeline wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
 	descData       = prometheus.NewDesc("tpsprof_data_stall_ratio", "Data-loader wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
@@ -50,7 +54,7 @@ var (
 type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descComm, descBubble, descData,
+	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
 		descWorld, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
@@ -89,6 +93,20 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		if last == nil {
 			continue
 		}
+		gauge(descStepAt, float64(f.lastClosedAt.UnixNano())/1e9, j.id)
+		running := 1.0
+		if f.ended {
+			running = 0
+		}
+		gauge(descRunning, running, j.id)
+		gauge(descStep, float64(last.Step), j.id)
+		if time.Since(f.lastClosedAt) > m.c.cfg.StaleAfter {
+			// A silent job's last step is not its current rate: its
+			// throughput gauges go (Prometheus marks them stale), so
+			// rate alerts neither fire on nor hide a hang;
+			// TrainingStalled watches the timestamp above.
+			continue
+		}
 		gauge(descTPS, last.TPS, j.id)
 		gauge(descTPSPerGPU, last.TPSPerGPU, j.id)
 		if last.MFUUnknown == "" && last.MFU > 0 {
@@ -96,7 +114,6 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descHFU, last.HFU, j.id)
 		}
 		gauge(descStepTime, float64(last.StepTimeNs)/1e9, j.id)
-		gauge(descStep, float64(last.Step), j.id)
 		gauge(descComm, last.CommFractionMean, j.id)
 		gauge(descBubble, last.BubbleFractionMean, j.id)
 		gauge(descData, last.DataStallFractionMean, j.id)

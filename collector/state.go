@@ -208,6 +208,7 @@ type jobState struct {
 	heldFull     bool      // a full step is held open for the metadata
 	unfinalised  bool      // rows written since the parts were last finalised
 	attemptEnded bool      // an attempt_end event since then
+	ended        bool      // the last attempt ended (attempt_end or job_end) and no record came since
 
 	clocks  clockEstimator // nodes' clock offsets from rank 0's node
 	prevKey stepKey        // the newest step closed...
@@ -225,7 +226,8 @@ type jobState struct {
 
 	// live figures for metrics and the live page
 	closedSteps, incompleteSteps, tokens int64
-	mostRanks                            int64 // the most ranks a closed step had
+	mostRanks                            int64     // the most ranks a closed step had
+	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
@@ -592,6 +594,9 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	if s.firstRecord.IsZero() {
 		s.firstRecord = t.now
 	}
+	if s.ended {
+		s.ended, t.liveChanged = false, true
+	}
 	k = stepKey{r.Attempt, r.Step}
 	if !s.setWorld(r.WorldSize, r.Attempt, true, t) {
 		return k, false, false
@@ -765,6 +770,7 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	t.stepsClosed++
 	t.liveChanged = true
 	s.closedSteps++
+	s.lastClosedAt = t.now
 	s.mostRanks = max(s.mostRanks, row.RanksReported)
 	s.tokens += row.Tokens
 	if !row.Complete() {
