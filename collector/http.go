@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -59,6 +60,12 @@ type LiveJob struct {
 	// cluster rows are corrected by (docs/report.md, "Clocks"); absent
 	// while every node's clock agrees within a millisecond.
 	ClockOffsetsNs map[string]int64 `json:"clock_offsets_ns,omitempty"`
+	// State is "running" (a step closed within StaleAfter), "silent"
+	// (none since: hung, or its records stopped), "ended" (its last
+	// attempt ended) or "empty" (no step closed yet); jobs come running
+	// first, most recent step first.
+	State          string `json:"state"`
+	LastStepUnixMs int64  `json:"last_step_unix_ms,omitempty"` // when the last step closed (collector's clock)
 	// Note is shown at the top of the job: no closed step had every
 	// declared rank (their figures count only the ranks that reported).
 	Note string `json:"note,omitempty"`
@@ -95,12 +102,48 @@ const (
 // breakdown over the last 10, and the slowest ranks by recent compute time.
 func (c *Collector) Summary() LiveSummary { return c.SummaryPage(0, -1) }
 
-// SummaryPage is Summary for the jobs from offset on (in name order), at
-// most limit of them (all when limit < 0).
+// SummaryPage is Summary for the jobs from offset on (running jobs first,
+// then by their last step, most recent first; by name on ties), at most
+// limit of them (all when limit < 0).
 func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 	st := c.Stats()
 	out := LiveSummary{OutDir: filepath.Base(c.cfg.OutDir), GeneratedUnix: time.Now().UnixMilli(), Stats: st}
 	jobs := c.jobList()
+	now := time.Now()
+	state := func(j *job) (string, time.Time) {
+		f := j.live.Load() // published figures: no job lock
+		switch {
+		case f.last == nil:
+			return "empty", time.Time{}
+		case f.ended:
+			return "ended", f.lastClosedAt
+		case now.Sub(f.lastClosedAt) > c.cfg.StaleAfter:
+			return "silent", f.lastClosedAt
+		}
+		return "running", f.lastClosedAt
+	}
+	type ranked struct {
+		j     *job
+		state string
+		at    time.Time
+	}
+	rs := make([]ranked, len(jobs))
+	for i, j := range jobs {
+		st, at := state(j)
+		rs[i] = ranked{j, st, at}
+	}
+	sort.SliceStable(rs, func(a, b int) bool {
+		ra, rb := rs[a].state == "running", rs[b].state == "running"
+		if ra != rb {
+			return ra
+		}
+		return rs[a].at.After(rs[b].at)
+	})
+	states := map[*job]ranked{}
+	for i := range rs {
+		jobs[i] = rs[i].j
+		states[rs[i].j] = rs[i]
+	}
 	out.JobsTotal, out.Offset = len(jobs), offset
 	jobs = jobs[min(max(offset, 0), len(jobs)):]
 	if limit >= 0 && len(jobs) > limit {
@@ -109,7 +152,11 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 	for _, j := range jobs {
 		j.mu.Lock()
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
-			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes(), ClockOffsetsNs: j.clocks.offsets()}
+			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes(), ClockOffsetsNs: j.clocks.offsets(),
+			State: states[j].state}
+		if at := states[j].at; !at.IsZero() {
+			lj.LastStepUnixMs = at.UnixMilli()
+		}
 		if j.closedSteps > 0 && j.incompleteSteps == j.closedSteps {
 			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.world, j.mostRanks)
 		}

@@ -181,3 +181,24 @@ func TestSilentJobMetrics(t *testing.T) {
 		t.Errorf("an ended job still running:\n%s", m)
 	}
 }
+
+// The live summary lists running jobs first (most recent step first),
+// then silent, ended and empty ones with their state, whatever their names.
+func TestSummaryRunningFirst(t *testing.T) {
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, StaleAfter: 300 * time.Millisecond})
+	publishSteps(t, nc, "a-old", 0, 3)
+	c.Sync(5 * time.Second)
+	time.Sleep(400 * time.Millisecond)
+	publishSteps(t, nc, "z-new", 0, 3)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s := c.Summary()
+	if len(s.Jobs) != 2 || s.Jobs[0].Job != "z-new" || s.Jobs[0].State != "running" || s.Jobs[1].State != "silent" || s.Jobs[1].LastStepUnixMs == 0 {
+		var got []string
+		for _, j := range s.Jobs {
+			got = append(got, j.Job+":"+j.State)
+		}
+		t.Errorf("jobs %v, want z-new:running then a-old:silent", got)
+	}
+}
