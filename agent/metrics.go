@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tpsprof/tpsprof/internal/natsconn"
 )
 
 var (
@@ -19,12 +21,13 @@ var (
 	descGPU       = prometheus.NewDesc("tpsprof_agent_gpu_samples_total", "GPU samples taken, by device index.", []string{"gpu"}, nil)
 	descGPUErr    = prometheus.NewDesc("tpsprof_agent_gpu_errors_total", "Failed GPU readings.", nil, nil)
 	descConnected = prometheus.NewDesc("tpsprof_agent_nats_connected", "1 when the agent is connected to NATS.", nil, nil)
+	descRefused   = prometheus.NewDesc("tpsprof_agent_nats_credentials_refused", "1 while NATS refuses the agent's credentials (wrong token, user or password): not an outage, fix the credentials.", nil, nil)
 )
 
 type agentMetrics struct{ a *Agent }
 
 func (m agentMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecv, descSent, descDropped, descRejected, descLines, descBuffer, descBufferMax, descGPU, descGPUErr, descConnected} {
+	for _, d := range []*prometheus.Desc{descRecv, descSent, descDropped, descRejected, descLines, descBuffer, descBufferMax, descGPU, descGPUErr, descConnected, descRefused} {
 		ch <- d
 	}
 }
@@ -53,6 +56,11 @@ func (m agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		conn = 1
 	}
 	g(descConnected, conn)
+	refused := 0.0
+	if !s.NATSConnected && m.a.nc != nil && natsconn.Refused(m.a.nc.LastError()) {
+		refused = 1
+	}
+	g(descRefused, refused)
 }
 
 // Registry returns a Prometheus registry with the agent's metrics.

@@ -563,6 +563,9 @@ func TestWrongTokenSaidAsRefused(t *testing.T) {
 	if !strings.Contains(out, "refused this agent's credentials") || strings.Contains(out, "NATS unreachable") || strings.Contains(out, "wrong-token") {
 		t.Errorf("warning: %s", out)
 	}
+	if body := metricsOf(t, a.Handler()); !bytes.Contains(body, []byte("tpsprof_agent_nats_credentials_refused 1")) {
+		t.Errorf("metrics do not say the credentials were refused:\n%.1500s", body)
+	}
 }
 
 // A clean exit says nothing alarming: the agent's own Close used to log
