@@ -6,7 +6,7 @@ import (
 	"github.com/tpsprof/tpsprof/tps"
 )
 
-// Clock offsets between nodes (issue: a node whose clock is seconds ahead
+// Clock offsets between nodes (a node whose clock was seconds ahead
 // stretched every cluster step by its skew). The ranks of a synchronous
 // step finish it together (the step's last collective releases them at
 // once), so the difference between a node's latest step end and the
