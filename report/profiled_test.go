@@ -59,3 +59,36 @@ func TestProfiledStepsLeftOut(t *testing.T) {
 		t.Errorf("the text does not say so:\n%s", b.String())
 	}
 }
+
+// A clock stepped back an hour mid-run (an NTP correction): the steps
+// after the jump are placed after the one before it. Before, wall TPS read
+// about a hundredth of the real rate and idle went far past 100%.
+func TestClockSteppedBack(t *testing.T) {
+	root := t.TempDir()
+	cw, err := trace.NewPartWriter[tps.ClusterStep](root, "jump", trace.ClusterSteps, trace.WriterOptions{WriterID: "j"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const s = int64(1e9)
+	at := int64(1_760_000_000) * s
+	for i := range int64(40) {
+		if i == 20 {
+			at -= 3600 * s
+		}
+		cw.Write([]tps.ClusterStep{{Job: "jump", Step: i, WorldSize: 1, RanksReported: 1, Replicas: 1, Tokens: 1000,
+			StepTimeNs: s, RankTimeMaxNs: s, StartUnixNs: at, EndUnixNs: at + s, TPS: 1000}})
+		at += s
+	}
+	cw.Close()
+	rep, err := Analyze(filepath.Join(root, "jump"), Options{Warmup: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := rep.Goodput
+	if math.Abs(g.ElapsedS-40) > 1e-9 || g.BadputS[BadIdle] != 0 || math.Abs(rep.Summary.WallTPS-1000) > 1e-9 {
+		t.Errorf("elapsed %g s, idle %g s, wall TPS %g; want 40, 0, 1000", g.ElapsedS, g.BadputS[BadIdle], rep.Summary.WallTPS)
+	}
+	if !strings.Contains(strings.Join(rep.Notes, "\n"), "stepped back 1 time(s), by up to 1h0m") {
+		t.Errorf("notes %q", rep.Notes)
+	}
+}

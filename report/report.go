@@ -241,6 +241,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.Running = true
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
 	}
+	tps.SortSteps(steps)
+	if n, back := unstepClocks(steps); n > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the job's clock stepped back %d time(s), by up to %s: the steps after each jump are placed after the one before it (their durations are the ranks' own)", n, dur(back)))
+	}
 	var ranges []trace.Range
 	var selWarm map[[2]int64]bool
 	if sel := opt.Select; sel.Active() {
@@ -724,6 +728,38 @@ func waitCharged(steps []tps.ClusterStep, skip []bool, nodeOf map[int64]string, 
 		return cmp.Or(cmp.Compare(b.WaitS, a.WaitS), strings.Compare(a.Node, b.Node))
 	})
 	return out[:min(len(out), top)]
+}
+
+// unstepClocks repairs the timeline of steps (sorted by attempt, step)
+// whose clock was stepped back (an NTP correction, a hand-set clock): a
+// step ending more than a second before its predecessor ended cannot be,
+// so it and the attempt's later steps are moved to follow the predecessor
+// by their own step time. It returns how many jumps it repaired and the
+// largest, in seconds. (A clock stepped forward looks like an idle gap
+// and is left as it is.)
+func unstepClocks(steps []tps.ClusterStep) (n int, largest float64) {
+	var shift int64
+	for i := range steps {
+		c := &steps[i]
+		if i == 0 || steps[i-1].Attempt != c.Attempt {
+			shift = 0
+		}
+		c.StartUnixNs += shift
+		c.EndUnixNs += shift
+		if i == 0 || steps[i-1].Attempt != c.Attempt {
+			continue
+		}
+		prev := steps[i-1].EndUnixNs
+		if c.EndUnixNs < prev-1_000_000_000 { // more than a second back
+			d := prev + max(c.StepTimeNs, 0) - c.EndUnixNs
+			c.StartUnixNs += d
+			c.EndUnixNs += d
+			shift += d
+			n++
+			largest = max(largest, float64(d)/1e9)
+		}
+	}
+	return n, largest
 }
 
 // readClockOffsets reads the clock offsets of the newest part that has
