@@ -102,7 +102,9 @@ func (nc *nodeClock) add(d int64) {
 	nc.samples[nc.next] = d
 	nc.next = (nc.next + 1) % clockSamples
 	nc.n = min(nc.n+1, clockSamples)
-	xs := slices.Clone(nc.samples[:nc.n])
+	var buf [clockSamples]int64 // on the stack: this runs per node at every closed step
+	xs := buf[:nc.n]
+	copy(xs, nc.samples[:nc.n])
 	slices.Sort(xs)
 	med := xs[len(xs)/2]
 	for i, x := range xs {

@@ -108,54 +108,46 @@ func (c *Collector) Summary() LiveSummary { return c.SummaryPage(0, -1) }
 func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 	st := c.Stats()
 	out := LiveSummary{OutDir: filepath.Base(c.cfg.OutDir), GeneratedUnix: time.Now().UnixMilli(), Stats: st}
-	jobs := c.jobList()
 	now := time.Now()
-	state := func(j *job) (string, time.Time) {
-		f := j.live.Load() // published figures: no job lock
-		switch {
-		case f.last == nil:
-			return "empty", time.Time{}
-		case f.ended:
-			return "ended", f.lastClosedAt
-		case now.Sub(f.lastClosedAt) > c.cfg.StaleAfter:
-			return "silent", f.lastClosedAt
-		}
-		return "running", f.lastClosedAt
-	}
 	type ranked struct {
 		j     *job
 		state string
-		at    time.Time
+		at    time.Time // when its last step closed
 	}
+	jobs := c.jobList()
 	rs := make([]ranked, len(jobs))
 	for i, j := range jobs {
-		st, at := state(j)
-		rs[i] = ranked{j, st, at}
+		f := j.live.Load() // published figures: no job lock
+		r := ranked{j, "running", f.lastClosedAt}
+		switch {
+		case f.last == nil:
+			r.state, r.at = "empty", time.Time{}
+		case f.ended:
+			r.state = "ended"
+		case now.Sub(f.lastClosedAt) > c.cfg.StaleAfter:
+			r.state = "silent"
+		}
+		rs[i] = r
 	}
 	sort.SliceStable(rs, func(a, b int) bool {
-		ra, rb := rs[a].state == "running", rs[b].state == "running"
-		if ra != rb {
+		if ra, rb := rs[a].state == "running", rs[b].state == "running"; ra != rb {
 			return ra
 		}
 		return rs[a].at.After(rs[b].at)
 	})
-	states := map[*job]ranked{}
-	for i := range rs {
-		jobs[i] = rs[i].j
-		states[rs[i].j] = rs[i]
+	out.JobsTotal, out.Offset = len(rs), offset
+	rs = rs[min(max(offset, 0), len(rs)):]
+	if limit >= 0 && len(rs) > limit {
+		rs = rs[:limit]
 	}
-	out.JobsTotal, out.Offset = len(jobs), offset
-	jobs = jobs[min(max(offset, 0), len(jobs)):]
-	if limit >= 0 && len(jobs) > limit {
-		jobs = jobs[:limit]
-	}
-	for _, j := range jobs {
+	for _, r := range rs {
+		j := r.j
 		j.mu.Lock()
 		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
 			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes(), ClockOffsetsNs: j.clocks.offsets(),
-			State: states[j].state}
-		if at := states[j].at; !at.IsZero() {
-			lj.LastStepUnixMs = at.UnixMilli()
+			State: r.state}
+		if !r.at.IsZero() {
+			lj.LastStepUnixMs = r.at.UnixMilli()
 		}
 		if j.closedSteps > 0 && j.incompleteSteps == j.closedSteps {
 			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.world, j.mostRanks)

@@ -153,7 +153,7 @@ func TestCollectorClockBehindTheNodes(t *testing.T) {
 // StaleAfter (a hung job's last TPS no longer looks current), and
 // tpsprof_job_running turns 0 when its attempt ends.
 func TestSilentJobMetrics(t *testing.T) {
-	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, StaleAfter: 300 * time.Millisecond})
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, StaleAfter: 2 * time.Second})
 	before := float64(time.Now().UnixNano()) / 1e9
 	publishSteps(t, nc, "s1", 0, 3)
 	if err := c.Sync(5 * time.Second); err != nil {
@@ -167,7 +167,7 @@ func TestSilentJobMetrics(t *testing.T) {
 	if v, _ := strconv.ParseFloat(ts[1], 64); v < before-1 || v > float64(time.Now().UnixNano())/1e9+1 {
 		t.Errorf("last step timestamp %s, want about now (%f)", ts[1], before)
 	}
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(2200 * time.Millisecond)
 	m = get(t, c, "/metrics")
 	if strings.Contains(m, `tpsprof_cluster_tokens_per_second{job="s1"}`) || !strings.Contains(m, `tpsprof_last_step_timestamp_seconds{job="s1"}`) {
 		t.Errorf("a job silent past StaleAfter still exports its TPS, or lost its timestamp:\n%s", m)
@@ -185,10 +185,10 @@ func TestSilentJobMetrics(t *testing.T) {
 // The live summary lists running jobs first (most recent step first),
 // then silent, ended and empty ones with their state, whatever their names.
 func TestSummaryRunningFirst(t *testing.T) {
-	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, StaleAfter: 300 * time.Millisecond})
+	c, nc := startCollectorWith(t, Config{OutDir: t.TempDir(), Grace: time.Minute, StaleAfter: 2 * time.Second})
 	publishSteps(t, nc, "a-old", 0, 3)
 	c.Sync(5 * time.Second)
-	time.Sleep(400 * time.Millisecond)
+	time.Sleep(2200 * time.Millisecond)
 	publishSteps(t, nc, "z-new", 0, 3)
 	if err := c.Sync(5 * time.Second); err != nil {
 		t.Fatal(err)

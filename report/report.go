@@ -251,7 +251,6 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		n := len(steps)
 		// The warm-up is the whole run's: a window that starts mid-attempt
 		// has none of its own.
-		tps.SortSteps(steps)
 		warmAll := map[[2]int64]bool{}
 		for i, w := range tps.WarmupMask(steps, tps.WindowOptions{Warmup: opt.Warmup}) {
 			if w {
@@ -302,14 +301,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep.Summary = tps.Summarize(steps, wopt) // sorts steps
 	warm := tps.WarmupMask(steps, wopt)
 	rep.data.steps, rep.data.warm = steps, warm
-	// what the statistics leave out: warm-up and profiled steps
-	skip := warm
-	if len(profiled) > 0 {
-		skip = slices.Clone(warm)
-		for i, c := range steps {
-			skip[i] = skip[i] || profiled[[2]int64{c.Attempt, c.Step}]
-		}
-	}
+	skip := skipMask(steps, warm, profiled)
 	rep.breakdown(steps, skip)
 
 	// One pass over rank_steps: per-rank compute medians of steady steps and
@@ -385,7 +377,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
 	rep.data.heat, rep.data.nodeOf = heat, nodes
 	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
-	rep.WaitCharged = waitCharged(steps, skipMask(steps, warm, profiled), nodes, opt.TopStragglers)
+	rep.WaitCharged = waitCharged(steps, skip, nodes, opt.TopStragglers)
 	crit.explain(rep.WaitCharged)
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
@@ -681,21 +673,25 @@ type WaitShare struct {
 	Share float64 `json:"share"` // of all the waiting
 }
 
+// skipMask is what the statistics leave out: warm-up and profiled steps.
 func skipMask(steps []tps.ClusterStep, warm []bool, profiled map[[2]int64]bool) []bool {
+	if len(profiled) == 0 {
+		return warm
+	}
 	out := slices.Clone(warm)
 	for i, c := range steps {
-		out[i] = out[i] || profiled[[2]int64{c.Attempt, c.Step}] || !c.Complete()
+		out[i] = out[i] || profiled[[2]int64{c.Attempt, c.Step}]
 	}
 	return out
 }
 
-// waitCharged sums each steady step's waiting (wait fraction × step time)
-// by the node of its critical rank.
+// waitCharged sums each steady, complete step's waiting (wait fraction ×
+// step time) by the node of its critical rank.
 func waitCharged(steps []tps.ClusterStep, skip []bool, nodeOf map[int64]string, top int) []WaitShare {
 	by := map[string]*WaitShare{}
 	var total float64
 	for i, c := range steps {
-		if skip[i] || c.SlowestRank < 0 || c.WaitFractionMean <= 0 {
+		if skip[i] || !c.Complete() || c.SlowestRank < 0 || c.WaitFractionMean <= 0 {
 			continue
 		}
 		w := c.WaitFractionMean * float64(c.StepTimeNs) / 1e9
@@ -743,14 +739,11 @@ func unstepClocks(steps []tps.ClusterStep) (n int, largest float64) {
 		c := &steps[i]
 		if i == 0 || steps[i-1].Attempt != c.Attempt {
 			shift = 0
+			continue
 		}
 		c.StartUnixNs += shift
 		c.EndUnixNs += shift
-		if i == 0 || steps[i-1].Attempt != c.Attempt {
-			continue
-		}
-		prev := steps[i-1].EndUnixNs
-		if c.EndUnixNs < prev-1_000_000_000 { // more than a second back
+		if prev := steps[i-1].EndUnixNs; c.EndUnixNs < prev-1_000_000_000 { // more than a second back
 			d := prev + max(c.StepTimeNs, 0) - c.EndUnixNs
 			c.StartUnixNs += d
 			c.EndUnixNs += d

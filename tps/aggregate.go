@@ -171,21 +171,29 @@ type NodeSpan struct {
 const maxStepNodes = 1 << 16
 
 func (a *StepAccumulator) addNode(n NodeSpan) {
-	i, ok := a.nodeIdx[n.Node]
-	if !ok {
-		if len(a.nodes) >= maxStepNodes {
-			i = len(a.nodes) - 1
-		} else {
-			if a.nodeIdx == nil {
-				a.nodeIdx = map[string]int{}
-			}
-			i = len(a.nodes)
-			a.nodeIdx[n.Node] = i
-			a.nodes = append(a.nodes, n)
-			return
-		}
+	// Records of a node arrive together: try the last node first.
+	if k := len(a.nodes) - 1; k >= 0 && a.nodes[k].Node == n.Node {
+		a.nodes[k].merge(n)
+		return
 	}
-	x := &a.nodes[i]
+	i, ok := a.nodeIdx[n.Node]
+	switch {
+	case ok:
+	case len(a.nodes) >= maxStepNodes:
+		i = len(a.nodes) - 1
+	default:
+		if a.nodeIdx == nil {
+			a.nodeIdx = map[string]int{}
+		}
+		a.nodeIdx[n.Node] = len(a.nodes)
+		a.nodes = append(a.nodes, n)
+		return
+	}
+	a.nodes[i].merge(n)
+}
+
+// merge widens the span by another part of the same node.
+func (x *NodeSpan) merge(n NodeSpan) {
 	x.MinStartNs, x.MaxEndNs = min(x.MinStartNs, n.MinStartNs), max(x.MaxEndNs, n.MaxEndNs)
 	x.Ranks += n.Ranks
 	x.LowestRank = min(x.LowestRank, n.LowestRank)

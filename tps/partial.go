@@ -76,13 +76,12 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank, Bytes: r.Bytes})
 		}
 		p.addRecord(r)
+		span := NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1, LowestRank: r.Rank}
 		if k, ok := nodes[r.Node]; ok {
-			n := &p.Nodes[k]
-			n.MinStartNs, n.MaxEndNs, n.Ranks = min(n.MinStartNs, r.StartUnixNs), max(n.MaxEndNs, r.EndUnixNs), n.Ranks+1
-			n.LowestRank = min(n.LowestRank, r.Rank)
+			p.Nodes[k].merge(span)
 		} else {
 			nodes[r.Node] = len(p.Nodes)
-			p.Nodes = append(p.Nodes, NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1, LowestRank: r.Rank})
+			p.Nodes = append(p.Nodes, span)
 		}
 	}
 	slices.Sort(p.Ranks)
