@@ -75,3 +75,42 @@ class PrivateFolderTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class BatchTest(unittest.TestCase):
+    """Records held by batch() reach the agent whole and in order, in one
+    write; what does not fit the pending bound is dropped and counted."""
+
+    def test_batch_written_once(self):
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "a.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(1)
+        p = tpsprof.Profiler(job="j", rank=0, world_size=1, socket_path=path, max_pending_bytes=4096)
+        p.batch()
+        for i in range(10):
+            p.send_step(i, 1_000_000_000 + i, 100, 8)
+        conn, _ = srv.accept()
+        conn.settimeout(0.2)
+        with self.assertRaises(socket.timeout):
+            conn.recv(1)  # held: nothing written yet
+        self.assertEqual(p.sent, 0)
+        for i in range(10, 200):  # far past 4096 bytes: the rest is dropped
+            p.send_step(i, 1_000_000_000 + i, 100, 8)
+        p.unbatch()
+        got = b""
+        conn.settimeout(1.0)
+        while not got.endswith(b"\n") or got.count(b"\n") < p.sent:
+            got += conn.recv(1 << 16)
+        lines = got.decode().splitlines()
+        self.assertEqual(len(lines), p.sent)
+        self.assertGreater(p.sent, 10)
+        self.assertEqual(p.sent + p.dropped, 200)
+        steps = [int(line.split('"step":')[1].split(",")[0]) for line in lines]
+        self.assertEqual(steps, list(range(p.sent)))
+        p.send_step(500, 2_000_000_000, 100, 8)  # unbatched again: written at once
+        self.assertIn(b'"step":500', conn.recv(1 << 16))
+        p.close(timeout=0.2)
+        conn.close()
+        srv.close()

@@ -107,6 +107,8 @@ class Profiler:
         self.dropped = 0
         self._sock = None
         self._pending = b""
+        self._held = None  # lines of a batch (batch()), not yet written
+        self._held_bytes = 0
         self._next_try = 0.0
         self._step = None
         self._t0 = 0
@@ -272,6 +274,13 @@ class Profiler:
         if self._sock is None and not self._connect():
             self.dropped += 1
             return
+        if self._held is not None:  # batched: written as one at the batch's end
+            if len(self._pending) + self._held_bytes + len(line) > self.max_pending_bytes:
+                self.dropped += 1
+                return
+            self._held.append(line)
+            self._held_bytes += len(line)
+            return
         if len(self._pending) + len(line) > self.max_pending_bytes:
             self.dropped += 1  # the agent is not reading; keep the stream whole
             self._flush()
@@ -279,6 +288,24 @@ class Profiler:
         self._pending += line
         if self._flush():
             self.sent += 1
+
+    def batch(self):
+        """Until ``unbatch()``, lines are held and then written as one (one
+        system call for a batch of records instead of one each)."""
+        if self._held is None:
+            self._held, self._held_bytes = [], 0
+
+    def unbatch(self):
+        """Writes the lines held since ``batch()``."""
+        lines, self._held = self._held, None
+        if not lines:
+            return
+        if self._sock is None:
+            self.dropped += len(lines)  # the connection closed meanwhile
+            return
+        self._pending += b"".join(lines)
+        if self._flush():
+            self.sent += len(lines)
 
     def _flush(self):
         """Writes what is pending without blocking; False if the agent is gone."""

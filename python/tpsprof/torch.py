@@ -1068,12 +1068,19 @@ class _Sender:
                     self._thread.start()
 
     def _drain(self):
-        while self._items:
-            fn = self._items.popleft()
-            try:
-                fn()
-            except Exception:
-                self._prof._err()
+        if not self._items:
+            return
+        client = self._prof.client
+        client.batch()
+        try:
+            while self._items:
+                fn = self._items.popleft()
+                try:
+                    fn()
+                except Exception:
+                    self._prof._err()
+        finally:
+            client.unbatch()
 
     def _run(self):
         while not self._stop.wait(self.interval):
