@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/time/rate"
 
+	"github.com/tpsprof/tpsprof/mfu"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -222,17 +223,34 @@ func (a *Agent) handleLine(line []byte) bool {
 		}
 		return a.SubmitTrace(n) == nil
 	case "meta":
-		var m tps.RunMeta
+		var m metaLine
 		if err := json.Unmarshal(line, &m); err != nil {
 			a.reject("line:json")
 			return false
 		}
-		return a.SubmitMeta(m) == nil
+		if len(m.HFConfig) > 0 && m.Model == nil && m.ModelPreset == "" {
+			model, err := mfu.FromHFConfig(m.HFConfig)
+			if err != nil {
+				a.reject("meta:hf_config")
+				a.log.Warn("meta:hf_config", "run metadata: model config not understood", "err", err)
+				return false
+			}
+			m.Model = &model
+		}
+		return a.SubmitMeta(m.RunMeta) == nil
 	default:
 		a.reject("line:unknown_type")
 		a.log.Warn("type", "intake line of unknown type", "type", prefix([]byte(kind)))
 		return false
 	}
+}
+
+// metaLine is a meta line: run metadata, and optionally the model's Hugging
+// Face config (hf_config, as config.json holds it), which the agent turns
+// into the model's shape (mfu.FromHFConfig) when the line names no model.
+type metaLine struct {
+	tps.RunMeta
+	HFConfig json.RawMessage `json:"hf_config"`
 }
 
 func prefix(b []byte) string {

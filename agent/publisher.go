@@ -37,7 +37,8 @@ type publisher struct {
 	pendingN   int
 	queue      []outMsg
 	queueBytes int
-	metas      map[string][]byte
+	metas      map[string][]byte      // each job's metadata, encoded, as republished
+	metaVals   map[string]tps.RunMeta // the same, decoded: later lines merge into it
 	metaSent   time.Time
 	seenJobs   map[string]time.Time      // job → last record or metadata; forgotten after ForgetAfter
 	topology   map[string]tps.Topology   // per job, from its run metadata (partials)
@@ -55,7 +56,7 @@ type publisher struct {
 }
 
 func newPublisher(a *Agent) *publisher {
-	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{},
+	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{}, metaVals: map[string]tps.RunMeta{},
 		seenJobs: map[string]time.Time{}, topology: map[string]tps.Topology{}, sentRanks: map[string]map[int64]bool{}}
 }
 
@@ -76,9 +77,17 @@ func (p *publisher) addStep(r tps.StepRecord) {
 	}
 }
 
+// setMeta merges a job's metadata line into what its earlier lines said
+// (a rank's topology, then the model from a trainer callback: the
+// republished metadata keeps both) and publishes the result.
 func (p *publisher) setMeta(m tps.RunMeta) {
-	b, _ := json.Marshal(m)
 	p.mu.Lock()
+	if old, ok := p.metaVals[m.Job]; ok {
+		old.Merge(m)
+		m = old
+	}
+	p.metaVals[m.Job] = m
+	b, _ := json.Marshal(m)
 	p.metas[m.Job] = b
 	p.seenJobs[m.Job] = time.Now()
 	if m.Topology != (tps.Topology{}) {
@@ -423,6 +432,7 @@ func (p *publisher) forget() {
 		if time.Since(t) >= p.a.cfg.ForgetAfter {
 			delete(p.seenJobs, job)
 			delete(p.metas, job)
+			delete(p.metaVals, job)
 			delete(p.topology, job)
 		}
 	}

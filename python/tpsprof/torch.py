@@ -83,12 +83,16 @@ def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, igno
     """
     prof = TorchProfiler(tokens=tokens, ignore_index=ignore_index, first_step=first_step, device=device,
                          trace_every=trace_every, **client_options)
-    if model is not None:
-        prof.watch_model(model)
-    if optimizer is not None:
-        prof.watch_optimizer(optimizer)
-    if dataloader is not None:
-        prof.watch_loader(dataloader)
+    try:
+        if model is not None:
+            prof.watch_model(model)
+        if optimizer is not None:
+            prof.watch_optimizer(optimizer)
+        if dataloader is not None:
+            prof.watch_loader(dataloader)
+    except BaseException:
+        prof.close(timeout=0)  # no half-hooked profiler left active
+        raise
     return prof
 
 
@@ -272,7 +276,10 @@ class TorchProfiler:
         if isinstance(loader, torch.utils.data.DataLoader):
             cls = type(loader)
             if not getattr(cls, "_tpsprof_wrapped", False):
-                loader.__class__ = _wrapped_loader_class(cls)
+                try:
+                    loader.__class__ = _wrapped_loader_class(cls)
+                except (AttributeError, TypeError):
+                    _watch_in_class(cls, loader)
             return loader
         raise TypeError("tpsprof: %s is not a DataLoader; iterate over prof.wrap(it) instead" % type(loader).__name__)
 
@@ -1203,17 +1210,24 @@ class _LoaderIter:
     @_c10d.skip_dynamo
     def __next__(self):
         prof = _ACTIVE if self._prof is None else self._prof
-        if prof is None:
+        if prof is None or _fetching.inside:
+            # a loader fetched from inside another's next (accelerate's
+            # DataLoaderShard reads its DataLoader one batch ahead): the
+            # outer fetch is the training loop's
             return next(self._it)
-        opened = prof._data_enter()
-        t = time.perf_counter_ns()
+        _fetching.inside = True
         try:
-            item = next(self._it)
-        except StopIteration:
-            prof._data_exit(opened, 0, _END)
-            raise
-        prof._data_exit(opened, time.perf_counter_ns() - t, item)
-        return item
+            opened = prof._data_enter()
+            t = time.perf_counter_ns()
+            try:
+                item = next(self._it)
+            except StopIteration:
+                prof._data_exit(opened, 0, _END)
+                raise
+            prof._data_exit(opened, time.perf_counter_ns() - t, item)
+            return item
+        finally:
+            _fetching.inside = False
 
     def __len__(self):
         return len(self._it)
@@ -1222,6 +1236,11 @@ class _LoaderIter:
         return getattr(self._it, name)
 
 
+class _Fetching(threading.local):
+    inside = False
+
+
+_fetching = _Fetching()
 _loader_classes = {}
 
 
@@ -1234,6 +1253,24 @@ def _wrapped_loader_class(cls):
                                           "__module__": cls.__module__})
         _loader_classes[cls] = sub
     return sub
+
+
+_watched_loaders = weakref.WeakSet()
+
+
+def _watch_in_class(cls, loader):
+    """For a loader whose class cannot be swapped (accelerate's
+    DataLoaderShard makes ``__class__`` a property): its class's
+    ``__iter__`` times the iterators of the loaders watched and leaves the
+    others' (an evaluation loader of the same class) alone."""
+    orig = cls.__iter__
+    if not getattr(orig, "_tpsprof", False):
+        def __iter__(self):
+            it = orig(self)
+            return _LoaderIter(None, it) if self in _watched_loaders else it
+        __iter__._tpsprof = True
+        cls.__iter__ = __iter__
+    _watched_loaders.add(loader)
 
 
 # -- tokens -------------------------------------------------------------------
@@ -1465,9 +1502,9 @@ _side_tls = threading.local()
 
 
 def _install_checkpoints():
-    """torch.save / torch.load and torch.distributed.checkpoint's save and
-    load (what framework checkpoint calls go through) become checkpoint
-    events (docs/capture.md)."""
+    """torch.save / torch.load, torch.distributed.checkpoint's save and
+    load and safetensors' (what framework checkpoint calls go through)
+    become checkpoint events (docs/capture.md)."""
     targets = [(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")]
     for modname in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_saver",
                     "torch.distributed.checkpoint.state_dict_loader"):
@@ -1479,6 +1516,13 @@ def _install_checkpoints():
                            ("load_state_dict", "checkpoint_restore")):
             if callable(getattr(mod, name, None)):
                 targets.append((mod, name, kind))
+    # safetensors (Hugging Face's model files), when the job has imported it
+    st = sys.modules.get("safetensors.torch")
+    if st is not None:
+        for name, kind in (("save_file", "checkpoint_save"), ("save_model", "checkpoint_save"),
+                           ("load_file", "checkpoint_restore"), ("load_model", "checkpoint_restore")):
+            if callable(getattr(st, name, None)):
+                targets.append((st, name, kind))
     for mod, name, kind in targets:
         fn = getattr(mod, name, None)
         if fn is None or getattr(fn, "_tpsprof", False):

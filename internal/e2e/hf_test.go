@@ -1,0 +1,187 @@
+package e2e
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+type hfTruth struct {
+	Kind   string `json:"kind"`
+	Step   int64  `json:"step"`
+	Tokens int64  `json:"tokens"`
+	Start  int64  `json:"start"`
+	End    int64  `json:"end"`
+}
+
+func readHFTruth(t *testing.T, dir string) []hfTruth {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "truth.*.jsonl"))
+	var out []hfTruth
+	for _, f := range files {
+		fh, err := os.Open(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(fh)
+		for sc.Scan() {
+			var r hfTruth
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, r)
+		}
+		fh.Close()
+	}
+	return out
+}
+
+// A Hugging Face Trainer run (transformers from Debian sid, a tiny GPT-2
+// built from a config, gradient accumulation of 2, evaluation every 5
+// steps, a checkpoint every 6) measured by tpsprof.hf.TpsprofCallback and
+// nothing else. The job logs its own truth: each optimizer step's trained
+// tokens (labels other than -100 after the shift, counted from the
+// micro-batches the Trainer trained) and end, evaluations and checkpoints
+// with its own clock around them. Every step is one row with exactly those
+// tokens and a loss; evaluations and checkpoints are events inside the
+// job's own windows, never in a step; the model's shape reaches the run
+// metadata from its config (MFU needs nothing declared); a resumed run
+// numbers its steps from the Trainer's own global step.
+func TestHFTrainerCallback(t *testing.T) {
+	py := modernTorchPython(t)
+	if out, err := exec.Command(py, "-c", "import transformers").CombinedOutput(); err != nil {
+		t.Fatalf("transformers missing in %s (.ci/sid-chroot installs python3-transformers): %v\n%s", py, err, out)
+	}
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "hf_train.py")
+	t.Run("callback", func(t *testing.T) { hfRun(t, py, script, false) })
+	// Under tpsprof launch --auto the callback adds its token count and
+	// metadata to the profiler zero-code mode set up.
+	t.Run("auto", func(t *testing.T) { hfRun(t, py, script, true) })
+}
+
+func hfRun(t *testing.T, py, script string, auto bool) {
+	ckpt := t.TempDir()
+	truthDir := t.TempDir()
+	job := "hf-trainer"
+	if auto {
+		job += "-auto"
+	}
+	dir, log := launchTorch(t, job, auto, []string{py, script, "--out", ckpt, "--truth", truthDir})
+	rows := rankRows(t, dir)
+	truth := readHFTruth(t, truthDir)
+	steps := map[int64]hfTruth{}
+	var windows []hfTruth
+	evals := 0
+	for _, r := range truth {
+		switch r.Kind {
+		case "step":
+			steps[r.Step] = r
+		case "eval":
+			evals++
+			windows = append(windows, r)
+		case "save":
+			windows = append(windows, r)
+		}
+	}
+	if len(rows) != 12 || len(steps) != 12 {
+		t.Fatalf("%d rank rows and %d steps in the job's truth, want 12 each\n%s", len(rows), len(steps), log)
+	}
+	var got, want float64
+	for _, r := range rows {
+		tr, ok := steps[r.Step]
+		if !ok {
+			t.Fatalf("row for step %d: the Trainer ran no such step", r.Step)
+		}
+		if r.Tokens != tr.Tokens {
+			t.Errorf("step %d: %d tokens, the Trainer trained on %d", r.Step, r.Tokens, tr.Tokens)
+		}
+		if r.Loss == nil {
+			t.Errorf("step %d: no loss", r.Step)
+		}
+		// Each step lies inside the job's own step: after the previous
+		// optimizer step's end, at or before this one's on_step_end.
+		if prev, ok := steps[r.Step-1]; ok {
+			if r.StartUnixNs < prev.End || r.EndUnixNs > tr.End+2e6 {
+				t.Errorf("step %d: [%d, %d] outside the job's step (%d, %d]", r.Step, r.StartUnixNs, r.EndUnixNs, prev.End, tr.End)
+			}
+			period := float64(tr.End - prev.End)
+			for _, w := range windows {
+				if w.Start >= prev.End && w.End <= tr.End {
+					period -= float64(w.End - w.Start) // evaluation or a checkpoint between the steps
+				}
+			}
+			got += float64(r.DurationNs)
+			want += period
+		}
+	}
+	ratio := got / want
+	t.Logf("steps 1-11: %.1f ms measured, %.1f ms of the job's own periods without evaluation and checkpoints (ratio %.2f)", got/1e6, want/1e6, ratio)
+	if ratio < 0.5 || ratio > 1.05 {
+		t.Errorf("measured steps %.1f ms against the job's %.1f ms (ratio %.2f)", got/1e6, want/1e6, ratio)
+	}
+	events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, e := range events {
+		if e.Rank < 0 {
+			continue
+		}
+		kinds[e.Kind]++
+		if e.Kind != "eval" && e.Kind != "checkpoint_save" {
+			continue
+		}
+		inside := false
+		for _, w := range windows {
+			if e.StartUnixNs >= w.Start-2e6 && e.EndUnixNs <= w.End+2e6 {
+				inside = true
+			}
+		}
+		if !inside {
+			t.Errorf("%s event [%d, %d] outside the job's evaluations and checkpoints", e.Kind, e.StartUnixNs, e.EndUnixNs)
+		}
+	}
+	t.Logf("events %v; the job ran %d evaluations and %d checkpoints", kinds, evals, len(windows)-evals)
+	if kinds["eval"] != evals || kinds["checkpoint_save"] != len(windows)-evals {
+		t.Errorf("events %v, the job ran %d evaluations and 2 checkpoints", kinds, evals)
+	}
+	md, err := trace.FileMetadata(mustPart(t, dir))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta tps.RunMeta
+	if err := json.Unmarshal([]byte(md[trace.MetaRun]), &meta); err != nil {
+		t.Fatalf("run metadata %q: %v", md[trace.MetaRun], err)
+	}
+	if m := meta.Model; m == nil || m.Layers != 2 || m.Hidden != 32 || m.Heads != 2 || m.Vocab != 128 || meta.Seq != 32 {
+		t.Errorf("run metadata %s: want the model's shape from its config (2 layers, 32 wide, 2 heads, vocab 128) at seq 32", md[trace.MetaRun])
+	}
+
+	// Resumed from its checkpoint at step 6: steps 6-11 again, numbered so.
+	dir2, log2 := launchTorch(t, job+"-resume", auto, []string{py, script, "--out", ckpt, "--truth", t.TempDir(), "--resume", filepath.Join(ckpt, "checkpoint-6")})
+	rows2 := rankRows(t, dir2)
+	var nums []int64
+	for _, r := range rows2 {
+		nums = append(nums, r.Step)
+	}
+	if !equalSteps(nums, []int64{6, 7, 8, 9, 10, 11}) {
+		t.Errorf("resumed run's steps %v, want 6-11\n%s", nums, log2)
+	}
+}
+
+// mustPart is the newest cluster_steps part of a job's folder.
+func mustPart(t *testing.T, dir string) string {
+	t.Helper()
+	files, err := trace.PartFiles(filepath.Join(dir, trace.ClusterSteps))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no cluster_steps parts in %s: %v", dir, err)
+	}
+	return files[len(files)-1]
+}
