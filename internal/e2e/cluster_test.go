@@ -94,7 +94,9 @@ func TestNATSClusterServerKilled(t *testing.T) {
 			}
 		}
 	}()
-	// JetStream is up when the cluster has elected its meta leader
+	// JetStream is ready when a stream of three replicas can be placed:
+	// the meta leader elected is not enough (until every peer has reported
+	// in, placement fails with "no suitable peers for placement")
 	nc, err := nats.Connect(c.url(), nats.RetryOnFailedConnect(true), nats.MaxReconnects(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -102,8 +104,12 @@ func TestNATSClusterServerKilled(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := js.AccountInfo(ctx)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "READY_PROBE", Subjects: []string{"ready.probe"},
+			Replicas: 3, Storage: jetstream.MemoryStorage})
+		if err == nil {
+			err = js.DeleteStream(ctx, "READY_PROBE")
+		}
 		cancel()
 		if err == nil {
 			break
