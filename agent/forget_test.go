@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"os"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -18,28 +17,11 @@ import (
 // active and no longer once it has sent nothing for ForgetAfter (the
 // agent's --forget-after; it used to be an hour, with no flag).
 func TestMetadataForgottenAfterQuiet(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond,
+		MetaInterval: 20 * time.Millisecond, ForgetAfter: 300 * time.Millisecond})
 	var got atomic.Int64
 	nc.Subscribe(wire.MetaSubject("fj"), func(*nats.Msg) { got.Add(1) })
 	nc.Flush()
-	dir, _ := os.MkdirTemp("", "tpsprof-fg")
-	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
-		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond, MetaInterval: 20 * time.Millisecond,
-		ForgetAfter: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
 	if err := a.SubmitMeta(tps.RunMeta{Job: "fj", Topology: tps.Topology{DP: 2, TP: 1, PP: 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -55,4 +37,29 @@ func TestMetadataForgottenAfterQuiet(t *testing.T) {
 	if after := got.Load(); after != before {
 		t.Errorf("%d more metadata messages after the job was forgotten", after-before)
 	}
+}
+
+// startWithNATS starts an agent on a socket of a temporary folder, talking
+// to an embedded NATS server, and a connection of the test's own to that
+// server; all are stopped when the test ends.
+func startWithNATS(t *testing.T, cfg Config) (*Agent, *nats.Conn) {
+	t.Helper()
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	cfg.Socket = filepath.Join(t.TempDir(), "a.sock")
+	cfg.NATS = natsconn.Options{URL: srv.URL()}
+	a, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	return a, nc
 }

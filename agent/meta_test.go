@@ -3,15 +3,12 @@ package agent
 import (
 	"encoding/json"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
 )
@@ -21,16 +18,7 @@ import (
 // model's shape; a later line merges into the earlier ones (the topology a
 // rank sent stays); a config that names no model is rejected and counted.
 func TestMetaHFConfigMerged(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
 	var mu sync.Mutex
 	var last tps.RunMeta
 	n := 0
@@ -43,14 +31,6 @@ func TestMetaHFConfigMerged(t *testing.T) {
 		}
 	})
 	nc.Flush()
-	dir, _ := os.MkdirTemp("", "tpsprof-meta")
-	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
-		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
 	c, err := net.Dial("unix", a.Socket())
 	if err != nil {
 		t.Fatal(err)

@@ -37,8 +37,7 @@ type publisher struct {
 	pendingN   int
 	queue      []outMsg
 	queueBytes int
-	metas      map[string][]byte      // each job's metadata, encoded, as republished
-	metaVals   map[string]tps.RunMeta // the same, decoded: later lines merge into it
+	metas      map[string]tps.RunMeta // each job's metadata, its lines merged; republished
 	metaSent   time.Time
 	seenJobs   map[string]time.Time      // job → last record or metadata; forgotten after ForgetAfter
 	topology   map[string]tps.Topology   // per job, from its run metadata (partials)
@@ -56,7 +55,7 @@ type publisher struct {
 }
 
 func newPublisher(a *Agent) *publisher {
-	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string][]byte{}, metaVals: map[string]tps.RunMeta{},
+	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string]tps.RunMeta{},
 		seenJobs: map[string]time.Time{}, topology: map[string]tps.Topology{}, sentRanks: map[string]map[int64]bool{}}
 }
 
@@ -82,13 +81,12 @@ func (p *publisher) addStep(r tps.StepRecord) {
 // republished metadata keeps both) and publishes the result.
 func (p *publisher) setMeta(m tps.RunMeta) {
 	p.mu.Lock()
-	if old, ok := p.metaVals[m.Job]; ok {
+	if old, ok := p.metas[m.Job]; ok {
 		old.Merge(m)
 		m = old
 	}
-	p.metaVals[m.Job] = m
+	p.metas[m.Job] = m
 	b, _ := json.Marshal(m)
-	p.metas[m.Job] = b
 	p.seenJobs[m.Job] = time.Now()
 	if m.Topology != (tps.Topology{}) {
 		p.topology[m.Job] = m.Topology
@@ -259,7 +257,8 @@ func (p *publisher) drain() {
 	}
 	if time.Since(p.metaSent) >= p.a.cfg.MetaInterval && len(p.metas) > 0 {
 		p.forget()
-		for job, b := range p.metas {
+		for job, m := range p.metas {
+			b, _ := json.Marshal(m)
 			p.enqueue(outMsg{subject: wire.MetaSubject(job), data: b})
 		}
 		p.metaSent = time.Now()
@@ -432,7 +431,6 @@ func (p *publisher) forget() {
 		if time.Since(t) >= p.a.cfg.ForgetAfter {
 			delete(p.seenJobs, job)
 			delete(p.metas, job)
-			delete(p.metaVals, job)
 			delete(p.topology, job)
 		}
 	}

@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"bufio"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -18,28 +16,6 @@ type hfTruth struct {
 	Tokens int64  `json:"tokens"`
 	Start  int64  `json:"start"`
 	End    int64  `json:"end"`
-}
-
-func readHFTruth(t *testing.T, dir string) []hfTruth {
-	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "truth.*.jsonl"))
-	var out []hfTruth
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(fh)
-		for sc.Scan() {
-			var r hfTruth
-			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-				t.Fatal(err)
-			}
-			out = append(out, r)
-		}
-		fh.Close()
-	}
-	return out
 }
 
 // A Hugging Face Trainer run (transformers from Debian sid, a tiny GPT-2
@@ -74,7 +50,7 @@ func hfRun(t *testing.T, py, script string, auto bool) {
 	}
 	dir, log := launchTorch(t, job, auto, []string{py, script, "--out", ckpt, "--truth", truthDir})
 	rows := rankRows(t, dir)
-	truth := readHFTruth(t, truthDir)
+	truth := readTruthLines[hfTruth](t, truthDir)
 	steps := map[int64]hfTruth{}
 	var windows []hfTruth
 	evals := 0

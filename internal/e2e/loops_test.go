@@ -1,10 +1,7 @@
 package e2e
 
 import (
-	"bufio"
-	"encoding/json"
 	"math"
-	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -27,25 +24,12 @@ type loopTruth struct {
 func readLoopTruth(t *testing.T, dir string) (iters map[[2]int64]loopTruth, events map[string][]loopTruth) {
 	t.Helper()
 	iters, events = map[[2]int64]loopTruth{}, map[string][]loopTruth{}
-	files, _ := filepath.Glob(filepath.Join(dir, "truth.*.jsonl"))
-	for _, f := range files {
-		fh, err := os.Open(f)
-		if err != nil {
-			t.Fatal(err)
+	for _, r := range readTruthLines[loopTruth](t, dir) {
+		if r.Event != "" {
+			events[r.Event] = append(events[r.Event], r)
+		} else {
+			iters[[2]int64{r.Iter, r.Rank}] = r
 		}
-		sc := bufio.NewScanner(fh)
-		for sc.Scan() {
-			var r loopTruth
-			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-				t.Fatal(err)
-			}
-			if r.Event != "" {
-				events[r.Event] = append(events[r.Event], r)
-			} else {
-				iters[[2]int64{r.Iter, r.Rank}] = r
-			}
-		}
-		fh.Close()
 	}
 	return iters, events
 }

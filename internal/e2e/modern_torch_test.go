@@ -42,8 +42,19 @@ type truthRow struct {
 
 func readTruth(t *testing.T, dir string) map[[2]int64]truthRow {
 	t.Helper()
-	files, _ := filepath.Glob(filepath.Join(dir, "truth.*.jsonl"))
 	out := map[[2]int64]truthRow{}
+	for _, r := range readTruthLines[truthRow](t, dir) {
+		out[[2]int64{r.Step, r.Rank}] = r
+	}
+	return out
+}
+
+// readTruthLines decodes the JSON lines of a job's own truth files
+// (truth.*.jsonl in dir, one per process), in file order.
+func readTruthLines[T any](t *testing.T, dir string) []T {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "truth.*.jsonl"))
+	var out []T
 	for _, f := range files {
 		fh, err := os.Open(f)
 		if err != nil {
@@ -51,11 +62,11 @@ func readTruth(t *testing.T, dir string) map[[2]int64]truthRow {
 		}
 		sc := bufio.NewScanner(fh)
 		for sc.Scan() {
-			var r truthRow
+			var r T
 			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 				t.Fatal(err)
 			}
-			out[[2]int64{r.Step, r.Rank}] = r
+			out = append(out, r)
 		}
 		fh.Close()
 	}

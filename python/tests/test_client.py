@@ -73,9 +73,6 @@ class PrivateFolderTest(unittest.TestCase):
         self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class BatchTest(unittest.TestCase):
     """Records held by batch() reach the agent whole and in order, in one
@@ -114,3 +111,7 @@ class BatchTest(unittest.TestCase):
         p.close(timeout=0.2)
         conn.close()
         srv.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

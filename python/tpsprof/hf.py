@@ -10,8 +10,8 @@ step is one optimizer step of the Trainer (gradient accumulation inside it),
 numbered from ``state.global_step`` (a resumed run continues), with
 evaluation and checkpoints sent as events between steps (a checkpoint from
 the end of the step or evaluation before it to the Trainer's ``on_save``:
-the model's safetensors, the optimizer's and the trainer state's files). What the callback
-adds from the Trainer's own knowledge:
+the model's safetensors, the optimizer's and the trainer state's files).
+What the callback adds from the Trainer's own knowledge:
 
 * tokens as the Trainer counts them for its loss (``num_items_in_batch``):
   ``shift_labels`` other than -100 when the batch has them, else, for a
@@ -112,10 +112,12 @@ class TpsprofCallback(TrainerCallback):
                 self.prof, self._own = active, False
                 if active.token_fn is None:
                     active.token_fn = self._count
-                if train_dataloader is not None:
+                try:
                     # the Trainer's own loader (accelerate's, which reads the
                     # DataLoader under it a batch ahead) is the one it waits on
-                    _tt._watch_in_class(type(train_dataloader), train_dataloader)
+                    active.watch_loader(train_dataloader)
+                except TypeError:
+                    pass  # not a DataLoader: zero-code mode's global hook times it
                 return
             inner = getattr(optimizer, "optimizer", None)  # accelerate's AcceleratedOptimizer
             if inner is not None and hasattr(inner, "param_groups"):
@@ -155,6 +157,8 @@ class TpsprofCallback(TrainerCallback):
         """(real, padded) tokens of one micro-batch, as the Trainer counts
         the items of its loss; sends the metadata with the first batch."""
         ids = batch.get("input_ids") if hasattr(batch, "get") else None
+        if not _tt._is_ids(ids):
+            ids = None
         if self._meta is not None and ids is not None and ids.dim() == 2:
             meta, self._meta = self._meta, None
             meta["seq"] = int(ids.shape[-1])
@@ -165,19 +169,11 @@ class TpsprofCallback(TrainerCallback):
                 prof._sender.put(lambda: prof.client.meta(**meta))
         if self.tokens is not None:
             return self.tokens(batch)
-        if not hasattr(batch, "get"):
-            got = _tt._count_tokens(batch)
-            return (got[0], got[1]) if got is not None else (0, 0)
-        padded = ids.numel() if ids is not None else None
-        shifted = batch.get("shift_labels")
-        labels = batch.get("labels")
+        shifted = batch.get("shift_labels") if ids is not None else None
+        labels = batch.get("labels") if ids is not None else None
         if shifted is not None:
-            real = _tt._sum(shifted, -100)
-        elif labels is not None and ids is not None and labels.shape == ids.shape:
-            real = _tt._sum(labels[..., 1:] if self._shift else labels, -100)
-        else:
-            got = _tt._count_tokens(batch)
-            if got is None:
-                return 0, 0
-            real, padded = got[0], got[1]
-        return real, padded if padded is not None else real
+            return _tt._sum(shifted, -100), ids.numel()
+        if labels is not None and labels.shape == ids.shape:
+            return _tt._sum(labels[..., 1:] if self._shift else labels, -100), ids.numel()
+        got = _tt._count_tokens(batch)  # no input ids or labels: the automatic count
+        return None if got is None else got[:2]
