@@ -19,6 +19,7 @@ import (
 	"github.com/tpsprof/tpsprof/internal/ratelog"
 	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // DefaultSocket is the intake socket path when none is given:
@@ -209,7 +210,7 @@ type Agent struct {
 
 	mu        sync.Mutex
 	rejected  map[string]int64
-	conns     map[net.Conn]*atomic.Int64 // → last read, unix ns
+	conns     map[net.Conn]*connInfo
 	gpuPerDev []int64
 
 	connections, lines, records, events, metas atomic.Int64
@@ -222,6 +223,10 @@ type Agent struct {
 	traceMu    sync.Mutex
 	waits      map[traceKey]*traceWait // records held for their step's trace figures
 	waiting    atomic.Int64            // len(waits), read without the lock
+
+	captureMu  sync.Mutex
+	captures   map[string]*liveCapture // on-demand captures in progress, by id
+	captureSub *nats.Subscription
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -239,8 +244,8 @@ func Start(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*atomic.Int64{}, done: make(chan struct{}),
-		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 16)}
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, done: make(chan struct{}),
+		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 64), captures: map[string]*liveCapture{}}
 	// The trace folder is adopted only when it is this user's alone: in a
 	// shared /tmp another user could have made it first and planted links
 	// that a rank's trace writer would follow (docs/security.md).
@@ -299,6 +304,11 @@ func Start(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent: jetstream: %w", err)
 		}
 		a.pub.js = js
+	}
+	if a.captureSub, err = nc.Subscribe(wire.AllCapture, a.handleCapture); err != nil {
+		nc.Close()
+		ln.Close()
+		return nil, fmt.Errorf("agent: subscribe to capture requests: %w", err)
 	}
 	a.wg.Add(3)
 	go a.acceptLoop()
@@ -458,6 +468,7 @@ func (a *Agent) Flush(timeout time.Duration) error {
 // seconds for NATS) and disconnects. Connected clients are closed.
 func (a *Agent) Close() error {
 	a.closeOnce.Do(func() {
+		a.captureSub.Unsubscribe()
 		a.ln.Close()
 		a.mu.Lock()
 		for c := range a.conns {

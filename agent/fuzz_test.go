@@ -32,7 +32,7 @@ func FuzzIntakeLine(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, line []byte) {
 		a := newOffline()
-		a.handleLine(line)
+		a.handleLineFrom(line, &connInfo{})
 		s := a.Stats()
 		handled := s.Records + s.Events + s.Metas
 		for _, n := range s.Rejected {

@@ -52,9 +52,9 @@ func (a *Agent) acceptLoop() {
 			c.Close()
 			continue
 		}
-		last := new(atomic.Int64)
-		last.Store(time.Now().UnixNano())
-		a.conns[c] = last
+		info := &connInfo{}
+		info.last.Store(time.Now().UnixNano())
+		a.conns[c] = info
 		a.mu.Unlock()
 		if full {
 			a.reject("conn:idle_closed")
@@ -71,8 +71,8 @@ func (a *Agent) acceptLoop() {
 func (a *Agent) closeIdlest() bool {
 	var idlest net.Conn
 	oldest := time.Now().Add(-min(10*time.Second, a.cfg.IdleTimeout/2)).UnixNano()
-	for c, last := range a.conns {
-		if t := last.Load(); t < oldest {
+	for c, info := range a.conns {
+		if t := info.last.Load(); t < oldest {
 			idlest, oldest = c, t
 		}
 	}
@@ -99,7 +99,7 @@ func (a *Agent) serve(c net.Conn) {
 		limit = rate.NewLimiter(rate.Limit(n), n)
 	}
 	a.mu.Lock()
-	last := a.conns[c]
+	info := a.conns[c]
 	a.mu.Unlock()
 	// The idle deadline moves only when half of it has passed: one clock
 	// read per line, not a timer reset per line.
@@ -131,10 +131,10 @@ func (a *Agent) serve(c net.Conn) {
 		// Only an accepted line is activity: blank lines or garbage every
 		// few seconds must not keep a connection from counting as idle
 		// (they used to lock new ranks out of a full intake for good).
-		if len(line) > 0 && a.handleLine(line) {
+		if len(line) > 0 && a.handleLineFrom(line, info) {
 			now := time.Now()
-			if last != nil {
-				last.Store(now.UnixNano())
+			if info != nil {
+				info.last.Store(now.UnixNano())
 			}
 			if deadline.Sub(now) < a.cfg.IdleTimeout/2 {
 				deadline = now.Add(a.cfg.IdleTimeout)
@@ -168,10 +168,44 @@ func discardLine(r *bufio.Reader) bool {
 
 // HandleLine processes one intake line as the socket does (exported for
 // fuzzing and for embedding the intake elsewhere).
-func (a *Agent) HandleLine(line []byte) { a.handleLine(line) }
+func (a *Agent) HandleLine(line []byte) { a.handleLineFrom(line, nil) }
 
-// handleLine processes a line and says whether it was accepted.
-func (a *Agent) handleLine(line []byte) bool {
+// connInfo is what the agent knows of one intake connection: when it last
+// sent an accepted line, and the rank whose step records it carries (for
+// on-demand captures, which are written back on the connection).
+type connInfo struct {
+	last atomic.Int64 // unix ns
+	rank atomic.Pointer[rankSeen]
+}
+
+// rankSeen is the job and rank of a connection's step records, its first
+// and latest step and when they came.
+type rankSeen struct {
+	job                  string
+	attempt, rank, world int64
+	firstStep, step      int64
+	firstAt, at          time.Time
+}
+
+// saw notes an accepted step record of the connection (serve goroutine).
+func (c *connInfo) saw(r *tps.StepRecord) {
+	now := time.Now()
+	old := c.rank.Load()
+	if old != nil && old.job == r.Job && old.rank == r.Rank && old.attempt == r.Attempt {
+		if r.Step <= old.step {
+			return
+		}
+		n := *old
+		n.step, n.at, n.world = r.Step, now, r.WorldSize
+		c.rank.Store(&n)
+		return
+	}
+	c.rank.Store(&rankSeen{job: r.Job, attempt: r.Attempt, rank: r.Rank, world: r.WorldSize, firstStep: r.Step, step: r.Step, firstAt: now, at: now})
+}
+
+// handleLineFrom processes a line from connection info (nil: not from a
+// connection) and says whether it was accepted.
+func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 {
 		return false
@@ -207,7 +241,13 @@ func (a *Agent) handleLine(line []byte) bool {
 			a.log.Warn("json", "step line does not decode", "err", err)
 			return false
 		}
-		return a.SubmitStep(r) == nil // counted inside
+		if a.SubmitStep(r) != nil { // counted inside
+			return false
+		}
+		if info != nil {
+			info.saw(&r)
+		}
+		return true
 	case "event":
 		var e tps.Event
 		if err := json.Unmarshal(line, &e); err != nil {
@@ -222,6 +262,13 @@ func (a *Agent) handleLine(line []byte) bool {
 			return false
 		}
 		return a.SubmitTrace(n) == nil
+	case "capture":
+		var s captureState
+		if err := json.Unmarshal(line, &s); err != nil {
+			a.reject("line:json")
+			return false
+		}
+		return a.captureStateLine(s) == nil
 	case "meta":
 		var m metaLine
 		if err := json.Unmarshal(line, &m); err != nil {

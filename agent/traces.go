@@ -32,6 +32,11 @@ type TraceNote struct {
 	Step    int64  `json:"step"`
 	Rank    int64  `json:"rank"`
 	Path    string `json:"path"`
+	// Capture is the on-demand capture the trace was taken for ("" for a
+	// sampled trace); Coords and WorldSize go into its kept copy.
+	Capture   string           `json:"capture,omitempty"`
+	Coords    map[string]int64 `json:"coords,omitempty"`
+	WorldSize int64            `json:"world_size,omitempty"`
 }
 
 // SubmitTrace queues a trace for analysis off the training process. The
@@ -103,13 +108,13 @@ const (
 // it was announced; it is opened again without following a link and
 // without blocking, so that a FIFO or device swapped in since is refused
 // instead of hanging the trace worker.
-func analyseFile(path string) (*kineto.Result, error) {
+func analyseFile(path string, calls bool) (*kineto.Result, error) {
 	f, err := safefs.OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents})
+	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents, Calls: calls})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
 	}
@@ -144,11 +149,14 @@ func (a *Agent) analyseTraces() {
 func (a *Agent) analyseTrace(n TraceNote) {
 	defer a.removeTrace(n.Path)
 	start := time.Now()
-	r, err := analyseFile(n.Path)
+	r, err := analyseFile(n.Path, n.Capture != "")
 	if err != nil {
 		a.reject("trace:unreadable")
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)
 		a.settle(n, nil)
+		if n.Capture != "" {
+			a.captureTrace(n, nil, nil, "trace not analysed: "+err.Error())
+		}
 		return
 	}
 	// The noted step's figures; a trace without that ProfilerStep gives
@@ -163,6 +171,9 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		a.reject("trace:no_step")
 		a.log.Warn("trace", "profiler trace has no ProfilerStep of the noted step", "path", n.Path, "step", n.Step)
 		a.settle(n, nil)
+		if n.Capture != "" {
+			a.captureTrace(n, nil, nil, "the trace has no ProfilerStep of the step")
+		}
 		return
 	}
 	f := tps.TraceFigures{Device: r.Device, DurationUs: s.DurationUs, ComputeUs: s.ComputeUs, CommUs: s.CommUs,
@@ -171,6 +182,9 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		a.reject("trace:implausible")
 		a.log.Warn("trace", "profiler trace figures out of range: not attached", "path", n.Path, "duration_us", f.DurationUs)
 		a.settle(n, nil)
+		if n.Capture != "" {
+			a.captureTrace(n, nil, nil, "the trace's figures are out of range")
+		}
 		return
 	}
 	for _, c := range r.Collectives {
@@ -189,6 +203,9 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		Detail: string(detail)})
 	a.tracesDone.Add(1)
 	a.settle(n, &f)
+	if n.Capture != "" {
+		a.captureTrace(n, r, s, "")
+	}
 }
 
 // Attaching trace figures to the rank record of the traced step. The rank

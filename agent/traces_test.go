@@ -184,7 +184,7 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 	p := filepath.Join(DefaultTraceDir(filepath.Join(dir, "a.sock")), "j.0.0.1.pt.trace.json")
 	os.WriteFile(p, []byte(`{"traceEvents":[]}`), 0o600)
 	// the check passes on the regular file; the worker then meets a FIFO
-	if _, err := analyseFile(p); err != nil {
+	if _, err := analyseFile(p, false); err != nil {
 		t.Fatalf("regular trace: %v", err)
 	}
 	os.Remove(p)
@@ -192,7 +192,7 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { _, err := analyseFile(p); done <- err }()
+	go func() { _, err := analyseFile(p, false); done <- err }()
 	select {
 	case err := <-done:
 		if err == nil {

@@ -59,7 +59,12 @@ type Result struct {
 	Collectives   []CollectiveStats `json:"collectives"`
 	Events        int64             `json:"events"`
 	GPUEvents     int64             `json:"gpu_events"`
-	Notes         []string          `json:"notes,omitempty"`
+	// Calls are the trace's collective calls one by one, in start order,
+	// when Options.Calls asks for them (at most MaxCalls; CallsDropped
+	// counts the rest).
+	Calls        []Call   `json:"calls,omitempty"`
+	CallsDropped int64    `json:"calls_dropped,omitempty"`
+	Notes        []string `json:"notes,omitempty"`
 }
 
 // StepStats are the figures of one ProfilerStep (or of the whole trace), in
@@ -122,6 +127,24 @@ type stepSpan struct {
 	span
 }
 
+// Call is one collective call of a trace: on a GPU its communication
+// kernel, on a CPU (gloo) its span on gloo's thread; from the rank's
+// arrival (the kernel or the gloo operation starting) to its completion,
+// in the trace's own clock (nanoseconds). Calls of one process group are
+// issued in the same order on every rank, so the k-th call of a group in a
+// step is the same collective on every rank of the group.
+type Call struct {
+	Step    int64  `json:"step"`
+	Group   string `json:"process_group,omitempty"`
+	Kind    string `json:"kind"`
+	StartNs int64  `json:"start_ns"`
+	EndNs   int64  `json:"end_ns"`
+	Bytes   int64  `json:"bytes,omitempty"`
+}
+
+// MaxCalls bounds Result.Calls.
+const MaxCalls = 100_000
+
 // Collective kinds, by index.
 var collKinds = []string{"", "all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all", "broadcast", "reduce", "other"}
 
@@ -143,6 +166,8 @@ type Options struct {
 	// error.
 	MaxBytes  int64
 	MaxEvents int64
+	// Calls lists each collective call of the steps (Result.Calls).
+	Calls bool
 }
 
 // AnalyzeFile analyses a trace file; gzip is recognised by its magic bytes,

@@ -99,6 +99,14 @@ func (a *analyzer) result() (*Result, error) {
 		e.step = stepOf(e)
 		if e.cls == comm {
 			t.collective(e)
+			if a.opt.Calls && e.step >= 0 {
+				if len(r.Calls) < MaxCalls {
+					r.Calls = append(r.Calls, Call{Step: a.steps[e.step].n, Group: a.groupOf[e.group], Kind: collKinds[e.coll],
+						StartNs: e.start, EndNs: e.end, Bytes: e.bytes})
+				} else {
+					r.CallsDropped++
+				}
+			}
 		}
 		if i := e.step; i >= 0 {
 			stepBuf[i] = append(stepBuf[i], e)
@@ -140,6 +148,7 @@ func (a *analyzer) result() (*Result, error) {
 		r.HTAOverlapPct = &p
 	}
 	r.Collectives = t.collectives(a.groupOf)
+	sort.SliceStable(r.Calls, func(i, j int) bool { return r.Calls[i].StartNs < r.Calls[j].StartNs })
 	if len(r.Steps) == 0 {
 		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
 	}

@@ -46,6 +46,15 @@ func MetaSubject(job string) string { return Prefix + "." + job + ".meta" }
 // a new launch of the job is (request-reply; see AttemptReply).
 func AttemptSubject(job string) string { return Prefix + "." + job + ".attempt" }
 
+// CaptureSubject is where `tpsprof trace` asks the agents serving job's
+// ranks for an on-demand capture (package capture). Outside Prefix: a
+// durable stream, which holds everything under Prefix, must not keep
+// requests.
+func CaptureSubject(job string) string { return "tpsprof.ctl." + Version + "." + job + ".capture" }
+
+// AllCapture matches every job's capture requests.
+const AllCapture = "tpsprof.ctl." + Version + ".*.capture"
+
 // AttemptReply answers a request on AttemptSubject: what the collector
 // knows of the job's attempts, from memory and from its Parquet folder.
 type AttemptReply struct {

@@ -115,6 +115,8 @@ class Profiler:
         self._t0_wall = 0
         self._phases = {}
         self._rollout = None
+        self.on_control = None  # called with each line the agent writes (a capture request)
+        self._ctl = b""
 
     # -- timing -----------------------------------------------------------
     def start(self, step):
@@ -243,14 +245,61 @@ class Profiler:
         except Exception:
             self.dropped += 1
 
-    def trace_ready(self, step, path):
+    def trace_ready(self, step, path, capture=None):
         """Tells the agent a profiler trace of ``step`` is at ``path`` (in
-        its trace folder) to analyse and delete. Never raises."""
+        its trace folder) to analyse and delete; ``capture``: the on-demand
+        capture it was taken for. Never raises."""
         try:
-            self._send({"type": "trace", "job": self.job, "attempt": self.attempt, "rank": self.rank,
-                        "step": int(step), "path": str(path)})
+            note = {"type": "trace", "job": self.job, "attempt": self.attempt, "rank": self.rank,
+                    "step": int(step), "path": str(path)}
+            if capture:
+                note.update(capture=str(capture), world_size=self.world_size)
+                if self._coords:
+                    note["coords"] = self._coords
+            self._send(note)
         except Exception:
             self.dropped += 1
+
+    def capture_state(self, capture, state, step, why=None):
+        """Tells the agent (and so ``tpsprof trace``) that this rank accepted
+        a capture or cannot take part in it. Never raises."""
+        try:
+            line = {"type": "capture", "id": str(capture), "job": self.job, "rank": self.rank,
+                    "state": state, "step": int(step)}
+            if why:
+                line["why"] = str(why)[:500]
+            self._send(line)
+        except Exception:
+            self.dropped += 1
+
+    def poll_control(self):
+        """Reads what the agent wrote on the connection (capture requests),
+        without blocking, and hands each line to ``on_control``; one system
+        call. Never raises."""
+        s = self._sock
+        if s is None or self.on_control is None:
+            return
+        try:
+            data = s.recv(65536)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close()
+            return
+        if not data:  # the agent hung up
+            self._close()
+            return
+        lines = (self._ctl + data).split(b"\n")
+        self._ctl = lines.pop()
+        if len(self._ctl) > 65536:
+            self._ctl = b""
+        for line in lines:
+            try:
+                obj = json.loads(line)
+                if isinstance(obj, dict):
+                    self.on_control(obj)
+            except Exception:
+                pass
 
     def event(self, kind, name=None, start_unix_ns=None, end_unix_ns=None, step=None, detail=None):
         """Sends a run event (checkpoint_save, eval, ...). Never raises."""
@@ -338,6 +387,7 @@ class Profiler:
             return False
         self._sock = s
         self._pending = b""
+        self._ctl = b""
         return True
 
     def _close(self):

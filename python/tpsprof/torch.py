@@ -149,6 +149,8 @@ class TorchProfiler:
         self.traces = 0
         self.trace_errors = 0  # traces that could not be written (they never switch the profiler off)
         self._tracing = None
+        self._capture = None  # [id, first step, steps, started]: an on-demand capture (tpsprof trace)
+        self.client.on_control = self._on_control
         self._trace_dir_ok = None  # checked once, at the first trace
         self.token_fn = tokens
         self.ignore_index = ignore_index
@@ -370,13 +372,54 @@ class TorchProfiler:
     # -- step life ----------------------------------------------------------
     def _begin(self):
         st = _Step(self._mark(), time.time_ns())
-        if self.trace_every and self._tracing is None:
+        if self._capture is not None and self._tracing is None:
+            self._capture_step()
+        elif self.trace_every and self._tracing is None:
             n = self.step_number or 0
             if n % self.trace_every == 0:
                 self._trace_start(n)
         return st
 
-    def _trace_start(self, n):
+    # -- on-demand capture (tpsprof trace) ---------------------------------
+    def _on_control(self, obj):
+        """(Sender thread.) A capture request from the agent: profile steps
+        at_step .. at_step+steps-1. The training thread looks at it where
+        a step begins (_capture_step); nothing else waits on it."""
+        if obj.get("type") != "capture":
+            return
+        try:
+            req = [str(obj["id"]), int(obj["at_step"]), max(int(obj["steps"]), 1), False]
+        except (KeyError, TypeError, ValueError):
+            return
+        c = self.client
+        if self.off:
+            c.capture_state(req[0], "failed", self.step_number or 0, "tpsprof switched itself off in this process")
+            return
+        self._capture = req
+        c.capture_state(req[0], "accepted", self.step_number or 0)
+
+    def _capture_step(self):
+        """(Training thread, a step beginning.) Starts tracing the step when
+        the capture asks for it; says so when its first step went by."""
+        cap = self._capture
+        cid, at, steps, started = cap
+        n = self.step_number or 0
+        if n < at:
+            return
+        if n >= at + steps:
+            self._capture = None
+            return
+        if n > at and not started:
+            self._capture = None
+            c = self.client
+            self._sender.put(lambda: c.capture_state(cid, "failed", n, "step %d was already past when the request came (this rank is at step %d)" % (at, n)))
+            return
+        cap[3] = True
+        self._trace_start(n, cid)
+        if n == at + steps - 1:
+            self._capture = None
+
+    def _trace_start(self, n, capture=None):
         """Profiles step n with torch.profiler (CPU, and CUDA on a GPU)."""
         try:
             from torch.profiler import ProfilerActivity, profile
@@ -385,16 +428,19 @@ class TorchProfiler:
             p.__enter__()
             rf = torch.autograd.profiler.record_function("ProfilerStep#%d" % n)
             rf.__enter__()
-            self._tracing = (p, rf, n)
-        except Exception:
+            self._tracing = (p, rf, n, capture)
+        except Exception as e:
             self._tracing = None
             self._err()
+            if capture:
+                c, why = self.client, "torch.profiler did not start: %s" % (e,)
+                self._sender.put(lambda: c.capture_state(capture, "failed", n, why))
 
     def _discard(self):
         """Drops the open step (it was not training's), and its trace."""
         self._cur = None
         if self._tracing is not None:
-            p, rf, _ = self._tracing
+            p, rf, _, _ = self._tracing
             self._tracing = None
             try:
                 rf.__exit__(None, None, None)
@@ -510,7 +556,7 @@ class TorchProfiler:
 
     def _trace_end(self):
         """Ends a profiled step, writes its trace for the agent and tells it."""
-        p, rf, n = self._tracing
+        p, rf, n, capture = self._tracing
         self._tracing = None
         try:
             rf.__exit__(None, None, None)
@@ -529,6 +575,8 @@ class TorchProfiler:
                     sys.stderr.write("tpsprof: not writing profiler traces: %s\n" % why)
             if not self._trace_dir_ok:
                 self.trace_every = 0
+                if capture:
+                    self._sender.put(lambda: c.capture_state(capture, "failed", n, "no trace folder shared with the agent"))
                 return
             path = os.path.join(self.trace_dir, "%s.%d.%d.%d.pt.trace.json" % (c.job, c.attempt, c.rank, n))
             # the folder is ours alone and the name made afresh: the
@@ -537,7 +585,7 @@ class TorchProfiler:
             p.export_chrome_trace(path)
             # before the step's record, in order: the agent holds the
             # record for the trace's figures
-            self._sender.put(lambda: c.trace_ready(n, path))
+            self._sender.put(lambda: c.trace_ready(n, path, capture))
             self.traces += 1
             self._trace_failures = 0
         except Exception as e:
@@ -551,6 +599,9 @@ class TorchProfiler:
                 os.remove(path)
             except Exception:
                 pass
+            if capture:
+                c, why = self.client, "the trace could not be written: %s" % (e,)
+                self._sender.put(lambda: c.capture_state(capture, "failed", n, why))
             if self._trace_failures >= 3 and self.trace_every:
                 self.trace_every = 0
                 sys.stderr.write("tpsprof: profiler traces off after 3 failed writes (%s); steps are still measured\n" % (e,))
@@ -1090,8 +1141,10 @@ class _Sender:
             client.unbatch()
 
     def _run(self):
+        client = self._prof.client
         while not self._stop.wait(self.interval):
             self._drain()
+            client.poll_control()
         self._drain()
 
     def close(self, timeout=2.0):

@@ -1,0 +1,350 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/capture"
+	"github.com/tpsprof/tpsprof/internal/safefs"
+	"github.com/tpsprof/tpsprof/kineto"
+)
+
+// On-demand captures (`tpsprof trace`; package capture says the path).
+// The agent answers a capture request for the ranks it serves, writes the
+// request on their intake connections (the only thing the agent ever
+// writes to a training process), relays what the ranks say back, and
+// publishes each captured trace's figures and calls to the request's reply
+// subject.
+
+// liveCapture is a capture this agent handed to some of its ranks.
+type liveCapture struct {
+	req   capture.Request
+	until time.Time
+}
+
+// captureLine is the line written to a rank for a start request.
+type captureLine struct {
+	Type   string `json:"type"`
+	ID     string `json:"id"`
+	AtStep int64  `json:"at_step"`
+	Steps  int64  `json:"steps"`
+}
+
+// captureState is a rank's intake line about a capture (type "capture"):
+// accepted, or failed (the step was already past, tracing unavailable).
+type captureState struct {
+	ID    string `json:"id"`
+	Job   string `json:"job"`
+	Rank  int64  `json:"rank"`
+	State string `json:"state"`
+	Step  int64  `json:"step"`
+	Why   string `json:"why"`
+}
+
+// writeTimeout bounds the write of a request line to a rank: a process
+// that stopped reading its socket does not hold the capture up.
+const writeTimeout = 200 * time.Millisecond
+
+func (a *Agent) handleCapture(m *nats.Msg) {
+	var req capture.Request
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		a.reject("capture:invalid")
+		return
+	}
+	if err := req.Validate(); err != nil {
+		a.reject("capture:invalid")
+		a.log.Warn("capture", "capture request refused", "err", err)
+		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: err.Error()})
+		return
+	}
+	type target struct {
+		c    net.Conn
+		seen *rankSeen
+	}
+	// the job's ranks on this node, latest attempt only
+	var ts []target
+	var attempt int64 = -1
+	a.mu.Lock()
+	for c, info := range a.conns {
+		s := info.rank.Load()
+		if s == nil || s.job != req.Job || !req.Targets(a.cfg.Node, s.rank) {
+			continue
+		}
+		if s.attempt > attempt {
+			attempt, ts = s.attempt, ts[:0]
+		}
+		if s.attempt == attempt {
+			ts = append(ts, target{c, s})
+		}
+	}
+	a.mu.Unlock()
+	if len(ts) == 0 {
+		return // another agent's ranks, or an unknown job: the others answer
+	}
+	state := func(s *rankSeen) capture.RankState {
+		rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: s.step}
+		if d := s.at.Sub(s.firstAt).Seconds(); d > 0 && s.step > s.firstStep {
+			rs.StepsPerSec = float64(s.step-s.firstStep) / d
+		}
+		return rs
+	}
+	ack := capture.Ack{Node: a.cfg.Node}
+	if req.Op == "probe" {
+		for _, t := range ts {
+			ack.Ranks = append(ack.Ranks, state(t.seen))
+		}
+		a.respond(m, ack)
+		return
+	}
+	now := time.Now()
+	a.captureMu.Lock()
+	for id, c := range a.captures {
+		if now.After(c.until) {
+			delete(a.captures, id)
+		}
+	}
+	var busy string
+	for id, c := range a.captures {
+		if c.req.Job == req.Job && id != req.ID {
+			busy = id
+		}
+	}
+	if busy == "" {
+		a.captures[req.ID] = &liveCapture{req: req, until: now.Add(time.Duration(req.TimeoutMs) * time.Millisecond)}
+	}
+	a.captureMu.Unlock()
+	if busy != "" {
+		a.reject("capture:busy")
+		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: fmt.Sprintf("capture %s of job %s is in progress on node %s; one at a time per job", busy, req.Job, a.cfg.Node)})
+		return
+	}
+	line, _ := json.Marshal(captureLine{Type: "capture", ID: req.ID, AtStep: req.AtStep, Steps: req.Steps})
+	line = append(line, '\n')
+	for _, t := range ts {
+		// outside any lock; net.Conn writes are safe beside the reader
+		t.c.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if _, err := t.c.Write(line); err != nil {
+			a.reject("capture:write")
+			a.captureReport(req.ID, capture.Report{Rank: t.seen.rank, State: capture.StateFailed, Step: t.seen.step,
+				Why: "the request could not be written to the rank's connection: " + err.Error()})
+			continue
+		}
+		ack.Ranks = append(ack.Ranks, state(t.seen))
+	}
+	a.respond(m, ack)
+}
+
+func (a *Agent) respond(m *nats.Msg, ack capture.Ack) {
+	if m.Reply == "" {
+		return
+	}
+	b, _ := json.Marshal(ack)
+	if err := m.Respond(b); err != nil {
+		a.log.Warn("capture", "capture reply failed", "err", err)
+	}
+}
+
+func (a *Agent) liveCapture(id string) *liveCapture {
+	a.captureMu.Lock()
+	defer a.captureMu.Unlock()
+	c := a.captures[id]
+	if c != nil && time.Now().After(c.until) {
+		delete(a.captures, id)
+		return nil
+	}
+	return c
+}
+
+// captureStateLine relays a rank's word on a capture to the command.
+func (a *Agent) captureStateLine(s captureState) error {
+	c := a.liveCapture(s.ID)
+	if c == nil || c.req.Job != s.Job {
+		a.reject("capture:unknown")
+		return errors.New("agent: capture line for no capture in progress")
+	}
+	if s.State != capture.StateAccepted && s.State != capture.StateFailed {
+		a.reject("capture:invalid")
+		return fmt.Errorf("agent: capture state %q", s.State)
+	}
+	if len(s.Why) > 500 {
+		s.Why = s.Why[:500]
+	}
+	return a.captureReport(s.ID, capture.Report{Rank: s.Rank, State: s.State, Step: s.Step, Why: s.Why})
+}
+
+func (a *Agent) captureReport(id string, r capture.Report) error {
+	c := a.liveCapture(id)
+	if c == nil {
+		return errors.New("agent: capture over")
+	}
+	r.ID, r.Node = id, a.cfg.Node
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return a.nc.Publish(c.req.Reply, b)
+}
+
+// captureTrace reports an analysed capture trace (r nil: why says what
+// failed) and, when the capture keeps traces, sends the trace in chunks.
+func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats, why string) {
+	c := a.liveCapture(n.Capture)
+	if c == nil || c.req.Job != n.Job {
+		return // over (timed out) or not ours: the figures went to the record only
+	}
+	rep := capture.Report{Rank: n.Rank, Step: n.Step, State: capture.StateTraced, Coords: n.Coords}
+	if s == nil {
+		rep.State, rep.Why = capture.StateFailed, why
+		a.captureReport(n.Capture, rep)
+		return
+	}
+	rep.Device, rep.Figures, rep.CallsDropped = r.Device, *s, r.CallsDropped
+	for _, call := range r.Calls {
+		if call.Step == n.Step {
+			rep.Calls = append(rep.Calls, call)
+		}
+	}
+	var chunks [][]byte
+	if c.req.Keep {
+		kept, err := keptTrace(n, r)
+		if err != nil {
+			rep.Why = "trace not kept: " + err.Error()
+		} else {
+			rep.TraceBytes = int64(len(kept))
+			for len(kept) > 0 {
+				k := min(len(kept), capture.ChunkBytes)
+				chunks = append(chunks, kept[:k])
+				kept = kept[k:]
+			}
+			rep.Chunks = len(chunks)
+		}
+	}
+	if err := a.captureReport(n.Capture, rep); err != nil {
+		return
+	}
+	for i, ch := range chunks {
+		m := nats.NewMsg(c.req.Reply)
+		m.Header.Set(capture.HeaderID, n.Capture)
+		m.Header.Set(capture.HeaderChunk, strconv.FormatInt(n.Rank, 10)+"/"+strconv.FormatInt(n.Step, 10)+"/"+strconv.Itoa(i))
+		m.Data = ch
+		if err := a.nc.PublishMsg(m); err != nil {
+			a.log.Warn("capture", "kept trace not sent", "err", err)
+			return
+		}
+	}
+}
+
+// keptTrace is the trace as kept for the user: gzipped, with the rank,
+// world size and parallel coordinates in its metadata (Holistic Trace
+// Analysis and Perfetto merge traces by distributedInfo; PyTorch builds
+// without Kineto write none, nor an object to hold it), at most
+// capture.MaxKeepBytes.
+func keptTrace(n TraceNote, r *kineto.Result) ([]byte, error) {
+	f, err := safefs.OpenRegular(n.Path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 1<<16)
+	var src io.Reader = br
+	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
+		gz, err := gzip.NewReader(br)
+		if err != nil {
+			return nil, err
+		}
+		defer gz.Close()
+		src = bufio.NewReaderSize(gz, 1<<16)
+	}
+	in := src.(interface {
+		io.Reader
+		io.ByteScanner
+	})
+	var buf bytes.Buffer
+	out := &capWriter{w: &buf, left: capture.MaxKeepBytes}
+	zw := gzip.NewWriter(out)
+	meta := map[string]any{"id": n.Capture, "job": n.Job, "attempt": n.Attempt, "rank": n.Rank, "step": n.Step}
+	if len(n.Coords) > 0 {
+		meta["coords"] = n.Coords
+	}
+	head := map[string]any{"tpsprofCapture": meta}
+	if r.Rank == nil {
+		di := map[string]any{"rank": n.Rank}
+		if n.WorldSize > 0 {
+			di["world_size"] = n.WorldSize
+		}
+		if r.Backend != "" {
+			di["backend"] = r.Backend
+		}
+		head["distributedInfo"] = di
+	}
+	hb, _ := json.Marshal(head)
+	first, err := firstByte(in)
+	if err != nil {
+		return nil, err
+	}
+	switch first {
+	case '[': // a bare event array: wrapped in an object
+		in.UnreadByte()
+		zw.Write(hb[:len(hb)-1])
+		zw.Write([]byte(`,"traceEvents":`))
+		if _, err := io.Copy(zw, in); err != nil {
+			return nil, err
+		}
+		zw.Write([]byte("}"))
+	case '{':
+		zw.Write(hb[:len(hb)-1])
+		next, err := firstByte(in)
+		if err != nil {
+			return nil, err
+		}
+		in.UnreadByte()
+		if next != '}' {
+			zw.Write([]byte(","))
+		}
+		if _, err := io.Copy(zw, in); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, errors.New("not a JSON trace")
+	}
+	if err := zw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func firstByte(r io.ByteScanner) (byte, error) {
+	for {
+		b, err := r.ReadByte()
+		if err != nil {
+			return 0, err
+		}
+		if b != ' ' && b != '\n' && b != '\r' && b != '\t' {
+			return b, nil
+		}
+	}
+}
+
+// capWriter fails past its bound.
+type capWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (c *capWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > c.left {
+		return 0, fmt.Errorf("larger than %d bytes compressed", capture.MaxKeepBytes)
+	}
+	c.left -= int64(len(p))
+	return c.w.Write(p)
+}

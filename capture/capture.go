@@ -1,0 +1,159 @@
+// Package capture profiles the same steps on every rank of a running job at
+// once, on demand (`tpsprof trace`), and merges what the ranks saw: per
+// rank, computation, communication, exposed communication and idle time;
+// per collective, matched across ranks, who arrived last and how long the
+// others waited for it.
+//
+// The path of a capture (docs/capture.md, "On-demand capture"):
+//
+//  1. The command asks every agent, on wire.CaptureSubject(job) ("probe"),
+//     which ranks of the job it serves and at which step they are.
+//  2. It picks the first step to capture (far enough ahead that the request
+//     reaches every rank first) and sends "start"; each agent writes the
+//     request as one line on the intake connection of each targeted rank.
+//     The training process reads it on its sender thread, never on the
+//     training thread, and looks at it only where a step begins.
+//  3. Every targeted rank profiles the same step numbers with
+//     torch.profiler and hands the traces to its agent, which analyses them
+//     off the training process and publishes each rank's figures and
+//     collective calls (Report) to the command's reply subject, with the
+//     trace itself in chunks when asked to keep it.
+//  4. The command merges the reports as they come (Merge), bounded by its
+//     timeout, naming the ranks that never answered.
+package capture
+
+import (
+	"fmt"
+	"regexp"
+
+	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// Request is what `tpsprof trace` publishes on wire.CaptureSubject(Job).
+type Request struct {
+	Op  string `json:"op"` // "probe" or "start"
+	ID  string `json:"id"`
+	Job string `json:"job"`
+	// AtStep is the first step to profile; Steps how many (start only).
+	AtStep int64 `json:"at_step,omitempty"`
+	Steps  int64 `json:"steps,omitempty"`
+	// Ranks restricts the capture to these ranks; Node to that node's.
+	Ranks []int64 `json:"ranks,omitempty"`
+	Node  string  `json:"node,omitempty"`
+	// Keep sends each trace back (in chunks) besides its figures.
+	Keep bool `json:"keep,omitempty"`
+	// Reply is where the agents publish their Reports; TimeoutMs how long
+	// the agents keep the capture open.
+	Reply     string `json:"reply,omitempty"`
+	TimeoutMs int64  `json:"timeout_ms,omitempty"`
+}
+
+// Bounds of a request.
+const (
+	MaxSteps = 8
+	// MaxKeepBytes caps one kept trace (compressed); a larger one is not
+	// sent back, and its figures still are.
+	MaxKeepBytes = 64 << 20
+	// ChunkBytes is the size of the pieces a kept trace travels in.
+	ChunkBytes = 256 << 10
+)
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// Validate checks a request as an agent receives it.
+func (r *Request) Validate() error {
+	switch {
+	case r.Op != "probe" && r.Op != "start":
+		return fmt.Errorf("capture: unknown op %q", r.Op)
+	case !tps.ValidJobID(r.Job):
+		return fmt.Errorf("capture: invalid job id")
+	case !idRE.MatchString(r.ID):
+		return fmt.Errorf("capture: invalid capture id")
+	case len(r.Ranks) > 1<<16:
+		return fmt.Errorf("capture: too many ranks")
+	}
+	if r.Op == "start" {
+		switch {
+		case r.AtStep < 0:
+			return fmt.Errorf("capture: negative step")
+		case r.Steps < 1 || r.Steps > MaxSteps:
+			return fmt.Errorf("capture: steps must be 1 to %d", MaxSteps)
+		case r.Reply == "":
+			return fmt.Errorf("capture: no reply subject")
+		case r.TimeoutMs <= 0 || r.TimeoutMs > 3_600_000:
+			return fmt.Errorf("capture: timeout out of range")
+		}
+	}
+	return nil
+}
+
+// Targets says whether the request is for rank on node.
+func (r *Request) Targets(node string, rank int64) bool {
+	if r.Node != "" && r.Node != node {
+		return false
+	}
+	if len(r.Ranks) == 0 {
+		return true
+	}
+	for _, x := range r.Ranks {
+		if x == rank {
+			return true
+		}
+	}
+	return false
+}
+
+// Ack is an agent's answer to a probe or a start: the ranks of the job it
+// serves (for a start, those it handed the request to).
+type Ack struct {
+	Node  string      `json:"node"`
+	Ranks []RankState `json:"ranks"`
+	Err   string      `json:"error,omitempty"`
+}
+
+// RankState is what an agent knows of one rank's connection.
+type RankState struct {
+	Rank      int64 `json:"rank"`
+	WorldSize int64 `json:"world_size"`
+	// Step is the latest step record received; StepsPerSec the rank's pace
+	// over its connection's life so far (0 before two records).
+	Step        int64   `json:"step"`
+	StepsPerSec float64 `json:"steps_per_sec"`
+}
+
+// Report is what an agent publishes to a capture's reply subject for a
+// rank: that it accepted the request, each traced step's figures and
+// calls, or why it cannot take part.
+type Report struct {
+	ID    string `json:"id"`
+	Node  string `json:"node"`
+	Rank  int64  `json:"rank"`
+	State string `json:"state"` // accepted, traced, failed
+	Step  int64  `json:"step"`
+	Why   string `json:"why,omitempty"`
+	// traced:
+	Device       string           `json:"device,omitempty"`
+	Figures      kineto.StepStats `json:"figures"`
+	Calls        []kineto.Call    `json:"calls,omitempty"`
+	CallsDropped int64            `json:"calls_dropped,omitempty"`
+	Coords       map[string]int64 `json:"coords,omitempty"`
+	Chunks       int              `json:"chunks,omitempty"` // kept trace pieces that follow
+	TraceBytes   int64            `json:"trace_bytes,omitempty"`
+}
+
+// Report states.
+const (
+	StateAccepted = "accepted"
+	StateTraced   = "traced"
+	StateFailed   = "failed"
+)
+
+// RankResult is one traced step of one rank, as Merge takes it.
+type RankResult = Report
+
+// Chunk headers: a kept trace's pieces carry these instead of a Report.
+const (
+	HeaderChunk = "Tpsprof-Chunk" // "rank/step/seq"
+	HeaderID    = "Tpsprof-Capture"
+)

@@ -1,0 +1,400 @@
+package capture
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+)
+
+// View is the merged figures of one capture: per rank and step, and per
+// collective matched across ranks.
+type View struct {
+	ID    string  `json:"id"`
+	Job   string  `json:"job"`
+	Steps []int64 `json:"steps"`
+	// Ranks lists each rank's figures over the captured steps.
+	Ranks []RankView `json:"ranks"`
+	// Collectives are the calls matched across ranks, in order.
+	Collectives []Collective `json:"collectives"`
+	// Culprit is the rank that held the captured collectives back the
+	// most (nil when none did: no collective matched, or no rank was last
+	// to arrive by more than the clocks' uncertainty).
+	Culprit *Culprit `json:"culprit"`
+	// Missing are the targeted ranks that sent nothing, with why.
+	Missing []Missing `json:"missing,omitempty"`
+	Notes   []string  `json:"notes,omitempty"`
+	// Kept lists the traces written on request.
+	Kept []string `json:"kept,omitempty"`
+}
+
+// RankView is one rank's figures summed over the captured steps it traced
+// (microseconds, as kineto reports them).
+type RankView struct {
+	Rank          int64   `json:"rank"`
+	Node          string  `json:"node"`
+	Device        string  `json:"device"`
+	Steps         int     `json:"steps"`
+	DurationUs    float64 `json:"duration_us"`
+	ComputeUs     float64 `json:"compute_us"`
+	CommUs        float64 `json:"comm_us"`
+	ExposedCommUs float64 `json:"exposed_comm_us"`
+	IdleUs        float64 `json:"idle_us"`
+	// OffsetUs is this rank's clock minus the reference rank's, estimated
+	// from the ends of the collectives they share (0 for the reference).
+	OffsetUs float64 `json:"clock_offset_us"`
+	// WaitUs is the time this rank waited at the captured collectives for
+	// the last rank to arrive; LastArrivals how often it was that rank;
+	// HeldBackUs how long, at those, the others waited for it beyond the
+	// second-latest arrival (the time it alone cost).
+	WaitUs       float64 `json:"wait_us"`
+	LastArrivals int     `json:"last_arrivals"`
+	HeldBackUs   float64 `json:"held_back_us"`
+}
+
+// Collective is one call matched across the ranks that made it.
+type Collective struct {
+	Step  int64   `json:"step"`
+	Group string  `json:"process_group,omitempty"`
+	Seq   int     `json:"seq"` // its order among the group's calls in the step
+	Kind  string  `json:"kind"`
+	Ranks []int64 `json:"ranks"`
+	// ArrivalUs is each rank's arrival after the first (same order as
+	// Ranks), on clocks aligned by the offsets.
+	ArrivalUs []float64 `json:"arrival_us"`
+	Last      int64     `json:"last"`
+	// SpreadUs is the last arrival after the first: how long the first
+	// rank waited. HeldBackUs is the last after the second-latest.
+	SpreadUs   float64 `json:"spread_us"`
+	HeldBackUs float64 `json:"held_back_us"`
+}
+
+// Culprit names the rank the others waited for.
+type Culprit struct {
+	Rank         int64   `json:"rank"`
+	Node         string  `json:"node"`
+	LastArrivals int     `json:"last_arrivals"`
+	Collectives  int     `json:"collectives"`
+	HeldBackUs   float64 `json:"held_back_us"`
+	// OthersWaitUs is the mean over the other ranks of their wait at the
+	// collectives where it arrived last.
+	OthersWaitUs float64 `json:"others_wait_us"`
+}
+
+// Missing is a targeted rank without figures.
+type Missing struct {
+	Rank int64  `json:"rank"`
+	Why  string `json:"why"`
+}
+
+// minLeadNs is the least lead of the last arrival over the second-latest
+// that counts as holding a collective back: below it, clocks aligned from
+// collective ends cannot tell who was last.
+const minLeadNs = 50_000
+
+// Merge joins the ranks' results of one capture. Calls are matched by
+// step, process group and order within the group in that step (every rank
+// of a group issues its collectives in the same order); the ranks' clocks
+// are aligned by the median difference of the ends of the calls they share
+// with the reference rank (a collective completes at about the same moment
+// on every rank: the last arrival releases them all), so ranks on nodes
+// with skewed clocks or traces with different time origins compare.
+func Merge(id, job string, results []RankResult) *View {
+	v := &View{ID: id, Job: job}
+	byRank := map[int64][]RankResult{}
+	for _, r := range results {
+		if r.State != StateTraced {
+			continue
+		}
+		byRank[r.Rank] = append(byRank[r.Rank], r)
+	}
+	ranks := make([]int64, 0, len(byRank))
+	for r := range byRank {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	steps := map[int64]bool{}
+	idx := map[int64]int{}
+	for _, rk := range ranks {
+		rv := RankView{Rank: rk}
+		for _, r := range byRank[rk] {
+			rv.Node, rv.Device = r.Node, r.Device
+			rv.Steps++
+			steps[r.Step] = true
+			f := r.Figures
+			rv.DurationUs += f.DurationUs
+			rv.ComputeUs += f.ComputeUs
+			rv.CommUs += f.CommUs
+			rv.ExposedCommUs += f.ExposedCommUs
+			rv.IdleUs += f.IdleUs
+		}
+		idx[rk] = len(v.Ranks)
+		v.Ranks = append(v.Ranks, rv)
+	}
+	for s := range steps {
+		v.Steps = append(v.Steps, s)
+	}
+	slices.Sort(v.Steps)
+	if len(ranks) == 0 {
+		return v
+	}
+
+	// each rank's calls per step and process group, in order of their ends
+	type seqKey struct {
+		rank, step int64
+		group      string
+	}
+	seqs := map[seqKey][]call{}
+	groups := map[int64]map[string]bool{} // per step
+	for _, rk := range ranks {
+		for _, r := range byRank[rk] {
+			for _, c := range r.Calls {
+				k := seqKey{rk, r.Step, c.Group}
+				seqs[k] = append(seqs[k], call{c.Kind, c.StartNs, c.EndNs})
+				if groups[r.Step] == nil {
+					groups[r.Step] = map[string]bool{}
+				}
+				groups[r.Step][c.Group] = true
+			}
+		}
+	}
+	for _, s := range seqs {
+		slices.SortFunc(s, func(a, b call) int { return cmp.Compare(a.end, b.end) })
+	}
+	unmatched, unaligned := 0, map[int64]bool{}
+	for _, step := range v.Steps {
+		var gs []string
+		for g := range groups[step] {
+			gs = append(gs, g)
+		}
+		slices.Sort(gs)
+		// Clock offsets within the step (each rank's trace of a step may
+		// have its own time origin): against the lowest rank, through
+		// another rank where the two share no process group.
+		offset := map[int64]int64{}
+		for _, rk := range ranks {
+			for _, g := range gs {
+				if len(seqs[seqKey{rk, step, g}]) > 0 {
+					offset[rk] = 0
+					break
+				}
+			}
+			if _, ok := offset[rk]; ok {
+				break
+			}
+		}
+		for changed := true; changed; {
+			changed = false
+			for _, rk := range ranks {
+				if _, ok := offset[rk]; ok {
+					continue
+				}
+				for _, o := range ranks {
+					off, ok := offset[o]
+					if !ok {
+						continue
+					}
+					var a, b [][]call
+					for _, g := range gs {
+						if x, y := seqs[seqKey{rk, step, g}], seqs[seqKey{o, step, g}]; len(x) > 0 && len(y) > 0 {
+							a, b = append(a, x), append(b, y)
+						}
+					}
+					if d, n := bestOffset(a, b); n > 0 {
+						offset[rk] = d + off
+						changed = true
+						break
+					}
+				}
+			}
+		}
+		// Per group, each rank's calls matched to the reference rank's
+		// (the group's lowest) in order, by their aligned ends.
+		for _, g := range gs {
+			var ref int64 = -1
+			for _, rk := range ranks {
+				if _, ok := offset[rk]; ok && len(seqs[seqKey{rk, step, g}]) > 0 {
+					ref = rk
+					break
+				}
+			}
+			if ref < 0 {
+				continue
+			}
+			base := seqs[seqKey{ref, step, g}]
+			type arr struct {
+				rank int64
+				t    int64
+				kind string
+			}
+			arrivals := make([][]arr, len(base))
+			for i, c := range base {
+				arrivals[i] = []arr{{ref, c.start - offset[ref], c.kind}}
+			}
+			for _, rk := range ranks {
+				mine := seqs[seqKey{rk, step, g}]
+				if rk == ref || len(mine) == 0 {
+					continue
+				}
+				off, ok := offset[rk]
+				if !ok {
+					unaligned[rk] = true
+					continue
+				}
+				pairs := matchCalls(mine, base, off-offset[ref])
+				unmatched += len(mine) - len(pairs)
+				for _, p := range pairs {
+					arrivals[p[1]] = append(arrivals[p[1]], arr{rk, mine[p[0]].start - off, mine[p[0]].kind})
+				}
+			}
+			for i, as := range arrivals {
+				if len(as) < 2 {
+					continue // one rank's call: nothing to compare
+				}
+				c := Collective{Step: step, Group: g, Seq: i, Kind: as[0].kind}
+				slices.SortFunc(as, func(a, b arr) int { return cmp.Compare(a.rank, b.rank) })
+				first, last, second := as[0].t, as[0], int64(-1<<63)
+				for _, a := range as {
+					first = min(first, a.t)
+					if a.t > last.t {
+						last = a
+					}
+				}
+				for _, a := range as {
+					if a.rank != last.rank {
+						second = max(second, a.t)
+					}
+				}
+				for _, a := range as {
+					c.Ranks = append(c.Ranks, a.rank)
+					c.ArrivalUs = append(c.ArrivalUs, float64(a.t-first)/1e3)
+					v.Ranks[idx[a.rank]].WaitUs += float64(last.t-a.t) / 1e3
+				}
+				c.Last = last.rank
+				c.SpreadUs = float64(last.t-first) / 1e3
+				c.HeldBackUs = float64(last.t-second) / 1e3
+				if last.t-second >= minLeadNs {
+					rv := &v.Ranks[idx[last.rank]]
+					rv.LastArrivals++
+					rv.HeldBackUs += c.HeldBackUs
+				}
+				v.Collectives = append(v.Collectives, c)
+			}
+		}
+		for _, rk := range ranks {
+			if off, ok := offset[rk]; ok && step == v.Steps[0] {
+				v.Ranks[idx[rk]].OffsetUs = float64(off) / 1e3
+			}
+		}
+	}
+	for _, rk := range ranks {
+		if unaligned[rk] {
+			v.Notes = append(v.Notes, fmt.Sprintf("rank %d shares no collective with the others in some step: its clock is not aligned there and it is left out of those arrivals", rk))
+		}
+	}
+	if unmatched > 0 {
+		v.Notes = append(v.Notes, fmt.Sprintf("%d calls matched no call of their group's first rank (a trace lacks some calls, or the ranks issued different collectives): left out", unmatched))
+	}
+
+	// the culprit: the rank that held the collectives back the longest
+	var best *RankView
+	for i := range v.Ranks {
+		r := &v.Ranks[i]
+		if r.HeldBackUs > 0 && (best == nil || r.HeldBackUs > best.HeldBackUs) {
+			best = r
+		}
+	}
+	if best != nil {
+		cu := &Culprit{Rank: best.Rank, Node: best.Node, LastArrivals: best.LastArrivals, Collectives: len(v.Collectives), HeldBackUs: best.HeldBackUs}
+		var wait float64
+		n := 0
+		for _, c := range v.Collectives {
+			if c.Last != best.Rank || c.HeldBackUs*1e3 < minLeadNs {
+				continue
+			}
+			for i, rk := range c.Ranks {
+				if rk != best.Rank {
+					wait += c.SpreadUs - c.ArrivalUs[i]
+					n++
+				}
+			}
+		}
+		if n > 0 {
+			// per other rank: the total wait over those collectives, averaged over the others
+			cu.OthersWaitUs = wait / float64(len(v.Ranks)-1)
+		}
+		v.Culprit = cu
+	}
+	return v
+}
+
+type call struct {
+	kind       string
+	start, end int64
+}
+
+// matchTolNs is how far apart two ranks' ends of one collective may be on
+// aligned clocks (the last arrival releases every rank within a transfer).
+const matchTolNs = 2_000_000
+
+// matchCalls pairs a's calls with b's, in order, where a call's end less
+// off falls within matchTolNs of the other's and their kinds agree; a call
+// with no counterpart (a trace lost it) is skipped. Both sorted by end.
+func matchCalls(a, b []call, off int64) [][2]int {
+	var out [][2]int
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		d := a[i].end - off - b[j].end
+		switch {
+		case d >= -matchTolNs && d <= matchTolNs && a[i].kind == b[j].kind:
+			out = append(out, [2]int{i, j})
+			i++
+			j++
+		case d < 0:
+			i++
+		default:
+			j++
+		}
+	}
+	return out
+}
+
+// bestOffset estimates the clock offset of a's rank from b's (per group,
+// the two ranks' calls): among the offsets that align one of the first
+// calls of a with one of b's, the one that matches the most calls, refined
+// to the median of the matched pairs' differences.
+func bestOffset(a, b [][]call) (int64, int) {
+	const k = 32
+	bestN, bestRes := 0, int64(0)
+	var best int64
+	for g := range a {
+		for i := 0; i < min(len(a[g]), k); i++ {
+			for j := 0; j < min(len(b[g]), k); j++ {
+				if a[g][i].kind != b[g][j].kind {
+					continue
+				}
+				d := a[g][i].end - b[g][j].end
+				n, res := 0, int64(0)
+				for h := range a {
+					for _, p := range matchCalls(a[h], b[h], d) {
+						n++
+						x := a[h][p[0]].end - d - b[h][p[1]].end
+						res += max(x, -x)
+					}
+				}
+				if n > bestN || (n == bestN && res < bestRes) {
+					bestN, bestRes, best = n, res, d
+				}
+			}
+		}
+	}
+	if bestN == 0 {
+		return 0, 0
+	}
+	var ds []int64
+	for h := range a {
+		for _, p := range matchCalls(a[h], b[h], best) {
+			ds = append(ds, a[h][p[0]].end-b[h][p[1]].end)
+		}
+	}
+	slices.Sort(ds)
+	return ds[len(ds)/2], bestN
+}

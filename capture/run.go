@@ -1,0 +1,324 @@
+package capture
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// Options of one capture from the command side.
+type Options struct {
+	Job   string
+	Steps int64
+	// AtStep is the first step to profile; negative: chosen so that the
+	// request reaches every rank first (Lead ahead of the fastest rank).
+	AtStep int64
+	Ranks  []int64
+	Node   string
+	// KeepDir receives the traces, one folder per capture ("": not kept).
+	KeepDir string
+	// Timeout bounds the whole capture; ProbeWait how long agents have to
+	// answer; Lead how far ahead the first step is chosen.
+	Timeout, ProbeWait, Lead time.Duration
+	// Progress, when set, is told what happens as it happens.
+	Progress func(string)
+}
+
+// ErrNoJob means no agent serves a rank of the job.
+var ErrNoJob = errors.New("capture: no agent serves a rank of the job")
+
+// Run captures steps on the ranks of a running job through the agents on
+// nc and returns the merged view. A rank that never answers is named in
+// View.Missing; the error is for a capture that could not start.
+func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
+	if o.Steps < 1 || o.Steps > MaxSteps {
+		return nil, fmt.Errorf("capture: --steps %d: give 1 to %d", o.Steps, MaxSteps)
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = time.Minute
+	}
+	if o.ProbeWait <= 0 {
+		o.ProbeWait = time.Second
+	}
+	if o.Lead <= 0 {
+		o.Lead = time.Second
+	}
+	say := o.Progress
+	if say == nil {
+		say = func(string) {}
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	id := newID()
+	subj := wire.CaptureSubject(o.Job)
+
+	// every rank of the job answered for: no need to wait longer
+	allRanks := func(acks []Ack) bool {
+		seen := map[int64]bool{}
+		var world int64
+		for _, a := range acks {
+			for _, r := range a.Ranks {
+				seen[r.Rank] = true
+				world = max(world, r.WorldSize)
+			}
+		}
+		if len(o.Ranks) > 0 {
+			for _, r := range o.Ranks {
+				if !seen[r] {
+					return false
+				}
+			}
+			return true
+		}
+		return o.Node == "" && world > 0 && int64(len(seen)) >= world
+	}
+	acks, err := gather(ctx, nc, subj, Request{Op: "probe", ID: id, Job: o.Job, Ranks: o.Ranks, Node: o.Node}, o.ProbeWait, allRanks)
+	if err != nil {
+		return nil, err
+	}
+	var world, maxStep int64 = 0, -1
+	var rate float64
+	served := map[int64]string{}
+	for _, a := range acks {
+		if a.Err != "" {
+			return nil, fmt.Errorf("capture: agent on %s: %s", a.Node, a.Err)
+		}
+		for _, r := range a.Ranks {
+			served[r.Rank] = a.Node
+			world = max(world, r.WorldSize)
+			maxStep = max(maxStep, r.Step)
+			rate = max(rate, r.StepsPerSec)
+		}
+	}
+	if len(served) == 0 {
+		return nil, fmt.Errorf("%w %q (unknown job, not running now, or its ranks do not send step records through tpsprof's Python package)", ErrNoJob, o.Job)
+	}
+	at := o.AtStep
+	if at < 0 {
+		// the request reaches the ranks at most a probe's wait later
+		at = maxStep + 1 + int64(math.Ceil(rate*(o.Lead+o.ProbeWait).Seconds()))
+	} else if at <= maxStep {
+		return nil, fmt.Errorf("capture: step %d is already past: the job's ranks are at step %d (give a later --at-step, or none)", at, maxStep)
+	}
+
+	// reports first, then the request: none is missed
+	reply := nc.NewInbox()
+	ch := make(chan *nats.Msg, 4096)
+	sub, err := nc.ChanSubscribe(reply, ch)
+	if err != nil {
+		return nil, fmt.Errorf("capture: subscribe: %w", err)
+	}
+	defer sub.Unsubscribe()
+	sub.SetPendingLimits(-1, 512<<20)
+	req := Request{Op: "start", ID: id, Job: o.Job, AtStep: at, Steps: o.Steps, Ranks: o.Ranks, Node: o.Node,
+		Keep: o.KeepDir != "", Reply: reply, TimeoutMs: o.Timeout.Milliseconds()}
+	acks, err = gather(ctx, nc, subj, req, o.ProbeWait, func(acks []Ack) bool {
+		n := 0
+		for _, a := range acks {
+			if a.Err != "" {
+				return true
+			}
+			n += len(a.Ranks)
+		}
+		return n >= len(served)
+	})
+	if err != nil {
+		return nil, err
+	}
+	expect := map[int64]string{}
+	nodes := map[string]bool{}
+	for _, a := range acks {
+		if a.Err != "" {
+			return nil, fmt.Errorf("capture refused by the agent on %s: %s", a.Node, a.Err)
+		}
+		for _, r := range a.Ranks {
+			expect[r.Rank] = a.Node
+			nodes[a.Node] = true
+		}
+	}
+	if len(expect) == 0 {
+		return nil, fmt.Errorf("%w %q any more (its ranks went away between the probe and the request)", ErrNoJob, o.Job)
+	}
+	say(fmt.Sprintf("capture %s of job %s: steps %d-%d on %d ranks (%d nodes); the ranks are at step %d", id, o.Job, at, at+o.Steps-1, len(expect), len(nodes), maxStep))
+	if world > 0 && len(o.Ranks) == 0 && o.Node == "" {
+		var unserved []string
+		for r := int64(0); r < world; r++ {
+			if _, ok := expect[r]; !ok {
+				unserved = append(unserved, strconv.FormatInt(r, 10))
+			}
+		}
+		if len(unserved) > 0 {
+			say(fmt.Sprintf("no agent answered for ranks %s of %d", strings.Join(unserved, ","), world))
+		}
+	}
+
+	type rs struct {
+		accepted bool
+		failed   string
+		traced   map[int64]bool
+	}
+	state := map[int64]*rs{}
+	for r := range expect {
+		state[r] = &rs{traced: map[int64]bool{}}
+	}
+	var reports []Report
+	type tkey struct{ rank, step int64 }
+	chunks := map[tkey][][]byte{}
+	want := map[tkey]int{}
+	done := func() bool {
+		for r, s := range state {
+			if s.failed != "" {
+				continue
+			}
+			if int64(len(s.traced)) < o.Steps {
+				return false
+			}
+			for st := range s.traced {
+				k := tkey{r, st}
+				if n := want[k]; n > 0 && len(chunks[k]) < n {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	timedOut := false
+	for !done() && !timedOut {
+		select {
+		case <-ctx.Done():
+			timedOut = true
+		case m := <-ch:
+			if c := m.Header.Get(HeaderChunk); c != "" {
+				var k tkey
+				var seq int
+				if _, err := fmt.Sscanf(c, "%d/%d/%d", &k.rank, &k.step, &seq); err != nil || m.Header.Get(HeaderID) != id {
+					continue
+				}
+				if seq == len(chunks[k]) {
+					chunks[k] = append(chunks[k], m.Data)
+				}
+				continue
+			}
+			var r Report
+			if json.Unmarshal(m.Data, &r) != nil || r.ID != id {
+				continue
+			}
+			s := state[r.Rank]
+			if s == nil {
+				continue
+			}
+			switch r.State {
+			case StateAccepted:
+				s.accepted = true
+			case StateFailed:
+				s.failed = r.Why
+				say(fmt.Sprintf("rank %d (%s): %s", r.Rank, r.Node, r.Why))
+			case StateTraced:
+				if r.Step < at || r.Step >= at+o.Steps || s.traced[r.Step] {
+					continue
+				}
+				s.traced[r.Step] = true
+				reports = append(reports, r)
+				if r.Chunks > 0 {
+					want[tkey{r.Rank, r.Step}] = r.Chunks
+				}
+				if r.Why != "" {
+					say(fmt.Sprintf("rank %d step %d: %s", r.Rank, r.Step, r.Why))
+				}
+				say(fmt.Sprintf("rank %d step %d traced on %s: %.1f ms, communication %.1f ms", r.Rank, r.Step, r.Node, r.Figures.DurationUs/1e3, r.Figures.CommUs/1e3))
+			}
+		}
+	}
+	v := Merge(id, o.Job, reports)
+	for r, s := range state {
+		switch {
+		case s.failed != "":
+			v.Missing = append(v.Missing, Missing{Rank: r, Why: s.failed})
+		case int64(len(s.traced)) < o.Steps && !s.accepted:
+			v.Missing = append(v.Missing, Missing{Rank: r, Why: fmt.Sprintf("no answer within %s: the rank does not take capture requests (a process without tpsprof.torch, or an older one)", o.Timeout)})
+		case int64(len(s.traced)) < o.Steps:
+			v.Missing = append(v.Missing, Missing{Rank: r, Why: fmt.Sprintf("traced %d of %d steps within %s (the rank did not reach step %d, or its traces were not analysed)", len(s.traced), o.Steps, o.Timeout, at+o.Steps-1)})
+		}
+	}
+	slices.SortFunc(v.Missing, func(a, b Missing) int { return int(a.Rank - b.Rank) })
+	if o.KeepDir != "" {
+		dir := filepath.Join(o.KeepDir, id)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return v, fmt.Errorf("capture: keep traces: %w", err)
+		}
+		for k, n := range want {
+			parts := chunks[k]
+			if len(parts) < n {
+				v.Notes = append(v.Notes, fmt.Sprintf("rank %d step %d: the trace arrived incomplete (%d of %d pieces): not kept", k.rank, k.step, len(parts), n))
+				continue
+			}
+			p := filepath.Join(dir, fmt.Sprintf("rank%d.step%d.pt.trace.json.gz", k.rank, k.step))
+			if err := os.WriteFile(p, slices.Concat(parts...), 0o644); err != nil {
+				return v, fmt.Errorf("capture: keep traces: %w", err)
+			}
+			v.Kept = append(v.Kept, p)
+		}
+		slices.Sort(v.Kept)
+	}
+	return v, nil
+}
+
+// Probe asks the agents which ranks of job they serve (waiting at most
+// wait for their answers).
+func Probe(ctx context.Context, nc *nats.Conn, job string, wait time.Duration) ([]Ack, error) {
+	return gather(ctx, nc, wire.CaptureSubject(job), Request{Op: "probe", ID: newID(), Job: job}, wait, func([]Ack) bool { return false })
+}
+
+// gather publishes req with an inbox and collects the agents' acks for
+// wait, or until enough says they are all in.
+func gather(ctx context.Context, nc *nats.Conn, subj string, req Request, wait time.Duration, enough func([]Ack) bool) ([]Ack, error) {
+	inbox := nc.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return nil, fmt.Errorf("capture: subscribe: %w", err)
+	}
+	defer sub.Unsubscribe()
+	b, _ := json.Marshal(req)
+	if err := nc.PublishRequest(subj, inbox, b); err != nil {
+		return nil, fmt.Errorf("capture: request: %w", err)
+	}
+	if err := nc.FlushWithContext(ctx); err != nil {
+		return nil, fmt.Errorf("capture: NATS: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	var acks []Ack
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			return acks, nil // the wait is over
+		}
+		var a Ack
+		if json.Unmarshal(m.Data, &a) == nil {
+			acks = append(acks, a)
+			if enough(acks) {
+				return acks, nil
+			}
+		}
+	}
+}
+
+func newID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return time.Now().UTC().Format("20060102T150405") + "-" + hex.EncodeToString(b)
+}

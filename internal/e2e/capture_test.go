@@ -1,0 +1,204 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/capture"
+	"github.com/tpsprof/tpsprof/internal/cli"
+	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/kineto"
+)
+
+type stragglerTruth struct {
+	Rank        int64 `json:"rank"`
+	Step        int64 `json:"step"`
+	StartUnixNs int64 `json:"start_unix_ns"`
+	ArriveNs    int64 `json:"arrive_unix_ns"`
+	DoneNs      int64 `json:"done_unix_ns"`
+	ExtraNs     int64 `json:"extra_ns"`
+}
+
+// tpsprof trace against a running 4-rank DDP job (torchrun, gloo) whose
+// rank 2 does 40 ms of extra work before each backward: every rank is
+// traced for the same two steps, rank 2 is named as the one the others
+// waited for, the others' wait per step is close to its extra work as the
+// job measured it, and the kept traces are readable by the kineto
+// analyser with the rank in their metadata. On both torches.
+func TestCaptureNamesStraggler(t *testing.T) {
+	t.Run("torch1", func(t *testing.T) { captureRun(t, torchPython(t)) })
+	t.Run("torch2", func(t *testing.T) { captureRun(t, modernTorchPython(t)) })
+}
+
+func captureRun(t *testing.T, py string) {
+	const slowRank, slowMs = 2, 40.0
+	srv, col, _, sock := launchEnv(t)
+	defer col.Close()
+	dir := t.TempDir()
+	stop, truth := filepath.Join(dir, "stop"), filepath.Join(dir, "truth")
+	job := "capture-" + strconv.Itoa(torchMajor(py))
+	var log syncBuffer
+	var wg sync.WaitGroup
+	var code int
+	var lerr error
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		code, lerr = agent.Launch(ctx, agent.LaunchConfig{Job: job, PythonDir: t.TempDir(),
+			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "cap-node"},
+			Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "straggler_train.py"),
+				"--slow-rank", strconv.Itoa(slowRank), "--slow-ms", strconv.FormatFloat(slowMs, 'f', -1, 64),
+				"--stop", stop, "--truth", truth),
+			Stdout: &log, Stderr: &log})
+	}()
+	defer func() {
+		os.WriteFile(stop, nil, 0o644)
+		wg.Wait()
+	}()
+
+	// the job is up once every rank is at some step
+	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		acks, err := capture.Probe(ctx, nc, job, 300*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks := 0
+		for _, a := range acks {
+			ranks += len(a.Ranks)
+		}
+		if ranks == 4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job's ranks never reached the agent (%d of 4)\n%s", ranks, log.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	keep := filepath.Join(dir, "kept")
+	var out, errOut bytes.Buffer
+	rc := cli.Main([]string{"trace", job, "--nats", srv.URL(), "--steps", "2", "--keep", keep, "--json", "--timeout", "60s"}, &out, &errOut)
+	os.WriteFile(stop, nil, 0o644)
+	wg.Wait()
+	if rc != 0 {
+		t.Fatalf("tpsprof trace: exit %d\n%s\n%s\njob:\n%s", rc, errOut.String(), out.String(), log.String())
+	}
+	if lerr != nil || code != 0 {
+		t.Fatalf("launch: %d %v\n%s", code, lerr, log.String())
+	}
+	var v capture.View
+	if err := json.Unmarshal(out.Bytes(), &v); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	t.Logf("progress:\n%s", errOut.String())
+	for _, c := range v.Collectives {
+		t.Logf("step %d %s #%d %s: ranks %v arrivals %v µs; last %d, held back %.1f ms", c.Step, c.Group, c.Seq, c.Kind, c.Ranks, c.ArrivalUs, c.Last, c.HeldBackUs/1e3)
+	}
+
+	// every rank traced, for the same two steps
+	if len(v.Ranks) != 4 || len(v.Steps) != 2 || v.Steps[1] != v.Steps[0]+1 || len(v.Missing) != 0 {
+		t.Fatalf("ranks %d, steps %v, missing %v\n%s", len(v.Ranks), v.Steps, v.Missing, out.String())
+	}
+	for _, r := range v.Ranks {
+		if r.Steps != 2 || r.CommUs <= 0 || r.ComputeUs <= 0 || r.ExposedCommUs > r.CommUs || r.Node != "cap-node" {
+			t.Errorf("rank %d: %+v", r.Rank, r)
+		}
+	}
+	// the slow rank named
+	if v.Culprit == nil || v.Culprit.Rank != slowRank {
+		t.Fatalf("culprit %+v, want rank %d\n%s", v.Culprit, slowRank, out.String())
+	}
+	if v.Culprit.LastArrivals < 2 {
+		t.Errorf("rank %d last at %d collectives, want one per captured step at least", slowRank, v.Culprit.LastArrivals)
+	}
+	// the others' wait for it against the job's own clocks: at each
+	// captured step's all-reduce, the slow rank's arrival less each other
+	// rank's (one node: one clock), summed over the steps, averaged over
+	// the others
+	arrive := map[[2]int64]int64{}
+	var extra float64
+	for _, tr := range readTruthLines[stragglerTruth](t, truth) {
+		arrive[[2]int64{tr.Rank, tr.Step}] = tr.ArriveNs
+		if tr.Rank == slowRank && (tr.Step == v.Steps[0] || tr.Step == v.Steps[1]) {
+			extra += float64(tr.ExtraNs) / 1e3
+		}
+	}
+	var want float64
+	for _, step := range v.Steps {
+		last := arrive[[2]int64{slowRank, step}]
+		for r := int64(0); r < 4; r++ {
+			a, ok := arrive[[2]int64{r, step}]
+			if !ok || last == 0 {
+				t.Fatalf("the job logged no arrival of rank %d at step %d", r, step)
+			}
+			if r != slowRank {
+				want += float64(last-a) / 1e3 / 3
+			}
+		}
+	}
+	ratio := v.Culprit.OthersWaitUs / want
+	t.Logf("others waited %.1f ms each for rank %d over steps %v; by the job's clocks %.1f ms (ratio %.2f); its extra work %.1f ms; held back %.1f ms; offsets %v µs",
+		v.Culprit.OthersWaitUs/1e3, slowRank, v.Steps, want/1e3, ratio, extra/1e3, v.Culprit.HeldBackUs/1e3, offsets(v))
+	if ratio < 0.8 || ratio > 1.25 {
+		t.Errorf("others' wait %.1f ms vs %.1f ms by the job's own clocks (ratio %.2f)", v.Culprit.OthersWaitUs/1e3, want/1e3, ratio)
+	}
+	if want < 0.5*extra {
+		t.Errorf("the job's own clocks say the others waited %.1f ms, under half the slow rank's extra work (%.1f ms): the job did not straggle as set up", want/1e3, extra/1e3)
+	}
+	// the kept traces: one per rank and step, readable, with the rank
+	if len(v.Kept) != 8 {
+		t.Fatalf("kept %d traces, want 8: %v", len(v.Kept), v.Kept)
+	}
+	for _, p := range v.Kept {
+		r, err := kineto.AnalyzeFile(p)
+		if err != nil {
+			t.Fatalf("kept trace: %v", err)
+		}
+		var rank, step int64
+		if _, err := fmtSscan(filepath.Base(p), &rank, &step); err != nil {
+			t.Fatal(err)
+		}
+		if r.Rank == nil || *r.Rank != rank || len(r.Steps) != 1 || r.Steps[0].Step != step || r.Total.CommUs <= 0 {
+			t.Errorf("%s: rank %v steps %+v", p, r.Rank, r.Steps)
+		}
+	}
+}
+
+func offsets(v capture.View) []float64 {
+	var o []float64
+	for _, r := range v.Ranks {
+		o = append(o, r.OffsetUs)
+	}
+	return o
+}
+
+// fmtSscan reads rank and step from rank<R>.step<S>.pt.trace.json.gz.
+func fmtSscan(name string, rank, step *int64) (int, error) {
+	var err error
+	a, b, _ := strings.Cut(strings.TrimPrefix(name, "rank"), ".step")
+	b, _, _ = strings.Cut(b, ".")
+	if *rank, err = strconv.ParseInt(a, 10, 64); err != nil {
+		return 0, err
+	}
+	if *step, err = strconv.ParseInt(b, 10, 64); err != nil {
+		return 1, err
+	}
+	return 2, nil
+}
