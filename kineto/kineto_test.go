@@ -450,3 +450,48 @@ func TestTimestampsAtTheLimits(t *testing.T) {
 		t.Fatalf("times near 2^62 ns: %v %+v", err, r)
 	}
 }
+
+// Options.Calls lists every collective call of the steps: on the real NCCL
+// traces, per step, the union of the calls' spans is the step's
+// communication time as the analysis computed it from the same kernels, and
+// the calls come in start order with their kinds.
+func TestCallsOfRealTraces(t *testing.T) {
+	for _, file := range []string{"hta_nccl_allreduce_2ranks.json.gz", "hta_sendrecv_128ranks_sampled.json.gz"} {
+		r, err := AnalyzeFileWith(filepath.Join("testdata", file), Options{Calls: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Calls) == 0 || r.CallsDropped != 0 {
+			t.Fatalf("%s: %d calls, %d dropped", file, len(r.Calls), r.CallsDropped)
+		}
+		per := map[int64][]span{}
+		kinds := map[string]int{}
+		for i, c := range r.Calls {
+			if i > 0 && c.StartNs < r.Calls[i-1].StartNs {
+				t.Fatalf("%s: calls out of order at %d", file, i)
+			}
+			if c.EndNs < c.StartNs || c.Kind == "" || c.Kind == "other" {
+				t.Errorf("%s: call %+v", file, c)
+			}
+			per[c.Step] = append(per[c.Step], span{c.StartNs, c.EndNs})
+			kinds[c.Kind]++
+		}
+		for _, s := range r.Steps {
+			got := us(total(union(per[s.Step])))
+			if math.Abs(got-s.CommUs) > 1e-6 {
+				t.Errorf("%s step %d: calls' union %.3f µs, step communication %.3f µs", file, s.Step, got, s.CommUs)
+			}
+		}
+		for _, c := range r.Collectives {
+			if kinds[c.Kind] > int(c.Count) {
+				t.Errorf("%s: %d %s calls in steps, %d in the whole trace", file, kinds[c.Kind], c.Kind, c.Count)
+			}
+		}
+		t.Logf("%s: %d calls %v", file, len(r.Calls), kinds)
+		// without the option, none
+		plain, _ := AnalyzeFile(filepath.Join("testdata", file))
+		if len(plain.Calls) != 0 {
+			t.Errorf("%s: calls listed without Options.Calls", file)
+		}
+	}
+}

@@ -3,6 +3,7 @@
 import os
 import socket
 import tempfile
+import time
 import unittest
 
 import tpsprof
@@ -110,6 +111,44 @@ class BatchTest(unittest.TestCase):
         self.assertIn(b'"step":500', conn.recv(1 << 16))
         p.close(timeout=0.2)
         conn.close()
+        srv.close()
+
+
+class ControlTest(unittest.TestCase):
+    """What the agent writes on the connection (a capture request) is read
+    without blocking, whole lines only, and handed to on_control; a hang-up
+    closes the connection."""
+
+    def test_control_lines(self):
+        d = tempfile.mkdtemp()
+        path = os.path.join(d, "a.sock")
+        srv = socket.socket(socket.AF_UNIX)
+        srv.bind(path)
+        srv.listen(1)
+        p = tpsprof.Profiler(job="j", rank=3, world_size=4, socket_path=path)
+        got = []
+        p.on_control = got.append
+        p.send_step(0, 1_000_000_000, 100, 8)  # connects
+        conn, _ = srv.accept()
+        p.poll_control()  # nothing written: returns at once
+        self.assertEqual(got, [])
+        conn.sendall(b'{"type":"capture","id":"c1","at_step":5,"steps":2}\n{"type":"capt')
+        deadline = time.monotonic() + 2
+        while not got and time.monotonic() < deadline:
+            p.poll_control()
+        self.assertEqual(got, [{"type": "capture", "id": "c1", "at_step": 5, "steps": 2}])
+        conn.sendall(b'ure","id":"c2","at_step":9,"steps":1}\nnot json\n')
+        while len(got) < 2 and time.monotonic() < deadline:
+            p.poll_control()
+        self.assertEqual(got[1]["id"], "c2")
+        p.capture_state("c2", "accepted", 8)
+        line = conn.recv(1 << 16)
+        self.assertIn(b'"type":"capture"', line)
+        self.assertIn(b'"state":"accepted"', line)
+        conn.close()
+        while p._sock is not None and time.monotonic() < deadline:
+            p.poll_control()
+        self.assertIsNone(p._sock)
         srv.close()
 
 

@@ -1,0 +1,153 @@
+package capture
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/kineto"
+)
+
+// job builds the reports of a 4-rank job: per step, three collectives on
+// the default group and a pair on two half groups ({0,1} and {2,3}), which
+// complete together on every rank of their group; late[r] delays rank r's
+// arrival at each step's first collective. Every trace has a clock origin
+// of its own (up to ±1 s) and ends jitter by up to 100 µs.
+func job(late map[int64]int64, drop func(rank, step int64, i int) bool) []Report {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var out []Report
+	for step := int64(10); step < 13; step++ {
+		for rank := int64(0); rank < 4; rank++ {
+			origin := rng.Int64N(2e9) - 1e9
+			jit := func() int64 { return rng.Int64N(100_000) }
+			r := Report{ID: "c", Node: "n", Rank: rank, Step: step, State: StateTraced, Device: "cpu",
+				Figures: kineto.StepStats{Step: step, DurationUs: 100_000, ComputeUs: 60_000, CommUs: 30_000, ExposedCommUs: 30_000, IdleUs: 10_000}}
+			base := step * 1e9
+			calls := []struct {
+				group, kind string
+				arrive, end int64
+			}{
+				{"0", "all_reduce", 10e6 + late[rank], 10e6 + 25e6},
+				{"0", "all_reduce", 40e6, 42e6},
+				{"0", "broadcast", 50e6, 51e6},
+				{"half", "all_gather", 60e6 + rank*1e6, 65e6},
+				{"half", "reduce_scatter", 70e6, 71e6},
+			}
+			for i, c := range calls {
+				if drop != nil && drop(rank, step, i) {
+					continue
+				}
+				g := c.group
+				if g == "half" {
+					g = []string{"tp0", "tp1"}[rank/2]
+				}
+				r.Calls = append(r.Calls, kineto.Call{Step: step, Group: g, Kind: c.kind, StartNs: base + c.arrive + origin, EndNs: base + c.end + origin + jit()})
+			}
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func TestMergeNamesTheLateRank(t *testing.T) {
+	v := Merge("c", "j", job(map[int64]int64{3: 20e6, 1: 2e6}, nil))
+	if len(v.Ranks) != 4 || len(v.Steps) != 3 || len(v.Notes) != 0 {
+		t.Fatalf("ranks %d steps %v notes %v", len(v.Ranks), v.Steps, v.Notes)
+	}
+	// 3 on the default group, 2 on each half group, per step
+	if len(v.Collectives) != 3*(3+2+2) {
+		t.Fatalf("%d collectives matched, want 21", len(v.Collectives))
+	}
+	c := v.Culprit
+	// last at each step's first collective and at its half group's
+	// all-gather (1 ms after rank 2)
+	if c == nil || c.Rank != 3 || c.LastArrivals != 6 {
+		t.Fatalf("culprit %+v", c)
+	}
+	// at each first collective rank 3 is 18 ms after rank 1, 20 after 0
+	// and 2; at the all-gather 1 ms after rank 2
+	if math.Abs(c.HeldBackUs-3*(18e3+1e3)) > 6*150 {
+		t.Errorf("held back %.1f µs, want 57000", c.HeldBackUs)
+	}
+	if want := 3 * (20e3 + 18e3 + 20e3 + 1e3) / 3; math.Abs(c.OthersWaitUs-want) > 6*150 {
+		t.Errorf("others waited %.1f µs each, want %.0f", c.OthersWaitUs, want)
+	}
+	for _, r := range v.Ranks {
+		if r.Steps != 3 || r.ComputeUs != 180_000 {
+			t.Errorf("rank %+v", r)
+		}
+	}
+	// the half groups: rank 1 (and 3) arrive 1 ms after their partner,
+	// under no lead that counts
+	for _, col := range v.Collectives {
+		if col.Kind == "all_gather" && (len(col.Ranks) != 2 || math.Abs(col.SpreadUs-1000) > 150) {
+			t.Errorf("half-group all-gather %+v", col)
+		}
+	}
+}
+
+// A trace that lacks a call (the profiler dropped it) leaves that call out
+// and nothing else: the others still match in order by their aligned ends.
+func TestMergeMissingCalls(t *testing.T) {
+	v := Merge("c", "j", job(map[int64]int64{2: 30e6}, func(rank, step int64, i int) bool {
+		return (rank == 1 && step == 11 && i == 1) || (rank == 0 && step == 12 && i == 2)
+	}))
+	if v.Culprit == nil || v.Culprit.Rank != 2 || v.Culprit.LastArrivals != 3 {
+		t.Fatalf("culprit %+v", v.Culprit)
+	}
+	for _, col := range v.Collectives {
+		if col.Kind == "mismatch" || (col.Step == 11 && col.Group == "0" && col.Seq == 1 && len(col.Ranks) != 3) {
+			t.Errorf("%+v", col)
+		}
+	}
+	// rank 0's missing broadcast in step 12: the others' are unmatched (noted)
+	if len(v.Notes) != 1 || !strings.Contains(v.Notes[0], "3 calls matched no call") {
+		t.Errorf("notes %v", v.Notes)
+	}
+}
+
+// Ranks that arrive together: no culprit; failed reports are not figures.
+func TestMergeNoStraggler(t *testing.T) {
+	rs := job(nil, nil)
+	for _, r := range rs {
+		for i := range r.Calls {
+			if r.Calls[i].Kind == "all_gather" {
+				r.Calls[i].StartNs -= r.Rank * 1e6 // the half groups' ranks arrive together too
+			}
+		}
+	}
+	rs = append(rs, Report{Rank: 7, State: StateFailed, Why: "past"})
+	v := Merge("c", "j", rs)
+	if v.Culprit != nil || len(v.Ranks) != 4 {
+		t.Errorf("culprit %+v, %d ranks", v.Culprit, len(v.Ranks))
+	}
+	if v := Merge("c", "j", nil); v.Culprit != nil || len(v.Collectives) != 0 {
+		t.Errorf("empty: %+v", v)
+	}
+}
+
+func TestRequestValidate(t *testing.T) {
+	ok := Request{Op: "start", ID: "a1", Job: "j", AtStep: 5, Steps: 2, Reply: "_INBOX.x", TimeoutMs: 1000}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mut := range map[string]func(*Request){
+		"op":      func(r *Request) { r.Op = "stop" },
+		"job":     func(r *Request) { r.Job = "a b" },
+		"id":      func(r *Request) { r.ID = strings.Repeat("x", 65) },
+		"steps":   func(r *Request) { r.Steps = MaxSteps + 1 },
+		"step":    func(r *Request) { r.AtStep = -1 },
+		"reply":   func(r *Request) { r.Reply = "" },
+		"timeout": func(r *Request) { r.TimeoutMs = 0 },
+	} {
+		r := ok
+		mut(&r)
+		if r.Validate() == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if !ok.Targets("n", 3) || (&Request{Ranks: []int64{1}}).Targets("n", 3) || (&Request{Node: "m"}).Targets("n", 3) {
+		t.Error("targets")
+	}
+}
