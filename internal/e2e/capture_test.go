@@ -92,6 +92,23 @@ func captureRun(t *testing.T, py string) {
 		time.Sleep(200 * time.Millisecond)
 	}
 
+	// bad requests: said, not hung on
+	for _, bad := range []struct {
+		args []string
+		rc   int
+		says string
+	}{
+		{[]string{"trace", "no-such-job", "--nats", srv.URL()}, 1, "no agent serves a rank of the job"},
+		{[]string{"trace", job, "--nats", srv.URL(), "--at-step", "0"}, 1, "step 0 is already past"},
+		{[]string{"trace", job, "--nats", srv.URL(), "--steps", "0"}, 2, "--steps 0"},
+		{[]string{"trace", job, "--nats", srv.URL(), "--ranks", "3-1"}, 2, "not a rank range"},
+	} {
+		var o, e bytes.Buffer
+		if rc := cli.Main(bad.args, &o, &e); rc != bad.rc || !strings.Contains(e.String(), bad.says) {
+			t.Errorf("%v: exit %d, %s", bad.args[1:], rc, e.String())
+		}
+	}
+
 	keep := filepath.Join(dir, "kept")
 	var out, errOut bytes.Buffer
 	rc := cli.Main([]string{"trace", job, "--nats", srv.URL(), "--steps", "2", "--keep", keep, "--json", "--timeout", "60s"}, &out, &errOut)
