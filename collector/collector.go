@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -133,11 +134,23 @@ type Config struct {
 	OnStep func(tps.ClusterStep)
 	// Logger receives errors and warnings, rate-limited; nil discards them.
 	Logger *slog.Logger
+	// AutoCapture: when a live straggler episode opens, capture one step
+	// on its rank and the fastest rank (docs/capture.md), at most once per
+	// job every AutoCaptureEvery (default 10 minutes), each bounded by
+	// AutoCaptureTimeout (default 1 minute). Off by default.
+	AutoCapture                          bool
+	AutoCaptureEvery, AutoCaptureTimeout time.Duration
 }
 
 func (c *Config) defaults() error {
 	if c.OutDir == "" {
 		return errors.New("collector: no output directory")
+	}
+	if c.AutoCaptureEvery <= 0 {
+		c.AutoCaptureEvery = 10 * time.Minute
+	}
+	if c.AutoCaptureTimeout <= 0 {
+		c.AutoCaptureTimeout = time.Minute
 	}
 	if c.Grace <= 0 {
 		c.Grace = 30 * time.Second
@@ -281,6 +294,9 @@ type Collector struct {
 	closeOnce sync.Once
 	done      chan struct{}
 	wg        sync.WaitGroup
+
+	captureCh    chan captureAsk
+	stopCaptures context.CancelFunc
 }
 
 // counters are the collector's totals since start.
@@ -310,6 +326,12 @@ func (c *Collector) apply(t *tally) {
 			c.cfg.Logger.Warn(w.msg, w.args...)
 		} else {
 			c.log.Warn(w.key, w.msg, w.args...)
+		}
+	}
+	for _, ask := range t.captures {
+		select {
+		case c.captureCh <- ask:
+		default: // one is running and one waits: this one is dropped
 		}
 	}
 	if c.cfg.OnStep != nil {
@@ -360,11 +382,13 @@ func New(cfg Config) (*Collector, error) {
 		}
 	}
 	c.retireCh = make(chan *job, 64)
+	c.captureCh = make(chan captureAsk, 1)
 	if cfg.Durable {
 		if err := c.startDurable(); err != nil {
 			nc.Close()
 			return nil, err
 		}
+		c.startCaptures()
 		c.wg.Add(2)
 		go c.loop()
 		go c.closer()
@@ -401,6 +425,7 @@ func New(cfg Config) (*Collector, error) {
 		nc.Close()
 		return nil, fmt.Errorf("collector: %w", err)
 	}
+	c.startCaptures()
 	c.wg.Add(2)
 	go c.loop()
 	go c.closer()
@@ -1028,6 +1053,7 @@ func (c *Collector) Close() error {
 		c.gate.Lock() // waits for callbacks still running
 		c.closed = true
 		c.gate.Unlock()
+		c.stopCaptures()
 		close(c.done)
 		c.wg.Wait()
 		// finalising parts waits for the disk: outside every lock

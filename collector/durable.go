@@ -530,6 +530,7 @@ func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error
 func (c *Collector) closeDurable() error {
 	c.durable.consume.Stop()
 	<-c.durable.consume.Closed()
+	c.stopCaptures()
 	close(c.done)
 	c.wg.Wait()
 	now := time.Now()

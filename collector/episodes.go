@@ -19,6 +19,9 @@ type LiveEpisode struct {
 	EndStep    *int64  `json:"end_step"`
 	WorstScore float64 `json:"worst_score"`
 	Score      float64 `json:"score"` // now (at the end for a closed episode)
+	// Capture is the automatic capture the episode's opening started
+	// (Config.AutoCapture), nil for none.
+	Capture *CaptureLink `json:"capture,omitempty"`
 }
 
 // maxEpisodes bounds the closed episodes a job keeps.
@@ -26,7 +29,7 @@ const maxEpisodes = 20
 
 // trackEpisodes opens an episode for each newly flagged node and closes
 // those no longer flagged, at the job's last closed step.
-func (j *jobState) trackEpisodes() {
+func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	if len(j.recent) == 0 {
 		return
 	}
@@ -80,6 +83,7 @@ func (j *jobState) trackEpisodes() {
 		}
 		f.Attempt, f.StartStep, f.WorstScore = last.Attempt, last.Step, f.Score
 		j.openEpisodes[key] = f
+		j.askCapture(cfg, t, f, key)
 	}
 }
 

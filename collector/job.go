@@ -179,7 +179,7 @@ func (j *job) tick(c *Collector, t *tally) {
 	j.closeExpired(c.cfg.Grace, t)
 	j.closeHeld(t)
 	if j.newSinceEpisodes {
-		j.trackEpisodes()
+		j.trackEpisodes(&c.cfg, t)
 		j.newSinceEpisodes = false
 		t.liveChanged = true // /metrics shows the episodes
 	}

@@ -92,6 +92,7 @@ type tally struct {
 	closed                    []tps.ClusterStep // steps closed, in order (for OnStep)
 	metaChanged               bool              // the parts' metadata snapshot is stale
 	liveChanged               bool              // the figures /metrics reads changed
+	captures                  []captureAsk      // automatic captures to start
 }
 
 // warning is a log line the state asks for: key rate-limits it (empty:
@@ -231,6 +232,7 @@ type jobState struct {
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
+	lastAutoCapture                      time.Time
 	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
 	episodesEnded                        int64                             // closed since the job started
 	rollWin                              [rolloutWindows]tps.RolloutDetail // generation latencies of the last steps, merged per step

@@ -2,6 +2,7 @@ package report
 
 import (
 	"cmp"
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
@@ -46,8 +47,59 @@ type StragglerEpisode struct {
 	// the clock event (throttle) reasons NVML gave; without GPU samples,
 	// only that its compute was slow.
 	Cause string `json:"cause"`
+	// Captures are the automatic captures the collector ran while the
+	// episode lasted (collector --auto-capture; docs/capture.md).
+	Captures []EpisodeCapture `json:"captures,omitempty"`
 	// from, to: the episode's time on the rows' clock, for the GPU join
 	from, to int64
+}
+
+// EpisodeCapture is an automatic capture linked to an episode: the step
+// profiled, the rank the others waited for and how long (nil when none
+// stood out, or the capture failed: Error).
+type EpisodeCapture struct {
+	ID           string  `json:"id,omitempty"`
+	Attempt      int64   `json:"attempt"`
+	Step         int64   `json:"step"`
+	Culprit      *int64  `json:"culprit"`
+	OthersWaitUs float64 `json:"others_wait_us,omitempty"`
+	Error        string  `json:"error,omitempty"`
+}
+
+// episodeCaptures links the capture events to the episodes they fall in
+// (same node, step within the episode's span give or take a window: the
+// live episode that started the capture opens when the collector's
+// moving average crosses the threshold, the report's by whole windows).
+func (rep *Report) episodeCaptures(events []tps.Event) {
+	for _, ev := range events {
+		if ev.Kind != tps.EventCapture {
+			continue
+		}
+		var d struct {
+			Node         string  `json:"episode_node"`
+			Culprit      *int64  `json:"culprit"`
+			OthersWaitUs float64 `json:"others_wait_us"`
+			Error        string  `json:"error"`
+		}
+		if json.Unmarshal([]byte(ev.Detail), &d) != nil {
+			continue
+		}
+		for i := range rep.Episodes {
+			e := &rep.Episodes[i]
+			w := int64(rep.EpisodeWindow)
+			if ev.Attempt < e.StartAttempt || ev.Attempt > e.EndAttempt || (d.Node != "" && e.Node != "" && d.Node != e.Node) {
+				continue
+			}
+			if (ev.Attempt == e.StartAttempt && ev.Step < e.StartStep-w) || (ev.Attempt == e.EndAttempt && ev.Step > e.EndStep+w) {
+				continue
+			}
+			if len(e.Captures) < 16 {
+				e.Captures = append(e.Captures, EpisodeCapture{ID: ev.Name, Attempt: ev.Attempt, Step: ev.Step, Culprit: d.Culprit,
+					OthersWaitUs: d.OthersWaitUs, Error: d.Error})
+			}
+			break
+		}
+	}
 }
 
 // episodeCells bounds windows × ranks (12 bytes each, 48 MiB): at 131,072

@@ -417,6 +417,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.data.gpu = gpu
 	}
 	rep.episodeCauses(steps, gpu)
+	rep.episodeCaptures(events)
 
 	s := rep.Summary
 	price := opt.GPUHourUSD

@@ -246,6 +246,16 @@ func episodeText(e StragglerEpisode, window int) string {
 	if e.Cause != "" {
 		out += "; cause: " + e.Cause
 	}
+	for _, c := range e.Captures {
+		switch {
+		case c.Error != "" && c.ID == "":
+			out += fmt.Sprintf("; automatic capture at step %d failed: %s", c.Step, c.Error)
+		case c.Culprit != nil:
+			out += fmt.Sprintf("; captured at step %d (%s): the others waited %.1f ms for rank %d", c.Step, c.ID, c.OthersWaitUs/1e3, *c.Culprit)
+		default:
+			out += fmt.Sprintf("; captured at step %d (%s): no rank waited for", c.Step, c.ID)
+		}
+	}
 	return out
 }
 

@@ -20,6 +20,10 @@ const (
 	// profiler trace a rank wrote of one step (Detail: a TraceFigures
 	// JSON object; docs/kineto.md, "Live").
 	EventTraceAnalysis = "trace_analysis"
+	// EventCapture is an automatic on-demand capture the collector ran
+	// when a straggler episode opened (Detail: the episode, the rank the
+	// others waited for and the ranks' figures; docs/capture.md).
+	EventCapture = "capture"
 )
 
 // Event is something that happened to a run outside the step loop: a

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,9 +15,12 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/capture"
+	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/cli"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
 )
 
 type stragglerTruth struct {
@@ -218,4 +222,81 @@ func fmtSscan(name string, rank, step *int64) (int, error) {
 		return 1, err
 	}
 	return 2, nil
+}
+
+// collector --auto-capture: the same straggling job, with nothing asked:
+// the collector's live straggler episode on the slow rank starts a
+// capture of it and the fastest rank, the episode links to it (the live
+// summary) with the slow rank as the one waited for, and the report puts
+// the capture beside the episode.
+func TestAutoCaptureOnEpisode(t *testing.T) {
+	py := torchPython(t)
+	const slowRank = 2
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Second, AutoCapture: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer col.Close()
+	sockDir, _ := os.MkdirTemp("", "tpsprof-auto")
+	defer os.RemoveAll(sockDir)
+	dir := t.TempDir()
+	stop := filepath.Join(dir, "stop")
+	const job = "auto-capture"
+	var log syncBuffer
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		agent.Launch(context.Background(), agent.LaunchConfig{Job: job, PythonDir: t.TempDir(),
+			Agent: agent.Config{Socket: filepath.Join(sockDir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "auto-node"},
+			Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "straggler_train.py"),
+				"--slow-rank", strconv.Itoa(slowRank), "--slow-ms", "40", "--stop", stop, "--truth", filepath.Join(dir, "truth")),
+			Stdout: &log, Stderr: &log})
+	}()
+	defer func() { os.WriteFile(stop, nil, 0o644); <-done }()
+
+	var link *collector.CaptureLink
+	deadline := time.Now().Add(2 * time.Minute)
+	for link == nil || link.State == "running" {
+		if time.Now().After(deadline) {
+			t.Fatalf("no automatic capture finished: %+v\n%s", link, log.String())
+		}
+		time.Sleep(300 * time.Millisecond)
+		for _, j := range col.Summary().Jobs {
+			for _, e := range j.StragglerEpisodes {
+				if e.Capture != nil {
+					if !slices.Contains(e.Ranks, slowRank) {
+						t.Fatalf("episode on ranks %v captured, want rank %d's", e.Ranks, slowRank)
+					}
+					link = e.Capture
+				}
+			}
+		}
+	}
+	if link.State != "done" || link.Culprit == nil || *link.Culprit != slowRank || link.OthersWaitUs <= 0 || len(link.Steps) != 1 {
+		t.Fatalf("capture %+v", link)
+	}
+	os.WriteFile(stop, nil, 0o644)
+	<-done
+	col.Sync(10 * time.Second)
+	col.Close()
+	rep, err := report.Analyze(filepath.Join(out, job), report.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range rep.Episodes {
+		for _, c := range e.Captures {
+			found = found || (c.ID == link.ID && c.Culprit != nil && *c.Culprit == slowRank)
+		}
+	}
+	if !found || rep.Events[tps.EventCapture] != 1 {
+		t.Errorf("report: %d capture events, episodes %+v", rep.Events[tps.EventCapture], rep.Episodes)
+	}
+	t.Logf("automatic capture %s at step %v: rank %d waited for, %.1f ms", link.ID, link.Steps, *link.Culprit, link.OthersWaitUs/1e3)
 }

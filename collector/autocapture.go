@@ -1,0 +1,166 @@
+package collector
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/tpsprof/tpsprof/capture"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// Automatic capture (Config.AutoCapture): when a live straggler episode
+// opens, the collector captures one step on the episode's first rank and
+// on the fastest rank (package capture, as `tpsprof trace --ranks` does),
+// at most once per job every AutoCaptureEvery. The outcome goes out as a
+// capture event of the job (tps.EventCapture), so it reaches the events
+// Parquet and the report like any event, and the live episode links to it
+// (/api/summary, the live page).
+
+// captureAsk is an automatic capture the job state asked for.
+type captureAsk struct {
+	job       string
+	attempt   int64
+	key       string // the episode's node key
+	startStep int64
+	ranks     []int64
+}
+
+// CaptureLink is an episode's automatic capture, as /api/summary shows it.
+type CaptureLink struct {
+	ID    string `json:"id,omitempty"`
+	State string `json:"state"` // running, done, failed
+	// Culprit is the rank the others waited for (nil: none, or failed).
+	Culprit      *int64  `json:"culprit,omitempty"`
+	OthersWaitUs float64 `json:"others_wait_us,omitempty"`
+	Steps        []int64 `json:"steps,omitempty"`
+	Error        string  `json:"error,omitempty"`
+}
+
+// askCapture is called under the job's lock for an episode just opened.
+func (j *jobState) askCapture(cfg *Config, t *tally, e *LiveEpisode, key string) {
+	if !cfg.AutoCapture || len(e.Ranks) == 0 {
+		return
+	}
+	if !j.lastAutoCapture.IsZero() && t.now.Sub(j.lastAutoCapture) < cfg.AutoCaptureEvery {
+		return
+	}
+	peer, best := int64(-1), 0.0
+	for r, v := range j.computeEWMA {
+		if v > 0 && (peer < 0 || v < best) && !contains(e.Ranks, int64(r)) {
+			peer, best = int64(r), v
+		}
+	}
+	ranks := []int64{e.Ranks[0]}
+	if peer >= 0 {
+		ranks = append(ranks, peer)
+	}
+	j.lastAutoCapture = t.now
+	e.Capture = &CaptureLink{State: "running"}
+	t.captures = append(t.captures, captureAsk{job: j.id, attempt: e.Attempt, key: key, startStep: e.StartStep, ranks: ranks})
+}
+
+func contains(s []int64, x int64) bool {
+	for _, v := range s {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// startCaptures starts the goroutine of automatic captures when they are
+// on; stopCaptures (always set) stops it.
+func (c *Collector) startCaptures() {
+	ctx, cancel := context.WithCancel(context.Background())
+	c.stopCaptures = cancel
+	if c.cfg.AutoCapture && c.cfg.Role != "rank-writer" {
+		c.wg.Add(1)
+		go c.captures(ctx)
+	}
+}
+
+// captures runs the automatic captures one at a time (the collector's
+// goroutine for them; it stops with the collector).
+func (c *Collector) captures(ctx context.Context) {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ask := <-c.captureCh:
+			c.runCapture(ctx, ask)
+		}
+	}
+}
+
+func (c *Collector) runCapture(ctx context.Context, ask captureAsk) {
+	start := time.Now()
+	v, err := capture.Run(ctx, c.nc, capture.Options{Job: ask.job, Steps: 1, AtStep: -1, Ranks: ask.ranks, Timeout: c.cfg.AutoCaptureTimeout})
+	link := CaptureLink{State: "done"}
+	detail := map[string]any{"episode_node": ask.key, "episode_start_step": ask.startStep, "ranks": ask.ranks}
+	if err != nil {
+		link.State, link.Error = "failed", err.Error()
+		detail["error"] = err.Error()
+	} else {
+		link.ID, link.Steps = v.ID, v.Steps
+		detail["id"] = v.ID
+		if v.Culprit != nil {
+			r := v.Culprit.Rank
+			link.Culprit, link.OthersWaitUs = &r, v.Culprit.OthersWaitUs
+			detail["culprit"], detail["others_wait_us"] = r, v.Culprit.OthersWaitUs
+		}
+		if len(v.Missing) > 0 {
+			link.Error = fmt.Sprintf("%d of %d ranks not traced: %s", len(v.Missing), len(ask.ranks), v.Missing[0].Why)
+			detail["missing"] = v.Missing
+		}
+		var ranks []map[string]any
+		for _, r := range v.Ranks {
+			ranks = append(ranks, map[string]any{"rank": r.Rank, "compute_us": r.ComputeUs, "comm_us": r.CommUs, "exposed_comm_us": r.ExposedCommUs, "wait_us": r.WaitUs})
+		}
+		detail["figures"] = ranks
+	}
+	c.linkCapture(ask, link)
+	b, _ := json.Marshal(detail)
+	if len(b) > 4*tps.MaxStringLen {
+		delete(detail, "figures")
+		delete(detail, "missing")
+		b, _ = json.Marshal(detail)
+	}
+	ev := tps.Event{Job: ask.job, Attempt: ask.attempt, Kind: tps.EventCapture, Name: link.ID,
+		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), Detail: string(b)}
+	if len(link.Steps) > 0 {
+		ev.Step = link.Steps[0]
+	} else {
+		ev.Step = ask.startStep
+	}
+	eb, _ := json.Marshal(ev)
+	if err := c.nc.Publish(wire.EventsSubject(ask.job), eb); err != nil {
+		c.log.Warn("capture", "capture event not published", "err", err)
+	}
+}
+
+// linkCapture sets the outcome on the episode that asked for it, open or
+// closed since.
+func (c *Collector) linkCapture(ask captureAsk, link CaptureLink) {
+	c.mu.Lock()
+	j := c.jobs[ask.job]
+	c.mu.Unlock()
+	if j == nil {
+		return
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if e := j.openEpisodes[ask.key]; e != nil && e.Attempt == ask.attempt && e.StartStep == ask.startStep {
+		e.Capture = &link
+		return
+	}
+	for i := range j.episodes {
+		e := &j.episodes[i]
+		if e.Node == ask.key && e.Attempt == ask.attempt && e.StartStep == ask.startStep {
+			e.Capture = &link
+		}
+	}
+}
