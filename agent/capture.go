@@ -30,6 +30,9 @@ import (
 type liveCapture struct {
 	req   capture.Request
 	until time.Time
+	// the ranks it was handed to, and how many steps each has traced (-1:
+	// it failed); when every one is through, the capture is over here
+	ranks map[int64]int64
 }
 
 // captureLine is the line written to a rank for a start request.
@@ -119,8 +122,12 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 			busy = id
 		}
 	}
+	live := &liveCapture{req: req, until: now.Add(time.Duration(req.TimeoutMs) * time.Millisecond), ranks: map[int64]int64{}}
 	if busy == "" {
-		a.captures[req.ID] = &liveCapture{req: req, until: now.Add(time.Duration(req.TimeoutMs) * time.Millisecond)}
+		for _, t := range ts {
+			live.ranks[t.seen.rank] = 0
+		}
+		a.captures[req.ID] = live
 	}
 	a.captureMu.Unlock()
 	if busy != "" {
@@ -183,10 +190,33 @@ func (a *Agent) captureStateLine(s captureState) error {
 }
 
 func (a *Agent) captureReport(id string, r capture.Report) error {
-	c := a.liveCapture(id)
-	if c == nil {
+	a.captureMu.Lock()
+	c := a.captures[id]
+	if c == nil || time.Now().After(c.until) {
+		delete(a.captures, id)
+		a.captureMu.Unlock()
 		return errors.New("agent: capture over")
 	}
+	if n, ok := c.ranks[r.Rank]; ok && n >= 0 {
+		switch r.State {
+		case capture.StateFailed:
+			c.ranks[r.Rank] = -1
+		case capture.StateTraced:
+			c.ranks[r.Rank] = n + 1
+		}
+	}
+	over := true
+	for _, n := range c.ranks {
+		if n >= 0 && n < c.req.Steps {
+			over = false
+		}
+	}
+	if over {
+		// every rank through: a next capture of the job may start (the
+		// kept trace's chunks still go to this one's reply subject)
+		delete(a.captures, id)
+	}
+	a.captureMu.Unlock()
 	r.ID, r.Node = id, a.cfg.Node
 	b, err := json.Marshal(r)
 	if err != nil {

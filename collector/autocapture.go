@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tpsprof/tpsprof/capture"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
@@ -47,6 +49,15 @@ func (j *jobState) askCapture(cfg *Config, t *tally, e *LiveEpisode, key string)
 	if !j.lastAutoCapture.IsZero() && t.now.Sub(j.lastAutoCapture) < cfg.AutoCaptureEvery {
 		return
 	}
+	ranks := j.withPeer(e)
+	j.lastAutoCapture = t.now
+	e.Capture = &CaptureLink{State: "running"}
+	t.captures = append(t.captures, captureAsk{job: j.id, attempt: e.Attempt, key: key, startStep: e.StartStep, ranks: ranks})
+}
+
+// withPeer is the episode's first rank and the fastest rank outside it
+// (the lowest recent compute time); job lock held.
+func (j *jobState) withPeer(e *LiveEpisode) []int64 {
 	peer, best := int64(-1), 0.0
 	for r, v := range j.computeEWMA {
 		if v > 0 && (peer < 0 || v < best) && !contains(e.Ranks, int64(r)) {
@@ -57,9 +68,47 @@ func (j *jobState) askCapture(cfg *Config, t *tally, e *LiveEpisode, key string)
 	if peer >= 0 {
 		ranks = append(ranks, peer)
 	}
-	j.lastAutoCapture = t.now
-	e.Capture = &CaptureLink{State: "running"}
-	t.captures = append(t.captures, captureAsk{job: j.id, attempt: e.Attempt, key: key, startStep: e.StartStep, ranks: ranks})
+	return ranks
+}
+
+// StragglerReply answers `tpsprof trace --straggler` on
+// wire.StragglerSubject: the ranks to capture for the job's worst open
+// straggler episode (its first rank and the fastest rank), or why none.
+type StragglerReply struct {
+	Ranks []int64 `json:"ranks,omitempty"`
+	Node  string  `json:"node,omitempty"`
+	Score float64 `json:"score,omitempty"`
+	Err   string  `json:"error,omitempty"`
+}
+
+func (c *Collector) handleStraggler(m *nats.Msg) {
+	var rep StragglerReply
+	job, _, err := wire.ParseCtlSubject(m.Subject)
+	c.mu.Lock()
+	j := c.jobs[job]
+	c.mu.Unlock()
+	switch {
+	case err != nil:
+		rep.Err = err.Error()
+	case j == nil:
+		rep.Err = fmt.Sprintf("the collector has no job %q", job)
+	default:
+		j.mu.Lock()
+		var worst *LiveEpisode
+		for _, e := range j.openEpisodes {
+			if len(e.Ranks) > 0 && (worst == nil || e.Score < worst.Score) {
+				worst = e
+			}
+		}
+		if worst == nil {
+			rep.Err = fmt.Sprintf("no straggler episode is open in job %s", job)
+		} else {
+			rep.Ranks, rep.Node, rep.Score = j.withPeer(worst), worst.Node, worst.Score
+		}
+		j.mu.Unlock()
+	}
+	b, _ := json.Marshal(rep)
+	m.Respond(b)
 }
 
 func contains(s []int64, x int64) bool {

@@ -296,6 +296,7 @@ type Collector struct {
 	wg        sync.WaitGroup
 
 	captureCh    chan captureAsk
+	stragglerSub *nats.Subscription
 	stopCaptures context.CancelFunc
 }
 
@@ -379,6 +380,10 @@ func New(cfg Config) (*Collector, error) {
 		if c.attemptSub, err = nc.Subscribe(wire.AllAttempt, c.handleAttempt); err != nil {
 			nc.Close()
 			return nil, fmt.Errorf("collector: subscribe %s: %w", wire.AllAttempt, err)
+		}
+		if c.stragglerSub, err = nc.Subscribe(wire.AllStraggler, c.handleStraggler); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("collector: subscribe %s: %w", wire.AllStraggler, err)
 		}
 	}
 	c.retireCh = make(chan *job, 64)
@@ -1039,6 +1044,9 @@ func (c *Collector) Close() error {
 	c.closeOnce.Do(func() {
 		if c.attemptSub != nil {
 			_ = c.attemptSub.Unsubscribe()
+		}
+		if c.stragglerSub != nil {
+			_ = c.stragglerSub.Unsubscribe()
 		}
 		if c.durable != nil {
 			err = c.closeDurable()

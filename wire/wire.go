@@ -55,6 +55,23 @@ func CaptureSubject(job string) string { return "tpsprof.ctl." + Version + "." +
 // AllCapture matches every job's capture requests.
 const AllCapture = "tpsprof.ctl." + Version + ".*.capture"
 
+// StragglerSubject is where `tpsprof trace --straggler` asks the collector
+// which ranks of job to capture (request-reply).
+func StragglerSubject(job string) string { return "tpsprof.ctl." + Version + "." + job + ".straggler" }
+
+// AllStraggler matches every job's straggler questions.
+const AllStraggler = "tpsprof.ctl." + Version + ".*.straggler"
+
+// ParseCtlSubject splits a control subject (tpsprof.ctl.v1.JOB.KIND) into
+// job and kind.
+func ParseCtlSubject(subj string) (job, kind string, err error) {
+	p := strings.Split(subj, ".")
+	if len(p) != 5 || p[0] != "tpsprof" || p[1] != "ctl" || p[2] != Version || !tps.ValidJobID(p[3]) {
+		return "", "", fmt.Errorf("wire: not a control subject: %q", subj)
+	}
+	return p[3], p[4], nil
+}
+
 // AttemptReply answers a request on AttemptSubject: what the collector
 // knows of the job's attempts, from memory and from its Parquet folder.
 type AttemptReply struct {

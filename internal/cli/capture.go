@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"cmp"
+	"encoding/json"
 	"fmt"
 	"io"
 	"strconv"
@@ -9,16 +11,20 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/capture"
+	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 func runTrace(args []string, stdout, stderr io.Writer) int {
 	const cmd = "trace"
-	fs := newFlagSet(cmd, "trace JOB [--steps N] [--at-step S] [--ranks LIST | --node NAME] [--keep DIR] [--json] [flags]", `  # profile the next 2 steps on every rank of a running job; who made the others wait?
+	fs := newFlagSet(cmd, "trace JOB [--steps N] [--at-step S] [--ranks LIST | --node NAME | --straggler] [--keep DIR] [--json] [flags]", `  # profile the next 2 steps on every rank of a running job; who made the others wait?
   tpsprof trace llama-8b
   # steps 1200-1203 of ranks 0-7 and 31, traces kept under ./captures/<capture id>/
   tpsprof trace llama-8b --at-step 1200 --steps 4 --ranks 0-7,31 --keep captures
+  # the rank the collector flags as a straggler, and the fastest rank
+  tpsprof trace llama-8b --straggler
 
 Every targeted rank profiles the same step numbers with torch.profiler (its process
 looks at the request only where a step begins); the node agents analyse the traces off
@@ -34,6 +40,7 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 	at := fs.Int64("at-step", -1, "first step to profile (default: about a second ahead of the job)")
 	ranks := fs.String("ranks", "", "ranks to profile, e.g. 0-7,31 (default: all)")
 	node := fs.String("node", "", "profile only the ranks of this node")
+	straggler := fs.Bool("straggler", false, "profile the rank of the job's worst open straggler episode and the fastest rank (asked of the collector)")
 	keep := fs.String("keep", "", "write the traces under DIR/<capture id>/ (gzipped, readable by tpsprof kineto, HTA, Perfetto)")
 	asJSON := fs.Bool("json", false, "print the merged view as JSON")
 	timeout := fs.Duration("timeout", time.Minute, "give up on ranks that have not answered after this long")
@@ -66,8 +73,8 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 			return usageErr(stderr, cmd, "--ranks: %v", err)
 		}
 	}
-	if *ranks != "" && *node != "" {
-		return usageErr(stderr, cmd, "--ranks and --node both given: choose one")
+	if n := btoi(*ranks != "") + btoi(*node != "") + btoi(*straggler); n > 1 {
+		return usageErr(stderr, cmd, "--ranks, --node and --straggler: choose one")
 	}
 	if no.URL == "" {
 		no.URL = "nats://127.0.0.1:4222"
@@ -85,6 +92,22 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
 		fmt.Fprintf(stderr, "tpsprof trace: no NATS server answers at %s (%v): give the collector's with --nats\n", no.URL, err)
 		return exitError
+	}
+	if *straggler {
+		msg, err := nc.Request(wire.StragglerSubject(job), nil, 5*time.Second)
+		if err != nil {
+			fmt.Fprintf(stderr, "tpsprof trace: --straggler: no collector answered (%v)\n", err)
+			return exitError
+		}
+		var rep collector.StragglerReply
+		if err := json.Unmarshal(msg.Data, &rep); err != nil || rep.Err != "" || len(rep.Ranks) == 0 {
+			fmt.Fprintf(stderr, "tpsprof trace: --straggler: %s\n", cmp.Or(rep.Err, "the collector's answer is not understood"))
+			return exitError
+		}
+		rl = rep.Ranks
+		if !*quiet {
+			fmt.Fprintf(stderr, "tpsprof trace: straggler episode on %s (score %.2f): ranks %v\n", rep.Node, rep.Score, rep.Ranks)
+		}
 	}
 	o := capture.Options{Job: job, Steps: *steps, AtStep: *at, Ranks: rl, Node: *node, KeepDir: *keep, Timeout: *timeout}
 	if !*quiet {
@@ -133,6 +156,13 @@ func parseRanks(s string) ([]int64, error) {
 		}
 	}
 	return out, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func printCapture(w io.Writer, v *capture.View) {

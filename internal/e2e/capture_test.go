@@ -281,6 +281,23 @@ func TestAutoCaptureOnEpisode(t *testing.T) {
 	if link.State != "done" || link.Culprit == nil || *link.Culprit != slowRank || link.OthersWaitUs <= 0 || len(link.Steps) != 1 {
 		t.Fatalf("capture %+v", link)
 	}
+	// tpsprof trace --straggler: the collector names the episode's rank and
+	// the fastest one; the agents took the automatic capture as over
+	var o, e bytes.Buffer
+	if rc := cli.Main([]string{"trace", job, "--straggler", "--nats", srv.URL(), "--steps", "1", "--json"}, &o, &e); rc != 0 {
+		t.Fatalf("--straggler: exit %d\n%s\n%s", rc, e.String(), o.String())
+	}
+	var v capture.View
+	if err := json.Unmarshal(o.Bytes(), &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Ranks) != 2 || v.Ranks[0].Rank == v.Ranks[1].Rank || (v.Ranks[0].Rank != slowRank && v.Ranks[1].Rank != slowRank) ||
+		v.Culprit == nil || v.Culprit.Rank != slowRank {
+		t.Errorf("--straggler captured %+v, culprit %+v\n%s", v.Ranks, v.Culprit, e.String())
+	}
+	if rc := cli.Main([]string{"trace", "no-such-job", "--straggler", "--nats", srv.URL()}, &o, &e); rc != 1 || !strings.Contains(e.String(), "the collector has no job") {
+		t.Errorf("--straggler on an unknown job: exit %d, %s", rc, e.String())
+	}
 	os.WriteFile(stop, nil, 0o644)
 	<-done
 	col.Sync(10 * time.Second)
