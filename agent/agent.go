@@ -105,6 +105,11 @@ type Config struct {
 	// training process and deletes it unless KeepTraces.
 	TraceDir   string
 	KeepTraces bool
+	// CaptureGap is the least time between the end of one on-demand
+	// capture of a job on this node and the start of the next (default
+	// 5s; negative: none): whoever may publish capture requests cannot
+	// keep the training processes profiling back to back.
+	CaptureGap time.Duration
 	// Clock stamps GPU samples (default time.Now; the demo runs a simulated one).
 	Clock  func() time.Time
 	Logger *slog.Logger
@@ -138,6 +143,9 @@ func (c *Config) defaults() error {
 	}
 	if c.MaxLineBytes <= 0 {
 		c.MaxLineBytes = 64 << 10
+	}
+	if c.CaptureGap == 0 {
+		c.CaptureGap = 5 * time.Second
 	}
 	if c.MaxLinesPerSec == 0 {
 		c.MaxLinesPerSec = 10000
@@ -226,6 +234,7 @@ type Agent struct {
 
 	captureMu  sync.Mutex
 	captures   map[string]*liveCapture // on-demand captures in progress, by id
+	capEnded   map[string]time.Time    // job → when its last capture ended here
 	captureSub *nats.Subscription
 
 	done      chan struct{}

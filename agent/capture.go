@@ -113,14 +113,18 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 	a.captureMu.Lock()
 	for id, c := range a.captures {
 		if now.After(c.until) {
-			delete(a.captures, id)
+			a.endCapture(id, c.until)
 		}
 	}
 	var busy string
 	for id, c := range a.captures {
 		if c.req.Job == req.Job && id != req.ID {
-			busy = id
+			busy = fmt.Sprintf("capture %s of job %s is in progress on node %s; one at a time per job", id, req.Job, a.cfg.Node)
 		}
+	}
+	if end, ok := a.capEnded[req.Job]; ok && busy == "" && now.Sub(end) < a.cfg.CaptureGap {
+		busy = fmt.Sprintf("the last capture of job %s on node %s ended %s ago; the next may start %s after it",
+			req.Job, a.cfg.Node, now.Sub(end).Round(time.Millisecond), a.cfg.CaptureGap)
 	}
 	live := &liveCapture{req: req, until: now.Add(time.Duration(req.TimeoutMs) * time.Millisecond), ranks: map[int64]int64{}}
 	if busy == "" {
@@ -132,7 +136,7 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 	a.captureMu.Unlock()
 	if busy != "" {
 		a.reject("capture:busy")
-		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: fmt.Sprintf("capture %s of job %s is in progress on node %s; one at a time per job", busy, req.Job, a.cfg.Node)})
+		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: busy})
 		return
 	}
 	line, _ := json.Marshal(captureLine{Type: "capture", ID: req.ID, AtStep: req.AtStep, Steps: req.Steps})
@@ -151,6 +155,19 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 	a.respond(m, ack)
 }
 
+// endCapture forgets capture id, ended at end; captureMu held.
+func (a *Agent) endCapture(id string, end time.Time) {
+	c := a.captures[id]
+	delete(a.captures, id)
+	if c == nil {
+		return
+	}
+	if a.capEnded == nil || len(a.capEnded) > 4096 {
+		a.capEnded = map[string]time.Time{}
+	}
+	a.capEnded[c.req.Job] = end
+}
+
 func (a *Agent) respond(m *nats.Msg, ack capture.Ack) {
 	if m.Reply == "" {
 		return
@@ -166,7 +183,7 @@ func (a *Agent) liveCapture(id string) *liveCapture {
 	defer a.captureMu.Unlock()
 	c := a.captures[id]
 	if c != nil && time.Now().After(c.until) {
-		delete(a.captures, id)
+		a.endCapture(id, c.until)
 		return nil
 	}
 	return c
@@ -193,7 +210,9 @@ func (a *Agent) captureReport(id string, r capture.Report) error {
 	a.captureMu.Lock()
 	c := a.captures[id]
 	if c == nil || time.Now().After(c.until) {
-		delete(a.captures, id)
+		if c != nil {
+			a.endCapture(id, c.until)
+		}
 		a.captureMu.Unlock()
 		return errors.New("agent: capture over")
 	}
@@ -212,9 +231,9 @@ func (a *Agent) captureReport(id string, r capture.Report) error {
 		}
 	}
 	if over {
-		// every rank through: a next capture of the job may start (the
-		// kept trace's chunks still go to this one's reply subject)
-		delete(a.captures, id)
+		// every rank through: a next capture of the job may start after
+		// the gap (the kept trace's chunks still go to this one's reply)
+		a.endCapture(id, time.Now())
 	}
 	a.captureMu.Unlock()
 	r.ID, r.Node = id, a.cfg.Node

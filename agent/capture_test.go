@@ -171,8 +171,15 @@ func TestCaptureThroughAgent(t *testing.T) {
 	if _, err := os.Stat(path); !os.IsNotExist(err) {
 		t.Errorf("the trace was left in the agent's folder: %v", err)
 	}
+	// over (its one rank traced its one step): the next capture of the
+	// job waits out the gap, said
+	third := start
+	third.ID = "c3"
+	if acks := ask(third); len(acks) != 1 || !strings.Contains(acks[0].Err, "the next may start 5s after it") {
+		t.Errorf("capture right after the last: %+v", acks)
+	}
 	st := a.Stats()
-	if st.Rejected["capture:invalid"] != 1 || st.Rejected["capture:busy"] != 1 || st.Rejected["capture:unknown"] != 1 {
+	if st.Rejected["capture:invalid"] != 1 || st.Rejected["capture:busy"] != 2 || st.Rejected["capture:unknown"] != 1 {
 		t.Errorf("rejections %v", st.Rejected)
 	}
 }
