@@ -19,7 +19,6 @@ import (
 	"github.com/tpsprof/tpsprof/internal/ratelog"
 	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/tps"
-	"github.com/tpsprof/tpsprof/wire"
 )
 
 // DefaultSocket is the intake socket path when none is given:
@@ -232,10 +231,11 @@ type Agent struct {
 	waits      map[traceKey]*traceWait // records held for their step's trace figures
 	waiting    atomic.Int64            // len(waits), read without the lock
 
-	captureMu  sync.Mutex
-	captures   map[string]*liveCapture // on-demand captures in progress, by id
-	capEnded   map[string]time.Time    // job → when its last capture ended here
-	captureSub *nats.Subscription
+	captureMu sync.Mutex
+	captures  map[string]*liveCapture // on-demand captures in progress, by id
+	capEnded  map[string]time.Time    // job → when its last capture ended here
+	capSubs   sync.Map                // job → *capSub: the job's capture requests, subscribed once it has a rank here
+	capSubN   atomic.Int64
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -313,11 +313,6 @@ func Start(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("agent: jetstream: %w", err)
 		}
 		a.pub.js = js
-	}
-	if a.captureSub, err = nc.Subscribe(wire.AllCapture, a.handleCapture); err != nil {
-		nc.Close()
-		ln.Close()
-		return nil, fmt.Errorf("agent: subscribe to capture requests: %w", err)
 	}
 	a.wg.Add(3)
 	go a.acceptLoop()
@@ -477,7 +472,6 @@ func (a *Agent) Flush(timeout time.Duration) error {
 // seconds for NATS) and disconnects. Connected clients are closed.
 func (a *Agent) Close() error {
 	a.closeOnce.Do(func() {
-		a.captureSub.Unsubscribe()
 		a.ln.Close()
 		a.mu.Lock()
 		for c := range a.conns {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,6 +18,7 @@ import (
 	"github.com/tpsprof/tpsprof/capture"
 	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/wire"
 )
 
 // On-demand captures (`tpsprof trace`; package capture says the path).
@@ -52,6 +54,61 @@ type captureState struct {
 	State string `json:"state"`
 	Step  int64  `json:"step"`
 	Why   string `json:"why"`
+}
+
+// capSub is an agent's subscription to one job's capture requests: taken
+// when a rank of the job first sends a step record on a connection (so an
+// agent whose NATS user may only touch its own job's subjects subscribes
+// to nothing else), dropped when the job has sent nothing for ForgetAfter.
+type capSub struct {
+	sub  atomic.Pointer[nats.Subscription]
+	seen atomic.Int64 // unix ns
+}
+
+// maxCapSubs bounds the jobs an agent takes capture requests for.
+const maxCapSubs = 1024
+
+func (a *Agent) watchCaptures(job string) {
+	now := time.Now().UnixNano()
+	if v, ok := a.capSubs.Load(job); ok {
+		v.(*capSub).seen.Store(now)
+		return
+	}
+	if a.nc == nil || a.capSubN.Load() >= maxCapSubs {
+		return
+	}
+	s := &capSub{}
+	s.seen.Store(now)
+	if _, loaded := a.capSubs.LoadOrStore(job, s); loaded {
+		return
+	}
+	a.capSubN.Add(1)
+	sub, err := a.nc.Subscribe(wire.CaptureSubject(job), a.handleCapture)
+	if err != nil {
+		a.log.Warn("capture", "capture requests: subscribe failed", "job", job, "err", err)
+		return
+	}
+	s.sub.Store(sub)
+	if v, ok := a.capSubs.Load(job); !ok || v != s {
+		sub.Unsubscribe() // forgotten meanwhile
+	}
+}
+
+// forgetCaptures drops the subscriptions of jobs quiet for ForgetAfter
+// (the trace worker's tick).
+func (a *Agent) forgetCaptures() {
+	old := time.Now().Add(-a.cfg.ForgetAfter).UnixNano()
+	a.capSubs.Range(func(k, v any) bool {
+		s := v.(*capSub)
+		if s.seen.Load() < old {
+			a.capSubs.Delete(k)
+			a.capSubN.Add(-1)
+			if sub := s.sub.Load(); sub != nil {
+				sub.Unsubscribe()
+			}
+		}
+		return true
+	})
 }
 
 // writeTimeout bounds the write of a request line to a rank: a process

@@ -246,6 +246,7 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 		}
 		if info != nil {
 			info.saw(&r)
+			a.watchCaptures(r.Job)
 		}
 		return true
 	case "event":

@@ -142,6 +142,7 @@ func (a *Agent) analyseTraces() {
 			a.analyseTrace(n)
 		case <-tick.C:
 			a.releaseWaits(traceHold)
+			a.forgetCaptures()
 		}
 	}
 }

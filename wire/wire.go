@@ -52,9 +52,6 @@ func AttemptSubject(job string) string { return Prefix + "." + job + ".attempt" 
 // requests.
 func CaptureSubject(job string) string { return "tpsprof.ctl." + Version + "." + job + ".capture" }
 
-// AllCapture matches every job's capture requests.
-const AllCapture = "tpsprof.ctl." + Version + ".*.capture"
-
 // StragglerSubject is where `tpsprof trace --straggler` asks the collector
 // which ranks of job to capture (request-reply).
 func StragglerSubject(job string) string { return "tpsprof.ctl." + Version + "." + job + ".straggler" }
