@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -168,8 +169,14 @@ func TestCaptureThroughAgent(t *testing.T) {
 	if err != nil || r.Rank == nil || *r.Rank != 5 || r.WorldSize == nil || *r.WorldSize != 8 {
 		t.Errorf("kept trace as kineto reads it: %v %+v", err, r)
 	}
-	if _, err := os.Stat(path); !os.IsNotExist(err) {
-		t.Errorf("the trace was left in the agent's folder: %v", err)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(path); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("the trace was left in the agent's folder")
+			break
+		}
 	}
 	// over (its one rank traced its one step): the next capture of the
 	// job waits out the gap, said
@@ -181,5 +188,46 @@ func TestCaptureThroughAgent(t *testing.T) {
 	st := a.Stats()
 	if st.Rejected["capture:invalid"] != 1 || st.Rejected["capture:busy"] != 2 || st.Rejected["capture:unknown"] != 1 {
 		t.Errorf("rejections %v", st.Rejected)
+	}
+}
+
+// A rank whose process does not take capture requests (here a client
+// that only writes records) is named once the accept wait passes, long
+// before the capture's timeout.
+func TestCaptureSilentRank(t *testing.T) {
+	a, nc := startWithNATS(t, Config{Node: "n0"})
+	conn, err := net.Dial("unix", a.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	now := time.Now().UnixNano()
+	for step := int64(0); step < 3; step++ {
+		b, _ := json.Marshal(map[string]any{"job": "silent", "rank": 0, "world_size": 1, "step": step, "tokens": 10,
+			"start_unix_ns": now + step*1e8, "end_unix_ns": now + step*1e8 + 5e7})
+		conn.Write(append(b, '\n'))
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		acks, err := capture.Probe(context.Background(), nc, "silent", 300*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(acks) == 1 && len(acks[0].Ranks) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the rank never reached the agent: %+v", a.Stats())
+		}
+	}
+	start := time.Now()
+	v, err := capture.Run(context.Background(), nc, capture.Options{Job: "silent", Steps: 1, AtStep: -1, Timeout: time.Minute, AcceptWait: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Ranks) != 0 || len(v.Missing) != 1 || !strings.Contains(v.Missing[0].Why, "did not accept the request within 500ms") {
+		t.Fatalf("%+v", v)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Errorf("the capture waited %s for a rank that never accepts", d)
 	}
 }

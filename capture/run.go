@@ -34,6 +34,9 @@ type Options struct {
 	// Timeout bounds the whole capture; ProbeWait how long agents have to
 	// answer; Lead how far ahead the first step is chosen.
 	Timeout, ProbeWait, Lead time.Duration
+	// AcceptWait is how long a rank has to accept the request (default
+	// 10 s; a rank running the package does within about 50 ms).
+	AcceptWait time.Duration
 	// Progress, when set, is told what happens as it happens.
 	Progress func(string)
 }
@@ -56,6 +59,9 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	}
 	if o.Lead <= 0 {
 		o.Lead = time.Second
+	}
+	if o.AcceptWait <= 0 {
+		o.AcceptWait = 10 * time.Second
 	}
 	say := o.Progress
 	if say == nil {
@@ -196,11 +202,23 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 		}
 		return true
 	}
+	// A rank running the package accepts within about one 50 ms batch of
+	// its sender thread, whatever its step time: one silent after
+	// AcceptWait does not take requests, and is not waited for.
+	acceptBy := time.NewTimer(o.AcceptWait)
+	defer acceptBy.Stop()
 	timedOut := false
 	for !done() && !timedOut {
 		select {
 		case <-ctx.Done():
 			timedOut = true
+		case <-acceptBy.C:
+			for r, s := range state {
+				if !s.accepted && s.failed == "" && len(s.traced) == 0 {
+					s.failed = fmt.Sprintf("did not accept the request within %s: the rank does not take capture requests (a process without tpsprof's Python package, or an older one)", o.AcceptWait)
+					say(fmt.Sprintf("rank %d (%s): %s", r, expect[r], s.failed))
+				}
+			}
 		case m := <-ch:
 			if c := m.Header.Get(HeaderChunk); c != "" {
 				var k tkey
@@ -296,7 +314,9 @@ func gather(ctx context.Context, nc *nats.Conn, subj string, req Request, wait t
 	if err := nc.PublishRequest(subj, inbox, b); err != nil {
 		return nil, fmt.Errorf("capture: request: %w", err)
 	}
-	if err := nc.FlushWithContext(ctx); err != nil {
+	fctx, fcancel := context.WithTimeout(ctx, max(wait, 5*time.Second)) // (a flush needs a deadline)
+	defer fcancel()
+	if err := nc.FlushWithContext(fctx); err != nil {
 		return nil, fmt.Errorf("capture: NATS: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, wait)
