@@ -316,9 +316,14 @@ func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats,
 	}
 	rep.Device, rep.Figures, rep.CallsDropped = r.Device, *s, r.CallsDropped
 	for _, call := range r.Calls {
-		if call.Step == n.Step {
-			rep.Calls = append(rep.Calls, call)
+		if call.Step != n.Step {
+			continue
 		}
+		if len(rep.Calls) == capture.MaxReportCalls {
+			rep.CallsDropped++ // a NATS message holds 1 MiB
+			continue
+		}
+		rep.Calls = append(rep.Calls, call)
 	}
 	var chunks [][]byte
 	if c.req.Keep {

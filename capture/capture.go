@@ -57,6 +57,12 @@ const (
 	MaxKeepBytes = 64 << 20
 	// ChunkBytes is the size of the pieces a kept trace travels in.
 	ChunkBytes = 256 << 10
+	// MaxReportCalls bounds the calls of one step a report carries (about
+	// 120 bytes each: a NATS message holds 1 MiB by default).
+	MaxReportCalls = 6000
+	// MaxViewCollectives bounds the matched calls a View lists (those the
+	// ranks waited longest at are kept).
+	MaxViewCollectives = 2000
 )
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)

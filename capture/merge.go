@@ -324,6 +324,14 @@ func Merge(id, job string, results []RankResult) *View {
 		}
 		v.Culprit = cu
 	}
+	if n := len(v.Collectives); n > MaxViewCollectives {
+		slices.SortStableFunc(v.Collectives, func(a, b Collective) int { return cmp.Compare(b.SpreadUs, a.SpreadUs) })
+		v.Collectives = v.Collectives[:MaxViewCollectives]
+		slices.SortStableFunc(v.Collectives, func(a, b Collective) int {
+			return cmp.Or(cmp.Compare(a.Step, b.Step), cmp.Compare(a.Group, b.Group), cmp.Compare(a.Seq, b.Seq))
+		})
+		v.Notes = append(v.Notes, fmt.Sprintf("%d matched calls; the %d with the longest waits are listed (the figures count them all)", n, MaxViewCollectives))
+	}
 	return v
 }
 

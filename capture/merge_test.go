@@ -151,3 +151,40 @@ func TestRequestValidate(t *testing.T) {
 		t.Error("targets")
 	}
 }
+
+// A view past MaxViewCollectives lists the calls waited at longest and
+// says so; the culprit's figures count every call.
+func TestMergeBoundsTheList(t *testing.T) {
+	var rs []Report
+	const calls = 1200 // × 2 steps > MaxViewCollectives
+	for step := int64(0); step < 2; step++ {
+		for rank := int64(0); rank < 2; rank++ {
+			r := Report{Rank: rank, Step: step, State: StateTraced}
+			for i := int64(0); i < calls; i++ {
+				late := int64(0)
+				if rank == 1 && i%2 == 0 {
+					late = 100_000 // 0.1 ms at every other call
+				}
+				at := step*1e10 + i*1e6
+				r.Calls = append(r.Calls, kineto.Call{Step: step, Kind: "all_reduce", StartNs: at + late, EndNs: at + 500_000})
+			}
+			rs = append(rs, r)
+		}
+	}
+	v := Merge("c", "j", rs)
+	if len(v.Collectives) != MaxViewCollectives || len(v.Notes) != 1 || !strings.Contains(v.Notes[0], "2400 matched calls") {
+		t.Fatalf("%d listed, notes %v", len(v.Collectives), v.Notes)
+	}
+	if v.Culprit == nil || v.Culprit.Rank != 1 || v.Culprit.LastArrivals != calls || v.Culprit.Collectives != 2*calls {
+		t.Fatalf("culprit %+v", v.Culprit)
+	}
+	late := 0
+	for _, c := range v.Collectives {
+		if c.SpreadUs >= 50 {
+			late++
+		}
+	}
+	if late != calls { // every call with a wait is among those listed
+		t.Errorf("%d calls with a wait listed, want %d", late, calls)
+	}
+}
