@@ -55,16 +55,31 @@ func (j *jobState) askCapture(cfg *Config, t *tally, e *LiveEpisode, key string)
 	t.captures = append(t.captures, captureAsk{job: j.id, attempt: e.Attempt, key: key, startStep: e.StartStep, ranks: ranks})
 }
 
-// withPeer is the episode's first rank and the fastest rank outside it
-// (the lowest recent compute time); job lock held.
+// withPeer is the episode's slowest rank (the highest recent compute
+// time: a node's episode holds every flagged rank of the node) and the
+// fastest rank outside the episode, or else the fastest other rank; job
+// lock held.
 func (j *jobState) withPeer(e *LiveEpisode) []int64 {
-	peer, best := int64(-1), 0.0
-	for r, v := range j.computeEWMA {
-		if v > 0 && (peer < 0 || v < best) && !contains(e.Ranks, int64(r)) {
-			peer, best = int64(r), v
+	slow, worst := e.Ranks[0], -1.0
+	for _, r := range e.Ranks {
+		if r >= 0 && r < int64(len(j.computeEWMA)) && j.computeEWMA[r] > worst {
+			slow, worst = r, j.computeEWMA[r]
 		}
 	}
-	ranks := []int64{e.Ranks[0]}
+	pick := func(skip func(int64) bool) int64 {
+		peer, best := int64(-1), 0.0
+		for r, v := range j.computeEWMA {
+			if v > 0 && (peer < 0 || v < best) && !skip(int64(r)) {
+				peer, best = int64(r), v
+			}
+		}
+		return peer
+	}
+	peer := pick(func(r int64) bool { return contains(e.Ranks, r) })
+	if peer < 0 {
+		peer = pick(func(r int64) bool { return r == slow })
+	}
+	ranks := []int64{slow}
 	if peer >= 0 {
 		ranks = append(ranks, peer)
 	}
