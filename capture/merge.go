@@ -49,6 +49,10 @@ type RankView struct {
 	WaitUs       float64 `json:"wait_us"`
 	LastArrivals int     `json:"last_arrivals"`
 	HeldBackUs   float64 `json:"held_back_us"`
+	// TransferUs is the communication time that was not waiting for a
+	// later rank: CommUs less WaitUs (at least 0), the split of the time in
+	// collectives measured from arrival times.
+	TransferUs float64 `json:"transfer_us"`
 }
 
 // Collective is one call matched across the ranks that made it.
@@ -323,6 +327,10 @@ func Merge(id, job string, results []RankResult) *View {
 			cu.OthersWaitUs = wait / float64(len(v.Ranks)-1)
 		}
 		v.Culprit = cu
+	}
+	for i := range v.Ranks {
+		r := &v.Ranks[i]
+		r.TransferUs = max(r.CommUs-r.WaitUs, 0)
 	}
 	if n := len(v.Collectives); n > MaxViewCollectives {
 		slices.SortStableFunc(v.Collectives, func(a, b Collective) int { return cmp.Compare(b.SpreadUs, a.SpreadUs) })

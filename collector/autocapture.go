@@ -182,7 +182,8 @@ func (c *Collector) runCapture(ctx context.Context, ask captureAsk) {
 		}
 		var ranks []map[string]any
 		for _, r := range v.Ranks {
-			ranks = append(ranks, map[string]any{"rank": r.Rank, "compute_us": r.ComputeUs, "comm_us": r.CommUs, "exposed_comm_us": r.ExposedCommUs, "wait_us": r.WaitUs})
+			ranks = append(ranks, map[string]any{"rank": r.Rank, "compute_us": r.ComputeUs, "comm_us": r.CommUs, "exposed_comm_us": r.ExposedCommUs,
+				"wait_us": r.WaitUs, "transfer_us": r.TransferUs})
 		}
 		detail["figures"] = ranks
 	}

@@ -43,6 +43,7 @@ def main():
     p.add_argument("--truth", required=True, help="folder for the job's own measurements")
     a = p.parse_args()
 
+    torch.set_num_threads(1)  # ranks sharing a few CPU cores do not also share them among threads
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")

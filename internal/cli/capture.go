@@ -173,14 +173,15 @@ func printCapture(w io.Writer, v *capture.View) {
 	fmt.Fprintf(w, ": %d ranks traced\n\n", len(v.Ranks))
 	if len(v.Ranks) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "rank\tnode\tsteps\tstep ms\tcompute ms\tcomm ms\texposed ms\tidle ms\twaited ms\tlast at\theld back ms\t")
+		fmt.Fprintln(tw, "rank\tnode\tsteps\tstep ms\tcompute ms\tcomm ms\t(waited\ttransfer)\texposed ms\tidle ms\tlast at\theld back ms\t")
 		for _, r := range v.Ranks {
 			n := float64(max(r.Steps, 1))
-			fmt.Fprintf(tw, "%d\t%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t\n", r.Rank, r.Node, r.Steps,
-				r.DurationUs/1e3/n, r.ComputeUs/1e3/n, r.CommUs/1e3/n, r.ExposedCommUs/1e3/n, r.IdleUs/1e3/n, r.WaitUs/1e3/n, r.LastArrivals, r.HeldBackUs/1e3/n)
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%.1f\t\n", r.Rank, r.Node, r.Steps,
+				r.DurationUs/1e3/n, r.ComputeUs/1e3/n, r.CommUs/1e3/n, r.WaitUs/1e3/n, r.TransferUs/1e3/n, r.ExposedCommUs/1e3/n, r.IdleUs/1e3/n, r.LastArrivals, r.HeldBackUs/1e3/n)
 		}
 		tw.Flush()
-		fmt.Fprintln(w, "(per step; waited: at collectives, for the last rank to arrive; last at: collectives it arrived last at)")
+		fmt.Fprintln(w, "(per step; comm splits into waiting at collectives for the last rank to arrive and transfer after it;")
+		fmt.Fprintln(w, " last at: collectives it arrived last at; held back: the others' wait for it beyond the second-latest rank)")
 	}
 	fmt.Fprintln(w)
 	switch c := v.Culprit; {

@@ -141,6 +141,14 @@ func captureRun(t *testing.T, py string) {
 		if r.Steps != 2 || r.CommUs <= 0 || r.ComputeUs <= 0 || r.ExposedCommUs > r.CommUs || r.Node != "cap-node" {
 			t.Errorf("rank %d: %+v", r.Rank, r)
 		}
+		// time in collectives = waiting for the last rank + transfer: the
+		// slow rank waits for no one; the others mostly wait
+		if r.Rank == slowRank && (r.WaitUs > 0 || r.TransferUs != r.CommUs) {
+			t.Errorf("slow rank %d: waited %.1f ms, transfer %.1f of %.1f ms", r.Rank, r.WaitUs/1e3, r.TransferUs/1e3, r.CommUs/1e3)
+		}
+		if r.Rank != slowRank && (r.WaitUs < 0.5*r.CommUs || r.WaitUs > 1.1*r.CommUs) {
+			t.Errorf("rank %d: waited %.1f ms of %.1f ms in collectives", r.Rank, r.WaitUs/1e3, r.CommUs/1e3)
+		}
 	}
 	// the slow rank named
 	if v.Culprit == nil || v.Culprit.Rank != slowRank {
@@ -178,6 +186,7 @@ func captureRun(t *testing.T, py string) {
 	t.Logf("others waited %.1f ms each for rank %d over steps %v; by the job's clocks %.1f ms (ratio %.2f); its extra work %.1f ms; held back %.1f ms; offsets %v µs",
 		v.Culprit.OthersWaitUs/1e3, slowRank, v.Steps, want/1e3, ratio, extra/1e3, v.Culprit.HeldBackUs/1e3, offsets(v))
 	if ratio < 0.8 || ratio > 1.25 {
+		os.WriteFile(filepath.Join(os.TempDir(), "capture-fail-"+job+".json"), out.Bytes(), 0o644)
 		t.Errorf("others' wait %.1f ms vs %.1f ms by the job's own clocks (ratio %.2f)", v.Culprit.OthersWaitUs/1e3, want/1e3, ratio)
 	}
 	if want < 0.5*extra {
