@@ -153,7 +153,11 @@ func Merge(id, job string, results []RankResult) *View {
 		for _, r := range byRank[rk] {
 			for _, c := range r.Calls {
 				k := seqKey{rk, r.Step, c.Group}
-				seqs[k] = append(seqs[k], call{c.Kind, c.StartNs, c.EndNs})
+				arrive := c.StartNs
+				if c.IssueNs > 0 && c.IssueNs <= c.StartNs {
+					arrive = c.IssueNs // the rank's own call, not gloo's thread starting
+				}
+				seqs[k] = append(seqs[k], call{c.Kind, arrive, c.EndNs})
 				if groups[r.Step] == nil {
 					groups[r.Step] = map[string]bool{}
 				}

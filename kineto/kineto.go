@@ -140,6 +140,11 @@ type Call struct {
 	StartNs int64  `json:"start_ns"`
 	EndNs   int64  `json:"end_ns"`
 	Bytes   int64  `json:"bytes,omitempty"`
+	// IssueNs is when the rank's own thread called the collective (its
+	// c10d operator), in a CPU trace; 0 when unknown. gloo's worker thread
+	// starts the operation later, by a scheduling delay that an
+	// oversubscribed host stretches to tens of milliseconds.
+	IssueNs int64 `json:"issue_ns,omitempty"`
 }
 
 // MaxCalls bounds Result.Calls.
@@ -230,7 +235,13 @@ func analyze(r io.Reader, opt Options) (*Result, int, error) {
 	return res, a.maxHeld, err
 }
 
+type issue struct {
+	at   int64
+	kind uint8
+}
+
 type analyzer struct {
+	issues   []issue // c10d operators' starts (Options.Calls)
 	res      Result
 	steps    []stepSpan
 	sp       spill // GPU events, launches and CPU-trace operators, in file order
@@ -371,6 +382,10 @@ func (a *analyzer) event(b []byte) error {
 		n, ok := atoi(e.name[len("ProfilerStep#"):])
 		if ok {
 			a.steps = append(a.steps, stepSpan{n: n, span: sp})
+		}
+	case a.opt.Calls && bytes.HasPrefix(e.name, []byte("c10d::")) && (cat == "cpu_op" || cat == ""):
+		if k := collective(nil, e.name[len("c10d::"):]); k != 8 && len(a.issues) < MaxCalls {
+			a.issues = append(a.issues, issue{e.ts, k})
 		}
 	case bytes.HasPrefix(e.name, []byte("gloo:")):
 		return a.sp.add(gpuEvent{span: sp, corr: -1, cls: comm, coll: collective(e.collName, e.name[5:]),

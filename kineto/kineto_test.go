@@ -495,3 +495,37 @@ func TestCallsOfRealTraces(t *testing.T) {
 		}
 	}
 }
+
+// In a CPU (gloo) trace each call gets its issue time: the start of the
+// c10d operator that issued it on the rank's own thread, paired by kind
+// and order (gloo runs a group's operations in issue order), when it is
+// before gloo's thread started it.
+func TestCallIssueTimes(t *testing.T) {
+	trace := `{"traceEvents": [
+{"name": "ProfilerStep#3", "ph": "X", "cat": "user_annotation", "ts": 0, "dur": 100000, "tid": 1},
+{"name": "c10d::allreduce_", "ph": "X", "cat": "cpu_op", "ts": 1000, "dur": 50, "tid": 1},
+{"name": "c10d::broadcast_", "ph": "X", "cat": "cpu_op", "ts": 1500, "dur": 50, "tid": 1},
+{"name": "c10d::allreduce_", "ph": "X", "cat": "cpu_op", "ts": 2000, "dur": 50, "tid": 1},
+{"name": "gloo:all_reduce", "ph": "X", "ts": 9000, "dur": 3000, "tid": 2},
+{"name": "gloo:broadcast", "ph": "X", "ts": 12500, "dur": 100, "tid": 2},
+{"name": "gloo:all_reduce", "ph": "X", "ts": 13000, "dur": 1000, "tid": 2},
+{"name": "c10d::allreduce_", "ph": "X", "cat": "cpu_op", "ts": 50000, "dur": 50, "tid": 1}
+]}`
+	r, err := AnalyzeWith(strings.NewReader(trace), Options{Calls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []struct {
+		kind         string
+		issue, start int64
+	}{{"all_reduce", 1e6, 9e6}, {"broadcast", 1.5e6, 12.5e6}, {"all_reduce", 2e6, 13e6}}
+	if len(r.Calls) != len(want) {
+		t.Fatalf("calls %+v", r.Calls)
+	}
+	for i, w := range want {
+		c := r.Calls[i]
+		if c.Kind != w.kind || c.IssueNs != w.issue || c.StartNs != w.start || c.Step != 3 {
+			t.Errorf("call %d: %+v, want %+v", i, c, w)
+		}
+	}
+}

@@ -99,11 +99,17 @@ func (a *analyzer) result() (*Result, error) {
 		e.step = stepOf(e)
 		if e.cls == comm {
 			t.collective(e)
-			if a.opt.Calls && e.step >= 0 {
-				if len(r.Calls) < MaxCalls {
-					r.Calls = append(r.Calls, Call{Step: a.steps[e.step].n, Group: a.groupOf[e.group], Kind: collKinds[e.coll],
+			if a.opt.Calls {
+				// every call, also outside steps, for pairIssues; those
+				// outside (step -1) are dropped after
+				if len(r.Calls) < 2*MaxCalls {
+					step := int64(-1)
+					if e.step >= 0 {
+						step = a.steps[e.step].n
+					}
+					r.Calls = append(r.Calls, Call{Step: step, Group: a.groupOf[e.group], Kind: collKinds[e.coll],
 						StartNs: e.start, EndNs: e.end, Bytes: e.bytes})
-				} else {
+				} else if e.step >= 0 {
 					r.CallsDropped++
 				}
 			}
@@ -149,10 +155,47 @@ func (a *analyzer) result() (*Result, error) {
 	}
 	r.Collectives = t.collectives(a.groupOf)
 	sort.SliceStable(r.Calls, func(i, j int) bool { return r.Calls[i].StartNs < r.Calls[j].StartNs })
+	if cpu {
+		a.pairIssues(r.Calls)
+	}
+	r.Calls = slices.DeleteFunc(r.Calls, func(c Call) bool { return c.Step < 0 })
+	if len(r.Calls) > MaxCalls {
+		r.CallsDropped += int64(len(r.Calls) - MaxCalls)
+		r.Calls = r.Calls[:MaxCalls]
+	}
+	if len(r.Calls) == 0 {
+		r.Calls = nil
+	}
 	if len(r.Steps) == 0 {
 		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
 	}
 	return &r, nil
+}
+
+// pairIssues sets each gloo call's issue time: per kind, the k-th c10d
+// operator of the trace issued the k-th operation gloo ran (a process
+// group runs its operations in the order they were issued), when that
+// operator started before it; a trace that lost an operation at its end
+// (the profiler stopped first) pairs the earlier ones all the same.
+func (a *analyzer) pairIssues(calls []Call) {
+	sort.SliceStable(a.issues, func(i, j int) bool { return a.issues[i].at < a.issues[j].at })
+	byKind := map[string][]int64{}
+	for _, is := range a.issues {
+		byKind[collKinds[is.kind]] = append(byKind[collKinds[is.kind]], is.at)
+	}
+	next := map[string]int{}
+	for i := range calls {
+		c := &calls[i]
+		q := byKind[c.Kind]
+		k := next[c.Kind]
+		if k >= len(q) {
+			continue
+		}
+		next[c.Kind] = k + 1
+		if q[k] <= c.StartNs {
+			c.IssueNs = q[k]
+		}
+	}
 }
 
 // totals sums the whole trace's figures window by window.

@@ -146,7 +146,7 @@ func captureRun(t *testing.T, py string) {
 		if r.Rank == slowRank && (r.WaitUs > 0 || r.TransferUs != r.CommUs) {
 			t.Errorf("slow rank %d: waited %.1f ms, transfer %.1f of %.1f ms", r.Rank, r.WaitUs/1e3, r.TransferUs/1e3, r.CommUs/1e3)
 		}
-		if r.Rank != slowRank && (r.WaitUs < 0.5*r.CommUs || r.WaitUs > 1.1*r.CommUs) {
+		if r.Rank != slowRank && r.WaitUs < 0.5*r.CommUs {
 			t.Errorf("rank %d: waited %.1f ms of %.1f ms in collectives", r.Rank, r.WaitUs/1e3, r.CommUs/1e3)
 		}
 	}
