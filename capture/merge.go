@@ -95,13 +95,15 @@ type Missing struct {
 // collective ends cannot tell who was last.
 const minLeadNs = 50_000
 
-// Merge joins the ranks' results of one capture. Calls are matched by
-// step, process group and order within the group in that step (every rank
-// of a group issues its collectives in the same order); the ranks' clocks
-// are aligned by the median difference of the ends of the calls they share
-// with the reference rank (a collective completes at about the same moment
-// on every rank: the last arrival releases them all), so ranks on nodes
-// with skewed clocks or traces with different time origins compare.
+// Merge joins the ranks' results of one capture. Per step and process
+// group, each rank's calls are matched with the group's lowest rank's in
+// order (every rank of a group issues its collectives in the same order),
+// by their ends on aligned clocks: a collective completes at about the
+// same moment on every rank (the last arrival releases them all). Each
+// trace's offset is the one that matches the most calls within matchTolNs,
+// refined to the median difference of the matched ends, so traces with
+// their own time origins and nodes with skewed clocks compare, and a call
+// one trace lacks is left out without shifting the others.
 func Merge(id, job string, results []RankResult) *View {
 	v := &View{ID: id, Job: job}
 	byRank := map[int64][]RankResult{}
