@@ -234,7 +234,8 @@ type Agent struct {
 	captureMu sync.Mutex
 	captures  map[string]*liveCapture // on-demand captures in progress, by id
 	capEnded  map[string]time.Time    // job → when its last capture ended here
-	capSubs   sync.Map                // job → *capSub: the job's capture requests, subscribed once it has a rank here
+	dialErr   atomic.Pointer[error]
+	capSubs   sync.Map // job → *capSub: the job's capture requests, subscribed once it has a rank here
 	capSubN   atomic.Int64
 
 	done      chan struct{}
@@ -242,6 +243,18 @@ type Agent struct {
 	closeOnce sync.Once
 	// traceDirErr is why the trace folder was refused (nil: usable).
 	traceDirErr error
+}
+
+// natsErr is why NATS is not reachable: the connection's last error, or
+// the last failed attempt's (a server never reached leaves no last error).
+func (a *Agent) natsErr() error {
+	if err := a.nc.LastError(); err != nil {
+		return err
+	}
+	if p := a.dialErr.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // ErrSocketInUse means another agent already serves the socket path.
@@ -290,6 +303,11 @@ func Start(cfg Config) (*Agent, error) {
 				return
 			}
 			a.log.Warn("disconnect", "NATS disconnected; buffering", "err", err)
+		}),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				a.dialErr.Store(&err) // why the last attempt failed, for the messages
+			}
 		}),
 		nats.ReconnectHandler(func(*nats.Conn) {
 			// Collectors resubscribe after a server restart at the same

@@ -237,12 +237,12 @@ func (p *publisher) drain() {
 		}
 		// Say so from the start and keep saying it (rate-limited): a
 		// wrong URL must not be found only when the job ends.
-		if d := time.Since(p.downSince); d >= natsDownWarnAfter && natsconn.Refused(p.a.nc.LastError()) {
+		if d := time.Since(p.downSince); d >= natsDownWarnAfter && natsconn.Refused(p.a.natsErr()) {
 			p.a.log.Warn("nats-down", "NATS refused this agent's credentials (wrong token, user or password): nothing is published until they are fixed; step records are held, past the buffer the oldest are dropped",
 				"url", natsconn.Redacted(p.a.cfg.NATS.URL), "for", d.Round(time.Second), "err", p.a.nc.LastError(), "buffered_bytes", p.queueBytes, "dropped_records", p.dropped.Load())
 		} else if d >= natsDownWarnAfter {
 			p.a.log.Warn("nats-down", "NATS unreachable: step records are held and published when it comes up; past the buffer the oldest are dropped",
-				"url", natsconn.Redacted(p.a.cfg.NATS.URL), "for", d.Round(time.Second), "buffered_bytes", p.queueBytes, "buffer_max_bytes", p.a.cfg.BufferBytes, "dropped_records", p.dropped.Load())
+				"url", natsconn.Redacted(p.a.cfg.NATS.URL), "cause", natsconn.Cause(p.a.natsErr()), "for", d.Round(time.Second), "buffered_bytes", p.queueBytes, "buffer_max_bytes", p.a.cfg.BufferBytes, "dropped_records", p.dropped.Load())
 		}
 	case p.sawDown:
 		p.sawDown = false

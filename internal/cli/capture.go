@@ -7,8 +7,11 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tpsprof/tpsprof/capture"
 	"github.com/tpsprof/tpsprof/collector"
@@ -80,7 +83,12 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 		no.URL = "nats://127.0.0.1:4222"
 	}
 	no.Name = "tpsprof-trace"
-	nc, err := natsconn.Connect(no)
+	var dialErr atomic.Pointer[error]
+	nc, err := natsconn.Connect(no, nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+		if err != nil {
+			dialErr.Store(&err)
+		}
+	}))
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof trace: %v\n", err)
 		return exitError
@@ -90,7 +98,14 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 	defer cancel()
 	// a NATS server that is not there: said now, not as "no agent"
 	if err := nc.FlushTimeout(5 * time.Second); err != nil {
-		fmt.Fprintf(stderr, "tpsprof trace: no NATS server answers at %s (%v): give the collector's with --nats\n", no.URL, err)
+		why := nc.LastError()
+		if p := dialErr.Load(); why == nil && p != nil {
+			why = *p
+		}
+		if why == nil {
+			why = err
+		}
+		fmt.Fprintf(stderr, "tpsprof trace: NATS at %s: %s (give the collector's with --nats)\n", natsconn.Redacted(no.URL), natsconn.Cause(why))
 		return exitError
 	}
 	if *straggler {

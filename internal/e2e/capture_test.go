@@ -103,6 +103,7 @@ func captureRun(t *testing.T, py string) {
 		says string
 	}{
 		{[]string{"trace", "no-such-job", "--nats", srv.URL()}, 1, "no agent serves a rank of the job"},
+		{[]string{"trace", job, "--nats", "nats://127.0.0.1:1"}, 1, "nothing listens on that port"},
 		{[]string{"trace", job, "--nats", srv.URL(), "--at-step", "0"}, 1, "step 0 is already past"},
 		{[]string{"trace", job, "--nats", srv.URL(), "--steps", "0"}, 2, "--steps 0"},
 		{[]string{"trace", job, "--nats", srv.URL(), "--ranks", "3-1"}, 2, "not a rank range"},

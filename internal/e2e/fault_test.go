@@ -226,6 +226,12 @@ func TestNATSUnreachableSaidAtStart(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	for !strings.Contains(logs.String(), "nothing listens on that port") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the cause not said within 6 s:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	out := logs.String()
 	if !strings.Contains(out, "127.0.0.1:1") || strings.Contains(out, "secret") || !strings.Contains(out, "buffered_bytes") {
 		t.Errorf("warning: %s", out)

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -117,6 +118,33 @@ func Refused(err error) bool {
 	}
 	m := strings.ToLower(err.Error())
 	return strings.Contains(m, "authorization violation") || strings.Contains(m, "authentication")
+}
+
+// Cause says in words why a connection to NATS failed, for the messages
+// that report it: wrong credentials, a host name that does not resolve,
+// nothing listening on the port, something that is not NATS answering
+// there (an HTTP or TLS port), or no answer at all; "" for nil.
+func Cause(err error) string {
+	var dns *net.DNSError
+	var op *net.OpError
+	switch {
+	case err == nil:
+		return ""
+	case Refused(err):
+		return "the server refused the credentials (wrong token, user or password)"
+	case errors.As(err, &dns):
+		return "the host name does not resolve (DNS): " + dns.Name
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "nothing listens on that port (connection refused)"
+	case errors.Is(err, nats.ErrNoInfoReceived), strings.Contains(err.Error(), "expected INFO"),
+		errors.As(err, &op) && op.Op == "read" && op.Timeout():
+		return "something answers on that port but not as NATS does (the HTTP or monitoring port, or TLS where plain was expected?)"
+	case errors.As(err, &op) && op.Op == "dial" && op.Timeout(), errors.Is(err, nats.ErrTimeout):
+		return "no answer (the host is down, or a firewall drops the connection)"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "no route to the host"
+	}
+	return err.Error()
 }
 
 // Embedded is the real nats-server, in process.
