@@ -491,7 +491,8 @@ func TestLiveStragglerEpisode(t *testing.T) {
 	send(0, 20, false)
 	send(20, 40, true)
 	eps := c.Summary().Jobs[0].StragglerEpisodes
-	if len(eps) != 1 || eps[0].Node != "n1" || eps[0].EndStep != nil || eps[0].StartStep < 20 || eps[0].StartStep > 39 || !slices.Contains(eps[0].Ranks, 2) {
+	// it starts where rank 2 slowed down, not where its average crossed
+	if len(eps) != 1 || eps[0].Node != "n1" || eps[0].EndStep != nil || eps[0].StartStep != 20 || !slices.Contains(eps[0].Ranks, 2) {
 		t.Fatalf("open episode: %+v", eps)
 	}
 	send(40, 80, false)

@@ -36,6 +36,7 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	steps := j.recentSteps()
 	last := steps[len(steps)-1]
 	best := j.bestCompute()
+	j.bestSeen = best
 	flagged := map[string]*LiveEpisode{}
 	if best > 0 {
 		for r, v := range j.computeEWMA {
@@ -82,6 +83,13 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 			j.openEpisodes = map[string]*LiveEpisode{}
 		}
 		f.Attempt, f.StartStep, f.WorstScore = last.Attempt, last.Step, f.Score
+		// where its slowest ranks' run of slow steps began, not where the
+		// moving average crossed the threshold
+		for _, r := range f.Ranks {
+			if r < int64(len(j.slowSince)) && j.slowSince[r] >= 0 && j.slowSince[r] < f.StartStep {
+				f.StartStep = j.slowSince[r]
+			}
+		}
 		j.openEpisodes[key] = f
 		j.askCapture(cfg, t, f, key)
 	}

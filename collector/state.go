@@ -138,7 +138,7 @@ type limits struct {
 // memBudget bounds the memory the declared world sizes of all jobs may
 // claim: per open step an accumulator sized to the world
 // (tps.StepAccumulatorBytes) and the rank bits kept once it closes, per
-// job 24 bytes a rank (node names, compute averages). A record whose step
+// job 32 bytes a rank (node names, compute averages, slow-since steps). A record whose step
 // would go past it is rejected (world_size:memory) instead of the
 // collector being killed for memory: one record claiming the largest
 // world costs ~67 MB of open step. It is an atomic, not a lock.
@@ -167,8 +167,9 @@ func (m *memBudget) give(n int64) {
 }
 
 // jobBytesPerRank is what a job holds per rank of its world besides its
-// open steps: a node name (a string header) and a compute average.
-const jobBytesPerRank = 24
+// open steps: a node name (a string header), a compute average and the
+// step its current run of slow compute times began.
+const jobBytesPerRank = 32
 
 type pendingRow struct {
 	row      tps.ClusterStep
@@ -232,6 +233,8 @@ type jobState struct {
 	lastTPJ                              float64
 	computeEWMA                          []float64 // per rank, ns
 	openEpisodes                         map[string]*LiveEpisode
+	slowSince                            []int64 // per rank: first step of its current run of slow compute times, -1 for none
+	bestSeen                             float64 // the fastest compute average at the last episode tracking
 	lastAutoCapture                      time.Time
 	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
 	episodesEnded                        int64                             // closed since the job started
@@ -300,10 +303,18 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 	return true
 }
 
-// observeCompute folds a rank's compute time into its moving average.
-func (s *jobState) observeCompute(rank int64, ns float64) {
+// observeCompute folds a rank's compute time at step into its moving
+// average, and notes from which step on its own compute times have been
+// below the straggler threshold against the fastest average (so that an
+// episode, which opens once the average crosses it, starts where the
+// slowness began: a rank 1.4 times slower crosses ~17 steps later).
+func (s *jobState) observeCompute(rank int64, ns float64, step int64) {
 	if int64(len(s.computeEWMA)) != s.world {
 		s.computeEWMA = make([]float64, s.world)
+		s.slowSince = make([]int64, s.world)
+		for i := range s.slowSince {
+			s.slowSince[i] = -1
+		}
 	}
 	if rank < 0 || rank >= int64(len(s.computeEWMA)) {
 		return
@@ -312,6 +323,12 @@ func (s *jobState) observeCompute(rank int64, ns float64) {
 		s.computeEWMA[rank] = ns
 	} else {
 		s.computeEWMA[rank] = e + ewmaAlpha*(ns-e)
+	}
+	switch slow := s.bestSeen > 0 && ns > 0 && s.bestSeen/ns < tps.StragglerThreshold; {
+	case !slow:
+		s.slowSince[rank] = -1
+	case s.slowSince[rank] < 0 || step < s.slowSince[rank]:
+		s.slowSince[rank] = step
 	}
 }
 
@@ -636,7 +653,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 		return k, false, false
 	}
 	t.records++
-	s.observeCompute(r.Rank, float64(r.ComputeNs()))
+	s.observeCompute(r.Rank, float64(r.ComputeNs()), r.Step)
 	if st.acc.Full() {
 		s.closeFull(k, st, t)
 	}
