@@ -329,6 +329,9 @@ func (c *Collector) apply(t *tally) {
 			c.log.Warn(w.key, w.msg, w.args...)
 		}
 	}
+	if j := t.backpressure; j != nil {
+		j.waitWriters()
+	}
 	for _, ask := range t.captures {
 		select {
 		case c.captureCh <- ask:
@@ -844,6 +847,7 @@ func (c *Collector) lockJob(id string, t *tally) *job {
 		j.touched.Store(t.now.UnixNano())
 		j.mu.Lock()
 		if !j.evicted {
+			t.backpressure = j
 			return j
 		}
 		j.mu.Unlock() // evicted meanwhile: take the job anew

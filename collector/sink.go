@@ -40,6 +40,19 @@ func (j *sink) closeWriters() error {
 }
 
 // writerErrors and writerLost sum the job's writers' counters.
+// waitWriters waits until no table's writer has more than maxBacklog
+// commands queued: a message handler's back-pressure, after it released
+// the job's lock (never under it: the loop and /api/summary take it).
+func (j *sink) waitWriters() {
+	if j.ranks == nil {
+		return
+	}
+	j.ranks.waitBelow(maxBacklog)
+	j.cluster.waitBelow(maxBacklog)
+	j.events.waitBelow(maxBacklog)
+	j.gpus.waitBelow(maxBacklog)
+}
+
 func (j *sink) writerErrors() int64 {
 	if j.ranks == nil {
 		return 0

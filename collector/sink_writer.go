@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,31 +15,79 @@ import (
 // through one), and encoding Parquet overlaps with decoding and
 // aggregating the next messages (a second core's worth of work; see
 // BENCHMARKS.md). Commands run in order: a rotation waits for every write
-// queued before it. The queue is bounded: a writer that falls behind slows
-// the handler, memory stays flat.
+// queued before it. Queuing never blocks, so no one waits for a disk while
+// holding a job's lock (one job's stalled writer used to stall the loop,
+// and with it every other job, and /api/summary); the queue is bounded by
+// the message handlers, which wait (waitBelow) after releasing the job's
+// lock while its backlog is past maxBacklog: a writer that falls behind
+// slows its job's messages, memory stays flat.
 type asyncWriter[T any] struct {
 	w       *trace.PartWriter[T]
-	ch      chan writeCmd[T]
 	wg      sync.WaitGroup
 	release func([]T) // takes written rows back (a pool); nil drops them
+
+	mu     sync.Mutex
+	space  *sync.Cond // signalled as the queue shrinks
+	work   *sync.Cond // signalled as commands come
+	queue  []writeCmd[T]
+	busy   int // commands taken by the goroutine, not done yet
+	closed bool
 
 	errors, lost atomic.Int64
 	failed       atomic.Bool // a write failed since the last rotation (durable mode)
 	onError      func(error)
 }
 
+// maxBacklog is how many commands a writer may have queued before its
+// job's message handlers wait (outside the job's lock) for it to catch up.
+const maxBacklog = 8
+
 type writeCmd[T any] struct {
 	rows   []T
 	rotate bool
 	due    time.Time // rotate only if the part is older than PartAge at this time
 	reply  chan error
+	hold   chan struct{} // (tests) the writer waits for it to close, as for a hung disk
 }
 
 func newAsyncWriter[T any](w *trace.PartWriter[T], release func([]T), onError func(error)) *asyncWriter[T] {
-	r := &asyncWriter[T]{w: w, ch: make(chan writeCmd[T], 8), release: release, onError: onError}
+	r := &asyncWriter[T]{w: w, release: release, onError: onError}
+	r.space, r.work = sync.NewCond(&r.mu), sync.NewCond(&r.mu)
 	r.wg.Add(1)
 	go r.loop()
 	return r
+}
+
+// push queues a command without waiting.
+func (r *asyncWriter[T]) push(cmd writeCmd[T]) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		if cmd.reply != nil {
+			cmd.reply <- errWriterClosed
+		}
+		return
+	}
+	r.queue = append(r.queue, cmd)
+	r.work.Signal()
+	r.mu.Unlock()
+}
+
+// backlog is how many commands wait or run.
+func (r *asyncWriter[T]) backlog() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.queue) + r.busy
+}
+
+// waitBelow waits until at most n commands wait or run (or the writer is
+// closed). Never call it holding a job's lock.
+func (r *asyncWriter[T]) waitBelow(n int) {
+	r.mu.Lock()
+	for !r.closed && len(r.queue)+r.busy > n {
+		r.space.Wait()
+	}
+	r.mu.Unlock()
 }
 
 // releaseRecords returns written rank rows to the decode pool.
@@ -50,29 +99,55 @@ func releaseRecords(rows []tps.StepRecord) {
 
 func (r *asyncWriter[T]) loop() {
 	defer r.wg.Done()
-	for cmd := range r.ch {
-		var err error
-		switch {
-		case cmd.rows != nil:
-			err = r.w.Write(cmd.rows)
-			if r.release != nil {
-				r.release(cmd.rows)
-			}
-		case cmd.rotate && (cmd.due.IsZero() || r.w.Due(cmd.due)):
-			err = r.w.Rotate()
+	r.mu.Lock()
+	for {
+		for len(r.queue) == 0 && !r.closed {
+			r.work.Wait()
 		}
-		if err != nil {
-			// every row of a part that failed, counted by the part writer
-			r.lost.Store(r.w.Lost())
-			r.errors.Add(1)
-			r.failed.Store(true)
-			if r.onError != nil {
-				r.onError(err)
-			}
+		if len(r.queue) == 0 {
+			r.mu.Unlock()
+			return // closed, and everything queued is done
 		}
-		if cmd.reply != nil {
-			cmd.reply <- err
+		cmds := r.queue
+		r.queue = nil
+		r.busy = len(cmds)
+		r.mu.Unlock()
+		for _, cmd := range cmds {
+			r.run(cmd) // disk I/O: no lock held
+			r.mu.Lock()
+			r.busy--
+			r.space.Broadcast()
+			r.mu.Unlock()
 		}
+		r.mu.Lock()
+	}
+}
+
+func (r *asyncWriter[T]) run(cmd writeCmd[T]) {
+	if cmd.hold != nil {
+		<-cmd.hold
+	}
+	var err error
+	switch {
+	case cmd.rows != nil:
+		err = r.w.Write(cmd.rows)
+		if r.release != nil {
+			r.release(cmd.rows)
+		}
+	case cmd.rotate && (cmd.due.IsZero() || r.w.Due(cmd.due)):
+		err = r.w.Rotate()
+	}
+	if err != nil {
+		// every row of a part that failed, counted by the part writer
+		r.lost.Store(r.w.Lost())
+		r.errors.Add(1)
+		r.failed.Store(true)
+		if r.onError != nil {
+			r.onError(err)
+		}
+	}
+	if cmd.reply != nil {
+		cmd.reply <- err
 	}
 }
 
@@ -80,20 +155,30 @@ func (r *asyncWriter[T]) loop() {
 func recordBuffer() []tps.StepRecord { return (*decodeBufs.Get().(*[]tps.StepRecord))[:0] }
 
 // write hands rows over; the caller must not touch them again.
-func (r *asyncWriter[T]) write(rows []T) { r.ch <- writeCmd[T]{rows: rows} }
+func (r *asyncWriter[T]) write(rows []T) { r.push(writeCmd[T]{rows: rows}) }
 
 // rotateIfDue finalises the part if it is older than PartAge, without waiting.
-func (r *asyncWriter[T]) rotateIfDue(now time.Time) { r.ch <- writeCmd[T]{rotate: true, due: now} }
+// A rotation already waiting at the queue's end stands for this one (a
+// stalled writer's queue does not grow by a rotation every tick).
+func (r *asyncWriter[T]) rotateIfDue(now time.Time) {
+	r.mu.Lock()
+	n := len(r.queue)
+	pending := n > 0 && r.queue[n-1].rotate && r.queue[n-1].reply == nil
+	r.mu.Unlock()
+	if !pending {
+		r.push(writeCmd[T]{rotate: true, due: now})
+	}
+}
 
 // rotateNow finalises the open part after every queued write, without
 // waiting.
-func (r *asyncWriter[T]) rotateNow() { r.ch <- writeCmd[T]{rotate: true} }
+func (r *asyncWriter[T]) rotateNow() { r.push(writeCmd[T]{rotate: true}) }
 
 // rotateAsync queues a rotation and returns where its result will come;
 // the caller may wait for it after releasing its locks (see settle).
 func (r *asyncWriter[T]) rotateAsync() chan error {
 	reply := make(chan error, 1)
-	r.ch <- writeCmd[T]{rotate: true, reply: reply}
+	r.push(writeCmd[T]{rotate: true, reply: reply})
 	return reply
 }
 
@@ -114,7 +199,13 @@ func (r *asyncWriter[T]) rotate() error { return r.settle(r.rotateAsync()) }
 // close finalises and stops the goroutine.
 func (r *asyncWriter[T]) close() error {
 	err := r.rotate()
-	close(r.ch)
+	r.mu.Lock()
+	r.closed = true
+	r.space.Broadcast()
+	r.work.Broadcast() // the goroutine finishes what is queued, then returns
+	r.mu.Unlock()
 	r.wg.Wait()
 	return err
 }
+
+var errWriterClosed = errors.New("collector: the table's writer is closed")

@@ -93,6 +93,9 @@ type tally struct {
 	metaChanged               bool              // the parts' metadata snapshot is stale
 	liveChanged               bool              // the figures /metrics reads changed
 	captures                  []captureAsk      // automatic captures to start
+	// backpressure is the job a message handler locked: once the lock is
+	// released, apply waits for its writers to catch up (waitWriters)
+	backpressure *job
 }
 
 // warning is a log line the state asks for: key rate-limits it (empty:
