@@ -54,7 +54,7 @@ type Config struct {
 	// claim (default DefaultMaxStateBytes: a quarter of the memory the
 	// process may use, at most 4 GiB): open steps cost
 	// tps.StepAccumulatorBytes(world) each plus a bit per rank kept after
-	// they close, a job 24 bytes per rank. A record that would go past it
+	// they close, a job 128 KiB and 32 bytes per rank. A record that would go past it
 	// is rejected (world_size:memory): a record claiming the largest world
 	// costs ~67 MB of open step, and a few hundred used to get the
 	// collector killed. 131,072 ranks with 256 open steps fit in 1 GiB.

@@ -169,6 +169,12 @@ func (m *memBudget) give(n int64) {
 	}
 }
 
+// jobBaseBytes is what a job that sent a record costs before its tables'
+// Parquet writers are made (they are made per table once it has 512 rows
+// or a part rotates: trace.PartWriter stages the first rows): measured at
+// 68 KiB (TestOneRecordJobMemory), charged with headroom.
+const jobBaseBytes = 128 << 10
+
 // jobBytesPerRank is what a job holds per rank of its world besides its
 // open steps: a node name (a string header), a compute average and the
 // step its current run of slow compute times began.
@@ -586,13 +592,17 @@ func (s *jobState) setWorld(world, attempt int64, strict bool, t *tally) bool {
 		t.warn("world", "record with another world size than its attempt's rejected", "job", s.id, "attempt", attempt, "world_size", world, "attempt_world_size", s.world)
 		return false
 	}
-	if !s.lim.mem.take(jobBytesPerRank * world) {
+	base := int64(0)
+	if s.world == 0 {
+		base = jobBaseBytes // the job's first world size: its own cost too
+	}
+	if !s.lim.mem.take(base + jobBytesPerRank*world) {
 		t.reject("world_size:memory", 1)
 		t.warn("memory", "record rejected: the collector's memory budget for declared world sizes is spent", "job", s.id, "world_size", world)
 		return false
 	}
 	s.lim.mem.give(jobBytesPerRank * s.world)
-	s.held += jobBytesPerRank * (world - s.world)
+	s.held += base + jobBytesPerRank*(world-s.world)
 	if s.world != 0 && len(s.open) > 0 {
 		s.closeAll(t)
 	}

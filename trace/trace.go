@@ -136,6 +136,7 @@ type PartWriter[T any] struct {
 
 	f       *os.File
 	w       *parquet.GenericWriter[T]
+	staged  []T // the open part's first rows, before a Parquet writer is made for them
 	tmp     string
 	rows    int64
 	opened  time.Time
@@ -199,15 +200,30 @@ func (p *PartWriter[T]) open() error {
 	return nil
 }
 
+// stageRows is how many rows a part gathers in memory before its Parquet
+// writer is made: the writer's column buffers cost ~1.2 MiB a table at
+// once, so a job that sent a record or two (most of a collector's jobs
+// when many come and go) cost ~3 MiB before; now it costs its rows.
+const stageRows = 512
+
 // Write appends rows to the open part, opening one if needed, and rotates
 // the part when it is full. On error the open part is discarded (its rows
-// are lost, the error says how many) and no file is left behind.
+// are lost, the error says how many) and no file is left behind. Rows are
+// copied: the caller may reuse the slice.
 func (p *PartWriter[T]) Write(rows []T) error {
 	if len(rows) == 0 {
 		return nil
 	}
 	if p.w == nil {
-		if err := p.open(); err != nil {
+		if int64(len(p.staged)+len(rows)) < min(stageRows, p.opt.RowsPerPart) {
+			if len(p.staged) == 0 {
+				p.opened = time.Now()
+			}
+			p.staged = append(p.staged, rows...)
+			p.rows += int64(len(rows))
+			return nil
+		}
+		if err := p.flushStaged(); err != nil {
 			p.lost += int64(len(rows))
 			return err
 		}
@@ -225,15 +241,41 @@ func (p *PartWriter[T]) Write(rows []T) error {
 	return nil
 }
 
+// flushStaged opens the part's file and writes the staged rows to it.
+func (p *PartWriter[T]) flushStaged() error {
+	staged, opened := p.staged, p.opened
+	p.staged = nil
+	if err := p.open(); err != nil {
+		p.lost += int64(len(staged))
+		p.rows = 0
+		return err
+	}
+	if len(staged) > 0 {
+		p.opened = opened // the part's age runs from its first row
+		if _, err := p.w.Write(staged); err != nil {
+			p.lost += int64(len(staged))
+			p.discard()
+			return fmt.Errorf("trace: write %s: %w (%d rows of the open part lost)", p.table, err, len(staged))
+		}
+		p.rows = int64(len(staged))
+	}
+	return nil
+}
+
 // Due reports whether the open part is older than PartAge.
 func (p *PartWriter[T]) Due(now time.Time) bool {
-	return p.w != nil && now.Sub(p.opened) >= p.opt.PartAge
+	return (p.w != nil || len(p.staged) > 0) && now.Sub(p.opened) >= p.opt.PartAge
 }
 
 // Rotate finalises the open part: footer, sync, rename into place.
 func (p *PartWriter[T]) Rotate() error {
 	if p.w == nil {
-		return nil
+		if len(p.staged) == 0 {
+			return nil
+		}
+		if err := p.flushStaged(); err != nil {
+			return err
+		}
 	}
 	if p.opt.Metadata != nil {
 		for k, v := range p.opt.Metadata() {
@@ -273,7 +315,7 @@ func (p *PartWriter[T]) discard() {
 		p.f.Close()
 		os.Remove(p.tmp)
 	}
-	p.w, p.f, p.rows = nil, nil, 0
+	p.w, p.f, p.rows, p.staged = nil, nil, 0, nil
 }
 
 // Close finalises the open part.

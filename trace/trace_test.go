@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -194,5 +195,45 @@ func TestWrongTypedPartSkipped(t *testing.T) {
 	err = EachColumns(dir, []string{"step", "tokens"}, "", func(c *Columns) error { n += c.Rows; return nil })
 	if !errors.As(err, &u) || len(u.Paths) != 1 || n != 2 {
 		t.Fatalf("columns: %d rows, err %v", n, err)
+	}
+}
+
+// A part's first rows wait in memory (no Parquet writer, no file) until
+// there are enough of them or the part rotates; a rotation or close writes
+// them, its age counts from its first row, and nothing is lost.
+func TestStagedRows(t *testing.T) {
+	root := t.TempDir()
+	w, _ := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "a", PartAge: time.Hour})
+	r := rows(3)
+	if err := w.Write(r[:1]); err != nil {
+		t.Fatal(err)
+	}
+	r[0].Tokens = -1 // the caller may reuse its slice: the row was copied
+	if w.w != nil || w.f != nil || w.Pending() != 1 {
+		t.Fatalf("one row opened a file: writer %v, pending %d", w.w != nil, w.Pending())
+	}
+	if w.Due(time.Now().Add(59*time.Minute)) || !w.Due(time.Now().Add(61*time.Minute)) {
+		t.Error("the staged part's age does not run from its first row")
+	}
+	w.Write(r[1:])
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadAll[tps.StepRecord](filepath.Join(root, "j", RankSteps))
+	if err != nil || len(got) != 3 || got[0].Tokens < 0 || w.Rows() != 3 {
+		t.Fatalf("%d rows (%v), first %+v", len(got), err, got[0])
+	}
+	// past stageRows the writer is made and the rows follow in order
+	big := rows(stageRows + 10)
+	w2, _ := NewPartWriter[tps.StepRecord](root, "k", RankSteps, WriterOptions{WriterID: "a"})
+	w2.Write(big[:5])
+	w2.Write(big[5:])
+	if w2.w == nil {
+		t.Fatal("no Parquet writer past stageRows")
+	}
+	w2.Close()
+	got, _ = ReadAll[tps.StepRecord](filepath.Join(root, "k", RankSteps))
+	if len(got) != len(big) || got[0].Step != big[0].Step || got[len(got)-1].Step != big[len(big)-1].Step {
+		t.Fatalf("%d rows", len(got))
 	}
 }
