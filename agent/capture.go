@@ -59,26 +59,24 @@ type captureState struct {
 // capSub is an agent's subscription to one job's capture requests: taken
 // when a rank of the job first sends a step record on a connection (so an
 // agent whose NATS user may only touch its own job's subjects subscribes
-// to nothing else), dropped when the job has sent nothing for ForgetAfter.
+// to nothing else), dropped once no connection carries the job.
 type capSub struct {
-	sub  atomic.Pointer[nats.Subscription]
-	seen atomic.Int64 // unix ns
+	sub     atomic.Pointer[nats.Subscription]
+	created time.Time
 }
+
+// capSubGrace keeps a new subscription through the forgetting tick that
+// may run between a connection's first record and its noting the job.
+const capSubGrace = 10 * time.Second
 
 // maxCapSubs bounds the jobs an agent takes capture requests for.
 const maxCapSubs = 1024
 
 func (a *Agent) watchCaptures(job string) {
-	now := time.Now().UnixNano()
-	if v, ok := a.capSubs.Load(job); ok {
-		v.(*capSub).seen.Store(now)
+	if _, ok := a.capSubs.Load(job); ok || a.nc == nil || a.capSubN.Load() >= maxCapSubs {
 		return
 	}
-	if a.nc == nil || a.capSubN.Load() >= maxCapSubs {
-		return
-	}
-	s := &capSub{}
-	s.seen.Store(now)
+	s := &capSub{created: time.Now()}
 	if _, loaded := a.capSubs.LoadOrStore(job, s); loaded {
 		return
 	}
@@ -94,13 +92,24 @@ func (a *Agent) watchCaptures(job string) {
 	}
 }
 
-// forgetCaptures drops the subscriptions of jobs quiet for ForgetAfter
-// (the trace worker's tick).
+// forgetCaptures drops the subscriptions of jobs no connection carries
+// any more (the trace worker's tick).
 func (a *Agent) forgetCaptures() {
-	old := time.Now().Add(-a.cfg.ForgetAfter).UnixNano()
+	if a.capSubN.Load() == 0 {
+		return
+	}
+	carried := map[string]bool{}
+	a.mu.Lock()
+	for _, info := range a.conns {
+		if s := info.rank.Load(); s != nil {
+			carried[s.job] = true
+		}
+	}
+	a.mu.Unlock()
+	old := time.Now().Add(-capSubGrace)
 	a.capSubs.Range(func(k, v any) bool {
 		s := v.(*capSub)
-		if s.seen.Load() < old {
+		if !carried[k.(string)] && s.created.Before(old) {
 			a.capSubs.Delete(k)
 			a.capSubN.Add(-1)
 			if sub := s.sub.Load(); sub != nil {
@@ -130,6 +139,7 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 	type target struct {
 		c    net.Conn
 		seen *rankSeen
+		info *connInfo
 	}
 	// the job's ranks on this node, latest attempt only
 	var ts []target
@@ -144,24 +154,25 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 			attempt, ts = s.attempt, ts[:0]
 		}
 		if s.attempt == attempt {
-			ts = append(ts, target{c, s})
+			ts = append(ts, target{c, s, info})
 		}
 	}
 	a.mu.Unlock()
 	if len(ts) == 0 {
 		return // another agent's ranks, or an unknown job: the others answer
 	}
-	state := func(s *rankSeen) capture.RankState {
-		rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: s.step}
-		if d := s.at.Sub(s.firstAt).Seconds(); d > 0 && s.step > s.firstStep {
-			rs.StepsPerSec = float64(s.step-s.firstStep) / d
+	state := func(t target) capture.RankState {
+		s, step := t.seen, t.info.step.Load()
+		rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: step}
+		if d := float64(t.info.at.Load()-s.firstAt) / 1e9; d > 0 && step > s.firstStep {
+			rs.StepsPerSec = float64(step-s.firstStep) / d
 		}
 		return rs
 	}
 	ack := capture.Ack{Node: a.cfg.Node}
 	if req.Op == "probe" {
 		for _, t := range ts {
-			ack.Ranks = append(ack.Ranks, state(t.seen))
+			ack.Ranks = append(ack.Ranks, state(t))
 		}
 		a.respond(m, ack)
 		return
@@ -203,11 +214,11 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 		t.c.SetWriteDeadline(time.Now().Add(writeTimeout))
 		if _, err := t.c.Write(line); err != nil {
 			a.reject("capture:write")
-			a.captureReport(req.ID, capture.Report{Rank: t.seen.rank, State: capture.StateFailed, Step: t.seen.step,
+			a.captureReport(req.ID, capture.Report{Rank: t.seen.rank, State: capture.StateFailed, Step: t.info.step.Load(),
 				Why: "the request could not be written to the rank's connection: " + err.Error()})
 			continue
 		}
-		ack.Ranks = append(ack.Ranks, state(t.seen))
+		ack.Ranks = append(ack.Ranks, state(t))
 	}
 	a.respond(m, ack)
 }

@@ -176,31 +176,34 @@ func (a *Agent) HandleLine(line []byte) { a.handleLineFrom(line, nil) }
 type connInfo struct {
 	last atomic.Int64 // unix ns
 	rank atomic.Pointer[rankSeen]
+	// the latest step of the connection's records and when it came (unix
+	// ns): atomics, so a record costs no allocation
+	step, at atomic.Int64
 }
 
-// rankSeen is the job and rank of a connection's step records, its first
-// and latest step and when they came.
+// rankSeen is who a connection's step records come from, from which step
+// and when that began; replaced only when that changes.
 type rankSeen struct {
 	job                  string
 	attempt, rank, world int64
-	firstStep, step      int64
-	firstAt, at          time.Time
+	firstStep, firstAt   int64
 }
 
-// saw notes an accepted step record of the connection (serve goroutine).
-func (c *connInfo) saw(r *tps.StepRecord) {
-	now := time.Now()
-	old := c.rank.Load()
-	if old != nil && old.job == r.Job && old.rank == r.Rank && old.attempt == r.Attempt {
-		if r.Step <= old.step {
-			return
+// saw notes an accepted step record of the connection (serve goroutine)
+// and says whether it is the first from its job, attempt and rank.
+func (c *connInfo) saw(r *tps.StepRecord) bool {
+	now := time.Now().UnixNano()
+	if old := c.rank.Load(); old != nil && old.job == r.Job && old.rank == r.Rank && old.attempt == r.Attempt && old.world == r.WorldSize {
+		if r.Step > c.step.Load() {
+			c.step.Store(r.Step)
+			c.at.Store(now)
 		}
-		n := *old
-		n.step, n.at, n.world = r.Step, now, r.WorldSize
-		c.rank.Store(&n)
-		return
+		return false
 	}
-	c.rank.Store(&rankSeen{job: r.Job, attempt: r.Attempt, rank: r.Rank, world: r.WorldSize, firstStep: r.Step, step: r.Step, firstAt: now, at: now})
+	c.step.Store(r.Step)
+	c.at.Store(now)
+	c.rank.Store(&rankSeen{job: r.Job, attempt: r.Attempt, rank: r.Rank, world: r.WorldSize, firstStep: r.Step, firstAt: now})
+	return true
 }
 
 // handleLineFrom processes a line from connection info (nil: not from a
@@ -244,8 +247,7 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 		if a.SubmitStep(r) != nil { // counted inside
 			return false
 		}
-		if info != nil {
-			info.saw(&r)
+		if info != nil && info.saw(&r) {
 			a.watchCaptures(r.Job)
 		}
 		return true

@@ -155,9 +155,6 @@ const (
 	StateFailed   = "failed"
 )
 
-// RankResult is one traced step of one rank, as Merge takes it.
-type RankResult = Report
-
 // Chunk headers: a kept trace's pieces carry these instead of a Report.
 const (
 	HeaderChunk = "Tpsprof-Chunk" // "rank/step/seq"

@@ -104,9 +104,9 @@ const minLeadNs = 50_000
 // refined to the median difference of the matched ends, so traces with
 // their own time origins and nodes with skewed clocks compare, and a call
 // one trace lacks is left out without shifting the others.
-func Merge(id, job string, results []RankResult) *View {
+func Merge(id, job string, results []Report) *View {
 	v := &View{ID: id, Job: job}
-	byRank := map[int64][]RankResult{}
+	byRank := map[int64][]Report{}
 	for _, r := range results {
 		if r.State != StateTraced {
 			continue

@@ -98,13 +98,13 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	}
 	var world, maxStep int64 = 0, -1
 	var rate float64
-	served := map[int64]string{}
+	served := map[int64]bool{}
 	for _, a := range acks {
 		if a.Err != "" {
 			return nil, fmt.Errorf("capture: agent on %s: %s", a.Node, a.Err)
 		}
 		for _, r := range a.Ranks {
-			served[r.Rank] = a.Node
+			served[r.Rank] = true
 			world = max(world, r.WorldSize)
 			maxStep = max(maxStep, r.Step)
 			rate = max(rate, r.StepsPerSec)
@@ -123,13 +123,14 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 
 	// reports first, then the request: none is missed
 	reply := nc.NewInbox()
-	ch := make(chan *nats.Msg, 4096)
+	// room for the reports and the kept traces' pieces of a large capture
+	// (a channel subscription drops what does not fit)
+	ch := make(chan *nats.Msg, 1<<16)
 	sub, err := nc.ChanSubscribe(reply, ch)
 	if err != nil {
 		return nil, fmt.Errorf("capture: subscribe: %w", err)
 	}
 	defer sub.Unsubscribe()
-	sub.SetPendingLimits(-1, 512<<20)
 	req := Request{Op: "start", ID: id, Job: o.Job, AtStep: at, Steps: o.Steps, Ranks: o.Ranks, Node: o.Node,
 		Keep: o.KeepDir != "", Reply: reply, TimeoutMs: o.Timeout.Milliseconds()}
 	acks, err = gather(ctx, nc, subj, req, o.ProbeWait, func(acks []Ack) bool {

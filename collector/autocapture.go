@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -14,7 +15,7 @@ import (
 )
 
 // Automatic capture (Config.AutoCapture): when a live straggler episode
-// opens, the collector captures one step on the episode's first rank and
+// opens, the collector captures one step on the episode's slowest rank and
 // on the fastest rank (package capture, as `tpsprof trace --ranks` does),
 // at most once per job every AutoCaptureEvery. The outcome goes out as a
 // capture event of the job (tps.EventCapture), so it reaches the events
@@ -75,7 +76,7 @@ func (j *jobState) withPeer(e *LiveEpisode) []int64 {
 		}
 		return peer
 	}
-	peer := pick(func(r int64) bool { return contains(e.Ranks, r) })
+	peer := pick(func(r int64) bool { return slices.Contains(e.Ranks, r) })
 	if peer < 0 {
 		peer = pick(func(r int64) bool { return r == slow })
 	}
@@ -88,7 +89,8 @@ func (j *jobState) withPeer(e *LiveEpisode) []int64 {
 
 // StragglerReply answers `tpsprof trace --straggler` on
 // wire.StragglerSubject: the ranks to capture for the job's worst open
-// straggler episode (its first rank and the fastest rank), or why none.
+// straggler episode (withPeer: its slowest rank and the fastest rank), or
+// why none.
 type StragglerReply struct {
 	Ranks []int64 `json:"ranks,omitempty"`
 	Node  string  `json:"node,omitempty"`
@@ -124,15 +126,6 @@ func (c *Collector) handleStraggler(m *nats.Msg) {
 	}
 	b, _ := json.Marshal(rep)
 	m.Respond(b)
-}
-
-func contains(s []int64, x int64) bool {
-	for _, v := range s {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 // startCaptures starts the goroutine of automatic captures when they are

@@ -335,7 +335,8 @@ func (c *Collector) apply(t *tally) {
 	for _, ask := range t.captures {
 		select {
 		case c.captureCh <- ask:
-		default: // one is running and one waits: this one is dropped
+		default: // one runs and one waits: this one is not run, and its episode says so
+			c.linkCapture(ask, CaptureLink{State: "failed", Error: "not run: other jobs' automatic captures were under way"})
 		}
 	}
 	if c.cfg.OnStep != nil {

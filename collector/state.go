@@ -141,7 +141,8 @@ type limits struct {
 // memBudget bounds the memory the declared world sizes of all jobs may
 // claim: per open step an accumulator sized to the world
 // (tps.StepAccumulatorBytes) and the rank bits kept once it closes, per
-// job 32 bytes a rank (node names, compute averages, slow-since steps). A record whose step
+// job 128 KiB (jobBaseBytes) and 32 bytes a rank (node names, compute
+// averages, slow-since steps). A record whose step
 // would go past it is rejected (world_size:memory) instead of the
 // collector being killed for memory: one record claiming the largest
 // world costs ~67 MB of open step. It is an atomic, not a lock.
@@ -172,7 +173,7 @@ func (m *memBudget) give(n int64) {
 // jobBaseBytes is what a job that sent a record costs before its tables'
 // Parquet writers are made (they are made per table once it has 512 rows
 // or a part rotates: trace.PartWriter stages the first rows): measured at
-// 68 KiB (TestOneRecordJobMemory), charged with headroom.
+// 116 KiB with its step closed (TestOneRecordJobMemory).
 const jobBaseBytes = 128 << 10
 
 // jobBytesPerRank is what a job holds per rank of its world besides its

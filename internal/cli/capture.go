@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -215,13 +216,6 @@ func printCapture(w io.Writer, v *capture.View) {
 		fmt.Fprintln(w, "note:", n)
 	}
 	if len(v.Kept) > 0 {
-		fmt.Fprintf(w, "traces kept: %d files in %s\n", len(v.Kept), dirOf(v.Kept[0]))
+		fmt.Fprintf(w, "traces kept: %d files in %s\n", len(v.Kept), filepath.Dir(v.Kept[0]))
 	}
-}
-
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[:i]
-	}
-	return "."
 }
