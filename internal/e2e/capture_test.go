@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -203,7 +204,7 @@ func captureRun(t *testing.T, py string) {
 			t.Fatalf("kept trace: %v", err)
 		}
 		var rank, step int64
-		if _, err := fmtSscan(filepath.Base(p), &rank, &step); err != nil {
+		if _, err := fmt.Sscanf(filepath.Base(p), "rank%d.step%d.pt.trace.json.gz", &rank, &step); err != nil {
 			t.Fatal(err)
 		}
 		if r.Rank == nil || *r.Rank != rank || len(r.Steps) != 1 || r.Steps[0].Step != step || r.Total.CommUs <= 0 {
@@ -218,20 +219,6 @@ func offsets(v capture.View) []float64 {
 		o = append(o, r.OffsetUs)
 	}
 	return o
-}
-
-// fmtSscan reads rank and step from rank<R>.step<S>.pt.trace.json.gz.
-func fmtSscan(name string, rank, step *int64) (int, error) {
-	var err error
-	a, b, _ := strings.Cut(strings.TrimPrefix(name, "rank"), ".step")
-	b, _, _ = strings.Cut(b, ".")
-	if *rank, err = strconv.ParseInt(a, 10, 64); err != nil {
-		return 0, err
-	}
-	if *step, err = strconv.ParseInt(b, 10, 64); err != nil {
-		return 1, err
-	}
-	return 2, nil
 }
 
 // collector --auto-capture: the same straggling job, with nothing asked:
