@@ -174,6 +174,9 @@ func TestSilentJobMetrics(t *testing.T) {
 	}
 	ev, _ := json.Marshal(tps.Event{Job: "s1", Kind: tps.EventAttemptEnd, Rank: 0, StartUnixNs: time.Now().UnixNano()})
 	nc.Publish(wire.EventsSubject("s1"), ev)
+	// The collector's Sync waits for what the server has sent it; the
+	// event must have left this connection first.
+	nc.Flush()
 	if err := c.Sync(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
