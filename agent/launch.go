@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -146,7 +147,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 	cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
 	cmd.Stdin = os.Stdin
 	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
-	cmd.Env = append(os.Environ(),
+	cmd.Env = append(rankEnviron(os.Environ()),
 		EnvSocket+"="+cfg.Agent.Socket,
 		EnvJob+"="+cfg.Job,
 		EnvAttempt+"="+strconv.FormatInt(cfg.Attempt, 10),
@@ -188,6 +189,20 @@ wait:
 	send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: node, Rank: -1,
 		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code)})
 	return code, nil
+}
+
+// SecretEnv are the variables that carry NATS secrets. Ranks write to the
+// node's agent over its socket and need none of them; with one, any rank
+// (and whatever it runs) could forge records into any job or delete the
+// durable stream, so launch keeps them out of the command's environment.
+var SecretEnv = []string{"TPSPROF_NATS_TOKEN", "TPSPROF_NATS_PASSWORD"}
+
+// rankEnviron is env without SecretEnv.
+func rankEnviron(env []string) []string {
+	return slices.DeleteFunc(env, func(kv string) bool {
+		name, _, _ := strings.Cut(kv, "=")
+		return slices.Contains(SecretEnv, name)
+	})
 }
 
 func exitCode(cmd *exec.Cmd, err error) int {
