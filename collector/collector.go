@@ -111,6 +111,10 @@ type Config struct {
 	// StreamReplicas is how many servers of a NATS cluster hold the stream
 	// (default 1; 3 on a three-server cluster survives losing one).
 	StreamReplicas int
+	// StreamCheck is how often a durable collector checks that its stream
+	// and consumer still exist, creating them again if someone deleted
+	// them (default 5 s).
+	StreamCheck time.Duration
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
 	// Role splits the collector's work for scale-out (docs/scale.md):
@@ -254,6 +258,9 @@ type Stats struct {
 	// JobResets counts jobs restarted after a part could not be written
 	// (durable mode): their unacknowledged messages were redelivered.
 	JobResets int64 `json:"job_resets"`
+	// StreamRecreated counts the times the durable stream (or the role's
+	// consumer) was found deleted and created again.
+	StreamRecreated int64 `json:"stream_recreated"`
 	// StateBytes is the memory jobs' declared world sizes claim now
 	// (bounded by Config.MaxStateBytes).
 	StateBytes int64 `json:"state_bytes"`
@@ -304,7 +311,7 @@ type Collector struct {
 type counters struct {
 	records, duplicates, late, events, metaUpdates, stepsClosed, incomplete atomic.Int64
 	writeErrors, rowsLost, slowConsumer, otherPartition, evicted            atomic.Int64
-	quarantined, staleParts, afterClose, resets                             atomic.Int64
+	quarantined, staleParts, afterClose, resets, streamRecreated            atomic.Int64
 }
 
 // apply counts and says what state calls did; the caller holds no lock
@@ -991,7 +998,7 @@ func (c *Collector) Stats() Stats {
 		MetaUpdates: c.n.metaUpdates.Load(), StepsClosed: c.n.stepsClosed.Load(), Incomplete: c.n.incomplete.Load(),
 		WriteErrors: c.n.writeErrors.Load(), RowsLost: c.n.rowsLost.Load(), SlowConsumer: c.n.slowConsumer.Load(),
 		OtherPartition: c.n.otherPartition.Load(), Evicted: c.n.evicted.Load(), Quarantined: c.n.quarantined.Load(),
-		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(), JobResets: c.n.resets.Load(),
+		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(), JobResets: c.n.resets.Load(), StreamRecreated: c.n.streamRecreated.Load(),
 	}
 	c.rejMu.Lock()
 	s.Rejected = maps.Clone(c.rejects)

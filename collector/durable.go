@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,11 +71,15 @@ type ackItem struct {
 }
 
 type durableState struct {
-	js       jetstream.JetStream
+	js jetstream.JetStream
+	mu sync.Mutex // guards consumer and consume, which watchStream replaces
+	// consumer and consume are the role's consumer and its consumption.
 	consumer jetstream.Consumer
 	consume  jetstream.ConsumeContext
-	handled  atomic.Uint64 // highest stream sequence handled
-	lastRot  atomic.Int64  // unix ns of the last checkpoint
+	// stopWatch stops watchStream; watchDone is closed when it returned.
+	stopWatch, watchDone chan struct{}
+	handled              atomic.Uint64 // highest stream sequence handled
+	lastRot              atomic.Int64  // unix ns of the last checkpoint
 	// checkpointing: a checkpoint runs (the loop's, or a Sync's)
 	checkpointing atomic.Bool
 }
@@ -97,7 +102,10 @@ func (d *diskKeys) markRank(k stepKey, r int64) {
 }
 
 // startDurable creates (or updates) the stream and the durable consumer,
-// loads the keys of unacknowledged parts, and starts consuming.
+// loads the keys of unacknowledged parts, starts consuming, and watches
+// the stream: one deleted (by anyone holding a credential that may) is
+// created again with its consumer, so agents publishing to it stop
+// retrying and nothing after the deletion is lost.
 func (c *Collector) startDurable() error {
 	js, err := jetstream.New(c.nc)
 	if err != nil {
@@ -105,15 +113,42 @@ func (c *Collector) startDurable() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	c.durable = &durableState{js: js, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+	if err := c.ensureStream(ctx); err != nil {
+		return err
+	}
+	// The stream is a work queue: acknowledged messages leave it, so it
+	// holds exactly what no collector has secured in Parquet. A consumer
+	// left by a collector that died still holds its messages as pending
+	// acknowledgements until they time out; deleting it hands them all to
+	// the new consumer at once. (One durable collector per stream.)
+	if c.cfg.Role != "rank-writer" {
+		if err := js.DeleteConsumer(ctx, StreamName, c.durableConsumer().Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("collector: reset consumer: %w", err)
+		}
+	}
+	c.durable.lastRot.Store(time.Now().UnixNano())
+	if err := c.loadDiskKeys(ctx); err != nil {
+		return err
+	}
+	if err := c.startConsumer(ctx); err != nil {
+		return err
+	}
+	go c.watchStream()
+	return nil
+}
+
+// ensureStream creates the stream, or updates it only if its limits
+// differ: several collectors of a role start at once, and a stream update
+// racing a consumer creation is a data race inside nats-server (seen under
+// -race in TestDurableRankWriterSurvivesKill9).
+func (c *Collector) ensureStream(ctx context.Context) error {
+	js := c.durable.js
 	want := jetstream.StreamConfig{
 		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
 		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
 		Replicas: max(c.cfg.StreamReplicas, 1),
 	}
-	// Create the stream, or update it only if its limits differ: several
-	// collectors of a role start at once, and a stream update racing a
-	// consumer creation is a data race inside nats-server (seen under
-	// -race in TestDurableRankWriterSurvivesKill9).
 	st, err := js.Stream(ctx, StreamName)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -134,32 +169,78 @@ func (c *Collector) startDurable() error {
 		}
 		return fmt.Errorf("collector: create stream %s: %w%s", StreamName, err, hint)
 	}
-	// The stream is a work queue: acknowledged messages leave it, so it
-	// holds exactly what no collector has secured in Parquet. A consumer
-	// left by a collector that died still holds its messages as pending
-	// acknowledgements until they time out; deleting it hands them all to
-	// the new consumer at once. (One durable collector per stream.)
+	return nil
+}
+
+// startConsumer creates the role's consumer (or takes the existing one)
+// and starts consuming from it.
+func (c *Collector) startConsumer(ctx context.Context) error {
 	cfg := c.durableConsumer()
-	if c.cfg.Role != "rank-writer" {
-		if err := js.DeleteConsumer(ctx, StreamName, cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("collector: reset consumer: %w", err)
-		}
-	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, StreamName, cfg)
+	cons, err := c.durable.js.CreateOrUpdateConsumer(ctx, StreamName, cfg)
 	if err != nil {
 		return fmt.Errorf("collector: create consumer %s (a work-queue stream takes one all-role collector, or an aggregator and rank writers, not both): %w", cfg.Durable, err)
-	}
-	c.durable = &durableState{js: js, consumer: cons}
-	c.durable.lastRot.Store(time.Now().UnixNano())
-	if err := c.loadDiskKeys(ctx); err != nil {
-		return err
 	}
 	cc, err := cons.Consume(c.onDurable, jetstream.PullMaxMessages(4096))
 	if err != nil {
 		return fmt.Errorf("collector: consume: %w", err)
 	}
-	c.durable.consume = cc
+	c.durable.mu.Lock()
+	c.durable.consumer, c.durable.consume = cons, cc
+	c.durable.mu.Unlock()
 	return nil
+}
+
+// watchStream creates the stream and the consumer again when they have
+// been deleted. It runs until stopWatch is closed (closeDurable).
+func (c *Collector) watchStream() {
+	defer close(c.durable.watchDone)
+	every := c.cfg.StreamCheck
+	if every <= 0 {
+		every = 5 * time.Second
+	}
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.durable.stopWatch:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := c.durable.js.Stream(ctx, StreamName)
+		streamGone := errors.Is(err, jetstream.ErrStreamNotFound)
+		consumerGone := false
+		if err == nil {
+			_, err = c.durable.js.Consumer(ctx, StreamName, c.durableConsumer().Durable)
+			consumerGone = errors.Is(err, jetstream.ErrConsumerNotFound)
+		}
+		if streamGone || consumerGone {
+			what := "consumer " + c.durableConsumer().Durable
+			if streamGone {
+				what = "stream " + StreamName
+			}
+			c.durable.mu.Lock()
+			old := c.durable.consume
+			c.durable.mu.Unlock()
+			old.Stop()
+			if err := c.ensureStream(ctx); err != nil {
+				c.cfg.Logger.Error("durable: the "+what+" was deleted and cannot be created again; trying again", "err", err)
+			} else if err := c.startConsumer(ctx); err != nil {
+				c.cfg.Logger.Error("durable: the "+what+" was deleted; its consumer cannot be created again; trying again", "err", err)
+			} else {
+				c.n.streamRecreated.Add(1)
+				c.cfg.Logger.Warn("durable: the " + what + " was deleted (by a client allowed to: see docs/security.md) and is created again; messages it held and no checkpoint had acknowledged are lost, rows already handled are still written")
+			}
+		}
+		cancel()
+	}
+}
+
+// consumerNow is the consumer consumed now (watchStream may replace it).
+func (d *durableState) consumerNow() jetstream.Consumer {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.consumer
 }
 
 // handlerAck is a message's acknowledgement as handlers see it: Ack
@@ -475,7 +556,7 @@ func (c *Collector) syncDurable(timeout time.Duration) error {
 		// The consumer is this collector's alone: once it has nothing
 		// left to deliver, the last message it delivered is the target.
 		for {
-			ci, err := c.durable.consumer.Info(ctx)
+			ci, err := c.durable.consumerNow().Info(ctx)
 			if err != nil {
 				return fmt.Errorf("collector: consumer info: %w", err)
 			}
@@ -510,7 +591,7 @@ func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error
 		if c.unackedMessages() > 0 {
 			c.checkpoint(time.Now())
 		}
-		ci, err := c.durable.consumer.Info(ctx)
+		ci, err := c.durable.consumerNow().Info(ctx)
 		if err != nil {
 			return fmt.Errorf("collector: consumer info: %w", err)
 		}
@@ -528,6 +609,8 @@ func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error
 // is in Parquet. Steps still open stay open: their messages are not
 // acknowledged, and the next collector aggregates them from the stream.
 func (c *Collector) closeDurable() error {
+	close(c.durable.stopWatch)
+	<-c.durable.watchDone
 	c.durable.consume.Stop()
 	<-c.durable.consume.Closed()
 	c.stopCaptures()

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
@@ -257,5 +258,100 @@ func waitConsumer(t *testing.T, url, name string) {
 			t.Fatalf("consumer %s not created: %v", name, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Someone holding a credential that may deletes the durable stream while a
+// job runs: the collector creates it again with its consumer, the durable
+// agent's retries then land, and every step sent after the deletion and
+// every one the collector had handled before reaches Parquet once.
+func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	out := t.TempDir()
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Durable: true,
+		StreamCheck: 100 * time.Millisecond, Writer: trace.WriterOptions{PartAge: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := false
+	defer func() {
+		if !closed {
+			col.Close()
+		}
+	}()
+	dir, _ := os.MkdirTemp("", "tpsprof-streamdel")
+	defer os.RemoveAll(dir)
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Durable: true, FlushInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	const world = 2
+	if err := a.SubmitMeta(tps.RunMeta{Job: "streamdel", Topology: tps.DataParallel(world)}); err != nil {
+		t.Fatal(err)
+	}
+	send := func(from, to int64) {
+		for s := from; s < to; s++ {
+			for r := range int64(world) {
+				if err := a.SubmitStep(stepRec("streamdel", s, r, world, 100, 1e9)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	send(0, 20)
+	if err := a.Flush(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := col.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := js.DeleteStream(ctx, collector.StreamName); err != nil {
+		t.Fatal(err)
+	}
+	send(20, 40) // published while the stream is gone: the agent retries
+	deadline := time.Now().Add(15 * time.Second)
+	for col.Stats().StreamRecreated == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the deleted stream was not created again: %+v", col.Stats())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := a.Flush(15 * time.Second); err != nil {
+		t.Fatalf("the durable agent's records after the deletion: %v", err)
+	}
+	if err := col.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	closed = true
+	if err := col.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ranks, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "streamdel", trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]int64]int{}
+	for _, r := range ranks {
+		seen[[2]int64{r.Step, r.Rank}]++
+	}
+	if len(ranks) != 40*world || len(seen) != 40*world {
+		t.Errorf("rank_steps: %d rows, %d distinct (step, rank); want %d of each", len(ranks), len(seen), 40*world)
+	}
+	cluster, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "streamdel", trace.ClusterSteps))
+	if len(cluster) != 40 {
+		t.Errorf("%d cluster rows, want 40", len(cluster))
 	}
 }
