@@ -237,6 +237,8 @@ type Agent struct {
 	dialErr   atomic.Pointer[error]
 	capSubs   sync.Map // job → *capSub: the job's capture requests, subscribed once it has a rank here
 	capSubN   atomic.Int64
+	ownMu     sync.Mutex
+	owners    map[string]*jobOwner // job → the user whose ranks write it (owner.go)
 
 	done      chan struct{}
 	wg        sync.WaitGroup
@@ -266,7 +268,7 @@ func Start(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, done: make(chan struct{}),
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, owners: map[string]*jobOwner{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 64), captures: map[string]*liveCapture{}}
 	// The trace folder is adopted only when it is this user's alone: in a
 	// shared /tmp another user could have made it first and planted links

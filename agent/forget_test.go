@@ -54,7 +54,9 @@ func startWithNATS(t *testing.T, cfg Config) (*Agent, *nats.Conn) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	cfg.Socket = filepath.Join(t.TempDir(), "a.sock")
+	if cfg.Socket == "" {
+		cfg.Socket = filepath.Join(t.TempDir(), "a.sock")
+	}
 	cfg.NATS = natsconn.Options{URL: srv.URL()}
 	a, err := Start(cfg)
 	if err != nil {

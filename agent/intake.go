@@ -52,7 +52,7 @@ func (a *Agent) acceptLoop() {
 			c.Close()
 			continue
 		}
-		info := &connInfo{}
+		info := &connInfo{uid: peerUID(c)}
 		info.last.Store(time.Now().UnixNano())
 		a.conns[c] = info
 		a.mu.Unlock()
@@ -174,8 +174,12 @@ func (a *Agent) HandleLine(line []byte) { a.handleLineFrom(line, nil) }
 // sent an accepted line, and the rank whose step records it carries (for
 // on-demand captures, which are written back on the connection).
 type connInfo struct {
+	uid  int64        // the peer's user (SO_PEERCRED), -1 if not known
 	last atomic.Int64 // unix ns
-	rank atomic.Pointer[rankSeen]
+	// owned is the job this connection last wrote a line for, its user
+	// holding it (ownerOK)
+	owned atomic.Pointer[string]
+	rank  atomic.Pointer[rankSeen]
 	// the latest step of the connection's records and when it came (unix
 	// ns): atomics, so a record costs no allocation
 	step, at atomic.Int64
@@ -244,7 +248,7 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 			a.log.Warn("json", "step line does not decode", "err", err)
 			return false
 		}
-		if a.SubmitStep(r) != nil { // counted inside
+		if !a.ownerOK(info, r.Job) || a.SubmitStep(r) != nil { // counted inside
 			return false
 		}
 		if info != nil && info.saw(&r) {
@@ -257,25 +261,28 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 			a.reject("line:json")
 			return false
 		}
-		return a.SubmitEvent(e) == nil
+		return a.ownerOK(info, e.Job) && a.SubmitEvent(e) == nil
 	case "trace":
 		var n TraceNote
 		if err := json.Unmarshal(line, &n); err != nil {
 			a.reject("line:json")
 			return false
 		}
-		return a.SubmitTrace(n) == nil
+		return a.ownerOK(info, n.Job) && a.SubmitTrace(n) == nil
 	case "capture":
 		var s captureState
 		if err := json.Unmarshal(line, &s); err != nil {
 			a.reject("line:json")
 			return false
 		}
-		return a.captureStateLine(s) == nil
+		return a.ownerOK(info, s.Job) && a.captureStateLine(s) == nil
 	case "meta":
 		var m metaLine
 		if err := json.Unmarshal(line, &m); err != nil {
 			a.reject("line:json")
+			return false
+		}
+		if !a.ownerOK(info, m.Job) {
 			return false
 		}
 		if len(m.HFConfig) > 0 && m.Model == nil && m.ModelPreset == "" {

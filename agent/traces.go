@@ -143,6 +143,7 @@ func (a *Agent) analyseTraces() {
 		case <-tick.C:
 			a.releaseWaits(traceHold)
 			a.forgetCaptures()
+			a.forgetOwners()
 		}
 	}
 }

@@ -1,0 +1,105 @@
+package agent
+
+import (
+	"net"
+	"time"
+)
+
+// Jobs belong to users. An agent run as a node service shares one intake
+// socket between users (--socket-mode 0660 or 0666): without more, any
+// user who can write to it could write steps, events or metadata into
+// another user's job. So the agent reads each connection's peer user
+// (SO_PEERCRED) and gives a job to the first user whose connection writes
+// a line for it; lines for that job from another user's connection are
+// refused (job:owner). Root is trusted (it could do anything anyway); a
+// connection whose user cannot be read (not Linux) is not checked. A job
+// no connection has carried for ForgetAfter is free again.
+
+// maxOwners bounds the jobs whose owner is remembered.
+const maxOwners = 1 << 16
+
+type jobOwner struct {
+	uid  int64
+	seen int64 // unix ns: last found carried by a connection
+}
+
+// ownerOK says whether the connection may write a line for job, taking
+// the job for its user if no one holds it. Serve goroutine only: the
+// connection's last job is cached, so a record of the job it already
+// holds costs a string comparison.
+func (a *Agent) ownerOK(info *connInfo, job string) bool {
+	if info == nil || info.uid <= 0 {
+		return true // in process, root, or a user not known
+	}
+	if p := info.owned.Load(); p != nil && *p == job {
+		return true
+	}
+	now := time.Now().UnixNano()
+	a.ownMu.Lock()
+	o, held := a.owners[job]
+	switch {
+	case held && o.uid != info.uid:
+		a.ownMu.Unlock()
+		a.reject("job:owner")
+		a.log.Warn("job:owner", "a line for a job another user's ranks write was refused", "job", job, "uid", info.uid, "owner_uid", o.uid)
+		return false
+	case !held && len(a.owners) >= maxOwners:
+		a.ownMu.Unlock()
+		a.reject("job:owner_limit")
+		a.log.Warn("job:owner_limit", "too many jobs on this agent to remember their users; line refused", "job", job, "jobs", maxOwners)
+		return false
+	case !held:
+		a.owners[job] = &jobOwner{uid: info.uid, seen: now}
+	default:
+		o.seen = now
+	}
+	a.ownMu.Unlock()
+	info.owned.Store(&job)
+	return true
+}
+
+// forgetOwners frees the jobs no connection has carried for ForgetAfter
+// (the trace worker's tick).
+func (a *Agent) forgetOwners() {
+	a.ownMu.Lock()
+	n := len(a.owners)
+	a.ownMu.Unlock()
+	if n == 0 {
+		return
+	}
+	carried := map[string]bool{}
+	a.mu.Lock()
+	for _, info := range a.conns {
+		if p := info.owned.Load(); p != nil {
+			carried[*p] = true
+		}
+	}
+	a.mu.Unlock()
+	now := time.Now().UnixNano()
+	old := now - a.cfg.ForgetAfter.Nanoseconds()
+	a.ownMu.Lock()
+	for job, o := range a.owners {
+		if carried[job] {
+			o.seen = now
+		} else if o.seen < old {
+			delete(a.owners, job)
+		}
+	}
+	a.ownMu.Unlock()
+}
+
+// peerUID is the user of the process at the other end of an intake
+// connection, -1 if it cannot be read.
+func peerUID(c net.Conn) int64 {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return -1
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return -1
+	}
+	uid := int64(-1)
+	raw.Control(func(fd uintptr) { uid = fdPeerUID(fd) })
+	return uid
+}

@@ -1,0 +1,5 @@
+//go:build !linux
+
+package agent
+
+func fdPeerUID(uintptr) int64 { return -1 }
