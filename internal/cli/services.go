@@ -281,7 +281,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	node := fs.String("node", "", "node name stamped on records (default: host name)")
 	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
 	idle := fs.Duration("idle-timeout", 30*time.Minute, "close an intake connection that sends nothing for this long")
-	forget := fs.Duration("forget-after", time.Hour, "stop republishing a job's metadata (every 10 s) and sending GPU samples for it once it has sent nothing for this long")
+	forget := fs.Duration("forget-after", time.Hour, "stop republishing a job's metadata (every 10 s) and sending GPU samples for it once it has sent nothing for this long; on a socket shared between users, a job no connection has carried this long may be taken by another user")
 	stats := fs.Duration("stats", time.Minute, "interval of the counters line (0 to silence it)")
 	gpuEvery := fs.Duration("gpu-interval", time.Second, "GPU sampling interval through NVML (0 turns GPU telemetry off)")
 	httpAddr := fs.String("http", "", "address of the agent's /metrics, e.g. 127.0.0.1:9466 (empty: off)")
