@@ -2,7 +2,9 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -107,19 +109,39 @@ const (
 // analyseFile analyses a trace that was checked to be a regular file when
 // it was announced; it is opened again without following a link and
 // without blocking, so that a FIFO or device swapped in since is refused
-// instead of hanging the trace worker.
-func analyseFile(path string, calls bool) (*kineto.Result, error) {
+// instead of hanging the trace worker. Closing stop ends the analysis at
+// its next read (an agent told to stop does not wait for a trace that
+// takes a minute to unpack).
+func analyseFile(path string, calls bool, stop <-chan struct{}) (*kineto.Result, error) {
 	f, err := safefs.OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents, Calls: calls})
+	r, err := kineto.AnalyzeWith(stopReader{f, stop}, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents, Calls: calls})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
 	}
 	r.File = path
 	return r, nil
+}
+
+// errStopping ends an analysis when the agent stops.
+var errStopping = errors.New("agent stopping: analysis abandoned")
+
+// stopReader reads r until stop is closed.
+type stopReader struct {
+	r    io.Reader
+	stop <-chan struct{}
+}
+
+func (s stopReader) Read(p []byte) (int, error) {
+	select {
+	case <-s.stop:
+		return 0, errStopping
+	default:
+		return s.r.Read(p)
+	}
 }
 
 func (a *Agent) removeTrace(p string) {
@@ -151,7 +173,14 @@ func (a *Agent) analyseTraces() {
 func (a *Agent) analyseTrace(n TraceNote) {
 	defer a.removeTrace(n.Path)
 	start := time.Now()
-	r, err := analyseFile(n.Path, n.Capture != "")
+	r, err := analyseFile(n.Path, n.Capture != "", a.done)
+	select {
+	case <-a.done:
+		if err != nil { // abandoned: Close releases the held record
+			return
+		}
+	default:
+	}
 	if err != nil {
 		a.reject("trace:unreadable")
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)
