@@ -258,6 +258,12 @@ type Stats struct {
 	// JobResets counts jobs restarted after a part could not be written
 	// (durable mode): their unacknowledged messages were redelivered.
 	JobResets int64 `json:"job_resets"`
+	// Redelivered counts the step records of messages a job reset handed
+	// back, handled a second time: not counted again in Records,
+	// Duplicates or Late. Reclosed counts the steps such a job closed
+	// again (their rows had not reached Parquet): not in StepsClosed.
+	Redelivered int64 `json:"records_redelivered"`
+	Reclosed    int64 `json:"steps_reclosed"`
 	// StreamRecreated counts the times the durable stream (or the role's
 	// consumer) was found deleted and created again.
 	StreamRecreated int64 `json:"stream_recreated"`
@@ -312,15 +318,21 @@ type counters struct {
 	records, duplicates, late, events, metaUpdates, stepsClosed, incomplete atomic.Int64
 	writeErrors, rowsLost, slowConsumer, otherPartition, evicted            atomic.Int64
 	quarantined, staleParts, afterClose, resets, streamRecreated            atomic.Int64
+	redelivered, reclosed                                                   atomic.Int64
 }
 
 // apply counts and says what state calls did; the caller holds no lock
 // (the job's was released after settle). OnStep runs here too.
 func (c *Collector) apply(t *tally) {
-	c.n.records.Add(t.records)
-	c.n.duplicates.Add(t.duplicates)
-	c.n.late.Add(t.late)
+	if t.replay {
+		c.n.redelivered.Add(t.records + t.duplicates + t.late)
+	} else {
+		c.n.records.Add(t.records)
+		c.n.duplicates.Add(t.duplicates)
+		c.n.late.Add(t.late)
+	}
 	c.n.stepsClosed.Add(t.stepsClosed)
+	c.n.reclosed.Add(t.reclosed)
 	c.n.incomplete.Add(t.incomplete)
 	if len(t.rejected) > 0 {
 		c.rejMu.Lock()
@@ -535,7 +547,7 @@ func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	t := tally{now: time.Now()}
+	t := tally{now: time.Now(), replay: replayOf(ack)}
 	defer c.apply(&t)
 	// Validate before taking the job: a batch of garbage costs no lock.
 	valid := 0
@@ -666,7 +678,7 @@ func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
 		c.ackNow(ack)
 		return
 	}
-	t := tally{now: time.Now()}
+	t := tally{now: time.Now(), replay: replayOf(ack)}
 	defer c.apply(&t)
 	j := c.lockJob(subjJob, &t)
 	if j == nil {
@@ -998,7 +1010,7 @@ func (c *Collector) Stats() Stats {
 		MetaUpdates: c.n.metaUpdates.Load(), StepsClosed: c.n.stepsClosed.Load(), Incomplete: c.n.incomplete.Load(),
 		WriteErrors: c.n.writeErrors.Load(), RowsLost: c.n.rowsLost.Load(), SlowConsumer: c.n.slowConsumer.Load(),
 		OtherPartition: c.n.otherPartition.Load(), Evicted: c.n.evicted.Load(), Quarantined: c.n.quarantined.Load(),
-		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(), JobResets: c.n.resets.Load(), StreamRecreated: c.n.streamRecreated.Load(),
+		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(), JobResets: c.n.resets.Load(), Redelivered: c.n.redelivered.Load(), Reclosed: c.n.reclosed.Load(), StreamRecreated: c.n.streamRecreated.Load(),
 	}
 	c.rejMu.Lock()
 	s.Rejected = maps.Clone(c.rejects)

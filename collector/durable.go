@@ -78,8 +78,12 @@ type durableState struct {
 	consume  jetstream.ConsumeContext
 	// stopWatch stops watchStream; watchDone is closed when it returned.
 	stopWatch, watchDone chan struct{}
-	handled              atomic.Uint64 // highest stream sequence handled
-	lastRot              atomic.Int64  // unix ns of the last checkpoint
+	// replays are the stream sequences of messages a job reset handed
+	// back: their records were counted when they first came
+	replayMu sync.Mutex
+	replays  map[uint64]bool
+	handled  atomic.Uint64 // highest stream sequence handled
+	lastRot  atomic.Int64  // unix ns of the last checkpoint
 	// checkpointing: a checkpoint runs (the loop's, or a Sync's)
 	checkpointing atomic.Bool
 }
@@ -250,6 +254,14 @@ func (d *durableState) consumerNow() jetstream.Consumer {
 type handlerAck struct {
 	m   jetstream.Msg
 	now bool
+	// replay: handed back by a job reset, its records counted once already
+	replay bool
+}
+
+// replayOf says whether ack is of a message a job reset handed back.
+func replayOf(ack acker) bool {
+	h, ok := ack.(*handlerAck)
+	return ok && h.replay
 }
 
 func (h *handlerAck) Ack() error { return h.m.Ack() }
@@ -257,6 +269,15 @@ func (h *handlerAck) Ack() error { return h.m.Ack() }
 func (c *Collector) onDurable(m jetstream.Msg) {
 	_, kind, _, err := wire.ParseSubject(m.Subject())
 	h := &handlerAck{m: m}
+	md, mdErr := m.Metadata()
+	if mdErr == nil && md.NumDelivered > 1 {
+		c.durable.replayMu.Lock()
+		if c.durable.replays[md.Sequence.Stream] {
+			delete(c.durable.replays, md.Sequence.Stream)
+			h.replay = true
+		}
+		c.durable.replayMu.Unlock()
+	}
 	switch {
 	case err != nil:
 		c.reject("subject:invalid", 1)
@@ -277,7 +298,7 @@ func (c *Collector) onDurable(m jetstream.Msg) {
 	if h.now {
 		m.Ack() // network I/O: after the handler, outside the lock
 	}
-	if md, err := m.Metadata(); err == nil {
+	if mdErr == nil {
 		for {
 			cur := c.durable.handled.Load()
 			if md.Sequence.Stream <= cur || c.durable.handled.CompareAndSwap(cur, md.Sequence.Stream) {
@@ -396,6 +417,19 @@ func (c *Collector) resetJob(j *job) {
 	}
 	j.evicted = true // handlers wait for the fresh job (lockJob)
 	items, redo := j.unacked, j.redo
+	// The steps it closed (and counted) whose rows its messages fed:
+	// closed again by the fresh job, not counted again.
+	reclose := map[stepKey]bool{}
+	for k := range j.reclose {
+		reclose[k] = true
+	}
+	for _, it := range items {
+		for _, k := range it.steps {
+			if _, closed := j.closed.seen[k]; closed || j.closed.forgotten(k) {
+				reclose[k] = true
+			}
+		}
+	}
 	j.unacked, j.pending, j.rankBuf = nil, nil, nil
 	j.release()
 	j.mu.Unlock()
@@ -415,7 +449,12 @@ func (c *Collector) resetJob(j *job) {
 	// Steps to aggregate again: those of the messages handed back now, and
 	// those an earlier reset handed back whose messages have not come
 	// again yet (a second failure before the redelivery).
-	nj.redo = map[stepKey]bool{}
+	nj.redo, nj.reclose = map[stepKey]bool{}, map[stepKey]bool{}
+	for k := range reclose {
+		if !d.closed[k] {
+			nj.reclose[k] = true
+		}
+	}
 	for k := range redo {
 		if !d.closed[k] {
 			nj.redo[k] = true
@@ -436,6 +475,18 @@ func (c *Collector) resetJob(j *job) {
 	}
 	c.mu.Unlock()
 	c.n.resets.Add(1)
+	c.durable.replayMu.Lock()
+	if c.durable.replays == nil {
+		c.durable.replays = map[uint64]bool{}
+	}
+	for _, it := range items {
+		if h, ok := it.ack.(*handlerAck); ok {
+			if md, err := h.m.Metadata(); err == nil {
+				c.durable.replays[md.Sequence.Stream] = true
+			}
+		}
+	}
+	c.durable.replayMu.Unlock()
 	for _, it := range items {
 		if n, ok := it.ack.(nakker); ok {
 			n.NakWithDelay(redeliverAfter)

@@ -40,6 +40,7 @@ var (
 	descAccepted   = prometheus.NewDesc("tpsprof_records_accepted_total", "Step records accepted (first copies).", nil, nil)
 	descDuplicate  = prometheus.NewDesc("tpsprof_records_duplicate_total", "Step records that repeated (job, attempt, step, rank).", nil, nil)
 	descLate       = prometheus.NewDesc("tpsprof_records_late_total", "Step records that arrived after their step closed.", nil, nil)
+	descRedeliv    = prometheus.NewDesc("tpsprof_records_redelivered_total", "Durable mode: step records of messages handed back after a part could not be written, handled again (not counted again as accepted, duplicate or late).", nil, nil)
 	descRejected   = prometheus.NewDesc("tpsprof_records_rejected_total", "Records and messages rejected, by reason.", []string{"reason"}, nil)
 	descWriteErr   = prometheus.NewDesc("tpsprof_parquet_write_errors_total", "Failed Parquet writes.", nil, nil)
 	descRowsLost   = prometheus.NewDesc("tpsprof_rows_lost_total", "Rows of any table that failed to reach a finalised Parquet part (write errors, folders that could not be created).", nil, nil)
@@ -55,7 +56,7 @@ type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
-		descWorld, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
+		descWorld, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRedeliv, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
 }
@@ -135,6 +136,7 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(descAccepted, float64(st.Records))
 	counter(descDuplicate, float64(st.Duplicates))
 	counter(descLate, float64(st.Late))
+	counter(descRedeliv, float64(st.Redelivered))
 	counter(descWriteErr, float64(st.WriteErrors))
 	counter(descRowsLost, float64(st.RowsLost))
 	counter(descSlowCons, float64(st.SlowConsumer))

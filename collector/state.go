@@ -87,12 +87,16 @@ type tally struct {
 	now                       time.Time
 	records, duplicates, late int64
 	stepsClosed, incomplete   int64
-	rejected                  map[string]int64
-	warnings                  []warning
-	closed                    []tps.ClusterStep // steps closed, in order (for OnStep)
-	metaChanged               bool              // the parts' metadata snapshot is stale
-	liveChanged               bool              // the figures /metrics reads changed
-	captures                  []captureAsk      // automatic captures to start
+	// replay: the message was handed back by a job reset, its records
+	// already counted once; they count as redelivered
+	replay      bool
+	reclosed    int64 // steps closed again after a reset
+	rejected    map[string]int64
+	warnings    []warning
+	closed      []tps.ClusterStep // steps closed, in order (for OnStep)
+	metaChanged bool              // the parts' metadata snapshot is stale
+	liveChanged bool              // the figures /metrics reads changed
+	captures    []captureAsk      // automatic captures to start
 	// backpressure is the job a message handler locked: once the lock is
 	// released, apply waits for its writers to catch up (waitWriters)
 	backpressure *job
@@ -232,8 +236,11 @@ type jobState struct {
 	pending   []pendingRow          // closed rows waiting for GPU samples
 
 	// durable mode
-	disk    *diskKeys        // what parts not yet covered by acknowledgements hold
-	redo    map[stepKey]bool // steps a reset job aggregates again, whatever its window says
+	disk *diskKeys        // what parts not yet covered by acknowledgements hold
+	redo map[stepKey]bool // steps a reset job aggregates again, whatever its window says
+	// reclose are the redo steps the job before the reset had closed
+	// (and counted): closing them again counts them as reclosed
+	reclose map[stepKey]bool
 	written map[stepKey]bool // steps whose cluster rows were handed out since the last checkpoint
 
 	// live figures for metrics and the live page
@@ -778,6 +785,8 @@ func (s *jobState) reconfigureOpen(t *tally) {
 func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	delete(s.open, k)
 	delete(s.redo, k)
+	again := s.reclose[k]
+	delete(s.reclose, k)
 	if s.lastOpen == st {
 		s.lastOpen = nil
 	}
@@ -800,14 +809,20 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	if hi, ok := s.maxClosed[k.attempt]; !ok || k.step > hi {
 		s.maxClosed[k.attempt] = k.step
 	}
-	t.stepsClosed++
+	if again {
+		t.reclosed++
+	} else {
+		t.stepsClosed++
+		if !row.Complete() {
+			t.incomplete++
+		}
+	}
 	t.liveChanged = true
 	s.closedSteps++
 	s.lastClosedAt = t.now
 	s.mostRanks = max(s.mostRanks, row.RanksReported)
 	s.tokens += row.Tokens
 	if !row.Complete() {
-		t.incomplete++
 		s.incompleteSteps++
 	}
 	s.history.add(row)
