@@ -2,9 +2,7 @@ package agent
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -118,30 +116,12 @@ func analyseFile(path string, calls bool, stop <-chan struct{}) (*kineto.Result,
 		return nil, err
 	}
 	defer f.Close()
-	r, err := kineto.AnalyzeWith(stopReader{f, stop}, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents, Calls: calls})
+	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents, Calls: calls, Stop: stop})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
 	}
 	r.File = path
 	return r, nil
-}
-
-// errStopping ends an analysis when the agent stops.
-var errStopping = errors.New("agent stopping: analysis abandoned")
-
-// stopReader reads r until stop is closed.
-type stopReader struct {
-	r    io.Reader
-	stop <-chan struct{}
-}
-
-func (s stopReader) Read(p []byte) (int, error) {
-	select {
-	case <-s.stop:
-		return 0, errStopping
-	default:
-		return s.r.Read(p)
-	}
 }
 
 func (a *Agent) removeTrace(p string) {

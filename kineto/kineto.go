@@ -171,6 +171,11 @@ type Options struct {
 	// error.
 	MaxBytes  int64
 	MaxEvents int64
+	// Stop, once closed, ends the analysis at its next read of the
+	// trace's (decompressed) bytes with ErrStopped: a gzip of a few MB can
+	// take tens of seconds to read, and a process told to stop must not
+	// wait for it.
+	Stop <-chan struct{}
 	// Calls lists each collective call of the steps (Result.Calls).
 	Calls bool
 }
@@ -217,9 +222,19 @@ func analyze(r io.Reader, opt Options) (*Result, int, error) {
 		if opt.MaxBytes > 0 {
 			src = &boundedReader{r: gz, left: opt.MaxBytes, limit: opt.MaxBytes}
 		}
+		if opt.Stop != nil {
+			src = stopReader{src, opt.Stop}
+		}
 		br = bufio.NewReaderSize(src, 1<<20)
-	} else if opt.MaxBytes > 0 {
-		br = bufio.NewReaderSize(&boundedReader{r: br, left: opt.MaxBytes, limit: opt.MaxBytes}, 1<<20)
+	} else if opt.MaxBytes > 0 || opt.Stop != nil {
+		var src io.Reader = br
+		if opt.MaxBytes > 0 {
+			src = &boundedReader{r: br, left: opt.MaxBytes, limit: opt.MaxBytes}
+		}
+		if opt.Stop != nil {
+			src = stopReader{src, opt.Stop}
+		}
+		br = bufio.NewReaderSize(src, 1<<20)
 	}
 	a := analyzer{groups: map[string]uint16{}, groupOf: []string{""}, opt: opt, sp: spill{dir: opt.SpillDir}}
 	defer a.sp.close()
@@ -276,6 +291,24 @@ func (a *analyzer) info(b []byte) error {
 	}
 	a.res.Backend, a.res.Rank, a.res.WorldSize = di.Backend, di.Rank, di.WorldSize
 	return nil
+}
+
+// ErrStopped ends an analysis whose Options.Stop was closed.
+var ErrStopped = errors.New("kineto: analysis stopped")
+
+// stopReader reads r until stop is closed.
+type stopReader struct {
+	r    io.Reader
+	stop <-chan struct{}
+}
+
+func (s stopReader) Read(p []byte) (int, error) {
+	select {
+	case <-s.stop:
+		return 0, ErrStopped
+	default:
+		return s.r.Read(p)
+	}
 }
 
 // boundedReader fails once more than limit bytes were read.
