@@ -104,6 +104,12 @@ type Config struct {
 	// training process and deletes it unless KeepTraces.
 	TraceDir   string
 	KeepTraces bool
+	// TraceMaxEvents bounds the events of one trace analysis, and so its
+	// memory: the records of the trace's densest step are held at once,
+	// about 270 B each (2,000,000 events in one step peaked at 535 MB of
+	// heap). A trace with more is not analysed (trace:unreadable).
+	// Default DefaultTraceMaxEvents.
+	TraceMaxEvents int64
 	// CaptureGap is the least time between the end of one on-demand
 	// capture of a job on this node and the start of the next (default
 	// 5s; negative: none): whoever may publish capture requests cannot
@@ -151,6 +157,9 @@ func (c *Config) defaults() error {
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = 30 * time.Minute
+	}
+	if c.TraceMaxEvents <= 0 {
+		c.TraceMaxEvents = DefaultTraceMaxEvents
 	}
 	if c.ForgetAfter <= 0 {
 		c.ForgetAfter = time.Hour

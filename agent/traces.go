@@ -96,12 +96,12 @@ func (a *Agent) tracePath(p string) (string, error) {
 }
 
 // Bounds of one trace analysis in the agent: its memory follows the events
-// of the trace's densest step (about 200 B each), and a small gzip can
-// unpack to gigabytes. A trace past either is not analysed (counted as
+// of the trace's densest step (Config.TraceMaxEvents), and a small gzip
+// can unpack to gigabytes. A trace past either is not analysed (counted as
 // trace:unreadable) and its step's record is released at once.
 const (
 	MaxTraceUncompressedBytes = 4 << 30
-	MaxTraceEvents            = 2_000_000
+	DefaultTraceMaxEvents     = 2_000_000
 )
 
 // analyseFile analyses a trace that was checked to be a regular file when
@@ -110,13 +110,13 @@ const (
 // instead of hanging the trace worker. Closing stop ends the analysis at
 // its next read (an agent told to stop does not wait for a trace that
 // takes a minute to unpack).
-func analyseFile(path string, calls bool, stop <-chan struct{}) (*kineto.Result, error) {
+func analyseFile(path string, calls bool, maxEvents int64, stop <-chan struct{}) (*kineto.Result, error) {
 	f, err := safefs.OpenRegular(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: MaxTraceEvents, Calls: calls, Stop: stop})
+	r, err := kineto.AnalyzeWith(f, kineto.Options{MaxBytes: MaxTraceUncompressedBytes, MaxEvents: maxEvents, Calls: calls, Stop: stop})
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "kineto: "))
 	}
@@ -153,7 +153,7 @@ func (a *Agent) analyseTraces() {
 func (a *Agent) analyseTrace(n TraceNote) {
 	defer a.removeTrace(n.Path)
 	start := time.Now()
-	r, err := analyseFile(n.Path, n.Capture != "", a.done)
+	r, err := analyseFile(n.Path, n.Capture != "", a.cfg.TraceMaxEvents, a.done)
 	select {
 	case <-a.done:
 		if err != nil { // abandoned: Close releases the held record

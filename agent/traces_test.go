@@ -187,7 +187,7 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 	p := filepath.Join(DefaultTraceDir(filepath.Join(dir, "a.sock")), "j.0.0.1.pt.trace.json")
 	os.WriteFile(p, []byte(`{"traceEvents":[]}`), 0o600)
 	// the check passes on the regular file; the worker then meets a FIFO
-	if _, err := analyseFile(p, false, nil); err != nil {
+	if _, err := analyseFile(p, false, DefaultTraceMaxEvents, nil); err != nil {
 		t.Fatalf("regular trace: %v", err)
 	}
 	os.Remove(p)
@@ -195,7 +195,7 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { _, err := analyseFile(p, false, nil); done <- err }()
+	go func() { _, err := analyseFile(p, false, DefaultTraceMaxEvents, nil); done <- err }()
 	select {
 	case err := <-done:
 		if err == nil {
@@ -342,5 +342,37 @@ func TestCloseDuringLargeTraceAnalysis(t *testing.T) {
 	}
 	if n := a.Stats().Rejected["trace:unreadable"]; n != 0 {
 		t.Errorf("an abandoned analysis counted as an unreadable trace (%d)", n)
+	}
+}
+
+// The analysis's memory budget is the agent's to set: a trace with more
+// events than --trace-max-events is not analysed, its step's record goes
+// out at once without trace figures, and the refusal is counted.
+func TestTraceMaxEvents(t *testing.T) {
+	a, nc := startWithNATS(t, Config{Node: "n0", TraceMaxEvents: 100, FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
+	msgs := make(chan *nats.Msg, 16)
+	nc.ChanSubscribe(wire.StepsSubject("me", "n0"), msgs)
+	nc.Flush()
+	tr := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","ts":0,"dur":2000}` +
+		strings.Repeat(`,{"ph":"X","cat":"kernel","name":"gemm","ts":1,"dur":1,"args":{"stream":7}}`, 1000) + `]}`
+	path := filepath.Join(a.cfg.TraceDir, "me.0.0.1.pt.trace.json")
+	os.WriteFile(path, []byte(tr), 0o600)
+	now := time.Now().UnixNano()
+	if err := a.SubmitTrace(TraceNote{Job: "me", Step: 1, Path: path}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	a.SubmitStep(tps.StepRecord{Job: "me", Step: 1, WorldSize: 1, StartUnixNs: now - 1e6, EndUnixNs: now, Tokens: 10})
+	select {
+	case m := <-msgs:
+		recs, _ := wire.DecodeSteps(m.Data, nil)
+		if len(recs) != 1 || recs[0].TraceComputeNs != 0 || time.Since(start) > 5*time.Second {
+			t.Errorf("record %+v after %v", recs, time.Since(start))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the held record was not released")
+	}
+	if n := a.Stats().Rejected["trace:unreadable"]; n != 1 {
+		t.Errorf("trace:unreadable %d, want 1", n)
 	}
 }

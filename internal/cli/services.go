@@ -278,6 +278,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	mode := fs.Uint("socket-mode", 0o600, "permission bits of the socket (default owner only; 0660 lets the group write)")
 	traceDir := fs.String("trace-dir", "", "folder where ranks write sampled profiler traces for the agent to analyse (default SOCKET.traces)")
 	keepTraces := fs.Bool("keep-traces", false, "keep sampled profiler traces after analysing them")
+	traceMaxEvents := fs.Int64("trace-max-events", agent.DefaultTraceMaxEvents, "analyse no trace with more events than this: the analysis holds its densest step's events, about 270 B each (the default peaked at 535 MB); a larger trace is skipped and counted as trace:unreadable")
 	node := fs.String("node", "", "node name stamped on records (default: host name)")
 	buffer := fs.Int("buffer-mb", 64, "MiB of batches held while NATS is unreachable; older ones are dropped past it")
 	idle := fs.Duration("idle-timeout", 30*time.Minute, "close an intake connection that sends nothing for this long")
@@ -310,7 +311,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	a, err := agent.Start(agent.Config{Socket: *socket, SocketMode: os.FileMode(*mode), NATS: no, Node: *node,
-		TraceDir: *traceDir, KeepTraces: *keepTraces,
+		TraceDir: *traceDir, KeepTraces: *keepTraces, TraceMaxEvents: *traceMaxEvents,
 		BufferBytes: *buffer << 20, IdleTimeout: *idle, ForgetAfter: *forget, Logger: log, GPU: gpu, GPUInterval: *gpuEvery, Durable: *durable, Partials: *partials})
 	if err != nil {
 		failErr(stderr, "agent", err)
