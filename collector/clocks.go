@@ -17,10 +17,22 @@ import (
 // minClockOffsetNs and more than three median absolute deviations. Nodes
 // that are not in step with the others (asynchronous ranks) give
 // scattered differences and no offset. docs/report.md ("Clocks").
+//
+// A node's clock can also jump mid-run (an NTP step, a VM migrated): the
+// median would follow only once most of its window had the new value, 16
+// steps of rows on the wrong clock. So clockJumpSteps consecutive
+// differences that agree with each other (within 10 ms, or three median
+// absolute deviations) and lie
+// far from the median (clockJumpNs, and ten median absolute deviations)
+// restart the node's window from them: a jump is followed within three
+// steps. Scattered differences (asynchronous ranks) never agree, so they
+// start nothing.
 const (
 	clockSamples     = 31
 	minClockOffsetNs = int64(1_000_000) // 1 ms: below it, clocks count as agreeing
 	maxClockNodes    = 1 << 16
+	clockJumpSteps   = 3
+	clockJumpNs      = int64(50_000_000) // 50 ms: smaller changes the median follows
 )
 
 type clockEstimator struct {
@@ -36,6 +48,11 @@ type nodeClock struct {
 	n, next int
 	offset  int64 // the applied offset, ns (0: none)
 	median  int64
+	mad     int64
+	// jump holds the latest differences far from the median that agree
+	// with each other (a clock jump in the making)
+	jump  [clockJumpSteps]int64
+	jumps int
 }
 
 // observe folds one closed step's node spans in; the reference is rank
@@ -99,6 +116,23 @@ func (c *clockEstimator) observe(spans []tps.NodeSpan) (changed bool) {
 }
 
 func (nc *nodeClock) add(d int64) {
+	if nc.n >= clockJumpSteps && abs64(d-nc.median) > max(clockJumpNs, 10*nc.mad) {
+		if nc.jumps > 0 && abs64(d-nc.jump[0]) > max(clockJumpNs/5, 3*nc.mad) {
+			nc.jumps = 0 // does not agree with the jump so far: start it again
+		}
+		nc.jump[nc.jumps] = d
+		nc.jumps++
+		if nc.jumps == clockJumpSteps { // the clock jumped: the window restarts
+			jump := nc.jump
+			*nc = nodeClock{}
+			for _, x := range jump {
+				nc.add(x)
+			}
+			return
+		}
+	} else {
+		nc.jumps = 0
+	}
 	nc.samples[nc.next] = d
 	nc.next = (nc.next + 1) % clockSamples
 	nc.n = min(nc.n+1, clockSamples)
@@ -112,7 +146,7 @@ func (nc *nodeClock) add(d int64) {
 	}
 	slices.Sort(xs)
 	mad := xs[len(xs)/2]
-	nc.median = med
+	nc.median, nc.mad = med, mad
 	if abs64(med) >= minClockOffsetNs && abs64(med) > 3*mad {
 		nc.offset = med
 	} else {
