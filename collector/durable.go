@@ -227,6 +227,10 @@ func (c *Collector) watchStream() {
 			old := c.durable.consume
 			c.durable.mu.Unlock()
 			old.Stop()
+			select { // its handler calls end before the new consumer's begin
+			case <-old.Closed():
+			case <-ctx.Done():
+			}
 			if err := c.ensureStream(ctx); err != nil {
 				c.cfg.Logger.Error("durable: the "+what+" was deleted and cannot be created again; trying again", "err", err)
 			} else if err := c.startConsumer(ctx); err != nil {
