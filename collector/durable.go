@@ -117,7 +117,7 @@ func (c *Collector) startDurable() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c.durable = &durableState{js: js, stopWatch: make(chan struct{}), watchDone: make(chan struct{})}
+	c.durable = &durableState{js: js, stopWatch: make(chan struct{}), watchDone: make(chan struct{}), replays: map[uint64]bool{}}
 	if err := c.ensureStream(ctx); err != nil {
 		return err
 	}
@@ -480,9 +480,6 @@ func (c *Collector) resetJob(j *job) {
 	c.mu.Unlock()
 	c.n.resets.Add(1)
 	c.durable.replayMu.Lock()
-	if c.durable.replays == nil {
-		c.durable.replays = map[uint64]bool{}
-	}
 	for _, it := range items {
 		if h, ok := it.ack.(*handlerAck); ok {
 			if md, err := h.m.Metadata(); err == nil {

@@ -212,28 +212,23 @@ func AnalyzeWith(r io.Reader, opt Options) (*Result, error) {
 // most (the spill's in-memory part aside).
 func analyze(r io.Reader, opt Options) (*Result, int, error) {
 	br := bufio.NewReaderSize(r, 1<<20)
+	var src io.Reader = br
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		gz, err := gzip.NewReader(br)
 		if err != nil {
 			return nil, 0, fmt.Errorf("kineto: gzip: %w", err)
 		}
 		defer gz.Close()
-		var src io.Reader = gz
-		if opt.MaxBytes > 0 {
-			src = &boundedReader{r: gz, left: opt.MaxBytes, limit: opt.MaxBytes}
-		}
-		if opt.Stop != nil {
-			src = stopReader{src, opt.Stop}
-		}
-		br = bufio.NewReaderSize(src, 1<<20)
-	} else if opt.MaxBytes > 0 || opt.Stop != nil {
-		var src io.Reader = br
-		if opt.MaxBytes > 0 {
-			src = &boundedReader{r: br, left: opt.MaxBytes, limit: opt.MaxBytes}
-		}
-		if opt.Stop != nil {
-			src = stopReader{src, opt.Stop}
-		}
+		src = gz
+	}
+	// The bounds apply to the decompressed bytes.
+	if opt.MaxBytes > 0 {
+		src = &boundedReader{r: src, left: opt.MaxBytes, limit: opt.MaxBytes}
+	}
+	if opt.Stop != nil {
+		src = stopReader{src, opt.Stop}
+	}
+	if src != io.Reader(br) {
 		br = bufio.NewReaderSize(src, 1<<20)
 	}
 	a := analyzer{groups: map[string]uint16{}, groupOf: []string{""}, opt: opt, sp: spill{dir: opt.SpillDir}}

@@ -32,6 +32,28 @@ func buildBinary(t *testing.T) string {
 	return bin
 }
 
+// rankRowsOnce checks that a job's rank_steps hold want rows, each
+// (step, rank) once.
+func rankRowsOnce(t *testing.T, jobDir string, want int) {
+	t.Helper()
+	ranks, err := trace.ReadAll[tps.StepRecord](filepath.Join(jobDir, trace.RankSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]int64]int{}
+	for _, r := range ranks {
+		seen[[2]int64{r.Step, r.Rank}]++
+	}
+	if len(ranks) != want || len(seen) != want {
+		t.Errorf("rank_steps: %d rows, %d distinct (step, rank); want %d of each", len(ranks), len(seen), want)
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Errorf("step %d rank %d written %d times", k[0], k[1], n)
+		}
+	}
+}
+
 // kill -9 of a durable collector at a random moment, twice, while a job
 // publishes: after the restarts every record is in rank_steps exactly once,
 // every step has exactly one complete cluster row, and no torn part exists.
@@ -108,22 +130,7 @@ func TestDurableCollectorSurvivesKill9(t *testing.T) {
 			}
 		}
 	}()
-	ranks, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "dur", trace.RankSteps))
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[[2]int64]int{}
-	for _, r := range ranks {
-		seen[[2]int64{r.Step, r.Rank}]++
-	}
-	if len(ranks) != steps*world || len(seen) != steps*world {
-		t.Errorf("rank_steps: %d rows, %d distinct (step, rank); want %d of each", len(ranks), len(seen), steps*world)
-	}
-	for k, n := range seen {
-		if n != 1 {
-			t.Errorf("step %d rank %d written %d times", k[0], k[1], n)
-		}
-	}
+	rankRowsOnce(t, filepath.Join(out, "dur"), steps*world)
 	cluster, err := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "dur", trace.ClusterSteps))
 	if err != nil {
 		t.Fatal(err)
@@ -339,17 +346,7 @@ func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
 	if err := col.Close(); err != nil {
 		t.Fatal(err)
 	}
-	ranks, err := trace.ReadAll[tps.StepRecord](filepath.Join(out, "streamdel", trace.RankSteps))
-	if err != nil {
-		t.Fatal(err)
-	}
-	seen := map[[2]int64]int{}
-	for _, r := range ranks {
-		seen[[2]int64{r.Step, r.Rank}]++
-	}
-	if len(ranks) != 40*world || len(seen) != 40*world {
-		t.Errorf("rank_steps: %d rows, %d distinct (step, rank); want %d of each", len(ranks), len(seen), 40*world)
-	}
+	rankRowsOnce(t, filepath.Join(out, "streamdel"), 40*world)
 	cluster, _ := trace.ReadAll[tps.ClusterStep](filepath.Join(out, "streamdel", trace.ClusterSteps))
 	if len(cluster) != 40 {
 		t.Errorf("%d cluster rows, want 40", len(cluster))
