@@ -98,14 +98,7 @@ func (a *Agent) forgetCaptures() {
 	if a.capSubN.Load() == 0 {
 		return
 	}
-	carried := map[string]bool{}
-	a.mu.Lock()
-	for _, info := range a.conns {
-		if s := info.rank.Load(); s != nil {
-			carried[s.job] = true
-		}
-	}
-	a.mu.Unlock()
+	carried := a.carriedJobs()
 	old := time.Now().Add(-capSubGrace)
 	a.capSubs.Range(func(k, v any) bool {
 		s := v.(*capSub)

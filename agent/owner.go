@@ -67,14 +67,7 @@ func (a *Agent) forgetOwners() {
 	if n == 0 {
 		return
 	}
-	carried := map[string]bool{}
-	a.mu.Lock()
-	for _, info := range a.conns {
-		if p := info.owned.Load(); p != nil {
-			carried[*p] = true
-		}
-	}
-	a.mu.Unlock()
+	carried := a.carriedJobs()
 	now := time.Now().UnixNano()
 	old := now - a.cfg.ForgetAfter.Nanoseconds()
 	a.ownMu.Lock()
@@ -86,6 +79,23 @@ func (a *Agent) forgetOwners() {
 		}
 	}
 	a.ownMu.Unlock()
+}
+
+// carriedJobs are the jobs the open connections write: the one each last
+// wrote a line for, and the one of its step records.
+func (a *Agent) carriedJobs() map[string]bool {
+	carried := map[string]bool{}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, info := range a.conns {
+		if p := info.owned.Load(); p != nil {
+			carried[*p] = true
+		}
+		if s := info.rank.Load(); s != nil {
+			carried[s.job] = true
+		}
+	}
+	return carried
 }
 
 // peerUID is the user of the process at the other end of an intake
