@@ -6,7 +6,11 @@ records sent to the agent at TPSPROF_SOCKET). Blocks of steps alternate
 between them so that the machine's noise falls on both alike. Prints one
 JSON object: median step time of each, the overhead (the median of the
 differences between adjacent blocks) in percent and microseconds, and the
-same on a near-empty step, which gives the per-step cost itself.
+same on a near-empty step, which gives the per-step cost itself. Records
+are built and sent by a thread of tpsprof's: the CPU time it spent per step
+(``sender_us``) is reported beside the training thread's cost, and
+``cost_us`` is the sum of both (an upper bound: on a machine with a free
+core the sender runs beside training).
 
     tpsprof launch --job bench -- python3 examples/pytorch/bench_torch.py
 """
@@ -74,8 +78,10 @@ def compare(args, dim, layers, vocab, seq, batch, blocks, per_block):
         diffs.append(statistics.median(got[1]) - statistics.median(got[0]))
     prof.close()
     mb, mi, d = statistics.median(tb), statistics.median(ti), statistics.median(diffs)
+    sender = prof._sender.cpu_ns / max(prof.steps, 1)
     return {"bare_ms": mb / 1e6, "instrumented_ms": mi / 1e6, "overhead_pct": 100 * d / mb,
-            "overhead_us": d / 1e3, "pairs": len(diffs), "steps_each": len(tb), "sent": prof.sent,
+            "overhead_us": d / 1e3, "sender_us": sender / 1e3, "cost_us": (d + sender) / 1e3,
+            "pairs": len(diffs), "steps_each": len(tb), "sent": prof.sent,
             "dropped": prof.dropped, "errors": prof.errors}
 
 

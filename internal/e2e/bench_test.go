@@ -103,6 +103,8 @@ func BenchmarkTorchStepOverhead(b *testing.B) {
 				InstrumentedMs float64 `json:"instrumented_ms"`
 				OverheadPct    float64 `json:"overhead_pct"`
 				OverheadUs     float64 `json:"overhead_us"`
+				SenderUs       float64 `json:"sender_us"`
+				CostUs         float64 `json:"cost_us"`
 				Dropped        int     `json:"dropped"`
 			}
 		}
@@ -115,6 +117,8 @@ func BenchmarkTorchStepOverhead(b *testing.B) {
 		}
 		b.ReportMetric(res.Model.BareMs, "bare_step_ms")
 		b.ReportMetric(res.Model.OverheadPct, "overhead_%")
-		b.ReportMetric(res.Tiny.OverheadUs, "cost_us/step")
+		b.ReportMetric(res.Tiny.OverheadUs, "training_us/step")
+		b.ReportMetric(res.Tiny.SenderUs, "sender_cpu_us/step")
+		b.ReportMetric(res.Tiny.CostUs, "cost_us/step")
 	}
 }

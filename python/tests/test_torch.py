@@ -146,21 +146,22 @@ class CudaEventPathTest(unittest.TestCase):
             with prof.step():
                 FakeEvent.clock += 60.0  # the GPU's step takes 60 ms
         # nothing is done on the GPU yet: nothing may be sent, nothing waited for
+        threading.Event().wait(0.12)  # the sender has looked at them
         self.assertEqual(prof.steps, 0)
-        self.assertEqual(len(prof._pending), 3)
+        self.assertEqual(prof._sender.unsent(), 3)
         # the first two steps complete: the next boundary sends them, in order
         for ev in events[:4]:
             ev.done = True
         FakeEvent.clock = 400.0
         with prof.step():
             FakeEvent.clock += 60.0
-        # handed to the sender thread, which builds and sends them
-        self.assertEqual(len(prof._pending), 2)
+        # the sender thread builds and sends them, and keeps the others
         for _ in range(200):
             if prof.steps == 2:
                 break
             threading.Event().wait(0.005)
         self.assertEqual(prof.steps, 2)
+        self.assertEqual(prof._sender.unsent(), 2)
         prof.close()  # waits for the rest, once
         self.assertEqual(prof.steps, 4)
         import time
@@ -192,7 +193,6 @@ class CudaEventPathTest(unittest.TestCase):
         prof._finish()
         for ev in [st.t0, st.end, st.fwd[0][0], st.fwd[0][1], cell[0], cell[1]]:
             ev.done = True
-        prof._poll()
         prof.close()
         import time
         for _ in range(100):

@@ -26,6 +26,7 @@ Nothing here raises into the training loop: a hook that fails is counted
 
 import atexit
 import collections
+import functools
 import os
 import sys
 import threading
@@ -38,7 +39,14 @@ import torch
 import torch.distributed as dist
 
 from . import _c10d, _client, _rollout
-from ._intervals import clip, exposed, length, subtract
+from ._steps import Step, mean_loss, phases, totals
+
+_engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
+
+try:  # counts host batches on the sender thread when present (PyTorch's own optional dependency)
+    import numpy as _np
+except ImportError:
+    _np = None
 
 __all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
 
@@ -96,42 +104,6 @@ def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, igno
     return prof
 
 
-class _Step:
-    """One training step being measured. Marks are host nanoseconds
-    (perf_counter_ns) on CPU and CUDA events on a GPU."""
-
-    __slots__ = ("number", "t0", "wall0", "end", "data_wait", "tokens", "padded", "samples", "seq_sq", "fwd", "bwd",
-                 "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "age", "trained", "cuda", "rollout",
-                 "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare")
-
-    def __init__(self, t0, wall0):
-        self.cuda = not isinstance(t0, int)  # its marks are CUDA events
-        self.number = None
-        self.t0, self.wall0, self.end = t0, wall0, None
-        self.data_wait = 0
-        self.tokens, self.padded, self.samples = [], [], 0
-        self.seq_sq = []  # Σ document length² of packed batches (ints or pinned GPU scalars)
-        self.fwd, self.bwd, self.loss, self.optim = [], [], [], []
-        self.comm = []  # [start, end] lists; end None while in flight (set from other threads)
-        self.blocked = []
-        self.pp_wait = []  # host blocked waiting for a point-to-point receive
-        self.fwd_open = self.optim_open = None
-        self.age = 0
-        self.trained = False
-        self.rollout = None  # the generation phase (prof.rollout())
-        self.bytes = 0  # text behind the tokens (prof.add_bytes())
-        # an optimizer has stepped: the iteration ends at the last optimizer
-        # step before the next iteration's first activity (end_at)
-        self.optimized = False
-        self.end_at = None
-        self.bwd_done = False  # a backward pass has completed
-        self.tail = []  # fetches since the last backward: (mark, wall, dt, token index, samples)
-        self.skipped = False  # the iteration ended without an optimizer step
-        self.losses = []  # the losses whose backward ran (detached)
-        self.gap = 0  # ns of checkpointing inside the step before its training: not the step's
-        self.bare = None  # (token index, shape) of a bare (B, L) id batch, until its forward
-
-
 class TorchProfiler:
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
 
@@ -156,8 +128,8 @@ class TorchProfiler:
         self.ignore_index = ignore_index
         self.step_number = first_step
         self._first_step_given = first_step is not None
-        self.device = torch.device(device) if device is not None else None
-        self.cuda = self.device is not None and self.device.type == "cuda"
+        self.device = None
+        self._use_device(torch.device(device) if device is not None else None)
         self.errors = 0
         self.steps = 0
         self.pending_dropped = 0
@@ -252,7 +224,7 @@ class TorchProfiler:
         if self.device is None:
             try:
                 p = optimizer.param_groups[0]["params"][0]
-                self.device, self.cuda = p.device, p.device.type == "cuda"
+                self._use_device(p.device)
             except Exception:
                 pass
         if hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook"):
@@ -330,7 +302,7 @@ class TorchProfiler:
                 return
             if self._cur is None:
                 self._cur = self._begin()
-            self._cur.tokens.append(max(int(n), 0))
+            self._cur.fetches.append(_Fetch(None, (max(int(n), 0), 0, 0, None)))
         except Exception:
             self._err()
 
@@ -354,12 +326,16 @@ class TorchProfiler:
             p = next(model.parameters())
         except (StopIteration, AttributeError, TypeError):
             return
-        self.device = p.device
-        self.cuda = p.device.type == "cuda"
+        self._use_device(p.device)
 
-    def _mark(self):
-        if not self.cuda:
-            return time.perf_counter_ns()
+    def _use_device(self, device):
+        """The device the loop trains on: marks are CUDA events on a GPU,
+        host nanoseconds elsewhere (the clock itself, no call of ours)."""
+        self.device = device
+        self.cuda = device is not None and device.type == "cuda"
+        self._mark = self._cuda_mark if self.cuda else time.perf_counter_ns
+
+    def _cuda_mark(self):
         ev = self._events.pop() if self._events else torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream(self.device))
         return ev
@@ -371,7 +347,7 @@ class TorchProfiler:
 
     # -- step life ----------------------------------------------------------
     def _begin(self):
-        st = _Step(self._mark(), time.time_ns())
+        st = Step(self._mark(), time.time_ns(), self.cuda)
         if self._capture is not None and self._tracing is None:
             self._capture_step()
         elif self.trace_every and self._tracing is None:
@@ -476,19 +452,14 @@ class TorchProfiler:
             st.skipped = True
             nxt = None
             if st.tail:
-                m, wall, _, n0, _ = st.tail[0]
-                nxt = _Step(m, wall)
-                for _, _, dt, _, smp in st.tail:
+                m, wall, _, n0 = st.tail[0]
+                nxt = Step(m, wall, st.cuda)
+                for _, _, dt, _ in st.tail:
                     nxt.data_wait += dt
                     st.data_wait -= dt
-                    nxt.samples += smp
-                    st.samples -= smp
-                if len(st.seq_sq) == len(st.tokens):
-                    nxt.seq_sq, st.seq_sq = st.seq_sq[n0:], st.seq_sq[:n0]
-                nxt.tokens, st.tokens = st.tokens[n0:], st.tokens[:n0]
-                nxt.padded, st.padded = st.padded[n0:], st.padded[:n0]
-                if st.bare is not None and st.bare[0] >= n0:
-                    nxt.bare, st.bare = (st.bare[0] - n0, st.bare[1]), None
+                nxt.fetches, st.fetches = st.fetches[n0:], st.fetches[:n0]
+                if st.bare is not None and st.bare in nxt.fetches:
+                    nxt.bare, st.bare = st.bare, None
                 st.end_at = m
                 st.tail = []
             self._finish()
@@ -620,31 +591,7 @@ class TorchProfiler:
         if self._tracing is not None:
             self._trace_end()
         self.step_number += 1
-        self._pending.append(st)
-        while len(self._pending) > _MAX_PENDING:
-            self._release(self._pending.popleft())
-            self.pending_dropped += 1
-        self._poll()
-
-    def _poll(self, wait=False):
-        """Sends every pending step whose times are known, oldest first."""
-        if wait and not self.cuda:  # (host-clock steps)
-            # at close: give the poller a moment to see the last collectives end
-            deadline = time.monotonic() + 1.0
-            while time.monotonic() < deadline and any(c[1] is None for st in self._pending for c in st.comm):
-                time.sleep(0.001)
-        while self._pending:
-            st = self._pending[0]
-            st.age += 1
-            try:
-                ready = wait or self._ready(st)
-            except Exception:  # marks of two kinds (the device became known mid-step): drop it
-                ready = True
-                self._err()
-            if not ready:
-                return
-            self._pending.popleft()
-            self._sender.put(lambda st=st, wait=wait: self._send_release(st, wait))
+        self._sender.put(st)  # the sender sends it once its times are known
 
     def _send_release(self, st, wait):
         """(On the sender thread.) Builds and sends a step's record."""
@@ -655,10 +602,11 @@ class TorchProfiler:
         self._release(st)
 
     def _ready(self, st):
+        """(On the sender thread.) Whether a finished step's times are known."""
         if st.cuda:
             return st.end.query()
         # On CPU a step is ready when its collectives completed, or two steps on.
-        return st.age > 2 or all(c[1] is not None for c in st.comm)
+        return not st.comm or self.step_number - st.number > 2 or all(c[1] is not None for c in st.comm)
 
     def _release(self, st):
         """Returns a sent step's CUDA events to the pool."""
@@ -701,34 +649,17 @@ class TorchProfiler:
                 a, b = ns(a), ns(b)
                 if a is not None and b is not None:
                     out.append((a, b))
-            return clip(out, 0, dur)
+            return out
 
-        fwd, bwd, loss, optim = ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim)
-        # phases of one kind never overlap on the host's timeline: sums
-        phases = {"data_wait": st.data_wait, "fwd": _total(fwd), "bwd": _total(bwd), "optim": _total(optim)}
-        pp = ivs(st.pp_wait)
-        if pp:
-            phases["pp_wait"] = length(pp)
-        if st.comm:
-            comm, blocked = ivs([(c[0], c[1]) for c in st.comm]), ivs(st.blocked)
-            # time blocked for another stage hides nothing and is not communication
-            phases["comm"], phases["exposed_comm"] = exposed(subtract(comm, pp), fwd + loss + bwd + optim, blocked + pp)
-        tokens = sum(_resolve(t) for t in st.tokens)
-        padded = sum(_resolve(t) for t in st.padded)
-        if st.skipped:
-            tokens = padded = 0  # nothing was trained on them
-        loss = None
-        if st.losses:
-            try:
-                vals = [float(x) for x in st.losses]
-                loss = sum(vals) / len(vals)
-            except Exception:
-                loss = None
+        # the marks as ns from the step's start; the rest is the core's (_steps)
+        ph = phases(dur, st.data_wait, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
+                    comm=ivs([(c[0], c[1]) for c in st.comm]) if st.comm else (),
+                    blocked=ivs(st.blocked) if st.blocked else (), pp_wait=ivs(st.pp_wait) if st.pp_wait else ())
+        tokens, padded, samples, seq_sq = totals([f.resolve(self) for f in st.fetches], st.skipped)
+        loss = mean_loss(st.losses)
         self.steps += 1
-        # every batch of the step packed: the exact attention term
-        seq_sq = sum(_resolve(t) for t in st.seq_sq) if st.seq_sq and len(st.seq_sq) == len(st.tokens) else None
-        self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, phases,
-                              samples=None if st.skipped else (st.samples or None), loss=loss,
+        self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, ph,
+                              samples=None if st.skipped else (samples or None), loss=loss,
                               skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
                               bytes=st.bytes or None, rollout=st.rollout)
@@ -770,12 +701,17 @@ class TorchProfiler:
         """A bare (B, L) id batch whose forward takes (B, L-1) ids: the loop
         split it into inputs and next-token targets; B*(L-1) tokens are
         trained on, not B*L."""
-        i, (b, n) = st.bare
-        st.bare = None
+        f, st.bare = st.bare, None
+        batch = f.batch
+        if f.counts is not None:
+            f.batch = None  # counted already: not kept any longer
+        if not (_is_ids(batch) and batch.dim() == 2):
+            return
+        b, n = batch.shape
         for a in inputs if isinstance(inputs, (list, tuple)) else (inputs,):
             if isinstance(a, torch.Tensor):
-                if _is_ids(a) and a.dim() == 2 and a.shape[0] == b and a.shape[1] == n - 1 and i < len(st.tokens):
-                    st.tokens[i] = st.padded[i] = b * (n - 1)
+                if _is_ids(a) and a.dim() == 2 and a.shape[0] == b and a.shape[1] == n - 1:
+                    f.split = b * (n - 1)
                 return
 
     def _fwd_post(self, module, inputs, output):
@@ -795,31 +731,33 @@ class TorchProfiler:
                 self._poller.sweep()
             t = _first_grad_tensor(output)
             if t is not None:
-                t.register_hook(self._bwd_hook(st, end))
+                _grad_hook(t, functools.partial(self._bwd_start, st, end))
         except Exception:
             self._err()
 
-    def _bwd_hook(self, st, fwd_end):
-        def hook(grad):
-            try:
-                start = self._mark()
-                st.loss.append((fwd_end, start))  # between forward and backward: the loss
+    @_c10d.skip_dynamo
+    def _bwd_start(self, st, fwd_end, grad):
+        """(Autograd, the forward's output gradient is ready.)"""
+        try:
+            start = self._mark()
+            st.loss.append((fwd_end, start))  # between forward and backward: the loss
+            # Runs when autograd has computed every gradient, before DDP
+            # waits for its buckets (its callback is queued later).
+            _engine.queue_callback(functools.partial(self._bwd_done, st, start))
+        except Exception:
+            self._err()
 
-                def done():
-                    try:
-                        st.bwd.append((start, self._mark()))
-                        st.bwd_done = True
-                        st.tail = []
-                        if self._poller is not None:
-                            self._poller.sweep()
-                    except Exception:
-                        self._err()
-                # Runs when autograd has computed every gradient, before
-                # DDP waits for its buckets (its callback is queued later).
-                torch.autograd.Variable._execution_engine.queue_callback(_c10d.skip_dynamo(done))
-            except Exception:
-                self._err()
-        return _c10d.skip_dynamo(hook)
+    @_c10d.skip_dynamo
+    def _bwd_done(self, st, start):
+        """(Autograd, every gradient computed.)"""
+        try:
+            st.bwd.append((start, self._mark()))
+            st.bwd_done = True
+            st.tail = []
+            if self._poller is not None:
+                self._poller.sweep()
+        except Exception:
+            self._err()
 
     def _optim_pre(self, opt):
         if self.off:
@@ -886,30 +824,24 @@ class TorchProfiler:
                     self._discard()
                 return
             st.data_wait += dt
-            if isinstance(opened, tuple):
-                st.tail.append((opened[0], opened[1], dt, len(st.tokens), 0))
-            real = padded = None
-            samples = 0
+            fetches = st.fetches
+            if opened.__class__ is tuple:
+                st.tail.append((opened[0], opened[1], dt, len(fetches)))
             if self.token_fn is not None:
                 n = self.token_fn(batch)
                 real, padded = n if isinstance(n, tuple) else (n, n)
+                f = _Fetch(None, (_lazy_int(real), _lazy_int(padded), 0, None) if real is not None else None)
+            elif self.cuda:
+                # counts on the GPU are launched now, on the training
+                # stream, and read once the step is over
+                f = _Fetch(batch if batch.__class__ is torch.Tensor else None, _counts_now(batch, self.ignore_index))
             else:
-                got = _count_tokens(batch, self.ignore_index)
-                if got is not None:
-                    real, padded, samples = got
-            if real is not None:
-                if self.token_fn is None and isinstance(batch, torch.Tensor) and _is_ids(batch) and batch.dim() == 2:
-                    st.bare = (len(st.tokens), tuple(batch.shape))
-                st.tokens.append(_lazy_int(real))
-                st.padded.append(_lazy_int(padded))
-                if self.token_fn is None:
-                    sq = _packed_seq_sq(batch)
-                    if sq is not None:
-                        st.seq_sq.append(_lazy_int(sq))
-            st.samples += samples
-            if samples and isinstance(opened, tuple) and st.tail:
-                m, w, dt0, n0, _ = st.tail[-1]
-                st.tail[-1] = (m, w, dt0, n0, samples)
+                # on the host the batch is counted when its record is built,
+                # on the sender thread: the training thread keeps a reference
+                f = _Fetch(batch, None)
+            fetches.append(f)
+            if self.token_fn is None and batch.__class__ is torch.Tensor:
+                st.bare = f  # maybe split into inputs and targets: see _split_batch
         except Exception:
             self._err()
 
@@ -1075,10 +1007,6 @@ class TorchProfiler:
             self._flush_side()
         except Exception:
             self._err()
-        try:
-            self._poll(wait=True)
-        except Exception:
-            self._err()
         for h in self._hooks:
             try:
                 h.remove()
@@ -1086,10 +1014,13 @@ class TorchProfiler:
                 pass
         if _ACTIVE is self:
             _ACTIVE = None
+        # the sender first: it gives the poller a moment to see the last
+        # collectives end before it sends the last steps
+        done = self._sender.close(timeout)
         if self._poller is not None:
             self._poller.stop()
-        self._sender.close(timeout)
-        self.client.close(timeout)
+        if done:
+            self.client.close(timeout)
 
     @property
     def sent(self):
@@ -1100,6 +1031,9 @@ class TorchProfiler:
         return self.client.dropped
 
 
+_thread_ns = getattr(time, "thread_time_ns", time.perf_counter_ns)
+
+
 class _Sender:
     """Runs what touches the agent connection (building and sending step
     records, events, metadata, trace notes) on a thread of its own, in the
@@ -1107,7 +1041,8 @@ class _Sender:
     appends to a queue (no lock, no wake-up) and the thread takes what is
     there every ``interval`` seconds, so a step costs the training thread a
     queue append, not the record's arithmetic, JSON and socket write, nor a
-    thread switch per step."""
+    thread switch per step. Finished steps wait here until their times are
+    known (CUDA events done, collectives ended), sent oldest first."""
 
     def __init__(self, prof, interval=0.05):
         self._prof = prof
@@ -1116,6 +1051,10 @@ class _Sender:
         self._stop = threading.Event()
         self._lock = threading.Lock()  # starts the thread once
         self._thread = None
+        self._done = False  # the thread has ended
+        self._close_client = False  # the connection is the thread's to close when it ends
+        self._steps = collections.deque()  # finished steps not sent yet (this thread's)
+        self.cpu_ns = 0  # CPU time this thread spent building and sending (what it costs the process)
 
     def put(self, fn):
         self._items.append(fn)  # atomic; the thread picks it up
@@ -1125,34 +1064,76 @@ class _Sender:
                     self._thread = threading.Thread(target=self._run, name="tpsprof-send", daemon=True)
                     self._thread.start()
 
-    def _drain(self):
-        if not self._items:
+    def _drain(self, final=False):
+        if not self._items and not self._steps:
             return
-        client = self._prof.client
+        prof = self._prof
+        client = prof.client
+        t0 = _thread_ns()
         client.batch()
         try:
+            steps = self._steps
             while self._items:
                 fn = self._items.popleft()
+                if fn.__class__ is Step:
+                    steps.append(fn)
+                    continue
                 try:
                     fn()
                 except Exception:
-                    self._prof._err()
+                    prof._err()
+            if final and not prof.cuda:
+                # at close: give the poller a moment to see the last collectives end
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline and any(c[1] is None for st in steps for c in st.comm):
+                    time.sleep(0.001)
+            while steps:
+                st = steps[0]
+                try:
+                    ready = final or prof._ready(st)
+                except Exception:  # marks of two kinds (the device became known mid-step): drop it
+                    ready = True
+                    prof._err()
+                if not ready:
+                    break
+                steps.popleft()
+                prof._send_release(st, final)
+            while len(steps) > _MAX_PENDING:  # times never known (a GPU far behind): the oldest go
+                prof._release(steps.popleft())
+                prof.pending_dropped += 1
         finally:
             client.unbatch()
+            self.cpu_ns += _thread_ns() - t0
+
+    def unsent(self):
+        """Finished steps not sent yet."""
+        return len(self._steps) + sum(1 for x in list(self._items) if x.__class__ is Step)
 
     def _run(self):
         client = self._prof.client
         while not self._stop.wait(self.interval):
             self._drain()
             client.poll_control()
-        self._drain()
+        self._drain(final=True)
+        with self._lock:
+            self._done = True
+            close = self._close_client
+        if close:
+            client.close(0)
 
     def close(self, timeout=2.0):
-        """Runs what is queued (at most timeout seconds), then stops."""
+        """Runs what is queued (at most timeout seconds), then stops. False
+        when the thread is still at work: it closes the connection itself
+        once done (two threads writing one stream would mix their lines)."""
         self._stop.set()
         t = self._thread
         if t is not None:
             t.join(timeout)
+        with self._lock:
+            if t is not None and not self._done:
+                self._close_client = True
+                return False
+        return True
 
 
 def _settle(items, now):
@@ -1410,6 +1391,42 @@ def _packed_seq_sq(batch):
     return _sum(lens * lens)
 
 
+class _Fetch:
+    """One batch of a step: its counts (real tokens, padded tokens, samples,
+    Σ document length² or None), made as it was fetched (a GPU batch's stay
+    on the GPU until read) or, for a host batch, when the record is built;
+    ``split`` replaces both token counts when the loop split a bare id batch
+    into inputs and next-token targets."""
+
+    __slots__ = ("batch", "counts", "split")
+
+    def __init__(self, batch, counts):
+        self.batch, self.counts, self.split = batch, counts, None
+
+    def resolve(self, prof):
+        """(On the sender thread.) The counts as ints; the batch let go."""
+        c = self.counts
+        if c is None and self.batch is not None:
+            c = _counts_now(self.batch, prof.ignore_index)
+        self.batch = None
+        if c is None:
+            return 0, 0, 0, False  # no tokens in it
+        real, padded, samples, sq = c
+        if self.split is not None:
+            real = padded = self.split
+        return _resolve(real), _resolve(padded), samples, None if sq is None else _resolve(sq)
+
+
+def _counts_now(batch, ignore_index):
+    """The _Fetch counts of a batch (None: it holds no tokens)."""
+    got = _count_tokens(batch, ignore_index)
+    if got is None:
+        return None
+    real, padded, samples = got
+    sq = _packed_seq_sq(batch)
+    return _lazy_int(real), _lazy_int(padded), samples, None if sq is None else _lazy_int(sq)
+
+
 class _CountLater:
     """Tokens of a CPU tensor counted when the record is built, on the
     sender thread: the mask's sum, or the labels other than the ignore
@@ -1421,8 +1438,18 @@ class _CountLater:
         self.t, self.ignore = t, ignore
 
     def __int__(self):
-        t = self.t if self.ignore is None else (self.t != self.ignore)
-        return int(t.sum())
+        t = self.t
+        if _np is not None and t.layout == torch.strided and not t.requires_grad:
+            # NumPy on the tensor's memory: a torch op would hand the GIL
+            # to the training thread and wait for it back, twice an op
+            try:
+                a = t.numpy()
+                return int(a.sum() if self.ignore is None else _np.count_nonzero(a != self.ignore))
+            except (TypeError, RuntimeError):
+                pass
+        if self.ignore is None:
+            return int(t.sum())
+        return int(torch.count_nonzero(t.ne(self.ignore)))
 
 
 def _sum(t, ignore=None):
@@ -1449,12 +1476,22 @@ def _lazy_int(v):
         return 0
 
 
-def _total(intervals):
-    return sum(b - a for a, b in intervals)
-
-
 def _resolve(v):
     return int(v) if isinstance(v, (torch.Tensor, _CountLater)) else v
+
+
+def _grad_hook(t, fn):
+    """t.register_hook(fn), at a third of its cost for the usual output: a
+    plain tensor without hooks yet gets autograd's hook dict directly (what
+    register_hook builds, less the removable handle nobody uses)."""
+    if t.__class__ is torch.Tensor and t._backward_hooks is None and t.grad_fn is not None:
+        t._backward_hooks = {_HOOK_KEY: fn}
+        t.grad_fn._register_hook_dict(t)
+    else:
+        t.register_hook(fn)
+
+
+_HOOK_KEY = -1  # below every id register_hook's handles take (0, 1, ...)
 
 
 def _first_grad_tensor(out, depth=0):
@@ -1511,7 +1548,7 @@ def _loss_of(t):
                 scale = None
             else:
                 v = v / scale[1]  # a grad scaler's output: the loss before scaling
-        st.losses.append(v.reshape(()))
+        st.losses.append(v)  # one element: float() reads it on the sender thread
     except Exception:
         prof._err()
 
