@@ -120,6 +120,36 @@ class FakeEvent:
         return other.t - self.t  # ms
 
 
+class OutputHookTest(unittest.TestCase):
+    def test_job_hooks_on_a_watched_output_still_work(self):
+        # tpsprof's backward hook goes on each forward's output; a hook the
+        # job registers there afterwards must still register and run
+        sink = Sink()
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.TorchProfiler(job="hook", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        prof.watch_model(model)
+        prof.watch_optimizer(opt)
+        seen = []
+        for _ in range(2):
+            out = model(torch.randn(3, 4))
+            out.register_hook(lambda g: seen.append(tuple(g.shape)))
+            out.sum().backward()
+            opt.step()
+            opt.zero_grad()
+        prof.close()
+        self.assertEqual(seen, [(3, 2), (3, 2)])
+        self.assertEqual(prof.errors, 0)
+        self.assertEqual(prof.steps, 2)
+        # and tpsprof's own hook ran: the backward was measured
+        for _ in range(100):
+            if len(sink.lines) == 2:
+                break
+            threading.Event().wait(0.01)
+        self.assertTrue(all(r.get("bwd_ns", 0) > 0 for r in sink.lines), sink.lines)
+        self.assertEqual(len(sink.lines), 2)
+
+
 class CudaEventPathTest(unittest.TestCase):
     def setUp(self):
         self.saved = (torch.cuda.Event, torch.cuda.current_stream)

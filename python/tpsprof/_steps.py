@@ -61,14 +61,12 @@ def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=(
     optimizer interval hides, time blocked inside them hiding nothing."""
     fwd, bwd, loss, optim = clip(fwd, 0, dur), clip(bwd, 0, dur), clip(loss, 0, dur), clip(optim, 0, dur)
     out = {"data_wait": data_wait, "fwd": _total(fwd), "bwd": _total(bwd), "optim": _total(optim)}
-    pp = clip(pp_wait, 0, dur) if pp_wait else []
+    pp = clip(pp_wait, 0, dur)
     if pp:
         out["pp_wait"] = length(pp)
     if comm:
-        spans = subtract(clip(comm, 0, dur), pp) if pp else clip(comm, 0, dur)
-        hides = fwd + loss + bwd + optim
-        waits = clip(blocked, 0, dur) + pp
-        out["comm"], out["exposed_comm"] = exposed(spans, hides, waits)
+        out["comm"], out["exposed_comm"] = exposed(subtract(clip(comm, 0, dur), pp), fwd + loss + bwd + optim,
+                                                   clip(blocked, 0, dur) + pp)
     return out
 
 

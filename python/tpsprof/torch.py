@@ -43,10 +43,6 @@ from ._steps import Step, mean_loss, phases, totals
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
-try:  # counts host batches on the sender thread when present (PyTorch's own optional dependency)
-    import numpy as _np
-except ImportError:
-    _np = None
 
 __all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
 
@@ -653,8 +649,7 @@ class TorchProfiler:
 
         # the marks as ns from the step's start; the rest is the core's (_steps)
         ph = phases(dur, st.data_wait, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
-                    comm=ivs([(c[0], c[1]) for c in st.comm]) if st.comm else (),
-                    blocked=ivs(st.blocked) if st.blocked else (), pp_wait=ivs(st.pp_wait) if st.pp_wait else ())
+                    comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait))
         tokens, padded, samples, seq_sq = totals([f.resolve(self) for f in st.fetches], st.skipped)
         loss = mean_loss(st.losses)
         self.steps += 1
@@ -1031,9 +1026,6 @@ class TorchProfiler:
         return self.client.dropped
 
 
-_thread_ns = getattr(time, "thread_time_ns", time.perf_counter_ns)
-
-
 class _Sender:
     """Runs what touches the agent connection (building and sending step
     records, events, metadata, trace notes) on a thread of its own, in the
@@ -1069,7 +1061,7 @@ class _Sender:
             return
         prof = self._prof
         client = prof.client
-        t0 = _thread_ns()
+        t0 = time.thread_time_ns()
         client.batch()
         try:
             steps = self._steps
@@ -1103,7 +1095,7 @@ class _Sender:
                 prof.pending_dropped += 1
         finally:
             client.unbatch()
-            self.cpu_ns += _thread_ns() - t0
+            self.cpu_ns += time.thread_time_ns() - t0
 
     def unsent(self):
         """Finished steps not sent yet."""
@@ -1439,14 +1431,6 @@ class _CountLater:
 
     def __int__(self):
         t = self.t
-        if _np is not None and t.layout == torch.strided and not t.requires_grad:
-            # NumPy on the tensor's memory: a torch op would hand the GIL
-            # to the training thread and wait for it back, twice an op
-            try:
-                a = t.numpy()
-                return int(a.sum() if self.ignore is None else _np.count_nonzero(a != self.ignore))
-            except (TypeError, RuntimeError):
-                pass
         if self.ignore is None:
             return int(t.sum())
         return int(torch.count_nonzero(t.ne(self.ignore)))
@@ -1481,11 +1465,13 @@ def _resolve(v):
 
 
 def _grad_hook(t, fn):
-    """t.register_hook(fn), at a third of its cost for the usual output: a
-    plain tensor without hooks yet gets autograd's hook dict directly (what
-    register_hook builds, less the removable handle nobody uses)."""
+    """t.register_hook(fn), at half its cost for the usual output: a plain
+    tensor without hooks yet gets autograd's hook dict directly (what
+    register_hook builds, less the removable handle nobody uses). An
+    OrderedDict, as register_hook makes it: the handles of hooks the job
+    adds later hold a weak reference to it."""
     if t.__class__ is torch.Tensor and t._backward_hooks is None and t.grad_fn is not None:
-        t._backward_hooks = {_HOOK_KEY: fn}
+        t._backward_hooks = collections.OrderedDict(((_HOOK_KEY, fn),))
         t.grad_fn._register_hook_dict(t)
     else:
         t.register_hook(fn)
