@@ -23,7 +23,7 @@ class ForeignSocketTest(unittest.TestCase):
         srv.listen(1)
         srv.settimeout(0.3)
         os.chown(path, 4242, 4242)
-        self.assertFalse(_client._own_socket(path))
+        self.assertFalse(_client._own_socket(path, set()))
         p = tpsprof.Profiler(job="j", rank=0, world_size=1, socket_path=path)
         p.start(0)
         p.end(10)
@@ -31,8 +31,8 @@ class ForeignSocketTest(unittest.TestCase):
         with self.assertRaises(socket.timeout):
             srv.accept()
         os.chown(path, os.getuid(), os.getgid())
-        self.assertTrue(_client._own_socket(path))
-        self.assertFalse(_client._own_socket(os.path.join(d, "missing.sock")))
+        self.assertTrue(_client._own_socket(path, set()))
+        self.assertFalse(_client._own_socket(os.path.join(d, "missing.sock"), set()))
         srv.close()
 
 

@@ -338,3 +338,56 @@ class TraceDiskFullTest(unittest.TestCase):
         self.assertEqual(prof.trace_errors, 3)
         self.assertEqual(prof.trace_every, 0)
         self.assertEqual(prof.errors, 0)
+
+
+class ModuleStateTest(unittest.TestCase):
+    """The package keeps no module-global state beyond the active-profiler
+    handle (and the c10d kernels' registration, which torch.library needs
+    held): what a profiler learns (loaders watched, scaled losses, the
+    pipeline stage, re-entry guards) is its own, and two profilers one
+    after the other share nothing."""
+
+    MODULES = ("torch", "_patches", "_tokens", "_topology", "_sender", "_steps", "_c10d", "_auto", "_client")
+    ALLOWED = {("torch", "_ACTIVE"), ("_c10d", "_lib"), ("_c10d", "ops"), ("_c10d", "installed"),
+               ("_c10d", "_lock"), ("_auto", "_lock"),
+               # constants of the PyTorch build, not state: autograd's engine, a dispatch key set
+               ("torch", "_engine"), ("_c10d", "_AFTER")}
+
+    def test_no_mutable_module_globals(self):
+        import importlib
+        import types
+        found = []
+        for name in self.MODULES:
+            mod = importlib.import_module("tpsprof." + name)
+            for k, v in vars(mod).items():
+                if k.startswith("__") or (name, k) in self.ALLOWED:
+                    continue
+                if isinstance(v, (types.ModuleType, types.FunctionType, type, types.BuiltinFunctionType,
+                                  str, bytes, int, float, bool, tuple, frozenset, type(None))):
+                    continue
+                if callable(v) or type(v).__module__ == "typing":
+                    continue
+                found.append("%s.%s: %s" % (name, k, type(v).__name__))
+        self.assertEqual(found, [], "module-global state outside the active profiler")
+
+    def test_state_is_the_profilers(self):
+        sink = Sink()
+        a = tt.TorchProfiler(job="j", rank=0, world_size=1, socket_path=sink.path)
+        self.assertIs(tt.active(), a)
+        loader = torch.utils.data.DataLoader(list(range(4)), batch_size=2)
+        a.watch_loader(loader)
+        a._tls.fetch = True  # a guard left set (as inside a fetch) is this profiler's alone
+        a.close(timeout=1)
+        self.assertIsNone(tt.active())
+        b = tt.TorchProfiler(job="j", rank=0, world_size=1, socket_path=sink.path)
+        try:
+            self.assertFalse(b._tls.fetch)
+            self.assertEqual(len(b._watched_loaders), 0)
+            self.assertEqual(b._scaled, {})
+            self.assertIsNone(b._pp_stage)
+            b.watch_loader(loader)  # the class made for the first is reused, kept on the loader's base class
+            self.assertIs(type(loader), torch.utils.data.DataLoader.__dict__["_tpsprof_sub"])
+            for _ in loader:
+                pass
+        finally:
+            b.close(timeout=1)

@@ -26,25 +26,27 @@ import threading
 
 __all__ = ["arm", "install", "profiler"]
 
-_prof = None
-_lock = threading.Lock()
-_installed = False
+_lock = threading.Lock()  # one profiler made, whichever thread makes the first optimizer
 
 
 def profiler():
-    """The zero-code profiler of this process (None before the first optimizer)."""
-    return _prof
+    """The profiler of this process (tpsprof.torch's active one; None before
+    the first optimizer)."""
+    from . import torch as tt
+    return tt._ACTIVE
 
 
 def _ensure():
-    global _prof
-    if _prof is None:
+    """The active profiler, made (with its root finder) at the first optimizer."""
+    from . import torch as tt
+    prof = tt._ACTIVE
+    if prof is None:
         with _lock:
-            if _prof is None:
-                from . import torch as tt
-                _prof = tt.TorchProfiler()
-                _Roots(_prof).start()
-    return _prof
+            prof = tt._ACTIVE
+            if prof is None:
+                prof = tt.TorchProfiler()
+                _Roots(prof).start()
+    return prof
 
 
 class _Roots:
@@ -109,15 +111,14 @@ def _compiling():
 
 
 def install():
-    """Patches torch for zero-code capture (once per process)."""
-    global _installed
-    if _installed:
-        return
-    _installed = True
+    """Patches torch for zero-code capture (once per process: the patched
+    ``Optimizer.__init__`` is marked)."""
     import torch
     from . import torch as tt
 
     opt_init = torch.optim.Optimizer.__init__
+    if getattr(opt_init, "_tpsprof", False):
+        return
 
     def optimizer_init(self, *args, **kwargs):
         opt_init(self, *args, **kwargs)
@@ -126,6 +127,7 @@ def install():
             p.watch_optimizer(self)  # every optimizer: an iteration steps them all
         except Exception:
             pass
+    optimizer_init._tpsprof = True
     torch.optim.Optimizer.__init__ = optimizer_init
 
     dl = torch.utils.data.DataLoader
@@ -133,9 +135,7 @@ def install():
 
     def loader_iter(self):
         it = dl_iter(self)
-        if _prof is None:
-            return it
-        return tt._LoaderIter(_prof, it)
+        return it if tt._ACTIVE is None else tt._patches.LoaderIter(None, it)
     dl.__iter__ = loader_iter
 
     ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
@@ -145,11 +145,11 @@ def install():
         def ddp_initialise(self, *args, **kwargs):
             ddp_init(self, *args, **kwargs)
             try:
-                tt._ddp_comm_hook(self)
+                tt._patches.ddp_comm_hook(self)
             except Exception:
                 pass
         ddp.__init__ = ddp_initialise
-    tt._install_collectives()
+    tt._patches.install_collectives()
 
 
 class _TorchFinder(importlib.abc.MetaPathFinder):

@@ -39,21 +39,34 @@ import threading
 
 import torch
 
+# The torch.distributed functions wrapped on PyTorch 1.13 (before collectives
+# were dispatcher operators), whose calls are timed as communication. Object
+# collectives (all_gather_object, ...) go through these.
+COLLECTIVES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
+    "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "reduce", "all_to_all",
+    "all_to_all_single", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv",
+    "batch_isend_irecv",
+)
+
 # c10d operators that are not communication of the training step
-_SKIP = {"check_for_nan", "monitored_barrier_"}
+_SKIP = frozenset({"check_for_nan", "monitored_barrier_"})
 # point-to-point receives: waiting for one is waiting for another stage
-_RECV = {"recv_", "recv_any_source_"}
+_RECV = frozenset({"recv_", "recv_any_source_"})
 # point-to-point sends: their transfer is communication, but the time
 # blocked waiting for one to complete is waiting for the other stage to
 # take it (pipeline wait), like a receive's
-_SEND = {"send"}
-_F_RECV = {"irecv"}
+_SEND = frozenset({"send"})
+_F_RECV = frozenset({"irecv"})
 
+# The registration of our kernels, made once per process: torch.library
+# handles unregister their kernels when collected, so they are held here for
+# the process's life (with the operators hooked, for docs and tests). The
+# calls themselves report to the active profiler (``active()``).
 _lib = None
 _lock = threading.Lock()
-_tls = threading.local()
 installed = False
-ops = []  # the operators hooked, for docs and tests
+ops = []
 
 
 def skip_dynamo(fn):
@@ -64,27 +77,19 @@ def skip_dynamo(fn):
     try to compile them as frames of their own and break on our clocks.
     Uses dynamo's C-level per-code setting, so torch._dynamo (over a second
     to import) is not imported for jobs that never compile. Returns fn."""
-    global _no_dynamo
-    if _no_dynamo:
-        return fn
+    ef = _EVAL_FRAME
+    if ef is None:
+        return fn  # PyTorch 1.13: nothing compiles our frames
     try:
         code = getattr(fn, "__func__", fn).__code__
-        if code in _skipped:
-            return fn  # closures share their code: once is enough
-        ef = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
-        if ef is None:
-            _no_dynamo = True  # PyTorch 1.13: nothing compiles our frames
-            return fn
         skip = ef._FrameAction.SKIP
         ef.set_code_exec_strategy(code, ef._FrameExecStrategy(skip, skip))
-        _skipped.add(code)
     except Exception:
-        pass  # PyTorch 1.13, or a PyTorch without the setting: nothing compiles our frames there
+        pass  # a PyTorch without the setting: nothing compiles our frames there
     return fn
 
 
-_skipped = set()
-_no_dynamo = False
+_EVAL_FRAME = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
 
 
 def compiling():
@@ -158,16 +163,15 @@ def install(active):
         return True
 
 
-_AFTER = None
+# the dispatch keys after BackendSelect (a constant of the PyTorch build)
+_AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect) \
+    if hasattr(torch._C, "_dispatch_keyset_full_after") else None
 
 
 def _call(op, args, kwargs):
     """Runs op's kernel for the backend of its tensors (what the dispatcher
     would call after BackendSelect), leaving the thread's dispatch state
     as it is for what runs inside."""
-    global _AFTER
-    if _AFTER is None:
-        _AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect)
     t = _first_tensor(args)
     if t is None:
         ks = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -205,14 +209,15 @@ def _c10d_kernel(op, name, active):
 
     def kernel(*args, **kwargs):
         prof = active()
-        if prof is None or getattr(_tls, "inside", False) or not _real(args):
+        if prof is None or prof._tls.comm or not _real(args):
             return _call(op, args, kwargs)
         cell = prof._comm_issue(recv)
-        _tls.inside = True
+        g = prof._tls
+        g.comm = True
         try:
             out = _call(op, args, kwargs)
         finally:
-            _tls.inside = False
+            g.comm = False
         if cell is not None:
             work = out[-1] if isinstance(out, tuple) else out
             # the operator hands back a TorchScript box; the Python Work
@@ -232,14 +237,15 @@ def _functional_kernel(op, name, active):
 
     def kernel(*args, **kwargs):
         prof = active()
-        if prof is None or getattr(_tls, "inside", False) or not _real(args):
+        if prof is None or prof._tls.comm or not _real(args):
             return _call(op, args, kwargs)
         cell = prof._comm_issue(recv)
-        _tls.inside = True
+        g = prof._tls
+        g.comm = True
         try:
             out = _call(op, args, kwargs)
         finally:
-            _tls.inside = False
+            g.comm = False
         if cell is not None:
             prof._functional_issued(cell, out, args, recv)
         return out

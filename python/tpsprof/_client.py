@@ -110,6 +110,7 @@ class Profiler:
         self._held = None  # lines of a batch (batch()), not yet written
         self._held_bytes = 0
         self._next_try = 0.0
+        self._warned = set()  # socket paths said to be another user's (said once)
         self._step = None
         self._t0 = 0
         self._t0_wall = 0
@@ -375,7 +376,7 @@ class Profiler:
         if now < self._next_try:
             return False
         self._next_try = now + self.reconnect_interval
-        if not _own_socket(self.path):
+        if not _own_socket(self.path, self._warned):
             return False
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -417,9 +418,6 @@ class Profiler:
 TPSProf = Profiler
 
 
-_warned_foreign = set()
-
-
 def private_dir_problem(path):
     """None when path is a folder (not a link) of this user that group and
     others cannot write; else why not. Only in such a folder can a file be
@@ -449,7 +447,7 @@ def create_private_file(path):
     os.close(fd)
 
 
-def _own_socket(path):
+def _own_socket(path, warned):
     """False for a path that is not a socket or a socket another user owns
     (root aside: an agent run as a node service): in a shared /tmp another
     user could squat the default path and read the job's records."""
@@ -460,8 +458,8 @@ def _own_socket(path):
     if not stat.S_ISSOCK(st.st_mode):
         return False
     if st.st_uid not in (os.getuid(), 0):
-        if path not in _warned_foreign:
-            _warned_foreign.add(path)
+        if path not in warned:  # said once per connection, not at each retry
+            warned.add(path)
             sys.stderr.write("tpsprof: %s belongs to uid %d, not to you: not sending records there\n" % (path, st.st_uid))
         return False
     return True

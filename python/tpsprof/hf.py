@@ -33,7 +33,7 @@ import time
 
 from transformers import TrainerCallback
 
-from . import torch as _tt
+from . import _tokens, torch as _tt
 
 __all__ = ["TpsprofCallback"]
 
@@ -105,7 +105,7 @@ class TpsprofCallback(TrainerCallback):
                 self._dtype = "fp16"
             cfg = _config_dict(model) if self.send_model else None
             self._meta = {"hf_config": cfg} if cfg else None
-            active = _tt._ACTIVE
+            active = _tt.active()
             if active is not None and not active.off:
                 # zero-code mode (tpsprof launch --auto) hooks everything
                 # already: only the Trainer's token count and metadata
@@ -157,7 +157,7 @@ class TpsprofCallback(TrainerCallback):
         """(real, padded) tokens of one micro-batch, as the Trainer counts
         the items of its loss; sends the metadata with the first batch."""
         ids = batch.get("input_ids") if hasattr(batch, "get") else None
-        if not _tt._is_ids(ids):
+        if not _tokens.is_ids(ids):
             ids = None
         if self._meta is not None and ids is not None and ids.dim() == 2:
             meta, self._meta = self._meta, None
@@ -172,8 +172,8 @@ class TpsprofCallback(TrainerCallback):
         shifted = batch.get("shift_labels") if ids is not None else None
         labels = batch.get("labels") if ids is not None else None
         if shifted is not None:
-            return _tt._sum(shifted, -100), ids.numel()
+            return _tokens.sum_later(shifted, -100), ids.numel()
         if labels is not None and labels.shape == ids.shape:
-            return _tt._sum(labels[..., 1:] if self._shift else labels, -100), ids.numel()
-        got = _tt._count_tokens(batch)  # no input ids or labels: the automatic count
+            return _tokens.sum_later(labels[..., 1:] if self._shift else labels, -100), ids.numel()
+        got = _tokens.token_counts(batch)  # no input ids or labels: the automatic count
         return None if got is None else got[:2]

@@ -32,39 +32,52 @@ import sys
 import threading
 import time
 import types
-import warnings
 import weakref
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
-import torch.distributed as dist
 
-from . import _c10d, _client, _rollout
+from . import _c10d, _client, _patches, _rollout
+from ._c10d import COLLECTIVES
+from ._sender import Poller, Sender
 from ._steps import Step, mean_loss, phases, totals
+from ._tokens import Fetch, count_tokens, counts_now, is_ids, lazy_int, packed_seq_sq
+from ._topology import job_topology, mesh_topology
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
 
-__all__ = ["instrument", "TorchProfiler", "count_tokens", "COLLECTIVES"]
+__all__ = ["instrument", "TorchProfiler", "active", "count_tokens", "packed_seq_sq", "job_topology", "mesh_topology",
+           "COLLECTIVES"]
 
-# The torch.distributed functions whose calls are timed as communication.
-# Object collectives (all_gather_object, ...) go through these.
-COLLECTIVES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "_all_gather_base", "reduce_scatter",
-    "reduce_scatter_tensor", "_reduce_scatter_base", "broadcast", "reduce", "all_to_all",
-    "all_to_all_single", "gather", "scatter", "barrier", "send", "recv", "isend", "irecv",
-    "batch_isend_irecv",
-)
-
-# The profiler collectives report to; one per process.
+# The profiler the patches report to (tpsprof._patches, tpsprof._c10d); one
+# per process. The module's only state: everything else is the profiler's.
 _ACTIVE = None
-_tls = threading.local()
 _MAX_ERRORS = 100
-_MAX_PENDING = 64
-_END = object()
 
 
-def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, ignore_index=-100,
-               first_step=None, device=None, trace_every=None, **client_options):
+def active() -> "Optional[TorchProfiler]":
+    """The profiler of this process (the last made and not closed), or None."""
+    return _ACTIVE
+
+
+# tokens=: a batch's tokens (an int, or real and padded)
+TokenFn = Callable[[Any], Union[int, Tuple[int, int], None]]
+
+
+class _Guards(threading.local):
+    """Per-thread re-entry guards of the patches: a collective issued inside
+    a timed one, a loader read inside another's ``next``, a checkpoint
+    call inside another."""
+    comm = False
+    fetch = False
+    side = False
+
+
+def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, torch.optim.Optimizer, List[torch.optim.Optimizer]] = None,
+               dataloader: Any = None, *, tokens: Optional[TokenFn] = None, ignore_index: int = -100,
+               first_step: Optional[int] = None, device: Any = None, trace_every: Optional[int] = None,
+               **client_options: Any) -> "TorchProfiler":
     """Hooks a training loop and returns its :class:`TorchProfiler`.
 
     model: the module whose forward is timed (a DDP or FSDP wrapper, or a
@@ -103,8 +116,8 @@ def instrument(model=None, optimizer=None, dataloader=None, *, tokens=None, igno
 class TorchProfiler:
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
 
-    def __init__(self, tokens=None, ignore_index=-100, first_step=None, device=None, trace_every=None,
-                 **client_options):
+    def __init__(self, tokens: Optional[TokenFn] = None, ignore_index: int = -100, first_step: Optional[int] = None,
+                 device: Any = None, trace_every: Optional[int] = None, **client_options: Any) -> None:
         global _ACTIVE
         self.client = _client.Profiler(**client_options)
         if trace_every is None:
@@ -146,29 +159,34 @@ class TorchProfiler:
         self._poller = None
         # records are built and sent by a thread of ours, in order: the
         # training thread only decides a step is over (docs/capture.md)
-        self._sender = _Sender(self)
+        self._sender = Sender(self)
         self._recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
         self._fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
-        _install_collectives()
-        _install_loss()
-        _install_checkpoints()
-        _install_pipelining()
+        # per-profiler state the patches use (the module keeps none)
+        self._tls = _Guards()
+        self._scaled = {}  # id(a grad scaler's scaled loss) -> (weakref to it, its scale)
+        self._watched_loaders = weakref.WeakSet()  # loaders watched through their class's __iter__
+        self._pp_stage = None  # the stage a pipelining schedule runs (first seen)
+        _patches.install_collectives()
+        _patches.install_loss()
+        _patches.install_checkpoints()
+        _patches.install_pipelining()
         _ACTIVE = self
         atexit.register(self.close)
 
     # -- what is watched ---------------------------------------------------
-    def watch_model(self, model):
+    def watch_model(self, model: torch.nn.Module) -> None:
         """Times the forward and backward passes of ``model``."""
         self._set_device_from(model)
         hs = [model.register_forward_pre_hook(self._fwd_pre), model.register_forward_hook(self._fwd_post)]
         self._hooks.extend(hs)
         self._models[id(model)] = (model, hs)
         self._watch_zero_grad(model)
-        _patch_compile()
+        _patches.patch_compile()
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
         if ddp is not None and not _c10d.installed and (isinstance(model, ddp) or isinstance(inner, ddp)):
-            _ddp_comm_hook(model if isinstance(model, ddp) else inner)
+            _patches.ddp_comm_hook(model if isinstance(model, ddp) else inner)
 
     def _unwatch_model(self, model):
         """Takes the hooks off model (it is about to be compiled: they move
@@ -180,7 +198,7 @@ class TorchProfiler:
             h.remove()
         return True
 
-    def watch_optimizer(self, optimizer):
+    def watch_optimizer(self, optimizer: Union[torch.optim.Optimizer, List[torch.optim.Optimizer]]) -> None:
         """Makes ``optimizer.step()`` part of each training step: an
         iteration ends at the last optimizer step (of any watched optimizer)
         before the next iteration starts; ``zero_grad()`` after a backward
@@ -241,28 +259,28 @@ class TorchProfiler:
 
         optimizer.step = types.MethodType(step, optimizer)
 
-    def watch_loader(self, loader):
+    def watch_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
         """Instruments a DataLoader in place (its iterators time ``next``)."""
         if isinstance(loader, torch.utils.data.DataLoader):
             cls = type(loader)
             if not getattr(cls, "_tpsprof_wrapped", False):
                 try:
-                    loader.__class__ = _wrapped_loader_class(cls)
+                    loader.__class__ = _patches.wrapped_loader_class(cls)
                 except (AttributeError, TypeError):
-                    _watch_in_class(cls, loader)
+                    _patches.watch_in_class(cls, loader, self)
             return loader
         raise TypeError("tpsprof: %s is not a DataLoader; iterate over prof.wrap(it) instead" % type(loader).__name__)
 
-    def wrap(self, iterable):
+    def wrap(self, iterable: Iterable[Any]) -> Iterator[Any]:
         """An iterator over ``iterable`` whose ``next`` is timed as data wait."""
-        return _LoaderIter(self, iter(iterable))
+        return _patches.LoaderIter(self, iter(iterable))
 
-    def step(self):
+    def step(self) -> "_StepBlock":
         """A context manager that marks one training step, for loops without
         an optimizer given to :func:`instrument`."""
         return _StepBlock(self)
 
-    def rollout(self):
+    def rollout(self) -> _rollout.RolloutBlock:
         """Times the current step's generation phase (RL rollouts before the
         update; host clock: generation hands its tokens to the host anyway)
         and returns the :class:`tpsprof._rollout.Rollout` to record each
@@ -290,7 +308,7 @@ class TorchProfiler:
         self._in_rollout = True
         return _rollout.RolloutBlock(done, cur)
 
-    def add_tokens(self, n):
+    def add_tokens(self, n: int) -> None:
         """Adds training tokens to this step, for loops whose batches do not
         come through a watched data loader (e.g. RL updates on rollouts)."""
         try:
@@ -298,11 +316,11 @@ class TorchProfiler:
                 return
             if self._cur is None:
                 self._cur = self._begin()
-            self._cur.fetches.append(_Fetch(None, (max(int(n), 0), 0, 0, None)))
+            self._cur.fetches.append(Fetch(None, (max(int(n), 0), 0, 0, None)))
         except Exception:
             self._err()
 
-    def add_bytes(self, n):
+    def add_bytes(self, n: int) -> None:
         """Adds the UTF-8 length of text trained on in this step (bytes/s
         compares runs whose tokenizers differ)."""
         try:
@@ -496,7 +514,7 @@ class TorchProfiler:
                     params.extend(g["params"])
             for m, _ in self._models.values():
                 params.extend(m.parameters())
-            got = job_topology(params, self.client.world_size, _pp_stage)
+            got = job_topology(params, self.client.world_size, self._pp_stage)
         except Exception:
             self._err()
             return
@@ -650,7 +668,7 @@ class TorchProfiler:
         # the marks as ns from the step's start; the rest is the core's (_steps)
         ph = phases(dur, st.data_wait, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
                     comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait))
-        tokens, padded, samples, seq_sq = totals([f.resolve(self) for f in st.fetches], st.skipped)
+        tokens, padded, samples, seq_sq = totals([f.resolve(self.ignore_index) for f in st.fetches], st.skipped)
         loss = mean_loss(st.losses)
         self.steps += 1
         self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, ph,
@@ -700,12 +718,12 @@ class TorchProfiler:
         batch = f.batch
         if f.counts is not None:
             f.batch = None  # counted already: not kept any longer
-        if not (_is_ids(batch) and batch.dim() == 2):
+        if not (is_ids(batch) and batch.dim() == 2):
             return
         b, n = batch.shape
         for a in inputs if isinstance(inputs, (list, tuple)) else (inputs,):
             if isinstance(a, torch.Tensor):
-                if _is_ids(a) and a.dim() == 2 and a.shape[0] == b and a.shape[1] == n - 1:
+                if is_ids(a) and a.dim() == 2 and a.shape[0] == b and a.shape[1] == n - 1:
                     f.split = b * (n - 1)
                 return
 
@@ -807,16 +825,21 @@ class TorchProfiler:
             self._err()
             return False
 
+    def _data_end(self, opened):
+        """The iterator is exhausted: the step its ``next`` opened, or the
+        open one it would have continued, ends without a batch (dropped)."""
+        if opened and not self.off:
+            try:
+                self._discard()
+            except Exception:
+                self._err()
+
     def _data_exit(self, opened, dt, batch):
         if self.off:
             return
         try:
             st = self._cur
             if st is None:
-                return
-            if batch is _END:
-                if opened:
-                    self._discard()
                 return
             st.data_wait += dt
             fetches = st.fetches
@@ -825,15 +848,15 @@ class TorchProfiler:
             if self.token_fn is not None:
                 n = self.token_fn(batch)
                 real, padded = n if isinstance(n, tuple) else (n, n)
-                f = _Fetch(None, (_lazy_int(real), _lazy_int(padded), 0, None) if real is not None else None)
+                f = Fetch(None, (lazy_int(real), lazy_int(padded), 0, None) if real is not None else None)
             elif self.cuda:
                 # counts on the GPU are launched now, on the training
                 # stream, and read once the step is over
-                f = _Fetch(batch if batch.__class__ is torch.Tensor else None, _counts_now(batch, self.ignore_index))
+                f = Fetch(batch if batch.__class__ is torch.Tensor else None, counts_now(batch, self.ignore_index))
             else:
                 # on the host the batch is counted when its record is built,
                 # on the sender thread: the training thread keeps a reference
-                f = _Fetch(batch, None)
+                f = Fetch(batch, None)
             fetches.append(f)
             if self.token_fn is None and batch.__class__ is torch.Tensor:
                 st.bare = f  # maybe split into inputs and targets: see _split_batch
@@ -963,7 +986,7 @@ class TorchProfiler:
             # threads, where Python's garbage collector may then free gloo
             # objects and abort the process; a thread of ours polls instead.
             if self._poller is None:
-                self._poller = _Poller()
+                self._poller = Poller()
             self._poller.watch(cell, works)
             return
         try:
@@ -991,7 +1014,7 @@ class TorchProfiler:
             f.add_done_callback(done)
 
     # -- end ----------------------------------------------------------------
-    def close(self, timeout=2.0):
+    def close(self, timeout: float = 2.0) -> None:
         """Sends what is pending (waiting for the GPU once) and disconnects."""
         global _ACTIVE
         if self._closed:
@@ -1018,183 +1041,12 @@ class TorchProfiler:
             self.client.close(timeout)
 
     @property
-    def sent(self):
+    def sent(self) -> int:
         return self.client.sent
 
     @property
-    def dropped(self):
+    def dropped(self) -> int:
         return self.client.dropped
-
-
-class _Sender:
-    """Runs what touches the agent connection (building and sending step
-    records, events, metadata, trace notes) on a thread of its own, in the
-    order the training thread asked for it, in batches: the training thread
-    appends to a queue (no lock, no wake-up) and the thread takes what is
-    there every ``interval`` seconds, so a step costs the training thread a
-    queue append, not the record's arithmetic, JSON and socket write, nor a
-    thread switch per step. Finished steps wait here until their times are
-    known (CUDA events done, collectives ended), sent oldest first."""
-
-    def __init__(self, prof, interval=0.05):
-        self._prof = prof
-        self.interval = interval
-        self._items = collections.deque()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()  # starts the thread once
-        self._thread = None
-        self._done = False  # the thread has ended
-        self._close_client = False  # the connection is the thread's to close when it ends
-        self._steps = collections.deque()  # finished steps not sent yet (this thread's)
-        self.cpu_ns = 0  # CPU time this thread spent building and sending (what it costs the process)
-
-    def put(self, fn):
-        self._items.append(fn)  # atomic; the thread picks it up
-        if self._thread is None:
-            with self._lock:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="tpsprof-send", daemon=True)
-                    self._thread.start()
-
-    def _drain(self, final=False):
-        if not self._items and not self._steps:
-            return
-        prof = self._prof
-        client = prof.client
-        t0 = time.thread_time_ns()
-        client.batch()
-        try:
-            steps = self._steps
-            while self._items:
-                fn = self._items.popleft()
-                if fn.__class__ is Step:
-                    steps.append(fn)
-                    continue
-                try:
-                    fn()
-                except Exception:
-                    prof._err()
-            if final and not prof.cuda:
-                # at close: give the poller a moment to see the last collectives end
-                deadline = time.monotonic() + 1.0
-                while time.monotonic() < deadline and any(c[1] is None for st in steps for c in st.comm):
-                    time.sleep(0.001)
-            while steps:
-                st = steps[0]
-                try:
-                    ready = final or prof._ready(st)
-                except Exception:  # marks of two kinds (the device became known mid-step): drop it
-                    ready = True
-                    prof._err()
-                if not ready:
-                    break
-                steps.popleft()
-                prof._send_release(st, final)
-            while len(steps) > _MAX_PENDING:  # times never known (a GPU far behind): the oldest go
-                prof._release(steps.popleft())
-                prof.pending_dropped += 1
-        finally:
-            client.unbatch()
-            self.cpu_ns += time.thread_time_ns() - t0
-
-    def unsent(self):
-        """Finished steps not sent yet."""
-        return len(self._steps) + sum(1 for x in list(self._items) if x.__class__ is Step)
-
-    def _run(self):
-        client = self._prof.client
-        while not self._stop.wait(self.interval):
-            self._drain()
-            client.poll_control()
-        self._drain(final=True)
-        with self._lock:
-            self._done = True
-            close = self._close_client
-        if close:
-            client.close(0)
-
-    def close(self, timeout=2.0):
-        """Runs what is queued (at most timeout seconds), then stops. False
-        when the thread is still at work: it closes the connection itself
-        once done (two threads writing one stream would mix their lines)."""
-        self._stop.set()
-        t = self._thread
-        if t is not None:
-            t.join(timeout)
-        with self._lock:
-            if t is not None and not self._done:
-                self._close_client = True
-                return False
-        return True
-
-
-def _settle(items, now):
-    """Ends the cells whose works are complete at now (the earliest
-    observation wins); returns the others."""
-    left = []
-    for cell, works in items:
-        if cell[1] is not None:
-            continue
-        try:
-            done = all(w.is_completed() for w in works)
-        except Exception:
-            done = True
-        if done:
-            cell[1] = now
-        else:
-            left.append((cell, works))
-    return left
-
-
-class _Poller:
-    """Notes when asynchronous collectives complete, on a thread of its own.
-
-    While works are in flight it checks them every ``interval`` seconds
-    (the resolution of their end times on CPU); otherwise it sleeps."""
-
-    def __init__(self, interval=0.0002):
-        self.interval = interval
-        self._cv = threading.Condition()
-        self._items = []
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="tpsprof-comm", daemon=True)
-        self._thread.start()
-
-    def watch(self, cell, works):
-        with self._cv:
-            self._items.append((cell, works))
-            self._cv.notify()
-
-    def _run(self):
-        while True:
-            with self._cv:
-                while not self._items and not self._stop:
-                    self._cv.wait()
-                if self._stop:
-                    return
-                items = self._items
-                self._items = []
-            left = _settle(items, time.perf_counter_ns())
-            if left:
-                with self._cv:
-                    self._items = left + self._items
-                time.sleep(self.interval)
-
-    def sweep(self):
-        """The training thread's own look at the works in flight, at its
-        phase boundaries: on a loaded machine this thread may be scheduled
-        (or get the GIL) long after a work completed, and a completion the
-        training thread has already seen is not later than now."""
-        with self._cv:
-            items = list(self._items)
-        if items:
-            _settle(items, time.perf_counter_ns())
-
-    def stop(self):
-        with self._cv:
-            self._stop = True
-            self._cv.notify()
-        self._thread.join(1.0)
 
 
 for _f in (TorchProfiler._fwd_pre, TorchProfiler._fwd_post, TorchProfiler._optim_pre, TorchProfiler._optim_post,
@@ -1221,247 +1073,6 @@ class _StepBlock:
         except Exception:
             self.prof._err()
         return False
-
-
-class _LoaderIter:
-    """Times ``next`` of a data iterator; everything else is the iterator's."""
-
-    def __init__(self, prof, it):
-        self._prof = prof
-        self._it = it
-
-    def __iter__(self):
-        return self
-
-    @_c10d.skip_dynamo
-    def __next__(self):
-        prof = _ACTIVE if self._prof is None else self._prof
-        if prof is None or _fetching.inside:
-            # a loader fetched from inside another's next (accelerate's
-            # DataLoaderShard reads its DataLoader one batch ahead): the
-            # outer fetch is the training loop's
-            return next(self._it)
-        _fetching.inside = True
-        try:
-            opened = prof._data_enter()
-            t = time.perf_counter_ns()
-            try:
-                item = next(self._it)
-            except StopIteration:
-                prof._data_exit(opened, 0, _END)
-                raise
-            prof._data_exit(opened, time.perf_counter_ns() - t, item)
-            return item
-        finally:
-            _fetching.inside = False
-
-    def __len__(self):
-        return len(self._it)
-
-    def __getattr__(self, name):
-        return getattr(self._it, name)
-
-
-class _Fetching(threading.local):
-    inside = False
-
-
-_fetching = _Fetching()
-_loader_classes = {}
-
-
-def _wrapped_loader_class(cls):
-    sub = _loader_classes.get(cls)
-    if sub is None:
-        def __iter__(self):
-            return _LoaderIter(None, cls.__iter__(self))
-        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "_tpsprof_wrapped": True,
-                                          "__module__": cls.__module__})
-        _loader_classes[cls] = sub
-    return sub
-
-
-_watched_loaders = weakref.WeakSet()
-
-
-def _watch_in_class(cls, loader):
-    """For a loader whose class cannot be swapped (accelerate's
-    DataLoaderShard makes ``__class__`` a property): its class's
-    ``__iter__`` times the iterators of the loaders watched and leaves the
-    others' (an evaluation loader of the same class) alone."""
-    orig = cls.__iter__
-    if not getattr(orig, "_tpsprof", False):
-        def __iter__(self):
-            it = orig(self)
-            return _LoaderIter(None, it) if self in _watched_loaders else it
-        __iter__._tpsprof = True
-        cls.__iter__ = __iter__
-    _watched_loaders.add(loader)
-
-
-# -- tokens -------------------------------------------------------------------
-
-def _is_ids(t):
-    return isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex() \
-        and t.dtype != torch.bool and t.dim() >= 1
-
-
-def count_tokens(batch, ignore_index=-100):
-    """(real, padded, samples) of a batch, or None when it holds no tokens
-    (see _count_tokens; counts on a GPU stay GPU tensors)."""
-    got = _count_tokens(batch, ignore_index)
-    if got is None:
-        return None
-    real, padded, samples = got
-    return (int(real) if isinstance(real, _CountLater) else real), padded, samples
-
-
-def _count_tokens(batch, ignore_index=-100):
-    """(real, padded, samples) of a batch, or None when it holds no tokens.
-
-    Real tokens are the attention mask's sum when the batch has one, else
-    the labels other than ``ignore_index``, else every input id; padded
-    tokens are every position. Counts of tensors on a GPU stay on the GPU
-    (read later, without a synchronisation)."""
-    ids = mask = labels = None
-    if isinstance(batch, torch.Tensor):
-        ids = batch
-    elif hasattr(batch, "keys") and hasattr(batch, "get"):
-        ids, mask, labels = batch.get("input_ids"), batch.get("attention_mask"), batch.get("labels")
-    elif isinstance(batch, (list, tuple)) and batch:
-        tensors = [t for t in batch if _is_ids(t)]
-        if tensors:
-            ids = tensors[0]
-            if len(tensors) > 1 and tensors[1].shape == ids.shape:
-                labels = tensors[1]
-    if not _is_ids(ids):
-        ids = None
-    if mask is not None and isinstance(mask, torch.Tensor):
-        padded = mask.numel()
-        return _sum(mask), padded, mask.shape[0] if mask.dim() > 1 else 1
-    if ids is None:
-        return None
-    padded = ids.numel()
-    samples = ids.shape[0] if ids.dim() > 1 else 1
-    if labels is not None and isinstance(labels, torch.Tensor) and labels.numel() == padded:
-        return _sum(labels, ignore_index), padded, samples
-    return padded, padded, samples
-
-
-def packed_seq_sq(batch):
-    """Σ document length² of a packed batch (see _packed_seq_sq), or None."""
-    v = _packed_seq_sq(batch)
-    return int(v) if isinstance(v, _CountLater) else v
-
-
-def _packed_seq_sq(batch):
-    """Σ document length² of a packed batch, or None for an unpacked one.
-
-    A batch is packed when it carries ``cu_seqlens`` (cumulative document
-    lengths, as flash-attention's varlen kernels take them) or
-    ``position_ids`` that restart at 0 inside a row (documents
-    concatenated). Stays on the GPU when the tensors are there."""
-    if not (hasattr(batch, "keys") and hasattr(batch, "get")):
-        return None
-    cu = batch.get("cu_seqlens")
-    if isinstance(cu, torch.Tensor) and cu.dim() == 1 and cu.numel() >= 2 and not cu.is_floating_point():
-        lens = (cu[1:] - cu[:-1]).to(torch.int64)
-        return _sum(lens * lens)
-    pos = batch.get("position_ids")
-    if not _is_ids(pos) or pos.shape[-1] < 2:
-        return None
-    rows = pos.reshape(-1, pos.shape[-1]).to(torch.int64)
-    starts = rows == 0
-    starts[:, 0] = True
-    if int(starts.sum()) == rows.shape[0]:
-        return None  # one document per row: not packed
-    # each document's length is the position just before the next start (+1)
-    ends = torch.zeros_like(starts)
-    ends[:, :-1] = starts[:, 1:]
-    ends[:, -1] = True
-    lens = rows[ends] + 1
-    return _sum(lens * lens)
-
-
-class _Fetch:
-    """One batch of a step: its counts (real tokens, padded tokens, samples,
-    Σ document length² or None), made as it was fetched (a GPU batch's stay
-    on the GPU until read) or, for a host batch, when the record is built;
-    ``split`` replaces both token counts when the loop split a bare id batch
-    into inputs and next-token targets."""
-
-    __slots__ = ("batch", "counts", "split")
-
-    def __init__(self, batch, counts):
-        self.batch, self.counts, self.split = batch, counts, None
-
-    def resolve(self, prof):
-        """(On the sender thread.) The counts as ints; the batch let go."""
-        c = self.counts
-        if c is None and self.batch is not None:
-            c = _counts_now(self.batch, prof.ignore_index)
-        self.batch = None
-        if c is None:
-            return 0, 0, 0, False  # no tokens in it
-        real, padded, samples, sq = c
-        if self.split is not None:
-            real = padded = self.split
-        return _resolve(real), _resolve(padded), samples, None if sq is None else _resolve(sq)
-
-
-def _counts_now(batch, ignore_index):
-    """The _Fetch counts of a batch (None: it holds no tokens)."""
-    got = _count_tokens(batch, ignore_index)
-    if got is None:
-        return None
-    real, padded, samples = got
-    sq = _packed_seq_sq(batch)
-    return _lazy_int(real), _lazy_int(padded), samples, None if sq is None else _lazy_int(sq)
-
-
-class _CountLater:
-    """Tokens of a CPU tensor counted when the record is built, on the
-    sender thread: the mask's sum, or the labels other than the ignore
-    index (the training thread keeps a reference, not a reduction)."""
-
-    __slots__ = ("t", "ignore")
-
-    def __init__(self, t, ignore=None):
-        self.t, self.ignore = t, ignore
-
-    def __int__(self):
-        t = self.t
-        if self.ignore is None:
-            return int(t.sum())
-        return int(torch.count_nonzero(t.ne(self.ignore)))
-
-
-def _sum(t, ignore=None):
-    if t.device.type == "cpu":
-        return _CountLater(t, ignore)
-    s = (t if ignore is None else (t != ignore)).sum()
-    return s
-
-
-def _lazy_int(v):
-    """An int now, or a pinned host copy of a GPU scalar read after the step,
-    or a CPU count made when the record is built."""
-    if isinstance(v, _CountLater):
-        return v
-    if not isinstance(v, torch.Tensor):
-        return int(v)
-    if v.device.type == "cpu":
-        return int(v)
-    try:
-        buf = torch.empty((), dtype=v.dtype, pin_memory=True)
-        buf.copy_(v, non_blocking=True)
-        return buf
-    except Exception:
-        return 0
-
-
-def _resolve(v):
-    return int(v) if isinstance(v, (torch.Tensor, _CountLater)) else v
 
 
 def _grad_hook(t, fn):
@@ -1517,394 +1128,4 @@ def _optimizer_step(opt):
         pass
     return best
 
-
-def _loss_of(t):
-    """A backward ran from t: its value when it is a loss (one element)."""
-    prof = _ACTIVE
-    if prof is None or prof.off:
-        return
-    try:
-        st = prof._cur
-        if st is None or not st.trained or st.optimized or t.numel() != 1 or len(st.losses) >= 1024:
-            return
-        scale = _scaled.pop(id(t), None) if _scaled else None
-        v = t.detach()
-        if scale is not None:
-            if scale[0]() is not t:
-                scale = None
-            else:
-                v = v / scale[1]  # a grad scaler's output: the loss before scaling
-        st.losses.append(v)  # one element: float() reads it on the sender thread
-    except Exception:
-        prof._err()
-
-
-_scaled = {}  # id(scaled loss) -> (weakref to it, the scale it was multiplied by)
-
-
-def _side_call(kind, fn):
-    """fn (a checkpoint save or load) timed as a ``kind`` event between
-    steps: an iteration whose optimizer has stepped ends before it, and a
-    step opened by a fetch but not yet training does not count its time."""
-    def call(*args, **kwargs):
-        prof = _ACTIVE
-        if prof is None or prof.off or getattr(_side_tls, "inside", False):
-            return fn(*args, **kwargs)
-        _side_tls.inside = True
-        t0 = time.time_ns()
-        try:
-            prof._settle_step()
-        except Exception:
-            prof._err()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            _side_tls.inside = False
-            t1 = time.time_ns()
-            try:
-                prof._side_event(kind, t0, t1)
-                st = prof._cur
-                if st is not None and not st.trained:
-                    st.gap += t1 - t0
-            except Exception:
-                prof._err()
-    call._tpsprof = True
-    call.__doc__ = fn.__doc__
-    call.__wrapped__ = fn
-    return _c10d.skip_dynamo(call)
-
-
-_side_tls = threading.local()
-
-
-def _install_checkpoints():
-    """torch.save / torch.load, torch.distributed.checkpoint's save and
-    load and safetensors' (what framework checkpoint calls go through)
-    become checkpoint events (docs/capture.md)."""
-    targets = [(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")]
-    for modname in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_saver",
-                    "torch.distributed.checkpoint.state_dict_loader"):
-        mod = sys.modules.get(modname)
-        if mod is None:
-            continue
-        for name, kind in (("save", "checkpoint_save"), ("async_save", "checkpoint_save"),
-                           ("save_state_dict", "checkpoint_save"), ("load", "checkpoint_restore"),
-                           ("load_state_dict", "checkpoint_restore")):
-            if callable(getattr(mod, name, None)):
-                targets.append((mod, name, kind))
-    # safetensors (Hugging Face's model files), when the job has imported it
-    st = sys.modules.get("safetensors.torch")
-    if st is not None:
-        for name, kind in (("save_file", "checkpoint_save"), ("save_model", "checkpoint_save"),
-                           ("load_file", "checkpoint_restore"), ("load_model", "checkpoint_restore")):
-            if callable(getattr(st, name, None)):
-                targets.append((st, name, kind))
-    for mod, name, kind in targets:
-        fn = getattr(mod, name, None)
-        if fn is None or getattr(fn, "_tpsprof", False):
-            continue
-        try:
-            setattr(mod, name, _side_call(kind, fn))
-        except Exception:
-            pass
-
-
-def _install_loss():
-    """Tensor.backward notes the loss (``loss.backward()``); a grad scaler's
-    ``scale(loss)`` notes its factor so the unscaled loss is recorded."""
-    inner = torch.Tensor.backward
-    if getattr(inner, "_tpsprof", False):
-        return
-
-    def backward(self, *args, **kwargs):
-        _loss_of(self)
-        return inner(self, *args, **kwargs)
-    backward._tpsprof = True
-    backward.__doc__ = inner.__doc__
-    torch.Tensor.backward = _c10d.skip_dynamo(backward)
-    for modname in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
-        mod = sys.modules.get(modname)
-        if mod is None:
-            try:
-                mod = __import__(modname, fromlist=["GradScaler"])
-            except Exception:
-                continue
-        cls = getattr(mod, "GradScaler", None)
-        if cls is None or getattr(cls.scale, "_tpsprof", False):
-            continue
-        _wrap_scale(cls)
-
-
-def _wrap_scale(cls):
-    inner = cls.scale
-
-    def scale(self, outputs):
-        out = inner(self, outputs)
-        try:
-            if _ACTIVE is not None and isinstance(out, torch.Tensor) and out is not outputs and out.numel() == 1:
-                sc = getattr(self, "_scale", None)
-                if sc is not None:
-                    if len(_scaled) > 64:
-                        _scaled.clear()
-                    _scaled[id(out)] = (weakref.ref(out), sc.detach().clone().reshape(()))
-        except Exception:
-            pass
-        return out
-    scale._tpsprof = True
-    scale.__doc__ = inner.__doc__
-    cls.scale = scale
-
-
-# -- communication ------------------------------------------------------------
-
-_installed = False
-
-
-def _patch_compile():
-    """``torch.compile(model)`` of a watched model: its hooks move to the
-    compiled wrapper, whose forward runs outside the graph. Hooks left on
-    the inner module would be traced into the graph (a hook returns at once
-    while dynamo traces, so the graph is unchanged, but the compiled code
-    then never calls it). ``model.compile()`` compiles in place: its
-    forward and backward are then not timed (the step, data wait, optimizer
-    and communication still are)."""
-    c = getattr(torch, "compile", None)
-    if c is None or getattr(c, "_tpsprof", False):
-        return
-
-    def compile(model=None, *args, **kwargs):
-        prof = _ACTIVE
-        moved = False
-        if prof is not None and isinstance(model, torch.nn.Module):
-            try:
-                moved = prof._unwatch_model(model)
-            except Exception:
-                moved = False
-        out = c(model, *args, **kwargs)
-        if moved:
-            try:
-                prof.watch_model(out if isinstance(out, torch.nn.Module) else model)
-            except Exception:
-                prof._err()
-        return out
-    compile._tpsprof = True
-    compile.__doc__ = c.__doc__
-    compile.__wrapped__ = c
-    torch.compile = compile
-
-
-_DIMS = (
-    ("dp", ("dp", "data", "replicate", "shard", "fsdp", "hsdp", "ddp", "dp_replicate", "dp_shard", "dp_cp", "batch")),
-    ("tp", ("tp", "tensor", "model", "mp")),
-    ("pp", ("pp", "pipe", "pipeline", "stage")),
-    ("cp", ("cp", "context")),
-    ("ep", ("ep", "expert")),
-)
-
-
-def _dim_kind(name):
-    n = (name or "").lower()
-    for kind, names in _DIMS:
-        if n in names:
-            return kind
-    for kind, names in _DIMS:
-        if any(part in names for part in n.replace("-", "_").split("_")):
-            return kind
-    return None
-
-
-_pp_stage = None  # the stage the pipelining schedule of this process runs (first seen)
-
-
-def _install_pipelining():
-    """torch.distributed.pipelining schedules note the stage they run (its
-    group size and rank are the pipeline's), at their first step."""
-    mod = sys.modules.get("torch.distributed.pipelining.schedules")
-    if mod is None:
-        return
-    for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
-        cls = getattr(mod, name, None)
-        step = getattr(cls, "step", None)
-        if step is None or getattr(step, "_tpsprof", False):
-            continue
-
-        def wrapped(self, *args, _inner=step, **kwargs):
-            global _pp_stage
-            if _pp_stage is None:
-                st = getattr(self, "_stage", None)
-                if st is None:
-                    stages = getattr(self, "_stages", None) or [None]
-                    st = stages[0]
-                _pp_stage = st
-            return _inner(self, *args, **kwargs)
-        wrapped._tpsprof = True
-        wrapped.__doc__ = step.__doc__
-        cls.step = _c10d.skip_dynamo(wrapped)
-
-
-def job_topology(params, world_size, stage=None):
-    """The job's layout from what it built: the device mesh of its DTensor
-    parameters (mesh_topology) and the pipeline stage its schedule runs
-    (the stage's group size is the pipeline's). None when they do not
-    account for every rank."""
-    pp = pp_rank = None
-    if stage is not None:
-        try:
-            pp, pp_rank = int(stage.group_size), int(stage.group_rank)
-        except Exception:
-            pp = None
-    whole = mesh_topology(params, world_size)
-    if pp is None or pp <= 1 or (whole is not None and whole[0]["pp"] == pp):
-        return whole  # the mesh spans every rank (with its pipeline dimension)
-    if world_size % pp:
-        return None
-    got = mesh_topology(params, world_size // pp)
-    if got is None:
-        if world_size != pp:
-            return None  # data-parallel pipelines without a mesh: which replica is unknown
-        got = ({"dp": 1, "tp": 1, "pp": 1, "cp": 1}, {"dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "cp_rank": 0})
-    sizes, coords = got
-    if sizes["pp"] != 1:
-        return None
-    sizes["pp"], coords["pp_rank"] = pp, pp_rank
-    return sizes, coords
-
-
-def mesh_topology(params, world_size):
-    """The layout the job's device mesh gives: ({"dp":..,"tp":..,"pp":..,
-    "cp":..}, {"dp_rank":..,...}) for this rank, or None when no parameter
-    is a DTensor, the mesh does not span the whole job, or a dimension's
-    name says nothing of its kind. Dimensions are told apart by name
-    (torchtitan's dp_replicate, dp_shard, cp, tp, pp; "dp", "tp", ...);
-    several data-parallel dimensions (HSDP) make one, and an expert
-    dimension counts as data-parallel for tokens (its ranks see
-    different batches)."""
-    best = None
-    seen = set()
-    for p in params:
-        mesh = getattr(p, "device_mesh", None)
-        if mesh is None or id(mesh) in seen:
-            continue
-        seen.add(id(mesh))
-        root = mesh
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                get = getattr(mesh, "_get_root_mesh", None)
-                if get is not None:
-                    root = get() or mesh
-                else:  # older PyTorch 2
-                    from torch.distributed.device_mesh import _mesh_resources
-                    root = _mesh_resources.get_root_mesh(mesh) or mesh
-        except Exception:
-            root = mesh
-        if best is None or root.size() > best.size():
-            best = root
-    if best is None or best.size() != world_size:
-        return None
-    names = best.mesh_dim_names
-    coord = best.get_coordinate()
-    shape = tuple(best.mesh.shape)
-    if not names and len(shape) == 1:
-        names = ("dp",)  # fully_shard's own mesh when given none
-    if not names or coord is None:
-        return None
-    sizes = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
-    coords = {"dp_rank": 0, "tp_rank": 0, "pp_rank": 0, "cp_rank": 0}
-    for name, n, c in zip(names, shape, coord):
-        kind = _dim_kind(name)
-        if kind is None:
-            return None
-        if kind == "ep":
-            kind = "dp"
-        key = kind + "_rank"
-        coords[key] = coords[key] * n + c  # row-major over the dimensions of one kind
-        sizes[kind] *= n
-    return sizes, coords
-
-
-def _install_collectives():
-    """Wraps the collectives of torch.distributed once per process; the
-    wrappers report to the active profiler and cost one attribute read when
-    none is active."""
-    global _installed
-    if _installed or not dist.is_available():
-        return
-    _installed = True
-    if _c10d.install(lambda: _ACTIVE):
-        return  # PyTorch 2: every collective passes through the dispatcher
-    from torch.distributed import distributed_c10d as c10d
-    for name in COLLECTIVES:
-        fn = getattr(c10d, name, None) or getattr(dist, name, None)
-        if fn is None or getattr(fn, "_tpsprof", False):
-            continue
-        w = _wrap_collective(fn, name)
-        for mod in (dist, c10d):
-            if getattr(mod, name, None) is fn:
-                setattr(mod, name, w)
-
-
-def _wrap_collective(fn, name):
-    always_async = name in ("isend", "irecv", "batch_isend_irecv")
-
-    def collective(*args, **kwargs):
-        prof = _ACTIVE
-        if prof is None or getattr(_tls, "inside", False):
-            return fn(*args, **kwargs)
-        try:
-            tok = prof._comm_begin(not always_async and not kwargs.get("async_op", False))
-        except Exception:
-            tok = None
-            prof._err()
-        _tls.inside = True
-        try:
-            work = fn(*args, **kwargs)
-        finally:
-            _tls.inside = False
-        if tok is not None:
-            try:
-                prof._comm_end(tok, work)
-            except Exception:
-                prof._err()
-        return work
-
-    collective._tpsprof = True
-    collective.__name__ = getattr(fn, "__name__", name)
-    collective.__doc__ = fn.__doc__
-    collective.__wrapped__ = fn
-    return collective
-
-
-def _ddp_comm_hook(model):
-    """Routes DDP's gradient buckets through a Python comm hook so their
-    all-reduces go through the timed torch.distributed.all_reduce. The
-    default hook's result is the same as DDP's built-in all-reduce. A comm
-    hook the user registers later replaces the default inside ours."""
-    if getattr(model, "_tpsprof_hooked", False):
-        return
-    try:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-    except ImportError:
-        return
-    target = {"state": None, "hook": None}
-    group = getattr(model, "process_group", None)
-
-    def tpsprof_allreduce(state, bucket):
-        hook = target["hook"]
-        if hook is None:
-            return default_hooks.allreduce_hook(group, bucket)
-        return hook(target["state"], bucket)
-
-    try:
-        model.register_comm_hook(None, tpsprof_allreduce)
-    except Exception:
-        return  # a hook is in place already: its collectives are timed if it calls torch.distributed
-    model._tpsprof_hooked = True
-    ref = weakref.ref(model)
-
-    def register_comm_hook(self, state, hook):
-        if ref() is not None:
-            target["state"], target["hook"] = state, hook
-
-    model.register_comm_hook = types.MethodType(register_comm_hook, model)
 

@@ -1,0 +1,391 @@
+"""What tpsprof.torch changes in torch and in the job's objects, to see a step.
+
+Each patch is installed once per process and marked on what it replaced
+(``_tpsprof`` on the wrapper, ``_tpsprof_sub`` on a loader class), so
+installing again finds it there; none keeps state of its own: at each call
+it reports to the active profiler (``tpsprof.torch._ACTIVE``, the one
+module-global handle) and does nothing more when there is none. What each
+patch measures: docs/capture.md.
+
+- data loaders: ``next`` of their iterators timed as data wait, the batch
+  counted (LoaderIter; a loader's class swapped, or its class's ``__iter__``
+  wrapped for the watched instances only);
+- ``Tensor.backward`` notes the loss, a grad scaler's ``scale`` its factor;
+- ``torch.save``/``torch.load``, distributed checkpoint, safetensors:
+  checkpoint events between steps;
+- ``torch.compile`` of a watched model moves its hooks to the wrapper;
+- pipelining schedules note the stage they run;
+- collectives: dispatcher kernels on PyTorch 2 (tpsprof._c10d), the
+  ``torch.distributed`` functions on 1.13; DDP's buckets through a comm hook.
+"""
+
+import sys
+import time
+import types
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import _c10d
+from . import torch as _tt  # the active profiler, read at each call
+
+__all__ = ["LoaderIter", "wrapped_loader_class", "watch_in_class", "loss_of", "install_checkpoints", "install_loss",
+           "patch_compile", "install_pipelining", "install_collectives", "ddp_comm_hook"]
+
+
+def _active():
+    return _tt._ACTIVE
+
+
+class LoaderIter:
+    """Times ``next`` of a data iterator; everything else is the iterator's."""
+
+    def __init__(self, prof, it):
+        self._prof = prof
+        self._it = it
+
+    def __iter__(self):
+        return self
+
+    @_c10d.skip_dynamo
+    def __next__(self):
+        prof = _tt._ACTIVE if self._prof is None else self._prof
+        if prof is None:
+            return next(self._it)
+        g = prof._tls
+        if g.fetch:
+            # a loader fetched from inside another's next (accelerate's
+            # DataLoaderShard reads its DataLoader one batch ahead): the
+            # outer fetch is the training loop's
+            return next(self._it)
+        g.fetch = True
+        try:
+            opened = prof._data_enter()
+            t = time.perf_counter_ns()
+            try:
+                item = next(self._it)
+            except StopIteration:
+                prof._data_end(opened)
+                raise
+            prof._data_exit(opened, time.perf_counter_ns() - t, item)
+            return item
+        finally:
+            g.fetch = False
+
+    def __len__(self):
+        return len(self._it)
+
+    def __getattr__(self, name):
+        return getattr(self._it, name)
+
+
+def wrapped_loader_class(cls):
+    """A subclass of the loader class cls whose iterators time ``next``
+    (made once: kept on cls itself, as ``_tpsprof_sub``)."""
+    sub = cls.__dict__.get("_tpsprof_sub")
+    if sub is None:
+        def __iter__(self):
+            return LoaderIter(None, cls.__iter__(self))
+        sub = type(cls.__name__, (cls,), {"__iter__": __iter__, "_tpsprof_wrapped": True,
+                                          "__module__": cls.__module__})
+        cls._tpsprof_sub = sub
+    return sub
+
+
+def watch_in_class(cls, loader, prof):
+    """For a loader whose class cannot be swapped (accelerate's
+    DataLoaderShard makes ``__class__`` a property): its class's
+    ``__iter__`` times the iterators of the loaders watched and leaves the
+    others' (an evaluation loader of the same class) alone."""
+    orig = cls.__iter__
+    if not getattr(orig, "_tpsprof", False):
+        def __iter__(self):
+            it = orig(self)
+            prof = _tt._ACTIVE
+            return LoaderIter(prof, it) if prof is not None and self in prof._watched_loaders else it
+        __iter__._tpsprof = True
+        cls.__iter__ = __iter__
+    prof._watched_loaders.add(loader)
+
+
+def loss_of(t):
+    """A backward ran from t: its value when it is a loss (one element)."""
+    prof = _tt._ACTIVE
+    if prof is None or prof.off:
+        return
+    try:
+        st = prof._cur
+        if st is None or not st.trained or st.optimized or t.numel() != 1 or len(st.losses) >= 1024:
+            return
+        scaled = prof._scaled
+        scale = scaled.pop(id(t), None) if scaled else None
+        v = t.detach()
+        if scale is not None:
+            if scale[0]() is not t:
+                scale = None
+            else:
+                v = v / scale[1]  # a grad scaler's output: the loss before scaling
+        st.losses.append(v)  # one element: float() reads it on the sender thread
+    except Exception:
+        prof._err()
+
+
+def side_call(kind, fn):
+    """fn (a checkpoint save or load) timed as a ``kind`` event between
+    steps: an iteration whose optimizer has stepped ends before it, and a
+    step opened by a fetch but not yet training does not count its time."""
+    def call(*args, **kwargs):
+        prof = _tt._ACTIVE
+        if prof is None or prof.off or prof._tls.side:
+            return fn(*args, **kwargs)
+        g = prof._tls
+        g.side = True
+        t0 = time.time_ns()
+        try:
+            prof._settle_step()
+        except Exception:
+            prof._err()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            g.side = False
+            t1 = time.time_ns()
+            try:
+                prof._side_event(kind, t0, t1)
+                st = prof._cur
+                if st is not None and not st.trained:
+                    st.gap += t1 - t0
+            except Exception:
+                prof._err()
+    call._tpsprof = True
+    call.__doc__ = fn.__doc__
+    call.__wrapped__ = fn
+    return _c10d.skip_dynamo(call)
+
+
+def install_checkpoints():
+    """torch.save / torch.load, torch.distributed.checkpoint's save and
+    load and safetensors' (what framework checkpoint calls go through)
+    become checkpoint events (docs/capture.md)."""
+    targets = [(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")]
+    for modname in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_saver",
+                    "torch.distributed.checkpoint.state_dict_loader"):
+        mod = sys.modules.get(modname)
+        if mod is None:
+            continue
+        for name, kind in (("save", "checkpoint_save"), ("async_save", "checkpoint_save"),
+                           ("save_state_dict", "checkpoint_save"), ("load", "checkpoint_restore"),
+                           ("load_state_dict", "checkpoint_restore")):
+            if callable(getattr(mod, name, None)):
+                targets.append((mod, name, kind))
+    # safetensors (Hugging Face's model files), when the job has imported it
+    st = sys.modules.get("safetensors.torch")
+    if st is not None:
+        for name, kind in (("save_file", "checkpoint_save"), ("save_model", "checkpoint_save"),
+                           ("load_file", "checkpoint_restore"), ("load_model", "checkpoint_restore")):
+            if callable(getattr(st, name, None)):
+                targets.append((st, name, kind))
+    for mod, name, kind in targets:
+        fn = getattr(mod, name, None)
+        if fn is None or getattr(fn, "_tpsprof", False):
+            continue
+        try:
+            setattr(mod, name, side_call(kind, fn))
+        except Exception:
+            pass
+
+
+def install_loss():
+    """Tensor.backward notes the loss (``loss.backward()``); a grad scaler's
+    ``scale(loss)`` notes its factor so the unscaled loss is recorded."""
+    inner = torch.Tensor.backward
+    if getattr(inner, "_tpsprof", False):
+        return
+
+    def backward(self, *args, **kwargs):
+        loss_of(self)
+        return inner(self, *args, **kwargs)
+    backward._tpsprof = True
+    backward.__doc__ = inner.__doc__
+    torch.Tensor.backward = _c10d.skip_dynamo(backward)
+    for modname in ("torch.amp.grad_scaler", "torch.cuda.amp.grad_scaler"):
+        mod = sys.modules.get(modname)
+        if mod is None:
+            try:
+                mod = __import__(modname, fromlist=["GradScaler"])
+            except Exception:
+                continue
+        cls = getattr(mod, "GradScaler", None)
+        if cls is None or getattr(cls.scale, "_tpsprof", False):
+            continue
+        wrap_scale(cls)
+
+
+def wrap_scale(cls):
+    inner = cls.scale
+
+    def scale(self, outputs):
+        out = inner(self, outputs)
+        try:
+            prof = _tt._ACTIVE
+            if prof is not None and isinstance(out, torch.Tensor) and out is not outputs and out.numel() == 1:
+                sc = getattr(self, "_scale", None)
+                if sc is not None:
+                    scaled = prof._scaled
+                    if len(scaled) > 64:
+                        scaled.clear()
+                    scaled[id(out)] = (weakref.ref(out), sc.detach().clone().reshape(()))
+        except Exception:
+            pass
+        return out
+    scale._tpsprof = True
+    scale.__doc__ = inner.__doc__
+    cls.scale = scale
+
+
+def patch_compile():
+    """``torch.compile(model)`` of a watched model: its hooks move to the
+    compiled wrapper, whose forward runs outside the graph. Hooks left on
+    the inner module would be traced into the graph (a hook returns at once
+    while dynamo traces, so the graph is unchanged, but the compiled code
+    then never calls it). ``model.compile()`` compiles in place: its
+    forward and backward are then not timed (the step, data wait, optimizer
+    and communication still are)."""
+    c = getattr(torch, "compile", None)
+    if c is None or getattr(c, "_tpsprof", False):
+        return
+
+    def compile(model=None, *args, **kwargs):
+        prof = _tt._ACTIVE
+        moved = False
+        if prof is not None and isinstance(model, torch.nn.Module):
+            try:
+                moved = prof._unwatch_model(model)
+            except Exception:
+                moved = False
+        out = c(model, *args, **kwargs)
+        if moved:
+            try:
+                prof.watch_model(out if isinstance(out, torch.nn.Module) else model)
+            except Exception:
+                prof._err()
+        return out
+    compile._tpsprof = True
+    compile.__doc__ = c.__doc__
+    compile.__wrapped__ = c
+    torch.compile = compile
+
+
+def install_pipelining():
+    """torch.distributed.pipelining schedules note the stage they run (its
+    group size and rank are the pipeline's) on the active profiler, at
+    their first step."""
+    mod = sys.modules.get("torch.distributed.pipelining.schedules")
+    if mod is None:
+        return
+    for name in ("PipelineScheduleSingle", "PipelineScheduleMulti"):
+        cls = getattr(mod, name, None)
+        step = getattr(cls, "step", None)
+        if step is None or getattr(step, "_tpsprof", False):
+            continue
+
+        def wrapped(self, *args, _inner=step, **kwargs):
+            prof = _tt._ACTIVE
+            if prof is not None and prof._pp_stage is None:
+                st = getattr(self, "_stage", None)
+                if st is None:
+                    stages = getattr(self, "_stages", None) or [None]
+                    st = stages[0]
+                prof._pp_stage = st
+            return _inner(self, *args, **kwargs)
+        wrapped._tpsprof = True
+        wrapped.__doc__ = step.__doc__
+        cls.step = _c10d.skip_dynamo(wrapped)
+
+
+def install_collectives():
+    """Wraps the collectives of torch.distributed once per process; the
+    wrappers report to the active profiler and cost one attribute read when
+    none is active."""
+    if not dist.is_available():
+        return
+    if _c10d.install(_active):
+        return  # PyTorch 2: every collective passes through the dispatcher
+    from torch.distributed import distributed_c10d as c10d
+    for name in _c10d.COLLECTIVES:
+        fn = getattr(c10d, name, None) or getattr(dist, name, None)
+        if fn is None or getattr(fn, "_tpsprof", False):
+            continue
+        w = wrap_collective(fn, name)
+        for mod in (dist, c10d):
+            if getattr(mod, name, None) is fn:
+                setattr(mod, name, w)
+
+
+def wrap_collective(fn, name):
+    always_async = name in ("isend", "irecv", "batch_isend_irecv")
+
+    def collective(*args, **kwargs):
+        prof = _tt._ACTIVE
+        if prof is None:
+            return fn(*args, **kwargs)
+        g = prof._tls
+        if g.comm:
+            return fn(*args, **kwargs)
+        try:
+            tok = prof._comm_begin(not always_async and not kwargs.get("async_op", False))
+        except Exception:
+            tok = None
+            prof._err()
+        g.comm = True
+        try:
+            work = fn(*args, **kwargs)
+        finally:
+            g.comm = False
+        if tok is not None:
+            try:
+                prof._comm_end(tok, work)
+            except Exception:
+                prof._err()
+        return work
+
+    collective._tpsprof = True
+    collective.__name__ = getattr(fn, "__name__", name)
+    collective.__doc__ = fn.__doc__
+    collective.__wrapped__ = fn
+    return collective
+
+
+def ddp_comm_hook(model):
+    """Routes DDP's gradient buckets through a Python comm hook so their
+    all-reduces go through the timed torch.distributed.all_reduce. The
+    default hook's result is the same as DDP's built-in all-reduce. A comm
+    hook the user registers later replaces the default inside ours."""
+    if getattr(model, "_tpsprof_hooked", False):
+        return
+    try:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    except ImportError:
+        return
+    target = {"state": None, "hook": None}
+    group = getattr(model, "process_group", None)
+
+    def tpsprof_allreduce(state, bucket):
+        hook = target["hook"]
+        if hook is None:
+            return default_hooks.allreduce_hook(group, bucket)
+        return hook(target["state"], bucket)
+
+    try:
+        model.register_comm_hook(None, tpsprof_allreduce)
+    except Exception:
+        return  # a hook is in place already: its collectives are timed if it calls torch.distributed
+    model._tpsprof_hooked = True
+    ref = weakref.ref(model)
+
+    def register_comm_hook(self, state, hook):
+        if ref() is not None:
+            target["state"], target["hook"] = state, hook
+
+    model.register_comm_hook = types.MethodType(register_comm_hook, model)

@@ -1,0 +1,187 @@
+"""The threads tpsprof.torch runs beside training: the sender, which builds
+and sends step records off the training thread, and the poller, which notes
+when asynchronous collectives complete (on CPU). Neither imports torch: they
+work on the core's Step (tpsprof._steps) and on what the profiler hands them.
+"""
+
+import collections
+import threading
+import time
+from typing import Any, Callable, List, Tuple, Union
+
+from ._steps import Step
+
+__all__ = ["Sender", "Poller", "settle", "MAX_PENDING"]
+
+MAX_PENDING = 64  # finished steps held while their times are unknown; the oldest go past this
+
+
+class Sender:
+    """Runs what touches the agent connection (building and sending step
+    records, events, metadata, trace notes) on a thread of its own, in the
+    order the training thread asked for it, in batches: the training thread
+    appends to a queue (no lock, no wake-up) and the thread takes what is
+    there every ``interval`` seconds, so a step costs the training thread a
+    queue append, not the record's arithmetic, JSON and socket write, nor a
+    thread switch per step. Finished steps wait here until their times are
+    known (CUDA events done, collectives ended), sent oldest first."""
+
+    def __init__(self, prof, interval=0.05):
+        self._prof = prof
+        self.interval = interval
+        self._items = collections.deque()
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # starts the thread once
+        self._thread = None
+        self._done = False  # the thread has ended
+        self._close_client = False  # the connection is the thread's to close when it ends
+        self._steps = collections.deque()  # finished steps not sent yet (this thread's)
+        self.cpu_ns = 0  # CPU time this thread spent building and sending (what it costs the process)
+
+    def put(self, fn: Union[Step, Callable[[], Any]]) -> None:
+        self._items.append(fn)  # atomic; the thread picks it up
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="tpsprof-send", daemon=True)
+                    self._thread.start()
+
+    def _drain(self, final=False):
+        if not self._items and not self._steps:
+            return
+        prof = self._prof
+        client = prof.client
+        t0 = time.thread_time_ns()
+        client.batch()
+        try:
+            steps = self._steps
+            while self._items:
+                fn = self._items.popleft()
+                if fn.__class__ is Step:
+                    steps.append(fn)
+                    continue
+                try:
+                    fn()
+                except Exception:
+                    prof._err()
+            if final and not prof.cuda:
+                # at close: give the poller a moment to see the last collectives end
+                deadline = time.monotonic() + 1.0
+                while time.monotonic() < deadline and any(c[1] is None for st in steps for c in st.comm):
+                    time.sleep(0.001)
+            while steps:
+                st = steps[0]
+                try:
+                    ready = final or prof._ready(st)
+                except Exception:  # marks of two kinds (the device became known mid-step): drop it
+                    ready = True
+                    prof._err()
+                if not ready:
+                    break
+                steps.popleft()
+                prof._send_release(st, final)
+            while len(steps) > MAX_PENDING:  # times never known (a GPU far behind): the oldest go
+                prof._release(steps.popleft())
+                prof.pending_dropped += 1
+        finally:
+            client.unbatch()
+            self.cpu_ns += time.thread_time_ns() - t0
+
+    def unsent(self) -> int:
+        """Finished steps not sent yet."""
+        return len(self._steps) + sum(1 for x in list(self._items) if x.__class__ is Step)
+
+    def _run(self):
+        client = self._prof.client
+        while not self._stop.wait(self.interval):
+            self._drain()
+            client.poll_control()
+        self._drain(final=True)
+        with self._lock:
+            self._done = True
+            close = self._close_client
+        if close:
+            client.close(0)
+
+    def close(self, timeout: float = 2.0) -> bool:
+        """Runs what is queued (at most timeout seconds), then stops. False
+        when the thread is still at work: it closes the connection itself
+        once done (two threads writing one stream would mix their lines)."""
+        self._stop.set()
+        t = self._thread
+        if t is not None:
+            t.join(timeout)
+        with self._lock:
+            if t is not None and not self._done:
+                self._close_client = True
+                return False
+        return True
+
+
+def settle(items: List[Tuple[list, list]], now: int) -> List[Tuple[list, list]]:
+    """Ends the cells whose works are complete at now (the earliest
+    observation wins); returns the others."""
+    left = []
+    for cell, works in items:
+        if cell[1] is not None:
+            continue
+        try:
+            done = all(w.is_completed() for w in works)
+        except Exception:
+            done = True
+        if done:
+            cell[1] = now
+        else:
+            left.append((cell, works))
+    return left
+
+
+class Poller:
+    """Notes when asynchronous collectives complete, on a thread of its own.
+
+    While works are in flight it checks them every ``interval`` seconds
+    (the resolution of their end times on CPU); otherwise it sleeps."""
+
+    def __init__(self, interval=0.0002):
+        self.interval = interval
+        self._cv = threading.Condition()
+        self._items = []
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="tpsprof-comm", daemon=True)
+        self._thread.start()
+
+    def watch(self, cell: list, works: list) -> None:
+        with self._cv:
+            self._items.append((cell, works))
+            self._cv.notify()
+
+    def _run(self):
+        while True:
+            with self._cv:
+                while not self._items and not self._stop:
+                    self._cv.wait()
+                if self._stop:
+                    return
+                items = self._items
+                self._items = []
+            left = settle(items, time.perf_counter_ns())
+            if left:
+                with self._cv:
+                    self._items = left + self._items
+                time.sleep(self.interval)
+
+    def sweep(self):
+        """The training thread's own look at the works in flight, at its
+        phase boundaries: on a loaded machine this thread may be scheduled
+        (or get the GIL) long after a work completed, and a completion the
+        training thread has already seen is not later than now."""
+        with self._cv:
+            items = list(self._items)
+        if items:
+            settle(items, time.perf_counter_ns())
+
+    def stop(self):
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(1.0)
