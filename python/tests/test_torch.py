@@ -313,6 +313,58 @@ class LoopTest(unittest.TestCase):
         self.assertGreaterEqual(rows[2]["start_unix_ns"], ck["end_unix_ns"])
         self.assertLessEqual(rows[1]["end_unix_ns"], [e for e in events if e["kind"] == "eval"][0]["start_unix_ns"])
 
+    def test_forward_and_backward_inside_optimizer_step(self):
+        """optimizer.step(closure), as Lightning and LBFGS run a step: the
+        closure's forward and backward are fwd and bwd, and optim is the
+        update after them, not the whole call. The job's own clocks: a
+        forward that sleeps 30 ms, an update hook that sleeps 10 ms."""
+        import time
+
+        class Slow(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(50, 8)
+
+            def forward(self, x):
+                time.sleep(0.03)
+                return self.emb(x)
+
+        sink = Sink()
+        model = Slow()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job="c", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        upd = []
+        inner = opt.step
+
+        def step(closure):
+            # the closure first (forward, backward), then the update: 10 ms
+            loss = closure()
+            t0 = time.perf_counter()
+            time.sleep(0.01)
+            upd.append(time.perf_counter() - t0)
+            return loss
+
+        for batch in prof.wrap([torch.randint(0, 50, (2, 8)) for _ in range(3)]):
+            def closure():
+                opt.zero_grad()
+                loss = model(batch).float().mean()
+                loss.backward()
+                return loss
+            inner(lambda: step(closure))
+        prof.close()
+        for _ in range(100):
+            rows = [x for x in sink.lines if "type" not in x]
+            if len(rows) == 3:
+                break
+            threading.Event().wait(0.02)
+        self.assertEqual(len(rows), 3, sink.lines)
+        for r in rows:
+            self.assertGreaterEqual(r["fwd_ns"], 29e6, r)
+            # the update (10 ms of sleep, then SGD's own) and no forward
+            self.assertGreaterEqual(r["optim_ns"], 9e6, r)
+            self.assertLess(r["optim_ns"], 25e6, r)
+        self.assertEqual(prof.errors, 0)
+
 
 class TraceDiskFullTest(unittest.TestCase):
     def test_failed_trace_writes_stop_tracing_not_the_profiler(self):

@@ -117,7 +117,8 @@ class TorchProfiler:
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
 
     def __init__(self, tokens: Optional[TokenFn] = None, ignore_index: int = -100, first_step: Optional[int] = None,
-                 device: Any = None, trace_every: Optional[int] = None, **client_options: Any) -> None:
+                 device: Any = None, trace_every: Optional[int] = None, count_fetches: bool = True,
+                 **client_options: Any) -> None:
         global _ACTIVE
         self.client = _client.Profiler(**client_options)
         if trace_every is None:
@@ -135,6 +136,7 @@ class TorchProfiler:
         self._trace_dir_ok = None  # checked once, at the first trace
         self.token_fn = tokens
         self.ignore_index = ignore_index
+        self._count_fetches = count_fetches  # False: batches come through add_batch
         self.step_number = first_step
         self._first_step_given = first_step is not None
         self.device = None
@@ -699,6 +701,11 @@ class TorchProfiler:
                     self._eval_open = True
                 return
             st = self._open()
+            if st.optim_open is not None:
+                # a forward inside optimizer.step(closure) (Lightning, LBFGS):
+                # the update starts after the closure's backward, not here
+                st.optim_open = None
+                st.closure = True
             if not st.trained:
                 self._flush_side()
             if st.bare is not None:
@@ -764,8 +771,11 @@ class TorchProfiler:
     def _bwd_done(self, st, start):
         """(Autograd, every gradient computed.)"""
         try:
-            st.bwd.append((start, self._mark()))
+            end = self._mark()
+            st.bwd.append((start, end))
             st.bwd_done = True
+            if st.closure:
+                st.optim_open = end  # inside optimizer.step: the update follows
             st.tail = []
             if self._poller is not None:
                 self._poller.sweep()
@@ -842,24 +852,40 @@ class TorchProfiler:
             if st is None:
                 return
             st.data_wait += dt
-            fetches = st.fetches
             if opened.__class__ is tuple:
-                st.tail.append((opened[0], opened[1], dt, len(fetches)))
-            if self.token_fn is not None:
-                n = self.token_fn(batch)
-                real, padded = n if isinstance(n, tuple) else (n, n)
-                f = Fetch(None, (lazy_int(real), lazy_int(padded), 0, None) if real is not None else None)
-            elif self.cuda:
-                # counts on the GPU are launched now, on the training
-                # stream, and read once the step is over
-                f = Fetch(batch if batch.__class__ is torch.Tensor else None, counts_now(batch, self.ignore_index))
-            else:
-                # on the host the batch is counted when its record is built,
-                # on the sender thread: the training thread keeps a reference
-                f = Fetch(batch, None)
-            fetches.append(f)
-            if self.token_fn is None and batch.__class__ is torch.Tensor:
-                st.bare = f  # maybe split into inputs and targets: see _split_batch
+                st.tail.append((opened[0], opened[1], dt, len(st.fetches)))
+            if self._count_fetches:
+                self._add_fetch(st, batch)
+        except Exception:
+            self._err()
+
+    def _add_fetch(self, st, batch):
+        """batch is trained in step st: its counts, or a reference to count later."""
+        if self.token_fn is not None:
+            n = self.token_fn(batch)
+            real, padded = n if isinstance(n, tuple) else (n, n)
+            f = Fetch(None, (lazy_int(real), lazy_int(padded), 0, None) if real is not None else None)
+        elif self.cuda:
+            # counts on the GPU are launched now, on the training
+            # stream, and read once the step is over
+            f = Fetch(batch if batch.__class__ is torch.Tensor else None, counts_now(batch, self.ignore_index))
+        else:
+            # on the host the batch is counted when its record is built,
+            # on the sender thread: the training thread keeps a reference
+            f = Fetch(batch, None)
+        st.fetches.append(f)
+        if self.token_fn is None and batch.__class__ is torch.Tensor:
+            st.bare = f  # maybe split into inputs and targets: see _split_batch
+
+    def add_batch(self, batch: Any) -> None:
+        """Counts ``batch`` as trained in the current step (opening one if
+        none is open), for frameworks that know which batch a step trains
+        while their loaders read ahead (the Lightning callback): fetches
+        are then timed as data wait but not counted
+        (``count_fetches=False``)."""
+        try:
+            if not self.off:
+                self._add_fetch(self._open(), batch)
         except Exception:
             self._err()
 
