@@ -34,21 +34,32 @@ func TestHFTrainerCallback(t *testing.T) {
 	if out, err := exec.Command(py, "-c", "import transformers").CombinedOutput(); err != nil {
 		t.Fatalf("transformers missing in %s (.ci/sid-chroot installs python3-transformers): %v\n%s", py, err, out)
 	}
-	script := filepath.Join(repoRoot(t), "examples", "pytorch", "hf_train.py")
-	t.Run("callback", func(t *testing.T) { hfRun(t, py, script, false) })
+	hf := callbackCase{job: "hf-trainer", script: filepath.Join(repoRoot(t), "examples", "pytorch", "hf_train.py"),
+		resume: "checkpoint-6", modelMeta: true}
+	t.Run("callback", func(t *testing.T) { callbackRun(t, py, hf, false) })
 	// Under tpsprof launch --auto the callback adds its token count and
 	// metadata to the profiler zero-code mode set up.
-	t.Run("auto", func(t *testing.T) { hfRun(t, py, script, true) })
+	t.Run("auto", func(t *testing.T) { callbackRun(t, py, hf, true) })
 }
 
-func hfRun(t *testing.T, py, script string, auto bool) {
+// callbackCase is a framework's example job measured by its callback: 12
+// optimizer steps, evaluations and checkpoints between them, a checkpoint
+// at step 6 to resume from (resume: its name in the --out folder).
+type callbackCase struct {
+	job, script, resume string
+	modelMeta           bool // the callback sends the model's shape
+}
+
+// callbackRun runs c's job under tpsprof launch and holds its rows to the
+// job's own truth (see TestHFTrainerCallback).
+func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 	ckpt := t.TempDir()
 	truthDir := t.TempDir()
-	job := "hf-trainer"
+	job := c.job
 	if auto {
 		job += "-auto"
 	}
-	dir, log := launchTorch(t, job, auto, []string{py, script, "--out", ckpt, "--truth", truthDir})
+	dir, log := launchTorch(t, job, auto, []string{py, c.script, "--out", ckpt, "--truth", truthDir})
 	rows := rankRows(t, dir)
 	truth := readTruthLines[hfTruth](t, truthDir)
 	steps := map[int64]hfTruth{}
@@ -68,6 +79,15 @@ func hfRun(t *testing.T, py, script string, auto bool) {
 	if len(rows) != 12 || len(steps) != 12 {
 		t.Fatalf("%d rank rows and %d steps in the job's truth, want 12 each\n%s", len(rows), len(steps), log)
 	}
+	var skipped []int64
+	for _, r := range rows {
+		if r.Skipped {
+			skipped = append(skipped, r.Step)
+		}
+	}
+	if len(skipped) > 0 {
+		t.Errorf("steps %v marked skipped: every optimizer step ran", skipped)
+	}
 	var got, want float64
 	for _, r := range rows {
 		tr, ok := steps[r.Step]
@@ -79,6 +99,12 @@ func hfRun(t *testing.T, py, script string, auto bool) {
 		}
 		if r.Loss == nil {
 			t.Errorf("step %d: no loss", r.Step)
+		}
+		// forward, backward and the update measured, apart: the update is
+		// not the whole step (Lightning runs forward and backward inside
+		// optimizer.step)
+		if r.FwdNs <= 0 || r.BwdNs <= 0 || r.OptimNs <= 0 || r.FwdNs+r.BwdNs+r.OptimNs > r.DurationNs {
+			t.Errorf("step %d: fwd %d, bwd %d, optim %d ns in a %d ns step", r.Step, r.FwdNs, r.BwdNs, r.OptimNs, r.DurationNs)
 		}
 		// Each step lies inside the job's own step: after the previous
 		// optimizer step's end, at or before this one's on_step_end.
@@ -126,8 +152,27 @@ func hfRun(t *testing.T, py, script string, auto bool) {
 	}
 	t.Logf("events %v; the job ran %d evaluations and %d checkpoints", kinds, evals, len(windows)-evals)
 	if kinds["eval"] != evals || kinds["checkpoint_save"] != len(windows)-evals {
-		t.Errorf("events %v, the job ran %d evaluations and 2 checkpoints", kinds, evals)
+		t.Errorf("events %v, the job ran %d evaluations and %d checkpoints", kinds, evals, len(windows)-evals)
 	}
+	if c.modelMeta {
+		modelMetaSent(t, dir)
+	}
+
+	// Resumed from its checkpoint at step 6: steps 6-11 again, numbered so.
+	dir2, log2 := launchTorch(t, job+"-resume", auto, []string{py, c.script, "--out", ckpt, "--truth", t.TempDir(), "--resume", filepath.Join(ckpt, c.resume)})
+	rows2 := rankRows(t, dir2)
+	var nums []int64
+	for _, r := range rows2 {
+		nums = append(nums, r.Step)
+	}
+	if !equalSteps(nums, []int64{6, 7, 8, 9, 10, 11}) {
+		t.Errorf("resumed run's steps %v, want 6-11\n%s", nums, log2)
+	}
+}
+
+// modelMetaSent: the run metadata has hf_train.py's model shape from its config.
+func modelMetaSent(t *testing.T, dir string) {
+	t.Helper()
 	md, err := trace.FileMetadata(mustPart(t, dir))
 	if err != nil {
 		t.Fatal(err)
@@ -138,17 +183,6 @@ func hfRun(t *testing.T, py, script string, auto bool) {
 	}
 	if m := meta.Model; m == nil || m.Layers != 2 || m.Hidden != 32 || m.Heads != 2 || m.Vocab != 128 || meta.Seq != 32 {
 		t.Errorf("run metadata %s: want the model's shape from its config (2 layers, 32 wide, 2 heads, vocab 128) at seq 32", md[trace.MetaRun])
-	}
-
-	// Resumed from its checkpoint at step 6: steps 6-11 again, numbered so.
-	dir2, log2 := launchTorch(t, job+"-resume", auto, []string{py, script, "--out", ckpt, "--truth", t.TempDir(), "--resume", filepath.Join(ckpt, "checkpoint-6")})
-	rows2 := rankRows(t, dir2)
-	var nums []int64
-	for _, r := range rows2 {
-		nums = append(nums, r.Step)
-	}
-	if !equalSteps(nums, []int64{6, 7, 8, 9, 10, 11}) {
-		t.Errorf("resumed run's steps %v, want 6-11\n%s", nums, log2)
 	}
 }
 

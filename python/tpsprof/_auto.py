@@ -67,6 +67,7 @@ class _Roots:
         skip_dynamo(self.pre)
         skip_dynamo(self.post)
         self.handles = [mm.register_module_forward_pre_hook(self.pre), mm.register_module_forward_hook(self.post)]
+        self.prof._roots = self  # a framework callback that knows the forward better stops it (stop)
         orig = self.prof._finish
         roots = self
 
@@ -93,6 +94,14 @@ class _Roots:
         self.local.depth = max(d, 0)
         if d == 0:
             self.prof._fwd_post(module, inputs, output)
+
+    def stop(self):
+        """The global hooks off, no roots watched: a framework callback
+        times the forward itself (Lightning's training_step)."""
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+        self.roots = []
 
     def settle(self):
         """After the first training step: hooks on the roots seen, global ones off."""
