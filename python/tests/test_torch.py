@@ -365,6 +365,55 @@ class LoopTest(unittest.TestCase):
             self.assertLess(r["optim_ns"], 25e6, r)
         self.assertEqual(prof.errors, 0)
 
+    def test_backward_timed_around_the_call_after_the_first_step(self):
+        """The first step's backward is timed by the hooks; seen to come
+        through Tensor.backward with no collective, later steps time it
+        around the call. Both agree with the job's own clock: a backward
+        that sleeps 15 ms (a custom autograd function)."""
+        import time
+
+        class SlowBack(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x):
+                return x * 1.0
+
+            @staticmethod
+            def backward(ctx, g):
+                time.sleep(0.015)
+                return g
+
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = torch.nn.Embedding(50, 8)
+
+            def forward(self, x):
+                return SlowBack.apply(self.emb(x))
+
+        sink = Sink()
+        model = M()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job="b", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        modes = []
+        for batch in prof.wrap([torch.randint(0, 50, (2, 8)) for _ in range(4)]):
+            modes.append(prof._bwd_call)
+            model(batch).float().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        prof.close()
+        for _ in range(100):
+            rows = [x for x in sink.lines if "type" not in x]
+            if len(rows) == 4:
+                break
+            threading.Event().wait(0.02)
+        self.assertEqual(modes, [False, True, True, True])
+        self.assertEqual(len(rows), 4, sink.lines)
+        for r in rows:
+            self.assertGreaterEqual(r["bwd_ns"], 15e6, r)
+            self.assertLess(r["bwd_ns"], 30e6, r)
+            self.assertIn("loss", r)
+        self.assertEqual(prof.errors, 0)
+
 
 class TraceDiskFullTest(unittest.TestCase):
     def test_failed_trace_writes_stop_tracing_not_the_profiler(self):

@@ -10,7 +10,9 @@ patch measures: docs/capture.md.
 - data loaders: ``next`` of their iterators timed as data wait, the batch
   counted (LoaderIter; a loader's class swapped, or its class's ``__iter__``
   wrapped for the watched instances only);
-- ``Tensor.backward`` notes the loss, a grad scaler's ``scale`` its factor;
+- ``Tensor.backward`` notes the loss (and, for loops whose backward passes
+  come through it, times the backward: TorchProfiler._backward), a grad
+  scaler's ``scale`` its factor;
 - ``torch.save``/``torch.load``, distributed checkpoint, safetensors:
   checkpoint events between steps;
 - ``torch.compile`` of a watched model moves its hooks to the wrapper;
@@ -109,26 +111,19 @@ def watch_in_class(cls, loader, prof):
     prof._watched_loaders.add(loader)
 
 
-def loss_of(t):
-    """A backward ran from t: its value when it is a loss (one element)."""
-    prof = _tt._ACTIVE
-    if prof is None or prof.off:
+def loss_of(prof, st, t):
+    """A backward runs from t in step st: its value when it is a loss (one element)."""
+    if t.numel() != 1 or len(st.losses) >= 1024:
         return
-    try:
-        st = prof._cur
-        if st is None or not st.trained or st.optimized or t.numel() != 1 or len(st.losses) >= 1024:
-            return
-        scaled = prof._scaled
-        scale = scaled.pop(id(t), None) if scaled else None
-        v = t.detach()
-        if scale is not None:
-            if scale[0]() is not t:
-                scale = None
-            else:
-                v = v / scale[1]  # a grad scaler's output: the loss before scaling
-        st.losses.append(v)  # one element: float() reads it on the sender thread
-    except Exception:
-        prof._err()
+    scaled = prof._scaled
+    scale = scaled.pop(id(t), None) if scaled else None
+    v = t.detach()
+    if scale is not None:
+        if scale[0]() is not t:
+            scale = None
+        else:
+            v = v / scale[1]  # a grad scaler's output: the loss before scaling
+    st.losses.append(v)  # one element: float() reads it on the sender thread
 
 
 def side_call(kind, fn):
@@ -204,8 +199,10 @@ def install_loss():
         return
 
     def backward(self, *args, **kwargs):
-        loss_of(self)
-        return inner(self, *args, **kwargs)
+        prof = _tt._ACTIVE
+        if prof is None or prof.off:
+            return inner(self, *args, **kwargs)
+        return prof._backward(inner, self, args, kwargs)
     backward._tpsprof = True
     backward.__doc__ = inner.__doc__
     torch.Tensor.backward = _c10d.skip_dynamo(backward)
