@@ -56,20 +56,20 @@ func (j *jobState) askCapture(cfg *Config, t *tally, e *LiveEpisode, key string)
 	t.captures = append(t.captures, captureAsk{job: j.id, attempt: e.Attempt, key: key, startStep: e.StartStep, ranks: ranks})
 }
 
-// withPeer is the episode's slowest rank (the highest recent compute
-// time: a node's episode holds every flagged rank of the node) and the
+// withPeer is the episode's slowest rank (the highest recent own time:
+// a node's episode holds every flagged rank of the node) and the
 // fastest rank outside the episode, or else the fastest other rank; job
 // lock held.
 func (j *jobState) withPeer(e *LiveEpisode) []int64 {
 	slow, worst := e.Ranks[0], -1.0
 	for _, r := range e.Ranks {
-		if r >= 0 && r < int64(len(j.computeEWMA)) && j.computeEWMA[r] > worst {
-			slow, worst = r, j.computeEWMA[r]
+		if r >= 0 && r < int64(len(j.ownEWMA)) && j.ownEWMA[r] > worst {
+			slow, worst = r, j.ownEWMA[r]
 		}
 	}
 	pick := func(skip func(int64) bool) int64 {
 		peer, best := int64(-1), 0.0
-		for r, v := range j.computeEWMA {
+		for r, v := range j.ownEWMA {
 			if v > 0 && (peer < 0 || v < best) && !skip(int64(r)) {
 				peer, best = int64(r), v
 			}

@@ -502,6 +502,72 @@ func TestLiveStragglerEpisode(t *testing.T) {
 	}
 }
 
+// A rank that waits for data (its compute as the others') makes everyone
+// wait as a slow GPU would: the live episode opens on its node and says
+// why, from the moving averages; likewise a rank with host time outside its
+// forward, backward and optimizer, and one that computes more.
+func TestLiveStragglerEpisodeCause(t *testing.T) {
+	for _, tc := range []struct {
+		kind, want string
+	}{{"data", "waiting for data: 400.0 ms"}, {"host", "host time outside forward, backward and optimizer: 400.0 ms"}, {"compute", "slow compute: 400.0 ms"}} {
+		t.Run(tc.kind, func(t *testing.T) {
+			c, nc := startCollector(t)
+			t0 := time.Now().Add(-time.Hour).UnixNano()
+			var recs []tps.StepRecord
+			send := func() {
+				if err := nc.Publish(wire.StepsSubject("why", "n0"), wire.AppendSteps(nil, recs)); err != nil {
+					t.Fatal(err)
+				}
+				nc.Flush()
+				if err := c.Sync(5 * time.Second); err != nil {
+					t.Fatal(err)
+				}
+				recs = recs[:0]
+				time.Sleep(400 * time.Millisecond) // a tick of the loop tracks episodes
+			}
+			for s := int64(0); s < 40; s++ {
+				if s == 20 {
+					send() // the steady steps first: the fastest rank is known
+				}
+				for r := int64(0); r < 4; r++ {
+					data, fwd, host := int64(1e7), int64(3e8), int64(5e7)
+					if s >= 20 && r == 2 {
+						switch tc.kind {
+						case "data":
+							data += 4e8
+						case "host":
+							host += 4e8
+						case "compute":
+							fwd += 4e8
+						}
+					}
+					own := data + fwd + 1e8 + host
+					d := int64(1e9)
+					recs = append(recs, tps.StepRecord{Job: "why", Step: s, Rank: r, WorldSize: 4, Tokens: 1000, Node: fmt.Sprintf("n%d", r/2),
+						StartUnixNs: t0 + s*1e9, EndUnixNs: t0 + s*1e9 + d, DurationNs: d, DataWaitNs: data, FwdNs: fwd, BwdNs: 1e8,
+						ExposedCommNs: d - own, CommNs: d - own})
+				}
+			}
+			send()
+			var eps []LiveEpisode
+			for i := 0; i < 20; i++ {
+				time.Sleep(100 * time.Millisecond) // a tick of the loop tracks episodes
+				if eps = c.Summary().Jobs[0].StragglerEpisodes; len(eps) > 0 {
+					break
+				}
+			}
+			if len(eps) != 1 || eps[0].Node != "n1" || eps[0].StartStep != 20 || !slices.Contains(eps[0].Ranks, 2) {
+				t.Fatalf("episodes %+v, want one on n1 from step 20", eps)
+			}
+			// the averages have not reached the full 400 ms 20 steps on: the
+			// figure is the moving average's; the kind is what matters
+			if !strings.HasPrefix(eps[0].Cause, strings.SplitN(tc.want, ":", 2)[0]+":") {
+				t.Errorf("cause %q, want %q", eps[0].Cause, tc.want)
+			}
+		})
+	}
+}
+
 // Parts rotate on the writers' goroutines while metadata keeps arriving:
 // the writers read a snapshot, never the job's live fields (run under
 // -race: reading j.meta from the writer goroutine was a data race).

@@ -8,9 +8,9 @@ import (
 )
 
 // LiveEpisode is a straggler episode as the live page shows it: a node (or
-// a rank without a node) whose recent compute time (an exponential moving
-// average over steps) has been more than 1/0.75 of the fastest rank's
-// since StartStep. EndStep is nil while it lasts.
+// a rank without a node) whose recent own time (compute and data wait, an
+// exponential moving average over steps) has been more than 1/0.75 of the
+// fastest rank's since StartStep. EndStep is nil while it lasts.
 type LiveEpisode struct {
 	Node       string  `json:"node"`
 	Ranks      []int64 `json:"ranks"`
@@ -19,6 +19,11 @@ type LiveEpisode struct {
 	EndStep    *int64  `json:"end_step"`
 	WorstScore float64 `json:"worst_score"`
 	Score      float64 `json:"score"` // now (at the end for a closed episode)
+	// Cause is what its slowest rank has more of than the fastest rank,
+	// from their moving averages (as the report's episodes say it, without
+	// the GPU join): waiting for data, host time, or compute. Updated
+	// while the episode lasts.
+	Cause string `json:"cause,omitempty"`
 	// Capture is the automatic capture the episode's opening started
 	// (Config.AutoCapture), nil for none.
 	Capture *CaptureLink `json:"capture,omitempty"`
@@ -35,11 +40,12 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	}
 	steps := j.recentSteps()
 	last := steps[len(steps)-1]
-	best := j.bestCompute()
+	fastest, best := j.bestOwn()
 	j.bestSeen = best
 	flagged := map[string]*LiveEpisode{}
+	worst := map[string]int{} // the slowest rank of each flagged node
 	if best > 0 {
-		for r, v := range j.computeEWMA {
+		for r, v := range j.ownEWMA {
 			if v <= 0 || best/v >= tps.StragglerThreshold {
 				continue
 			}
@@ -55,15 +61,21 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 				e = &LiveEpisode{Node: key, Score: 1}
 				flagged[key] = e
 			}
-			e.Score = min(e.Score, best/v)
+			if best/v < e.Score {
+				e.Score, worst[key] = best/v, r
+			}
 			if len(e.Ranks) < 64 {
 				e.Ranks = append(e.Ranks, int64(r))
 			}
 		}
 	}
+	for key, f := range flagged {
+		f.Cause = j.liveCause(worst[key], fastest)
+	}
 	for key, e := range j.openEpisodes {
 		if f, ok := flagged[key]; ok && e.Attempt == last.Attempt {
 			e.Score, e.WorstScore, e.Ranks = f.Score, min(e.WorstScore, f.Score), mergeRanks(e.Ranks, f.Ranks)
+			e.Cause = f.Cause
 			continue
 		}
 		end := last.Step
@@ -92,6 +104,29 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 		}
 		j.openEpisodes[key] = f
 		j.askCapture(cfg, t, f, key)
+	}
+}
+
+// liveCause says what rank slow has more of than rank fast, from their
+// moving averages (job lock held).
+func (j *jobState) liveCause(slow, fast int) string {
+	if slow < 0 || fast < 0 || slow >= len(j.ownEWMA) || fast >= len(j.ownEWMA) {
+		return ""
+	}
+	data := (j.dataEWMA[slow] - j.dataEWMA[fast]) / 1e6
+	own := (j.ownEWMA[slow] - j.ownEWMA[fast]) / 1e6
+	work, host := own-data, 0.0
+	if j.workEWMA[slow] > 0 && j.workEWMA[fast] > 0 {
+		work = (j.workEWMA[slow] - j.workEWMA[fast]) / 1e6
+		host = own - data - work
+	}
+	switch {
+	case data > 0 && data >= work && data >= host:
+		return fmt.Sprintf("waiting for data: %.1f ms a step more than the fastest rank", data)
+	case host > 0 && host >= work:
+		return fmt.Sprintf("host time outside forward, backward and optimizer: %.1f ms a step more than the fastest rank", host)
+	default:
+		return fmt.Sprintf("slow compute: %.1f ms a step more than the fastest rank", work)
 	}
 }
 

@@ -248,10 +248,12 @@ type jobState struct {
 	mostRanks                            int64     // the most ranks a closed step had
 	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
 	lastTPJ                              float64
-	computeEWMA                          []float64 // per rank, ns
+	computeEWMA                          []float64 // per rank, ns: live straggler scores
+	ownEWMA                              []float64 // per rank, ns: own time (compute and data wait), for episodes
+	dataEWMA, workEWMA                   []float64 // per rank, ns: of it, data wait, and the measured fwd+bwd+optim
 	openEpisodes                         map[string]*LiveEpisode
-	slowSince                            []int64 // per rank: first step of its current run of slow compute times, -1 for none
-	bestSeen                             float64 // the fastest compute average at the last episode tracking
+	slowSince                            []int64 // per rank: first step of its current run of slow own times, -1 for none
+	bestSeen                             float64 // the fastest own-time average at the last episode tracking
 	lastAutoCapture                      time.Time
 	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
 	episodesEnded                        int64                             // closed since the job started
@@ -320,33 +322,58 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 	return true
 }
 
-// observeCompute folds a rank's compute time at step into its moving
-// average, and notes from which step on its own compute times have been
-// below the straggler threshold against the fastest average (so that an
-// episode, which opens once the average crosses it, starts where the
-// slowness began: a rank 1.4 times slower crosses ~17 steps later).
-func (s *jobState) observeCompute(rank int64, ns float64, step int64) {
+// observeRank folds a rank's record at a step into its moving averages:
+// compute (the live straggler scores), and for episodes its own time
+// (compute and data wait: what the others of a synchronous step wait for)
+// with its data wait and measured forward, backward and optimizer apart,
+// which say why it is slow. It notes from which step on its own times
+// have been below the straggler threshold against the fastest average
+// (so that an episode, which opens once the average crosses it, starts
+// where the slowness began: a rank 1.4 times slower crosses ~17 steps
+// later).
+func (s *jobState) observeRank(r *tps.StepRecord) {
 	if int64(len(s.computeEWMA)) != s.world {
-		s.computeEWMA = make([]float64, s.world)
+		s.computeEWMA, s.ownEWMA = make([]float64, s.world), make([]float64, s.world)
+		s.dataEWMA, s.workEWMA = make([]float64, s.world), make([]float64, s.world)
 		s.slowSince = make([]int64, s.world)
 		for i := range s.slowSince {
 			s.slowSince[i] = -1
 		}
 	}
+	rank := r.Rank
 	if rank < 0 || rank >= int64(len(s.computeEWMA)) {
 		return
 	}
-	if e := s.computeEWMA[rank]; e == 0 {
-		s.computeEWMA[rank] = ns
-	} else {
-		s.computeEWMA[rank] = e + ewmaAlpha*(ns-e)
+	comp := float64(r.ComputeNs())
+	own := comp + float64(r.DataWaitNs)
+	first := s.ownEWMA[rank] == 0 && s.computeEWMA[rank] == 0
+	for _, x := range []struct {
+		avg []float64
+		v   float64
+	}{{s.computeEWMA, comp}, {s.ownEWMA, own}, {s.dataEWMA, float64(r.DataWaitNs)}, {s.workEWMA, float64(r.FwdNs + r.BwdNs + r.OptimNs)}} {
+		if first {
+			x.avg[rank] = x.v
+		} else {
+			x.avg[rank] += ewmaAlpha * (x.v - x.avg[rank])
+		}
 	}
-	switch slow := s.bestSeen > 0 && ns > 0 && s.bestSeen/ns < tps.StragglerThreshold; {
+	switch slow := s.bestSeen > 0 && own > 0 && s.bestSeen/own < tps.StragglerThreshold; {
 	case !slow:
 		s.slowSince[rank] = -1
-	case s.slowSince[rank] < 0 || step < s.slowSince[rank]:
-		s.slowSince[rank] = step
+	case s.slowSince[rank] < 0 || r.Step < s.slowSince[rank]:
+		s.slowSince[rank] = r.Step
 	}
+}
+
+// bestOwn is the fastest rank's own-time average and that rank (-1, 0 for none).
+func (s *jobState) bestOwn() (int, float64) {
+	at, best := -1, 0.0
+	for r, v := range s.ownEWMA {
+		if v > 0 && (best == 0 || v < best) {
+			at, best = r, v
+		}
+	}
+	return at, best
 }
 
 // slowRanks returns the ranks with their score (fastest recent compute /
@@ -674,7 +701,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 		return k, false, false
 	}
 	t.records++
-	s.observeCompute(r.Rank, float64(r.ComputeNs()), r.Step)
+	s.observeRank(r)
 	if st.acc.Full() {
 		s.closeFull(k, st, t)
 	}

@@ -13,9 +13,10 @@ import (
 
 // StragglerEpisode is a span of steady steps during which a node (or a
 // rank without a node) ran below tps.StragglerThreshold: its slowest
-// rank's mean compute time over a window of steps, against the fastest
-// rank's in the same window. A whole-run median hides a node that slows
-// down late; windows do not.
+// rank's mean own time over a window of steps (compute and waiting for
+// data: what the other ranks of a synchronous step wait for), against the
+// fastest rank's in the same window. A whole-run median hides a node that
+// slows down late; windows do not.
 type StragglerEpisode struct {
 	Node string `json:"node,omitempty"`
 	// Ranks are the node's ranks flagged in some window of the episode.
@@ -42,16 +43,34 @@ type StragglerEpisode struct {
 	// the slow node, so each step's excess time (as in TPSWithout) times
 	// the world size.
 	GPUHoursLost float64 `json:"gpu_hours_lost"`
-	// Cause is what the joined signals say of the slow node: its GPUs'
-	// SM clock and power against the other nodes' over the episode, and
-	// the clock event (throttle) reasons NVML gave; without GPU samples,
-	// only that its compute was slow.
+	// Excess splits the slow rank's extra own time a step (mean over the
+	// episode, against the fastest rank of each window) into what it was:
+	// Cause names the largest part.
+	Excess EpisodeExcess `json:"excess"`
+	// Cause is what the joined signals say of the slow node: waiting for
+	// data, host time outside the measured forward, backward and optimizer
+	// (launch gaps, CPU contention, Python), or slow compute, with its
+	// GPUs' SM clock and power against the other nodes' over the episode
+	// and the clock event (throttle) reasons NVML gave.
 	Cause string `json:"cause"`
 	// Captures are the automatic captures the collector ran while the
 	// episode lasted (collector --auto-capture; docs/capture.md).
 	Captures []EpisodeCapture `json:"captures,omitempty"`
 	// from, to: the episode's time on the rows' clock, for the GPU join
 	from, to int64
+}
+
+// EpisodeExcess is a slow rank's own time a step beyond the fastest
+// rank's, in ms, by part: waiting for data, the measured forward, backward
+// and optimizer (Compute), and the rest of its own time (Host: between
+// them, where the host launches nothing the device runs). HostKnown is
+// false when the ranks' records carry no forward/backward/optimizer
+// times (hand-written intake): compute and host are then one, in Compute.
+type EpisodeExcess struct {
+	DataMs    float64 `json:"data_ms"`
+	ComputeMs float64 `json:"compute_ms"`
+	HostMs    float64 `json:"host_ms"`
+	HostKnown bool    `json:"host_known"`
 }
 
 // EpisodeCapture is an automatic capture linked to an episode: the step
@@ -102,9 +121,9 @@ func (rep *Report) episodeCaptures(events []tps.Event) {
 	}
 }
 
-// episodeCells bounds windows × ranks (12 bytes each, 48 MiB): at 131,072
-// ranks, 32 windows; up to 80,000 ranks, 50.
-const episodeCells = 4 << 20
+// episodeCells bounds windows × ranks (20 bytes each, 50 MiB): at 131,072
+// ranks, 20 windows; up to 50,000 ranks, 50.
+const episodeCells = 5 << 19
 
 // windows splits the steady steps into at most 50 windows of at least 10
 // steps (fewer windows when the world is large).
@@ -113,7 +132,9 @@ type windows struct {
 	first []int // window → index of its first step
 	size  int
 	world int
-	sum   []float64 // window*world + rank
+	sum   []float64 // window*world + rank: own time (compute and data wait), ns
+	data  []float32 // of it, waiting for data
+	work  []float32 // the measured forward, backward and optimizer
 	n     []int32
 }
 
@@ -139,18 +160,43 @@ func newWindows(steps []tps.ClusterStep, warm []bool, world int64) *windows {
 		w.of[i] = k / size
 		k++
 	}
-	w.sum = make([]float64, len(w.first)*w.world)
-	w.n = make([]int32, len(w.first)*w.world)
+	cells := len(w.first) * w.world
+	w.sum, w.data, w.work, w.n = make([]float64, cells), make([]float32, cells), make([]float32, cells), make([]int32, cells)
 	return w
 }
 
-func (w *windows) add(step int, rank int64, computeNs float64) {
+// add notes a rank's own time at a step, and of it the data wait and the
+// measured forward, backward and optimizer (0 when not measured).
+func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
 	win := w.of[step]
 	if win < 0 || rank < 0 || rank >= int64(w.world) {
 		return
 	}
-	w.sum[win*w.world+int(rank)] += computeNs
-	w.n[win*w.world+int(rank)]++
+	k := win*w.world + int(rank)
+	w.sum[k] += ownNs
+	w.data[k] += float32(dataNs)
+	w.work[k] += float32(workNs)
+	w.n[k]++
+}
+
+// excess is rank slow's mean time beyond rank fast's in window win, by part.
+func (w *windows) excess(win, slow, fast int) EpisodeExcess {
+	ks, kf := win*w.world+slow, win*w.world+fast
+	ns, nf := float64(w.n[ks]), float64(w.n[kf])
+	if ns == 0 || nf == 0 {
+		return EpisodeExcess{}
+	}
+	own := w.sum[ks]/ns - w.sum[kf]/nf
+	data := float64(w.data[ks])/ns - float64(w.data[kf])/nf
+	ws, wf := float64(w.work[ks])/ns, float64(w.work[kf])/nf
+	e := EpisodeExcess{DataMs: data / 1e6, HostKnown: ws > 0 && wf > 0}
+	if e.HostKnown {
+		e.ComputeMs = (ws - wf) / 1e6
+		e.HostMs = (own - data - (ws - wf)) / 1e6
+	} else {
+		e.ComputeMs = (own - data) / 1e6
+	}
+	return e
 }
 
 // episodes finds the straggler episodes: per window, each rank's score is
@@ -159,16 +205,17 @@ func (w *windows) add(step int, rank int64, computeNs float64) {
 func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []StragglerEpisode {
 	type flag struct {
 		score  float64
-		excess float64 // ns: the slowest flagged rank's mean compute over the fastest's
+		excess float64 // ns: the slowest flagged rank's mean own time over the fastest's
+		parts  EpisodeExcess
 		ranks  []int64
 	}
 	nw := len(w.first)
 	flagged := map[string][]flag{} // node → per window
 	for win := 0; win < nw; win++ {
-		best := math.Inf(1)
+		best, fastest := math.Inf(1), -1
 		for r := 0; r < w.world; r++ {
-			if n := w.n[win*w.world+r]; n > 0 {
-				best = min(best, w.sum[win*w.world+r]/float64(n))
+			if n := w.n[win*w.world+r]; n > 0 && w.sum[win*w.world+r]/float64(n) < best {
+				best, fastest = w.sum[win*w.world+r]/float64(n), r
 			}
 		}
 		if best <= 0 || math.IsInf(best, 1) {
@@ -194,7 +241,7 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 				flagged[key] = f
 			}
 			if f[win].ranks == nil || score < f[win].score {
-				f[win].score, f[win].excess = score, mean-best
+				f[win].score, f[win].excess, f[win].parts = score, mean-best, w.excess(win, r, fastest)
 			}
 			f[win].ranks = append(f[win].ranks, int64(r))
 		}
@@ -248,12 +295,22 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 				if w.of[i] < 0 {
 					continue
 				}
+				p := f[w.of[i]].parts
+				e.Excess.DataMs += p.DataMs
+				e.Excess.ComputeMs += p.ComputeMs
+				e.Excess.HostMs += p.HostMs
+				e.Excess.HostKnown = p.HostKnown
 				e.Steps++
 				during += steps[i].TPS
 				d := float64(steps[i].StepTimeNs)
 				faster := max(d-f[w.of[i]].excess, d/2) // never more than twice as fast
 				without += float64(steps[i].Tokens) / (faster / 1e9)
 				e.GPUHoursLost += (d - faster) / 1e9 * float64(steps[i].WorldSize) / 3600
+			}
+			if e.Steps > 0 {
+				e.Excess.DataMs /= float64(e.Steps)
+				e.Excess.ComputeMs /= float64(e.Steps)
+				e.Excess.HostMs /= float64(e.Steps)
 			}
 			e.TPSDuring = during / float64(max(e.Steps, 1))
 			e.TPSWithout = without / float64(max(e.Steps, 1))
@@ -278,11 +335,22 @@ var throttleNames = []struct {
 	name string
 }{{0x4, "software power cap"}, {0x8, "hardware slowdown"}, {0x20, "software thermal slowdown"}, {0x40, "hardware thermal slowdown"}, {0x80, "power brake"}}
 
-// episodeCauses explains each episode from the GPU samples of its node
-// against the other nodes' over the same time.
+// episodeCauses explains each episode: the largest part of its slow
+// rank's excess own time (EpisodeExcess) when it is waiting for data or
+// host time, else slow compute, from the GPU samples of its node against
+// the other nodes' over the same time.
 func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
 	for i := range rep.Episodes {
 		e := &rep.Episodes[i]
+		x := e.Excess
+		switch {
+		case x.DataMs > 0 && x.DataMs >= x.ComputeMs && x.DataMs >= x.HostMs:
+			e.Cause = fmt.Sprintf("waiting for data: %.1f ms a step more than the fastest rank (compute %+.1f ms, host %+.1f ms): the input pipeline of the node's ranks (loader workers, storage, a slow shard)", x.DataMs, x.ComputeMs, x.HostMs)
+			continue
+		case x.HostKnown && x.HostMs > 0 && x.HostMs >= x.ComputeMs:
+			e.Cause = fmt.Sprintf("host time outside forward, backward and optimizer: %.1f ms a step more than the fastest rank (compute %+.1f ms, data %+.1f ms): launch gaps, CPU contention or Python on the node", x.HostMs, x.ComputeMs, x.DataMs)
+			continue
+		}
 		e.Cause = "slow compute on the node's ranks (no GPU samples of the node to say why)"
 		n := g.nodes[e.Node]
 		if rep.GPUSamples == 0 || n == nil || len(g.nodes) < 2 {

@@ -114,3 +114,88 @@ func TestPadding(t *testing.T) {
 		t.Errorf("text:\n%s", text.String())
 	}
 }
+
+// Three slow ranks, each slow for another reason, in one synchronous job
+// of 12 ranks on 6 nodes (2 a node), 300 steps: rank 2 waits 400 ms a step
+// for data (its compute as everyone's), rank 6 spends 400 ms a step on the
+// host outside its forward, backward and optimizer (launch gaps), rank 10
+// computes 400 ms more (forward and backward). Everyone else waits for the
+// slowest in its collectives. Each is an episode of its node, with the
+// cause and the excess (ms a step beyond the fastest rank) of its own
+// kind; the data-stalled rank's episode was not found at all when episodes
+// looked at compute alone.
+func TestStragglerEpisodeCauses(t *testing.T) {
+	const world, steps = 12, 300
+	root := t.TempDir()
+	ranks, err := trace.NewPartWriter[tps.StepRecord](root, "why", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "why", trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
+	now := int64(1.7e18)
+	recs := make([]tps.StepRecord, world)
+	// Everyone: 10 ms data, fwd 300 + bwd 500 + optim 100 ms, 90 ms host.
+	// The slow rank of the step (by turns, so that each is slow in a third
+	// of the windows) adds 400 ms of its kind; the step lasts as long as it.
+	for s := 0; s < steps; s++ {
+		slowRank := []int{2, 6, 10}[s/100]
+		d := int64(10e6 + 900e6 + 90e6 + 400e6 + 50e6) // + 50 ms of transfer
+		for r := range recs {
+			data, fwd, host := int64(10e6), int64(300e6), int64(90e6)
+			if r == slowRank {
+				switch r {
+				case 2:
+					data += 400e6
+				case 6:
+					host += 400e6
+				case 10:
+					fwd += 400e6
+				}
+			}
+			own := data + fwd + 500e6 + 100e6 + host
+			recs[r] = tps.StepRecord{Job: "why", Step: int64(s), Rank: int64(r), WorldSize: world, Node: "node-" + string(rune('0'+r/2)),
+				StartUnixNs: now, EndUnixNs: now + d, DurationNs: d, Tokens: 1000, DataWaitNs: data,
+				FwdNs: fwd, BwdNs: 500e6, OptimNs: 100e6, CommNs: 60e6 + (d - own), ExposedCommNs: d - own}
+		}
+		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks.Write(recs)
+		cluster.Write([]tps.ClusterStep{c})
+		now += d
+	}
+	ranks.Close()
+	cluster.Close()
+	rep, err := Analyze(filepath.Join(root, "why"), Options{Warmup: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Episodes) != 3 {
+		t.Fatalf("%d episodes, want 3: %+v", len(rep.Episodes), rep.Episodes)
+	}
+	want := []struct {
+		node  string
+		rank  int64
+		cause string
+		part  func(EpisodeExcess) float64
+	}{
+		{"node-1", 2, "waiting for data", func(x EpisodeExcess) float64 { return x.DataMs }},
+		{"node-3", 6, "host time outside forward, backward and optimizer", func(x EpisodeExcess) float64 { return x.HostMs }},
+		{"node-5", 10, "slow compute", func(x EpisodeExcess) float64 { return x.ComputeMs }},
+	}
+	for i, w := range want {
+		e := rep.Episodes[i]
+		if e.Node != w.node || len(e.Ranks) != 1 || e.Ranks[0] != w.rank {
+			t.Errorf("episode %d on %s ranks %v, want %s rank %d", i, e.Node, e.Ranks, w.node, w.rank)
+		}
+		if !strings.HasPrefix(e.Cause, w.cause) {
+			t.Errorf("episode %d (%s): cause %q, want %q", i, e.Node, e.Cause, w.cause)
+		}
+		// 400 ms of its kind, nothing of the others
+		x := e.Excess
+		if got := w.part(x); math.Abs(got-400) > 1 || !x.HostKnown || math.Abs(x.DataMs+x.ComputeMs+x.HostMs-400) > 1 {
+			t.Errorf("episode %d (%s): excess %+v, want 400 ms of its cause's kind alone", i, e.Node, x)
+		}
+	}
+}

@@ -161,11 +161,11 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		p.Tables = append(p.Tables, t)
 	}
 	if len(rep.Episodes) > 0 {
-		t := htmlTable{Title: "Straggler episodes", Intro: fmt.Sprintf("Spans of steps during which a node computed below %.0f%% of the fastest rank's pace, judged over windows of %d steps.", 100*tps.StragglerThreshold, rep.EpisodeWindow),
-			Head: []string{"node", "steps", "worst pace", "TPS during", "TPS had it kept pace"}}
+		t := htmlTable{Title: "Straggler episodes", Intro: fmt.Sprintf("Spans of steps during which a node's own time (compute and waiting for data) ran below %.0f%% of the fastest rank's pace, judged over windows of %d steps.", 100*tps.StragglerThreshold, rep.EpisodeWindow),
+			Head: []string{"node", "steps", "worst pace", "TPS during", "TPS had it kept pace", "cause"}}
 		for _, e := range rep.Episodes {
 			t.Rows = append(t.Rows, htmlRow{Cells: []string{e.Node, fmt.Sprintf("%d–%d (%d)", e.StartStep, e.EndStep, e.Steps), fmt.Sprintf("%.0f%%", 100*e.WorstScore),
-				tps.SI(e.TPSDuring), tps.SI(e.TPSWithout)}})
+				tps.SI(e.TPSDuring), tps.SI(e.TPSWithout), e.Cause}})
 		}
 		p.Tables = append(p.Tables, t)
 	}

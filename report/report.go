@@ -345,7 +345,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			if warm[si] {
 				continue
 			}
-			wins.add(si, r, comp)
+			// its own time (what the others wait for in a synchronous step:
+			// compute and waiting for data), and of it the data wait and the
+			// measured forward, backward and optimizer
+			wins.add(si, r, comp+float64(c.Int64[5][i]), float64(c.Int64[5][i]), float64(c.Int64[10][i]+c.Int64[11][i]+c.Int64[12][i]))
 			if pad := c.Int64[9][i]; pad > 0 {
 				realTok += c.Int64[8][i]
 				padTok += pad
@@ -833,7 +836,7 @@ func medianKeepFor(world int64) int {
 // rankColumns are the int64 columns of rank_steps the report reads (with
 // node): decoding these columns alone, page by page, is several times
 // faster than reading whole records (BENCHMARKS.md).
-var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens"}
+var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens", "fwd_ns", "bwd_ns", "optim_ns"}
 
 // computeNs is row i's compute time, as tps.StepRecord.ComputeNs defines it.
 func computeNs(c *trace.Columns, i int) int64 {
