@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -563,6 +564,14 @@ func TestLiveStragglerEpisodeCause(t *testing.T) {
 			// figure is the moving average's; the kind is what matters
 			if !strings.HasPrefix(eps[0].Cause, strings.SplitN(tc.want, ":", 2)[0]+":") {
 				t.Errorf("cause %q, want %q", eps[0].Cause, tc.want)
+			}
+			// what it costs: the 20 one-second steps since it began, each
+			// shorter by the excess had rank 2 kept pace, on 4 GPUs
+			e := eps[0]
+			x := e.ExcessMs / 1e3
+			if e.ExcessMs < 200 || e.ExcessMs > 400 || math.Abs(e.TPSIfFixed/e.TPSDuring-1/(1-x)) > 0.01 ||
+				math.Abs(e.GPUHoursLost-20*x*4/3600) > 1e-3*e.GPUHoursLost {
+				t.Errorf("excess %.1f ms, TPS %.0f during and %.0f had it kept pace, %.5f GPU-hours lost; want %.5f", e.ExcessMs, e.TPSDuring, e.TPSIfFixed, e.GPUHoursLost, 20*x*4/3600)
 			}
 		})
 	}

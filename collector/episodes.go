@@ -24,6 +24,17 @@ type LiveEpisode struct {
 	// the GPU join): waiting for data, host time, or compute. Updated
 	// while the episode lasts.
 	Cause string `json:"cause,omitempty"`
+	// ExcessMs is its slowest rank's own time a step beyond the fastest
+	// rank's (moving averages), what every rank of a synchronous step
+	// waits for. TPSDuring is the mean step TPS of its steps the collector
+	// still holds (the last 512), TPSIfFixed the same steps' TPS had each
+	// been ExcessMs shorter (at most twice as fast), and GPUHoursLost the
+	// excess times the world size over the episode's steps so far.
+	ExcessMs     float64 `json:"excess_ms"`
+	TPSDuring    float64 `json:"tps_during"`
+	TPSIfFixed   float64 `json:"tps_if_fixed"`
+	GPUHoursLost float64 `json:"gpu_hours_lost"`
+	counted      stepKey // the last step added to GPUHoursLost
 	// Capture is the automatic capture the episode's opening started
 	// (Config.AutoCapture), nil for none.
 	Capture *CaptureLink `json:"capture,omitempty"`
@@ -71,11 +82,15 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	}
 	for key, f := range flagged {
 		f.Cause = j.liveCause(worst[key], fastest)
+		if r := worst[key]; r >= 0 && r < len(j.ownEWMA) {
+			f.ExcessMs = (j.ownEWMA[r] - best) / 1e6
+		}
 	}
 	for key, e := range j.openEpisodes {
 		if f, ok := flagged[key]; ok && e.Attempt == last.Attempt {
 			e.Score, e.WorstScore, e.Ranks = f.Score, min(e.WorstScore, f.Score), mergeRanks(e.Ranks, f.Ranks)
-			e.Cause = f.Cause
+			e.Cause, e.ExcessMs = f.Cause, f.ExcessMs
+			e.whatIf(steps)
 			continue
 		}
 		end := last.Step
@@ -102,8 +117,37 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 				f.StartStep = j.slowSince[r]
 			}
 		}
+		f.counted = stepKey{f.Attempt, f.StartStep - 1}
+		f.whatIf(steps)
 		j.openEpisodes[key] = f
 		j.askCapture(cfg, t, f, key)
+	}
+}
+
+// whatIf updates the episode's TPS during and had it kept pace over the
+// recent steps since it began, and adds the steps closed since the last
+// call to its GPU-hours lost (each step's excess times its world size).
+func (e *LiveEpisode) whatIf(steps []tps.ClusterStep) {
+	excess := e.ExcessMs * 1e6
+	var during, fixed float64
+	n := 0
+	for i := range steps {
+		st := &steps[i]
+		if st.Attempt != e.Attempt || st.Step < e.StartStep || st.StepTimeNs <= 0 {
+			continue
+		}
+		d := float64(st.StepTimeNs)
+		faster := max(d-excess, d/2) // never more than twice as fast
+		n++
+		during += st.TPS
+		fixed += float64(st.Tokens) / (faster / 1e9)
+		if k := (stepKey{st.Attempt, st.Step}); st.Attempt > e.counted.attempt || (st.Attempt == e.counted.attempt && st.Step > e.counted.step) {
+			e.GPUHoursLost += (d - faster) / 1e9 * float64(st.WorldSize) / 3600
+			e.counted = k
+		}
+	}
+	if n > 0 {
+		e.TPSDuring, e.TPSIfFixed = during/float64(n), fixed/float64(n)
 	}
 }
 
