@@ -139,14 +139,49 @@ func captureRun(t *testing.T, py string) {
 	if len(v.Ranks) != 4 || len(v.Steps) != 2 || v.Steps[1] != v.Steps[0]+1 || len(v.Missing) != 0 {
 		t.Fatalf("ranks %d, steps %v, missing %v\n%s", len(v.Ranks), v.Steps, v.Missing, out.String())
 	}
+
+	// the job's own clocks (one node: one clock): at each captured step's
+	// all-reduce, each rank's arrival; want is the others' wait for the
+	// slow rank, summed over the steps and averaged over the others; leads
+	// is how long after the latest other rank the slow one came (negative
+	// where another came later still), slowWaitUs what the slow rank waited
+	arrive := map[[2]int64]int64{}
+	var extra float64
+	for _, tr := range readTruthLines[stragglerTruth](t, truth) {
+		arrive[[2]int64{tr.Rank, tr.Step}] = tr.ArriveNs
+		if tr.Rank == slowRank && (tr.Step == v.Steps[0] || tr.Step == v.Steps[1]) {
+			extra += float64(tr.ExtraNs) / 1e3
+		}
+	}
+	var want, slowWaitUs float64
+	leads := map[int64]float64{}
+	for _, step := range v.Steps {
+		last := arrive[[2]int64{slowRank, step}]
+		latestOther := int64(0)
+		for r := int64(0); r < 4; r++ {
+			a, ok := arrive[[2]int64{r, step}]
+			if !ok || last == 0 {
+				t.Fatalf("the job logged no arrival of rank %d at step %d", r, step)
+			}
+			if r != slowRank {
+				want += float64(last-a) / 1e3 / 3
+				latestOther = max(latestOther, a)
+			}
+		}
+		leads[step] = float64(last-latestOther) / 1e3
+		slowWaitUs += max(0, -leads[step])
+	}
+	t.Logf("by the job's clocks the slow rank came after the latest other by %v µs", leads)
 	for _, r := range v.Ranks {
 		if r.Steps != 2 || r.CommUs <= 0 || r.ComputeUs <= 0 || r.ExposedCommUs > r.CommUs || r.Node != "cap-node" {
 			t.Errorf("rank %d: %+v", r.Rank, r)
 		}
 		// time in collectives = waiting for the last rank + transfer: the
-		// slow rank waits for no one; the others mostly wait
-		if r.Rank == slowRank && (r.WaitUs > 0 || r.TransferUs != r.CommUs) {
-			t.Errorf("slow rank %d: waited %.1f ms, transfer %.1f of %.1f ms", r.Rank, r.WaitUs/1e3, r.TransferUs/1e3, r.CommUs/1e3)
+		// slow rank waits for no one (but for what the job's own clocks
+		// say it waited, where a loaded machine slowed another rank more);
+		// the others mostly wait
+		if r.Rank == slowRank && (r.WaitUs > slowWaitUs+5e3 || r.TransferUs > r.CommUs-r.WaitUs+1) {
+			t.Errorf("slow rank %d: waited %.1f ms (%.1f ms by the job's clocks), transfer %.1f of %.1f ms", r.Rank, r.WaitUs/1e3, slowWaitUs/1e3, r.TransferUs/1e3, r.CommUs/1e3)
 		}
 		if r.Rank != slowRank && r.WaitUs < 0.5*r.CommUs {
 			t.Errorf("rank %d: waited %.1f ms of %.1f ms in collectives", r.Rank, r.WaitUs/1e3, r.CommUs/1e3)
@@ -156,33 +191,22 @@ func captureRun(t *testing.T, py string) {
 	if v.Culprit == nil || v.Culprit.Rank != slowRank {
 		t.Fatalf("culprit %+v, want rank %d\n%s", v.Culprit, slowRank, out.String())
 	}
-	if v.Culprit.LastArrivals < 2 {
-		t.Errorf("rank %d last at %d collectives, want one per captured step at least", slowRank, v.Culprit.LastArrivals)
-	}
-	// the others' wait for it against the job's own clocks: at each
-	// captured step's all-reduce, the slow rank's arrival less each other
-	// rank's (one node: one clock), summed over the steps, averaged over
-	// the others
-	arrive := map[[2]int64]int64{}
-	var extra float64
-	for _, tr := range readTruthLines[stragglerTruth](t, truth) {
-		arrive[[2]int64{tr.Rank, tr.Step}] = tr.ArriveNs
-		if tr.Rank == slowRank && (tr.Step == v.Steps[0] || tr.Step == v.Steps[1]) {
-			extra += float64(tr.ExtraNs) / 1e3
+	// where the job's own clocks say the slow rank came last by a clear
+	// margin, the capture says so too (on a loaded machine another rank
+	// can be slower still at a step)
+	for _, c := range v.Collectives {
+		if lead := leads[c.Step]; lead > 5e3 && c.Last != slowRank {
+			t.Errorf("step %d: rank %d last by the capture; by the job's clocks rank %d came %.1f ms after the others", c.Step, c.Last, slowRank, lead/1e3)
 		}
 	}
-	var want float64
+	clearSteps := 0
 	for _, step := range v.Steps {
-		last := arrive[[2]int64{slowRank, step}]
-		for r := int64(0); r < 4; r++ {
-			a, ok := arrive[[2]int64{r, step}]
-			if !ok || last == 0 {
-				t.Fatalf("the job logged no arrival of rank %d at step %d", r, step)
-			}
-			if r != slowRank {
-				want += float64(last-a) / 1e3 / 3
-			}
+		if leads[step] > 5e3 {
+			clearSteps++
 		}
+	}
+	if v.Culprit.LastArrivals < clearSteps {
+		t.Errorf("rank %d last at %d collectives, the job's clocks say %d", slowRank, v.Culprit.LastArrivals, clearSteps)
 	}
 	ratio := v.Culprit.OthersWaitUs / want
 	t.Logf("others waited %.1f ms each for rank %d over steps %v; by the job's clocks %.1f ms (ratio %.2f); its extra work %.1f ms; held back %.1f ms; offsets %v µs",
