@@ -15,37 +15,20 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tpsprof/tpsprof/client"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/internal/ratelog"
 	"github.com/tpsprof/tpsprof/internal/safefs"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
-// DefaultSocket is the intake socket path when none is given:
-// $XDG_RUNTIME_DIR/tpsprof.sock, else /tmp/tpsprof-$UID.sock.
-func DefaultSocket() string { return client.UserSocket() }
-
-// Client is the light client training code uses (package client, which
-// links neither NATS, Prometheus nor NVML); kept here for existing callers.
-type (
-	Client        = client.Client
-	ClientOptions = client.Options
-)
-
-// NewClient is client.New.
-func NewClient(path string, opt ClientOptions) *Client { return client.New(path, opt) }
-
-// NATSOptions configure the connection to NATS (URL, credentials, TLS).
-type NATSOptions = natsconn.Options
-
 // Config configures an Agent.
 type Config struct {
-	// Socket is the intake socket path (default DefaultSocket()).
+	// Socket is the intake socket path (default client.DefaultSocket()).
 	Socket string
 	// SocketMode is the socket's permission bits (default 0600: owner only).
 	SocketMode os.FileMode
 	// NATS is where to publish.
-	NATS NATSOptions
+	NATS natsconn.Options
 	// Node names this machine in records and subjects (default: host name).
 	Node string
 	// GPUUUIDs maps local_rank to the GPU's UUID, for records that leave
@@ -122,7 +105,7 @@ type Config struct {
 
 func (c *Config) defaults() error {
 	if c.Socket == "" {
-		c.Socket = DefaultSocket()
+		c.Socket = client.DefaultSocket()
 	}
 	if c.SocketMode == 0 {
 		c.SocketMode = 0o600

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 )
 

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"context"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tpsprof/tpsprof/client"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -27,7 +27,7 @@ func TestClientNeverBlocksTraining(t *testing.T) {
 	}
 	defer ln.Close()
 	for name, path := range map[string]string{"missing": filepath.Join(dir, "none.sock"), "stuck": stuck} {
-		c := NewClient(path, ClientOptions{Queue: 256, WriteTimeout: 100 * time.Millisecond})
+		c := client.New(path, client.Options{Queue: 256, WriteTimeout: 100 * time.Millisecond})
 		rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "j", WorldSize: 1}, c)
 		var worst time.Duration
 		for i := 0; i < 20000; i++ {
@@ -50,7 +50,7 @@ func TestClientNeverBlocksTraining(t *testing.T) {
 func BenchmarkClientRecordStep(b *testing.B) {
 	dir, _ := os.MkdirTemp("", "tpsprof-clientb")
 	defer os.RemoveAll(dir)
-	c := NewClient(filepath.Join(dir, "none.sock"), ClientOptions{})
+	c := client.New(filepath.Join(dir, "none.sock"), client.Options{})
 	defer c.Close(time.Second)
 	r := tps.StepRecord{Job: "j", WorldSize: 1, Tokens: 1, StartUnixNs: tps.MinUnixNs, EndUnixNs: tps.MinUnixNs + 1, DurationNs: 1}
 	b.ReportAllocs()
@@ -65,7 +65,7 @@ func BenchmarkClientRecordStep(b *testing.B) {
 func TestIdleIntakeConnections(t *testing.T) {
 	dir, _ := os.MkdirTemp("", "tpsprof-idle")
 	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: NATSOptions{URL: "nats://127.0.0.1:1"}, MaxConnections: 8, IdleTimeout: time.Second})
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: "nats://127.0.0.1:1"}, MaxConnections: 8, IdleTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestIdleIntakeConnections(t *testing.T) {
 		}
 	}()
 	time.Sleep(600 * time.Millisecond)
-	c := NewClient(a.Socket(), ClientOptions{})
+	c := client.New(a.Socket(), client.Options{})
 	rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "idle", WorldSize: 1}, c)
 	rec.Start(0)
 	rec.End(10)
@@ -107,7 +107,7 @@ func TestIdleIntakeConnections(t *testing.T) {
 func TestBlankLinesDoNotHoldTheIntake(t *testing.T) {
 	dir, _ := os.MkdirTemp("", "tpsprof-blank")
 	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: NATSOptions{URL: "nats://127.0.0.1:1"}, MaxConnections: 4, IdleTimeout: 2 * time.Second})
+	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: "nats://127.0.0.1:1"}, MaxConnections: 4, IdleTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestBlankLinesDoNotHoldTheIntake(t *testing.T) {
 		}(c, i%2 == 1)
 	}
 	time.Sleep(1500 * time.Millisecond) // past half the idle timeout
-	c := NewClient(a.Socket(), ClientOptions{})
+	c := client.New(a.Socket(), client.Options{})
 	rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "blank", WorldSize: 1}, c)
 	rec.Start(0)
 	rec.End(10)
@@ -154,8 +154,8 @@ func TestBlankLinesDoNotHoldTheIntake(t *testing.T) {
 	}
 }
 
-// An agent does not take over, nor launch send to, a socket another user
-// squats on the default path; each says whose it is.
+// An agent does not take over a socket another user squats on the default
+// path; it says whose it is (launch's own test: package launch).
 func TestSquattedSocket(t *testing.T) {
 	if os.Getuid() != 0 {
 		t.Skip("needs root to give the socket to another uid")
@@ -169,51 +169,7 @@ func TestSquattedSocket(t *testing.T) {
 	}
 	defer ln.Close()
 	os.Chown(path, 4242, 4242)
-	if _, err := Start(Config{Socket: path, NATS: NATSOptions{URL: "nats://127.0.0.1:1"}}); err == nil || !strings.Contains(err.Error(), "uid 4242") {
+	if _, err := Start(Config{Socket: path, NATS: natsconn.Options{URL: "nats://127.0.0.1:1"}}); err == nil || !strings.Contains(err.Error(), "uid 4242") {
 		t.Errorf("agent start on a squatted socket: %v", err)
-	}
-	var stderr strings.Builder
-	code, err := Launch(context.Background(), LaunchConfig{Job: "j", Agent: Config{Socket: path}, Command: []string{"true"}, Stdout: io.Discard, Stderr: &stderr, PythonDir: "-"})
-	if code != 2 || err == nil || !strings.Contains(err.Error(), "uid 4242") {
-		t.Errorf("launch on a squatted socket: exit %d, %v", code, err)
-	}
-}
-
-// The command launch runs gets no NATS secret: its ranks write to the
-// agent's socket, and a token in their environment would let any of them
-// forge records into any job or delete the durable stream.
-func TestLaunchKeepsNATSSecretsFromRanks(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "a.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go io.Copy(io.Discard, c)
-		}
-	}()
-	t.Setenv("TPSPROF_NATS_TOKEN", "s3cret-token")
-	t.Setenv("TPSPROF_NATS_PASSWORD", "s3cret-pass")
-	t.Setenv("TPSPROF_UNRELATED", "kept")
-	envFile := filepath.Join(dir, "env")
-	var stderr strings.Builder
-	code, err := Launch(context.Background(), LaunchConfig{Job: "j", Agent: Config{Socket: path},
-		Command: []string{"sh", "-c", "env > " + envFile}, Stdout: io.Discard, Stderr: &stderr, PythonDir: "-"})
-	if code != 0 || err != nil {
-		t.Fatalf("launch: exit %d, %v\n%s", code, err, stderr.String())
-	}
-	env, err := os.ReadFile(envFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(env), "s3cret") || !strings.Contains(string(env), "TPSPROF_UNRELATED=kept") || !strings.Contains(string(env), EnvJob+"=j") {
-		t.Errorf("the command's environment:\n%s", env)
 	}
 }

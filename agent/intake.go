@@ -166,10 +166,6 @@ func discardLine(r *bufio.Reader) bool {
 	}
 }
 
-// HandleLine processes one intake line as the socket does (exported for
-// fuzzing and for embedding the intake elsewhere).
-func (a *Agent) HandleLine(line []byte) { a.handleLineFrom(line, nil) }
-
 // connInfo is what the agent knows of one intake connection: when it last
 // sent an accepted line, and the rank whose step records it carries (for
 // on-demand captures, which are written back on the connection).

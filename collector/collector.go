@@ -18,15 +18,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/internal/ratelog"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 	"github.com/tpsprof/tpsprof/wire"
 )
-
-// NATSOptions configure the connection to NATS (URL, credentials, TLS).
-type NATSOptions = natsconn.Options
 
 // defaultMetaWait is Config.MetaWait's default.
 var defaultMetaWait = 2 * time.Second
@@ -37,7 +34,7 @@ type Config struct {
 	OutDir string
 	// NATS is where agents publish. The caller starts the embedded server
 	// when the user gives none (tpsprof collector does).
-	NATS NATSOptions
+	NATS natsconn.Options
 	// Grace is how long a step stays open for missing ranks after its first
 	// record (default 30s).
 	Grace time.Duration

@@ -6,7 +6,7 @@ package main
 import (
 	"os"
 
-	"github.com/tpsprof/tpsprof/internal/cli"
+	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/cli"
 )
 
 func main() {

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tpsprof/tpsprof/internal/demo"
+	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/demo"
 )
 
 func run(t *testing.T, args ...string) (stdout, stderr string, code int) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -122,13 +123,13 @@ func TestNATSClusterServerKilled(t *testing.T) {
 	nc.Close()
 
 	out := t.TempDir()
-	col, err := collector.New(collector.Config{OutDir: out, NATS: collector.NATSOptions{URL: c.url()}, Durable: true, StreamReplicas: 3,
+	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: c.url()}, Durable: true, StreamReplicas: 3,
 		Grace: 20 * time.Second, Writer: trace.WriterOptions{PartAge: 300 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(dir, "a.sock")
-	a, err := agent.Start(agent.Config{Socket: sock, NATS: agent.NATSOptions{URL: c.url()}, Durable: true, Node: "n0", FlushInterval: 10 * time.Millisecond})
+	a, err := agent.Start(agent.Config{Socket: sock, NATS: natsconn.Options{URL: c.url()}, Durable: true, Node: "n0", FlushInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,8 +14,9 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/client"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -124,9 +125,9 @@ func TestEndToEndClusterTPS(t *testing.T) {
 	}
 	e.agents[0].Flush(time.Second)
 	e.col.Sync(time.Second)
-	clients := make([]*agent.Client, 8)
+	clients := make([]*client.Client, 8)
 	for r := range clients {
-		clients[r] = agent.NewClient(e.agents[r/4].Socket(), agent.ClientOptions{})
+		clients[r] = client.New(e.agents[r/4].Socket(), client.Options{})
 	}
 	const steps = 20
 	for s := int64(0); s < steps; s++ {
@@ -139,7 +140,7 @@ func TestEndToEndClusterTPS(t *testing.T) {
 		}
 	}
 	// a duplicate of rank 3's step 4 through another connection
-	dup := agent.NewClient(e.agents[0].Socket(), agent.ClientOptions{})
+	dup := client.New(e.agents[0].Socket(), client.Options{})
 	dup.RecordStep(stepRec("e2e", 4, 3, 8, 65536, 1e9))
 	for _, c := range append(clients, dup) {
 		c.Close(5 * time.Second)
@@ -192,7 +193,7 @@ func TestEndToEndClusterTPS(t *testing.T) {
 // as late and does not change the closed row.
 func TestEndToEndMissingAndLateRanks(t *testing.T) {
 	e := startEnv(t, 1, 300*time.Millisecond)
-	c := agent.NewClient(e.agents[0].Socket(), agent.ClientOptions{})
+	c := client.New(e.agents[0].Socket(), client.Options{})
 	for r := int64(0); r < 3; r++ { // rank 3 of 4 is missing
 		c.RecordStep(stepRec("miss", 0, r, 4, 100, 1e9))
 	}
@@ -207,7 +208,7 @@ func TestEndToEndMissingAndLateRanks(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	late := agent.NewClient(e.agents[0].Socket(), agent.ClientOptions{})
+	late := client.New(e.agents[0].Socket(), client.Options{})
 	late.RecordStep(stepRec("miss", 0, 3, 4, 100, 1e9))
 	late.RecordStep(stepRec("miss", 0, 3, 4, 100, 1e9)) // and its duplicate
 	late.Close(5 * time.Second)
@@ -304,7 +305,7 @@ func TestFloodingRankIsLimited(t *testing.T) {
 	}
 	c.Write(flood)
 	c.Close()
-	calm := agent.NewClient(a.Socket(), agent.ClientOptions{})
+	calm := client.New(a.Socket(), client.Options{})
 	for s := int64(0); s < 10; s++ {
 		calm.RecordStep(stepRec("calm", s, 0, 1, 1, 1e9))
 	}

@@ -19,10 +19,12 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/client"
+	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/demo"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/demo"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/launch"
 	"github.com/tpsprof/tpsprof/mfu"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -274,7 +276,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 `+natsEnvHelp, stderr)
 	var no natsconn.Options
 	natsFlags(fs, &no)
-	socket := fs.String("socket", agent.DefaultSocket(), "intake unix socket the ranks write JSON lines to")
+	socket := fs.String("socket", client.DefaultSocket(), "intake unix socket the ranks write JSON lines to")
 	mode := fs.Uint("socket-mode", 0o600, "permission bits of the socket (default owner only; 0660 lets the group write)")
 	traceDir := fs.String("trace-dir", "", "folder where ranks write sampled profiler traces for the agent to analyse (default SOCKET.traces)")
 	keepTraces := fs.Bool("keep-traces", false, "keep sampled profiler traces after analysing them")
@@ -375,11 +377,11 @@ restart count to the attempt inside the ranks.
 `+natsEnvHelp, stderr)
 	var no natsconn.Options
 	natsFlags(fs, &no)
-	job := fs.String("job", os.Getenv(agent.EnvJob), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB)")
+	job := fs.String("job", os.Getenv(launch.EnvJob), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB)")
 	attempt := fs.Int64("attempt", -1, "attempt of this launch (default: asked of the collector, see below)")
 	auto := fs.Bool("auto", false, "zero-code capture: instrument the Python training script without changing it")
 	pyDir := fs.String("python-dir", "", "where the Python package is unpacked for PYTHONPATH (default: the user cache dir; - for none)")
-	socket := fs.String("socket", agent.DefaultSocket(), "intake socket of the node's agent")
+	socket := fs.String("socket", client.DefaultSocket(), "intake socket of the node's agent")
 	var topo tps.Topology
 	fs.IntVar(&topo.DP, "dp", 0, "data-parallel size")
 	fs.IntVar(&topo.TP, "tp", 0, "tensor-parallel size")
@@ -459,7 +461,7 @@ restart count to the attempt inside the ranks.
 	if *attempt < -1 {
 		return usageErr(stderr, cmd, "--attempt %d: give 0 or more", *attempt)
 	}
-	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: *job, Attempt: max(*attempt, 0),
+	code, err := launch.Run(context.Background(), launch.Config{Job: *job, Attempt: max(*attempt, 0),
 		ChooseAttempt: *attempt < 0, Auto: *auto, PythonDir: *pyDir, Meta: meta,
 		Agent: acfg, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
 	if acfg.GPU != nil {

@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 )
 
 // BenchmarkPythonHook: the Python hook's cost per training step, sending
 // to a real agent, against a bare loop in the same Python process.
 //
-//	go test -run '^$' -bench PythonHook -benchtime 1x ./internal/e2e/
+//	go test -run '^$' -bench PythonHook -benchtime 1x ./cmd/tpsprof/e2e/
 func BenchmarkPythonHook(b *testing.B) {
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
 	if err != nil {
@@ -36,7 +36,7 @@ func BenchmarkPythonHook(b *testing.B) {
 		b.Fatal(err)
 	}
 	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "examples", "pytorch", "bench_hook.py")
+	script := filepath.Join(filepath.Dir(file), "..", "..", "..", "examples", "pytorch", "bench_hook.py")
 	cmd := exec.Command(py, script, "--steps", "20000")
 	cmd.Env = append(os.Environ(), "TPSPROF_SOCKET="+a.Socket())
 	out, err := cmd.Output()
@@ -64,7 +64,7 @@ func BenchmarkPythonHook(b *testing.B) {
 // and the same on a near-empty step for the per-step cost. One run per
 // call; run with -benchtime 1x:
 //
-//	go test -run '^$' -bench BenchmarkTorchStepOverhead -benchtime 1x ./internal/e2e
+//	go test -run '^$' -bench BenchmarkTorchStepOverhead -benchtime 1x ./cmd/tpsprof/e2e
 func BenchmarkTorchStepOverhead(b *testing.B) {
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
 	if err != nil {
@@ -89,7 +89,7 @@ func BenchmarkTorchStepOverhead(b *testing.B) {
 		b.Fatal("no Python with PyTorch: install Debian's python3-torch")
 	}
 	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "examples", "pytorch", "bench_torch.py")
+	script := filepath.Join(filepath.Dir(file), "..", "..", "..", "examples", "pytorch", "bench_torch.py")
 	for i := 0; i < b.N; i++ {
 		cmd := exec.Command(py, script)
 		cmd.Env = append(os.Environ(), "TPSPROF_SOCKET="+a.Socket(), "TPSPROF_JOB=bench-torch")

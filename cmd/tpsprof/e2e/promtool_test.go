@@ -13,7 +13,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 )
 
 // promtool is Debian's prometheus package's; .ci/run installs it.
@@ -28,7 +28,7 @@ func promtool(t *testing.T) string {
 // The example rules load and pass their unit tests.
 func TestPrometheusRules(t *testing.T) {
 	bin := promtool(t)
-	dir := filepath.Join("..", "..", "examples", "prometheus")
+	dir := filepath.Join("..", "..", "..", "examples", "prometheus")
 	for _, args := range [][]string{{"check", "rules", "tpsprof-rules.yml"}, {"test", "rules", "tpsprof-rules_test.yml"}} {
 		cmd := exec.Command(bin, args...)
 		cmd.Dir = dir
@@ -47,14 +47,14 @@ func TestMetricsPassPromtool(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Shutdown()
-	col, err := collector.New(collector.Config{OutDir: t.TempDir(), NATS: collector.NATSOptions{URL: srv.URL()}, Grace: time.Minute})
+	col, err := collector.New(collector.Config{OutDir: t.TempDir(), NATS: natsconn.Options{URL: srv.URL()}, Grace: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer col.Close()
 	dir, _ := os.MkdirTemp("", "tpsprof-prom")
 	defer os.RemoveAll(dir)
-	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: agent.NATSOptions{URL: srv.URL()}, FlushInterval: 10 * time.Millisecond})
+	a, err := agent.Start(agent.Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, FlushInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

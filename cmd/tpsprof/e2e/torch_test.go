@@ -16,8 +16,9 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/launch"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -73,7 +74,7 @@ func torchMajor(py string) int {
 	return major
 }
 
-// launchTorch runs cmd under agent.Launch with an agent of its own and
+// launchTorch runs cmd under launch.Run with an agent of its own and
 // returns the Parquet folder of the job once the collector has closed.
 func launchTorch(t *testing.T, job string, auto bool, cmd []string) (string, string) {
 	t.Helper()
@@ -81,7 +82,7 @@ func launchTorch(t *testing.T, job string, auto bool, cmd []string) (string, str
 	var log bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	code, err := agent.Launch(ctx, agent.LaunchConfig{Job: job, ChooseAttempt: true, Auto: auto, PythonDir: t.TempDir(),
+	code, err := launch.Run(ctx, launch.Config{Job: job, ChooseAttempt: true, Auto: auto, PythonDir: t.TempDir(),
 		Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "torch-node"},
 		Command: cmd, Stdout: &log, Stderr: &log})
 	if err != nil {
@@ -230,7 +231,7 @@ func TestRerunIsANewAttempt(t *testing.T) {
 	run := func(want int64) {
 		t.Helper()
 		var log bytes.Buffer
-		code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: "rerun", ChooseAttempt: true, PythonDir: "-",
+		code, err := launch.Run(context.Background(), launch.Config{Job: "rerun", ChooseAttempt: true, PythonDir: "-",
 			Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"},
 			Command: []string{python(t), filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"), "--steps", "5", "--synthetic"},
 			Stdout:  &log, Stderr: &log})
@@ -321,7 +322,7 @@ func TestTorchTraceSampling(t *testing.T) {
 	py := torchPython(t)
 	srv, col, out, sock := launchEnv(t)
 	var log bytes.Buffer
-	code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: "sampled", PythonDir: t.TempDir(),
+	code, err := launch.Run(context.Background(), launch.Config{Job: "sampled", PythonDir: t.TempDir(),
 		Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"},
 		Command: torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
 			"--steps", "6", "--batch", "2", "--seq", "16", "--vocab", "128", "--dim", "32"),

@@ -16,10 +16,11 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/capture"
+	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/cli"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/cli"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/launch"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -60,7 +61,7 @@ func captureRun(t *testing.T, py string) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		code, lerr = agent.Launch(ctx, agent.LaunchConfig{Job: job, PythonDir: t.TempDir(),
+		code, lerr = launch.Run(ctx, launch.Config{Job: job, PythonDir: t.TempDir(),
 			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "cap-node"},
 			Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "straggler_train.py"),
 				"--slow-rank", strconv.Itoa(slowRank), "--slow-ms", strconv.FormatFloat(slowMs, 'f', -1, 64),
@@ -273,7 +274,7 @@ func TestAutoCaptureOnEpisode(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		agent.Launch(context.Background(), agent.LaunchConfig{Job: job, PythonDir: t.TempDir(),
+		launch.Run(context.Background(), launch.Config{Job: job, PythonDir: t.TempDir(),
 			Agent: agent.Config{Socket: filepath.Join(sockDir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "auto-node"},
 			Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "straggler_train.py"),
 				"--slow-rank", strconv.Itoa(slowRank), "--slow-ms", "40", "--stop", stop, "--truth", filepath.Join(dir, "truth")),

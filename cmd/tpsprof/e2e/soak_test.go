@@ -16,7 +16,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 	"github.com/tpsprof/tpsprof/wire"
@@ -30,7 +30,7 @@ import (
 //
 // The short version runs in CI. The long one (256 ranks × 20,000 steps):
 //
-//	TPSPROF_SOAK=long go test -run TestSoak -timeout 2h -v ./internal/e2e/
+//	TPSPROF_SOAK=long go test -run TestSoak -timeout 2h -v ./cmd/tpsprof/e2e/
 func TestSoak(t *testing.T) {
 	nodes, perNode, steps := 8, 16, 150
 	if os.Getenv("TPSPROF_SOAK") == "long" {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 )
 
 // Every metric the Grafana dashboard queries is one the collector or the

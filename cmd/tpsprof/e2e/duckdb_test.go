@@ -10,7 +10,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/tpsprof/tpsprof/internal/demo"
+	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/demo"
 	"github.com/tpsprof/tpsprof/report"
 )
 

@@ -12,7 +12,8 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/launch"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -40,7 +41,7 @@ func launchEnv(t *testing.T) (*natsconn.Embedded, *collector.Collector, string, 
 func TestLaunchRunsCommandWithAgent(t *testing.T) {
 	srv, col, out, sock := launchEnv(t)
 	var stdout bytes.Buffer
-	code, err := agent.Launch(context.Background(), agent.LaunchConfig{
+	code, err := launch.Run(context.Background(), launch.Config{
 		Job: "launched", Attempt: 2,
 		Meta:    tps.RunMeta{Topology: tps.Topology{DP: 1}, ModelPreset: "llama3-8b", GPU: "h100-sxm"},
 		Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "launch-node"},
@@ -85,13 +86,13 @@ func TestLaunchRunsCommandWithAgent(t *testing.T) {
 func TestLaunchExitCodeAndSignals(t *testing.T) {
 	srv, col, _, sock := launchEnv(t)
 	defer col.Close()
-	cfg := agent.LaunchConfig{Job: "codes", Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}}}
+	cfg := launch.Config{Job: "codes", Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}}}
 	cfg.Command = []string{"sh", "-c", "exit 7"}
-	if code, _ := agent.Launch(context.Background(), cfg); code != 7 {
+	if code, _ := launch.Run(context.Background(), cfg); code != 7 {
 		t.Errorf("exit code: got %d, want 7", code)
 	}
 	cfg.Command = []string{"/nonexistent/binary"}
-	if code, err := agent.Launch(context.Background(), cfg); code != 127 || err == nil {
+	if code, err := launch.Run(context.Background(), cfg); code != 127 || err == nil {
 		t.Errorf("missing command: got %d %v, want 127 and an error", code, err)
 	}
 	// SIGTERM to the launcher is forwarded: the child dies of it (128+15).
@@ -99,7 +100,7 @@ func TestLaunchExitCodeAndSignals(t *testing.T) {
 	cfg.Command = []string{"sh", "-c", "touch " + ready + "; exec sleep 30"}
 	done := make(chan int, 1)
 	go func() {
-		code, _ := agent.Launch(context.Background(), cfg)
+		code, _ := launch.Run(context.Background(), cfg)
 		done <- code
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -123,7 +124,7 @@ func TestLaunchExitCodeAndSignals(t *testing.T) {
 		t.Fatal("SIGTERM was not forwarded")
 	}
 	cfg.Job = "bad job"
-	if code, err := agent.Launch(context.Background(), cfg); code != 2 || err == nil {
+	if code, err := launch.Run(context.Background(), cfg); code != 2 || err == nil {
 		t.Errorf("bad job id: got %d %v", code, err)
 	}
 }
@@ -153,7 +154,7 @@ func TestAutoChainsSiteCustomize(t *testing.T) {
 		if c.name == "raises" {
 			cmd = []string{python(t), "-c", "print('script ran')"}
 		}
-		code, err := agent.Launch(context.Background(), agent.LaunchConfig{Job: "site", Auto: true, PythonDir: t.TempDir(),
+		code, err := launch.Run(context.Background(), launch.Config{Job: "site", Auto: true, PythonDir: t.TempDir(),
 			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n"}, Command: cmd, Stdout: &out, Stderr: &out})
 		if err != nil || code != 0 {
 			t.Fatalf("%s: code %d err %v\n%s", c.name, code, err, out.String())

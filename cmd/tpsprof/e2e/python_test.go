@@ -18,7 +18,7 @@ import (
 
 func repoRoot(t *testing.T) string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
 }
 
 func python(t *testing.T) string {

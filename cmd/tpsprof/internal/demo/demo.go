@@ -1,7 +1,7 @@
 // Package demo runs a whole simulated job through the real product: the
 // embedded nats-server, a collector, one real agent per node with its unix
 // socket, and ranks that time their steps with tps.Recorder and send them
-// through agent.Client, i.e. through the socket intake. The simulation has
+// through client.Client, i.e. through the socket intake. The simulation has
 // jitter, warm-up steps, one straggler node, a communication-heavy phase, a
 // checkpoint and evaluation gaps, so every part of the output has something
 // to show.
@@ -23,9 +23,10 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/client"
 	"github.com/tpsprof/tpsprof/collector"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
 	"github.com/tpsprof/tpsprof/mfu"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -206,11 +207,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return Result{}, err
 	}
 
-	clients := make([]*agent.Client, world)
+	clients := make([]*client.Client, world)
 	recs := make([]*tps.Recorder, world)
 	for r := 0; r < world; r++ {
 		node := r / cfg.GPUsPerNode
-		clients[r] = agent.NewClient(agents[node].Socket(), agent.ClientOptions{Queue: 8192})
+		clients[r] = client.New(agents[node].Socket(), client.Options{Queue: 8192})
 		lr := int32(r % cfg.GPUsPerNode)
 		recs[r], err = tps.NewRecorder(tps.RecorderConfig{Job: cfg.Job, Rank: int64(r), WorldSize: int64(world),
 			Topology: cfg.Topology, LocalRank: &lr}, clients[r])

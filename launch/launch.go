@@ -1,4 +1,8 @@
-package agent
+// Package launch runs a training command under tpsprof: the rank
+// environment (socket, job, attempt, node, topology, the Python package on
+// PYTHONPATH), an agent started in process when none serves the node, and
+// the attempt's start and end events.
+package launch
 
 import (
 	"context"
@@ -19,8 +23,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/client"
-	"github.com/tpsprof/tpsprof/internal/natsconn"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/python"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
@@ -42,8 +47,8 @@ const (
 // launch) rather than start the next attempt.
 const JoinWindow = 5 * time.Minute
 
-// LaunchConfig describes a command to run under tpsprof.
-type LaunchConfig struct {
+// Config describes a command to run under tpsprof.
+type Config struct {
 	Job     string
 	Attempt int64
 	// ChooseAttempt asks the collector which attempt this launch is
@@ -64,7 +69,7 @@ type LaunchConfig struct {
 	Meta tps.RunMeta
 	// Agent configures the in-process agent started when no agent serves
 	// Agent.Socket yet. Its NATS URL is needed only then.
-	Agent          Config
+	Agent          agent.Config
 	Command        []string
 	Stdout, Stderr io.Writer
 	// Env is added to the command's environment.
@@ -76,23 +81,23 @@ func FormatTopology(t tps.Topology) string {
 	return fmt.Sprintf("dp=%d,tp=%d,pp=%d,cp=%d,ep=%d", max(t.DP, 1), max(t.TP, 1), max(t.PP, 1), max(t.CP, 1), max(t.EP, 1))
 }
 
-// Launch runs the command with what a rank needs in its environment,
+// Run runs the command with what a rank needs in its environment,
 // starting an agent in process if none serves the node, and records
 // attempt_start and attempt_end events. SIGINT and SIGTERM are forwarded to
 // the command. It returns the command's exit code (128+signal when killed
 // by one).
-func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
+func Run(ctx context.Context, cfg Config) (int, error) {
 	if !tps.ValidJobID(cfg.Job) {
-		return 2, fmt.Errorf("agent: launch: invalid job id %q (1-64 characters of [A-Za-z0-9_-])", cfg.Job)
+		return 2, fmt.Errorf("launch: invalid job id %q (1-64 characters of [A-Za-z0-9_-])", cfg.Job)
 	}
 	if len(cfg.Command) == 0 {
-		return 2, errors.New("agent: launch: no command")
+		return 2, errors.New("launch: no command")
 	}
 	if cfg.Attempt < 0 {
-		return 2, fmt.Errorf("agent: launch: attempt %d is negative", cfg.Attempt)
+		return 2, fmt.Errorf("launch: attempt %d is negative", cfg.Attempt)
 	}
 	if cfg.Agent.Socket == "" {
-		cfg.Agent.Socket = DefaultSocket()
+		cfg.Agent.Socket = client.DefaultSocket()
 	}
 	cfg.Meta.Job = cfg.Job
 	if cfg.Stderr == nil {
@@ -113,11 +118,11 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 	var node string
 	var stop func()
 	if err := client.CheckSocket(cfg.Agent.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 2, fmt.Errorf("agent: launch: %w", err)
+		return 2, fmt.Errorf("launch: %w", err)
 	}
 	if c, err := net.DialTimeout("unix", cfg.Agent.Socket, 200*time.Millisecond); err == nil {
 		c.Close()
-		cl := NewClient(cfg.Agent.Socket, ClientOptions{})
+		cl := client.New(cfg.Agent.Socket, client.Options{})
 		if cfg.Meta.Topology != (tps.Topology{}) || cfg.Meta.ModelPreset != "" || cfg.Meta.Model != nil {
 			cl.SendMeta(cfg.Meta)
 		}
@@ -126,9 +131,9 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 		node, _ = os.Hostname()
 	} else {
 		if cfg.Agent.NATS.URL == "" {
-			return 2, fmt.Errorf("agent: launch: no agent serves %s and no NATS URL was given to start one (run a collector and pass its URL)", cfg.Agent.Socket)
+			return 2, fmt.Errorf("launch: no agent serves %s and no NATS URL was given to start one (run a collector and pass its URL)", cfg.Agent.Socket)
 		}
-		a, err := Start(cfg.Agent)
+		a, err := agent.Start(cfg.Agent)
 		if err != nil {
 			return 1, err
 		}
@@ -152,7 +157,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 		EnvJob+"="+cfg.Job,
 		EnvAttempt+"="+strconv.FormatInt(cfg.Attempt, 10),
 		EnvNode+"="+node,
-		EnvTraceDir+"="+traceDir(cfg.Agent),
+		agent.EnvTraceDir+"="+traceDir(cfg.Agent),
 	)
 	if cfg.Meta.Topology != (tps.Topology{}) {
 		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
@@ -169,7 +174,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (int, error) {
 	if err := cmd.Start(); err != nil {
 		send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: node, Rank: -1,
 			StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: 127, Detail: truncateDetail(err.Error())})
-		return 127, fmt.Errorf("agent: launch: %w", err)
+		return 127, fmt.Errorf("launch: %w", err)
 	}
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -237,7 +242,7 @@ func truncateDetail(s string) string {
 
 // pythonEnv puts the tpsprof Python package (extracted from the binary) on
 // PYTHONPATH, and with Auto its zero-code boot folder too.
-func pythonEnv(cfg LaunchConfig) ([]string, error) {
+func pythonEnv(cfg Config) ([]string, error) {
 	if cfg.PythonDir == "-" {
 		if cfg.Auto {
 			return []string{EnvAuto + "=1"}, errors.New("--auto without the package on PYTHONPATH: install it (pip install python/)")
@@ -296,9 +301,9 @@ func ChooseAttempt(o natsconn.Options, job string, now time.Time) (int64, string
 }
 
 // traceDir is the trace folder of the agent a launch uses.
-func traceDir(c Config) string {
+func traceDir(c agent.Config) string {
 	if c.TraceDir != "" {
 		return c.TraceDir
 	}
-	return DefaultTraceDir(c.Socket)
+	return agent.DefaultTraceDir(c.Socket)
 }
