@@ -492,3 +492,57 @@ class ModuleStateTest(unittest.TestCase):
                 pass
         finally:
             b.close(timeout=1)
+
+
+class InstanceForwardTest(unittest.TestCase):
+    """The watched module's forward is timed by a method on its instance
+    (no module hooks: Module._call_impl keeps its fast path); what the
+    module does otherwise is unchanged."""
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, input_ids, attention_mask=None):
+            return self.lin(input_ids)
+
+    def test_timed_copied_pickled_inspected_and_removed(self):
+        import copy
+        import inspect
+        import pickle
+        sink = Sink()
+        model = self.Net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job="f", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        try:
+            self.assertFalse(model._forward_pre_hooks or model._forward_hooks)
+            # frameworks read the forward's parameters to pick a batch's columns
+            self.assertEqual(list(inspect.signature(model.forward).parameters), ["input_ids", "attention_mask"])
+            x = torch.randn(2, 4)
+            for _ in range(3):
+                model(x).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            prof._settle_step()
+            self.assertEqual(prof.step_number, 3)
+            # a copy (an EMA model) runs its own weights, untimed
+            ema = copy.deepcopy(model)
+            self.assertIs(ema.forward.__self__, ema)
+            with torch.no_grad():
+                ema.lin.weight.add_(1.0)
+                self.assertFalse(torch.equal(ema(x), model(x)))
+            n = prof.step_number
+            ema(x).sum().backward()
+            self.assertEqual(prof.step_number, n)
+            self.assertIsNone(prof._cur)
+            # a pickled model (torch.save of the whole module) loads as a plain one
+            back = pickle.loads(pickle.dumps(model))
+            self.assertNotIn("_tpsprof", repr(type(back.__dict__.get("forward", None))))
+            self.assertTrue(torch.equal(back(x), model(x)))
+            self.assertIs(back.forward.__func__, self.Net.forward)
+        finally:
+            prof.close(timeout=1)
+        self.assertNotIn("forward", model.__dict__)
+        self.assertNotIn("zero_grad", model.__dict__)
+        self.assertNotIn("zero_grad", opt.__dict__)

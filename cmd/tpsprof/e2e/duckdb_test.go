@@ -46,7 +46,7 @@ func TestDuckDBReadsTraces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "duckdb_check.mjs")
+	script := filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_check.mjs")
 	// Node resolves packages from the script's folder upwards; point it at the cache.
 	work := t.TempDir()
 	os.Symlink(mods, filepath.Join(work, "node_modules"))
@@ -104,7 +104,7 @@ func TestDuckDBAgreesWithReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "duckdb_report.mjs")
+	script := filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_report.mjs")
 	work := t.TempDir()
 	os.Symlink(mods, filepath.Join(work, "node_modules"))
 	b, _ := os.ReadFile(script)

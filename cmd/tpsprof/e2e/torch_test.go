@@ -204,7 +204,7 @@ func equalSteps(a, b []int64) bool {
 // all-reduces timed, real and padded tokens counted from the attention mask.
 func TestTorchZeroCode(t *testing.T) {
 	py := torchPython(t)
-	dir, log := launchTorch(t, "zero-code", true, torchrun(py, 2, filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "plain_ddp.py")))
+	dir, log := launchTorch(t, "zero-code", true, torchrun(py, 2, filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "plain_ddp.py")))
 	if !strings.Contains(log, "plain script done on rank 1") {
 		t.Fatalf("the script did not run:\n%s", log)
 	}
@@ -284,7 +284,7 @@ func TestRerunIsANewAttempt(t *testing.T) {
 func TestKinetoOnRealProfilerTraces(t *testing.T) {
 	py := torchPython(t)
 	out := t.TempDir()
-	argv := torchrun(py, 2, filepath.Join(repoRoot(t), "internal", "e2e", "testdata", "profile_ddp.py"), out)
+	argv := torchrun(py, 2, filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "profile_ddp.py"), out)
 	cmd := exec.Command(argv[0], argv[1:]...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("profile_ddp.py: %v\n%s", err, b)
