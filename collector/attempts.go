@@ -186,12 +186,15 @@ func attemptsOnDisk(out, job string) (wire.AttemptReply, error) {
 // handleAttempt answers `tpsprof launch`. It runs on the subscription's own
 // goroutine: a folder read here stalls no step.
 func (c *Collector) handleAttempt(m *nats.Msg) {
-	if !c.mine(m.Subject) || m.Reply == "" {
+	if m.Reply == "" {
 		return
 	}
 	job, kind, _, err := wire.ParseSubject(m.Subject)
 	if err != nil || kind != "attempt" {
 		c.reject("subject:invalid", 1)
+		return
+	}
+	if !c.mine(job, "") {
 		return
 	}
 	if !c.attempts.readFromDisk(job) {

@@ -112,7 +112,7 @@ func (c *Collector) handleStraggler(m *nats.Msg) {
 	default:
 		j.mu.Lock()
 		var worst *LiveEpisode
-		for _, e := range j.openEpisodes {
+		for _, e := range j.st.openEpisodes {
 			if len(e.Ranks) > 0 && (worst == nil || e.Score < worst.Score) {
 				worst = e
 			}
@@ -120,7 +120,7 @@ func (c *Collector) handleStraggler(m *nats.Msg) {
 		if worst == nil {
 			rep.Err = fmt.Sprintf("no straggler episode is open in job %s", job)
 		} else {
-			rep.Ranks, rep.Node, rep.Score = j.withPeer(worst), worst.Node, worst.Score
+			rep.Ranks, rep.Node, rep.Score = j.st.withPeer(worst), worst.Node, worst.Score
 		}
 		j.mu.Unlock()
 	}
@@ -211,12 +211,12 @@ func (c *Collector) linkCapture(ask captureAsk, link CaptureLink) {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if e := j.openEpisodes[ask.key]; e != nil && e.Attempt == ask.attempt && e.StartStep == ask.startStep {
+	if e := j.st.openEpisodes[ask.key]; e != nil && e.Attempt == ask.attempt && e.StartStep == ask.startStep {
 		e.Capture = &link
 		return
 	}
-	for i := range j.episodes {
-		e := &j.episodes[i]
+	for i := range j.st.episodes {
+		e := &j.st.episodes[i]
 		if e.Node == ask.key && e.Attempt == ask.attempt && e.StartStep == ask.startStep {
 			e.Capture = &link
 		}

@@ -2,10 +2,8 @@ package collector
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"maps"
@@ -115,10 +113,11 @@ type Config struct {
 	// Writer bounds the Parquet parts.
 	Writer trace.WriterOptions
 	// Role splits the collector's work for scale-out (docs/scale.md):
-	// "" or "all" does everything; "aggregator" merges the node partials
-	// agents publish into cluster rows (and takes events, metadata and GPU
-	// samples); "rank-writer" joins the queue group that writes rank_steps.
-	Role string
+	// RoleAll (or "") does everything; RoleAggregator merges the node
+	// partials agents publish into cluster rows (and takes events,
+	// metadata and GPU samples); RoleRankWriter joins the pool that writes
+	// rank_steps.
+	Role Role
 	// Partitions > 1 splits the traffic among that many collectors of one
 	// role by hash (FNV-1a of the key, modulo Partitions); this one keeps
 	// the share numbered Partition (0-based) and drops the rest unread.
@@ -192,11 +191,11 @@ func (c *Config) defaults() error {
 	if c.Partitions < 0 || (c.Partitions > 0 && (c.Partition < 0 || c.Partition >= c.Partitions)) || (c.Partitions == 0 && c.Partition != 0) {
 		return fmt.Errorf("collector: partition %d of %d: want 0 <= partition < partitions", c.Partition, c.Partitions)
 	}
-	switch c.Role {
-	case "", "all", "aggregator", "rank-writer":
-	default:
-		return fmt.Errorf("collector: unknown role %q (all, aggregator, rank-writer)", c.Role)
+	role, err := ParseRole(string(c.Role))
+	if err != nil {
+		return err
 	}
+	c.Role = role
 	if c.Partitions > 1 && c.Durable {
 		return errors.New("collector: partitions do not combine with durable mode")
 	}
@@ -272,15 +271,17 @@ type Stats struct {
 // Collector aggregates steps and writes traces. Its methods are safe for
 // concurrent use.
 type Collector struct {
-	cfg  Config
-	nc   *nats.Conn
-	subs []*nats.Subscription
-	log  *ratelog.Logger
-
-	// gate orders message callbacks (readers) before Close (the writer):
-	// closed is set under it once no callback runs.
-	gate   sync.RWMutex
-	closed bool
+	cfg Config
+	nc  *nats.Conn
+	log *ratelog.Logger
+	// src is where messages come from (core subscriptions or the durable
+	// stream); table is the role's handler table both hand them to
+	// (ingest.go).
+	src   source
+	table map[string]route
+	// connClosed is closed when the NATS connection has closed (a core
+	// Close drains it first).
+	connClosed chan struct{}
 
 	// mu guards the map of jobs and the evicted jobs waiting to be
 	// closed; it is held for map operations only. Each job has its own
@@ -297,7 +298,6 @@ type Collector struct {
 	rejMu        sync.Mutex
 	rejects      map[string]int64 // by reason; rejMu
 
-	durable    *durableState
 	attempts   attemptBook
 	attemptSub *nats.Subscription
 
@@ -346,7 +346,7 @@ func (c *Collector) apply(t *tally) {
 		}
 	}
 	if j := t.backpressure; j != nil {
-		j.waitWriters()
+		j.out.waitWriters()
 	}
 	for _, ask := range t.captures {
 		select {
@@ -385,17 +385,18 @@ func New(cfg Config) (*Collector, error) {
 	if cfg.NATS.Name == "" {
 		cfg.NATS.Name = "tpsprof-collector"
 	}
+	c.connClosed = make(chan struct{})
 	nc, err := natsconn.Connect(cfg.NATS, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		if errors.Is(err, nats.ErrSlowConsumer) {
 			c.n.slowConsumer.Add(1)
 		}
 		c.log.Warn("nats", "nats error", "err", err)
-	}))
+	}), nats.ClosedHandler(func(*nats.Conn) { close(c.connClosed) }), nats.DrainTimeout(drainTimeout))
 	if err != nil {
 		return nil, err
 	}
 	c.nc = nc
-	if cfg.Role != "rank-writer" {
+	if c.cfg.Role.aggregates() {
 		// launch asks which attempt a new launch is: a core request in every mode
 		if c.attemptSub, err = nc.Subscribe(wire.AllAttempt, c.handleAttempt); err != nil {
 			nc.Close()
@@ -408,47 +409,15 @@ func New(cfg Config) (*Collector, error) {
 	}
 	c.retireCh = make(chan *job, 64)
 	c.captureCh = make(chan captureAsk, 1)
-	if cfg.Durable {
-		if err := c.startDurable(); err != nil {
-			nc.Close()
-			return nil, err
-		}
-		c.startCaptures()
-		c.wg.Add(2)
-		go c.loop()
-		go c.closer()
-		return c, nil
+	c.table = c.routes()
+	if c.cfg.Durable {
+		c.src = &durableSource{c: c}
+	} else {
+		c.src = &coreSource{c: c}
 	}
-	handlers := map[string]nats.MsgHandler{wire.AllSteps: c.core(c.handleSteps), wire.AllEvents: c.core(c.handleEvent),
-		wire.AllMeta: c.core(c.handleMeta), wire.AllGPU: c.core(c.handleGPU)}
-	queue := ""
-	switch cfg.Role {
-	case "", "all":
-	case "aggregator":
-		delete(handlers, wire.AllSteps)
-		handlers[wire.AllPartials] = c.core(c.handlePartials)
-	case "rank-writer":
-		handlers = map[string]nats.MsgHandler{wire.AllSteps: c.core(c.handleSteps)}
-		if cfg.Partitions <= 1 {
-			queue = "tpsprof-rank-writers"
-		}
-	default:
+	if err := c.src.start(); err != nil {
 		nc.Close()
-		return nil, fmt.Errorf("collector: unknown role %q (all, aggregator, rank-writer)", cfg.Role)
-	}
-	for subj, h := range handlers {
-		sub, err := nc.QueueSubscribe(subj, queue, h)
-		if err != nil {
-			nc.Close()
-			return nil, fmt.Errorf("collector: subscribe %s: %w", subj, err)
-		}
-		// Hold bursts rather than drop them; past this, drops are counted.
-		sub.SetPendingLimits(1<<20, 1<<30)
-		c.subs = append(c.subs, sub)
-	}
-	if err := nc.Flush(); err != nil && nc.IsConnected() {
-		nc.Close()
-		return nil, fmt.Errorf("collector: %w", err)
+		return nil, err
 	}
 	c.startCaptures()
 	c.wg.Add(2)
@@ -464,412 +433,6 @@ func (c *Collector) reject(reason string, n int64) {
 	c.rejMu.Lock()
 	c.rejects[reason] += n
 	c.rejMu.Unlock()
-}
-
-// subjectJob is the job of a message's subject; a subject that does not
-// parse is counted (and acknowledged: there is nothing to keep).
-func (c *Collector) subjectJob(subject string, ack acker) (string, bool) {
-	job, _, _, err := wire.ParseSubject(subject)
-	if err != nil {
-		c.reject("subject:invalid", 1)
-		c.ackNow(ack)
-		return "", false
-	}
-	return job, true
-}
-
-// core adapts a handler to a core NATS subscription: messages of other
-// partitions are dropped, and there is nothing to acknowledge.
-func (c *Collector) core(handle func(subject string, data []byte, ack acker)) nats.MsgHandler {
-	return func(m *nats.Msg) {
-		// nats.go does not wait for a running callback when a subscription
-		// ends: Close waits here instead, and callbacks that start after it
-		// leave the closed jobs alone.
-		c.gate.RLock()
-		defer c.gate.RUnlock()
-		if c.closed {
-			c.n.afterClose.Add(1)
-			return
-		}
-		if c.mine(m.Subject) {
-			handle(m.Subject, m.Data, nil)
-		}
-	}
-}
-
-// mine reports whether a message is of this collector's partition
-// (Config.Partitions); others are counted and dropped unread. A subject
-// that does not parse is left to the handler to reject.
-func (c *Collector) mine(subject string) bool {
-	if c.cfg.Partitions <= 1 {
-		return true
-	}
-	job, _, node, err := wire.ParseSubject(subject)
-	if err != nil {
-		return true
-	}
-	h := fnv.New32a()
-	h.Write([]byte(job))
-	if c.cfg.Role == "rank-writer" {
-		h.Write([]byte{'.'})
-		h.Write([]byte(node))
-	}
-	if int(h.Sum32()%uint32(c.cfg.Partitions)) == c.cfg.Partition {
-		return true
-	}
-	c.n.otherPartition.Add(1)
-	return false
-}
-
-// handleSteps processes one step batch. With ack set (durable mode) the
-// message is registered, under the job's lock, to be acknowledged once the
-// steps it fed are in finalised Parquet parts.
-func (c *Collector) handleSteps(subject string, data []byte, ack acker) {
-	subjJob, ok := c.subjectJob(subject, ack)
-	if !ok {
-		return
-	}
-	bufp := decodeBufs.Get().(*[]tps.StepRecord)
-	defer func() {
-		if *bufp != nil {
-			clear(*bufp)
-			decodeBufs.Put(bufp)
-		}
-	}()
-	recs, err := wire.DecodeSteps(data, (*bufp)[:0])
-	*bufp = recs
-	if err != nil {
-		c.reject("batch:decode", 1)
-		c.log.Warn("decode", "undecodable step batch", "subject", subject, "bytes", len(data), "err", err)
-		c.ackNow(ack)
-		return
-	}
-	t := tally{now: time.Now(), replay: replayOf(ack)}
-	defer c.apply(&t)
-	// Validate before taking the job: a batch of garbage costs no lock.
-	valid := 0
-	for i := range recs {
-		r := &recs[i]
-		r.Normalize()
-		if r.Job != subjJob {
-			t.reject("job:subject_mismatch", 1)
-			t.warn("job", "record for another job on a job's subject", "subject", subject, "job", r.Job)
-			continue
-		}
-		if err := r.Validate(); err != nil {
-			t.invalid(err)
-			continue
-		}
-		if err := r.CheckClock(t.now, c.cfg.RecordClockTolerance); err != nil {
-			t.invalid(err)
-			continue
-		}
-		if valid != i {
-			recs[valid] = *r
-		}
-		valid++
-	}
-	recs = recs[:valid]
-	if valid == 0 {
-		c.ackNow(ack)
-		return
-	}
-	j := c.lockJob(subjJob, &t)
-	if j == nil {
-		c.ackNow(ack) // job:limit: nothing of it is kept
-		return
-	}
-	defer j.mu.Unlock() // deferred calls run last first: apply after the unlock
-	defer j.settle(&t)
-	var touched []stepKey
-	maxAttempt := int64(-1)
-	kept := 0 // records whose rank row is written, moved to the front
-	for i := range recs {
-		r := &recs[i]
-		keep := true
-		if c.cfg.Role == "rank-writer" {
-			keep = j.writeOnce(r, &t)
-		} else {
-			var k stepKey
-			var open bool
-			if k, open, keep = j.add(r, &t); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
-				touched = append(touched, k)
-			}
-		}
-		maxAttempt = max(maxAttempt, r.Attempt)
-		if keep {
-			if kept != i {
-				recs[kept] = *r
-			}
-			kept++
-		}
-	}
-	if maxAttempt >= 0 {
-		c.attempts.sawRecords(subjJob, maxAttempt)
-	}
-	if len(t.closed) > 0 {
-		j.writeRows(false, &t)
-	}
-	switch {
-	case kept == 0:
-	case j.ranks == nil: // the job's folders could not be created (counted then)
-		if c.durable == nil { // durable mode leaves the message in the stream instead
-			c.n.rowsLost.Add(int64(kept))
-		}
-	case kept >= directHandOff:
-		// A big batch goes to the writer as it is, without a copy; the
-		// writer returns the slice to decodeBufs.
-		j.flushRanks()
-		j.ranks.write(recs[:kept])
-		*bufp = nil
-	default:
-		j.rankBuf = append(j.rankBuf, recs[:kept]...)
-		if len(j.rankBuf) >= 4096 {
-			j.flushRanks()
-		}
-	}
-	if ack != nil {
-		j.unacked = append(j.unacked, ackItem{ack: ack, steps: touched})
-	}
-}
-
-// filesPerJob is the most part files a job holds open (four tables);
-// reservedFiles leaves room for sockets, NATS and HTTP connections.
-const (
-	filesPerJob   = 4
-	reservedFiles = 256
-)
-
-// directHandOff is the batch size from which decoded records go to the
-// rank writer without being copied into the job's buffer.
-const directHandOff = 256
-
-// errWriteFailed reports that an earlier asynchronous write failed.
-var errWriteFailed = errors.New("collector: a rank_steps write failed since the last checkpoint")
-
-// decodeBufs recycles the record slices batches decode into.
-var decodeBufs = sync.Pool{New: func() any { s := make([]tps.StepRecord, 0, 1024); return &s }}
-
-// ackNow acknowledges a message that holds nothing to keep (undecodable).
-func (c *Collector) ackNow(ack acker) {
-	switch a := ack.(type) {
-	case nil:
-	case *handlerAck:
-		a.now = true // acknowledged once the handler returns
-	default:
-		a.Ack()
-	}
-}
-
-// handlePartials merges a message of node partials (aggregator role). With
-// ack set (durable mode) the message is acknowledged once the steps it fed
-// are in finalised parts.
-func (c *Collector) handlePartials(subject string, data []byte, ack acker) {
-	subjJob, ok := c.subjectJob(subject, ack)
-	if !ok {
-		return
-	}
-	ps, err := wire.DecodePartials(data)
-	if err != nil {
-		c.reject("partial:decode", 1)
-		c.ackNow(ack)
-		return
-	}
-	t := tally{now: time.Now(), replay: replayOf(ack)}
-	defer c.apply(&t)
-	j := c.lockJob(subjJob, &t)
-	if j == nil {
-		c.ackNow(ack)
-		return
-	}
-	defer j.mu.Unlock()
-	defer j.settle(&t)
-	var touched []stepKey
-	for i := range ps {
-		p := &ps[i]
-		if p.Job != subjJob || !tps.ValidJobID(p.Job) || p.Step < 0 || p.Step > tps.MaxStep || p.Attempt < 0 || p.Attempt > tps.MaxAttempt || p.WorldSize <= 0 || p.WorldSize > tps.MaxWorldSize {
-			t.reject("partial:invalid", 1)
-			continue
-		}
-		if k, open := j.addPartial(p, &t); open && (len(touched) == 0 || touched[len(touched)-1] != k) {
-			touched = append(touched, k)
-		}
-		if i == 0 || p.Attempt != ps[i-1].Attempt {
-			c.attempts.sawRecords(subjJob, p.Attempt)
-		}
-	}
-	if len(t.closed) > 0 {
-		j.writeRows(false, &t)
-	}
-	if ack != nil {
-		j.unacked = append(j.unacked, ackItem{ack: ack, steps: touched})
-	}
-}
-
-func (c *Collector) handleEvent(subject string, data []byte, ack acker) {
-	var e tps.Event
-	if err := tps.CheckKeys(data); err != nil {
-		c.reject("event:key_case", 1)
-		c.ackNow(ack)
-		return
-	}
-	if err := json.Unmarshal(data, &e); err != nil {
-		c.reject("event:decode", 1)
-		c.ackNow(ack)
-		return
-	}
-	subjJob, _, _, err := wire.ParseSubject(subject)
-	if err != nil || e.Job != subjJob {
-		c.reject("event:job", 1)
-		c.ackNow(ack)
-		return
-	}
-	t := tally{now: time.Now()}
-	defer c.apply(&t)
-	rollout, err := e.ValidateRollout() // the rollout detail is parsed once
-	if err != nil {
-		t.invalid(err)
-		c.ackNow(ack)
-		return
-	}
-	c.n.events.Add(1)
-	c.attempts.sawEvent(e)
-	j := c.lockJob(e.Job, &t)
-	if j == nil {
-		c.ackNow(ack)
-		return
-	}
-	defer j.mu.Unlock()
-	if e.Kind == tps.EventAttemptEnd {
-		j.attemptEnded = true
-	}
-	if e.Kind == tps.EventAttemptEnd || e.Kind == tps.EventJobEnd {
-		j.ended = true // until its next step record
-		t.liveChanged = true
-		j.settle(&t)
-	}
-	if e.Kind == tps.EventRollout {
-		j.addRollout(rollout)
-	}
-	if j.events != nil {
-		j.events.write([]tps.Event{e})
-	}
-	if ack != nil {
-		j.unacked = append(j.unacked, ackItem{ack: ack})
-	}
-}
-
-func (c *Collector) handleMeta(subject string, data []byte, ack acker) {
-	defer c.ackNow(ack) // metadata is republished by agents; nothing to keep
-	var meta tps.RunMeta
-	if err := tps.CheckKeys(data); err != nil {
-		c.reject("meta:key_case", 1)
-		return
-	}
-	if err := json.Unmarshal(data, &meta); err != nil {
-		c.reject("meta:decode", 1)
-		return
-	}
-	subjJob, _, _, err := wire.ParseSubject(subject)
-	if err != nil || meta.Job != subjJob {
-		c.reject("meta:job", 1)
-		return
-	}
-	if err := meta.Topology.Validate(0); err != nil {
-		c.reject("meta:topology", 1)
-		c.log.Warn("meta", "bad topology in run metadata", "job", meta.Job, "err", err)
-		return
-	}
-	c.n.metaUpdates.Add(1)
-	t := tally{now: time.Now()}
-	defer c.apply(&t)
-	if j := c.lockJob(meta.Job, &t); j != nil {
-		j.setMeta(meta, &t)
-		j.settle(&t)
-		j.mu.Unlock()
-	}
-}
-
-func (c *Collector) handleGPU(subject string, data []byte, ack acker) {
-	subjJob, ok := c.subjectJob(subject, ack)
-	if !ok {
-		return
-	}
-	samples, err := wire.DecodeGPUSamples(data)
-	if err != nil {
-		c.reject("gpu:decode", 1)
-		c.ackNow(ack)
-		return
-	}
-	t := tally{now: time.Now()}
-	defer c.apply(&t)
-	kept := samples[:0]
-	for _, s := range samples {
-		if err := s.Validate(); err != nil {
-			t.invalid(err)
-			continue
-		}
-		if err := s.CheckClock(t.now, c.cfg.ClockTolerance); err != nil {
-			t.invalid(err)
-			continue
-		}
-		s.Job = subjJob
-		kept = append(kept, s)
-	}
-	j := c.lockJob(subjJob, &t)
-	if j == nil {
-		c.ackNow(ack)
-		return
-	}
-	defer j.mu.Unlock()
-	defer j.settle(&t)
-	if len(kept) > 0 && j.gpus != nil {
-		j.addGPU(kept, &t)
-		j.gpus.write(kept) // kept is not touched again
-	}
-	if ack != nil {
-		j.unacked = append(j.unacked, ackItem{ack: ack})
-	}
-}
-
-// lockJob returns the job, created if new, with its lock held; nil when
-// the collector holds MaxJobs active jobs (counted as job:limit). A new
-// job's folders are created outside every lock; two handlers creating the
-// same job at once keep the first and close the other's writers.
-func (c *Collector) lockJob(id string, t *tally) *job {
-	for {
-		c.mu.Lock()
-		j := c.jobs[id]
-		if j == nil {
-			if len(c.jobs) >= c.cfg.MaxJobs && !c.evictIdlest(t.now) {
-				c.mu.Unlock()
-				t.reject("job:limit", 1)
-				t.warn("job-limit", "too many active jobs: messages of a new job rejected", "job", id, "max_jobs", c.cfg.MaxJobs)
-				return nil
-			}
-			c.mu.Unlock()
-			nj := newJob(c, id) // creates folders: outside the lock
-			c.mu.Lock()
-			if j = c.jobs[id]; j == nil {
-				j, nj = nj, nil
-				c.jobs[id] = j
-			}
-			c.mu.Unlock()
-			if nj != nil {
-				nj.closeWriters() // lost the race; nothing was written to it
-			}
-		} else {
-			c.mu.Unlock()
-		}
-		j.touched.Store(t.now.UnixNano())
-		j.mu.Lock()
-		if !j.evicted {
-			t.backpressure = j
-			return j
-		}
-		j.mu.Unlock() // evicted meanwhile: take the job anew
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // evictIdlest evicts the job idle the longest, if it has been idle for
@@ -905,7 +468,7 @@ func (c *Collector) evictIdlest(now time.Time) bool {
 // lock.
 func (c *Collector) evict(j *job) {
 	j.evicted = true
-	delete(c.jobs, j.id)
+	delete(c.jobs, j.st.id)
 	select {
 	case c.retireCh <- j: // the closer finalises its parts
 	default:
@@ -958,27 +521,24 @@ func (c *Collector) loop() {
 			var lines []string
 			t := tally{now: now}
 			for _, j := range c.jobList() {
-				j.mu.Lock()
-				if !j.evicted {
+				c.onJob(j, &t, func(j *job) {
+					if j.evicted {
+						return
+					}
 					j.tick(c, &t)
 					if live {
-						if l := j.liveLine(now); l != "" {
+						if l := j.st.liveLine(now); l != "" {
 							lines = append(lines, l)
 						}
 					}
-					j.settle(&t)
-				}
-				j.mu.Unlock()
-				c.apply(&t)
+				})
 			}
 			c.mu.Lock()
 			c.sweep(now)
 			retired := c.retired
 			c.retired = nil
 			c.mu.Unlock()
-			if c.durable != nil && now.Sub(c.durable.lastRotation()) >= c.cfg.Writer.PartAge {
-				c.checkpoint(now) // waits for the disk: outside every lock
-			}
+			c.src.tick(now) // a durable checkpoint waits for the disk: outside every lock
 			c.closeJobs(retired)
 			for _, l := range lines {
 				fmt.Fprintln(c.cfg.Live, l)
@@ -995,7 +555,7 @@ func (c *Collector) jobList() []*job {
 		js = append(js, j)
 	}
 	c.mu.Unlock()
-	sort.Slice(js, func(a, b int) bool { return js[a].id < js[b].id })
+	sort.Slice(js, func(a, b int) bool { return js[a].st.id < js[b].st.id })
 	return js
 }
 
@@ -1015,8 +575,8 @@ func (c *Collector) Stats() Stats {
 	for _, j := range c.jobList() {
 		s.Jobs++
 		s.OpenSteps += int(j.openN.Load())
-		s.WriteErrors += j.writerErrors()
-		s.RowsLost += j.writerLost()
+		s.WriteErrors += j.out.writerErrors()
+		s.RowsLost += j.out.writerLost()
 	}
 	return s
 }
@@ -1031,35 +591,26 @@ func (c *Collector) Recent(job string) []tps.ClusterStep {
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	return j.recentSteps()
+	return j.st.recentSteps()
 }
 
 // Sync makes sure every message published before it (on connections that
 // have flushed) has been handled: it round-trips to the server, so the
-// client holds everything the server sent before, then waits for a barrier
-// queued behind those messages on every subscription (or timeout). Messages
-// arriving meanwhile do not extend the wait.
+// client holds everything the server sent before, then waits until the
+// source has handled those messages (or timeout). Messages arriving
+// meanwhile do not extend the wait.
 func (c *Collector) Sync(timeout time.Duration) error {
 	if err := c.nc.FlushTimeout(timeout); err != nil {
 		return fmt.Errorf("collector: flush: %w", err)
 	}
-	if c.durable != nil {
-		return c.syncDurable(timeout)
-	}
-	done := make(chan struct{})
-	if err := c.nc.Barrier(func() { close(done) }); err != nil {
-		return fmt.Errorf("collector: barrier: %w", err)
-	}
-	select {
-	case <-done:
-		return nil
-	case <-time.After(timeout):
-		return fmt.Errorf("collector: messages received before the sync still unhandled after %v", timeout)
-	}
+	return c.src.sync(timeout)
 }
 
-// Close drains the subscriptions, closes every open step (missing ranks are
-// reported in their rows), finalises all Parquet parts and disconnects.
+// Close stops intake (core mode: the connection's drain handles what the
+// client holds first), stops the loop, then leaves the jobs as the source
+// needs them (core: every open step closed, missing ranks reported in
+// their rows, all parts finalised; durable: what is in Parquet
+// acknowledged, open steps left to the next collector) and disconnects.
 func (c *Collector) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
@@ -1069,24 +620,12 @@ func (c *Collector) Close() error {
 		if c.stragglerSub != nil {
 			_ = c.stragglerSub.Unsubscribe()
 		}
-		if c.durable != nil {
-			err = c.closeDurable()
-			return
-		}
-		// Handle what has arrived before leaving; on a dead server this
-		// times out and what the client holds is still handled below.
-		_ = c.Sync(5 * time.Second)
-		for _, s := range c.subs {
-			s.Unsubscribe()
-		}
-		c.gate.Lock() // waits for callbacks still running
-		c.closed = true
-		c.gate.Unlock()
+		c.src.stop()
 		c.stopCaptures()
 		close(c.done)
 		c.wg.Wait()
 		// finalising parts waits for the disk: outside every lock
-		err = c.closeJobs(c.allJobs())
+		err = c.src.finish()
 		c.nc.Close()
 	})
 	return err
@@ -1115,29 +654,27 @@ func (c *Collector) closeJobs(jobs []*job) error {
 	var first error
 	for _, j := range jobs {
 		t := tally{now: time.Now()}
-		j.mu.Lock()
-		if c.durable == nil {
-			j.prepareClose(&t)
-		} else {
-			// Durable mode leaves open steps open: their messages are not
-			// acknowledged, and the next collector aggregates them.
-			j.writeRows(true, &t)
-			j.flushRanks()
-		}
-		j.evicted = true
-		j.release()
-		j.settle(&t)
-		j.mu.Unlock()
-		c.apply(&t)
-		if err := j.closeWriters(); err != nil && first == nil {
+		c.onJob(j, &t, func(j *job) {
+			if j.st.led == nil {
+				j.prepareClose(&t)
+			} else {
+				// Durable mode leaves open steps open: their messages are
+				// not acknowledged, and the next collector aggregates them.
+				j.writeRows(true, &t)
+				j.flushRanks()
+			}
+			j.evicted = true
+			j.st.release()
+		})
+		if err := j.out.closeWriters(); err != nil && first == nil {
 			first = err
 		}
 		c.mu.Lock()
-		gone := c.jobs[j.id] != j
+		gone := c.jobs[j.st.id] != j
 		c.mu.Unlock()
 		if gone {
-			c.n.writeErrors.Add(j.writerErrors())
-			c.n.rowsLost.Add(j.writerLost())
+			c.n.writeErrors.Add(j.out.writerErrors())
+			c.n.rowsLost.Add(j.out.writerLost())
 		}
 	}
 	return first

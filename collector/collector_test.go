@@ -267,7 +267,7 @@ func TestBigBatchHandOff(t *testing.T) {
 	c.mu.Unlock()
 	tl := tally{now: time.Now()}
 	j.mu.Lock()
-	j.closeAll(&tl)
+	j.st.closeAll(&tl)
 	j.writeRows(false, &tl)
 	j.settle(&tl)
 	j.mu.Unlock()
@@ -310,7 +310,7 @@ func TestBigBatchHandOff(t *testing.T) {
 // not only for the GPUs heard from so far: a node whose sampler speaks
 // late would otherwise be missing from the first steps' energy.
 func TestGPUJoinWaitsForEveryNode(t *testing.T) {
-	j := newJobState("g", limits{maxOpenSteps: 8}, nil, false)
+	j := newJobState("g", limits{maxOpenSteps: 8}, nil, nil)
 	var tl tally
 	j.nodes["a"], j.nodes["b"] = struct{}{}, struct{}{}
 	power := 600.0
@@ -402,8 +402,8 @@ func TestImpossibleMFUShownUnknown(t *testing.T) {
 	j := c.jobs["mm"]
 	c.mu.Unlock()
 	j.mu.Lock()
-	j.newSinceLog = true
-	line := j.liveLine(time.Now())
+	j.st.newSinceLog = true
+	line := j.st.liveLine(time.Now())
 	j.mu.Unlock()
 	if !strings.Contains(line, "MFU n/a (the run's topology") {
 		t.Errorf("live line: %s", line)

@@ -42,22 +42,28 @@ const (
 )
 
 // durableConsumer is the consumer of the collector's role: its name, its
-// filter subjects, whether a collector starting resets it (it is alone on
-// it), and how long a message may wait for its acknowledgement before the
-// stream hands it to another reader.
-func (c *Collector) durableConsumer() jetstream.ConsumerConfig {
+// filter subjects (those of the role's handler table; the all role takes
+// every subject and acknowledges what it does not need, such as node
+// partials, so that nothing stays in the work queue), and how long a
+// message may wait for its acknowledgement before the stream hands it to
+// another reader.
+func (d *durableSource) durableConsumer() jetstream.ConsumerConfig {
+	c := d.c
 	cc := jetstream.ConsumerConfig{Durable: ConsumerName, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Hour,
 		MaxAckPending: 1 << 20, DeliverPolicy: jetstream.DeliverAllPolicy}
-	switch c.cfg.Role {
-	case "aggregator":
-		cc.Durable = AggregatorConsumer
-		cc.FilterSubjects = []string{wire.AllPartials, wire.AllGPU, wire.AllEvents, wire.AllMeta}
-	case "rank-writer":
+	if c.cfg.Role == RoleAll {
+		return cc
+	}
+	for _, r := range c.table {
+		cc.FilterSubjects = append(cc.FilterSubjects, r.subject)
+	}
+	slices.Sort(cc.FilterSubjects)
+	cc.Durable = AggregatorConsumer
+	if c.cfg.Role.pooled() {
 		// Shared: not reset by a writer starting, so a writer that dies
 		// leaves its unacknowledged messages to the others after AckWait.
 		// Writers acknowledge at every checkpoint (PartAge).
 		cc.Durable = RankWriterConsumer
-		cc.FilterSubjects = []string{wire.AllSteps}
 		cc.AckWait = max(5*c.cfg.Writer.PartAge, 30*time.Second)
 	}
 	return cc
@@ -65,12 +71,8 @@ func (c *Collector) durableConsumer() jetstream.ConsumerConfig {
 
 type acker interface{ Ack() error }
 
-type ackItem struct {
-	ack   acker
-	steps []stepKey // open steps the message's records went into
-}
-
-type durableState struct {
+type durableSource struct {
+	c  *Collector
 	js jetstream.JetStream
 	mu sync.Mutex // guards consumer and consume, which watchStream replaces
 	// consumer and consume are the role's consumer and its consumption.
@@ -105,20 +107,21 @@ func (d *diskKeys) markRank(k stepKey, r int64) {
 	m[r] = true
 }
 
-// startDurable creates (or updates) the stream and the durable consumer,
+// start creates (or updates) the stream and the durable consumer,
 // loads the keys of unacknowledged parts, starts consuming, and watches
 // the stream: one deleted (by anyone holding a credential that may) is
 // created again with its consumer, so agents publishing to it stop
 // retrying and nothing after the deletion is lost.
-func (c *Collector) startDurable() error {
+func (d *durableSource) start() error {
+	c := d.c
 	js, err := jetstream.New(c.nc)
 	if err != nil {
 		return fmt.Errorf("collector: jetstream: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c.durable = &durableState{js: js, stopWatch: make(chan struct{}), watchDone: make(chan struct{}), replays: map[uint64]bool{}}
-	if err := c.ensureStream(ctx); err != nil {
+	d.js, d.stopWatch, d.watchDone, d.replays = js, make(chan struct{}), make(chan struct{}), map[uint64]bool{}
+	if err := d.ensureStream(ctx); err != nil {
 		return err
 	}
 	// The stream is a work queue: acknowledged messages leave it, so it
@@ -126,19 +129,19 @@ func (c *Collector) startDurable() error {
 	// left by a collector that died still holds its messages as pending
 	// acknowledgements until they time out; deleting it hands them all to
 	// the new consumer at once. (One durable collector per stream.)
-	if c.cfg.Role != "rank-writer" {
-		if err := js.DeleteConsumer(ctx, StreamName, c.durableConsumer().Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if !c.cfg.Role.pooled() {
+		if err := js.DeleteConsumer(ctx, StreamName, d.durableConsumer().Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return fmt.Errorf("collector: reset consumer: %w", err)
 		}
 	}
-	c.durable.lastRot.Store(time.Now().UnixNano())
-	if err := c.loadDiskKeys(ctx); err != nil {
+	d.lastRot.Store(time.Now().UnixNano())
+	if err := d.loadDiskKeys(ctx); err != nil {
 		return err
 	}
-	if err := c.startConsumer(ctx); err != nil {
+	if err := d.startConsumer(ctx); err != nil {
 		return err
 	}
-	go c.watchStream()
+	go d.watchStream()
 	return nil
 }
 
@@ -146,8 +149,9 @@ func (c *Collector) startDurable() error {
 // differ: several collectors of a role start at once, and a stream update
 // racing a consumer creation is a data race inside nats-server (seen under
 // -race in TestDurableRankWriterSurvivesKill9).
-func (c *Collector) ensureStream(ctx context.Context) error {
-	js := c.durable.js
+func (d *durableSource) ensureStream(ctx context.Context) error {
+	c := d.c
+	js := d.js
 	want := jetstream.StreamConfig{
 		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
 		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
@@ -178,26 +182,27 @@ func (c *Collector) ensureStream(ctx context.Context) error {
 
 // startConsumer creates the role's consumer (or takes the existing one)
 // and starts consuming from it.
-func (c *Collector) startConsumer(ctx context.Context) error {
-	cfg := c.durableConsumer()
-	cons, err := c.durable.js.CreateOrUpdateConsumer(ctx, StreamName, cfg)
+func (d *durableSource) startConsumer(ctx context.Context) error {
+	cfg := d.durableConsumer()
+	cons, err := d.js.CreateOrUpdateConsumer(ctx, StreamName, cfg)
 	if err != nil {
 		return fmt.Errorf("collector: create consumer %s (a work-queue stream takes one all-role collector, or an aggregator and rank writers, not both): %w", cfg.Durable, err)
 	}
-	cc, err := cons.Consume(c.onDurable, jetstream.PullMaxMessages(4096))
+	cc, err := cons.Consume(d.receive, jetstream.PullMaxMessages(4096))
 	if err != nil {
 		return fmt.Errorf("collector: consume: %w", err)
 	}
-	c.durable.mu.Lock()
-	c.durable.consumer, c.durable.consume = cons, cc
-	c.durable.mu.Unlock()
+	d.mu.Lock()
+	d.consumer, d.consume = cons, cc
+	d.mu.Unlock()
 	return nil
 }
 
 // watchStream creates the stream and the consumer again when they have
 // been deleted. It runs until stopWatch is closed (closeDurable).
-func (c *Collector) watchStream() {
-	defer close(c.durable.watchDone)
+func (d *durableSource) watchStream() {
+	c := d.c
+	defer close(d.watchDone)
 	every := c.cfg.StreamCheck
 	if every <= 0 {
 		every = 5 * time.Second
@@ -206,34 +211,34 @@ func (c *Collector) watchStream() {
 	defer tick.Stop()
 	for {
 		select {
-		case <-c.durable.stopWatch:
+		case <-d.stopWatch:
 			return
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := c.durable.js.Stream(ctx, StreamName)
+		_, err := d.js.Stream(ctx, StreamName)
 		streamGone := errors.Is(err, jetstream.ErrStreamNotFound)
 		consumerGone := false
 		if err == nil {
-			_, err = c.durable.js.Consumer(ctx, StreamName, c.durableConsumer().Durable)
+			_, err = d.js.Consumer(ctx, StreamName, d.durableConsumer().Durable)
 			consumerGone = errors.Is(err, jetstream.ErrConsumerNotFound)
 		}
 		if streamGone || consumerGone {
-			what := "consumer " + c.durableConsumer().Durable
+			what := "consumer " + d.durableConsumer().Durable
 			if streamGone {
 				what = "stream " + StreamName
 			}
-			c.durable.mu.Lock()
-			old := c.durable.consume
-			c.durable.mu.Unlock()
+			d.mu.Lock()
+			old := d.consume
+			d.mu.Unlock()
 			old.Stop()
 			select { // its handler calls end before the new consumer's begin
 			case <-old.Closed():
 			case <-ctx.Done():
 			}
-			if err := c.ensureStream(ctx); err != nil {
+			if err := d.ensureStream(ctx); err != nil {
 				c.cfg.Logger.Error("durable: the "+what+" was deleted and cannot be created again; trying again", "err", err)
-			} else if err := c.startConsumer(ctx); err != nil {
+			} else if err := d.startConsumer(ctx); err != nil {
 				c.cfg.Logger.Error("durable: the "+what+" was deleted; its consumer cannot be created again; trying again", "err", err)
 			} else {
 				c.n.streamRecreated.Add(1)
@@ -245,7 +250,7 @@ func (c *Collector) watchStream() {
 }
 
 // consumerNow is the consumer consumed now (watchStream may replace it).
-func (d *durableState) consumerNow() jetstream.Consumer {
+func (d *durableSource) consumerNow() jetstream.Consumer {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.consumer
@@ -254,7 +259,7 @@ func (d *durableState) consumerNow() jetstream.Consumer {
 // handlerAck is a message's acknowledgement as handlers see it: Ack
 // acknowledges (checkpoints call it, outside the lock); a handler that
 // finds nothing to keep asks for it with ackNow, which only marks it, and
-// onDurable acknowledges after the handler has released the lock.
+// receive acknowledges after the handler has released the lock.
 type handlerAck struct {
 	m   jetstream.Msg
 	now bool
@@ -270,42 +275,28 @@ func replayOf(ack acker) bool {
 
 func (h *handlerAck) Ack() error { return h.m.Ack() }
 
-func (c *Collector) onDurable(m jetstream.Msg) {
-	_, kind, _, err := wire.ParseSubject(m.Subject())
+// receive is the consumer's callback: ingest, then the acknowledgement of
+// a message with nothing to keep, outside every lock.
+func (d *durableSource) receive(m jetstream.Msg) {
+	c := d.c
 	h := &handlerAck{m: m}
 	md, mdErr := m.Metadata()
 	if mdErr == nil && md.NumDelivered > 1 {
-		c.durable.replayMu.Lock()
-		if c.durable.replays[md.Sequence.Stream] {
-			delete(c.durable.replays, md.Sequence.Stream)
+		d.replayMu.Lock()
+		if d.replays[md.Sequence.Stream] {
+			delete(d.replays, md.Sequence.Stream)
 			h.replay = true
 		}
-		c.durable.replayMu.Unlock()
+		d.replayMu.Unlock()
 	}
-	switch {
-	case err != nil:
-		c.reject("subject:invalid", 1)
-		h.now = true
-	case kind == "steps":
-		c.handleSteps(m.Subject(), m.Data(), h)
-	case kind == "partial" && c.cfg.Role == "aggregator":
-		c.handlePartials(m.Subject(), m.Data(), h)
-	case kind == "partial":
-		h.now = true // the all role aggregates the records themselves
-	case kind == "gpu":
-		c.handleGPU(m.Subject(), m.Data(), h)
-	case kind == "events":
-		c.handleEvent(m.Subject(), m.Data(), h)
-	default:
-		c.handleMeta(m.Subject(), m.Data(), h)
-	}
+	c.ingest(m.Subject(), m.Data(), h)
 	if h.now {
 		m.Ack() // network I/O: after the handler, outside the lock
 	}
 	if mdErr == nil {
 		for {
-			cur := c.durable.handled.Load()
-			if md.Sequence.Stream <= cur || c.durable.handled.CompareAndSwap(cur, md.Sequence.Stream) {
+			cur := d.handled.Load()
+			if md.Sequence.Stream <= cur || d.handled.CompareAndSwap(cur, md.Sequence.Stream) {
 				break
 			}
 		}
@@ -316,8 +307,9 @@ func (c *Collector) onDurable(m jetstream.Msg) {
 // that may hold data of messages still in the stream: the stream keeps only
 // unacknowledged messages (it is a work queue), so any part finalised before
 // its oldest message arrived holds acknowledged data alone and is skipped.
-func (c *Collector) loadDiskKeys(ctx context.Context) error {
-	info, err := c.streamInfo(ctx)
+func (d *durableSource) loadDiskKeys(ctx context.Context) error {
+	c := d.c
+	info, err := d.streamInfo(ctx)
 	if err != nil {
 		return err
 	}
@@ -336,19 +328,15 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 		if !e.IsDir() || !tps.ValidJobID(e.Name()) {
 			continue
 		}
-		d, n, err := c.diskKeysOf(e.Name(), cutoff)
+		dk, n, err := d.diskKeysOf(e.Name(), cutoff)
 		if err != nil {
 			return err
 		}
 		if n > 0 {
 			t := tally{now: time.Now()}
-			if j := c.lockJob(e.Name(), &t); j != nil {
-				j.disk = d
-				j.mu.Unlock()
-			}
-			c.apply(&t)
+			c.withJob(e.Name(), &t, func(j *job) { j.st.led.disk = dk })
 			c.cfg.Logger.Info("durable restart: keys of recent parts loaded", "job", e.Name(), "parts", n,
-				"closed_steps", len(d.closed), "steps_with_rank_rows", len(d.ranks), "unacknowledged_messages", info.State.Msgs)
+				"closed_steps", len(dk.closed), "steps_with_rank_rows", len(dk.ranks), "unacknowledged_messages", info.State.Msgs)
 		}
 	}
 	return nil
@@ -356,9 +344,10 @@ func (c *Collector) loadDiskKeys(ctx context.Context) error {
 
 // diskKeysOf reads the step and rank keys of a job's rank_steps and
 // cluster_steps parts finalised at or after cutoff; n is how many parts.
-func (c *Collector) diskKeysOf(job string, cutoff time.Time) (d *diskKeys, n int, err error) {
+func (d *durableSource) diskKeysOf(job string, cutoff time.Time) (dk *diskKeys, n int, err error) {
+	c := d.c
 	dir := filepath.Join(c.cfg.OutDir, job)
-	d = &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
+	dk = &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
 	for _, table := range []string{trace.ClusterSteps, trace.RankSteps} {
 		files, _ := trace.PartFiles(filepath.Join(dir, table))
 		for _, f := range files {
@@ -368,12 +357,12 @@ func (c *Collector) diskKeysOf(job string, cutoff time.Time) (d *diskKeys, n int
 			n++
 			var err error
 			if table == trace.ClusterSteps {
-				err = readKeys(f, func(r *tps.ClusterStep) { d.closed[stepKey{r.Attempt, r.Step}] = true })
+				err = readKeys(f, func(r *tps.ClusterStep) { dk.closed[stepKey{r.Attempt, r.Step}] = true })
 			} else {
-				err = readKeys(f, func(r *tps.StepRecord) { d.markRank(stepKey{r.Attempt, r.Step}, r.Rank) })
+				err = readKeys(f, func(r *tps.StepRecord) { dk.markRank(stepKey{r.Attempt, r.Step}, r.Rank) })
 			}
 			if trace.IsUnreadable(err) {
-				c.quarantine(f, err)
+				d.quarantine(f, err)
 				continue
 			}
 			if err != nil {
@@ -381,7 +370,7 @@ func (c *Collector) diskKeysOf(job string, cutoff time.Time) (d *diskKeys, n int
 			}
 		}
 	}
-	return d, n, nil
+	return dk, n, nil
 }
 
 // readKeys reads a part and hands each row to fn.
@@ -413,91 +402,92 @@ var redeliverAfter = 2 * time.Second
 // them: its dedupe windows took their redelivered records for duplicates
 // or late ones, acknowledged without their rows in Parquet. The caller
 // holds no lock.
-func (c *Collector) resetJob(j *job) {
+func (d *durableSource) resetJob(j *job) {
+	c := d.c
 	j.mu.Lock()
 	if j.evicted {
 		j.mu.Unlock()
 		return
 	}
 	j.evicted = true // handlers wait for the fresh job (lockJob)
-	items, redo := j.unacked, j.redo
+	items, redo := j.st.led.unacked, j.st.led.redo
 	// The steps it closed (and counted) whose rows its messages fed:
 	// closed again by the fresh job, not counted again.
 	reclose := map[stepKey]bool{}
-	for k := range j.reclose {
+	for k := range j.st.led.reclose {
 		reclose[k] = true
 	}
 	for _, it := range items {
 		for _, k := range it.steps {
-			if _, closed := j.closed.seen[k]; closed || j.closed.forgotten(k) {
+			if _, closed := j.st.closed.seen[k]; closed || j.st.closed.forgotten(k) {
 				reclose[k] = true
 			}
 		}
 	}
-	j.unacked, j.pending, j.rankBuf = nil, nil, nil
-	j.release()
+	j.st.led.unacked, j.st.pending, j.rankBuf = nil, nil, nil
+	j.st.release()
 	j.mu.Unlock()
-	c.n.writeErrors.Add(j.writerErrors())
-	_ = j.closeWriters() // what it holds of other tables is finalised if it can be
+	c.n.writeErrors.Add(j.out.writerErrors())
+	_ = j.out.closeWriters() // what it holds of other tables is finalised if it can be
 	cutoff := time.Now().Add(-24 * time.Hour)
-	if info, err := c.streamInfo(context.Background()); err == nil && info.State.Msgs > 0 {
+	if info, err := d.streamInfo(context.Background()); err == nil && info.State.Msgs > 0 {
 		cutoff = info.State.FirstTime.Add(-time.Minute)
 	}
-	d, _, err := c.diskKeysOf(j.id, cutoff)
+	dk, _, err := d.diskKeysOf(j.st.id, cutoff)
 	if err != nil {
-		c.cfg.Logger.Error("durable: cannot read the job's parts after a failed write; its messages stay in the stream until a restart", "job", j.id, "err", err)
-		d = &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
+		c.cfg.Logger.Error("durable: cannot read the job's parts after a failed write; its messages stay in the stream until a restart", "job", j.st.id, "err", err)
+		dk = &diskKeys{closed: map[stepKey]bool{}, ranks: map[stepKey]map[int64]bool{}}
 	}
-	nj := newJob(c, j.id)
-	nj.disk = d
+	nj := newJob(c, j.st.id)
+	nj.st.led.disk = dk
 	// Steps to aggregate again: those of the messages handed back now, and
 	// those an earlier reset handed back whose messages have not come
 	// again yet (a second failure before the redelivery).
-	nj.redo, nj.reclose = map[stepKey]bool{}, map[stepKey]bool{}
+	nj.st.led.redo, nj.st.led.reclose = map[stepKey]bool{}, map[stepKey]bool{}
 	for k := range reclose {
-		if !d.closed[k] {
-			nj.reclose[k] = true
+		if !dk.closed[k] {
+			nj.st.led.reclose[k] = true
 		}
 	}
 	for k := range redo {
-		if !d.closed[k] {
-			nj.redo[k] = true
+		if !dk.closed[k] {
+			nj.st.led.redo[k] = true
 		}
 	}
 	for _, it := range items {
 		for _, k := range it.steps {
-			if !d.closed[k] {
-				nj.redo[k] = true
+			if !dk.closed[k] {
+				nj.st.led.redo[k] = true
 			}
 		}
 	}
 	c.mu.Lock()
-	if c.jobs[j.id] == j {
-		c.jobs[j.id] = nj
+	if c.jobs[j.st.id] == j {
+		c.jobs[j.st.id] = nj
 	} else {
-		c.jobs[j.id] = nj // evicted meanwhile (cannot be: it held messages); take its place
+		c.jobs[j.st.id] = nj // evicted meanwhile (cannot be: it held messages); take its place
 	}
 	c.mu.Unlock()
 	c.n.resets.Add(1)
-	c.durable.replayMu.Lock()
+	d.replayMu.Lock()
 	for _, it := range items {
 		if h, ok := it.ack.(*handlerAck); ok {
 			if md, err := h.m.Metadata(); err == nil {
-				c.durable.replays[md.Sequence.Stream] = true
+				d.replays[md.Sequence.Stream] = true
 			}
 		}
 	}
-	c.durable.replayMu.Unlock()
+	d.replayMu.Unlock()
 	for _, it := range items {
 		if n, ok := it.ack.(nakker); ok {
 			n.NakWithDelay(redeliverAfter)
 		}
 	}
-	c.cfg.Logger.Warn("durable: a part of the job could not be written; its unacknowledged messages are redelivered and written again", "job", j.id, "messages", len(items))
+	c.cfg.Logger.Warn("durable: a part of the job could not be written; its unacknowledged messages are redelivered and written again", "job", j.st.id, "messages", len(items))
 }
 
 // lastRotation is when the last checkpoint started.
-func (d *durableState) lastRotation() time.Time { return time.Unix(0, d.lastRot.Load()) }
+func (d *durableSource) lastRotation() time.Time { return time.Unix(0, d.lastRot.Load()) }
 
 // checkpoint finalises every job's parts and acknowledges the messages whose
 // data they now hold. The caller holds no lock: the rotations are queued
@@ -506,15 +496,16 @@ func (d *durableState) lastRotation() time.Time { return time.Unix(0, d.lastRot.
 // network. Messages of a job whose write failed stay unacknowledged: they
 // wait in the stream. A job whose messages a checkpoint holds is not
 // evicted until they are settled.
-func (c *Collector) checkpoint(now time.Time) {
-	if !c.durable.checkpointing.CompareAndSwap(false, true) {
+func (d *durableSource) checkpoint(now time.Time) {
+	c := d.c
+	if !d.checkpointing.CompareAndSwap(false, true) {
 		return // one at a time; the caller tries again later
 	}
-	defer c.durable.checkpointing.Store(false)
-	c.durable.lastRot.Store(now.UnixNano())
+	defer d.checkpointing.Store(false)
+	d.lastRot.Store(now.UnixNano())
 	type rotation struct {
 		j       *job
-		replies [4]chan error
+		replies []chan error
 		written map[stepKey]bool
 		items   []ackItem // these messages' rows were all queued before the rotations
 		failed  bool
@@ -522,42 +513,32 @@ func (c *Collector) checkpoint(now time.Time) {
 	var rots []rotation
 	for _, j := range c.jobList() {
 		t := tally{now: now}
-		j.mu.Lock()
-		if j.evicted {
-			j.mu.Unlock()
-			continue
-		}
-		j.writeRows(false, &t)
-		j.flushRanks()
-		r := rotation{j: j, written: j.written, items: j.unacked}
-		if j.ranks == nil {
-			r.failed = true
-		} else {
-			r.replies = [4]chan error{j.ranks.rotateAsync(), j.cluster.rotateAsync(), j.events.rotateAsync(), j.gpus.rotateAsync()}
-		}
-		j.written, j.unacked, j.checkpointing = map[stepKey]bool{}, nil, true
-		j.settle(&t)
-		j.mu.Unlock()
-		c.apply(&t)
-		rots = append(rots, r)
+		c.onJob(j, &t, func(j *job) {
+			if j.evicted {
+				return
+			}
+			j.writeRows(false, &t)
+			j.flushRanks()
+			led := j.st.led
+			r := rotation{j: j, written: led.written, items: led.unacked, failed: len(j.out.tables) == 0, replies: j.out.rotateAsync()}
+			led.written, led.unacked, led.checkpointing = map[stepKey]bool{}, nil, true
+			rots = append(rots, r)
+		})
 	}
 	for _, r := range rots {
 		if !r.failed {
-			for i, err := range [4]error{r.j.ranks.settle(r.replies[0]), r.j.cluster.settle(r.replies[1]),
-				r.j.events.settle(r.replies[2]), r.j.gpus.settle(r.replies[3])} {
-				if err != nil {
-					c.n.writeErrors.Add(1)
-					c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", r.j.id, "table", i, "err", err)
-					r.failed = true
-				}
+			if err := r.j.out.settle(r.replies); err != nil {
+				c.n.writeErrors.Add(1)
+				c.cfg.Logger.Error("durable: part not finalised; its messages stay in the stream", "job", r.j.st.id, "err", err)
+				r.failed = true
 			}
 		}
-		if r.failed && r.j.ranks != nil {
+		if r.failed && len(r.j.out.tables) > 0 {
 			r.j.mu.Lock()
-			r.j.unacked = append(r.items, r.j.unacked...)
-			r.j.checkpointing = false
+			r.j.st.led.unacked = append(r.items, r.j.st.led.unacked...)
+			r.j.st.led.checkpointing = false
 			r.j.mu.Unlock()
-			c.resetJob(r.j)
+			d.resetJob(r.j)
 			continue
 		}
 		var kept []ackItem
@@ -576,18 +557,19 @@ func (c *Collector) checkpoint(now time.Time) {
 			}
 		}
 		r.j.mu.Lock()
-		r.j.unacked = append(kept, r.j.unacked...)
-		r.j.checkpointing = false
+		r.j.st.led.unacked = append(kept, r.j.st.led.unacked...)
+		r.j.st.led.checkpointing = false
 		r.j.mu.Unlock()
 	}
 }
 
 // unackedMessages counts the messages waiting for a checkpoint.
-func (c *Collector) unackedMessages() int {
+func (d *durableSource) unackedMessages() int {
+	c := d.c
 	n := 0
 	for _, j := range c.jobList() {
 		j.mu.Lock()
-		n += len(j.unacked)
+		n += j.st.led.waiting()
 		j.mu.Unlock()
 	}
 	return n
@@ -597,18 +579,19 @@ func (c *Collector) unackedMessages() int {
 // (of the collector's consumer) has been handled. A rank writer, whose
 // consumer is shared, waits until the pool has handled and acknowledged
 // everything, checkpointing its own part as it waits.
-func (c *Collector) syncDurable(timeout time.Duration) error {
+func (d *durableSource) sync(timeout time.Duration) error {
+	c := d.c
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var last uint64
-	switch c.cfg.Role {
-	case "rank-writer":
-		return c.syncShared(ctx, timeout)
-	case "aggregator":
+	switch {
+	case c.cfg.Role.pooled():
+		return d.syncShared(ctx, timeout)
+	case c.cfg.Role != RoleAll:
 		// The consumer is this collector's alone: once it has nothing
 		// left to deliver, the last message it delivered is the target.
 		for {
-			ci, err := c.durable.consumerNow().Info(ctx)
+			ci, err := d.consumerNow().Info(ctx)
 			if err != nil {
 				return fmt.Errorf("collector: consumer info: %w", err)
 			}
@@ -622,28 +605,28 @@ func (c *Collector) syncDurable(timeout time.Duration) error {
 			time.Sleep(5 * time.Millisecond)
 		}
 	default:
-		info, err := c.streamInfo(ctx)
+		info, err := d.streamInfo(ctx)
 		if err != nil {
 			return err
 		}
 		last = info.State.LastSeq
 	}
-	for c.durable.handled.Load() < last {
+	for d.handled.Load() < last {
 		if ctx.Err() != nil {
-			return fmt.Errorf("collector: stream messages up to %d not handled after %v (at %d)", last, timeout, c.durable.handled.Load())
+			return fmt.Errorf("collector: stream messages up to %d not handled after %v (at %d)", last, timeout, d.handled.Load())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	return nil // handled is advanced after a message's handler returns
 }
 
-// syncShared is syncDurable for a consumer shared by a pool of collectors.
-func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error {
+// syncShared is sync for a consumer shared by a pool of collectors.
+func (d *durableSource) syncShared(ctx context.Context, timeout time.Duration) error {
 	for {
-		if c.unackedMessages() > 0 {
-			c.checkpoint(time.Now())
+		if d.unackedMessages() > 0 {
+			d.checkpoint(time.Now())
 		}
-		ci, err := c.durable.consumerNow().Info(ctx)
+		ci, err := d.consumerNow().Info(ctx)
 		if err != nil {
 			return fmt.Errorf("collector: consumer info: %w", err)
 		}
@@ -657,42 +640,54 @@ func (c *Collector) syncShared(ctx context.Context, timeout time.Duration) error
 	}
 }
 
-// closeDurable stops consuming, writes what is ready, and acknowledges what
-// is in Parquet. Steps still open stay open: their messages are not
-// acknowledged, and the next collector aggregates them from the stream.
-func (c *Collector) closeDurable() error {
-	close(c.durable.stopWatch)
-	<-c.durable.watchDone
-	c.durable.consume.Stop()
-	<-c.durable.consume.Closed()
-	c.stopCaptures()
-	close(c.done)
-	c.wg.Wait()
+func (d *durableSource) ledger() *ledger { return newLedger() }
+
+// tick checkpoints once a part age has passed since the last checkpoint.
+func (d *durableSource) tick(now time.Time) {
+	if now.Sub(d.lastRotation()) >= d.c.cfg.Writer.PartAge {
+		d.checkpoint(now) // waits for the disk: the caller holds no lock
+	}
+}
+
+// stop stops watching the stream and consuming; the consumer's Closed
+// says its handler calls have returned.
+func (d *durableSource) stop() {
+	close(d.stopWatch)
+	<-d.watchDone
+	d.mu.Lock()
+	cc := d.consume
+	d.mu.Unlock()
+	cc.Stop()
+	<-cc.Closed()
+}
+
+// finish writes what is ready and acknowledges what is in Parquet. Steps
+// still open stay open: their messages are not acknowledged, and the next
+// collector aggregates them from the stream.
+func (d *durableSource) finish() error {
+	c := d.c
 	now := time.Now()
 	var err error
 	for _, j := range c.jobList() {
 		t := tally{now: now}
-		j.mu.Lock()
-		j.writeRows(true, &t)
-		if j.ranks == nil {
-			err = fmt.Errorf("collector: job %s: trace folders could not be created", j.id)
-		}
-		j.settle(&t)
-		j.mu.Unlock()
-		c.apply(&t)
+		c.onJob(j, &t, func(j *job) {
+			j.writeRows(true, &t)
+			if j.out.ranks == nil {
+				err = fmt.Errorf("collector: job %s: trace folders could not be created", j.st.id)
+			}
+		})
 	}
-	c.checkpoint(now)
-	if left := c.unackedMessages(); left > 0 {
+	d.checkpoint(now)
+	if left := d.unackedMessages(); left > 0 {
 		c.cfg.Logger.Info("durable: messages left for the next collector", "messages", left)
 	}
 	// the writers hold nothing since the checkpoint: stop their goroutines
 	c.closeJobs(c.allJobs())
-	c.nc.Close()
 	return err
 }
 
-func (c *Collector) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
-	st, err := c.durable.js.Stream(ctx, StreamName)
+func (d *durableSource) streamInfo(ctx context.Context) (*jetstream.StreamInfo, error) {
+	st, err := d.js.Stream(ctx, StreamName)
 	if err != nil {
 		return nil, fmt.Errorf("collector: stream: %w", err)
 	}
@@ -705,7 +700,8 @@ func (c *Collector) streamInfo(ctx context.Context) (*jetstream.StreamInfo, erro
 
 // quarantine renames a part that is not readable Parquet out of the way
 // (readers skip the new name) and says so, instead of failing start-up.
-func (c *Collector) quarantine(path string, err error) {
+func (d *durableSource) quarantine(path string, err error) {
+	c := d.c
 	to := path + ".unreadable"
 	if rerr := os.Rename(path, to); rerr != nil {
 		to = path

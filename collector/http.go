@@ -143,16 +143,16 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 	for _, r := range rs {
 		j := r.j
 		j.mu.Lock()
-		lj := LiveJob{Job: j.id, WorldSize: j.world, StepsClosed: j.closedSteps, Incomplete: j.incompleteSteps, TokensTotal: j.tokens,
-			Breakdown: map[string]float64{}, SlowestRanks: j.slowRanks(5), StragglerEpisodes: j.liveEpisodes(), ClockOffsetsNs: j.clocks.offsets(),
+		lj := LiveJob{Job: j.st.id, WorldSize: j.st.world, StepsClosed: j.st.closedSteps, Incomplete: j.st.incompleteSteps, TokensTotal: j.st.tokens,
+			Breakdown: map[string]float64{}, SlowestRanks: j.st.slowRanks(5), StragglerEpisodes: j.st.liveEpisodes(), ClockOffsetsNs: j.st.clocks.offsets(),
 			State: r.state}
 		if !r.at.IsZero() {
 			lj.LastStepUnixMs = r.at.UnixMilli()
 		}
-		if j.closedSteps > 0 && j.incompleteSteps == j.closedSteps {
-			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.world, j.mostRanks)
+		if j.st.closedSteps > 0 && j.st.incompleteSteps == j.st.closedSteps {
+			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.st.world, j.st.mostRanks)
 		}
-		steps := j.recentSteps()
+		steps := j.st.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]
 			lj.LastStep, lj.TPS, lj.TPSPerGPU, lj.MFU, lj.MFUUnknown = last.Step, last.TPS, last.TPSPerGPU, knownMFU(last), last.MFUUnknown
@@ -170,7 +170,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 				lj.Breakdown["data_stall"] += s.DataStallFractionMean / float64(k)
 				lj.Breakdown["checkpoint"] += s.CkptFractionMean / float64(k)
 			}
-			lj.History = j.history.series()
+			lj.History = j.st.history.series()
 			for _, s := range steps[n-k:] {
 				lj.TPSMean10 += s.TPS / float64(k)
 			}
@@ -181,7 +181,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 		if n := len(steps); n > 0 && steps[n-1].GenNsMax > 0 {
 			last := steps[n-1]
 			g := &LiveGeneration{OutputTPS: last.GenOutputTPS, Share: last.GenFractionMean}
-			ttft, itl := j.rolloutSketches()
+			ttft, itl := j.st.rolloutSketches()
 			if ttft.Count > 0 {
 				v := ttft.Quantile(0.95)
 				g.TTFTP95 = &v

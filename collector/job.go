@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
-	"github.com/tpsprof/tpsprof/trace"
 )
 
 // job joins a job's state (state.go: pure, no lock, no I/O) to its sink
@@ -14,15 +13,13 @@ import (
 // Handlers of different jobs never wait for each other; the collector's
 // lock guards only the map of jobs (docs/collector.md).
 type job struct {
-	// mu guards jobState, rankBuf, unacked, evicted and checkpointing.
-	mu sync.Mutex
-	jobState
-	sink    // the job's four tables on their writer goroutines
+	// mu guards st, rankBuf and evicted.
+	mu      sync.Mutex
+	st      jobState // what its records add up to (state.go)
+	out     sink     // its tables on their writer goroutines (sink.go)
 	rankBuf []tps.StepRecord
 
-	evicted       bool      // out of the map: a handler that finds it takes the job anew
-	unacked       []ackItem // durable mode: messages waiting for their data to be in Parquet
-	checkpointing bool      // durable mode: a checkpoint holds some of its messages
+	evicted bool // out of the map: a handler that finds it takes the job anew
 
 	touched atomic.Int64                // unix ns of the last message of any kind (eviction)
 	openN   atomic.Int64                // open steps, for Stats without the lock
@@ -62,8 +59,8 @@ func summaryOf(s *tps.Sketch) *latencySummary {
 }
 
 func newJob(c *Collector, id string) *job {
-	j := &job{jobState: newJobState(id, limits{maxOpenSteps: c.cfg.MaxOpenSteps, gpuJoinWait: c.cfg.GPUJoinWait, metaWait: c.cfg.MetaWait, quietAfter: c.cfg.QuietAfter, mem: &c.mem}, c.cfg.Meta, c.cfg.Durable),
-		sink: sink{job: id}}
+	j := &job{st: newJobState(id, limits{maxOpenSteps: c.cfg.MaxOpenSteps, gpuJoinWait: c.cfg.GPUJoinWait, metaWait: c.cfg.MetaWait, quietAfter: c.cfg.QuietAfter, mem: &c.mem}, c.cfg.Meta, c.src.ledger()),
+		out: sink{job: id}}
 	j.touched.Store(time.Now().UnixNano())
 	j.live.Store(&liveFigures{})
 	opt := c.cfg.Writer
@@ -71,28 +68,10 @@ func newJob(c *Collector, id string) *job {
 	// of the metadata, replaced whenever the run metadata, the GPU seen or
 	// the job's settings change.
 	j.refreshMeta()
-	opt.Metadata = func() map[string]string { return *j.metaSnap.Load() }
+	opt.Metadata = func() map[string]string { return *j.out.metaSnap.Load() }
 	// Creating the folders cannot fail silently: the first write reports it.
-	var err error
-	var rw *trace.PartWriter[tps.StepRecord]
-	var cw *trace.PartWriter[tps.ClusterStep]
-	var ew *trace.PartWriter[tps.Event]
-	var gw *trace.PartWriter[tps.GPUSample]
 	onError := func(err error) { c.cfg.Logger.Error("parquet write failed", "job", id, "err", err) }
-	if rw, err = trace.NewPartWriter[tps.StepRecord](c.cfg.OutDir, id, trace.RankSteps, opt); err == nil {
-		if cw, err = trace.NewPartWriter[tps.ClusterStep](c.cfg.OutDir, id, trace.ClusterSteps, opt); err == nil {
-			if ew, err = trace.NewPartWriter[tps.Event](c.cfg.OutDir, id, trace.Events, opt); err == nil {
-				gw, err = trace.NewPartWriter[tps.GPUSample](c.cfg.OutDir, id, trace.GPUSamples, opt)
-			}
-		}
-	}
-	if err == nil {
-		j.ranks = newAsyncWriter(rw, releaseRecords, onError)
-		j.cluster = newAsyncWriter(cw, nil, onError)
-		j.events = newAsyncWriter(ew, nil, onError)
-		j.gpus = newAsyncWriter(gw, nil, onError)
-	}
-	if err != nil {
+	if err := j.out.open(c.cfg.OutDir, opt, onError); err != nil {
 		c.cfg.Logger.Error("cannot create the trace folders; nothing of this job is written", "job", id, "err", err)
 		c.n.writeErrors.Add(1)
 	}
@@ -101,8 +80,8 @@ func newJob(c *Collector, id string) *job {
 
 // refreshMeta replaces the metadata snapshot the writers store in parts.
 func (j *job) refreshMeta() {
-	m := j.fileMetadata()
-	j.metaSnap.Store(&m)
+	m := j.st.fileMetadata()
+	j.out.metaSnap.Store(&m)
 }
 
 // settle publishes what a state call changed, before the job's lock is
@@ -113,39 +92,39 @@ func (j *job) settle(t *tally) {
 		j.refreshMeta()
 		t.metaChanged = false
 	}
-	j.openN.Store(int64(len(j.open)))
+	j.openN.Store(int64(len(j.st.open)))
 	if !t.liveChanged {
 		return
 	}
 	t.liveChanged = false
-	f := &liveFigures{world: j.world, closed: j.closedSteps, incomplete: j.incompleteSteps, tokens: j.tokens,
-		stragglers: j.stragglers(), tokensPerJoule: j.lastTPJ, episodesOpen: len(j.openEpisodes), episodesEnded: j.episodesEnded}
-	if len(j.recent) > 0 {
-		last := j.lastRow()
+	f := &liveFigures{world: j.st.world, closed: j.st.closedSteps, incomplete: j.st.incompleteSteps, tokens: j.st.tokens,
+		stragglers: j.st.stragglers(), tokensPerJoule: j.st.lastTPJ, episodesOpen: len(j.st.openEpisodes), episodesEnded: j.st.episodesEnded}
+	if len(j.st.recent) > 0 {
+		last := j.st.lastRow()
 		f.last = &last
-		f.lastClosedAt = j.lastClosedAt
+		f.lastClosedAt = j.st.lastClosedAt
 	}
-	f.ended = j.ended
-	ttft, itl := j.rolloutSketches()
+	f.ended = j.st.ended
+	ttft, itl := j.st.rolloutSketches()
 	f.ttft, f.itl = summaryOf(&ttft), summaryOf(&itl)
-	j.rollDirty = false
+	j.st.rollDirty = false
 	j.live.Store(f)
 }
 
 // flushRanks hands the buffered rank rows to the job's writer goroutine.
 func (j *job) flushRanks() {
-	if len(j.rankBuf) == 0 || j.ranks == nil {
+	if len(j.rankBuf) == 0 || j.out.ranks == nil {
 		return
 	}
-	j.ranks.write(j.rankBuf)
+	j.out.ranks.write(j.rankBuf)
 	j.rankBuf = recordBuffer()
 }
 
 // writeRows hands the closed rows that are ready (all with force) to the
 // cluster writer.
 func (j *job) writeRows(force bool, t *tally) {
-	if rows := j.readyRows(force, t); len(rows) > 0 && j.cluster != nil {
-		j.cluster.write(rows)
+	if rows := j.st.readyRows(force, t); len(rows) > 0 && j.out.cluster != nil {
+		j.out.cluster.write(rows)
 	}
 }
 
@@ -154,43 +133,34 @@ func (j *job) writeRows(force bool, t *tally) {
 func (j *job) finalise(t *tally) {
 	j.flushRanks()
 	j.writeRows(true, t)
-	j.ranks.rotateNow()
-	j.cluster.rotateNow()
-	j.events.rotateNow()
-	j.gpus.rotateNow()
-	j.unfinalised, j.attemptEnded = false, false
+	j.out.rotateNow()
+	j.st.unfinalised, j.st.attemptEnded = false, false
 }
 
 func (j *job) rotateDue(t *tally) {
 	j.flushRanks()
 	j.writeRows(false, t)
-	if j.ranks == nil {
-		return
-	}
-	j.ranks.rotateIfDue(t.now)
-	j.cluster.rotateIfDue(t.now)
-	j.events.rotateIfDue(t.now)
-	j.gpus.rotateIfDue(t.now)
+	j.out.rotateIfDue(t.now)
 }
 
 // tick is the loop's work on a job, under its lock: close expired steps,
 // track straggler episodes, write or finalise.
 func (j *job) tick(c *Collector, t *tally) {
-	j.closeExpired(c.cfg.Grace, t)
-	j.closeHeld(t)
-	if j.newSinceEpisodes {
-		j.trackEpisodes(&c.cfg, t)
-		j.newSinceEpisodes = false
+	j.st.closeExpired(c.cfg.Grace, t)
+	j.st.closeHeld(t)
+	if j.st.newSinceEpisodes {
+		j.st.trackEpisodes(&c.cfg, t)
+		j.st.newSinceEpisodes = false
 		t.liveChanged = true // /metrics shows the episodes
 	}
-	if j.rollDirty {
+	if j.st.rollDirty {
 		t.liveChanged = true // rollout latencies arrived: published here, not per event
 	}
 	switch {
-	case c.cfg.Durable:
+	case j.st.led != nil: // durable: parts are finalised by checkpoints
 		j.writeRows(false, t)
 		j.flushRanks()
-	case j.ranks != nil && j.finaliseDue(t.now):
+	case j.out.ranks != nil && j.st.finaliseDue(t.now):
 		j.finalise(t)
 	default:
 		j.rotateDue(t)
@@ -200,7 +170,7 @@ func (j *job) tick(c *Collector, t *tally) {
 // prepareClose closes the open steps and hands every row to the writers;
 // the caller holds the job's lock and calls closeWriters after releasing it.
 func (j *job) prepareClose(t *tally) {
-	j.closeAll(t)
+	j.st.closeAll(t)
 	j.writeRows(true, t)
 	j.flushRanks()
 }
@@ -208,7 +178,7 @@ func (j *job) prepareClose(t *tally) {
 // evictable: nothing open or waiting, no message unacknowledged for it,
 // no checkpoint holding any. The caller holds the job's lock.
 func (j *job) evictable() bool {
-	return len(j.open) == 0 && len(j.pending) == 0 && len(j.rankBuf) == 0 && len(j.unacked) == 0 && !j.checkpointing && j.disk == nil
+	return len(j.st.open) == 0 && len(j.st.pending) == 0 && len(j.rankBuf) == 0 && j.st.led.settled()
 }
 
 func (j *job) idleSince() time.Time { return time.Unix(0, j.touched.Load()) }

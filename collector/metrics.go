@@ -73,34 +73,34 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	// closed step (job.settle), the counters are atomics.
 	for _, j := range c.jobList() {
 		f := j.live.Load()
-		counter(descClosed, float64(f.closed), j.id)
-		counter(descIncomplete, float64(f.incomplete), j.id)
-		counter(descTokens, float64(f.tokens), j.id)
+		counter(descClosed, float64(f.closed), j.st.id)
+		counter(descIncomplete, float64(f.incomplete), j.st.id)
+		counter(descTokens, float64(f.tokens), j.st.id)
 		if f.world > 0 {
-			gauge(descWorld, float64(f.world), j.id)
-			gauge(descStraggler, float64(f.stragglers), j.id)
-			gauge(descEpOpen, float64(f.episodesOpen), j.id)
-			counter(descEpEnded, float64(f.episodesEnded), j.id)
+			gauge(descWorld, float64(f.world), j.st.id)
+			gauge(descStraggler, float64(f.stragglers), j.st.id)
+			gauge(descEpOpen, float64(f.episodesOpen), j.st.id)
+			counter(descEpEnded, float64(f.episodesEnded), j.st.id)
 		}
 		for _, l := range []struct {
 			d *prometheus.Desc
 			s *latencySummary
 		}{{descTTFT, f.ttft}, {descITL, f.itl}} {
 			if l.s != nil {
-				ch <- prometheus.MustNewConstSummary(l.d, l.s.count, l.s.sum, l.s.quantiles, j.id)
+				ch <- prometheus.MustNewConstSummary(l.d, l.s.count, l.s.sum, l.s.quantiles, j.st.id)
 			}
 		}
 		last := f.last
 		if last == nil {
 			continue
 		}
-		gauge(descStepAt, float64(f.lastClosedAt.UnixNano())/1e9, j.id)
+		gauge(descStepAt, float64(f.lastClosedAt.UnixNano())/1e9, j.st.id)
 		running := 1.0
 		if f.ended {
 			running = 0
 		}
-		gauge(descRunning, running, j.id)
-		gauge(descStep, float64(last.Step), j.id)
+		gauge(descRunning, running, j.st.id)
+		gauge(descStep, float64(last.Step), j.st.id)
 		if time.Since(f.lastClosedAt) > m.c.cfg.StaleAfter {
 			// A silent job's last step is not its current rate: its
 			// throughput gauges go (Prometheus marks them stale), so
@@ -108,28 +108,28 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			// TrainingStalled watches the timestamp above.
 			continue
 		}
-		gauge(descTPS, last.TPS, j.id)
-		gauge(descTPSPerGPU, last.TPSPerGPU, j.id)
+		gauge(descTPS, last.TPS, j.st.id)
+		gauge(descTPSPerGPU, last.TPSPerGPU, j.st.id)
 		if last.MFUUnknown == "" && last.MFU > 0 {
-			gauge(descMFU, last.MFU, j.id)
-			gauge(descHFU, last.HFU, j.id)
+			gauge(descMFU, last.MFU, j.st.id)
+			gauge(descHFU, last.HFU, j.st.id)
 		}
-		gauge(descStepTime, float64(last.StepTimeNs)/1e9, j.id)
-		gauge(descComm, last.CommFractionMean, j.id)
-		gauge(descBubble, last.BubbleFractionMean, j.id)
-		gauge(descData, last.DataStallFractionMean, j.id)
+		gauge(descStepTime, float64(last.StepTimeNs)/1e9, j.st.id)
+		gauge(descComm, last.CommFractionMean, j.st.id)
+		gauge(descBubble, last.BubbleFractionMean, j.st.id)
+		gauge(descData, last.DataStallFractionMean, j.st.id)
 		if f.tokensPerJoule > 0 {
-			gauge(descTPJ, f.tokensPerJoule, j.id)
+			gauge(descTPJ, f.tokensPerJoule, j.st.id)
 		}
 		if last.GenNsMax > 0 {
-			gauge(descGenTPS, last.GenOutputTPS, j.id)
-			gauge(descGenShare, last.GenFractionMean, j.id)
+			gauge(descGenTPS, last.GenOutputTPS, j.st.id)
+			gauge(descGenShare, last.GenFractionMean, j.st.id)
 			if last.MFUTraining > 0 && last.MFUUnknown == "" {
-				gauge(descMFUTrain, last.MFUTraining, j.id)
+				gauge(descMFUTrain, last.MFUTraining, j.st.id)
 			}
 		}
 		if last.BytesPerSecond > 0 {
-			gauge(descBytesPS, last.BytesPerSecond, j.id)
+			gauge(descBytesPS, last.BytesPerSecond, j.st.id)
 		}
 	}
 	st := c.Stats()

@@ -22,6 +22,7 @@ import (
 // lock while its backlog is past maxBacklog: a writer that falls behind
 // slows its job's messages, memory stays flat.
 type asyncWriter[T any] struct {
+	name    string // the table's
 	w       *trace.PartWriter[T]
 	wg      sync.WaitGroup
 	release func([]T) // takes written rows back (a pool); nil drops them
@@ -50,8 +51,8 @@ type writeCmd[T any] struct {
 	hold   chan struct{} // (tests) the writer waits for it to close, as for a hung disk
 }
 
-func newAsyncWriter[T any](w *trace.PartWriter[T], release func([]T), onError func(error)) *asyncWriter[T] {
-	r := &asyncWriter[T]{w: w, release: release, onError: onError}
+func newAsyncWriter[T any](table string, w *trace.PartWriter[T], release func([]T), onError func(error)) *asyncWriter[T] {
+	r := &asyncWriter[T]{name: table, w: w, release: release, onError: onError}
 	r.space, r.work = sync.NewCond(&r.mu), sync.NewCond(&r.mu)
 	r.wg.Add(1)
 	go r.loop()
@@ -72,6 +73,11 @@ func (r *asyncWriter[T]) push(cmd writeCmd[T]) {
 	r.work.Signal()
 	r.mu.Unlock()
 }
+
+func (r *asyncWriter[T]) table() string { return r.name }
+
+// counts are the writes that failed and the rows they lost.
+func (r *asyncWriter[T]) counts() (errs, lost int64) { return r.errors.Load(), r.lost.Load() }
 
 // backlog is how many commands wait or run.
 func (r *asyncWriter[T]) backlog() int {

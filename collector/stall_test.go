@@ -29,10 +29,10 @@ func TestStalledWriterLeavesOtherJobs(t *testing.T) {
 	stuck := c.jobs["stuck"]
 	c.mu.Unlock()
 	hold := make(chan struct{})
-	stuck.cluster.push(writeCmd[tps.ClusterStep]{hold: hold})
-	stuck.ranks.push(writeCmd[tps.StepRecord]{hold: hold})
-	stuck.events.push(writeCmd[tps.Event]{hold: hold})
-	stuck.gpus.push(writeCmd[tps.GPUSample]{hold: hold})
+	stuck.out.cluster.push(writeCmd[tps.ClusterStep]{hold: hold})
+	stuck.out.ranks.push(writeCmd[tps.StepRecord]{hold: hold})
+	stuck.out.events.push(writeCmd[tps.Event]{hold: hold})
+	stuck.out.gpus.push(writeCmd[tps.GPUSample]{hold: hold})
 
 	// steps with a rank missing: the loop closes them once Grace passes
 	partial := func(job string, from, to int64) {

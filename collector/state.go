@@ -235,13 +235,8 @@ type jobState struct {
 	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
 	pending   []pendingRow          // closed rows waiting for GPU samples
 
-	// durable mode
-	disk *diskKeys        // what parts not yet covered by acknowledgements hold
-	redo map[stepKey]bool // steps a reset job aggregates again, whatever its window says
-	// reclose are the redo steps the job before the reset had closed
-	// (and counted): closing them again counts them as reclosed
-	reclose map[stepKey]bool
-	written map[stepKey]bool // steps whose cluster rows were handed out since the last checkpoint
+	// led is the durable source's bookkeeping (ledger.go); nil in core mode
+	led *ledger
 
 	// live figures for metrics and the live page
 	closedSteps, incompleteSteps, tokens int64
@@ -263,14 +258,11 @@ type jobState struct {
 }
 
 // newJobState is a job with nothing heard yet: meta (may be nil) is the
-// metadata every job starts from; durable keeps the written-steps set
-// checkpoints need.
-func newJobState(id string, lim limits, meta *tps.RunMeta, durable bool) jobState {
+// metadata every job starts from; led is the durable source's ledger (nil
+// in core mode).
+func newJobState(id string, lim limits, meta *tps.RunMeta, led *ledger) jobState {
 	s := jobState{id: id, lim: lim, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{},
-		nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{}, closed: newStepBits(64)}
-	if durable {
-		s.written = map[stepKey]bool{}
-	}
+		nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{}, closed: newStepBits(64), led: led}
 	if meta != nil {
 		s.meta = *meta
 		s.meta.Job = id
@@ -288,7 +280,7 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 		*w = newStepBits(rankSeenSteps)
 	}
 	k := stepKey{r.Attempt, r.Step}
-	if s.disk != nil && s.disk.ranks[k][r.Rank] { // written before a restart (durable mode)
+	if s.led.rankOnDisk(k, r.Rank) { // written before a restart (durable mode)
 		t.duplicates++
 		return false
 	}
@@ -558,22 +550,22 @@ func (s *jobState) admit(k stepKey, world int64, ranks func(yield func(int64) bo
 		t.late += n
 		return nil, admitLate
 	}
-	if s.disk != nil && s.disk.closed[k] { // closed before a restart (durable mode)
+	if s.led.closedOnDisk(k) { // closed before a restart (durable mode)
 		if n != 1 { // a partial: its row was written before the restart
 			t.duplicates += n
 			return nil, admitDuplicate
 		}
 		for r := range ranks {
-			if s.disk.ranks[k][r] {
+			if s.led.rankOnDisk(k, r) {
 				t.duplicates++
 				return nil, admitDuplicate
 			}
-			s.disk.markRank(k, r)
+			s.led.markOnDisk(k, r)
 		}
 		t.late++
 		return nil, admitLate
 	}
-	redo := s.redo[k] // redelivered after a failed write: its row is not on disk
+	redo := s.led.redoes(k) // redelivered after a failed write: its row is not on disk
 	// Below the highest closed step, a step the closed window does not
 	// hold was either closed and forgotten (at or below the window's
 	// floor: late, unchecked) or never closed: its records arrive out of
@@ -680,10 +672,10 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	st, how := s.admit(k, r.WorldSize, func(yield func(int64) bool) { yield(r.Rank) }, 1, t)
 	switch how {
 	case admitLate:
-		return k, false, s.disk == nil || !s.disk.ranks[k][r.Rank]
+		return k, false, !s.led.rankOnDisk(k, r.Rank)
 	case admitStale:
 		s.warnRerun(r, t)
-		return k, false, s.disk == nil || !s.disk.ranks[k][r.Rank]
+		return k, false, !s.led.rankOnDisk(k, r.Rank)
 	case admitDuplicate:
 		s.warnRerun(r, t)
 		return k, false, false
@@ -707,7 +699,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	}
 	// A rank row already written before a restart is aggregated again
 	// (its step's cluster row was not written) but not written twice.
-	return k, true, s.disk == nil || !s.disk.ranks[k][r.Rank]
+	return k, true, !s.led.rankOnDisk(k, r.Rank)
 }
 
 // addPartial merges a node partial (aggregator role). It returns the step's
@@ -811,9 +803,7 @@ func (s *jobState) reconfigureOpen(t *tally) {
 
 func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	delete(s.open, k)
-	delete(s.redo, k)
-	again := s.reclose[k]
-	delete(s.reclose, k)
+	again := s.led.closing(k)
 	if s.lastOpen == st {
 		s.lastOpen = nil
 	}
@@ -950,9 +940,7 @@ func (s *jobState) readyRows(force bool, t *tally) []tps.ClusterStep {
 	rows := make([]tps.ClusterStep, n)
 	for i := range rows {
 		rows[i] = s.pending[i].row
-		if s.written != nil {
-			s.written[stepKey{rows[i].Attempt, rows[i].Step}] = true
-		}
+		s.led.wrote(stepKey{rows[i].Attempt, rows[i].Step})
 	}
 	s.pending = s.pending[n:]
 	return rows

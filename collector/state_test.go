@@ -28,7 +28,7 @@ func stateRec(step, rank, world int64) tps.StepRecord {
 }
 
 func newTestState(maxOpen int) (*jobState, *tally) {
-	s := newJobState("s", limits{maxOpenSteps: maxOpen, gpuJoinWait: time.Second, quietAfter: time.Second}, nil, false)
+	s := newJobState("s", limits{maxOpenSteps: maxOpen, gpuJoinWait: time.Second, quietAfter: time.Second}, nil, nil)
 	return &s, &tally{now: time.Unix(100, 0)}
 }
 
@@ -211,7 +211,7 @@ func TestScrapeWhileJobLocked(t *testing.T) {
 // the budget back.
 func TestStateMemoryBudget(t *testing.T) {
 	mem := &memBudget{max: 256 << 20}
-	s := newJobState("s", limits{maxOpenSteps: 256, mem: mem}, nil, false)
+	s := newJobState("s", limits{maxOpenSteps: 256, mem: mem}, nil, nil)
 	tl := &tally{now: time.Unix(100, 0)}
 	var before runtime.MemStats
 	runtime.GC()

@@ -195,7 +195,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "  (this machine only: give --listen 0.0.0.0:%d for agents on other nodes)\n", srv.Server().Addr().(*net.TCPAddr).Port)
 		}
 	}
-	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: *role,
+	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: collector.Role(*role),
 		Partition: part, Partitions: parts}
 	cfg.AutoCapture, cfg.AutoCaptureEvery = *autoCapture, *autoEvery
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec

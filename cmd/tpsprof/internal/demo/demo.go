@@ -139,9 +139,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		Live: cfg.Live, LiveInterval: 2 * time.Second, Logger: cfg.Logger}
 	var writers []*collector.Collector
 	if cfg.Split {
-		ccfg.Role = "aggregator"
+		ccfg.Role = collector.RoleAggregator
 		for i := range 2 {
-			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: nopts, Role: "rank-writer",
+			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: nopts, Role: collector.RoleRankWriter,
 				Logger: cfg.Logger, Writer: trace.WriterOptions{WriterID: fmt.Sprintf("rank-writer-%d", i)}})
 			if err != nil {
 				return Result{}, err
