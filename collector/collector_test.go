@@ -830,3 +830,65 @@ func TestStrayWorldSize(t *testing.T) {
 		t.Errorf("relaunch at another size: %+v", rows[len(rows)-1])
 	}
 }
+
+// Close without a Sync first handles every message the server had sent
+// before it (nats.go's drain: the client's pending messages go through
+// their handlers, which have returned before the jobs are finished): all
+// rows of 2,000 batches published and flushed just before are in Parquet.
+func TestCloseDrainsWhatTheClientHolds(t *testing.T) {
+	out := t.TempDir()
+	c, nc := startCollectorWith(t, Config{OutDir: out, Grace: time.Minute})
+	const steps = 2000
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	for s := int64(0); s < steps; s++ {
+		var recs []tps.StepRecord
+		for r := int64(0); r < 4; r++ {
+			recs = append(recs, tps.StepRecord{Job: "drain", Step: s, Rank: r, WorldSize: 4, Tokens: 1000,
+				StartUnixNs: t0 + s*2e6, EndUnixNs: t0 + s*2e6 + 1e6, DurationNs: 1e6})
+		}
+		if err := nc.Publish(wire.StepsSubject("drain", "n0"), wire.AppendSteps(nil, recs)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Records != 4*steps || st.AfterClose != 0 {
+		t.Errorf("records %d (want %d), dropped after close %d", st.Records, 4*steps, st.AfterClose)
+	}
+	count := func(table string) int {
+		files, err := trace.PartFiles(filepath.Join(out, "drain", table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, f := range files {
+			var rows int
+			switch table {
+			case trace.RankSteps:
+				r, err := trace.ReadFile[tps.StepRecord](f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rows = len(r)
+			default:
+				r, err := trace.ReadFile[tps.ClusterStep](f)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rows = len(r)
+			}
+			n += rows
+		}
+		return n
+	}
+	if n := count(trace.RankSteps); n != 4*steps {
+		t.Errorf("rank_steps: %d rows, want %d", n, 4*steps)
+	}
+	if n := count(trace.ClusterSteps); n != steps {
+		t.Errorf("cluster_steps: %d rows, want %d", n, steps)
+	}
+}
