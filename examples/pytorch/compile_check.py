@@ -13,6 +13,10 @@ once with --instrument none and once with tpsprof, the counts must match.
                before: instrument(model) then compile it;
                after: instrument(torch.compile(model));
                auto: as `tpsprof launch --auto` (the import hook)
+  --compile-first  compile the model before its optimizer is made
+
+"models_watched" says how many modules have their forward timed (zero-code
+mode must find the compiled model without global module hooks).
 """
 
 import argparse
@@ -32,6 +36,7 @@ def main():
     p.add_argument("--wrap", choices=["plain", "ddp", "fsdp2"], default="plain")
     p.add_argument("--instrument", choices=["none", "before", "after", "auto"], default="none")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--compile-first", action="store_true")
     args = p.parse_args()
     if args.instrument == "auto":
         os.environ["TPSPROF_AUTO"] = "1"
@@ -63,6 +68,9 @@ def main():
     elif args.wrap == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         fully_shard(model)
+    compiled = None
+    if args.compile_first and args.instrument in ("none", "auto"):
+        compiled = torch.compile(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [torch.randint(0, 256, (4, 33)) for _ in range(args.steps)]
     loader = torch.utils.data.DataLoader(data, batch_size=None)
@@ -76,7 +84,7 @@ def main():
         model = torch.compile(model)
         prof = tpsprof.torch.instrument(model, opt, loader)
     else:
-        model = torch.compile(model)
+        model = compiled if compiled is not None else torch.compile(model)
     loss_fn = nn.CrossEntropyLoss()
     for seq in loader:
         ids, labels = seq[:, :-1], seq[:, 1:]
@@ -87,6 +95,7 @@ def main():
     if prof is None and args.instrument == "auto":
         import tpsprof.torch
         prof = tpsprof.torch._ACTIVE
+    watched = 0 if prof is None else len(prof._models)
     if prof is not None:
         prof.close()  # records are sent by a thread of the package: counted once it drained
     breaks = dict(counters["graph_break"])
@@ -101,6 +110,7 @@ def main():
         "profiled": prof is not None and not prof.off,
         "steps_measured": 0 if prof is None else prof.steps,
         "profiler_errors": 0 if prof is None else prof.errors,
+        "models_watched": watched,
     }), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -9,7 +9,9 @@ waits for ``torch`` to be imported and then calls :func:`install`:
 * every DataLoader's iterators time ``next`` (data wait) and count tokens;
 * the outermost modules called with gradients on are timed (forward and
   backward): global module hooks find them during the first step, then
-  hooks on those modules alone replace the global ones;
+  hooks on those modules alone replace the global ones; a model compiled
+  with torch.compile is found without them (it owns the optimizer's
+  parameters), before or after the optimizer is made;
 * DDP models get the timing comm hook; collectives are timed as in
   tpsprof.torch.
 
@@ -36,7 +38,7 @@ def profiler():
     return tt._ACTIVE
 
 
-def _ensure():
+def _ensure(optimizer):
     """The active profiler, made (with its root finder) at the first optimizer."""
     from . import torch as tt
     prof = tt._ACTIVE
@@ -45,8 +47,21 @@ def _ensure():
             prof = tt._ACTIVE
             if prof is None:
                 prof = tt.TorchProfiler()
-                _Roots(prof).start()
+                _Roots(prof).start(optimizer)
     return prof
+
+
+def _param_ids(optimizers):
+    return {id(p) for o in optimizers for g in o.param_groups for p in g["params"]}
+
+
+def _owns(model, ids):
+    """model holds every parameter in ids (the optimizer's): it is the
+    model being trained, or a wrapper of it."""
+    try:
+        return bool(ids) and ids <= {id(p) for p in model.parameters()}
+    except Exception:
+        return False
 
 
 class _Roots:
@@ -59,8 +74,18 @@ class _Roots:
         self.roots = []
         self.handles = []
 
-    def start(self):
+    def start(self, optimizer):
         import torch.nn.modules.module as mm
+        from . import _patches
+        # A model compiled before its optimizer was made: watch the
+        # compiled wrapper, no global hooks (dynamo would see them at its
+        # first call, and their removal after the first step would cost a
+        # recompilation).
+        ids = _param_ids([optimizer])
+        for m in _patches.compiled_modules():
+            if _owns(m, ids):
+                self.prof.watch_model(m)
+                return
         if not hasattr(mm, "register_module_forward_pre_hook"):
             return
         from ._c10d import skip_dynamo
@@ -94,6 +119,16 @@ class _Roots:
         self.local.depth = max(d, 0)
         if d == 0:
             self.prof._fwd_post(module, inputs, output)
+
+    def adopt(self, model):
+        """torch.compile(model) while the global hooks search: when model
+        owns the watched optimizers' parameters, the search ends here (the
+        hooks off before torch.compile sees them) and the caller watches the
+        compiled wrapper. True when adopted."""
+        if not self.handles or not _owns(model, _param_ids(self.prof._optimizers)):
+            return False
+        self.stop()
+        return True
 
     def stop(self):
         """The global hooks off, no roots watched: a framework callback
@@ -132,7 +167,7 @@ def install():
     def optimizer_init(self, *args, **kwargs):
         opt_init(self, *args, **kwargs)
         try:
-            p = _ensure()
+            p = _ensure(self)
             p.watch_optimizer(self)  # every optimizer: an iteration steps them all
         except Exception:
             pass
@@ -159,6 +194,7 @@ def install():
                 pass
         ddp.__init__ = ddp_initialise
     tt._patches.install_collectives()
+    tt._patches.patch_compile()  # a compiled model is found without global hooks
 
 
 class _TorchFinder(importlib.abc.MetaPathFinder):

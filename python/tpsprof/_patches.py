@@ -241,14 +241,28 @@ def wrap_scale(cls):
     cls.scale = scale
 
 
+# Modules torch.compile returned (weak references, the newest 64): zero-code
+# mode may meet a model compiled before its optimizer exists.
+_compiled = []
+
+
+def compiled_modules():
+    """The modules torch.compile returned that are still alive."""
+    return [m for m in (r() for r in _compiled) if m is not None]
+
+
 def patch_compile():
     """``torch.compile(model)`` of a watched model: its hooks move to the
     compiled wrapper, whose forward runs outside the graph. Hooks left on
     the inner module would be traced into the graph (a hook returns at once
     while dynamo traces, so the graph is unchanged, but the compiled code
-    then never calls it). ``model.compile()`` compiles in place: its
-    forward and backward are then not timed (the step, data wait, optimizer
-    and communication still are)."""
+    then never calls it). In zero-code mode, compiling the model that owns
+    the optimizer's parameters ends the search for it with global module
+    hooks before torch.compile sees them (they cost a compiled model a
+    second graph and PyTorch's warning), and the compiled wrapper is
+    watched. ``model.compile()`` compiles in place: its forward and
+    backward are then not timed (the step, data wait, optimizer and
+    communication still are)."""
     c = getattr(torch, "compile", None)
     if c is None or getattr(c, "_tpsprof", False):
         return
@@ -259,9 +273,18 @@ def patch_compile():
         if prof is not None and isinstance(model, torch.nn.Module):
             try:
                 moved = prof._unwatch_model(model)
+                roots = getattr(prof, "_roots", None)
+                if not moved and roots is not None:
+                    moved = roots.adopt(model)
             except Exception:
                 moved = False
         out = c(model, *args, **kwargs)
+        if isinstance(out, torch.nn.Module):
+            try:
+                _compiled.append(weakref.ref(out))
+                del _compiled[:-64]
+            except TypeError:
+                pass
         if moved:
             try:
                 prof.watch_model(out if isinstance(out, torch.nn.Module) else model)

@@ -208,7 +208,11 @@ func TestModernTorchParallelisms(t *testing.T) {
 // change what torch.compile does: dynamo's own counters (graph breaks and
 // their reasons, frames, unique graphs, recompilations) and the warnings
 // raised are those of the same job without tpsprof, for a plain model, DDP
-// and FSDP2 (inductor on CPU, one process). Every step is still measured.
+// and FSDP2 (inductor on CPU, one process), instrumented before or after
+// compiling and in zero-code mode (which used to cost a second graph and
+// PyTorch's warning about global module hooks); for the plain model also
+// compiled before its optimizer exists. Every step is still measured, and
+// the model's forward timed.
 func TestModernTorchCompileUnchanged(t *testing.T) {
 	py := modernTorchPython(t)
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "compile_check.py")
@@ -222,9 +226,10 @@ func TestModernTorchCompileUnchanged(t *testing.T) {
 		Profiled     bool           `json:"profiled"`
 		Steps        int            `json:"steps_measured"`
 		Errors       int            `json:"profiler_errors"`
+		Watched      int            `json:"models_watched"`
 	}
-	run := func(t *testing.T, wrap, how string) counts {
-		cmd := exec.Command(py, script, "--wrap", wrap, "--instrument", how, "--steps", "4")
+	run := func(t *testing.T, wrap, how string, extra ...string) counts {
+		cmd := exec.Command(py, append([]string{script, "--wrap", wrap, "--instrument", how, "--steps", "4"}, extra...)...)
 		cmd.Dir = t.TempDir()
 		cmd.Env = append(os.Environ(), "TPSPROF_SOCKET="+filepath.Join(cmd.Dir, "none.sock"))
 		out, err := cmd.CombinedOutput()
@@ -238,11 +243,15 @@ func TestModernTorchCompileUnchanged(t *testing.T) {
 		}
 		return c
 	}
-	for _, wrap := range []string{"plain", "ddp", "fsdp2"} {
+	for _, wrap := range []string{"plain", "ddp", "fsdp2", "plain/compile-first"} {
 		t.Run(wrap, func(t *testing.T) {
-			base := run(t, wrap, "none")
-			for _, how := range []string{"before", "after"} {
-				got := run(t, wrap, how)
+			hows, extra := []string{"before", "after", "auto"}, []string(nil)
+			if w, ok := strings.CutSuffix(wrap, "/compile-first"); ok {
+				wrap, hows, extra = w, []string{"auto"}, []string{"--compile-first"}
+			}
+			base := run(t, wrap, "none", extra...)
+			for _, how := range hows {
+				got := run(t, wrap, how, extra...)
 				t.Logf("%s, instrumented %s compile: %d graph breaks (bare %d), %d unique graphs (bare %d), frames %v (bare %v), %d steps measured",
 					wrap, how, got.GraphBreaks, base.GraphBreaks, got.UniqueGraphs, base.UniqueGraphs, got.FrameCounts, base.FrameCounts, got.Steps)
 				if got.GraphBreaks != base.GraphBreaks || strings.Join(got.BreakReasons, "|") != strings.Join(base.BreakReasons, "|") {
@@ -255,8 +264,8 @@ func TestModernTorchCompileUnchanged(t *testing.T) {
 				if !reflect.DeepEqual(got.Warnings, base.Warnings) {
 					t.Errorf("%s, instrumented %s compile: warnings %q, bare %q", wrap, how, got.Warnings, base.Warnings)
 				}
-				if !got.Profiled || got.Steps != 4 || got.Errors != 0 {
-					t.Errorf("%s, instrumented %s compile: profiled %v, %d steps measured of 4, %d errors", wrap, how, got.Profiled, got.Steps, got.Errors)
+				if !got.Profiled || got.Steps != 4 || got.Errors != 0 || got.Watched < 1 {
+					t.Errorf("%s, instrumented %s compile: profiled %v, %d steps measured of 4, %d errors, %d models' forward timed", wrap, how, got.Profiled, got.Steps, got.Errors, got.Watched)
 				}
 			}
 		})
