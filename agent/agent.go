@@ -231,6 +231,7 @@ type Agent struct {
 	capSubN   atomic.Int64
 	ownMu     sync.Mutex
 	owners    map[string]*jobOwner // job → the user whose ranks write it (owner.go)
+	batches   batchCheck           // identical batches on separate replicas (batches.go)
 
 	done      chan struct{}
 	wg        sync.WaitGroup

@@ -238,14 +238,18 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 	}
 	switch kind {
 	case "step":
-		var r tps.StepRecord
-		if err := json.Unmarshal(line, &r); err != nil {
+		var sl stepLine
+		if err := json.Unmarshal(line, &sl); err != nil {
 			a.reject("line:json")
 			a.log.Warn("json", "step line does not decode", "err", err)
 			return false
 		}
+		r := sl.StepRecord
 		if !a.ownerOK(info, r.Job) || a.SubmitStep(r) != nil { // counted inside
 			return false
+		}
+		if sl.BatchFP != "" {
+			a.checkBatches(&r, sl.BatchFP)
 		}
 		if info != nil && info.saw(&r) {
 			a.watchCaptures(r.Job)
@@ -296,6 +300,13 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 		a.log.Warn("type", "intake line of unknown type", "type", prefix([]byte(kind)))
 		return false
 	}
+}
+
+// stepLine is a step line: the record, and for a job's first steps a
+// fingerprint of the step's batch (batches.go), not forwarded.
+type stepLine struct {
+	tps.StepRecord
+	BatchFP string `json:"batch_fp"`
 }
 
 // metaLine is a meta line: run metadata, and optionally the model's Hugging

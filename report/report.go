@@ -289,6 +289,15 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			rep.Events[e.Kind]++
 		}
 	}
+	// What the ranks showed against the declared layout (identical batches
+	// on separate replicas: tokens counted more than once), said first.
+	seenWarn := map[string]bool{}
+	for _, e := range events {
+		if e.Kind == tps.EventTopologyWarning && len(seenWarn) < 3 && !seenWarn[e.Detail] {
+			seenWarn[e.Detail] = true
+			rep.Notes = append(rep.Notes, fmt.Sprintf("layout contradicted (node %s, attempt %d): %s", e.Node, e.Attempt, e.Detail))
+		}
+	}
 	// Steps a rank profiled (the agent analysed its trace) ran slower
 	// under the profiler: out of the statistics, in wall TPS and goodput.
 	profiled := map[[2]int64]bool{}

@@ -24,6 +24,10 @@ const (
 	// when a straggler episode opened (Detail: the episode, the rank the
 	// others waited for and the ranks' figures; docs/capture.md).
 	EventCapture = "capture"
+	// EventTopologyWarning: what the ranks show contradicts the layout the
+	// job declared (Detail says what), e.g. identical batches on ranks
+	// counted as separate replicas (agent/batches.go).
+	EventTopologyWarning = "topology_warning"
 )
 
 // Event is something that happened to a run outside the step loop: a

@@ -37,6 +37,9 @@ def main():
     p.add_argument("--crash-at", type=int, default=-1,
                    help="rank 0 of the first torchrun attempt exits at this step (to test elastic restarts)")
     p.add_argument("--synthetic", action="store_true", help="skip PyTorch even if installed")
+    p.add_argument("--same-batches", action="store_true",
+                   help="every rank reads the same batches (no DistributedSampler): the agent warns that "
+                        "replicas trained on identical data")
     args = p.parse_args()
     try:
         import torch  # noqa: F401
@@ -107,9 +110,16 @@ def train_torch(args):
     start = 0
     if args.crash_at >= 0 and restart > 0:
         start = args.crash_at // 2  # resume from an (imagined) checkpoint before the crash
-    data = RandomTokens(args.steps * args.batch, args.seq, vocab, args.data_sleep, args.batch)
-    data = torch.utils.data.Subset(data, range(start * args.batch, len(data)))
-    loader = torch.utils.data.DataLoader(data, batch_size=args.batch)
+    shards = int(os.environ["WORLD_SIZE"]) if distributed and not args.same_batches else 1
+    per_step = args.batch * shards  # sequences a step takes across the replicas
+    data = RandomTokens(args.steps * per_step, args.seq, vocab, args.data_sleep, args.batch)
+    data = torch.utils.data.Subset(data, range(start * per_step, len(data)))
+    # Each replica its own share of the data (without the sampler every rank
+    # reads the same batches: --same-batches shows the warning that draws).
+    sampler = None
+    if shards > 1:
+        sampler = torch.utils.data.distributed.DistributedSampler(data, shuffle=False, drop_last=True)
+    loader = torch.utils.data.DataLoader(data, batch_size=args.batch, sampler=sampler)
     # One call: the model, the optimizer (its step ends each step) and the loader.
     prof = tpsprof.torch.instrument(model, opt, loader, first_step=start)
     for step, (x, y) in enumerate(loader, start):

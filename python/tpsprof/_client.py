@@ -180,12 +180,15 @@ class Profiler:
             self.dropped += 1
 
     def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
-                  samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None, bytes=None, rollout=None):
+                  samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None, bytes=None, rollout=None,
+                  batch_fp=None):
         """Sends one step measured elsewhere (tpsprof.torch). Never raises.
 
         ``phases_ns`` maps phase names (PHASES) to nanoseconds; phases that
         block the step (data_wait, exposed_comm, pp_wait, ckpt) are clipped
-        to the step's duration, exposed_comm to comm.
+        to the step's duration, exposed_comm to comm. ``batch_fp`` is the
+        fingerprint of the step's first batch (the first steps only): the
+        agent compares its ranks' (identical batches on separate replicas).
         """
         try:
             dur = max(int(duration_ns), 1)
@@ -222,6 +225,8 @@ class Profiler:
                 rec["skipped"] = True
             if bytes and int(bytes) > 0:
                 rec["bytes"] = int(bytes)
+            if batch_fp:
+                rec["batch_fp"] = str(batch_fp)[:32]
             if rollout is not None and (rollout.requests or rollout.ns):
                 gen = rollout.fields()
                 gen["gen_ns"] = min(gen["gen_ns"], dur)

@@ -8,6 +8,7 @@ host memory, read once the step is over. docs/capture.md says what counts as
 a token.
 """
 
+import zlib
 from typing import Any, Optional, Tuple, Union
 
 import torch
@@ -112,6 +113,20 @@ class Fetch:
     def __init__(self, batch, counts):
         self.batch, self.counts, self.split = batch, counts, None
 
+    def fingerprint(self) -> Optional[str]:
+        """(On the sender thread, before resolve.) A fingerprint of a host
+        batch's token ids (CRC-32 of their first 4 KiB and their shape), or
+        None (a GPU batch is not read: that would wait for the GPU)."""
+        ids = _ids_of(self.batch)
+        if ids is None or ids.device.type != "cpu":
+            return None
+        try:
+            flat = ids.detach().reshape(-1)[:4096 // max(ids.element_size(), 1)].contiguous()
+            crc = zlib.crc32(flat.numpy().tobytes())
+            return "%08x-%s" % (crc, "x".join(str(d) for d in ids.shape))
+        except Exception:
+            return None
+
     def resolve(self, ignore_index: int) -> tuple:
         """(On the sender thread.) The counts as ints; the batch let go."""
         c = self.counts
@@ -124,6 +139,18 @@ class Fetch:
         if self.split is not None:
             real = padded = self.split
         return as_int(real), as_int(padded), samples, None if sq is None else as_int(sq)
+
+
+def _ids_of(batch: Any) -> Optional[torch.Tensor]:
+    """The token ids of a batch (as token_counts finds them), or None."""
+    ids = None
+    if isinstance(batch, torch.Tensor):
+        ids = batch
+    elif hasattr(batch, "keys") and hasattr(batch, "get"):
+        ids = batch.get("input_ids")
+    elif isinstance(batch, (list, tuple)) and batch:
+        ids = next((t for t in batch if is_ids(t)), None)
+    return ids if is_ids(ids) else None
 
 
 def counts_now(batch: Any, ignore_index: int) -> Optional[tuple]:

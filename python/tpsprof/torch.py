@@ -55,6 +55,9 @@ __all__ = ["instrument", "TorchProfiler", "active", "count_tokens", "packed_seq_
 # per process. The module's only state: everything else is the profiler's.
 _ACTIVE = None
 _MAX_ERRORS = 100
+# The first steps send a fingerprint of their first host batch: the agent
+# warns when ranks counted as separate replicas trained on identical ones.
+FINGERPRINT_STEPS = 8
 
 
 def active() -> "Optional[TorchProfiler]":
@@ -670,6 +673,9 @@ class TorchProfiler:
         # the marks as ns from the step's start; the rest is the core's (_steps)
         ph = phases(dur, st.data_wait, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
                     comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait))
+        fp = None
+        if self.steps < FINGERPRINT_STEPS and st.fetches:
+            fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
         tokens, padded, samples, seq_sq = totals([f.resolve(self.ignore_index) for f in st.fetches], st.skipped)
         loss = mean_loss(st.losses)
         self.steps += 1
@@ -677,7 +683,7 @@ class TorchProfiler:
                               samples=None if st.skipped else (samples or None), loss=loss,
                               skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
-                              bytes=st.bytes or None, rollout=st.rollout)
+                              bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp)
 
     # -- hooks --------------------------------------------------------------
     def _fwd_pre(self, module, inputs):
@@ -917,7 +923,8 @@ class TorchProfiler:
         elif self.cuda:
             # counts on the GPU are launched now, on the training
             # stream, and read once the step is over
-            f = Fetch(batch if batch.__class__ is torch.Tensor else None, counts_now(batch, self.ignore_index))
+            keep = batch.__class__ is torch.Tensor or self.steps < FINGERPRINT_STEPS  # (see FINGERPRINT_STEPS)
+            f = Fetch(batch if keep else None, counts_now(batch, self.ignore_index))
         else:
             # on the host the batch is counted when its record is built,
             # on the sender thread: the training thread keeps a reference

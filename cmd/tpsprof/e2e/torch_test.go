@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -153,6 +154,47 @@ func TestTorchDDPMeasured(t *testing.T) {
 		case r.DataWaitNs+r.FwdNs > r.DurationNs:
 			t.Errorf("row %d/%d: data wait + forward %d above the step's %d ns", r.Step, r.Rank, r.DataWaitNs+r.FwdNs, r.DurationNs)
 		}
+	}
+	// each replica read its own share (DistributedSampler): nothing to warn of
+	if w := topologyWarnings(t, dir); len(w) != 0 {
+		t.Errorf("topology warnings on a DDP job whose replicas read different data: %q", w)
+	}
+}
+
+// topologyWarnings are the details of a job's topology_warning events.
+func topologyWarnings(t *testing.T, dir string) []string {
+	t.Helper()
+	evs, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range evs {
+		if e.Kind == tps.EventTopologyWarning {
+			out = append(out, e.Detail)
+		}
+	}
+	return out
+}
+
+// Two DDP ranks that read the same batches (no DistributedSampler: each
+// counts the same tokens) draw one topology warning from the agent, naming
+// both ranks, and the report says it first. TestTorchDDPMeasured is the
+// same job with the sampler: no warning.
+func TestIdenticalBatchesWarned(t *testing.T) {
+	py := torchPython(t)
+	dir, log := launchTorch(t, "same-batches", false, torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
+		"--steps", "6", "--batch", "4", "--seq", "32", "--vocab", "256", "--dim", "64", "--same-batches"))
+	w := topologyWarnings(t, dir)
+	if len(w) != 1 || !strings.Contains(w[0], "ranks 0 and 1 trained on identical batches") {
+		t.Fatalf("topology warnings %q, want one naming ranks 0 and 1\n%s", w, log)
+	}
+	rep, err := report.Analyze(dir, report.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "identical batches") }) {
+		t.Errorf("the report does not say it: notes %q", rep.Notes)
 	}
 }
 
