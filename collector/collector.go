@@ -661,7 +661,7 @@ func (c *Collector) closeJobs(jobs []*job) error {
 				// Durable mode leaves open steps open: their messages are
 				// not acknowledged, and the next collector aggregates them.
 				j.writeRows(true, &t)
-				j.flushRanks()
+				j.flushRanks(true)
 			}
 			j.evicted = true
 			j.st.release()

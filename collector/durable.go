@@ -518,7 +518,7 @@ func (d *durableSource) checkpoint(now time.Time) {
 				return
 			}
 			j.writeRows(false, &t)
-			j.flushRanks()
+			j.flushRanks(true)
 			led := j.st.led
 			r := rotation{j: j, written: led.written, items: led.unacked, failed: len(j.out.tables) == 0, replies: j.out.rotateAsync()}
 			led.written, led.unacked, led.checkpointing = map[stepKey]bool{}, nil, true

@@ -299,6 +299,7 @@ func (c *Collector) stepBatch(m message, fold stepFold) {
 			}
 			maxAttempt = max(maxAttempt, r.Attempt)
 			if keep {
+				j.st.sumWindow(r)
 				if kept != i {
 					recs[kept] = *r
 				}
@@ -317,13 +318,13 @@ func (c *Collector) stepBatch(m message, fold stepFold) {
 		case kept >= directHandOff:
 			// A big batch goes to the writer as it is, without a copy; the
 			// writer returns the slice to decodeBufs.
-			j.flushRanks()
+			j.flushRanks(false)
 			j.out.ranks.write(recs[:kept])
 			*bufp = nil
 		default:
 			j.rankBuf = append(j.rankBuf, recs[:kept]...)
 			if len(j.rankBuf) >= 4096 {
-				j.flushRanks()
+				j.flushRanks(false)
 			}
 		}
 		j.st.led.hold(m.ack, touched)
@@ -336,10 +337,10 @@ func (c *Collector) stepBatch(m message, fold stepFold) {
 	}
 }
 
-// filesPerJob is the most part files a job holds open (four tables);
+// filesPerJob is the most part files a job holds open (five tables);
 // reservedFiles leaves room for sockets, NATS and HTTP connections.
 const (
-	filesPerJob   = 4
+	filesPerJob   = 5
 	reservedFiles = 256
 )
 

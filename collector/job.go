@@ -111,8 +111,12 @@ func (j *job) settle(t *tally) {
 	j.live.Store(f)
 }
 
-// flushRanks hands the buffered rank rows to the job's writer goroutine.
-func (j *job) flushRanks() {
+// flushRanks hands the buffered rank rows, and the rank windows ready
+// (with all, every one), to the job's writer goroutines.
+func (j *job) flushRanks(all bool) {
+	if ws := j.st.takeWindows(all); len(ws) > 0 && j.out.windows != nil {
+		j.out.windows.write(ws)
+	}
 	if len(j.rankBuf) == 0 || j.out.ranks == nil {
 		return
 	}
@@ -131,14 +135,14 @@ func (j *job) writeRows(force bool, t *tally) {
 // finalise writes what waits (closed rows still waiting for GPU samples
 // included) and finalises every open part, so readers see the whole job.
 func (j *job) finalise(t *tally) {
-	j.flushRanks()
+	j.flushRanks(true)
 	j.writeRows(true, t)
 	j.out.rotateNow()
 	j.st.unfinalised, j.st.attemptEnded = false, false
 }
 
 func (j *job) rotateDue(t *tally) {
-	j.flushRanks()
+	j.flushRanks(false)
 	j.writeRows(false, t)
 	j.out.rotateIfDue(t.now)
 }
@@ -159,7 +163,7 @@ func (j *job) tick(c *Collector, t *tally) {
 	switch {
 	case j.st.led != nil: // durable: parts are finalised by checkpoints
 		j.writeRows(false, t)
-		j.flushRanks()
+		j.flushRanks(false)
 	case j.out.ranks != nil && j.st.finaliseDue(t.now):
 		j.finalise(t)
 	default:
@@ -172,7 +176,7 @@ func (j *job) tick(c *Collector, t *tally) {
 func (j *job) prepareClose(t *tally) {
 	j.st.closeAll(t)
 	j.writeRows(true, t)
-	j.flushRanks()
+	j.flushRanks(true)
 }
 
 // evictable: nothing open or waiting, no message unacknowledged for it,

@@ -9,7 +9,7 @@ import (
 	"github.com/tpsprof/tpsprof/trace"
 )
 
-// sink is the I/O side of a job: its four tables, each written by a
+// sink is the I/O side of a job: its five tables, each written by a
 // goroutine of its own (asyncWriter), and the metadata snapshot the parts
 // store. The state side (state.go: open steps, dedupe windows, live
 // figures) hands rows and rotation commands to it and never waits for the
@@ -23,7 +23,8 @@ type sink struct {
 	cluster *asyncWriter[tps.ClusterStep]
 	events  *asyncWriter[tps.Event]
 	gpus    *asyncWriter[tps.GPUSample]
-	// tables are the four writers above, in that order, as the sink drives
+	windows *asyncWriter[tps.RankWindow]
+	// tables are the five writers above, in that order, as the sink drives
 	// them whatever their row type: rows go in through the typed fields,
 	// everything else through tables. Empty when the folders could not be
 	// created.
@@ -43,7 +44,7 @@ type tableWriter interface {
 	counts() (errs, lost int64)
 }
 
-// open starts the four writers; on an error (the job's folders cannot be
+// open starts the five writers; on an error (the job's folders cannot be
 // created) the sink stays without writers.
 func (s *sink) open(out string, opt trace.WriterOptions, onError func(error)) error {
 	rw, err := trace.NewPartWriter[tps.StepRecord](out, s.job, trace.RankSteps, opt)
@@ -62,11 +63,16 @@ func (s *sink) open(out string, opt trace.WriterOptions, onError func(error)) er
 	if err != nil {
 		return err
 	}
+	ww, err := trace.NewPartWriter[tps.RankWindow](out, s.job, trace.RankWindows, opt)
+	if err != nil {
+		return err
+	}
 	s.ranks = newAsyncWriter(trace.RankSteps, rw, releaseRecords, onError)
 	s.cluster = newAsyncWriter(trace.ClusterSteps, cw, nil, onError)
 	s.events = newAsyncWriter(trace.Events, ew, nil, onError)
 	s.gpus = newAsyncWriter(trace.GPUSamples, gw, nil, onError)
-	s.tables = []tableWriter{s.ranks, s.cluster, s.events, s.gpus}
+	s.windows = newAsyncWriter(trace.RankWindows, ww, nil, onError)
+	s.tables = []tableWriter{s.ranks, s.cluster, s.events, s.gpus, s.windows}
 	return nil
 }
 

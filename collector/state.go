@@ -235,6 +235,11 @@ type jobState struct {
 	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
 	pending   []pendingRow          // closed rows waiting for GPU samples
 
+	// rank windows (tps.RankWindow): each rank's current one, and those
+	// complete waiting to be written
+	rankWins  map[int64]*tps.RankWindow
+	winsReady []tps.RankWindow
+
 	// led is the durable source's bookkeeping (ledger.go); nil in core mode
 	led *ledger
 
@@ -1035,4 +1040,50 @@ func shortReason(s string) string {
 		s = s[:i]
 	}
 	return strings.TrimSpace(s)
+}
+
+// sumWindow folds a rank row that is written into its rank's window (the
+// rank_windows table). A row of a later window closes the rank's current
+// one (ready to write); a row of an earlier one (late) is written as a
+// window row of its own, which readers merge with the first.
+func (s *jobState) sumWindow(r *tps.StepRecord) {
+	if s.rankWins == nil {
+		s.rankWins = map[int64]*tps.RankWindow{}
+	}
+	win := tps.WindowOf(r.Step)
+	w := s.rankWins[r.Rank]
+	switch {
+	case w == nil:
+	case w.Attempt == r.Attempt && w.Window == win:
+		w.Add(r)
+		return
+	case r.Attempt < w.Attempt || (r.Attempt == w.Attempt && win < w.Window):
+		var late tps.RankWindow
+		late.Add(r)
+		late.Seal()
+		s.winsReady = append(s.winsReady, late)
+		return
+	default:
+		w.Seal()
+		s.winsReady = append(s.winsReady, *w)
+	}
+	w = &tps.RankWindow{}
+	w.Add(r)
+	s.rankWins[r.Rank] = w
+}
+
+// takeWindows hands out the rank windows ready to write; with all, the
+// ranks' current ones too (a part is finalised: what it covers is written
+// whole; rows that come later for the same window make a second row).
+func (s *jobState) takeWindows(all bool) []tps.RankWindow {
+	if all {
+		for rank, w := range s.rankWins {
+			w.Seal()
+			s.winsReady = append(s.winsReady, *w)
+			delete(s.rankWins, rank)
+		}
+	}
+	out := s.winsReady
+	s.winsReady = nil
+	return out
 }

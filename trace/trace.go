@@ -33,10 +33,13 @@ const (
 	ClusterSteps = "cluster_steps"
 	GPUSamples   = "gpu_samples"
 	Events       = "events"
+	// RankWindows summarises rank_steps per rank and window of
+	// tps.RankWindowSteps steps (tps.RankWindow).
+	RankWindows = "rank_windows"
 )
 
 // Tables are the table names, each a folder of a job.
-var Tables = []string{RankSteps, ClusterSteps, GPUSamples, Events}
+var Tables = []string{RankSteps, ClusterSteps, GPUSamples, Events, RankWindows}
 
 // Metadata keys.
 const (

@@ -1,0 +1,194 @@
+package tps
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// RankWindowSteps is how many steps a rank window covers: window w of an
+// attempt holds steps [w*RankWindowSteps, (w+1)*RankWindowSteps). A run of
+// 1e10 rank rows has ~1e8 rank windows.
+const RankWindowSteps = 100
+
+// RankWindow summarises one rank's rows over a window of steps (the
+// rank_windows table, docs/parquet.md): per measure its sum, minimum and
+// maximum, and a mergeable quantile sketch of the rank's compute time, so
+// that a report over a very long run reads one row per rank and window
+// instead of one per rank and step. Several rows may share a key (job,
+// attempt, rank, window): a record that came after its window was written,
+// or rank writers that each saw part of a rank's rows; readers merge them
+// (Merge).
+type RankWindow struct {
+	Job       string `json:"job" parquet:"job,dict"`
+	Attempt   int64  `json:"attempt" parquet:"attempt"`
+	Rank      int64  `json:"rank" parquet:"rank"`
+	Node      string `json:"node,omitempty" parquet:"node,dict"`
+	WorldSize int64  `json:"world_size" parquet:"world_size"`
+	// Window is the window's number: its steps are [Window*RankWindowSteps,
+	// (Window+1)*RankWindowSteps); FirstStep and LastStep are the lowest
+	// and highest steps of the rows it holds, Steps how many rows.
+	Window    int64 `json:"window" parquet:"window"`
+	FirstStep int64 `json:"first_step" parquet:"first_step"`
+	LastStep  int64 `json:"last_step" parquet:"last_step"`
+	Steps     int64 `json:"steps" parquet:"steps"`
+	// StartUnixNs and EndUnixNs bound the rows' steps on the rank's clock.
+	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns"`
+	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns"`
+
+	Duration    Span `json:"duration_ns" parquet:"duration_ns"`
+	Compute     Span `json:"compute_ns" parquet:"compute_ns"` // StepRecord.ComputeNs
+	DataWait    Span `json:"data_wait_ns" parquet:"data_wait_ns"`
+	Comm        Span `json:"comm_ns" parquet:"comm_ns"`
+	ExposedComm Span `json:"exposed_comm_ns" parquet:"exposed_comm_ns"`
+	PPWait      Span `json:"pp_wait_ns" parquet:"pp_wait_ns"`
+	Ckpt        Span `json:"ckpt_ns" parquet:"ckpt_ns"`
+	Fwd         Span `json:"fwd_ns" parquet:"fwd_ns"`
+	Bwd         Span `json:"bwd_ns" parquet:"bwd_ns"`
+	Optim       Span `json:"optim_ns" parquet:"optim_ns"`
+
+	Tokens       int64 `json:"tokens" parquet:"tokens"`
+	PaddedTokens int64 `json:"padded_tokens" parquet:"padded_tokens"`
+	// TokensPadded is the tokens of the rows that named their padded
+	// tokens (for the real/padded ratio over the same rows).
+	TokensPadded int64 `json:"tokens_padded" parquet:"tokens_padded"`
+
+	// ComputeSketch is a Sketch of the rows' compute times (ns) as JSON:
+	// per-rank quantiles (the straggler scores' medians) over any set of
+	// windows, within the sketch's 1% relative accuracy.
+	ComputeSketch []byte `json:"compute_sketch,omitempty" parquet:"compute_sketch"`
+
+	sketch *Sketch // while accumulating (Add); encoded by Seal
+}
+
+// Span is a measure's sum, minimum and maximum over a window's rows.
+type Span struct {
+	Sum int64 `json:"sum" parquet:"sum"`
+	Min int64 `json:"min" parquet:"min"`
+	Max int64 `json:"max" parquet:"max"`
+}
+
+func (s *Span) add(v int64, first bool) {
+	if first {
+		*s = Span{Sum: v, Min: v, Max: v}
+		return
+	}
+	s.Sum += v
+	s.Min = min(s.Min, v)
+	s.Max = max(s.Max, v)
+}
+
+func (s *Span) merge(o Span) {
+	s.Sum += o.Sum
+	s.Min = min(s.Min, o.Min)
+	s.Max = max(s.Max, o.Max)
+}
+
+// WindowOf is the rank window a step falls in.
+func WindowOf(step int64) int64 { return step / RankWindowSteps }
+
+// Add folds a rank row in (its window must be w's, unchecked).
+func (w *RankWindow) Add(r *StepRecord) {
+	first := w.Steps == 0
+	if first {
+		w.Job, w.Attempt, w.Rank, w.Window = r.Job, r.Attempt, r.Rank, WindowOf(r.Step)
+		w.FirstStep, w.LastStep, w.StartUnixNs, w.EndUnixNs = r.Step, r.Step, r.StartUnixNs, r.EndUnixNs
+	} else {
+		w.FirstStep, w.LastStep = min(w.FirstStep, r.Step), max(w.LastStep, r.Step)
+		w.StartUnixNs, w.EndUnixNs = min(w.StartUnixNs, r.StartUnixNs), max(w.EndUnixNs, r.EndUnixNs)
+	}
+	if r.Node != "" {
+		w.Node = r.Node
+	}
+	w.WorldSize = r.WorldSize
+	w.Steps++
+	compute := r.ComputeNs()
+	w.Duration.add(r.DurationNs, first)
+	w.Compute.add(compute, first)
+	w.DataWait.add(r.DataWaitNs, first)
+	w.Comm.add(r.CommNs, first)
+	w.ExposedComm.add(r.ExposedCommNs, first)
+	w.PPWait.add(r.PPWaitNs, first)
+	w.Ckpt.add(r.CkptNs, first)
+	w.Fwd.add(r.FwdNs, first)
+	w.Bwd.add(r.BwdNs, first)
+	w.Optim.add(r.OptimNs, first)
+	w.Tokens += r.Tokens
+	if r.PaddedTokens > 0 {
+		w.PaddedTokens += r.PaddedTokens
+		w.TokensPadded += r.Tokens
+	}
+	if w.sketch == nil {
+		w.sketch = &Sketch{}
+	}
+	w.sketch.Add(float64(compute))
+}
+
+// Seal encodes the sketch Add built into ComputeSketch (before writing).
+func (w *RankWindow) Seal() {
+	if w.sketch != nil {
+		w.ComputeSketch, _ = json.Marshal(w.sketch)
+		w.sketch = nil
+	}
+}
+
+// Sketch decodes ComputeSketch (nil when there is none).
+func (w *RankWindow) Sketch() (*Sketch, error) {
+	if w.sketch != nil {
+		return w.sketch, nil
+	}
+	if len(w.ComputeSketch) == 0 {
+		return nil, nil
+	}
+	var s Sketch
+	if err := json.Unmarshal(w.ComputeSketch, &s); err != nil {
+		return nil, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+	}
+	if err := s.Check(); err != nil {
+		return nil, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+	}
+	return &s, nil
+}
+
+// Merge folds another row of the same key in (sketches included).
+func (w *RankWindow) Merge(o *RankWindow) error {
+	if o.Steps == 0 {
+		return nil
+	}
+	if w.Steps == 0 {
+		*w = *o
+		return nil
+	}
+	a, err := w.Sketch()
+	if err != nil {
+		return err
+	}
+	b, err := o.Sketch()
+	if err != nil {
+		return err
+	}
+	switch {
+	case a == nil:
+		a = b
+	case b != nil:
+		m := *a
+		m.Bins = append([]int64(nil), a.Bins...)
+		m.Merge(b)
+		a = &m
+	}
+	w.FirstStep, w.LastStep = min(w.FirstStep, o.FirstStep), max(w.LastStep, o.LastStep)
+	w.StartUnixNs, w.EndUnixNs = min(w.StartUnixNs, o.StartUnixNs), max(w.EndUnixNs, o.EndUnixNs)
+	if w.Node == "" {
+		w.Node = o.Node
+	}
+	w.Steps += o.Steps
+	for _, p := range []struct{ a, b *Span }{{&w.Duration, &o.Duration}, {&w.Compute, &o.Compute}, {&w.DataWait, &o.DataWait},
+		{&w.Comm, &o.Comm}, {&w.ExposedComm, &o.ExposedComm}, {&w.PPWait, &o.PPWait}, {&w.Ckpt, &o.Ckpt},
+		{&w.Fwd, &o.Fwd}, {&w.Bwd, &o.Bwd}, {&w.Optim, &o.Optim}} {
+		p.a.merge(*p.b)
+	}
+	w.Tokens += o.Tokens
+	w.PaddedTokens += o.PaddedTokens
+	w.TokensPadded += o.TokensPadded
+	w.sketch, w.ComputeSketch = a, nil
+	return nil
+}
