@@ -138,7 +138,9 @@ type windows struct {
 	n     []int32
 }
 
-func newWindows(steps []tps.ClusterStep, warm []bool, world int64) *windows {
+// newWindows lays out the episode windows: about 50 over the steady steps
+// (fewer for a large world), of at least minSize steps.
+func newWindows(steps []tps.ClusterStep, warm []bool, world int64, minSize int) *windows {
 	steady := 0
 	for i := range steps {
 		if !warm[i] && steps[i].StepTimeNs > 0 {
@@ -146,7 +148,7 @@ func newWindows(steps []tps.ClusterStep, warm []bool, world int64) *windows {
 		}
 	}
 	maxW := min(50, max(1, episodeCells/max(int(world), 1)))
-	size := max(10, (steady+maxW-1)/maxW)
+	size := max(10, (steady+maxW-1)/maxW, minSize)
 	w := &windows{of: make([]int, len(steps)), size: size, world: int(max(world, 1))}
 	k := 0
 	for i := range steps {
@@ -177,6 +179,20 @@ func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
 	w.data[k] += float32(dataNs)
 	w.work[k] += float32(workNs)
 	w.n[k]++
+}
+
+// addN notes a rank's sums over n steady steps that all fall in the
+// window of step (a rank_windows row).
+func (w *windows) addN(step int, rank int64, ownNs, dataNs, workNs float64, n int32) {
+	win := w.of[step]
+	if win < 0 || rank < 0 || rank >= int64(w.world) || n <= 0 {
+		return
+	}
+	k := win*w.world + int(rank)
+	w.sum[k] += ownNs
+	w.data[k] += float32(dataNs)
+	w.work[k] += float32(workNs)
+	w.n[k] += n
 }
 
 // excess is rank slow's mean time beyond rank fast's in window win, by part.

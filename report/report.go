@@ -39,7 +39,23 @@ type Options struct {
 	Progress func(done, total int64)
 	// Select restricts the report to part of the run (the zero value: all).
 	Select Selection
+	// RankSource chooses what per-rank figures (straggler scores, episodes,
+	// the heatmap, padding) are read from: RankSourceAuto (rank_windows
+	// when rank_steps holds more than WindowsAbove rows, or none),
+	// RankSourceSteps or RankSourceWindows.
+	RankSource string
 }
+
+// Rank sources (Options.RankSource).
+const (
+	RankSourceAuto    = ""
+	RankSourceSteps   = trace.RankSteps
+	RankSourceWindows = trace.RankWindows
+)
+
+// WindowsAbove is the rank_steps size past which an automatic report reads
+// rank_windows instead (one row per rank and 100 steps).
+var WindowsAbove int64 = 50_000_000
 
 // Breakdown is where a steady step's time goes, as fractions of step time
 // (means over steady steps of the per-step means over ranks).
@@ -174,6 +190,12 @@ type Report struct {
 	Episodes      []StragglerEpisode `json:"straggler_episodes"`
 	EpisodeWindow int                `json:"straggler_window_steps"`
 	RankRows      int64              `json:"rank_rows"`
+	// TablesRead are the tables the report read, and RankWindows the
+	// rank_windows rows when per-rank figures came from them (with
+	// RankWindowsLeft, windows holding warm-up steps left out).
+	TablesRead      []string `json:"tables_read"`
+	RankWindows     int64    `json:"rank_windows,omitempty"`
+	RankWindowsLeft int64    `json:"rank_windows_left_out,omitempty"`
 	// Selection says what part of the run the report covers ("" for all);
 	// RankRowsSkipped counts the rank rows it did not read (row groups
 	// outside the selection, by the parts' statistics).
@@ -321,67 +343,33 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 	rankDir := filepath.Join(dir, trace.RankSteps)
 	total := countRows(rankDir)
-	medians := map[int64]*tps.Median{}
-	keep := medianKeepFor(rep.Summary.WorldSize)
+	rep.TablesRead = append(rep.TablesRead, trace.ClusterSteps, trace.Events)
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
-	wins := newWindows(steps, warm, rep.Summary.WorldSize)
-	var done, realTok, padTok int64
+	var realTok, padTok int64
 	crit := critExcess{}
-	pruned, err := trace.EachColumnsIn(rankDir, rankColumns, "node", ranges, func(c *trace.Columns) error {
-		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
-		lastKey, si, ok := [2]int64{-1, -1}, 0, false
-		for i := range c.Rows {
-			rep.RankRows++
-			// Rows come grouped by step: look the step up when it changes.
-			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
-				lastKey = k
-				si, ok = index[k]
-			}
-			if !ok {
-				continue
-			}
-			r := rank[i]
-			comp := float64(computeNs(c, i))
-			heat.add(si, r, comp)
-			if n := c.Strings[i]; n != "" && nodes[r] == "" {
-				nodes[r] = n
-			}
-			if st := &steps[si]; r == st.SlowestRank && !warm[si] && st.StepTimeNs > 0 {
-				// what the critical rank had more of than the mean rank
-				crit.add(c.Strings[i], r, comp-st.ComputeNsMean, float64(c.Int64[5][i])-st.DataStallFractionMean*float64(st.StepTimeNs))
-			}
-			if warm[si] {
-				continue
-			}
-			// its own time (what the others wait for in a synchronous step:
-			// compute and waiting for data), and of it the data wait and the
-			// measured forward, backward and optimizer
-			wins.add(si, r, comp+float64(c.Int64[5][i]), float64(c.Int64[5][i]), float64(c.Int64[10][i]+c.Int64[11][i]+c.Int64[12][i]))
-			if pad := c.Int64[9][i]; pad > 0 {
-				realTok += c.Int64[8][i]
-				padTok += pad
-			}
-			m := medians[r]
-			if m == nil {
-				m = &tps.Median{Keep: keep}
-				medians[r] = m
-			}
-			m.Add(comp)
-		}
-		done += int64(c.Rows)
-		if opt.Progress != nil {
-			opt.Progress(done, total)
-		}
-		return nil
-	})
-	rep.RankRowsSkipped = pruned.Rows
-	if err = rep.tolerate(err); err != nil {
+	var med map[int64]float64
+	src, err := rankSource(dir, opt.RankSource, total)
+	if err != nil {
 		return nil, err
 	}
-	med := make(map[int64]float64, len(medians))
-	for r, m := range medians {
-		med[r] = m.Value()
+	minWin := 0 // episode windows hold whole rank windows when those are read
+	if src == trace.RankWindows {
+		minWin = tps.RankWindowSteps
+	}
+	wins := newWindows(steps, warm, rep.Summary.WorldSize, minWin)
+	switch src {
+	case trace.RankWindows:
+		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
+		if med, realTok, padTok, err = rep.windowPass(dir, steps, warm, index, heat, wins, nodes); err != nil {
+			return nil, err
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
+	default:
+		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
+		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, steps, warm, index, heat, wins, nodes, crit); err != nil {
+			return nil, err
+		}
 	}
 	scores := tps.ScoreMedians(med, nodes)
 	rep.Nodes = tps.NodeScores(scores)

@@ -13,6 +13,14 @@ import (
 	"github.com/tpsprof/tpsprof/tps"
 )
 
+// windowsText says how many rank_windows rows stood for the rank rows.
+func windowsText(r *Report) string {
+	if r.RankWindows == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" summarised in %d rank_windows rows", r.RankWindows)
+}
+
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
 
 // WriteText prints the report as a readable summary.
@@ -38,6 +46,9 @@ func WriteText(w io.Writer, r *Report) error {
 		row("clock offsets", "%s", c)
 	}
 	row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
+	if len(r.TablesRead) > 0 {
+		row("read", "%s (%d rank rows%s)", strings.Join(r.TablesRead, ", "), r.RankRows, windowsText(r))
+	}
 	if s.WarmupSteps > 0 && s.WarmupRule != "" {
 		row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)
 	}

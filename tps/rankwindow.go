@@ -27,7 +27,7 @@ type RankWindow struct {
 	// Window is the window's number: its steps are [Window*RankWindowSteps,
 	// (Window+1)*RankWindowSteps); FirstStep and LastStep are the lowest
 	// and highest steps of the rows it holds, Steps how many rows.
-	Window    int64 `json:"window" parquet:"window"`
+	Window    int64 `json:"window_index" parquet:"window_index"`
 	FirstStep int64 `json:"first_step" parquet:"first_step"`
 	LastStep  int64 `json:"last_step" parquet:"last_step"`
 	Steps     int64 `json:"steps" parquet:"steps"`

@@ -587,6 +587,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	attempt := fs.Int64("attempt", -1, "report only this attempt (-1: all)")
 	since := fs.String("since", "", "report only steps ending at or after this time (RFC 3339, or a duration before now: 2h)")
 	until := fs.String("until", "", "report only steps starting at or before this time (RFC 3339, or a duration before now)")
+	rankSrc := fs.String("rank-source", "auto", "per-rank figures from rank_steps (steps), from rank_windows (windows: one row per rank and 100 steps, for very long runs) or auto (windows past 50 million rank rows)")
 	// job folders may come before, between or after the flags
 	var dirs, rest []string
 	for _, a := range args {
@@ -610,6 +611,15 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		return usageErr(stderr, cmd, "give %d job folder(s) (OUT/JOB), got %d", want, len(dirs))
 	}
 	opt := report.Options{Warmup: *warmup, TrainTokens: float64(train), GPUHourUSD: float64(price)}
+	switch *rankSrc {
+	case "auto":
+	case "steps":
+		opt.RankSource = report.RankSourceSteps
+	case "windows":
+		opt.RankSource = report.RankSourceWindows
+	default:
+		return usageErr(stderr, cmd, "--rank-source %q: want auto, steps or windows", *rankSrc)
+	}
 	if *stepsSel != "" {
 		from, to, err := report.ParseSteps(*stepsSel)
 		if err != nil {
@@ -760,7 +770,7 @@ func needsValue(flagArg string) bool {
 		return false
 	}
 	switch name {
-	case "plots", "warmup", "train-tokens", "gpu-hour-usd", "html", "steps", "last", "attempt", "since", "until":
+	case "plots", "warmup", "train-tokens", "gpu-hour-usd", "html", "steps", "last", "attempt", "since", "until", "rank-source":
 		return true
 	}
 	return false

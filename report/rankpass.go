@@ -1,0 +1,178 @@
+package report
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// rankSource is the table the per-rank figures come from: what opt asks,
+// or automatically rank_windows when rank_steps holds more than
+// WindowsAbove rows (or has none) and rank_windows has parts.
+func rankSource(dir, want string, rankRows int64) (string, error) {
+	hasWindows := len(partsOf(filepath.Join(dir, trace.RankWindows))) > 0
+	switch want {
+	case RankSourceSteps:
+		return trace.RankSteps, nil
+	case RankSourceWindows:
+		if !hasWindows {
+			return "", fmt.Errorf("report: no rank_windows parts under %s (collectors before this version did not write them): read rank_steps instead", dir)
+		}
+		return trace.RankWindows, nil
+	case RankSourceAuto:
+		if hasWindows && (rankRows > WindowsAbove || rankRows == 0) {
+			return trace.RankWindows, nil
+		}
+		return trace.RankSteps, nil
+	}
+	return "", fmt.Errorf("report: unknown rank source %q (%s or %s)", want, RankSourceSteps, RankSourceWindows)
+}
+
+func partsOf(dir string) []string {
+	if _, err := os.Stat(dir); err != nil {
+		return nil
+	}
+	files, _ := trace.PartFiles(dir)
+	return files
+}
+
+// stepPass reads rank_steps (the selected row groups, a few columns) for
+// the per-rank compute medians, nodes, the heatmap, the episode windows,
+// the critical rank's excess and padding.
+func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, steps []tps.ClusterStep, warm []bool,
+	index map[[2]int64]int, heat *heatGrid, wins *windows, nodes map[int64]string, crit critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
+	medians := map[int64]*tps.Median{}
+	keep := medianKeepFor(rep.Summary.WorldSize)
+	var done int64
+	pruned, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), rankColumns, "node", ranges, func(c *trace.Columns) error {
+		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
+		lastKey, si, ok := [2]int64{-1, -1}, 0, false
+		for i := range c.Rows {
+			rep.RankRows++
+			// Rows come grouped by step: look the step up when it changes.
+			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
+				lastKey = k
+				si, ok = index[k]
+			}
+			if !ok {
+				continue
+			}
+			r := rank[i]
+			comp := float64(computeNs(c, i))
+			heat.add(si, r, comp)
+			if n := c.Strings[i]; n != "" && nodes[r] == "" {
+				nodes[r] = n
+			}
+			if st := &steps[si]; r == st.SlowestRank && !warm[si] && st.StepTimeNs > 0 {
+				// what the critical rank had more of than the mean rank
+				crit.add(c.Strings[i], r, comp-st.ComputeNsMean, float64(c.Int64[5][i])-st.DataStallFractionMean*float64(st.StepTimeNs))
+			}
+			if warm[si] {
+				continue
+			}
+			// its own time (what the others wait for in a synchronous step:
+			// compute and waiting for data), and of it the data wait and the
+			// measured forward, backward and optimizer
+			wins.add(si, r, comp+float64(c.Int64[5][i]), float64(c.Int64[5][i]), float64(c.Int64[10][i]+c.Int64[11][i]+c.Int64[12][i]))
+			if pad := c.Int64[9][i]; pad > 0 {
+				realTok += c.Int64[8][i]
+				padTok += pad
+			}
+			m := medians[r]
+			if m == nil {
+				m = &tps.Median{Keep: keep}
+				medians[r] = m
+			}
+			m.Add(comp)
+		}
+		done += int64(c.Rows)
+		if opt.Progress != nil {
+			opt.Progress(done, total)
+		}
+		return nil
+	})
+	rep.RankRowsSkipped = pruned.Rows
+	if err = rep.tolerate(err); err != nil {
+		return nil, 0, 0, err
+	}
+	med = make(map[int64]float64, len(medians))
+	for r, m := range medians {
+		med[r] = m.Value()
+	}
+	return med, realTok, padTok, nil
+}
+
+// windowPass reads rank_windows instead: per rank, the merged compute
+// sketches' median; per window row, its mean compute in the heatmap at
+// its first steady step, and its sums in the episode window of that step.
+// Rows of a window holding a warm-up step (or no selected step) are left
+// out, so figures cover whole windows; rows of one key are merged by the
+// sums they add to, which is what Merge does.
+func (rep *Report) windowPass(dir string, steps []tps.ClusterStep, warm []bool, index map[[2]int64]int, heat *heatGrid, wins *windows,
+	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
+	sketches := map[int64]*tps.Sketch{}
+	err = trace.Each(filepath.Join(dir, trace.RankWindows), func(rows []tps.RankWindow) error {
+		for i := range rows {
+			w := &rows[i]
+			rep.RankWindows++
+			si, in, anyWarm := -1, false, false
+			for s := w.FirstStep; s <= w.LastStep; s++ {
+				j, ok := index[[2]int64{w.Attempt, s}]
+				if !ok {
+					continue
+				}
+				in = true
+				if warm[j] {
+					anyWarm = true
+					break
+				}
+				if si < 0 {
+					si = j
+				}
+			}
+			if !in {
+				continue // outside the selection
+			}
+			if anyWarm || si < 0 || w.Steps <= 0 {
+				rep.RankWindowsLeft++
+				continue
+			}
+			rep.RankRows += w.Steps
+			r, n := w.Rank, float64(w.Steps)
+			if w.Node != "" && nodes[r] == "" {
+				nodes[r] = w.Node
+			}
+			heat.add(si, r, float64(w.Compute.Sum)/n)
+			own := float64(w.Compute.Sum + w.DataWait.Sum)
+			wins.addN(si, r, own, float64(w.DataWait.Sum), float64(w.Fwd.Sum+w.Bwd.Sum+w.Optim.Sum), int32(w.Steps))
+			if w.PaddedTokens > 0 {
+				realTok += w.TokensPadded
+				padTok += w.PaddedTokens
+			}
+			sk, err := w.Sketch()
+			if err != nil {
+				return err
+			}
+			if sk == nil {
+				continue
+			}
+			if m := sketches[r]; m == nil {
+				sketches[r] = sk
+			} else {
+				m.Merge(sk)
+			}
+		}
+		return nil
+	})
+	if err = rep.tolerate(err); err != nil {
+		return nil, 0, 0, err
+	}
+	med = make(map[int64]float64, len(sketches))
+	for r, sk := range sketches {
+		med[r] = sk.Quantile(0.5)
+	}
+	return med, realTok, padTok, nil
+}
