@@ -677,7 +677,7 @@ func TestManyJobsBounded(t *testing.T) {
 	if st.Jobs != 64 || st.Records != 64 || st.Rejected["job:limit"] != n-64 {
 		t.Errorf("jobs %d, accepted %d, job:limit %d", st.Jobs, st.Records, st.Rejected["job:limit"])
 	}
-	if g > base+64*4+16 || ms.HeapInuse > 256<<20 {
+	if g > base+64*filesPerJob+16 || ms.HeapInuse > 256<<20 {
 		t.Errorf("%d goroutines (base %d), heap %d MiB", g, base, ms.HeapInuse>>20)
 	}
 	t.Logf("10,000 job ids: %d held, %d goroutines over the base, heap %d MiB", st.Jobs, g-base, ms.HeapInuse>>20)
