@@ -44,11 +44,18 @@ func partsOf(dir string) []string {
 // the critical rank's excess and padding.
 func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, steps []tps.ClusterStep, warm []bool,
 	index map[[2]int64]int, heat *heatGrid, wins *windows, nodes map[int64]string, crit critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
+	// Per rank, by index: a map access per row (medians, nodes) was a
+	// tenth of the pass. Ranks past the declared world go to the map.
+	world := max(rep.Summary.WorldSize, 0)
+	byRank := make([]*tps.Median, min(world, 1<<20))
+	named := make([]bool, len(byRank))
 	medians := map[int64]*tps.Median{}
 	keep := medianKeepFor(rep.Summary.WorldSize)
 	var done int64
 	pruned, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), rankColumns, "node", ranges, func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
+		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
+		tokens, padded, fwd, bwd, optim := c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11], c.Int64[12]
 		lastKey, si, ok := [2]int64{-1, -1}, 0, false
 		for i := range c.Rows {
 			rep.RankRows++
@@ -61,14 +68,20 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 				continue
 			}
 			r := rank[i]
-			comp := float64(computeNs(c, i))
+			// compute as tps.StepRecord.ComputeNs, without building a record
+			ci := dur[i] - exposed[i] - data[i] - pp[i] - ckpt[i]
+			comp := float64(max(ci, 0))
 			heat.add(si, r, comp)
-			if n := c.Strings[i]; n != "" && nodes[r] == "" {
+			inRange := r >= 0 && r < int64(len(byRank))
+			if n := c.Strings[i]; n != "" && (!inRange || !named[r]) && nodes[r] == "" {
 				nodes[r] = n
+				if inRange {
+					named[r] = true
+				}
 			}
 			if st := &steps[si]; r == st.SlowestRank && !warm[si] && st.StepTimeNs > 0 {
 				// what the critical rank had more of than the mean rank
-				crit.add(c.Strings[i], r, comp-st.ComputeNsMean, float64(c.Int64[5][i])-st.DataStallFractionMean*float64(st.StepTimeNs))
+				crit.add(c.Strings[i], r, comp-st.ComputeNsMean, float64(data[i])-st.DataStallFractionMean*float64(st.StepTimeNs))
 			}
 			if warm[si] {
 				continue
@@ -76,13 +89,18 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			// its own time (what the others wait for in a synchronous step:
 			// compute and waiting for data), and of it the data wait and the
 			// measured forward, backward and optimizer
-			wins.add(si, r, comp+float64(c.Int64[5][i]), float64(c.Int64[5][i]), float64(c.Int64[10][i]+c.Int64[11][i]+c.Int64[12][i]))
-			if pad := c.Int64[9][i]; pad > 0 {
-				realTok += c.Int64[8][i]
+			wins.add(si, r, comp+float64(data[i]), float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]))
+			if pad := padded[i]; pad > 0 {
+				realTok += tokens[i]
 				padTok += pad
 			}
-			m := medians[r]
-			if m == nil {
+			var m *tps.Median
+			if inRange {
+				if m = byRank[r]; m == nil {
+					m = &tps.Median{Keep: keep}
+					byRank[r] = m
+				}
+			} else if m = medians[r]; m == nil {
 				m = &tps.Median{Keep: keep}
 				medians[r] = m
 			}
@@ -97,6 +115,11 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 	rep.RankRowsSkipped = pruned.Rows
 	if err = rep.tolerate(err); err != nil {
 		return nil, 0, 0, err
+	}
+	for r, m := range byRank {
+		if m != nil {
+			medians[int64(r)] = m
+		}
 	}
 	med = make(map[int64]float64, len(medians))
 	for r, m := range medians {

@@ -18,8 +18,6 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/parquet-go/parquet-go"
-
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -342,7 +340,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		index[[2]int64{c.Attempt, c.Step}] = i
 	}
 	rankDir := filepath.Join(dir, trace.RankSteps)
-	total := countRows(rankDir)
+	total := trace.RowCount(rankDir)
 	rep.TablesRead = append(rep.TablesRead, trace.ClusterSteps, trace.Events)
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
@@ -587,25 +585,6 @@ func fitLine(xs, ys []float64) CommFit {
 	return f
 }
 
-// countRows sums the row counts in the part footers (for progress).
-func countRows(dir string) int64 {
-	files, _ := trace.PartFiles(dir)
-	var n int64
-	for _, p := range files {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
-		}
-		if st, err := f.Stat(); err == nil {
-			if pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true)); err == nil {
-				n += pf.NumRows()
-			}
-		}
-		f.Close()
-	}
-	return n
-}
-
 // readMeta takes the run metadata from the newest cluster_steps part.
 func readMeta(dir string) *tps.RunMeta {
 	files, _ := trace.PartFiles(dir)
@@ -834,12 +813,6 @@ func medianKeepFor(world int64) int {
 // node): decoding these columns alone, page by page, is several times
 // faster than reading whole records (BENCHMARKS.md).
 var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens", "fwd_ns", "bwd_ns", "optim_ns"}
-
-// computeNs is row i's compute time, as tps.StepRecord.ComputeNs defines it.
-func computeNs(c *trace.Columns, i int) int64 {
-	s := tps.StepRecord{DurationNs: c.Int64[3][i], ExposedCommNs: c.Int64[4][i], DataWaitNs: c.Int64[5][i], PPWaitNs: c.Int64[6][i], CkptNs: c.Int64[7][i]}
-	return s.ComputeNs()
-}
 
 // heatGrid is the per-rank compute time over steps, binned to at most
 // 400 step columns and 512 rank rows.

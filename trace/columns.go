@@ -52,17 +52,77 @@ func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range
 	if err != nil {
 		return pr, err
 	}
-	cols := &Columns{Int64: make([][]int64, len(int64Cols))}
-	var bad UnreadableParts
-	for _, path := range files {
-		if err := columnsOfFile(path, int64Cols, strCol, ranges, &pr, cols, fn); err != nil {
-			if !bad.add(path, err) {
-				return pr, err
+	// Decoding (pages, zstd) runs on a goroutine of its own, one row group
+	// ahead of fn, in two buffers that take turns: on a 10 M-row report it
+	// overlaps the report's own loop (BENCHMARKS.md). The goroutine ends
+	// before EachColumnsIn returns, whatever fn returns.
+	type group struct {
+		cols *Columns
+		path string
+		err  error // the part's: unreadable, or fn's stop
+	}
+	free := make(chan *Columns, 2)
+	for range 2 {
+		free <- &Columns{Int64: make([][]int64, len(int64Cols))}
+	}
+	ready := make(chan group, 1)
+	stop := make(chan struct{})
+	go func() {
+		defer close(ready)
+		for _, path := range files {
+			err := columnsOfFile(path, int64Cols, strCol, ranges, &pr, func() *Columns {
+				select {
+				case c := <-free:
+					return c
+				case <-stop:
+					return nil
+				}
+			}, func(c *Columns) bool {
+				select {
+				case ready <- group{cols: c, path: path}:
+					return true
+				case <-stop:
+					return false
+				}
+			}, func(c *Columns) { free <- c }) // a buffer a failed decode took: never blocks (two buffers, room for two)
+			if errors.Is(err, errStopped) {
+				return
+			}
+			if err != nil {
+				select {
+				case ready <- group{path: path, err: err}:
+				case <-stop:
+					return
+				}
 			}
 		}
+	}()
+	var bad UnreadableParts
+	var ferr error
+	for g := range ready {
+		switch {
+		case ferr != nil: // draining after a stop
+		case g.err != nil:
+			if !bad.add(g.path, g.err) {
+				ferr = g.err
+				close(stop)
+			}
+		default:
+			if err := fn(g.cols); err != nil {
+				ferr = err
+				close(stop)
+			}
+			free <- g.cols
+		}
+	}
+	if ferr != nil {
+		return pr, ferr
 	}
 	return pr, bad.err()
 }
+
+// errStopped ends a decoding goroutine whose reader stopped.
+var errStopped = errors.New("trace: stopped")
 
 // overlaps reports whether row group rg of pf may hold rows in every range.
 func overlaps(pf *parquet.File, rg int, ranges []Range) bool {
@@ -91,7 +151,10 @@ func overlaps(pf *parquet.File, rg int, ranges []Range) bool {
 	return true
 }
 
-func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Range, pr *Pruned, cols *Columns, fn func(*Columns) error) error {
+// columnsOfFile decodes the row groups of one part, each into a buffer
+// take gives (nil: stop), and hands it on with give (false: stop), or back
+// when its decoding failed.
+func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Range, pr *Pruned, take func() *Columns, give func(*Columns) bool, back func(*Columns)) (err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("trace: %w", err)
@@ -124,6 +187,16 @@ func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Rang
 			pr.Rows += int64(rows)
 			continue
 		}
+		cols := take()
+		if cols == nil {
+			return errStopped
+		}
+		ok := false
+		defer func() {
+			if !ok {
+				back(cols)
+			}
+		}()
 		chunks := rg.ColumnChunks()
 		for i, ci := range idx {
 			v, err := readInt64Chunk(chunks[ci], cols.Int64[i][:0])
@@ -146,8 +219,9 @@ func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Rang
 			cols.Strings = v
 		}
 		cols.Rows = rows
-		if err := fn(cols); err != nil {
-			return err
+		ok = true
+		if !give(cols) {
+			return errStopped
 		}
 	}
 	return nil

@@ -1,10 +1,14 @@
 package trace
 
 import (
+	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -68,6 +72,54 @@ func TestEachColumnsMatchesRows(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "column") {
 			t.Errorf("%v %q: %v", tc.ints, tc.str, err)
 		}
+	}
+}
+
+// Decoding runs a row group ahead on a goroutine of its own: a reader that
+// stops (fn's error) gets that error and the goroutine ends; unreadable
+// parts (three, more than the two buffers the decoder takes turns with)
+// are skipped and named while the good part is read whole; nothing is
+// left running.
+func TestEachColumnsStopsAndSkips(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "t", RowsPerGroup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []tps.StepRecord
+	for i := range 2000 {
+		recs = append(recs, tps.StepRecord{Job: "j", Step: int64(i), WorldSize: 1, DurationNs: 1})
+	}
+	w.Write(recs)
+	w.Close()
+	dir := filepath.Join(root, "j", RankSteps)
+	base := runtime.NumGoroutine()
+	stop := errors.New("enough")
+	groups := 0
+	_, err = EachColumnsIn(dir, []string{"step"}, "", nil, func(*Columns) error {
+		if groups++; groups == 3 {
+			return stop
+		}
+		return nil
+	})
+	if !errors.Is(err, stop) || groups != 3 {
+		t.Errorf("stopped at group %d with %v", groups, err)
+	}
+	for i := range 3 {
+		os.WriteFile(filepath.Join(dir, fmt.Sprintf("part-zz-%d.parquet", i)), []byte("not parquet at all"), 0o644)
+	}
+	rows := 0
+	_, err = EachColumnsIn(dir, []string{"step"}, "", nil, func(c *Columns) error { rows += c.Rows; return nil })
+	var bad *UnreadableParts
+	if !errors.As(err, &bad) || len(bad.Paths) != 3 || rows != 2000 {
+		t.Errorf("%d rows read, err %v", rows, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for runtime.NumGoroutine() > base && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if g := runtime.NumGoroutine(); g > base {
+		t.Errorf("%d goroutines left over the %d before", g-base, base)
 	}
 }
 
