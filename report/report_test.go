@@ -17,6 +17,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/trace/tracetest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -335,24 +336,11 @@ func BenchmarkReport10M(b *testing.B) {
 }
 
 func generateLarge(b *testing.B, root string, world, steps int) string {
-	ranks, _ := trace.NewPartWriter[tps.StepRecord](root, "big", trace.RankSteps, trace.WriterOptions{WriterID: "b"})
-	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "big", trace.ClusterSteps, trace.WriterOptions{WriterID: "b"})
-	recs := make([]tps.StepRecord, world)
-	for s := 0; s < steps; s++ {
-		now := genT0 + int64(s)*1e9
-		for r := range recs {
-			recs[r] = tps.StepRecord{Job: "big", Step: int64(s), Rank: int64(r), WorldSize: int64(world), Node: "n",
-				StartUnixNs: now, EndUnixNs: now + 9e8, DurationNs: 9e8 - int64(r), Tokens: 4096, ExposedCommNs: 1e8}
-		}
-		c, _ := tps.Aggregate(recs, tps.AccumulatorConfig{})
-		if err := ranks.Write(recs); err != nil {
-			b.Fatal(err)
-		}
-		cluster.Write([]tps.ClusterStep{c})
+	dir, err := tracetest.WriteRun(root, "big", world, steps)
+	if err != nil {
+		b.Fatal(err)
 	}
-	ranks.Close()
-	cluster.Close()
-	return filepath.Join(root, "big")
+	return dir
 }
 
 // The per-rank median reservoirs are bounded in total: 1,024 values each

@@ -17,7 +17,7 @@ import (
 // duckdbModules returns a node_modules folder holding @duckdb/node-api:
 // $TPSPROF_DUCKDB_NODE_MODULES, or the repository's .cache, installing it
 // there from the npm registry when missing.
-func duckdbModules(t *testing.T) string {
+func duckdbModules(t testing.TB) string {
 	if d := os.Getenv("TPSPROF_DUCKDB_NODE_MODULES"); d != "" {
 		return d
 	}

@@ -1,0 +1,71 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace/tracetest"
+)
+
+// BenchmarkReportVsDuckDB: the report over 10 M rank rows (64 ranks ×
+// 156,250 steps; TPSPROF_REPORT_STEPS changes the steps) beside DuckDB's
+// own reader computing the comparable summary from the same files
+// (testdata/duckdb_summary.mjs), alternately in one run. Reports each's
+// seconds (the report in process; DuckDB from its instance's creation,
+// node's start-up excluded) and the ratio.
+//
+//	go test -run '^$' -bench ReportVsDuckDB -benchtime 3x ./cmd/tpsprof/e2e/
+func BenchmarkReportVsDuckDB(b *testing.B) {
+	steps := 156_250
+	if v, err := strconv.Atoi(os.Getenv("TPSPROF_REPORT_STEPS")); err == nil && v > 0 {
+		steps = v
+	}
+	mods := duckdbModules(b)
+	dir, err := tracetest.WriteRun(b.TempDir(), "big", 64, steps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	work := b.TempDir()
+	os.Symlink(mods, filepath.Join(work, "node_modules"))
+	src, err := os.ReadFile(filepath.Join(repoRoot(b), "cmd", "tpsprof", "e2e", "testdata", "duckdb_summary.mjs"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	script := filepath.Join(work, "summary.mjs")
+	os.WriteFile(script, src, 0o644)
+	var ours, theirs time.Duration
+	for b.Loop() {
+		t := time.Now()
+		rep, err := report.Analyze(dir, report.Options{Warmup: tps.AutoWarmup})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ours += time.Since(t)
+		if rep.RankRows != int64(64*steps) {
+			b.Fatalf("report read %d rank rows, want %d", rep.RankRows, 64*steps)
+		}
+		out, err := exec.Command("node", script, dir).Output()
+		if err != nil {
+			b.Fatalf("node: %v\n%s", err, out)
+		}
+		var got struct {
+			Ranks, Steps int
+			Ms           float64
+		}
+		if err := json.Unmarshal(out, &got); err != nil || got.Ranks != 64 || got.Steps != steps {
+			b.Fatalf("duckdb: %v %s", err, out)
+		}
+		theirs += time.Duration(got.Ms * float64(time.Millisecond))
+	}
+	n := float64(b.N)
+	b.ReportMetric(ours.Seconds()/n, "report_s")
+	b.ReportMetric(theirs.Seconds()/n, "duckdb_s")
+	b.ReportMetric(ours.Seconds()/theirs.Seconds(), "ratio")
+}
