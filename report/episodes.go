@@ -374,7 +374,7 @@ func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
 		}
 		lo, hi := int((e.from-g.t0)/g.width)/g.nodeBin, int((e.to-g.t0)/g.width)/g.nodeBin
 		lo, hi = max(lo, 0), min(hi, len(n.n)-1)
-		var clk, pw, k, oclk, ok float64
+		var clk, pw, k, oclk, ok, tmp, kt, otmp, okt float64
 		var reasons int64
 		for b := lo; b <= hi; b++ {
 			if n.n[b] > 0 {
@@ -383,10 +383,16 @@ func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
 				k += float64(n.n[b])
 				reasons |= n.reasons[b]
 			}
+			tmp += n.temp[b]
+			kt += float64(n.nTemp[b])
 			for name, o := range g.nodes {
 				if name != e.Node && o.n[b] > 0 {
 					oclk += o.clock[b]
 					ok += float64(o.n[b])
+				}
+				if name != e.Node {
+					otmp += o.temp[b]
+					okt += float64(o.nTemp[b])
 				}
 			}
 		}
@@ -394,6 +400,11 @@ func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
 			continue
 		}
 		clk, pw, oclk = clk/k, pw/k, oclk/ok
+		// the temperature beside the clocks, when both sides report one
+		hot := ""
+		if kt > 0 && okt > 0 {
+			hot = fmt.Sprintf(", %.0f °C against %.0f °C", tmp/kt, otmp/okt)
+		}
 		var why []string
 		for _, t := range throttleNames {
 			if reasons&t.bit != 0 {
@@ -402,13 +413,13 @@ func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
 		}
 		switch {
 		case clk < 0.95*oclk && len(why) > 0:
-			e.Cause = fmt.Sprintf("GPU clocks throttled: %.0f MHz against %.0f MHz on the other nodes (%s), %.0f W", clk, oclk, strings.Join(why, ", "), pw)
+			e.Cause = fmt.Sprintf("GPU clocks throttled: %.0f MHz against %.0f MHz on the other nodes (%s), %.0f W%s", clk, oclk, strings.Join(why, ", "), pw, hot)
 		case clk < 0.95*oclk:
-			e.Cause = fmt.Sprintf("GPU clocks low: %.0f MHz against %.0f MHz on the other nodes, %.0f W, no throttle reason given", clk, oclk, pw)
+			e.Cause = fmt.Sprintf("GPU clocks low: %.0f MHz against %.0f MHz on the other nodes, %.0f W%s, no throttle reason given", clk, oclk, pw, hot)
 		case len(why) > 0:
-			e.Cause = fmt.Sprintf("throttle reasons on the node (%s) with clocks near the others' (%.0f against %.0f MHz)", strings.Join(why, ", "), clk, oclk)
+			e.Cause = fmt.Sprintf("throttle reasons on the node (%s) with clocks near the others' (%.0f against %.0f MHz%s)", strings.Join(why, ", "), clk, oclk, hot)
 		default:
-			e.Cause = fmt.Sprintf("slow compute with normal GPU clocks (%.0f MHz, others %.0f MHz): the kernels, the input or the host (launch gaps, CPU contention)", clk, oclk)
+			e.Cause = fmt.Sprintf("slow compute with normal GPU clocks (%.0f MHz, others %.0f MHz%s): the kernels, the input or the host (launch gaps, CPU contention)", clk, oclk, hot)
 		}
 	}
 }

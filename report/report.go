@@ -863,11 +863,14 @@ type gpuSeries struct {
 	offsets      map[string]int64 // nodes' clock offsets (samples are on their node's clock)
 }
 
-// nodeGPU is one node's power and clock, in buckets of nodeBin.
+// nodeGPU is one node's power, clock and temperature, in buckets of
+// nodeBin.
 type nodeGPU struct {
 	power, clock []float64
 	n            []int
 	reasons      []int64 // NVML clock event reasons seen, OR'ed
+	temp         []float64
+	nTemp        []int // samples with a temperature
 }
 
 // maxGPUNodes bounds the nodes tracked one by one.
@@ -896,7 +899,8 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 		n := g.nodes[s.Node]
 		if n == nil && len(g.nodes) < maxGPUNodes {
 			k := 600 / g.nodeBin
-			n = &nodeGPU{power: make([]float64, k), clock: make([]float64, k), n: make([]int, k), reasons: make([]int64, k)}
+			n = &nodeGPU{power: make([]float64, k), clock: make([]float64, k), n: make([]int, k), reasons: make([]int64, k),
+				temp: make([]float64, k), nTemp: make([]int, k)}
 			g.nodes[s.Node] = n
 		}
 		if n != nil {
@@ -906,6 +910,10 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 			n.n[nb]++
 			if s.ClockEventReason != nil {
 				n.reasons[nb] |= *s.ClockEventReason
+			}
+			if s.TempC != nil {
+				n.temp[nb] += float64(*s.TempC)
+				n.nTemp[nb]++
 			}
 		}
 	}

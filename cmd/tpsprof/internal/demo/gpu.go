@@ -55,9 +55,10 @@ func (g *simGPUs) Sample(i int) (tps.GPUSample, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.clock.ns.Load()
-	power, clock, reasons := 620+g.rng.NormFloat64()*15, int64(1980), int64(0)
+	power, clock, reasons, temp := 620+g.rng.NormFloat64()*15, int64(1980), int64(0), int64(68)
 	if g.slowAfter() {
-		power, clock, reasons = 540+g.rng.NormFloat64()*15, 1500, reasonHWSlowdown|reasonHWThermalSlowdown
+		// a hot GPU the hardware slows down (a failing fan, a blocked airflow)
+		power, clock, reasons, temp = 540+g.rng.NormFloat64()*15, 1500, reasonHWSlowdown|reasonHWThermalSlowdown, 89
 	}
 	if g.last[i] != 0 && now > g.last[i] {
 		g.energyMJ[i] += power * float64(now-g.last[i]) / 1e6 // W × ns → mJ
@@ -71,7 +72,7 @@ func (g *simGPUs) Sample(i int) (tps.GPUSample, error) {
 		GPUUtilPct: f(util), MemUtilPct: f(38), MemUsedBytes: n(memUsed), MemTotalBytes: n(80 << 30),
 		PowerW: f(power), PowerLimitW: f(700), EnergyMJ: n(int64(g.energyMJ[i])),
 		SMClockMHz: n(clock), SMClockMaxMHz: n(1980), MemClockMHz: n(2619), MemClockMaxMHz: n(2619),
-		TempC: n(68), ClockEventReason: n(reasons)}, nil
+		TempC: n(temp), ClockEventReason: n(reasons)}, nil
 }
 
 func (g *simGPUs) Close() error { return nil }
