@@ -515,6 +515,22 @@ func TestLiveStragglerEpisodeCause(t *testing.T) {
 			c, nc := startCollector(t)
 			t0 := time.Now().Add(-time.Hour).UnixNano()
 			var recs []tps.StepRecord
+			if tc.kind == "compute" {
+				// the slow rank's node runs hot and throttled: the live cause
+				// joins its GPU samples against the other node's
+				var gs []tps.GPUSample
+				for i := range 10 {
+					for _, node := range []string{"n0", "n1"} {
+						clk, temp, why := int64(1980), int64(68), int64(0)
+						if node == "n1" {
+							clk, temp, why = 1500, 89, 0x40
+						}
+						gs = append(gs, tps.GPUSample{Node: node, UUID: "GPU-" + node, Name: "H100", UnixNs: time.Now().Add(time.Duration(i-10) * time.Second).UnixNano(),
+							SMClockMHz: &clk, TempC: &temp, ClockEventReason: &why})
+					}
+				}
+				nc.Publish(wire.GPUSubject("why", "n0"), wire.AppendGPUSamples(nil, gs))
+			}
 			send := func() {
 				if err := nc.Publish(wire.StepsSubject("why", "n0"), wire.AppendSteps(nil, recs)); err != nil {
 					t.Fatal(err)
@@ -564,6 +580,9 @@ func TestLiveStragglerEpisodeCause(t *testing.T) {
 			// figure is the moving average's; the kind is what matters
 			if !strings.HasPrefix(eps[0].Cause, strings.SplitN(tc.want, ":", 2)[0]+":") {
 				t.Errorf("cause %q, want %q", eps[0].Cause, tc.want)
+			}
+			if hot := "GPU clocks 1500 MHz against 1980 MHz on the other nodes (hardware thermal slowdown), 89 °C against 68 °C"; tc.kind == "compute" && !strings.HasSuffix(eps[0].Cause, hot) {
+				t.Errorf("cause %q, want it to end %q", eps[0].Cause, hot)
 			}
 			// what it costs: the 20 one-second steps since it began, each
 			// shorter by the excess had rank 2 kept pace, on 4 GPUs

@@ -3,6 +3,7 @@ package collector
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -170,8 +171,63 @@ func (j *jobState) liveCause(slow, fast int) string {
 	case host > 0 && host >= work:
 		return fmt.Sprintf("host time outside forward, backward and optimizer: %.1f ms a step more than the fastest rank", host)
 	default:
-		return fmt.Sprintf("slow compute: %.1f ms a step more than the fastest rank", work)
+		why := fmt.Sprintf("slow compute: %.1f ms a step more than the fastest rank", work)
+		if slow < len(j.rankNode) {
+			if g := j.gpuEvidence(j.rankNode[slow]); g != "" {
+				why += "; " + g
+			}
+		}
+		return why
 	}
+}
+
+// liveGPUWindow is how far back the live cause looks in each GPU's
+// samples (from its newest).
+const liveGPUWindow = 30e9
+
+// gpuEvidence compares the GPUs of node with the other nodes' over their
+// last samples (liveGPUWindow of each GPU's): SM clocks, the throttle
+// reasons seen, temperature. Empty when either side has no samples.
+func (j *jobState) gpuEvidence(node string) string {
+	var clk, n, oclk, on, tmp, nt, otmp, ont float64
+	var reasons int64
+	for _, g := range j.gpuSeries {
+		last := g.last()
+		mine := g.node == node
+		for i := len(g.points) - 1; i >= 0 && g.points[i].UnixNs >= last-liveGPUWindow; i-- {
+			p := &g.points[i]
+			switch {
+			case mine && p.SMClock > 0:
+				clk, n = clk+p.SMClock, n+1
+				reasons |= p.Reasons
+			case !mine && p.SMClock > 0:
+				oclk, on = oclk+p.SMClock, on+1
+			}
+			switch {
+			case mine && p.TempC >= 0:
+				tmp, nt = tmp+p.TempC, nt+1
+			case !mine && p.TempC >= 0:
+				otmp, ont = otmp+p.TempC, ont+1
+			}
+		}
+	}
+	if n == 0 || on == 0 {
+		return ""
+	}
+	out := fmt.Sprintf("GPU clocks %.0f MHz against %.0f MHz on the other nodes", clk/n, oclk/on)
+	var why []string
+	for _, t := range tps.ThrottleReasons {
+		if reasons&t.Bit != 0 {
+			why = append(why, t.Name)
+		}
+	}
+	if len(why) > 0 {
+		out += " (" + strings.Join(why, ", ") + ")"
+	}
+	if nt > 0 && ont > 0 {
+		out += fmt.Sprintf(", %.0f °C against %.0f °C", tmp/nt, otmp/ont)
+	}
+	return out
 }
 
 func mergeRanks(a, b []int64) []int64 {

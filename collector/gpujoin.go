@@ -15,7 +15,10 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 	if n := len(g.points); n > 0 && s.UnixNs <= g.points[n-1].UnixNs {
 		return // stale or repeated
 	}
-	p := tps.GPUPoint{UnixNs: s.UnixNs, EnergyMJ: -1}
+	p := tps.GPUPoint{UnixNs: s.UnixNs, EnergyMJ: -1, TempC: -1}
+	if s.TempC != nil {
+		p.TempC = float64(*s.TempC)
+	}
 	if s.EnergyMJ != nil {
 		p.EnergyMJ = *s.EnergyMJ
 	}

@@ -344,13 +344,6 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 	return out
 }
 
-// throttleNames names the NVML clock event reasons that slow a GPU (not
-// idle, application clocks, sync boost or display settings).
-var throttleNames = []struct {
-	bit  int64
-	name string
-}{{0x4, "software power cap"}, {0x8, "hardware slowdown"}, {0x20, "software thermal slowdown"}, {0x40, "hardware thermal slowdown"}, {0x80, "power brake"}}
-
 // episodeCauses explains each episode: the largest part of its slow
 // rank's excess own time (EpisodeExcess) when it is waiting for data or
 // host time, else slow compute, from the GPU samples of its node against
@@ -406,9 +399,9 @@ func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
 			hot = fmt.Sprintf(", %.0f °C against %.0f °C", tmp/kt, otmp/okt)
 		}
 		var why []string
-		for _, t := range throttleNames {
-			if reasons&t.bit != 0 {
-				why = append(why, t.name)
+		for _, t := range tps.ThrottleReasons {
+			if reasons&t.Bit != 0 {
+				why = append(why, t.Name)
 			}
 		}
 		switch {

@@ -7,6 +7,7 @@ type GPUPoint struct {
 	PowerW   float64
 	SMClock  float64
 	Reasons  int64
+	TempC    float64 // -1 when absent
 }
 
 // GPUWindow is what one GPU did during a step.

@@ -43,6 +43,14 @@ type GPUSample struct {
 	GPMDRAMBWPct     *float64 `json:"gpm_dram_bw_pct,omitempty" parquet:"gpm_dram_bw_pct,optional"`
 }
 
+// ThrottleReasons name the NVML clock event reasons (ClockEventReason
+// bits) that slow a GPU: not idle, application clocks, sync boost or
+// display settings.
+var ThrottleReasons = []struct {
+	Bit  int64
+	Name string
+}{{0x4, "software power cap"}, {0x8, "hardware slowdown"}, {0x20, "software thermal slowdown"}, {0x40, "hardware thermal slowdown"}, {0x80, "power brake"}}
+
 // GPUFloatFields and GPUIntFields name the optional fields of a GPUSample
 // (their Parquet and JSON names) in the order OptionalFloats and
 // OptionalInts return them, which is also their order on the wire.
