@@ -78,6 +78,17 @@ def union_us(spans):
     return total
 
 
+def instrument(args, model, opt, loader):
+    """tpsprof.torch.instrument, or in zero-code mode the profiler the
+    first optimizer made (nothing to call)."""
+    if args.auto:
+        prof = tpsprof.torch._ACTIVE
+        if prof is None:
+            raise SystemExit("--auto: no zero-code profiler (run under tpsprof launch --auto)")
+        return prof
+    return tpsprof.torch.instrument(model, opt, loader)
+
+
 def backend_comm_ns(prof):
     """The union of the communication backend's own events (gloo runs each
     collective on a thread of its own and records it there)."""
@@ -100,6 +111,8 @@ def main():
     p.add_argument("--micro", type=int, default=4, help="micro-batches per step (pp)")
     p.add_argument("--stage-sleep", type=float, default=0.0, help="seconds of extra work per micro-batch on the last stage (pp)")
     p.add_argument("--truth", required=True, help="folder for the job's own measurements")
+    p.add_argument("--auto", action="store_true",
+                   help="no instrument() call: run under `tpsprof launch --auto` (zero-code mode)")
     args = p.parse_args()
 
     dist.init_process_group("gloo")
@@ -145,7 +158,7 @@ def main():
         for b in model.blocks:
             parallelize_module(b, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    prof = tpsprof.torch.instrument(model, opt, loader)
+    prof = instrument(args, model, opt, loader)
     out = open(os.path.join(args.truth, "truth.%d.jsonl" % rank), "w")
     loss_fn = nn.CrossEntropyLoss()
     step = 0
@@ -184,7 +197,7 @@ def run_pp(args, model, loader, rank):
     else:
         stage = nn.Sequential(*model.blocks[half:], model.head)
     opt = torch.optim.AdamW(stage.parameters(), lr=1e-3)
-    prof = tpsprof.torch.instrument(stage, opt, loader)
+    prof = instrument(args, stage, opt, loader)
     out = open(os.path.join(args.truth, "truth.%d.jsonl" % rank), "w")
     loss_fn = nn.CrossEntropyLoss()
     mb = args.batch // args.micro
@@ -303,7 +316,7 @@ def run_pipelining(args, model, loader, rank):
             time.sleep(args.stage_sleep)
         stage_mod.register_forward_pre_hook(slow)
     opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-3)
-    prof = tpsprof.torch.instrument(stage_mod, opt, loader)
+    prof = instrument(args, stage_mod, opt, loader)
     out = open(os.path.join(args.truth, "truth.%d.jsonl" % rank), "w")
     step = 0
     it = iter(loader)

@@ -83,20 +83,31 @@ func readTruthLines[T any](t *testing.T, dir string) []T {
 func TestModernTorchParallelisms(t *testing.T) {
 	py := modernTorchPython(t)
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "parallel_train.py")
-	for _, mode := range []string{"fsdp2", "tp", "fsdp2-tp", "pp", "pp-gpipe", "pp-1f1b", "ddp-compile", "fsdp2-compile"} {
+	// "+auto": the same job without its instrument() call, under
+	// tpsprof launch --auto (zero-code mode).
+	for _, mode := range []string{"fsdp2", "tp", "fsdp2-tp", "pp", "pp-gpipe", "pp-1f1b", "ddp-compile", "fsdp2-compile",
+		"fsdp2+auto", "tp+auto", "pp-1f1b+auto", "ddp-compile+auto"} {
+		mode, auto := strings.CutSuffix(mode, "+auto")
+		name := mode
+		if auto {
+			name += "+auto"
+		}
 		pipeline := strings.HasPrefix(mode, "pp")
 		world := 2
 		if mode == "fsdp2-tp" {
 			world = 4 // 2 replicas of 2 tensor-parallel ranks
 		}
-		t.Run(mode, func(t *testing.T) {
+		t.Run(name, func(t *testing.T) {
 			const steps = 5
 			truthDir := t.TempDir()
 			args := []string{script, "--mode", mode, "--steps", strconv.Itoa(steps), "--truth", truthDir}
 			if pipeline {
 				args = append(args, "--stage-sleep", "0.02")
 			}
-			dir, log := launchTorch(t, "modern-"+mode, false, torchrun(py, world, args...))
+			if auto {
+				args = append(args, "--auto")
+			}
+			dir, log := launchTorch(t, "modern-"+strings.ReplaceAll(name, "+", "-"), auto, torchrun(py, world, args...))
 			if !strings.Contains(log, "c10d ops hooked") || strings.Contains(log, "c10d ops hooked: 0") {
 				t.Fatalf("the dispatcher capture is not in use:\n%s", log)
 			}
