@@ -168,7 +168,7 @@ func TestModernTorchParallelisms(t *testing.T) {
 					want, replicas = truth[[2]int64{c.Step, 0}].Tokens, 1
 				}
 				if mode == "pp" {
-					continue // stages set up by hand: nothing in the job says so (declare the topology)
+					continue // stages set up by hand: nothing in the job says so (declare the topology; warned below)
 				}
 				// The layout reaches the collector as run metadata, on a
 				// subject of its own: steps that win that race are held
@@ -177,6 +177,16 @@ func TestModernTorchParallelisms(t *testing.T) {
 				if c.Tokens != want || c.Replicas != replicas {
 					t.Errorf("cluster step %d: %d tokens over %d replicas, the job trained on %d over %d", c.Step, c.Tokens, c.Replicas, want, replicas)
 				}
+			}
+			// Hand-written stages read the same batches, yet nothing in the
+			// job says they are one replica: the agent says so (each stage
+			// counts the batch's tokens). The others say nothing.
+			warned := topologyWarnings(t, dir)
+			switch {
+			case mode == "pp" && (len(warned) != 1 || !strings.Contains(warned[0], "ranks 0 and 1 trained on identical batches")):
+				t.Errorf("hand-written pipeline: topology warnings %q, want one naming ranks 0 and 1", warned)
+			case mode != "pp" && len(warned) != 0:
+				t.Errorf("topology warnings on a job whose layout is known: %q", warned)
 			}
 			if mode == "tp" || mode == "fsdp2-tp" {
 				for _, r := range rows {
