@@ -282,6 +282,7 @@ type Collector struct {
 	// connClosed is closed when the NATS connection has closed (a core
 	// Close drains it first).
 	connClosed chan struct{}
+	closedOnce sync.Once
 
 	// mu guards the map of jobs and the evicted jobs waiting to be
 	// closed; it is held for map operations only. Each job has its own
@@ -391,7 +392,7 @@ func New(cfg Config) (*Collector, error) {
 			c.n.slowConsumer.Add(1)
 		}
 		c.log.Warn("nats", "nats error", "err", err)
-	}), nats.ClosedHandler(func(*nats.Conn) { close(c.connClosed) }), nats.DrainTimeout(drainTimeout))
+	}), nats.ClosedHandler(func(*nats.Conn) { c.closedOnce.Do(func() { close(c.connClosed) }) }), nats.DrainTimeout(drainTimeout))
 	if err != nil {
 		return nil, err
 	}
