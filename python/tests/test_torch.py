@@ -240,6 +240,43 @@ if __name__ == "__main__":
     unittest.main()
 
 
+class BatchFingerprintTest(unittest.TestCase):
+    """The first steps' records carry a fingerprint of their first host batch
+    (the agent compares its ranks'); later steps do not."""
+
+    def test_fingerprints(self):
+        from tpsprof._tokens import Fetch
+        a = torch.arange(64).reshape(4, 16)
+        fp = Fetch(a, None).fingerprint()
+        self.assertRegex(fp, r"^[0-9a-f]{8}-4x16$")
+        self.assertEqual(Fetch(a.clone(), None).fingerprint(), fp)            # same data, same print
+        self.assertNotEqual(Fetch(a + 1, None).fingerprint(), fp)             # other data
+        self.assertNotEqual(Fetch(a.reshape(8, 8), None).fingerprint(), fp)   # other shape
+        self.assertEqual(Fetch({"input_ids": a}, None).fingerprint(), fp)     # where token_counts looks
+        self.assertEqual(Fetch((a, a), None).fingerprint(), fp)
+        self.assertIsNone(Fetch(torch.zeros(4, 3, 8, 8), None).fingerprint())  # not token ids
+        self.assertIsNone(Fetch(None, (1, 1, 1, None)).fingerprint())
+
+    def test_first_steps_only(self):
+        sink = Sink()
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job="fp", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        n = tt.FINGERPRINT_STEPS + 3
+        for seq in prof.wrap([torch.randint(0, 50, (2, 9)) for _ in range(n)]):
+            model(seq).float().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        prof.close()
+        for _ in range(100):
+            if len([x for x in sink.lines if "type" not in x]) >= n:
+                break
+            threading.Event().wait(0.02)
+        rows = [x for x in sink.lines if "type" not in x]
+        self.assertEqual(len(rows), n)
+        self.assertEqual([("batch_fp" in r) for r in rows], [i < tt.FINGERPRINT_STEPS for i in range(n)])
+
+
 class LoopTest(unittest.TestCase):
     """Iterations as loops write them, on a real model (CPU)."""
 
