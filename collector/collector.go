@@ -373,7 +373,7 @@ func New(cfg Config) (*Collector, error) {
 	c := &Collector{cfg: cfg, jobs: map[string]*job{}, rejects: map[string]int64{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second)}
 	c.mem.max = cfg.MaxStateBytes
-	// A job holds up to four open part files: with the default 1,024 jobs
+	// A job holds up to five open part files: with the default 1,024 jobs
 	// and a limit of 1,024 open files, 700 jobs stopped the collector's
 	// HTTP server and every new part with "too many open files".
 	if lim, ok := openFileLimit(); ok && lim < uint64(cfg.MaxJobs)*filesPerJob+reservedFiles {

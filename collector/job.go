@@ -9,7 +9,7 @@ import (
 )
 
 // job joins a job's state (state.go: pure, no lock, no I/O) to its sink
-// (sink.go: four tables on writer goroutines) under the job's own lock.
+// (sink.go: five tables on writer goroutines) under the job's own lock.
 // Handlers of different jobs never wait for each other; the collector's
 // lock guards only the map of jobs (docs/collector.md).
 type job struct {
