@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sync"
 
 	"github.com/parquet-go/parquet-go"
 )
@@ -197,31 +198,80 @@ func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Rang
 				back(cols)
 			}
 		}()
-		chunks := rg.ColumnChunks()
-		for i, ci := range idx {
-			v, err := readInt64Chunk(chunks[ci], cols.Int64[i][:0])
-			if err != nil {
-				return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, int64Cols[i], err)
+		if err := decodeGroup(rg.ColumnChunks(), idx, strIdx, rows, cols); err != nil {
+			name := strCol
+			var ce *columnError
+			if errors.As(err, &ce) && ce.col < len(int64Cols) {
+				name = int64Cols[ce.col]
 			}
-			if len(v) != rows {
-				return fmt.Errorf("trace: %s: %w: column %s: %d values for %d rows", path, errUnreadable, int64Cols[i], len(v), rows)
-			}
-			cols.Int64[i] = v
-		}
-		if strIdx >= 0 {
-			v, err := readStringChunk(chunks[strIdx], cols.Strings[:0])
-			if err != nil {
-				return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, strCol, err)
-			}
-			if len(v) != rows {
-				return fmt.Errorf("trace: %s: %w: column %s: %d values for %d rows", path, errUnreadable, strCol, len(v), rows)
-			}
-			cols.Strings = v
+			return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, name, err)
 		}
 		cols.Rows = rows
 		ok = true
 		if !give(cols) {
 			return errStopped
+		}
+	}
+	return nil
+}
+
+// columnError is a column's decoding failure; col indexes the int64
+// columns asked for (len of them: the string column).
+type columnError struct {
+	col int
+	err error
+}
+
+func (e *columnError) Error() string { return e.err.Error() }
+
+// decodeGroup decodes a row group's columns into cols: the int64 columns
+// split between this goroutine and one more (column chunks decode
+// independently: pages and zstd were most of a large report's time), the
+// string column here.
+func decodeGroup(chunks []parquet.ColumnChunk, idx []int, strIdx, rows int, cols *Columns) error {
+	errs := make([]error, len(idx)+1)
+	one := func(i int) {
+		v, err := readInt64Chunk(chunks[idx[i]], cols.Int64[i][:0])
+		switch {
+		case err != nil:
+			errs[i] = &columnError{i, err}
+		case len(v) != rows:
+			errs[i] = &columnError{i, fmt.Errorf("%d values for %d rows", len(v), rows)}
+		default:
+			cols.Int64[i] = v
+		}
+	}
+	half := len(idx) / 2
+	var wg sync.WaitGroup
+	if len(idx)-half > 0 && rows >= 4096 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := half; i < len(idx); i++ {
+				one(i)
+			}
+		}()
+	} else {
+		half = len(idx)
+	}
+	for i := range half {
+		one(i)
+	}
+	if strIdx >= 0 {
+		v, err := readStringChunk(chunks[strIdx], cols.Strings[:0])
+		switch {
+		case err != nil:
+			errs[len(idx)] = &columnError{len(idx), err}
+		case len(v) != rows:
+			errs[len(idx)] = &columnError{len(idx), fmt.Errorf("%d values for %d rows", len(v), rows)}
+		default:
+			cols.Strings = v
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
 		}
 	}
 	return nil

@@ -75,6 +75,39 @@ func TestEachColumnsMatchesRows(t *testing.T) {
 	}
 }
 
+// Row groups of 4,096 rows and more decode their columns on two
+// goroutines: the values are the rows' (run under -race).
+func TestEachColumnsLargeGroups(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "t", RowsPerGroup: 8192})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []tps.StepRecord
+	for i := range 20_000 {
+		recs = append(recs, tps.StepRecord{Job: "j", Step: int64(i / 64), Rank: int64(i % 64), WorldSize: 64, Node: fmt.Sprintf("n%d", i%64/8),
+			DurationNs: int64(i) * 7, ExposedCommNs: int64(i % 13), DataWaitNs: int64(i % 5), Tokens: int64(i)})
+	}
+	w.Write(recs)
+	w.Close()
+	names := []string{"step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "tokens"}
+	k := 0
+	err = EachColumns(filepath.Join(root, "j", RankSteps), names, "node", func(c *Columns) error {
+		for i := range c.Rows {
+			r := &recs[k]
+			got := [...]int64{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i], c.Int64[3][i], c.Int64[4][i], c.Int64[5][i]}
+			if got != [...]int64{r.Step, r.Rank, r.DurationNs, r.ExposedCommNs, r.DataWaitNs, r.Tokens} || c.Strings[i] != r.Node {
+				return fmt.Errorf("row %d: %v %q, want %+v", k, got, c.Strings[i], r)
+			}
+			k++
+		}
+		return nil
+	})
+	if err != nil || k != len(recs) {
+		t.Fatalf("%d rows of %d: %v", k, len(recs), err)
+	}
+}
+
 // Decoding runs a row group ahead on a goroutine of its own: a reader that
 // stops (fn's error) gets that error and the goroutine ends; unreadable
 // parts (three, more than the two buffers the decoder takes turns with)
