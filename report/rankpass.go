@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 
@@ -111,7 +112,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			opt.Progress(done, total)
 		}
 		return nil
-	})
+	}, rep.read)
 	rep.RankRowsSkipped = pruned.Rows
 	if err = rep.tolerate(err); err != nil {
 		return nil, 0, 0, err
@@ -134,7 +135,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 // Rows of a window holding a warm-up step (or no selected step) are left
 // out, so figures cover whole windows; rows of one key are merged by the
 // sums they add to, which is what Merge does.
-func (rep *Report) windowPass(dir string, steps []tps.ClusterStep, warm []bool, index map[[2]int64]int, heat *heatGrid, wins *windows,
+func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.ClusterStep, warm []bool, index map[[2]int64]int, heat *heatGrid, wins *windows,
 	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
 	sketches := map[int64]*tps.Sketch{}
 	err = trace.Each(filepath.Join(dir, trace.RankWindows), func(rows []tps.RankWindow) error {
@@ -189,7 +190,7 @@ func (rep *Report) windowPass(dir string, steps []tps.ClusterStep, warm []bool, 
 			}
 		}
 		return nil
-	})
+	}, windowRead(ranges, rep.read)...)
 	if err = rep.tolerate(err); err != nil {
 		return nil, 0, 0, err
 	}
@@ -198,4 +199,26 @@ func (rep *Report) windowPass(dir string, steps []tps.ClusterStep, warm []bool, 
 		med[r] = sk.Quantile(0.5)
 	}
 	return med, realTok, padTok, nil
+}
+
+// windowRead reads the rank_windows row groups that can hold windows of
+// the selected steps (ranges: attempt and step, as selectedRanges gives;
+// none: all): a window [first_step, last_step] holds a step of [lo, hi]
+// when first_step <= hi and last_step >= lo.
+func windowRead(ranges []trace.Range, read trace.ReadOption) []trace.ReadOption {
+	opts := []trace.ReadOption{read}
+	var within []trace.Range
+	for _, r := range ranges {
+		switch r.Column {
+		case "step":
+			within = append(within, trace.Range{Column: "first_step", Min: math.MinInt64, Max: r.Max},
+				trace.Range{Column: "last_step", Min: r.Min, Max: math.MaxInt64})
+		default:
+			within = append(within, r)
+		}
+	}
+	if len(within) > 0 {
+		opts = append(opts, trace.Within(nil, within...))
+	}
+	return opts
 }

@@ -194,6 +194,10 @@ type Report struct {
 	TablesRead      []string `json:"tables_read"`
 	RankWindows     int64    `json:"rank_windows,omitempty"`
 	RankWindowsLeft int64    `json:"rank_windows_left_out,omitempty"`
+	// BytesRead is what the report read from the job's part files
+	// (footers included), of BytesInTables in the tables it reads from.
+	BytesRead     int64 `json:"bytes_read"`
+	BytesInTables int64 `json:"bytes_in_tables"`
 	// Selection says what part of the run the report covers ("" for all);
 	// RankRowsSkipped counts the rank rows it did not read (row groups
 	// outside the selection, by the parts' statistics).
@@ -220,7 +224,11 @@ type Report struct {
 	CostPerMTok    *float64         `json:"cost_per_million_tokens_usd,omitempty"`
 	TimeToTrainS   *float64         `json:"time_to_train_s,omitempty"`
 
-	data plotData
+	data  plotData
+	meter *trace.Meter // counts BytesRead
+	// read is what every read of the report takes: counted in BytesRead,
+	// each part's footer read once.
+	read trace.ReadOption
 }
 
 // plotData is what the plots draw, kept small whatever the trace size.
@@ -243,12 +251,32 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 	rep := &Report{Job: filepath.Base(dir), Dir: dir, Events: map[string]int64{}}
 	clusterDir := filepath.Join(dir, trace.ClusterSteps)
-	steps, err := trace.ReadAll[tps.ClusterStep](clusterDir)
+	rep.meter = &trace.Meter{}
+	footers := &trace.Footers{}
+	defer footers.Close()
+	rep.read = trace.All(trace.Metered(rep.meter), trace.Reuse(footers))
+	metered := rep.read
+	defer func() { rep.BytesRead = rep.meter.Bytes() }()
+	for _, t := range []string{trace.ClusterSteps, trace.RankSteps, trace.RankWindows, trace.Events, trace.GPUSamples} {
+		rep.BytesInTables += trace.TableBytes(filepath.Join(dir, t))
+	}
+	sel := opt.Select
+	var steps []tps.ClusterStep
+	var selected *selectedSteps
+	var err error
+	if sel.Active() {
+		selected, err = readSelected(clusterDir, sel, opt.Warmup, metered)
+		if selected != nil {
+			steps = selected.steps
+		}
+	} else {
+		steps, err = trace.ReadAll[tps.ClusterStep](clusterDir, metered)
+	}
 	if err = rep.tolerate(err); err != nil {
 		return nil, err
 	}
 	open := trace.OpenParts(clusterDir) + trace.OpenParts(filepath.Join(dir, trace.RankSteps))
-	if len(steps) == 0 {
+	if len(steps) == 0 && (selected == nil || selected.of == 0) {
 		if open > 0 {
 			return nil, fmt.Errorf("report: job %s is running and none of its parts is finalised yet: the collector finalises them every part age (default 1 min), when an attempt ends and when the job has been quiet for 10 s; try again shortly", rep.Job)
 		}
@@ -261,30 +289,26 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		rep.Running = true
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
 	}
-	tps.SortSteps(steps)
-	if n, back := unstepClocks(steps); n > 0 {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the job's clock stepped back %d time(s), by up to %s: the steps after each jump are placed after the one before it (their durations are the ranks' own)", n, dur(back)))
-	}
 	var ranges []trace.Range
 	var selWarm map[[2]int64]bool
-	if sel := opt.Select; sel.Active() {
-		n := len(steps)
+	jumps, back := 0, 0.0
+	if selected != nil {
+		jumps, back = selected.jumps, selected.back
 		// The warm-up is the whole run's: a window that starts mid-attempt
 		// has none of its own.
-		warmAll := map[[2]int64]bool{}
-		for i, w := range tps.WarmupMask(steps, tps.WindowOptions{Warmup: opt.Warmup}) {
-			if w {
-				warmAll[[2]int64{steps[i].Attempt, steps[i].Step}] = true
-			}
-		}
-		selWarm = warmAll
-		steps = sel.apply(steps)
+		selWarm = selected.warm
 		if len(steps) == 0 {
-			return nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, n)
+			return nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, selected.of)
 		}
 		rep.Selection = sel.String()
-		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps); elapsed time runs from its first step's start to its last step's end", sel, len(steps), n))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps, read from the row groups that hold them); elapsed time runs from its first step's start to its last step's end", sel, len(steps), selected.of))
 		ranges = selectedRanges(steps)
+	} else {
+		tps.SortSteps(steps)
+		jumps, back = unstepClocks(steps)
+	}
+	if jumps > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the job's clock stepped back %d time(s), by up to %s: the steps after each jump are placed after the one before it (their durations are the ranks' own)", jumps, dur(back)))
 	}
 	rep.Meta = readMeta(clusterDir)
 	rep.ClockOffsetsNs = readClockOffsets(clusterDir)
@@ -298,7 +322,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			}
 		}
 		return nil
-	}); rep.tolerate(err) != nil {
+	}, metered); rep.tolerate(err) != nil {
 		return nil, err
 	}
 	if rep.Selection != "" {
@@ -340,7 +364,16 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		index[[2]int64{c.Attempt, c.Step}] = i
 	}
 	rankDir := filepath.Join(dir, trace.RankSteps)
-	total := trace.RowCount(rankDir)
+	var total int64
+	if selected == nil {
+		total = trace.RowCount(rankDir, metered)
+	} else {
+		// the selection's rank rows as the cluster rows count them: the
+		// parts' footers are read once, by the pass
+		for _, c := range steps {
+			total += max(c.RanksReported, 0)
+		}
+	}
 	rep.TablesRead = append(rep.TablesRead, trace.ClusterSteps, trace.Events)
 	nodes := map[int64]string{}
 	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
@@ -359,7 +392,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	switch src {
 	case trace.RankWindows:
 		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
-		if med, realTok, padTok, err = rep.windowPass(dir, steps, warm, index, heat, wins, nodes); err != nil {
+		if med, realTok, padTok, err = rep.windowPass(dir, ranges, steps, warm, index, heat, wins, nodes); err != nil {
 			return nil, err
 		}
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
@@ -396,19 +429,33 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		}
 	}
 	rep.generation(steps, skip, events)
-	if rep.Traces, err = summarizeTraces(dir, events); err != nil {
+	if rep.Traces, err = summarizeTraces(dir, events, metered); err != nil {
 		return nil, err
 	}
 
 	gpu := newGPUSeries(steps)
 	gpu.offsets = rep.ClockOffsetsNs
+	gpuRead := []trace.ReadOption{metered}
+	if selected != nil {
+		// samples within a minute of the selection's steps (the plots and
+		// the episodes' causes join samples near their steps)
+		lo, hi := steps[0].StartUnixNs, steps[0].EndUnixNs
+		for _, c := range steps {
+			lo, hi = min(lo, c.StartUnixNs), max(hi, c.EndUnixNs)
+		}
+		margin := int64(60e9)
+		for _, o := range rep.ClockOffsetsNs {
+			margin = max(margin, 60e9+abs64(o))
+		}
+		gpuRead = append(gpuRead, trace.Within(nil, trace.Range{Column: "unix_ns", Min: lo - margin, Max: hi + margin}))
+	}
 	if err := trace.Each(filepath.Join(dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
 		for i := range rows {
 			rep.GPUSamples++
 			gpu.add(&rows[i])
 		}
 		return nil
-	}); rep.tolerate(err) != nil {
+	}, gpuRead...); rep.tolerate(err) != nil {
 		return nil, err
 	}
 	if rep.GPUSamples > 0 {
@@ -989,4 +1036,11 @@ func (rep *Report) tolerate(err error) error {
 		return nil
 	}
 	return err
+}
+
+func abs64(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
 }

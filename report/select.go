@@ -1,7 +1,9 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -143,4 +145,136 @@ func selectEvents(events []tps.Event, steps []tps.ClusterStep) []tps.Event {
 		}
 	}
 	return out
+}
+
+// selectedSteps is what readSelected found.
+type selectedSteps struct {
+	steps []tps.ClusterStep // the selection's, whole, sorted
+	of    int               // the job's cluster steps
+	warm  map[[2]int64]bool // the run's warm-up steps
+	jumps int               // clock steps back (unstepClocks)
+	back  float64
+}
+
+// readSelected reads the cluster steps a selection keeps without reading
+// the whole table: first the attempt and step columns of every row (and
+// the times, for a selection by time), enough for which steps the
+// selection keeps, where each stands in its attempt and the run's clock
+// jumps; the step times of every row only when a kept step is among its
+// attempt's first steps, where the automatic warm-up rule can exclude it
+// (the rule compares them with the whole run's); then the whole rows of
+// only the row groups whose statistics can hold the kept steps. Over the
+// last 1% of a long run it reads about 1% of the run's bytes
+// (TestSelectionReadsItsShare).
+func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
+	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
+	light, err := lightSteps(dir, byTime, false, opts)
+	if err != nil && !trace.IsUnreadable(err) {
+		return nil, err
+	}
+	out := &selectedSteps{of: len(light), warm: map[[2]int64]bool{}}
+	if byTime {
+		out.jumps, out.back = unstepClocks(light)
+	}
+	keep := sel.apply(slices.Clone(light))
+	if len(keep) == 0 {
+		return out, err
+	}
+	timed := false
+	if warmup < 0 && nearAttemptStart(light, keep) {
+		// the automatic rule compares them with every step's time
+		all, terr := lightSteps(dir, false, true, opts)
+		if terr != nil && !trace.IsUnreadable(terr) {
+			return nil, terr
+		}
+		light, timed = all, true
+	}
+	if warmup >= 0 || timed { // else no kept step can be warm-up
+		for i, w := range tps.WarmupMask(light, tps.WindowOptions{Warmup: warmup}) {
+			if w {
+				out.warm[[2]int64{light[i].Attempt, light[i].Step}] = true
+			}
+		}
+	}
+	want := make(map[[2]int64]int, len(keep))
+	for i, l := range keep {
+		want[[2]int64{l.Attempt, l.Step}] = i
+	}
+	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(nil, selectedRanges(keep)...))...)
+	if rerr != nil && !trace.IsUnreadable(rerr) {
+		return nil, rerr
+	}
+	err = cmp.Or(err, rerr)
+	out.steps = make([]tps.ClusterStep, 0, len(keep))
+	for _, c := range full {
+		i, ok := want[[2]int64{c.Attempt, c.Step}]
+		if !ok {
+			continue
+		}
+		if byTime {
+			// as placed after the run's clock jumps
+			c.StartUnixNs, c.EndUnixNs = keep[i].StartUnixNs, keep[i].EndUnixNs
+		}
+		out.steps = append(out.steps, c)
+	}
+	tps.SortSteps(out.steps)
+	if !byTime {
+		n, back := unstepClocks(out.steps)
+		out.jumps, out.back = n, back
+	}
+	return out, err
+}
+
+// lightSteps reads the attempt and step of every cluster row (and the
+// times, and the step time, as asked), sorted.
+func lightSteps(dir string, times, stepTime bool, opts []trace.ReadOption) ([]tps.ClusterStep, error) {
+	cols := []string{"attempt", "step"}
+	if times {
+		cols = append(cols, "start_unix_ns", "end_unix_ns")
+	}
+	if stepTime {
+		cols = append(cols, "step_time_ns")
+	}
+	var light []tps.ClusterStep
+	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
+		for i := range c.Rows {
+			l := tps.ClusterStep{Attempt: c.Int64[0][i], Step: c.Int64[1][i]}
+			k := 2
+			if times {
+				l.StartUnixNs, l.EndUnixNs = c.Int64[2][i], c.Int64[3][i]
+				k = 4
+			}
+			if stepTime {
+				l.StepTimeNs = c.Int64[k][i]
+			}
+			light = append(light, l)
+		}
+		return nil
+	}, opts...)
+	tps.SortSteps(light)
+	return light, err
+}
+
+// nearAttemptStart reports whether a kept step is among the first steps of
+// its attempt that the automatic warm-up rule may exclude
+// (tps.MaxAutoWarmupShare of them, at least 3).
+func nearAttemptStart(light, keep []tps.ClusterStep) bool {
+	kept := make(map[[2]int64]bool, len(keep))
+	for _, k := range keep {
+		kept[[2]int64{k.Attempt, k.Step}] = true
+	}
+	for i := 0; i < len(light); {
+		j := i
+		for j < len(light) && light[j].Attempt == light[i].Attempt {
+			j++
+		}
+		limit := max(3, int(tps.MaxAutoWarmupShare*float64(j-i)))
+		for p := i; p < min(j, i+limit); p++ {
+			if kept[[2]int64{light[p].Attempt, light[p].Step}] {
+				return true
+			}
+		}
+		i = j
+	}
+	return false
 }

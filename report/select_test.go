@@ -1,6 +1,9 @@
 package report
 
 import (
+	"encoding/binary"
+	"os"
+	"github.com/tpsprof/tpsprof/trace/tracetest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -88,5 +91,76 @@ func TestSelection(t *testing.T) {
 		if _, _, err := ParseSteps(bad); err == nil {
 			t.Errorf("ParseSteps(%q) accepted", bad)
 		}
+	}
+}
+
+// A window of a long run costs what the window holds. Over the last 1% of
+// a run of 64 ranks × 10,000 steps (tracetest's jittered rows, 29 B a
+// rank row; a row group of 100 steps, as a collector's parts rotated every
+// 100 s at a step a second hold), the report reads at most 2% of the bytes
+// of the tables it reads, the parts' footers aside, and each footer once:
+// the test measures the footers itself (each part's last 8 bytes give its
+// footer's length), as they grow with the row groups (100 here, where the
+// default row group would make 10 of this run) and not with the window.
+// The same holds for 1% from the middle of the run. GPU samples (one a
+// second, 100 a row group) are read from the row groups within a minute of
+// the selected steps.
+func TestSelectionReadsItsShare(t *testing.T) {
+	const world, steps = 64, 10_000
+	dir, err := tracetest.Write(t.TempDir(), "long", tracetest.Run{World: world, Steps: steps, Jitter: true,
+		RankRowsPerGroup: world * 100, ClusterRowsPerGroup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a GPU sample a second, 100 a row group
+	gw, err := trace.NewPartWriter[tps.GPUSample](filepath.Dir(dir), "long", trace.GPUSamples, trace.WriterOptions{WriterID: "g", RowsPerGroup: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range int64(steps) {
+		util := 90.0
+		gw.Write([]tps.GPUSample{{Job: "long", Node: "n", UnixNs: tracetest.T0 + i*1e9, GPUUtilPct: &util}})
+	}
+	if err := gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var footers, data int64
+	for _, table := range []string{trace.ClusterSteps, trace.RankSteps, trace.GPUSamples} {
+		files, _ := trace.PartFiles(filepath.Join(dir, table))
+		for _, p := range files {
+			b, err := os.ReadFile(p)
+			if err != nil || len(b) < 12 {
+				t.Fatalf("%s: %v", p, err)
+			}
+			footers += int64(binary.LittleEndian.Uint32(b[len(b)-8:])) + 8
+			data += int64(len(b))
+		}
+	}
+	data -= footers
+	from, to := int64(steps/2), int64(steps/2+steps/100-1)
+	for _, sel := range []Selection{{Last: steps / 100}, {StepFrom: &from, StepTo: &to}} {
+		rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: sel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Summary.Steps != steps/100 || rep.RankRows != world*steps/100 || rep.Summary.Tokens != world*4096*steps/100 {
+			t.Errorf("%s: %d steps, %d rank rows, %d tokens; want %d, %d, %d", sel, rep.Summary.Steps, rep.RankRows, rep.Summary.Tokens,
+				steps/100, world*steps/100, world*4096*steps/100)
+		}
+		if rep.GPUSamples < steps/100 || rep.GPUSamples > 300 {
+			t.Errorf("%s: %d GPU samples read; want the row groups within a minute of the 100 s selected (200)", sel, rep.GPUSamples)
+		}
+		read := rep.BytesRead - footers
+		t.Logf("%s: read %d B of %d (%.2f%%), footers %d B aside", sel, read, data, 100*float64(read)/float64(data), footers)
+		if read > data/50 || read <= 0 {
+			t.Errorf("%s: read %d B besides the footers, of %d: want at most 2%%", sel, read, data)
+		}
+	}
+	rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.BytesRead < data/2 || rep.BytesRead > rep.BytesInTables || rep.GPUSamples != steps {
+		t.Errorf("the whole run: read %d B of %d, %d GPU samples", rep.BytesRead, rep.BytesInTables, rep.GPUSamples)
 	}
 }

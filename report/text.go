@@ -21,6 +21,21 @@ func windowsText(r *Report) string {
 	return fmt.Sprintf(" summarised in %d rank_windows rows", r.RankWindows)
 }
 
+// sizeText writes a byte count in B, KiB, MiB or GiB.
+func sizeText(n int64) string {
+	x, unit := float64(n), "B"
+	for _, u := range []string{"KiB", "MiB", "GiB", "TiB"} {
+		if x < 1024 {
+			break
+		}
+		x, unit = x/1024, u
+	}
+	if unit == "B" {
+		return fmt.Sprintf("%d B", n)
+	}
+	return fmt.Sprintf("%.1f %s", x, unit)
+}
+
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
 
 // WriteText prints the report as a readable summary.
@@ -47,7 +62,7 @@ func WriteText(w io.Writer, r *Report) error {
 	}
 	row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
 	if len(r.TablesRead) > 0 {
-		row("read", "%s (%d rank rows%s)", strings.Join(r.TablesRead, ", "), r.RankRows, windowsText(r))
+		row("read", "%s (%d rank rows%s; %s of %s)", strings.Join(r.TablesRead, ", "), r.RankRows, windowsText(r), sizeText(r.BytesRead), sizeText(r.BytesInTables))
 	}
 	if s.WarmupSteps > 0 && s.WarmupRule != "" {
 		row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)

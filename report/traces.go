@@ -30,7 +30,7 @@ type TraceSummary struct {
 
 // summarizeTraces reads the trace_analysis events and the same steps' rank
 // rows. It returns nil when no step was profiled.
-func summarizeTraces(dir string, events []tps.Event) (*TraceSummary, error) {
+func summarizeTraces(dir string, events []tps.Event, opts ...trace.ReadOption) (*TraceSummary, error) {
 	type key struct{ attempt, step, rank int64 }
 	keys := map[key]bool{}
 	var s TraceSummary
@@ -93,7 +93,18 @@ func summarizeTraces(dir string, events []tps.Event) (*TraceSummary, error) {
 	// The rank rows of the same steps: what event timing said.
 	var comm, exposed float64
 	found := 0
-	err := trace.EachColumns(filepath.Join(dir, trace.RankSteps), []string{"attempt", "step", "rank", "comm_ns", "exposed_comm_ns"}, "",
+	// only the row groups that can hold the profiled steps
+	var lo, hi [2]int64
+	first := true
+	for k := range keys {
+		if first {
+			lo, hi, first = [2]int64{k.attempt, k.step}, [2]int64{k.attempt, k.step}, false
+		}
+		lo = [2]int64{min(lo[0], k.attempt), min(lo[1], k.step)}
+		hi = [2]int64{max(hi[0], k.attempt), max(hi[1], k.step)}
+	}
+	ranges := []trace.Range{{Column: "attempt", Min: lo[0], Max: hi[0]}, {Column: "step", Min: lo[1], Max: hi[1]}}
+	_, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), []string{"attempt", "step", "rank", "comm_ns", "exposed_comm_ns"}, "", ranges,
 		func(c *trace.Columns) error {
 			for i := 0; i < c.Rows; i++ {
 				if keys[key{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i]}] {
@@ -103,7 +114,7 @@ func summarizeTraces(dir string, events []tps.Event) (*TraceSummary, error) {
 				}
 			}
 			return nil
-		})
+		}, opts...)
 	if err != nil && !trace.IsUnreadable(err) { // noted by the rank pass
 		return nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"sync"
 
 	"github.com/parquet-go/parquet-go"
@@ -47,8 +46,9 @@ type Pruned struct {
 // overlap every range (a window of a long run reads what the window
 // holds, from the parts' footers), saying what it skipped. fn may still
 // see rows outside the ranges: statistics bound row groups, not rows.
-func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range, fn func(*Columns) error) (Pruned, error) {
+func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range, fn func(*Columns) error, opts ...ReadOption) (Pruned, error) {
 	var pr Pruned
+	c := readOptions(opts)
 	files, err := PartFiles(dir)
 	if err != nil {
 		return pr, err
@@ -71,7 +71,7 @@ func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range
 	go func() {
 		defer close(ready)
 		for _, path := range files {
-			err := columnsOfFile(path, int64Cols, strCol, ranges, &pr, func() *Columns {
+			err := columnsOfFile(path, c, int64Cols, strCol, ranges, &pr, func() *Columns {
 				select {
 				case c := <-free:
 					return c
@@ -155,16 +155,13 @@ func overlaps(pf *parquet.File, rg int, ranges []Range) bool {
 // columnsOfFile decodes the row groups of one part, each into a buffer
 // take gives (nil: stop), and hands it on with give (false: stop), or back
 // when its decoding failed.
-func columnsOfFile(path string, int64Cols []string, strCol string, ranges []Range, pr *Pruned, take func() *Columns, give func(*Columns) bool, back func(*Columns)) (err error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("trace: %w", err)
-	}
-	defer f.Close()
-	pf, err := checkPart(f, path)
+func columnsOfFile(path string, c *readConfig, int64Cols []string, strCol string, ranges []Range, pr *Pruned, take func() *Columns, give func(*Columns) bool, back func(*Columns)) (err error) {
+	p, err := openPart(path, c)
 	if err != nil {
 		return err
 	}
+	defer p.close()
+	pf := p.pf
 	idx := make([]int, len(int64Cols))
 	for i, name := range int64Cols {
 		leaf, ok := pf.Schema().Lookup(name)

@@ -361,15 +361,16 @@ func PartFiles(dir string) ([]string, error) {
 // A part that is not readable Parquet (empty, truncated, another format)
 // is skipped: the other parts are read, and the error returned at the end
 // is an *UnreadableParts naming the skipped ones.
-func Each[T any](dir string, fn func(rows []T) error) error {
+func Each[T any](dir string, fn func(rows []T) error, opts ...ReadOption) error {
 	files, err := PartFiles(dir)
 	if err != nil {
 		return err
 	}
+	c := readOptions(opts)
 	buf := make([]T, 4096)
 	var bad UnreadableParts
 	for _, path := range files {
-		if err := eachInFile(path, buf, fn); err != nil {
+		if err := eachInFile(path, buf, fn, c); err != nil {
 			if !bad.add(path, err) {
 				return err
 			}
@@ -410,12 +411,12 @@ func (u *UnreadableParts) Error() string {
 // Parquet when a reader is made from it, so every reader checks first. A
 // part whose metadata names another table than its folder is unreadable
 // here too.
-func checkPart(f *os.File, path string) (*parquet.File, error) {
+func checkPart(f *os.File, r io.ReaderAt, path string) (*parquet.File, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
-	pf, err := openParquet(f, st.Size())
+	pf, err := openParquet(r, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, err)
 	}
@@ -429,7 +430,7 @@ func checkPart(f *os.File, path string) (*parquet.File, error) {
 	return pf, nil
 }
 
-func openParquet(f *os.File, size int64) (pf *parquet.File, err error) {
+func openParquet(f io.ReaderAt, size int64) (pf *parquet.File, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			pf, err = nil, fmt.Errorf("%v", r)
@@ -438,20 +439,54 @@ func openParquet(f *os.File, size int64) (pf *parquet.File, err error) {
 	return parquet.OpenFile(f, size, parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
 }
 
-func eachInFile[T any](path string, buf []T, fn func([]T) error) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("trace: %w", err)
-	}
-	defer f.Close()
-	pf, err := checkPart(f, path)
+func eachInFile[T any](path string, buf []T, fn func([]T) error, c *readConfig) error {
+	p, err := openPart(path, c)
 	if err != nil {
 		return err
 	}
-	if err := schemaFits[T](pf, path); err != nil {
+	defer p.close()
+	if err := schemaFits[T](p.pf, path); err != nil {
 		return err
 	}
-	return readRows(f, path, buf, fn)
+	if len(c.ranges) == 0 {
+		return readRows(p.pf, path, buf, fn) // the footer read once
+	}
+	for g, rg := range p.pf.RowGroups() {
+		n := int(rg.NumRows())
+		if !overlaps(p.pf, g, c.ranges) {
+			c.prune(n)
+			continue
+		}
+		if err := eachInGroup(rg, buf, fn, path); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// eachInGroup streams one row group through fn, len(buf) rows at a time.
+func eachInGroup[T any](rg parquet.RowGroup, buf []T, fn func([]T) error, path string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
+		}
+	}()
+	r := parquet.NewGenericRowGroupReader[T](rg)
+	defer r.Close()
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if ferr := fn(buf[:n]); ferr != nil {
+				return ferr
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("trace: read %s: %w: %v", path, errUnreadable, err)
+		}
+	}
 }
 
 // schemaFits refuses a part whose columns have other types than T's (a
@@ -479,7 +514,7 @@ func schemaFits[T any](pf *parquet.File, path string) error {
 
 // readRows streams a checked part's rows; a failure of the Parquet reader
 // (a panic included) makes the part unreadable, not the whole table.
-func readRows[T any](f *os.File, path string, buf []T, fn func([]T) error) (err error) {
+func readRows[T any](f io.ReaderAt, path string, buf []T, fn func([]T) error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
@@ -510,7 +545,7 @@ func ReadFile[T any](path string) ([]T, error) {
 	err := eachInFile(path, buf, func(rows []T) error {
 		out = append(out, rows...)
 		return nil
-	})
+	}, &readConfig{})
 	return out, err
 }
 
@@ -521,14 +556,15 @@ func ReadFile[T any](path string) ([]T, error) {
 // row by row grew the slice ~20 times for 156,250 cluster rows, and one
 // goroutine decoding them was a third of a 10 M-row report (BENCHMARKS.md).
 // Unreadable parts are skipped and named (UnreadableParts), as by Each.
-func ReadAll[T any](dir string) ([]T, error) {
+func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 	files, err := PartFiles(dir)
 	if err != nil {
 		return nil, err
 	}
+	c := readOptions(opts)
 	type part struct {
 		path   string
-		f      *os.File
+		op     *openedPart
 		groups []parquet.RowGroup
 		off    []int // where each row group's rows go
 		rows   int
@@ -538,31 +574,33 @@ func ReadAll[T any](dir string) ([]T, error) {
 	var bad UnreadableParts
 	defer func() {
 		for _, p := range parts {
-			p.f.Close()
+			p.op.close()
 		}
 	}()
 	total := 0
 	for _, path := range files {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("trace: %w", err)
-		}
-		pf, err := checkPart(f, path)
+		op, err := openPart(path, c)
 		if err == nil {
-			err = schemaFits[T](pf, path)
+			if err = schemaFits[T](op.pf, path); err != nil {
+				op.close()
+			}
 		}
 		if err != nil {
-			f.Close()
 			if !bad.add(path, err) {
 				return nil, err
 			}
 			continue
 		}
-		p := &part{path: path, f: f}
-		for _, rg := range pf.RowGroups() {
+		pf := op.pf
+		p := &part{path: path, op: op}
+		for g, rg := range pf.RowGroups() {
 			n := rg.NumRows()
+			if len(c.ranges) > 0 && !overlaps(pf, g, c.ranges) {
+				c.prune(int(n))
+				continue
+			}
 			if n < 0 || int64(total)+n > 1<<31 {
-				f.Close()
+				op.close()
 				return nil, fmt.Errorf("trace: %s: %d rows: too many to hold in memory (use Each)", path, n)
 			}
 			p.groups = append(p.groups, rg)
@@ -660,20 +698,15 @@ func readGroup[T any](rg parquet.RowGroup, dst []T, path string) (err error) {
 
 // RowCount is the rows the parts under dir hold, from their footers alone
 // (unreadable parts count 0).
-func RowCount(dir string) int64 {
+func RowCount(dir string, opts ...ReadOption) int64 {
 	files, _ := PartFiles(dir)
+	c := readOptions(opts)
 	var n int64
-	for _, p := range files {
-		f, err := os.Open(p)
-		if err != nil {
-			continue
+	for _, path := range files {
+		if p, err := openPart(path, c); err == nil {
+			n += p.pf.NumRows()
+			p.close()
 		}
-		if st, err := f.Stat(); err == nil {
-			if pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true)); err == nil {
-				n += pf.NumRows()
-			}
-		}
-		f.Close()
 	}
 	return n
 }

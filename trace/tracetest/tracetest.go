@@ -4,6 +4,7 @@ package tracetest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -13,26 +14,66 @@ import (
 // T0 is when a written run starts (unix ns).
 const T0 = int64(1_760_000_000_000_000_000)
 
+// Run describes a synthetic run.
+type Run struct {
+	World, Steps int
+	// Jitter varies each rank's start, duration, forward, backward,
+	// optimizer, communication, exposed communication and data stall by
+	// up to ±1% of the step, from a fixed seed, so columns compress as
+	// measured ones do rather than to nothing: 59 B a rank row, where the
+	// demo's rank_steps hold 60.
+	Jitter bool
+	// ClusterRowsPerGroup bounds cluster_steps' row groups (0: the
+	// writer's default); a collector's parts, rotated every minute, hold
+	// about a minute of steps each.
+	ClusterRowsPerGroup int64
+	// RankRowsPerGroup bounds rank_steps' row groups (0: the writer's
+	// default).
+	RankRowsPerGroup int64
+}
+
 // WriteRun writes job's rank_steps (world ranks × steps, one node, rank r
 // r ns faster than rank 0, 4,096 tokens, 100 ms exposed communication, a
 // step a second) and its cluster_steps under root, and returns the job's
 // folder.
 func WriteRun(root, job string, world, steps int) (string, error) {
+	return Write(root, job, Run{World: world, Steps: steps})
+}
+
+// Write writes the run r describes (WriteRun's, varied as r says).
+func Write(root, job string, r Run) (string, error) {
 	opt := trace.WriterOptions{WriterID: "tracetest"}
-	ranks, err := trace.NewPartWriter[tps.StepRecord](root, job, trace.RankSteps, opt)
+	ropt := opt
+	ropt.RowsPerGroup = r.RankRowsPerGroup
+	ranks, err := trace.NewPartWriter[tps.StepRecord](root, job, trace.RankSteps, ropt)
 	if err != nil {
 		return "", err
 	}
-	cluster, err := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, opt)
+	copt := opt
+	copt.RowsPerGroup = r.ClusterRowsPerGroup
+	cluster, err := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, copt)
 	if err != nil {
 		return "", err
 	}
-	recs := make([]tps.StepRecord, world)
-	for s := 0; s < steps; s++ {
+	rng := rand.New(rand.NewPCG(1, 2))
+	jit := func() int64 {
+		if !r.Jitter {
+			return 0
+		}
+		return rng.Int64N(2e7+1) - 1e7 // ±1% of the second
+	}
+	recs := make([]tps.StepRecord, r.World)
+	for s := 0; s < r.Steps; s++ {
 		now := T0 + int64(s)*1e9
-		for r := range recs {
-			recs[r] = tps.StepRecord{Job: job, Step: int64(s), Rank: int64(r), WorldSize: int64(world), Node: "n",
-				StartUnixNs: now, EndUnixNs: now + 9e8, DurationNs: 9e8 - int64(r), Tokens: 4096, ExposedCommNs: 1e8}
+		for k := range recs {
+			exposed, data := 1e8+jit()/2, max(jit()/4, 0)
+			recs[k] = tps.StepRecord{Job: job, Step: int64(s), Rank: int64(k), WorldSize: int64(r.World), Node: "n",
+				StartUnixNs: now, EndUnixNs: now + 9e8, DurationNs: 9e8 - int64(k) + jit(), Tokens: 4096, ExposedCommNs: exposed, DataWaitNs: data}
+			if r.Jitter {
+				c := &recs[k]
+				c.StartUnixNs += jit() / 10
+				c.FwdNs, c.BwdNs, c.OptimNs, c.CommNs = 2.5e8+jit(), 5e8+jit(), 5e7+jit()/4, 2e8+jit()
+			}
 		}
 		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
 		if err != nil {
