@@ -3,7 +3,6 @@ package report
 import (
 	"encoding/binary"
 	"os"
-	"github.com/tpsprof/tpsprof/trace/tracetest"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/trace/tracetest"
 )
 
 // A selection reports part of a run and reads only the rank-row groups

@@ -17,8 +17,8 @@ type ReadOption func(*readConfig)
 type readConfig struct {
 	meter   *Meter
 	footers *Footers
-	ranges []Range
-	pruned *Pruned
+	ranges  []Range
+	pruned  *Pruned
 }
 
 func readOptions(opts []ReadOption) *readConfig {
