@@ -761,25 +761,35 @@ func waitCharged(steps []tps.ClusterStep, skip []bool, nodeOf map[int64]string, 
 // largest, in seconds. (A clock stepped forward looks like an idle gap
 // and is left as it is.)
 func unstepClocks(steps []tps.ClusterStep) (n int, largest float64) {
-	var shift int64
-	for i := range steps {
+	return unstep(len(steps), func(i int) (int64, *int64, *int64, int64) {
 		c := &steps[i]
-		if i == 0 || steps[i-1].Attempt != c.Attempt {
-			shift = 0
+		return c.Attempt, &c.StartUnixNs, &c.EndUnixNs, c.StepTimeNs
+	})
+}
+
+// unstep is unstepClocks over n steps that at gives the attempt, the
+// start and end (to move) and the step time of.
+func unstep(n int, at func(i int) (attempt int64, start, end *int64, stepTime int64)) (jumps int, largest float64) {
+	var shift, prevAttempt, prevEnd int64
+	for i := range n {
+		attempt, start, end, stepTime := at(i)
+		if i == 0 || prevAttempt != attempt {
+			shift, prevAttempt, prevEnd = 0, attempt, *end
 			continue
 		}
-		c.StartUnixNs += shift
-		c.EndUnixNs += shift
-		if prev := steps[i-1].EndUnixNs; c.EndUnixNs < prev-1_000_000_000 { // more than a second back
-			d := prev + max(c.StepTimeNs, 0) - c.EndUnixNs
-			c.StartUnixNs += d
-			c.EndUnixNs += d
+		*start += shift
+		*end += shift
+		if *end < prevEnd-1_000_000_000 { // more than a second back
+			d := prevEnd + max(stepTime, 0) - *end
+			*start += d
+			*end += d
 			shift += d
-			n++
+			jumps++
 			largest = max(largest, float64(d)/1e9)
 		}
+		prevEnd = *end
 	}
-	return n, largest
+	return jumps, largest
 }
 
 // readClockOffsets reads the clock offsets of the newest part that has

@@ -104,21 +104,25 @@ func ParseTime(v string, now time.Time) (time.Time, error) {
 func (s Selection) apply(steps []tps.ClusterStep) []tps.ClusterStep {
 	out := steps[:0]
 	for _, c := range steps {
-		switch {
-		case s.Attempt != nil && c.Attempt != *s.Attempt,
-			s.StepFrom != nil && c.Step < *s.StepFrom,
-			s.StepTo != nil && c.Step > *s.StepTo,
-			!s.Since.IsZero() && c.EndUnixNs < s.Since.UnixNano(),
-			!s.Until.IsZero() && c.StartUnixNs > s.Until.UnixNano():
-			continue
+		if s.keeps(c.Attempt, c.Step, c.StartUnixNs, c.EndUnixNs) {
+			out = append(out, c)
 		}
-		out = append(out, c)
 	}
 	tps.SortSteps(out)
 	if s.Last > 0 && len(out) > s.Last {
 		out = out[len(out)-s.Last:]
 	}
 	return out
+}
+
+// keeps reports whether a step passes the selection's bounds (--last
+// aside).
+func (s Selection) keeps(attempt, step, start, end int64) bool {
+	return (s.Attempt == nil || attempt == *s.Attempt) &&
+		(s.StepFrom == nil || step >= *s.StepFrom) &&
+		(s.StepTo == nil || step <= *s.StepTo) &&
+		(s.Since.IsZero() || end >= s.Since.UnixNano()) &&
+		(s.Until.IsZero() || start <= s.Until.UnixNano())
 }
 
 // ranges bound the rank rows the selected steps can be in, for skipping
@@ -156,64 +160,95 @@ type selectedSteps struct {
 	back  float64
 }
 
+// timing is what the selection needs of each of a run's steps.
+type timing struct{ attempt, step, start, end, stepTime int64 }
+
 // readSelected reads the cluster steps a selection keeps without reading
 // the whole table: first the attempt and step columns of every row (and
-// the times, for a selection by time), enough for which steps the
-// selection keeps, where each stands in its attempt and the run's clock
-// jumps; the step times of every row only when a kept step is among its
-// attempt's first steps, where the automatic warm-up rule can exclude it
-// (the rule compares them with the whole run's); then the whole rows of
-// only the row groups whose statistics can hold the kept steps. Over the
-// last 1% of a long run it reads about 1% of the run's bytes
-// (TestSelectionReadsItsShare).
+// the times and step times, for a selection by time), enough for which
+// steps the selection keeps, where each stands in its attempt and the
+// run's clock jumps, held in 40 B a step; the step times of every row only
+// when a kept step is among its attempt's first steps, where the automatic
+// warm-up rule can exclude it (the rule compares them with the whole
+// run's); then the whole rows of only the row groups whose statistics can
+// hold the kept steps. Over the last 1% of a long run it reads about 1% of
+// the run's bytes (TestSelectionReadsItsShare, BenchmarkReportLongRun).
 func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
 	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
-	light, err := lightSteps(dir, byTime, false, opts)
+	light, err := timings(dir, byTime, byTime, opts)
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, err
 	}
 	out := &selectedSteps{of: len(light), warm: map[[2]int64]bool{}}
 	if byTime {
-		out.jumps, out.back = unstepClocks(light)
+		out.jumps, out.back = unstep(len(light), func(i int) (int64, *int64, *int64, int64) {
+			l := &light[i]
+			return l.attempt, &l.start, &l.end, l.stepTime
+		})
 	}
-	keep := sel.apply(slices.Clone(light))
+	var keep []int // indexes into light
+	for i, l := range light {
+		if sel.keeps(l.attempt, l.step, l.start, l.end) {
+			keep = append(keep, i)
+		}
+	}
+	if sel.Last > 0 && len(keep) > sel.Last {
+		keep = keep[len(keep)-sel.Last:]
+	}
 	if len(keep) == 0 {
 		return out, err
 	}
-	timed := false
-	if warmup < 0 && nearAttemptStart(light, keep) {
-		// the automatic rule compares them with every step's time
-		all, terr := lightSteps(dir, false, true, opts)
-		if terr != nil && !trace.IsUnreadable(terr) {
-			return nil, terr
-		}
-		light, timed = all, true
-	}
-	if warmup >= 0 || timed { // else no kept step can be warm-up
-		for i, w := range tps.WarmupMask(light, tps.WindowOptions{Warmup: warmup}) {
-			if w {
-				out.warm[[2]int64{light[i].Attempt, light[i].Step}] = true
+	if warmup >= 0 || nearAttemptStart(light, keep) {
+		times := []int64(nil)
+		if warmup < 0 {
+			// the automatic rule compares them with every step's time
+			if !byTime {
+				all, terr := timings(dir, false, true, opts)
+				if terr != nil && !trace.IsUnreadable(terr) {
+					return nil, terr
+				}
+				if len(all) != len(light) {
+					return nil, fmt.Errorf("report: %s changed while read (%d cluster rows, then %d)", dir, len(light), len(all))
+				}
+				light = all
+			}
+			times = make([]int64, len(light))
+			for i, l := range light {
+				times[i] = l.stepTime
 			}
 		}
+		attempts := make([]int64, len(light))
+		for i, l := range light {
+			attempts[i] = l.attempt
+		}
+		for i, w := range tps.WarmupMaskOf(attempts, times, warmup) {
+			if w {
+				out.warm[[2]int64{light[i].attempt, light[i].step}] = true
+			}
+		}
+	} // else no kept step can be warm-up
+	want := make(map[[2]int64]*timing, len(keep))
+	first, last := light[keep[0]], light[keep[len(keep)-1]]
+	lo, hi := first.step, first.step
+	for _, i := range keep {
+		want[[2]int64{light[i].attempt, light[i].step}] = &light[i]
+		lo, hi = min(lo, light[i].step), max(hi, light[i].step)
 	}
-	want := make(map[[2]int64]int, len(keep))
-	for i, l := range keep {
-		want[[2]int64{l.Attempt, l.Step}] = i
-	}
-	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(nil, selectedRanges(keep)...))...)
+	ranges := []trace.Range{{Column: "attempt", Min: first.attempt, Max: last.attempt}, {Column: "step", Min: lo, Max: hi}}
+	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(nil, ranges...))...)
 	if rerr != nil && !trace.IsUnreadable(rerr) {
 		return nil, rerr
 	}
 	err = cmp.Or(err, rerr)
 	out.steps = make([]tps.ClusterStep, 0, len(keep))
 	for _, c := range full {
-		i, ok := want[[2]int64{c.Attempt, c.Step}]
+		l, ok := want[[2]int64{c.Attempt, c.Step}]
 		if !ok {
 			continue
 		}
 		if byTime {
 			// as placed after the run's clock jumps
-			c.StartUnixNs, c.EndUnixNs = keep[i].StartUnixNs, keep[i].EndUnixNs
+			c.StartUnixNs, c.EndUnixNs = l.start, l.end
 		}
 		out.steps = append(out.steps, c)
 	}
@@ -225,9 +260,9 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 	return out, err
 }
 
-// lightSteps reads the attempt and step of every cluster row (and the
-// times, and the step time, as asked), sorted.
-func lightSteps(dir string, times, stepTime bool, opts []trace.ReadOption) ([]tps.ClusterStep, error) {
+// timings reads the attempt and step of every cluster row (and the times,
+// and the step time, as asked), sorted by attempt and step.
+func timings(dir string, times, stepTime bool, opts []trace.ReadOption) ([]timing, error) {
 	cols := []string{"attempt", "step"}
 	if times {
 		cols = append(cols, "start_unix_ns", "end_unix_ns")
@@ -235,42 +270,40 @@ func lightSteps(dir string, times, stepTime bool, opts []trace.ReadOption) ([]tp
 	if stepTime {
 		cols = append(cols, "step_time_ns")
 	}
-	var light []tps.ClusterStep
+	var out []timing
 	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
 		for i := range c.Rows {
-			l := tps.ClusterStep{Attempt: c.Int64[0][i], Step: c.Int64[1][i]}
+			l := timing{attempt: c.Int64[0][i], step: c.Int64[1][i]}
 			k := 2
 			if times {
-				l.StartUnixNs, l.EndUnixNs = c.Int64[2][i], c.Int64[3][i]
+				l.start, l.end = c.Int64[2][i], c.Int64[3][i]
 				k = 4
 			}
 			if stepTime {
-				l.StepTimeNs = c.Int64[k][i]
+				l.stepTime = c.Int64[k][i]
 			}
-			light = append(light, l)
+			out = append(out, l)
 		}
 		return nil
 	}, opts...)
-	tps.SortSteps(light)
-	return light, err
+	slices.SortFunc(out, func(a, b timing) int { return cmp.Or(cmp.Compare(a.attempt, b.attempt), cmp.Compare(a.step, b.step)) })
+	return out, err
 }
 
 // nearAttemptStart reports whether a kept step is among the first steps of
-// its attempt that the automatic warm-up rule may exclude
-// (tps.MaxAutoWarmupShare of them, at least 3).
-func nearAttemptStart(light, keep []tps.ClusterStep) bool {
-	kept := make(map[[2]int64]bool, len(keep))
+// its attempt that the automatic warm-up rule may exclude.
+func nearAttemptStart(light []timing, keep []int) bool {
+	kept := make(map[int]bool, len(keep))
 	for _, k := range keep {
-		kept[[2]int64{k.Attempt, k.Step}] = true
+		kept[k] = true
 	}
 	for i := 0; i < len(light); {
 		j := i
-		for j < len(light) && light[j].Attempt == light[i].Attempt {
+		for j < len(light) && light[j].attempt == light[i].attempt {
 			j++
 		}
-		limit := max(3, int(tps.MaxAutoWarmupShare*float64(j-i)))
-		for p := i; p < min(j, i+limit); p++ {
-			if kept[[2]int64{light[p].Attempt, light[p].Step}] {
+		for p := i; p < min(j, i+tps.WarmupLimit(j-i)); p++ {
+			if kept[p] {
 				return true
 			}
 		}

@@ -156,12 +156,20 @@ const MaxAutoWarmupShare = 0.1
 // warmupThreshold is the automatic rule's step time: median + max(3 MAD,
 // 5% of the median) over the run (+Inf for a fixed count).
 func warmupThreshold(steps []ClusterStep, opt WindowOptions) float64 {
-	if opt.Warmup >= 0 || len(steps) == 0 {
+	times := make([]int64, len(steps))
+	for i := range steps {
+		times[i] = steps[i].StepTimeNs
+	}
+	return thresholdOf(times, opt.Warmup)
+}
+
+func thresholdOf(stepTimes []int64, warmup int) float64 {
+	if warmup >= 0 || len(stepTimes) == 0 {
 		return math.Inf(1)
 	}
-	times := make([]float64, len(steps))
-	for i := range steps {
-		times[i] = float64(steps[i].StepTimeNs)
+	times := make([]float64, len(stepTimes))
+	for i, t := range stepTimes {
+		times[i] = float64(t)
 	}
 	med, mad := MedianMAD(times)
 	return med + max(3*mad, 0.05*med)
@@ -169,33 +177,49 @@ func warmupThreshold(steps []ClusterStep, opt WindowOptions) float64 {
 
 // WarmupMask marks, for steps sorted by (attempt, step), which are warm-up.
 func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
-	mask := make([]bool, len(steps))
-	if len(steps) == 0 {
-		return mask
-	}
 	if opt.Warm != nil {
+		mask := make([]bool, len(steps))
 		for i, c := range steps {
 			mask[i] = opt.Warm[[2]int64{c.Attempt, c.Step}]
 		}
 		return mask
 	}
-	threshold := warmupThreshold(steps, opt)
+	attempts, times := make([]int64, len(steps)), make([]int64, len(steps))
+	for i := range steps {
+		attempts[i], times[i] = steps[i].Attempt, steps[i].StepTimeNs
+	}
+	return WarmupMaskOf(attempts, times, opt.Warmup)
+}
+
+// WarmupMaskOf is WarmupMask over the steps' attempts and step times
+// alone (sorted by attempt, then step), for a caller that holds no more of
+// them: warmup is WindowOptions.Warmup. stepTimes may be nil for a fixed
+// count (warmup >= 0).
+func WarmupMaskOf(attempts, stepTimes []int64, warmup int) []bool {
+	mask := make([]bool, len(attempts))
+	if len(attempts) == 0 {
+		return mask
+	}
+	threshold := math.Inf(1)
+	if warmup < 0 {
+		threshold = thresholdOf(stepTimes, warmup)
+	}
 	pos := 0 // position within the current attempt
 	inWarmup := true
 	limit := 1
-	for i := range steps {
-		if i == 0 || steps[i].Attempt != steps[i-1].Attempt {
+	for i := range attempts {
+		if i == 0 || attempts[i] != attempts[i-1] {
 			pos, inWarmup = 0, true
 			n := 0
-			for j := i; j < len(steps) && steps[j].Attempt == steps[i].Attempt; j++ {
+			for j := i; j < len(attempts) && attempts[j] == attempts[i]; j++ {
 				n++
 			}
-			limit = max(3, int(MaxAutoWarmupShare*float64(n)))
+			limit = WarmupLimit(n)
 		}
-		if opt.Warmup >= 0 {
-			mask[i] = pos < opt.Warmup
+		if warmup >= 0 {
+			mask[i] = pos < warmup
 		} else {
-			if inWarmup && (pos == 0 || (pos < limit && float64(steps[i].StepTimeNs) > threshold)) {
+			if inWarmup && (pos == 0 || (pos < limit && float64(stepTimes[i]) > threshold)) {
 				mask[i] = true
 			} else {
 				inWarmup = false
@@ -205,6 +229,10 @@ func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
 	}
 	return mask
 }
+
+// WarmupLimit is how many leading steps of an attempt of n steps the
+// automatic rule may exclude.
+func WarmupLimit(n int) int { return max(3, int(MaxAutoWarmupShare*float64(n))) }
 
 // SortSteps orders cluster steps by attempt, then step.
 func SortSteps(steps []ClusterStep) {

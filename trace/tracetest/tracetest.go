@@ -30,6 +30,8 @@ type Run struct {
 	// RankRowsPerGroup bounds rank_steps' row groups (0: the writer's
 	// default).
 	RankRowsPerGroup int64
+	// Windows writes rank_windows too, as the collector does.
+	Windows bool
 }
 
 // WriteRun writes job's rank_steps (world ranks × steps, one node, rank r
@@ -54,6 +56,21 @@ func Write(root, job string, r Run) (string, error) {
 	cluster, err := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, copt)
 	if err != nil {
 		return "", err
+	}
+	var windows *trace.PartWriter[tps.RankWindow]
+	if r.Windows {
+		if windows, err = trace.NewPartWriter[tps.RankWindow](root, job, trace.RankWindows, opt); err != nil {
+			return "", err
+		}
+	}
+	wins := make([]tps.RankWindow, r.World)
+	flushWindows := func() error {
+		for k := range wins {
+			wins[k].Seal()
+		}
+		err := windows.Write(wins)
+		clear(wins)
+		return err
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	jit := func() int64 {
@@ -82,12 +99,30 @@ func Write(root, job string, r Run) (string, error) {
 		if err := ranks.Write(recs); err != nil {
 			return "", err
 		}
+		if windows != nil {
+			if s > 0 && tps.WindowOf(int64(s)) != wins[0].Window {
+				if err := flushWindows(); err != nil {
+					return "", err
+				}
+			}
+			for k := range recs {
+				wins[k].Add(&recs[k])
+			}
+		}
 		if err := cluster.Write([]tps.ClusterStep{c}); err != nil {
 			return "", err
 		}
 	}
 	if err := ranks.Close(); err != nil {
 		return "", err
+	}
+	if windows != nil && r.Steps > 0 {
+		if err := flushWindows(); err != nil {
+			return "", err
+		}
+		if err := windows.Close(); err != nil {
+			return "", err
+		}
 	}
 	if err := cluster.Close(); err != nil {
 		return "", err

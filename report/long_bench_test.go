@@ -1,0 +1,99 @@
+package report
+
+import (
+	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace/tracetest"
+)
+
+// BenchmarkReportLongRun writes a long run (64 ranks × 156,250 steps, 10 M
+// rank rows; TPSPROF_LONG_STEPS changes the steps: 1,562,500 is 100 M) as
+// the collector would (tracetest's jittered rows, rank_windows too;
+// cluster_steps in row groups of 4,096 rows, where a collector's parts,
+// rotated every minute, hold a minute of steps each), then reports it
+// whole and its last 1% (--last), each once a loop. It fails when the last
+// 1% reads more than 2% of the tables' bytes, footers included. Reports
+// seconds, peak heap (the live heap sampled every 50 ms over the
+// generation's collected garbage) and the share of bytes read of each.
+//
+//	TPSPROF_LONG_STEPS=1562500 go test -run '^$' -bench LongRun -benchtime 1x -timeout 30m ./report/
+func BenchmarkReportLongRun(b *testing.B) {
+	steps := 156_250
+	if v, err := strconv.Atoi(os.Getenv("TPSPROF_LONG_STEPS")); err == nil && v >= 1000 {
+		steps = v
+	}
+	const world = 64
+	dir, err := tracetest.Write(b.TempDir(), "long", tracetest.Run{World: world, Steps: steps, Jitter: true, Windows: true, ClusterRowsPerGroup: 4096})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var whole, last time.Duration
+	var wholePeak, lastPeak uint64
+	var wholeShare, lastShare float64
+	var src string
+	for b.Loop() {
+		var rep *Report
+		t := time.Now()
+		peak := heapPeak(func() { rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup}) })
+		whole += time.Since(t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		wholePeak = max(wholePeak, peak)
+		wholeShare = float64(rep.BytesRead) / float64(rep.BytesInTables)
+		src = rep.TablesRead[len(rep.TablesRead)-1]
+		rep = nil // not live while the next is measured
+		t = time.Now()
+		peak = heapPeak(func() { rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: steps / 100}}) })
+		last += time.Since(t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lastPeak = max(lastPeak, peak)
+		lastShare = float64(rep.BytesRead) / float64(rep.BytesInTables)
+		if rep.Summary.Steps != steps/100 || lastShare > 0.02 {
+			b.Fatalf("--last %d: %d steps, read %d B of %d (%.2f%%): want at most 2%%", steps/100, rep.Summary.Steps, rep.BytesRead, rep.BytesInTables, 100*lastShare)
+		}
+	}
+	n := float64(b.N)
+	b.Logf("%d rank rows; the whole run's per-rank figures from %s", world*steps, src)
+	b.ReportMetric(whole.Seconds()/n, "whole_s")
+	b.ReportMetric(float64(wholePeak)/(1<<20), "whole_peak_MiB")
+	b.ReportMetric(100*wholeShare, "whole_read_%")
+	b.ReportMetric(last.Seconds()/n, "last1pct_s")
+	b.ReportMetric(float64(lastPeak)/(1<<20), "last1pct_peak_MiB")
+	b.ReportMetric(100*lastShare, "last1pct_read_%")
+}
+
+// heapPeak runs fn and returns the live heap's peak while it ran, sampled
+// every 50 ms, after a collection.
+func heapPeak(fn func()) uint64 {
+	runtime.GC()
+	var peak atomic.Uint64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			peak.Store(max(peak.Load(), ms.HeapInuse))
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	fn()
+	close(stop)
+	<-done
+	return peak.Load()
+}
