@@ -15,10 +15,11 @@ import (
 type ReadOption func(*readConfig)
 
 type readConfig struct {
-	meter   *Meter
-	footers *Footers
-	ranges  []Range
-	pruned  *Pruned
+	meter    *Meter
+	footers  *Footers
+	ranges   []Range
+	pruned   *Pruned
+	rowsOnly bool // no flat layout (tests compare the two)
 }
 
 func readOptions(opts []ReadOption) *readConfig {

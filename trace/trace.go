@@ -565,6 +565,7 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 	type part struct {
 		path   string
 		op     *openedPart
+		flat   []flatField // nil: read through parquet-go's rows
 		groups []parquet.RowGroup
 		off    []int // where each row group's rows go
 		rows   int
@@ -593,6 +594,9 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		}
 		pf := op.pf
 		p := &part{path: path, op: op}
+		if layout, ok := flatLayoutOf[T](pf); ok && !c.rowsOnly {
+			p.flat = layout
+		}
 		for g, rg := range pf.RowGroups() {
 			n := rg.NumRows()
 			if len(c.ranges) > 0 && !overlaps(pf, g, c.ranges) {
@@ -624,7 +628,14 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 			defer wg.Done()
 			for t := range tasks {
 				n := int(t.p.groups[t.g].NumRows())
-				if err := readGroup(t.p.groups[t.g], out[t.p.off[t.g]:t.p.off[t.g]+n], t.p.path); err != nil {
+				dst := out[t.p.off[t.g] : t.p.off[t.g]+n]
+				var err error
+				if t.p.flat != nil {
+					err = readGroupFlat(t.p.groups[t.g], t.p.flat, dst, t.p.path)
+				} else {
+					err = readGroup(t.p.groups[t.g], dst, t.p.path)
+				}
+				if err != nil {
 					mu.Lock()
 					if t.p.err == nil {
 						t.p.err = err

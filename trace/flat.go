@@ -1,0 +1,199 @@
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+	"unsafe"
+
+	"github.com/parquet-go/parquet-go"
+)
+
+// A flat layout decodes a row group of a struct of int64, float64 and
+// string fields (the cluster rows) column by column, straight into the
+// structs' fields: parquet-go rebuilds rows value by value through
+// reflection, which was most of reading 156,250 cluster rows
+// (BENCHMARKS.md). ReadAll uses it when every field of T and its column
+// in the part fit (flatLayoutOf), and parquet-go's rows otherwise.
+type flatField struct {
+	col      int     // leaf column index in the part
+	off      uintptr // field offset in T
+	kind     reflect.Kind
+	optional bool // a string column that may hold nulls (read as "")
+}
+
+// flatLayoutOf maps T's fields to pf's columns, or says why it cannot
+// (a field of another kind, a column of another type, nesting,
+// repetition): such a T is read through parquet-go's rows. A field whose
+// column the part lacks keeps its zero value, as parquet-go leaves it.
+func flatLayoutOf[T any](pf *parquet.File) ([]flatField, bool) {
+	t := reflect.TypeFor[T]()
+	if t.Kind() != reflect.Struct {
+		return nil, false
+	}
+	var out []flatField
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag, ok := f.Tag.Lookup("parquet")
+		if !ok || !f.IsExported() {
+			return nil, false
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		optional := strings.Contains(","+opts+",", ",optional,")
+		switch f.Type.Kind() {
+		case reflect.Int64, reflect.Float64, reflect.String:
+		default:
+			return nil, false
+		}
+		leaf, ok := pf.Schema().Lookup(name)
+		if !ok {
+			continue
+		}
+		if leaf.MaxRepetitionLevel > 0 || leaf.MaxDefinitionLevel > 1 || (leaf.MaxDefinitionLevel == 1) != optional {
+			return nil, false
+		}
+		kind := leaf.Node.Type().Kind()
+		switch {
+		case f.Type.Kind() == reflect.Int64 && kind == parquet.Int64 && !optional,
+			f.Type.Kind() == reflect.Float64 && kind == parquet.Double && !optional,
+			f.Type.Kind() == reflect.String && kind == parquet.ByteArray:
+		default:
+			return nil, false
+		}
+		out = append(out, flatField{col: leaf.ColumnIndex, off: f.Offset, kind: f.Type.Kind(), optional: optional})
+	}
+	return out, true
+}
+
+// readGroupFlat decodes row group rg into dst (exactly its rows) by the
+// layout.
+func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path string) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
+		}
+	}()
+	if len(dst) == 0 {
+		return nil
+	}
+	chunks := rg.ColumnChunks()
+	// every column decoded first, then the rows filled a block at a time:
+	// a column at a time over the whole group walked every row's cache
+	// line once per column
+	i64 := make([][]int64, len(layout))
+	f64 := make([][]float64, len(layout))
+	str := make([][]string, len(layout))
+	for k, f := range layout {
+		n := 0
+		switch f.kind {
+		case reflect.Int64:
+			if i64[k], err = readInt64Chunk(chunks[f.col], make([]int64, 0, len(dst))); err == nil {
+				n = len(i64[k])
+			}
+		case reflect.Float64:
+			if f64[k], err = readFloat64Chunk(chunks[f.col], make([]float64, 0, len(dst))); err == nil {
+				n = len(f64[k])
+			}
+		case reflect.String:
+			if f.optional {
+				str[k], err = readOptionalStringChunk(chunks[f.col], nil)
+			} else {
+				str[k], err = readStringChunk(chunks[f.col], nil)
+			}
+			n = len(str[k])
+		}
+		if err == nil && n != len(dst) {
+			err = fmt.Errorf("%d values for %d rows", n, len(dst))
+		}
+		if err != nil {
+			return fmt.Errorf("trace: read %s: %w: column %d: %v", path, errUnreadable, f.col, err)
+		}
+	}
+	base, size := unsafe.Pointer(&dst[0]), unsafe.Sizeof(dst[0])
+	const block = 256
+	for lo := 0; lo < len(dst); lo += block {
+		hi := min(lo+block, len(dst))
+		for k, f := range layout {
+			switch f.kind {
+			case reflect.Int64:
+				for i, v := range i64[k][lo:hi] {
+					*(*int64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
+				}
+			case reflect.Float64:
+				for i, v := range f64[k][lo:hi] {
+					*(*float64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
+				}
+			case reflect.String:
+				for i, v := range str[k][lo:hi] {
+					*(*string)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func readFloat64Chunk(chunk parquet.ColumnChunk, dst []float64) ([]float64, error) {
+	pages := chunk.Pages()
+	defer pages.Close()
+	for {
+		p, err := pages.ReadPage()
+		if errors.Is(err, io.EOF) {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+		if p.NumNulls() != 0 {
+			parquet.Release(p)
+			return dst, errors.New("nulls in a required column")
+		}
+		data := p.Data()
+		dst = append(dst, data.Double()...)
+		parquet.Release(p)
+	}
+}
+
+// readOptionalStringChunk decodes a string column that may hold nulls
+// (read as ""), value by value: such columns are rare and mostly null.
+func readOptionalStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) {
+	pages := chunk.Pages()
+	defer pages.Close()
+	var buf [256]parquet.Value
+	for {
+		p, err := pages.ReadPage()
+		if errors.Is(err, io.EOF) {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+		vr := p.Values()
+		for {
+			n, err := vr.ReadValues(buf[:])
+			for _, v := range buf[:n] {
+				if v.IsNull() {
+					dst = append(dst, "")
+				} else {
+					dst = append(dst, string(v.ByteArray()))
+				}
+			}
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				parquet.Release(p)
+				return dst, err
+			}
+		}
+		parquet.Release(p)
+	}
+}

@@ -1,0 +1,92 @@
+package trace
+
+import (
+	"math/rand/v2"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// The flat reader gives what parquet-go's rows give: 10,000 cluster rows
+// with every int64 and float64 field random (NaN and infinities too), the
+// optional mfu_unknown null in most rows and set in some, in row groups of
+// 777 rows and two parts, read both ways and compared field by field. A
+// type the flat reader cannot take (StepRecord: pointers, a bool) is read
+// through rows; an old part lacking a column leaves the field zero.
+func TestReadAllFlatMatchesRows(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.ClusterStep](root, "j", ClusterSteps, WriterOptions{WriterID: "f", RowsPerGroup: 777})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	rows := make([]tps.ClusterStep, 10_000)
+	specials := []float64{0, -1.5, 1e300, 5e-324}
+	for i := range rows {
+		v := reflect.ValueOf(&rows[i]).Elem()
+		for k := range v.NumField() {
+			switch f := v.Field(k); f.Kind() {
+			case reflect.Int64:
+				f.SetInt(rng.Int64() - 1<<62)
+			case reflect.Float64:
+				f.SetFloat(rng.NormFloat64() * 1e6)
+				if rng.IntN(10) == 0 {
+					f.SetFloat(specials[rng.IntN(len(specials))])
+				}
+			}
+		}
+		rows[i].Job = "j"
+		if i%7 == 0 {
+			rows[i].MFUUnknown = "no model in the run metadata"
+		}
+		if err := w.Write(rows[i : i+1]); err != nil {
+			t.Fatal(err)
+		}
+		if i == 4_999 {
+			w.Rotate()
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "j", ClusterSteps)
+	part, _ := PartFiles(dir)
+	if pf, err := openNew(part[0], &readConfig{}); err != nil {
+		t.Fatal(err)
+	} else if _, ok := flatLayoutOf[tps.ClusterStep](pf.pf); !ok {
+		t.Fatal("cluster rows not read flat")
+	} else if _, ok := flatLayoutOf[tps.StepRecord](pf.pf); ok {
+		t.Error("StepRecord (pointers, a bool) given a flat layout")
+	}
+	flat, err := ReadAll[tps.ClusterStep](dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := ReadAll[tps.ClusterStep](dir, func(c *readConfig) { c.rowsOnly = true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(flat) != len(rows) || len(slow) != len(rows) {
+		t.Fatalf("flat %d rows, rows %d, written %d", len(flat), len(slow), len(rows))
+	}
+	for i := range rows {
+		if !reflect.DeepEqual(flat[i], slow[i]) || !reflect.DeepEqual(flat[i], rows[i]) {
+			t.Fatalf("row %d: flat %+v\nrows %+v\nwritten %+v", i, flat[i], slow[i], rows[i])
+		}
+	}
+	// a part of an older schema: fewer columns
+	type old struct {
+		Job  string  `parquet:"job,dict"`
+		Step int64   `parquet:"step"`
+		TPS  float64 `parquet:"tps"`
+	}
+	ow, _ := NewPartWriter[old](root, "o", ClusterSteps, WriterOptions{WriterID: "o"})
+	ow.Write([]old{{"o", 3, 2.5}, {"o", 4, 3.5}})
+	ow.Close()
+	got, err := ReadAll[tps.ClusterStep](filepath.Join(root, "o", ClusterSteps))
+	if err != nil || len(got) != 2 || got[1].Step != 4 || got[1].TPS != 3.5 || got[1].Tokens != 0 || got[1].Job != "o" {
+		t.Errorf("old part: %v %+v", err, got)
+	}
+}
