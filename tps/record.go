@@ -18,10 +18,10 @@ import (
 // Topology, a zero one is rank 0 of that dimension.
 type StepRecord struct {
 	Job       string `json:"job" parquet:"job,dict"`
-	Attempt   int64  `json:"attempt,omitempty" parquet:"attempt"`
-	Step      int64  `json:"step" parquet:"step"`
-	Rank      int64  `json:"rank" parquet:"rank"`
-	WorldSize int64  `json:"world_size" parquet:"world_size"`
+	Attempt   int64  `json:"attempt,omitempty" parquet:"attempt,delta"`
+	Step      int64  `json:"step" parquet:"step,delta"`
+	Rank      int64  `json:"rank" parquet:"rank,delta"`
+	WorldSize int64  `json:"world_size" parquet:"world_size,delta"`
 
 	DPRank *int32 `json:"dp_rank,omitempty" parquet:"dp_rank,optional"`
 	TPRank *int32 `json:"tp_rank,omitempty" parquet:"tp_rank,optional"`
@@ -33,23 +33,23 @@ type StepRecord struct {
 	LocalRank *int32 `json:"local_rank,omitempty" parquet:"local_rank,optional"`
 	GPUUUID   string `json:"gpu_uuid,omitempty" parquet:"gpu_uuid,dict"`
 
-	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns"`
-	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns"`
-	DurationNs  int64 `json:"duration_ns,omitempty" parquet:"duration_ns"`
+	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns,delta"`
+	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns,delta"`
+	DurationNs  int64 `json:"duration_ns,omitempty" parquet:"duration_ns,delta"`
 
-	Tokens       int64 `json:"tokens" parquet:"tokens"`
-	PaddedTokens int64 `json:"padded_tokens,omitempty" parquet:"padded_tokens"`
-	Samples      int64 `json:"samples,omitempty" parquet:"samples"`
+	Tokens       int64 `json:"tokens" parquet:"tokens,delta"`
+	PaddedTokens int64 `json:"padded_tokens,omitempty" parquet:"padded_tokens,delta"`
+	Samples      int64 `json:"samples,omitempty" parquet:"samples,delta"`
 	// SeqSqSum is Σ over the documents of the batch of their length in
 	// tokens, squared: with packed or variable-length batches (document
 	// masking) it makes the attention term of the FLOPs exact instead of
 	// charging every token the whole training sequence. Zero: not given.
-	SeqSqSum int64 `json:"seq_sq_sum,omitempty" parquet:"seq_sq_sum"`
+	SeqSqSum int64 `json:"seq_sq_sum,omitempty" parquet:"seq_sq_sum,delta"`
 	// Bytes is the UTF-8 length of the text behind Tokens: throughput in
 	// bytes/s compares runs whose tokenizers differ (the same text is a
 	// different number of tokens). Zero: not given. Counted once per
 	// replica, like Tokens.
-	Bytes int64 `json:"bytes,omitempty" parquet:"bytes"`
+	Bytes int64 `json:"bytes,omitempty" parquet:"bytes,delta"`
 
 	// The generation phase of the step (RL post-training: rollouts before
 	// the update), as this rank saw it: its wall time within the step,
@@ -58,19 +58,19 @@ type StepRecord struct {
 	// generation, one rank of the group: docs/capture.md). Per-request
 	// latencies (time to first token, inter-token) go in a rollout event
 	// as mergeable sketches. Zero: no generation phase.
-	GenNs           int64 `json:"gen_ns,omitempty" parquet:"gen_ns"`
-	GenRequests     int64 `json:"gen_requests,omitempty" parquet:"gen_requests"`
-	GenPromptTokens int64 `json:"gen_prompt_tokens,omitempty" parquet:"gen_prompt_tokens"`
-	GenOutputTokens int64 `json:"gen_output_tokens,omitempty" parquet:"gen_output_tokens"`
+	GenNs           int64 `json:"gen_ns,omitempty" parquet:"gen_ns,delta"`
+	GenRequests     int64 `json:"gen_requests,omitempty" parquet:"gen_requests,delta"`
+	GenPromptTokens int64 `json:"gen_prompt_tokens,omitempty" parquet:"gen_prompt_tokens,delta"`
+	GenOutputTokens int64 `json:"gen_output_tokens,omitempty" parquet:"gen_output_tokens,delta"`
 
-	DataWaitNs    int64 `json:"data_wait_ns,omitempty" parquet:"data_wait_ns"`
-	FwdNs         int64 `json:"fwd_ns,omitempty" parquet:"fwd_ns"`
-	BwdNs         int64 `json:"bwd_ns,omitempty" parquet:"bwd_ns"`
-	OptimNs       int64 `json:"optim_ns,omitempty" parquet:"optim_ns"`
-	CommNs        int64 `json:"comm_ns,omitempty" parquet:"comm_ns"`
-	ExposedCommNs int64 `json:"exposed_comm_ns,omitempty" parquet:"exposed_comm_ns"`
-	PPWaitNs      int64 `json:"pp_wait_ns,omitempty" parquet:"pp_wait_ns"`
-	CkptNs        int64 `json:"ckpt_ns,omitempty" parquet:"ckpt_ns"`
+	DataWaitNs    int64 `json:"data_wait_ns,omitempty" parquet:"data_wait_ns,delta"`
+	FwdNs         int64 `json:"fwd_ns,omitempty" parquet:"fwd_ns,delta"`
+	BwdNs         int64 `json:"bwd_ns,omitempty" parquet:"bwd_ns,delta"`
+	OptimNs       int64 `json:"optim_ns,omitempty" parquet:"optim_ns,delta"`
+	CommNs        int64 `json:"comm_ns,omitempty" parquet:"comm_ns,delta"`
+	ExposedCommNs int64 `json:"exposed_comm_ns,omitempty" parquet:"exposed_comm_ns,delta"`
+	PPWaitNs      int64 `json:"pp_wait_ns,omitempty" parquet:"pp_wait_ns,delta"`
+	CkptNs        int64 `json:"ckpt_ns,omitempty" parquet:"ckpt_ns,delta"`
 
 	// Trace* are measured from a profiler trace of this step (sampled by
 	// the Python package, analysed by the node agent; docs/kineto.md): the
@@ -78,9 +78,9 @@ type StepRecord struct {
 	// communication no computation overlaps. Zero when the step was not
 	// traced. Where the rank measured no communication itself, the agent
 	// also fills CommNs and ExposedCommNs from them.
-	TraceComputeNs     int64 `json:"trace_compute_ns,omitempty" parquet:"trace_compute_ns"`
-	TraceCommNs        int64 `json:"trace_comm_ns,omitempty" parquet:"trace_comm_ns"`
-	TraceExposedCommNs int64 `json:"trace_exposed_comm_ns,omitempty" parquet:"trace_exposed_comm_ns"`
+	TraceComputeNs     int64 `json:"trace_compute_ns,omitempty" parquet:"trace_compute_ns,delta"`
+	TraceCommNs        int64 `json:"trace_comm_ns,omitempty" parquet:"trace_comm_ns,delta"`
+	TraceExposedCommNs int64 `json:"trace_exposed_comm_ns,omitempty" parquet:"trace_exposed_comm_ns,delta"`
 
 	// FLOPs are the model FLOPs of the step for this rank's data-parallel
 	// replica, when the training code computes them itself (variable-length
