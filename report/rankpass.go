@@ -1,10 +1,12 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -135,19 +137,21 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 // Rows of a window holding a warm-up step (or no selected step) are left
 // out, so figures cover whole windows; rows of one key are merged by the
 // sums they add to, which is what Merge does.
-func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.ClusterStep, warm []bool, index map[[2]int64]int, heat *heatGrid, wins *windows,
+func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.ClusterStep, warm []bool, heat *heatGrid, wins *windows,
 	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
 	sketches := map[int64]*tps.Sketch{}
 	err = trace.Each(filepath.Join(dir, trace.RankWindows), func(rows []tps.RankWindow) error {
 		for i := range rows {
 			w := &rows[i]
 			rep.RankWindows++
+			// the window's steps in the (sorted) selection: found once,
+			// walked (a lookup per step of every window was most of a
+			// 100 M-row report)
 			si, in, anyWarm := -1, false, false
-			for s := w.FirstStep; s <= w.LastStep; s++ {
-				j, ok := index[[2]int64{w.Attempt, s}]
-				if !ok {
-					continue
-				}
+			j, _ := slices.BinarySearchFunc(steps, [2]int64{w.Attempt, w.FirstStep}, func(c tps.ClusterStep, k [2]int64) int {
+				return cmp.Or(cmp.Compare(c.Attempt, k[0]), cmp.Compare(c.Step, k[1]))
+			})
+			for ; j < len(steps) && steps[j].Attempt == w.Attempt && steps[j].Step <= w.LastStep; j++ {
 				in = true
 				if warm[j] {
 					anyWarm = true

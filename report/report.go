@@ -359,10 +359,6 @@ func Analyze(dir string, opt Options) (*Report, error) {
 
 	// One pass over rank_steps: per-rank compute medians of steady steps and
 	// the heatmap grid.
-	index := make(map[[2]int64]int, len(steps))
-	for i, c := range steps {
-		index[[2]int64{c.Attempt, c.Step}] = i
-	}
 	rankDir := filepath.Join(dir, trace.RankSteps)
 	var total int64
 	if selected == nil {
@@ -392,12 +388,16 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	switch src {
 	case trace.RankWindows:
 		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
-		if med, realTok, padTok, err = rep.windowPass(dir, ranges, steps, warm, index, heat, wins, nodes); err != nil {
+		if med, realTok, padTok, err = rep.windowPass(dir, ranges, steps, warm, heat, wins, nodes); err != nil {
 			return nil, err
 		}
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
 	default:
 		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
+		index := make(map[[2]int64]int, len(steps))
+		for i, c := range steps {
+			index[[2]int64{c.Attempt, c.Step}] = i
+		}
 		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, steps, warm, index, heat, wins, nodes, crit); err != nil {
 			return nil, err
 		}

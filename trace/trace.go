@@ -626,12 +626,13 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var sc flatScratch
 			for t := range tasks {
 				n := int(t.p.groups[t.g].NumRows())
 				dst := out[t.p.off[t.g] : t.p.off[t.g]+n]
 				var err error
 				if t.p.flat != nil {
-					err = readGroupFlat(t.p.groups[t.g], t.p.flat, dst, t.p.path)
+					err = readGroupFlat(t.p.groups[t.g], t.p.flat, dst, t.p.path, &sc)
 				} else {
 					err = readGroup(t.p.groups[t.g], dst, t.p.path)
 				}
