@@ -59,13 +59,19 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
 		tokens, padded, fwd, bwd, optim := c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11], c.Int64[12]
-		lastKey, si, ok := [2]int64{-1, -1}, 0, false
+		lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
 		for i := range c.Rows {
 			rep.RankRows++
-			// Rows come grouped by step: look the step up when it changes.
+			// Rows come grouped by step, mostly in the steps' order: look
+			// the step up when it changes (the next one first).
 			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
 				lastKey = k
-				si, ok = index[k]
+				if n := si + 1; ok && n < len(steps) && steps[n].Attempt == k[0] && steps[n].Step == k[1] {
+					si = n
+				} else {
+					si, ok = index[k]
+				}
+				hc = heat.col(si)
 			}
 			if !ok {
 				continue
@@ -74,7 +80,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			// compute as tps.StepRecord.ComputeNs, without building a record
 			ci := dur[i] - exposed[i] - data[i] - pp[i] - ckpt[i]
 			comp := float64(max(ci, 0))
-			heat.add(si, r, comp)
+			heat.addCol(hc, r, comp)
 			inRange := r >= 0 && r < int64(len(byRank))
 			if n := c.Strings[i]; n != "" && (!inRange || !named[r]) && nodes[r] == "" {
 				nodes[r] = n

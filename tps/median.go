@@ -1,6 +1,9 @@
 package tps
 
-import "slices"
+import (
+	"math/bits"
+	"slices"
+)
 
 // medianKeep is how many values a Median holds.
 const medianKeep = 1024
@@ -36,7 +39,8 @@ func (m *Median) Add(x float64) {
 	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 	z ^= z >> 31
-	if j := z % m.n; j < uint64(keep) {
+	// a uniform index below n by multiplication (Lemire), not division
+	if j, _ := bits.Mul64(z, m.n); j < uint64(keep) {
 		m.vals[j] = x
 	}
 }
