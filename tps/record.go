@@ -276,35 +276,22 @@ func (r *StepRecord) Validate() error {
 		return fieldErr("samples", r.Samples, ReasonNegative, "must not be negative")
 	}
 	// Phases that block the step are parts of its wall time; the others
-	// (compute phases, total comm with its overlapped part) only need to be sane.
-	for _, p := range [...]struct {
-		name    string
-		v       int64
-		blocked bool
-	}{
-		{"data_wait_ns", r.DataWaitNs, true}, {"exposed_comm_ns", r.ExposedCommNs, true},
-		{"pp_wait_ns", r.PPWaitNs, true}, {"ckpt_ns", r.CkptNs, true},
-		{"fwd_ns", r.FwdNs, false}, {"bwd_ns", r.BwdNs, false}, {"optim_ns", r.OptimNs, false}, {"comm_ns", r.CommNs, false},
-	} {
-		if p.v < 0 {
-			return fieldErr(p.name, p.v, ReasonNegative, "must not be negative")
+	// (compute phases, total comm with its overlapped part, trace figures)
+	// only need to be sane.
+	for i := range Measures {
+		m := &Measures[i]
+		if m.Kind == KindOwn {
+			continue
 		}
-		if p.blocked && p.v > r.DurationNs {
-			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than the step's duration_ns=%d", r.DurationNs)
+		v := *m.Of(r)
+		if v < 0 {
+			return fieldErr(m.Name, v, ReasonNegative, "must not be negative")
 		}
-		if p.v > MaxStepNs {
-			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than 24h")
+		if m.Kind == KindBlocking && v > r.DurationNs {
+			return fieldErr(m.Name, v, ReasonOutOfRange, "longer than the step's duration_ns=%d", r.DurationNs)
 		}
-	}
-	for _, p := range [...]struct {
-		name string
-		v    int64
-	}{{"trace_compute_ns", r.TraceComputeNs}, {"trace_comm_ns", r.TraceCommNs}, {"trace_exposed_comm_ns", r.TraceExposedCommNs}} {
-		if p.v < 0 {
-			return fieldErr(p.name, p.v, ReasonNegative, "must not be negative")
-		}
-		if p.v > MaxStepNs {
-			return fieldErr(p.name, p.v, ReasonOutOfRange, "longer than 24h")
+		if v > MaxStepNs {
+			return fieldErr(m.Name, v, ReasonOutOfRange, "longer than 24h")
 		}
 	}
 	if r.TraceExposedCommNs > r.TraceCommNs {

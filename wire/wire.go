@@ -218,19 +218,13 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	if r.Skipped {
 		bits |= isSkipped
 	}
-	traced := r.TraceComputeNs != 0 || r.TraceCommNs != 0 || r.TraceExposedCommNs != 0
-	if traced {
-		bits |= hasTrace
-	}
-	if r.SeqSqSum != 0 {
-		bits |= hasSeqSq
-	}
-	if r.Bytes != 0 {
-		bits |= hasBytes
-	}
-	gen := r.GenNs != 0 || r.GenRequests != 0 || r.GenPromptTokens != 0 || r.GenOutputTokens != 0
-	if gen {
-		bits |= hasGen
+	for _, g := range optionalGroups {
+		for _, m := range g.measures {
+			if *m.Of(r) != 0 {
+				bits |= g.bit
+				break
+			}
+		}
 	}
 	b = binary.AppendUvarint(b, bits)
 	b = appendString(b, r.Job)
@@ -244,32 +238,37 @@ func appendStep(b []byte, r *tps.StepRecord) []byte {
 	}
 	b = appendString(b, r.Node)
 	b = appendString(b, r.GPUUUID)
-	for _, v := range [...]int64{r.StartUnixNs, r.EndUnixNs, r.DurationNs, r.Tokens, r.PaddedTokens, r.Samples,
-		r.DataWaitNs, r.FwdNs, r.BwdNs, r.OptimNs, r.CommNs, r.ExposedCommNs, r.PPWaitNs, r.CkptNs} {
-		b = binary.AppendVarint(b, v)
+	for _, m := range coreMeasures {
+		b = binary.AppendVarint(b, *m.Of(r))
 	}
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.FLOPs))
 	if r.Loss != nil {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(*r.Loss))
 	}
-	if traced {
-		b = binary.AppendVarint(b, r.TraceComputeNs)
-		b = binary.AppendVarint(b, r.TraceCommNs)
-		b = binary.AppendVarint(b, r.TraceExposedCommNs)
-	}
-	if r.SeqSqSum != 0 {
-		b = binary.AppendVarint(b, r.SeqSqSum)
-	}
-	if r.Bytes != 0 {
-		b = binary.AppendVarint(b, r.Bytes)
-	}
-	if gen {
-		for _, v := range [...]int64{r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens} {
-			b = binary.AppendVarint(b, v)
+	for _, g := range optionalGroups {
+		if bits&g.bit != 0 {
+			for _, m := range g.measures {
+				b = binary.AppendVarint(b, *m.Of(r))
+			}
 		}
 	}
 	return b
 }
+
+// The measures of a record, from tps.Measures: the core varints, then the
+// optional groups in this order, each present when its bit is set.
+var (
+	coreMeasures   = tps.MeasuresIn(tps.WireCore)
+	optionalGroups = []struct {
+		bit      uint64
+		measures []*tps.Measure
+	}{
+		{hasTrace, tps.MeasuresIn(tps.WireTrace)},
+		{hasSeqSq, tps.MeasuresIn(tps.WireSeqSq)},
+		{hasBytes, tps.MeasuresIn(tps.WireBytes)},
+		{hasGen, tps.MeasuresIn(tps.WireGen)},
+	}
+)
 
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
@@ -431,9 +430,8 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		}
 		r.Node = d.string(tps.MaxStringLen)
 		r.GPUUUID = d.string(tps.MaxStringLen)
-		for _, p := range [...]*int64{&r.StartUnixNs, &r.EndUnixNs, &r.DurationNs, &r.Tokens, &r.PaddedTokens, &r.Samples,
-			&r.DataWaitNs, &r.FwdNs, &r.BwdNs, &r.OptimNs, &r.CommNs, &r.ExposedCommNs, &r.PPWaitNs, &r.CkptNs} {
-			*p = d.varint()
+		for _, m := range coreMeasures {
+			*m.Of(r) = d.varint()
 		}
 		r.FLOPs = d.float()
 		if bits&hasLoss != 0 {
@@ -444,17 +442,12 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 			r.Loss = &losses[len(losses)-1]
 		}
 		r.Skipped = bits&isSkipped != 0
-		if bits&hasTrace != 0 {
-			r.TraceComputeNs, r.TraceCommNs, r.TraceExposedCommNs = d.varint(), d.varint(), d.varint()
-		}
-		if bits&hasSeqSq != 0 {
-			r.SeqSqSum = d.varint()
-		}
-		if bits&hasBytes != 0 {
-			r.Bytes = d.varint()
-		}
-		if bits&hasGen != 0 {
-			r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens = d.varint(), d.varint(), d.varint(), d.varint()
+		for _, g := range optionalGroups {
+			if bits&g.bit != 0 {
+				for _, m := range g.measures {
+					*m.Of(r) = d.varint()
+				}
+			}
 		}
 		if d.err != nil {
 			return dst[:start], fmt.Errorf("record %d: %w", i, d.err)

@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"math"
@@ -195,5 +197,39 @@ func TestAttemptReplyChoose(t *testing.T) {
 		if got, why := c.r.Choose(now, 5*time.Minute); got != c.want || why == "" {
 			t.Errorf("%+v: attempt %d (%s), want %d", c.r, got, why, c.want)
 		}
+	}
+}
+
+// The step batch's bytes, written out here field by field in the order
+// docs/wire.md gives, not from tps.Measures: a change to that table's
+// order (which drives the encoder and decoder) that would change layout 1
+// fails here.
+func TestStepLayoutFixed(t *testing.T) {
+	r := sample()[0]
+	var b []byte
+	b = append(b, 'T', 'P', 'S', 1)
+	b = binary.AppendUvarint(b, 1)
+	b = binary.AppendUvarint(b, hasDP|hasTP|hasLocalRank|hasLoss|isSkipped|hasTrace|hasSeqSq|hasBytes|hasGen)
+	b = binary.AppendUvarint(b, uint64(len(r.Job)))
+	b = append(b, r.Job...)
+	for _, v := range []int64{r.Attempt, r.Step, r.Rank, r.WorldSize, int64(*r.DPRank), int64(*r.TPRank), int64(*r.LocalRank)} {
+		b = binary.AppendVarint(b, v)
+	}
+	for _, s := range []string{r.Node, r.GPUUUID} {
+		b = binary.AppendUvarint(b, uint64(len(s)))
+		b = append(b, s...)
+	}
+	for _, v := range []int64{r.StartUnixNs, r.EndUnixNs, r.DurationNs, r.Tokens, r.PaddedTokens, r.Samples,
+		r.DataWaitNs, r.FwdNs, r.BwdNs, r.OptimNs, r.CommNs, r.ExposedCommNs, r.PPWaitNs, r.CkptNs} {
+		b = binary.AppendVarint(b, v)
+	}
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.FLOPs))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(*r.Loss))
+	for _, v := range []int64{r.TraceComputeNs, r.TraceCommNs, r.TraceExposedCommNs, r.SeqSqSum, r.Bytes,
+		r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens} {
+		b = binary.AppendVarint(b, v)
+	}
+	if got := AppendSteps(nil, []tps.StepRecord{r}); !bytes.Equal(got, b) {
+		t.Fatalf("layout 1 changed:\n got %x\nwant %x", got, b)
 	}
 }
