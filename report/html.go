@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tpsprof/tpsprof/mfu"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -106,38 +105,18 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 			{Cells: []string{"checkpoint", pct(b.Checkpoint)}, Bar: b.Checkpoint, BarCol: 1},
 			{Cells: []string{"host and other (outside the ranks' steps)", pct(b.Other)}, Bar: b.Other, BarCol: 1},
 		}})
+	// The figures are the text report's lines (Lines), less those the page
+	// shows as notes, its subtitle, or tables and cards of their own.
 	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
-	add := func(k, v string) { detail.Rows = append(detail.Rows, htmlRow{Cells: []string{k, v}}) }
-	add("steps", fmt.Sprintf("%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts))
-	add("step TPS", fmt.Sprintf("mean %s, p50 %s, p95 %s, p99 %s (min %s, max %s) tokens/s", tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max)))
-	add("wall TPS", fmt.Sprintf("%s tokens/s, counting the gaps between steps", tps.SI(s.WallTPS)))
-	add("tokens", fmt.Sprintf("%s in steady steps", tps.SI(float64(s.Tokens))))
-	add("MFU / HFU", mfuText(s))
-	if s.MFU != nil {
-		dt := mfu.BF16
-		if rep.Meta != nil && rep.Meta.DType != "" {
-			if d, err := mfu.ParseDType(rep.Meta.DType); err == nil {
-				dt = d
-			}
+	elsewhere := map[string]bool{"note": true, "run": true, "clock offsets": true, "time breakdown": true,
+		"straggler episode": true, "slowest ranks": true, "collectives": true, "": true}
+	for _, l := range generationLines(rep) {
+		elsewhere[l[0]] = true
+	}
+	for _, l := range rep.Lines() {
+		if !elsewhere[l.Key] {
+			detail.Rows = append(detail.Rows, htmlRow{Cells: []string{l.Key, l.Value}})
 		}
-		add("peak convention", mfu.PeakConvention(dt))
-	}
-	if f := rep.CommFit; f.Slope != 0 && f.R2 < MinFitR2 {
-		add("TPS vs comm", fmt.Sprintf("no relation found between step TPS and exposed communication (R² %.2f)", f.R2))
-	} else if f.Slope != 0 {
-		add("TPS vs comm", fmt.Sprintf("each percentage point of exposed communication costs %s tokens/s (R² %.2f)", tps.SI(-f.Slope/100), f.R2))
-	}
-	if e := rep.Energy; e != nil {
-		add("energy", fmt.Sprintf("%.2f tokens/J, %.0f W and %.0f MHz per GPU on average, %d steady steps throttled", e.TokensPerJoule, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps))
-	}
-	if rep.CostPerMTok != nil {
-		add("cost", fmt.Sprintf("$%.3f per million tokens", *rep.CostPerMTok))
-	}
-	if rep.TimeToTrainS != nil {
-		add("time to train", dur(*rep.TimeToTrainS))
-	}
-	if pd := rep.Padding; pd != nil {
-		add("padding", fmt.Sprintf("%s of the tokens processed are real", pct(pd.RealFraction)))
 	}
 	p.Tables = append(p.Tables, detail)
 	if gl := generationLines(rep); len(gl) > 0 {

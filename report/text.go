@@ -38,12 +38,20 @@ func sizeText(n int64) string {
 
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }
 
-// WriteText prints the report as a readable summary.
-func WriteText(w io.Writer, r *Report) error {
+// Line is one figure of the report as text, Markdown and HTML show it:
+// what (Key) and its value in words.
+type Line struct {
+	Key, Value string
+}
+
+// Lines are the report's figures as WriteText prints them, the one row
+// model of the text, the Markdown table and the HTML page's figures
+// (which show some of them as tables of their own instead). A report
+// without steady steps ends at the warm-up, with a line keyed "".
+func (r *Report) Lines() []Line {
 	s := r.Summary
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	row := func(k, format string, a ...any) { fmt.Fprintf(tw, "  %s\t%s\n", k, fmt.Sprintf(format, a...)) }
-	fmt.Fprintf(tw, "job %s (%s)\n", r.Job, r.Dir)
+	var out []Line
+	row := func(k, format string, a ...any) { out = append(out, Line{k, fmt.Sprintf(format, a...)}) }
 	for _, n := range r.Notes {
 		row("note", "%s", n)
 	}
@@ -68,9 +76,7 @@ func WriteText(w io.Writer, r *Report) error {
 		row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)
 	}
 	if s.SteadySteps == 0 {
-		tw.Flush()
-		fmt.Fprintln(w, "  no steady steps to summarise")
-		return nil
+		return append(out, Line{"", "no steady steps to summarise"})
 	}
 	row("step TPS", "mean %s  p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s",
 		tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
@@ -198,6 +204,21 @@ func WriteText(w io.Writer, r *Report) error {
 	if r.TimeToTrainS != nil {
 		d := time.Duration(*r.TimeToTrainS * 1e9)
 		row("time to train", "%.1f days at wall TPS", d.Hours()/24)
+	}
+	return out
+}
+
+// WriteText prints the report as a readable summary.
+func WriteText(w io.Writer, r *Report) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "job %s (%s)\n", r.Job, r.Dir)
+	for _, l := range r.Lines() {
+		if l.Key == "" {
+			tw.Flush()
+			fmt.Fprintf(w, "  %s\n", l.Value)
+			continue
+		}
+		fmt.Fprintf(tw, "  %s\t%s\n", l.Key, l.Value)
 	}
 	return tw.Flush()
 }
