@@ -164,3 +164,38 @@ func TestSelectionReadsItsShare(t *testing.T) {
 		t.Errorf("the whole run: read %d B of %d, %d GPU samples", rep.BytesRead, rep.BytesInTables, rep.GPUSamples)
 	}
 }
+
+// A selection read from rank_windows reads the row groups that hold its
+// windows alone: 8 ranks × 5,000 steps, windows of 100 steps, 80 window
+// rows (10 windows of 8 ranks) a row group; --last 250 (steps 4,750-4,999)
+// reads the group of windows 40-49 and of it uses windows 47-49, whole
+// (window figures cover whole windows: 8 ranks × 300 steps of rank rows).
+func TestSelectionFromRankWindows(t *testing.T) {
+	root := t.TempDir()
+	dir, err := tracetest.Write(root, "w", tracetest.Run{World: 8, Steps: 5000, Windows: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// rewrite rank_windows in row groups of 400 rows
+	wdir := filepath.Join(dir, trace.RankWindows)
+	rows, err := trace.ReadAll[tps.RankWindow](wdir)
+	if err != nil || len(rows) != 8*50 {
+		t.Fatalf("%v: %d window rows", err, len(rows))
+	}
+	os.RemoveAll(wdir)
+	ww, _ := trace.NewPartWriter[tps.RankWindow](root, "w", trace.RankWindows, trace.WriterOptions{WriterID: "w", RowsPerGroup: 80})
+	if err := ww.Write(rows); err != nil {
+		t.Fatal(err)
+	}
+	if err := ww.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Analyze(dir, Options{Warmup: 0, RankSource: RankSourceWindows, Select: Selection{Last: 250}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Summary.Steps != 250 || rep.RankWindows != 80 || rep.RankRows != 8*300 || rep.RankWindowsLeft != 0 {
+		t.Errorf("%d steps, %d window rows read (%d left out), %d rank rows; want 250, one row group of 80 (windows 40-49), the 8 ranks × 300 steps of windows 47-49",
+			rep.Summary.Steps, rep.RankWindows, rep.RankWindowsLeft, rep.RankRows)
+	}
+}
