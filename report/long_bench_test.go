@@ -13,7 +13,8 @@ import (
 )
 
 // BenchmarkReportLongRun writes a long run (64 ranks × 156,250 steps, 10 M
-// rank rows; TPSPROF_LONG_STEPS changes the steps: 1,562,500 is 100 M) as
+// rank rows; TPSPROF_LONG_STEPS changes the steps: 1,562,500 is 100 M;
+// TPSPROF_LONG_WORLD the ranks) as
 // the collector would (tracetest's jittered rows, rank_windows too;
 // cluster_steps in row groups of 4,096 rows, where a collector's parts,
 // rotated every minute, hold a minute of steps each), then reports it
@@ -28,7 +29,10 @@ func BenchmarkReportLongRun(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("TPSPROF_LONG_STEPS")); err == nil && v >= 1000 {
 		steps = v
 	}
-	const world = 64
+	world := 64
+	if v, err := strconv.Atoi(os.Getenv("TPSPROF_LONG_WORLD")); err == nil && v > 0 && v <= 1<<16 {
+		world = v
+	}
 	dir, err := tracetest.Write(b.TempDir(), "long", tracetest.Run{World: world, Steps: steps, Jitter: true, Windows: true, ClusterRowsPerGroup: 4096})
 	if err != nil {
 		b.Fatal(err)
