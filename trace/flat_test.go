@@ -2,8 +2,10 @@ package trace
 
 import (
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"reflect"
+	"sync"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -88,5 +90,67 @@ func TestReadAllFlatMatchesRows(t *testing.T) {
 	got, err := ReadAll[tps.ClusterStep](filepath.Join(root, "o", ClusterSteps))
 	if err != nil || len(got) != 2 || got[1].Step != 4 || got[1].TPS != 3.5 || got[1].Tokens != 0 || got[1].Job != "o" {
 		t.Errorf("old part: %v %+v", err, got)
+	}
+}
+
+// A Footers keeps at most FootersKept idle parts open: reading a table of
+// 40 parts twice, from two goroutines at once, leaves FootersKept open, the second
+// read of a kept part reads no footer again, and Close closes every file
+// (the process's open descriptors are back where they were).
+func TestFootersBounded(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.ClusterStep](root, "j", ClusterSteps, WriterOptions{WriterID: "f"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 40 {
+		w.Write([]tps.ClusterStep{{Job: "j", Step: int64(i)}})
+		w.Rotate()
+	}
+	w.Close()
+	dir := filepath.Join(root, "j", ClusterSteps)
+	fds := func() int {
+		es, _ := os.ReadDir("/proc/self/fd")
+		return len(es)
+	}
+	before := fds()
+	var fs Footers
+	var m Meter
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2 {
+				if rows, err := ReadAll[tps.ClusterStep](dir, Reuse(&fs), Metered(&m)); err != nil || len(rows) != 40 {
+					t.Errorf("%v: %d rows", err, len(rows))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	fs.mu.Lock()
+	kept := len(fs.parts)
+	fs.mu.Unlock()
+	if kept != FootersKept || fds()-before != FootersKept {
+		t.Errorf("%d parts kept, %d descriptors more than before; want %d", kept, fds()-before, FootersKept)
+	}
+	// a kept part read again costs its data, not its footer
+	files, _ := PartFiles(dir)
+	fs.mu.Lock()
+	var keptPath string
+	for p := range fs.parts {
+		keptPath = p
+	}
+	fs.mu.Unlock()
+	var again, fresh Meter
+	eachInFile(keptPath, make([]tps.ClusterStep, 8), func([]tps.ClusterStep) error { return nil }, readOptions([]ReadOption{Reuse(&fs), Metered(&again)}))
+	eachInFile(keptPath, make([]tps.ClusterStep, 8), func([]tps.ClusterStep) error { return nil }, readOptions([]ReadOption{Metered(&fresh)}))
+	if again.Bytes() >= fresh.Bytes() || len(files) != 40 {
+		t.Errorf("a kept part read again took %d B, opened afresh %d", again.Bytes(), fresh.Bytes())
+	}
+	fs.Close()
+	if n := fds(); n != before {
+		t.Errorf("%d descriptors after Close, %d before", n, before)
 	}
 }

@@ -70,37 +70,96 @@ func (r meteredFile) ReadAt(p []byte, off int64) (int, error) {
 
 // openedPart is an open, checked part file.
 type openedPart struct {
-	f      *os.File
-	r      io.ReaderAt // f, or f metered
-	pf     *parquet.File
-	shared bool // kept open by a Footers, which closes it
+	f  *os.File
+	r  io.ReaderAt // f, or f metered
+	pf *parquet.File
+	fs *Footers // nil: closed when its read is done
+	// under fs.mu:
+	refs    int    // reads using it
+	used    uint64 // fs.tick at its last use
+	evicted bool   // out of fs: closed when refs falls to 0
 }
 
-// close closes the part unless a Footers keeps it.
+// close ends a read's use of the part: closes it, or hands it back to
+// its Footers.
 func (p *openedPart) close() {
-	if !p.shared {
+	if p.fs == nil {
 		p.f.Close()
+		return
 	}
+	p.fs.release(p)
 }
 
 // Footers keeps the parts a series of reads opened open, their footers
-// read once: a report reads some tables in more than one pass, and a long
-// run's footers are a share of what a window of it costs. Close closes
-// them. Safe for concurrent reads.
+// read once, up to FootersKept of them not in use (the least recently
+// used are closed past that): a report reads cluster_steps twice under a
+// selection, and the footers of a long run's parts were a share of what a
+// window of it costs; parsed, a part's footer takes about 33 KiB a row
+// group, so they are not all kept (the parts a selection reads again are
+// the few that hold it). Close closes them. Safe for concurrent reads.
 type Footers struct {
 	mu    sync.Mutex
 	parts map[string]*openedPart
+	tick  uint64
 }
 
-// Close closes the parts kept open.
+// FootersKept is how many idle parts a Footers keeps open.
+const FootersKept = 4
+
+// Close closes the parts kept open (those still in use when their reads
+// end).
 func (fs *Footers) Close() error {
 	fs.mu.Lock()
-	defer fs.mu.Unlock()
-	for _, p := range fs.parts {
-		p.f.Close()
+	var done []*os.File
+	for path, p := range fs.parts {
+		delete(fs.parts, path)
+		p.evicted = true
+		if p.refs == 0 {
+			done = append(done, p.f)
+		}
 	}
-	fs.parts = nil
+	fs.mu.Unlock()
+	for _, f := range done {
+		f.Close()
+	}
 	return nil
+}
+
+// release hands p back; parts past FootersKept idle ones are closed, the
+// least recently used first.
+func (fs *Footers) release(p *openedPart) {
+	fs.mu.Lock()
+	p.refs--
+	var done []*os.File
+	if p.refs == 0 && p.evicted {
+		done = append(done, p.f)
+	}
+	for idle := fs.idle(); idle > FootersKept; idle-- {
+		var old *openedPart
+		var oldPath string
+		for path, q := range fs.parts {
+			if q.refs == 0 && (old == nil || q.used < old.used) {
+				old, oldPath = q, path
+			}
+		}
+		delete(fs.parts, oldPath)
+		old.evicted = true
+		done = append(done, old.f)
+	}
+	fs.mu.Unlock()
+	for _, f := range done {
+		f.Close() // not under the lock
+	}
+}
+
+func (fs *Footers) idle() int {
+	n := 0
+	for _, q := range fs.parts {
+		if q.refs == 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // Reuse keeps the parts the read opens in fs, and takes those it already
@@ -115,26 +174,33 @@ func openPart(path string, c *readConfig) (*openedPart, error) {
 	}
 	fs := c.footers
 	fs.mu.Lock()
-	p, ok := fs.parts[path]
-	fs.mu.Unlock()
-	if ok {
+	if p, ok := fs.parts[path]; ok {
+		p.refs++
+		fs.tick++
+		p.used = fs.tick
+		fs.mu.Unlock()
 		return p, nil
 	}
+	fs.mu.Unlock()
 	p, err := openNew(path, c) // not under the lock: it reads the footer
 	if err != nil {
 		return nil, err
 	}
 	fs.mu.Lock()
-	defer fs.mu.Unlock()
+	fs.tick++
 	if had, ok := fs.parts[path]; ok { // opened meanwhile by another read
+		had.refs++
+		had.used = fs.tick
+		fs.mu.Unlock()
 		p.f.Close()
 		return had, nil
 	}
 	if fs.parts == nil {
 		fs.parts = map[string]*openedPart{}
 	}
-	p.shared = true
+	p.fs, p.refs, p.used = fs, 1, fs.tick
 	fs.parts[path] = p
+	fs.mu.Unlock()
 	return p, nil
 }
 
