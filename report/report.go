@@ -351,8 +351,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		}
 	}
 	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Warm: selWarm}
-	rep.Summary = tps.Summarize(steps, wopt) // sorts steps
+	tps.SortSteps(steps)
 	warm := tps.WarmupMask(steps, wopt)
+	wopt.Mask = warm // computed once: Summarize takes it
+	rep.Summary = tps.Summarize(steps, wopt)
 	rep.data.steps, rep.data.warm = steps, warm
 	skip := skipMask(steps, warm, profiled)
 	rep.breakdown(steps, skip)

@@ -90,6 +90,10 @@ type WindowOptions struct {
 	// instead of applying the rule (a report of part of a run takes the
 	// whole run's warm-up).
 	Warm map[[2]int64]bool
+	// Mask, when it has a value per step, is the warm-up mask itself, as
+	// WarmupMask gave it for these steps (a caller that has it saves the
+	// rule's median and MAD over every step time a second time).
+	Mask []bool
 }
 
 // AutoWarmup selects the automatic warm-up rule.
@@ -177,6 +181,9 @@ func thresholdOf(stepTimes []int64, warmup int) float64 {
 
 // WarmupMask marks, for steps sorted by (attempt, step), which are warm-up.
 func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
+	if len(opt.Mask) == len(steps) && len(steps) > 0 {
+		return opt.Mask
+	}
 	if opt.Warm != nil {
 		mask := make([]bool, len(steps))
 		for i, c := range steps {
@@ -241,9 +248,12 @@ func SortSteps(steps []ClusterStep) {
 	})
 }
 
-// Summarize sorts steps and computes the steady-state summary.
+// Summarize sorts steps (unless opt.Mask is given for them as they are)
+// and computes the steady-state summary.
 func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
-	SortSteps(steps)
+	if len(opt.Mask) != len(steps) || len(steps) == 0 {
+		SortSteps(steps) // a given mask is of the steps in their order
+	}
 	mask := WarmupMask(steps, opt)
 	s := Summary{Steps: len(steps)}
 	var times, tps []float64
