@@ -3,6 +3,7 @@ package report
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -160,35 +161,49 @@ type selectedSteps struct {
 	back  float64
 }
 
-// timing is what the selection needs of each of a run's steps.
-type timing struct{ attempt, step, start, end, stepTime int64 }
+// runSteps is what the selection needs of each of a run's steps, a slice
+// per column: 12 B a step for the attempt and step, 24 more when the times
+// are read (a run of 1.56 M steps: 19 MiB).
+type runSteps struct {
+	attempt              []int32 // tps.MaxAttempt fits
+	step                 []int64
+	start, end, stepTime []int64 // nil unless read
+}
+
+func (r *runSteps) len() int { return len(r.step) }
+
+func (r *runSteps) key(i int) [2]int64 { return [2]int64{int64(r.attempt[i]), r.step[i]} }
 
 // readSelected reads the cluster steps a selection keeps without reading
 // the whole table: first the attempt and step columns of every row (and
 // the times and step times, for a selection by time), enough for which
 // steps the selection keeps, where each stands in its attempt and the
-// run's clock jumps, held in 40 B a step; the step times of every row only
-// when a kept step is among its attempt's first steps, where the automatic
-// warm-up rule can exclude it (the rule compares them with the whole
-// run's); then the whole rows of only the row groups whose statistics can
-// hold the kept steps. Over the last 1% of a long run it reads about 1% of
-// the run's bytes (TestSelectionReadsItsShare, BenchmarkReportLongRun).
+// run's clock jumps; the step times of every row only when a kept step is
+// among its attempt's first steps, where the automatic warm-up rule can
+// exclude it (the rule compares them with the whole run's); then the whole
+// rows of only the row groups whose statistics can hold the kept steps.
+// Over the last 1% of a long run it reads about 1% of the run's bytes
+// (TestSelectionReadsItsShare, BenchmarkReportLongRun).
 func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
 	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
-	light, err := timings(dir, byTime, byTime, opts)
+	run, err := readRunSteps(dir, byTime, byTime, opts)
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, err
 	}
-	out := &selectedSteps{of: len(light), warm: map[[2]int64]bool{}}
+	n := run.len()
+	out := &selectedSteps{of: n, warm: map[[2]int64]bool{}}
 	if byTime {
-		out.jumps, out.back = unstep(len(light), func(i int) (int64, *int64, *int64, int64) {
-			l := &light[i]
-			return l.attempt, &l.start, &l.end, l.stepTime
+		out.jumps, out.back = unstep(n, func(i int) (int64, *int64, *int64, int64) {
+			return int64(run.attempt[i]), &run.start[i], &run.end[i], run.stepTime[i]
 		})
 	}
-	var keep []int // indexes into light
-	for i, l := range light {
-		if sel.keeps(l.attempt, l.step, l.start, l.end) {
+	var keep []int // indexes into run
+	for i := range n {
+		var start, end int64
+		if byTime {
+			start, end = run.start[i], run.end[i]
+		}
+		if sel.keeps(int64(run.attempt[i]), run.step[i], start, end) {
 			keep = append(keep, i)
 		}
 	}
@@ -198,43 +213,40 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 	if len(keep) == 0 {
 		return out, err
 	}
-	if warmup >= 0 || nearAttemptStart(light, keep) {
-		times := []int64(nil)
+	if warmup >= 0 || nearAttemptStart(run.attempt, keep) {
+		var times []int64
 		if warmup < 0 {
 			// the automatic rule compares them with every step's time
-			if !byTime {
-				all, terr := timings(dir, false, true, opts)
+			times = run.stepTime
+			if times == nil {
+				all, terr := readRunSteps(dir, false, true, opts)
 				if terr != nil && !trace.IsUnreadable(terr) {
 					return nil, terr
 				}
-				if len(all) != len(light) {
-					return nil, fmt.Errorf("report: %s changed while read (%d cluster rows, then %d)", dir, len(light), len(all))
+				if all.len() != n {
+					return nil, fmt.Errorf("report: %s changed while read (%d cluster rows, then %d)", dir, n, all.len())
 				}
-				light = all
-			}
-			times = make([]int64, len(light))
-			for i, l := range light {
-				times[i] = l.stepTime
+				times = all.stepTime
 			}
 		}
-		attempts := make([]int64, len(light))
-		for i, l := range light {
-			attempts[i] = l.attempt
+		attempts := make([]int64, n)
+		for i, a := range run.attempt {
+			attempts[i] = int64(a)
 		}
 		for i, w := range tps.WarmupMaskOf(attempts, times, warmup) {
 			if w {
-				out.warm[[2]int64{light[i].attempt, light[i].step}] = true
+				out.warm[run.key(i)] = true
 			}
 		}
 	} // else no kept step can be warm-up
-	want := make(map[[2]int64]*timing, len(keep))
-	first, last := light[keep[0]], light[keep[len(keep)-1]]
-	lo, hi := first.step, first.step
+	want := make(map[[2]int64]int, len(keep))
+	first, last := run.key(keep[0]), run.key(keep[len(keep)-1])
+	lo, hi := first[1], first[1]
 	for _, i := range keep {
-		want[[2]int64{light[i].attempt, light[i].step}] = &light[i]
-		lo, hi = min(lo, light[i].step), max(hi, light[i].step)
+		want[run.key(i)] = i
+		lo, hi = min(lo, run.step[i]), max(hi, run.step[i])
 	}
-	ranges := []trace.Range{{Column: "attempt", Min: first.attempt, Max: last.attempt}, {Column: "step", Min: lo, Max: hi}}
+	ranges := []trace.Range{{Column: "attempt", Min: first[0], Max: last[0]}, {Column: "step", Min: lo, Max: hi}}
 	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(nil, ranges...))...)
 	if rerr != nil && !trace.IsUnreadable(rerr) {
 		return nil, rerr
@@ -242,13 +254,13 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 	err = cmp.Or(err, rerr)
 	out.steps = make([]tps.ClusterStep, 0, len(keep))
 	for _, c := range full {
-		l, ok := want[[2]int64{c.Attempt, c.Step}]
+		i, ok := want[[2]int64{c.Attempt, c.Step}]
 		if !ok {
 			continue
 		}
 		if byTime {
 			// as placed after the run's clock jumps
-			c.StartUnixNs, c.EndUnixNs = l.start, l.end
+			c.StartUnixNs, c.EndUnixNs = run.start[i], run.end[i]
 		}
 		out.steps = append(out.steps, c)
 	}
@@ -260,9 +272,9 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 	return out, err
 }
 
-// timings reads the attempt and step of every cluster row (and the times,
-// and the step time, as asked), sorted by attempt and step.
-func timings(dir string, times, stepTime bool, opts []trace.ReadOption) ([]timing, error) {
+// readRunSteps reads the attempt and step of every cluster row (and the
+// times, and the step time, as asked), sorted by attempt and step.
+func readRunSteps(dir string, times, stepTime bool, opts []trace.ReadOption) (*runSteps, error) {
 	cols := []string{"attempt", "step"}
 	if times {
 		cols = append(cols, "start_unix_ns", "end_unix_ns")
@@ -270,36 +282,69 @@ func timings(dir string, times, stepTime bool, opts []trace.ReadOption) ([]timin
 	if stepTime {
 		cols = append(cols, "step_time_ns")
 	}
-	var out []timing
+	r := &runSteps{}
 	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
-		for i := range c.Rows {
-			l := timing{attempt: c.Int64[0][i], step: c.Int64[1][i]}
-			k := 2
-			if times {
-				l.start, l.end = c.Int64[2][i], c.Int64[3][i]
-				k = 4
-			}
-			if stepTime {
-				l.stepTime = c.Int64[k][i]
-			}
-			out = append(out, l)
+		for _, a := range c.Int64[0] {
+			r.attempt = append(r.attempt, int32(min(max(a, math.MinInt32), math.MaxInt32)))
+		}
+		r.step = append(r.step, c.Int64[1]...)
+		k := 2
+		if times {
+			r.start, r.end = append(r.start, c.Int64[2]...), append(r.end, c.Int64[3]...)
+			k = 4
+		}
+		if stepTime {
+			r.stepTime = append(r.stepTime, c.Int64[k]...)
 		}
 		return nil
 	}, opts...)
-	slices.SortFunc(out, func(a, b timing) int { return cmp.Or(cmp.Compare(a.attempt, b.attempt), cmp.Compare(a.step, b.step)) })
-	return out, err
+	sorted := true
+	for i := 1; i < r.len() && sorted; i++ {
+		sorted = cmpKeys(r.key(i-1), r.key(i)) <= 0
+	}
+	if !sorted {
+		// rows out of order (parts of several writers): sort every column
+		// by one permutation
+		perm := indexes(r.len())
+		slices.SortStableFunc(perm, func(i, j int) int { return cmpKeys(r.key(i), r.key(j)) })
+		r.attempt = permute(r.attempt, perm)
+		r.step = permute(r.step, perm)
+		r.start, r.end, r.stepTime = permute(r.start, perm), permute(r.end, perm), permute(r.stepTime, perm)
+	}
+	return r, err
+}
+
+func cmpKeys(a, b [2]int64) int { return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1])) }
+
+func indexes(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+func permute[T any](s []T, perm []int) []T {
+	if s == nil {
+		return nil
+	}
+	out := make([]T, len(s))
+	for i, p := range perm {
+		out[i] = s[p]
+	}
+	return out
 }
 
 // nearAttemptStart reports whether a kept step is among the first steps of
 // its attempt that the automatic warm-up rule may exclude.
-func nearAttemptStart(light []timing, keep []int) bool {
+func nearAttemptStart(attempt []int32, keep []int) bool {
 	kept := make(map[int]bool, len(keep))
 	for _, k := range keep {
 		kept[k] = true
 	}
-	for i := 0; i < len(light); {
+	for i := 0; i < len(attempt); {
 		j := i
-		for j < len(light) && light[j].attempt == light[i].attempt {
+		for j < len(attempt) && attempt[j] == attempt[i] {
 			j++
 		}
 		for p := i; p < min(j, i+tps.WarmupLimit(j-i)); p++ {

@@ -199,3 +199,38 @@ func TestSelectionFromRankWindows(t *testing.T) {
 			rep.Summary.Steps, rep.RankWindows, rep.RankWindowsLeft, rep.RankRows)
 	}
 }
+
+// Cluster rows out of order on disk (a part of the later steps first, as
+// parts of several writers can be) are put in order before selecting: the
+// last 5 steps are 195-199, and steps 0-9 hold the attempt's first step,
+// which the automatic warm-up excludes.
+func TestSelectionRowsOutOfOrder(t *testing.T) {
+	root := t.TempDir()
+	w, _ := trace.NewPartWriter[tps.ClusterStep](root, "o", trace.ClusterSteps, trace.WriterOptions{WriterID: "o"})
+	rw, _ := trace.NewPartWriter[tps.StepRecord](root, "o", trace.RankSteps, trace.WriterOptions{WriterID: "o"})
+	const s = int64(1e9)
+	write := func(from, to int64) {
+		for i := from; i < to; i++ {
+			at := tracetest.T0 + i*s
+			w.Write([]tps.ClusterStep{{Job: "o", Step: i, WorldSize: 1, RanksReported: 1, Replicas: 1, Tokens: 1000,
+				StepTimeNs: s, StartUnixNs: at, EndUnixNs: at + s, TPS: 1000}})
+			rw.Write([]tps.StepRecord{{Job: "o", Step: i, WorldSize: 1, StartUnixNs: at, EndUnixNs: at + s, DurationNs: s, Tokens: 1000}})
+		}
+		w.Rotate()
+		rw.Rotate()
+	}
+	write(100, 200)
+	write(0, 100)
+	w.Close()
+	rw.Close()
+	dir := filepath.Join(root, "o")
+	rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
+	if err != nil || rep.Summary.Steps != 5 || rep.data.steps[0].Step != 195 {
+		t.Fatalf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, rep.data.steps)
+	}
+	from, to := int64(0), int64(9)
+	rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{StepFrom: &from, StepTo: &to}})
+	if err != nil || rep.Summary.Steps != 10 || rep.Summary.WarmupSteps != 1 || rep.data.steps[0].Step != 0 {
+		t.Errorf("--steps 0:9: %v, %d steps, %d warm-up", err, rep.Summary.Steps, rep.Summary.WarmupSteps)
+	}
+}
