@@ -489,7 +489,8 @@ func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
 	s := rep.Summary
 	var n, eSteps, eTokens, eJoules float64
 	var energy Energy
-	var xs, ys []float64
+	// sized once: grown by appending they were 125 MB of garbage at 1.56 M steps
+	xs, ys := make([]float64, 0, len(steps)), make([]float64, 0, len(steps))
 	for i, c := range steps {
 		if warm[i] || c.StepTimeNs <= 0 {
 			continue

@@ -256,7 +256,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	}
 	mask := WarmupMask(steps, opt)
 	s := Summary{Steps: len(steps)}
-	var times, tps []float64
+	times, tps := make([]float64, 0, len(steps)), make([]float64, 0, len(steps)) // sized once, not grown
 	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait, wallTok float64
 	first, last := int64(math.MaxInt64), int64(0)
 	attempts := map[int64]bool{}
