@@ -146,6 +146,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.ClusterStep, warm []bool, heat *heatGrid, wins *windows,
 	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
 	sketches := map[int64]*tps.Sketch{}
+	var scratch tps.Sketch
 	err = trace.Each(filepath.Join(dir, trace.RankWindows), func(rows []tps.RankWindow) error {
 		for i := range rows {
 			w := &rows[i]
@@ -186,17 +187,19 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.Clus
 				realTok += w.TokensPadded
 				padTok += w.PaddedTokens
 			}
-			sk, err := w.Sketch()
+			ok, err := w.SketchInto(&scratch)
 			if err != nil {
 				return err
 			}
-			if sk == nil {
+			if !ok {
 				continue
 			}
 			if m := sketches[r]; m == nil {
-				sketches[r] = sk
+				sk := scratch
+				sk.Bins = slices.Clone(scratch.Bins) // scratch is decoded into again
+				sketches[r] = &sk
 			} else {
-				m.Merge(sk)
+				m.Merge(&scratch)
 			}
 		}
 		return nil

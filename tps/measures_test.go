@@ -3,6 +3,7 @@ package tps
 import (
 	"flag"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -82,5 +83,31 @@ func TestMeasuresDocumented(t *testing.T) {
 	}
 	if !strings.Contains(layout, "varint × "+strconv.Itoa(len(MeasuresIn(WireCore)))+":") {
 		t.Errorf("docs/wire.md does not say varint × %d for the core measures", len(MeasuresIn(WireCore)))
+	}
+}
+
+// SketchInto decoding into a reused sketch gives what a fresh decode
+// gives: a window whose JSON leaves out zero (omitempty) after one that
+// had some, with fewer bins.
+func TestSketchIntoReused(t *testing.T) {
+	var a, b RankWindow
+	for i, v := range []int64{0, 0, 5, 900, 1e6} {
+		a.Add(&StepRecord{Step: int64(i), DurationNs: v})
+	}
+	for i, v := range []int64{800, 810} {
+		b.Add(&StepRecord{Step: int64(i), DurationNs: v})
+	}
+	a.Seal()
+	b.Seal()
+	var scratch Sketch
+	for _, w := range []*RankWindow{&a, &b} {
+		ok, err := w.SketchInto(&scratch)
+		fresh, ferr := w.Sketch()
+		if !ok || err != nil || ferr != nil || !reflect.DeepEqual(scratch, *fresh) {
+			t.Errorf("reused %+v, fresh %+v (%v %v)", scratch, fresh, err, ferr)
+		}
+	}
+	if scratch.Zero != 0 || scratch.Count != 2 {
+		t.Errorf("the second sketch kept the first's figures: %+v", scratch)
 	}
 }

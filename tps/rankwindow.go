@@ -136,17 +136,33 @@ func (w *RankWindow) Sketch() (*Sketch, error) {
 	if w.sketch != nil {
 		return w.sketch, nil
 	}
-	if len(w.ComputeSketch) == 0 {
-		return nil, nil
-	}
 	var s Sketch
-	if err := json.Unmarshal(w.ComputeSketch, &s); err != nil {
-		return nil, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
-	}
-	if err := s.Check(); err != nil {
-		return nil, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+	if ok, err := w.SketchInto(&s); !ok || err != nil {
+		return nil, err
 	}
 	return &s, nil
+}
+
+// SketchInto decodes ComputeSketch into s, reusing its bins' memory (a
+// report merging a million windows' sketches allocated one each), and
+// reports whether there was one.
+func (w *RankWindow) SketchInto(s *Sketch) (bool, error) {
+	if w.sketch != nil {
+		*s = *w.sketch
+		s.Bins = append(s.Bins[:0:0], w.sketch.Bins...)
+		return true, nil
+	}
+	if len(w.ComputeSketch) == 0 {
+		return false, nil
+	}
+	*s = Sketch{Bins: s.Bins[:0]} // keys the JSON leaves out are zero
+	if err := json.Unmarshal(w.ComputeSketch, s); err != nil {
+		return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+	}
+	if err := s.Check(); err != nil {
+		return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+	}
+	return true, nil
 }
 
 // Merge folds another row of the same key in (sketches included).
