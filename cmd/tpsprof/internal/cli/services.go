@@ -568,7 +568,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
   tpsprof report --markdown --no-plots traces/llama-8b >> review.md
   tpsprof report --compare traces/run-a traces/run-b
   tpsprof report --compare --html ab.html traces/run-a traces/run-b
-  tpsprof report --last 1000 traces/llama-8b      # the last 1,000 steps only
+  tpsprof report --last 1000 traces/llama-8b      # the last 1,000 steps only, read from the row groups that hold them
   tpsprof report --attempt 3 --steps 50000:60000 traces/llama-8b
   tpsprof report --since 2h traces/llama-8b       # steps of the last two hours
 `, stderr)
