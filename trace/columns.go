@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 
 	"github.com/parquet-go/parquet-go"
@@ -228,7 +229,7 @@ func (e *columnError) Error() string { return e.err.Error() }
 func decodeGroup(chunks []parquet.ColumnChunk, idx []int, strIdx, rows int, cols *Columns) error {
 	errs := make([]error, len(idx)+1)
 	one := func(i int) {
-		v, err := readInt64Chunk(chunks[idx[i]], cols.Int64[i][:0])
+		v, err := readInt64Chunk(chunks[idx[i]], slices.Grow(cols.Int64[i][:0], rows)) // one allocation, not a doubling series
 		switch {
 		case err != nil:
 			errs[i] = &columnError{i, err}
@@ -255,7 +256,7 @@ func decodeGroup(chunks []parquet.ColumnChunk, idx []int, strIdx, rows int, cols
 		one(i)
 	}
 	if strIdx >= 0 {
-		v, err := readStringChunk(chunks[strIdx], cols.Strings[:0])
+		v, err := readStringChunk(chunks[strIdx], slices.Grow(cols.Strings[:0], rows))
 		switch {
 		case err != nil:
 			errs[len(idx)] = &columnError{len(idx), err}
