@@ -290,7 +290,14 @@ func testClockSkew(t *testing.T, split bool) {
 	if skewed.Energy == nil || plain.Energy == nil {
 		t.Fatal("no GPU energy joined")
 	}
-	near("tokens per joule", skewed.Energy.TokensPerJoule, plain.Energy.TokensPerJoule)
+	// Energy is joined live: a step takes the GPU samples that reached the
+	// collector before it closed, which varies with the machine's load
+	// from run to run, skewed or not (CI saw 8.94 against 8.68 tokens/J in
+	// the split path, 9.02 against 8.94 in one collector). A skew left in
+	// would lose or misplace a whole node's samples (an eighth of them).
+	if x, y := skewed.Energy.TokensPerJoule, plain.Energy.TokensPerJoule; math.Abs(x-y) > 0.05*y {
+		t.Errorf("tokens per joule: %g with the skewed node, %g without (more than 5%% apart)", x, y)
+	}
 	for _, r := range []*report.Report{skewed, plain} {
 		g := r.Goodput
 		sum := g.ProductiveS + g.UnmonitoredS
