@@ -231,7 +231,7 @@ func windowRead(ranges []trace.Range, read trace.ReadOption) []trace.ReadOption 
 		}
 	}
 	if len(within) > 0 {
-		opts = append(opts, trace.Within(nil, within...))
+		opts = append(opts, trace.Within(within...))
 	}
 	return opts
 }

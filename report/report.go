@@ -447,9 +447,9 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		}
 		margin := int64(60e9)
 		for _, o := range rep.ClockOffsetsNs {
-			margin = max(margin, 60e9+abs64(o))
+			margin = max(margin, 60e9+abs(o))
 		}
-		gpuRead = append(gpuRead, trace.Within(nil, trace.Range{Column: "unix_ns", Min: lo - margin, Max: hi + margin}))
+		gpuRead = append(gpuRead, trace.Within(trace.Range{Column: "unix_ns", Min: lo - margin, Max: hi + margin}))
 	}
 	if err := trace.Each(filepath.Join(dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
 		for i := range rows {
@@ -1059,11 +1059,4 @@ func (rep *Report) tolerate(err error) error {
 		return nil
 	}
 	return err
-}
-
-func abs64(x int64) int64 {
-	if x < 0 {
-		return -x
-	}
-	return x
 }

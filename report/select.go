@@ -101,21 +101,6 @@ func ParseTime(v string, now time.Time) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("time %q: want RFC 3339 (2026-11-24T06:00:00Z) or a duration before now (2h)", v)
 }
 
-// apply keeps the selected steps, sorted by (attempt, step).
-func (s Selection) apply(steps []tps.ClusterStep) []tps.ClusterStep {
-	out := steps[:0]
-	for _, c := range steps {
-		if s.keeps(c.Attempt, c.Step, c.StartUnixNs, c.EndUnixNs) {
-			out = append(out, c)
-		}
-	}
-	tps.SortSteps(out)
-	if s.Last > 0 && len(out) > s.Last {
-		out = out[len(out)-s.Last:]
-	}
-	return out
-}
-
 // keeps reports whether a step passes the selection's bounds (--last
 // aside).
 func (s Selection) keeps(attempt, step, start, end int64) bool {
@@ -247,7 +232,7 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 		lo, hi = min(lo, run.step[i]), max(hi, run.step[i])
 	}
 	ranges := []trace.Range{{Column: "attempt", Min: first[0], Max: last[0]}, {Column: "step", Min: lo, Max: hi}}
-	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(nil, ranges...))...)
+	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(ranges...))...)
 	if rerr != nil && !trace.IsUnreadable(rerr) {
 		return nil, rerr
 	}

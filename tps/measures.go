@@ -131,9 +131,18 @@ func MeasuresIn(g WireGroup) []*Measure {
 	return out
 }
 
+// boundedMeasures are those whose Kind names their bounds (Validate
+// walks them for every record).
+var boundedMeasures []*Measure
+
 func init() {
 	if err := bindMeasures(); err != nil {
 		panic(err)
+	}
+	for i := range Measures {
+		if Measures[i].Kind != KindOwn {
+			boundedMeasures = append(boundedMeasures, &Measures[i])
+		}
 	}
 }
 

@@ -278,11 +278,7 @@ func (r *StepRecord) Validate() error {
 	// Phases that block the step are parts of its wall time; the others
 	// (compute phases, total comm with its overlapped part, trace figures)
 	// only need to be sane.
-	for i := range Measures {
-		m := &Measures[i]
-		if m.Kind == KindOwn {
-			continue
-		}
+	for _, m := range boundedMeasures {
 		v := *m.Of(r)
 		if v < 0 {
 			return fieldErr(m.Name, v, ReasonNegative, "must not be negative")

@@ -9,6 +9,7 @@ import (
 	"sync"
 
 	"github.com/parquet-go/parquet-go"
+	"github.com/parquet-go/parquet-go/encoding"
 )
 
 // Columns holds one row group's worth of the columns EachColumns was asked
@@ -276,6 +277,16 @@ func decodeGroup(chunks []parquet.ColumnChunk, idx []int, strIdx, rows int, cols
 }
 
 func readInt64Chunk(chunk parquet.ColumnChunk, dst []int64) ([]int64, error) {
+	return readRequiredChunk(chunk, dst, (*encoding.Values).Int64)
+}
+
+func readFloat64Chunk(chunk parquet.ColumnChunk, dst []float64) ([]float64, error) {
+	return readRequiredChunk(chunk, dst, (*encoding.Values).Double)
+}
+
+// readRequiredChunk appends a required fixed-size column's values, page by
+// page, as values gives them from a page's decoded data.
+func readRequiredChunk[T any](chunk parquet.ColumnChunk, dst []T, values func(*encoding.Values) []T) ([]T, error) {
 	pages := chunk.Pages()
 	defer pages.Close()
 	for {
@@ -291,13 +302,15 @@ func readInt64Chunk(chunk parquet.ColumnChunk, dst []int64) ([]int64, error) {
 			return dst, errors.New("nulls in a required column")
 		}
 		data := p.Data()
-		dst = append(dst, data.Int64()...)
+		dst = append(dst, values(&data)...)
 		parquet.Release(p)
 	}
 }
 
-// readStringChunk decodes a string column; dictionary pages are resolved
-// through the chunk's dictionary, each distinct value allocated once.
+// readStringChunk decodes a string column; dictionary pages without nulls
+// are resolved through the chunk's dictionary, each distinct value
+// allocated once; other pages value by value, a null read as "" (an
+// optional column).
 func readStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) {
 	pages := chunk.Pages()
 	defer pages.Close()
@@ -313,7 +326,7 @@ func readStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) 
 		if err != nil {
 			return dst, err
 		}
-		if d := p.Dictionary(); d != nil {
+		if d := p.Dictionary(); d != nil && p.NumNulls() == 0 {
 			if d != dict {
 				dict, dictStrings = d, make([]string, d.Len())
 				for i := range dictStrings {
@@ -333,6 +346,10 @@ func readStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) 
 			for {
 				n, err := vr.ReadValues(buf[:])
 				for _, v := range buf[:n] {
+					if v.IsNull() {
+						dst = append(dst, "")
+						continue
+					}
 					b := v.ByteArray()
 					s, ok := interned[string(b)]
 					if !ok {

@@ -1,9 +1,7 @@
 package trace
 
 import (
-	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"slices"
 	"strings"
@@ -19,10 +17,9 @@ import (
 // (BENCHMARKS.md). ReadAll uses it when every field of T and its column
 // in the part fit (flatLayoutOf), and parquet-go's rows otherwise.
 type flatField struct {
-	col      int     // leaf column index in the part
-	off      uintptr // field offset in T
-	kind     reflect.Kind
-	optional bool // a string column that may hold nulls (read as "")
+	col  int          // leaf column index in the part
+	off  uintptr      // field offset in T
+	kind reflect.Kind // int64, float64 or string (an optional string's nulls read as "")
 }
 
 // flatLayoutOf maps T's fields to pf's columns, or says why it cannot
@@ -69,7 +66,7 @@ func flatLayoutOf[T any](pf *parquet.File) ([]flatField, bool) {
 		default:
 			return nil, false
 		}
-		out = append(out, flatField{col: leaf.ColumnIndex, off: f.Offset, kind: f.Type.Kind(), optional: optional})
+		out = append(out, flatField{col: leaf.ColumnIndex, off: f.Offset, kind: f.Type.Kind()})
 	}
 	return out, true
 }
@@ -116,11 +113,7 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 				n = len(f64[k])
 			}
 		case reflect.String:
-			if f.optional {
-				str[k], err = readOptionalStringChunk(chunks[f.col], str[k][:0])
-			} else {
-				str[k], err = readStringChunk(chunks[f.col], str[k][:0])
-			}
+			str[k], err = readStringChunk(chunks[f.col], str[k][:0]) // nulls of an optional one read as ""
 			n = len(str[k])
 		}
 		if err == nil && n != len(dst) {
@@ -152,61 +145,4 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 		}
 	}
 	return nil
-}
-
-func readFloat64Chunk(chunk parquet.ColumnChunk, dst []float64) ([]float64, error) {
-	pages := chunk.Pages()
-	defer pages.Close()
-	for {
-		p, err := pages.ReadPage()
-		if errors.Is(err, io.EOF) {
-			return dst, nil
-		}
-		if err != nil {
-			return dst, err
-		}
-		if p.NumNulls() != 0 {
-			parquet.Release(p)
-			return dst, errors.New("nulls in a required column")
-		}
-		data := p.Data()
-		dst = append(dst, data.Double()...)
-		parquet.Release(p)
-	}
-}
-
-// readOptionalStringChunk decodes a string column that may hold nulls
-// (read as ""), value by value: such columns are rare and mostly null.
-func readOptionalStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) {
-	pages := chunk.Pages()
-	defer pages.Close()
-	var buf [256]parquet.Value
-	for {
-		p, err := pages.ReadPage()
-		if errors.Is(err, io.EOF) {
-			return dst, nil
-		}
-		if err != nil {
-			return dst, err
-		}
-		vr := p.Values()
-		for {
-			n, err := vr.ReadValues(buf[:])
-			for _, v := range buf[:n] {
-				if v.IsNull() {
-					dst = append(dst, "")
-				} else {
-					dst = append(dst, string(v.ByteArray()))
-				}
-			}
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				parquet.Release(p)
-				return dst, err
-			}
-		}
-		parquet.Release(p)
-	}
 }

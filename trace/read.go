@@ -18,7 +18,6 @@ type readConfig struct {
 	meter    *Meter
 	footers  *Footers
 	ranges   []Range
-	pruned   *Pruned
 	rowsOnly bool // no flat layout (tests compare the two)
 }
 
@@ -51,9 +50,9 @@ func Metered(m *Meter) ReadOption { return func(c *readConfig) { c.meter = m } }
 
 // Within reads only the row groups whose statistics overlap every range
 // (rows outside them may still come: statistics bound row groups, not
-// rows), counting what it skipped in pr (nil: not counted).
-func Within(pr *Pruned, ranges ...Range) ReadOption {
-	return func(c *readConfig) { c.ranges, c.pruned = ranges, pr }
+// rows).
+func Within(ranges ...Range) ReadOption {
+	return func(c *readConfig) { c.ranges = ranges }
 }
 
 // meteredFile counts what is read through it.
@@ -231,11 +230,4 @@ func TableBytes(dir string) int64 {
 		}
 	}
 	return n
-}
-
-func (c *readConfig) prune(rows int) {
-	if c.pruned != nil {
-		c.pruned.RowGroups++
-		c.pruned.Rows += int64(rows)
-	}
 }

@@ -452,9 +452,7 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error, c *readConfig) 
 		return readRows(p.pf, path, buf, fn) // the footer read once
 	}
 	for g, rg := range p.pf.RowGroups() {
-		n := int(rg.NumRows())
 		if !overlaps(p.pf, g, c.ranges) {
-			c.prune(n)
 			continue
 		}
 		if err := eachInGroup(rg, buf, fn, path); err != nil {
@@ -466,13 +464,21 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error, c *readConfig) 
 
 // eachInGroup streams one row group through fn, len(buf) rows at a time.
 func eachInGroup[T any](rg parquet.RowGroup, buf []T, fn func([]T) error, path string) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
-		}
-	}()
+	defer unreadableOnPanic(&err, path)
 	r := parquet.NewGenericRowGroupReader[T](rg)
 	defer r.Close()
+	return drainRows(r, buf, fn, path)
+}
+
+// unreadableOnPanic makes a panic of the Parquet reader the part's error.
+func unreadableOnPanic(err *error, path string) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
+	}
+}
+
+// drainRows passes what r reads to fn, len(buf) rows at a time, to the end.
+func drainRows[T any](r interface{ Read([]T) (int, error) }, buf []T, fn func([]T) error, path string) error {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
@@ -515,27 +521,10 @@ func schemaFits[T any](pf *parquet.File, path string) error {
 // readRows streams a checked part's rows; a failure of the Parquet reader
 // (a panic included) makes the part unreadable, not the whole table.
 func readRows[T any](f io.ReaderAt, path string, buf []T, fn func([]T) error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, r)
-		}
-	}()
+	defer unreadableOnPanic(&err, path)
 	r := parquet.NewGenericReader[T](f)
 	defer r.Close()
-	for {
-		n, err := r.Read(buf)
-		if n > 0 {
-			if ferr := fn(buf[:n]); ferr != nil {
-				return ferr
-			}
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return nil
-			}
-			return fmt.Errorf("trace: read %s: %w: %v", path, errUnreadable, err)
-		}
-	}
+	return drainRows(r, buf, fn, path)
 }
 
 // ReadFile reads every row of one part file.
@@ -600,7 +589,6 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		for g, rg := range pf.RowGroups() {
 			n := rg.NumRows()
 			if len(c.ranges) > 0 && !overlaps(pf, g, c.ranges) {
-				c.prune(int(n))
 				continue
 			}
 			if n < 0 || int64(total)+n > 1<<31 {
