@@ -54,11 +54,19 @@ func (a *Agent) SubmitTrace(n TraceNote) error {
 		return err
 	}
 	n.Path = path
+	// The wait is registered before the worker can see the note: a worker
+	// that analyses the trace at once would otherwise settle a wait not
+	// yet there, and the step's record would then be held for traceHold
+	// and go without its figures (seen under load).
+	a.expectTrace(n)
 	select {
 	case a.traces <- n:
-		a.expectTrace(n)
+		if testHookTraceQueued != nil {
+			testHookTraceQueued()
+		}
 		return nil
 	default:
+		a.unexpectTrace(n)
 		a.reject("trace:queue_full")
 		a.removeTrace(path)
 		return fmt.Errorf("agent: trace queue full; %s dropped", path)
@@ -247,6 +255,19 @@ func (a *Agent) expectTrace(n TraceNote) {
 	if len(a.waits) < 4096 {
 		a.waits[keyOf(n)] = &traceWait{since: time.Now()}
 		a.waiting.Store(int64(len(a.waits)))
+	}
+	a.traceMu.Unlock()
+}
+
+// testHookTraceQueued, when set by a test, runs once a note is queued
+// (the worker may analyse it before SubmitTrace returns).
+var testHookTraceQueued func()
+
+// unexpectTrace forgets the wait of a note that was not queued.
+func (a *Agent) unexpectTrace(n TraceNote) {
+	a.traceMu.Lock()
+	if w := a.waits[keyOf(n)]; w != nil && w.rec == nil && !w.done {
+		a.dropWait(keyOf(n))
 	}
 	a.traceMu.Unlock()
 }
