@@ -21,10 +21,13 @@ redistribute; under an autograd kernel), which a kernel at the autograd keys
 misses. Fake and meta tensors of a compilation never run a collective.
 
 What is noted, for the active profiler (see tpsprof.torch):
-- a collective's span, from its issue to its completion: the work's
-  completion (polled on CPU, a CUDA event from the work's future on a
-  GPU) for c10d operators; the end of its ``wait_tensor`` for functional
-  ones (the completion as the issuing stream sees it);
+- a collective's span, from the backend taking it (on CPU the issue
+  plus the host's own CPU work in the issuing call, see
+  ``_comm_started``; on a GPU the issue on the issuing stream) to its
+  completion: the work's completion (polled on CPU, a CUDA event from
+  the work's future on a GPU) for c10d operators; the end of its
+  ``wait_tensor`` for functional ones (the completion as the issuing
+  stream sees it);
 - time the host blocks in ``Work.wait()`` or ``wait_tensor``;
 - point-to-point apart: the time blocked waiting for a receive or a send
   to complete is the pipeline wait (``pp_wait_ns``), waiting for another
@@ -36,6 +39,7 @@ docs/capture.md gives the table per version.
 """
 
 import threading
+import time
 
 import torch
 
@@ -203,6 +207,9 @@ except ImportError:
     _unbox = None
 
 
+_thread_time = time.thread_time_ns
+
+
 def _c10d_kernel(op, name, active):
     recv = name in _RECV
     p2p = recv or name in _SEND
@@ -212,6 +219,7 @@ def _c10d_kernel(op, name, active):
         if prof is None or prof._tls.comm or not _real(args):
             return _call(op, args, kwargs)
         cell = prof._comm_issue(recv)
+        cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
         g = prof._tls
         g.comm = True
         try:
@@ -227,6 +235,8 @@ def _c10d_kernel(op, name, active):
                     work = _unbox(work)
                 except Exception:
                     work = None
+            if cpu0 is not None:
+                prof._comm_started(cell, cpu0, work)
             prof._comm_track(cell, work, p2p)
         return out
     return skip_dynamo(kernel)
@@ -240,6 +250,7 @@ def _functional_kernel(op, name, active):
         if prof is None or prof._tls.comm or not _real(args):
             return _call(op, args, kwargs)
         cell = prof._comm_issue(recv)
+        cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
         g = prof._tls
         g.comm = True
         try:
@@ -247,6 +258,8 @@ def _functional_kernel(op, name, active):
         finally:
             g.comm = False
         if cell is not None:
+            if cpu0 is not None:
+                prof._comm_started(cell, cpu0)
             prof._functional_issued(cell, out, args, recv)
         return out
     return skip_dynamo(kernel)

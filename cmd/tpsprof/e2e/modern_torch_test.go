@@ -98,7 +98,7 @@ func TestModernTorchParallelisms(t *testing.T) {
 			world = 4 // 2 replicas of 2 tensor-parallel ranks
 		}
 		t.Run(name, func(t *testing.T) {
-			const steps = 5
+			const steps = 10
 			truthDir := t.TempDir()
 			args := []string{script, "--mode", mode, "--steps", strconv.Itoa(steps), "--truth", truthDir}
 			if pipeline {
@@ -203,17 +203,22 @@ func TestModernTorchParallelisms(t *testing.T) {
 			if pipeline {
 				what = "pipeline wait"
 			}
-			// The bar is 20%. On an idle 2-core machine tensor
-			// parallel, 2-D, compiled DDP and FSDP2, and the pipeline wait
-			// come within it (docs/capture.md: 1.01-1.15x, 0.94-0.99x),
-			// FSDP2 eager at 1.14-1.23x; under the load of the whole test
-			// suite polled completions can run late (up to 1.32x for
-			// FSDP2, 3.3x for compiled DDP's buckets, before the training
-			// thread's own look at works in flight). Bounded here to what
-			// holds under load; docs/capture.md keeps the figures.
-			lo, hi := 0.25, 4.0
+			// Against the job's own truth: within 20% on a machine that
+			// runs nothing else (docs/capture.md has the figures: 0.94-1.18
+			// on this 2-core machine). .ci/run checks that bar in a pass of
+			// its own, TPSPROF_COMM_BAR=0.2; under the load of the whole
+			// suite a starved completion poller, a descheduled rank, runs
+			// late (seen: 0.86-1.25), so the bound there is [0.5, 2].
+			lo, hi := 0.5, 2.0
 			if pipeline {
 				lo, hi = 0.6, 1.5
+			}
+			if v := os.Getenv("TPSPROF_COMM_BAR"); v != "" {
+				bar, err := strconv.ParseFloat(v, 64)
+				if err != nil || bar <= 0 || bar >= 1 {
+					t.Fatalf("TPSPROF_COMM_BAR=%q: want a fraction such as 0.2", v)
+				}
+				lo, hi = 1-bar, 1+bar
 			}
 			for rank := range got {
 				ratio := got[rank] / want[rank]
