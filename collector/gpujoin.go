@@ -63,12 +63,20 @@ func (j *jobState) gpuCovered(t int64) bool {
 	return true
 }
 
-// joinGPU adds energy, power, clock and throttle reasons to a cluster row.
+// joinGPU adds energy, power, clock and throttle reasons to a cluster row,
+// over the step's period (its end less its step time, to its end):
+// consecutive periods tile the time, where the rows' spans overlap as
+// ranks start their steps at different moments, and energy joined over
+// the spans was counted twice in the overlaps.
 func (j *jobState) joinGPU(c *tps.ClusterStep) {
 	var power, clock float64
+	start := c.StartUnixNs
+	if c.StepTimeNs > 0 && c.EndUnixNs-c.StepTimeNs > start {
+		start = c.EndUnixNs - c.StepTimeNs
+	}
 	for _, g := range j.gpuSeries {
 		off := j.clocks.offset(g.node) // the row is on the reference clock
-		w, ok := tps.JoinGPU(g.points, c.StartUnixNs+off, c.EndUnixNs+off)
+		w, ok := tps.JoinGPU(g.points, start+off, c.EndUnixNs+off)
 		if !ok {
 			continue
 		}

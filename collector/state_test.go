@@ -362,3 +362,38 @@ func TestGenerationMetrics(t *testing.T) {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }
+
+// A row's energy is joined over its step's period, not its span: rank 0
+// starts step 2 at 0.9 s while rank 1 ends step 1 at 1.2 s, so step 2's
+// span (0.9-2.2 s) overlaps step 1's, but its period is 1.2-2.2 s. One GPU
+// at a constant 500 W: 500 J over the period (650 J over the span).
+func TestStateEnergyOverThePeriod(t *testing.T) {
+	s, tl := newTestState(8)
+	const t0 = int64(1_700_000_000_000_000_000)
+	rec := func(step, rank, start, end int64) tps.StepRecord {
+		r := stateRec(step, rank, 2)
+		r.StartUnixNs, r.EndUnixNs = t0+start*1e6, t0+end*1e6 // ms from t0
+		r.Normalize()
+		return r
+	}
+	var samples []tps.GPUSample
+	for ms := int64(-1000); ms <= 4000; ms += 100 {
+		p, e := 500.0, 500*(ms+1000) // mJ: 500 W since -1 s
+		samples = append(samples, tps.GPUSample{Node: "n0", UUID: "GPU-0", UnixNs: t0 + ms*1e6, PowerW: &p, EnergyMJ: &e})
+	}
+	s.addGPU(samples, tl)
+	for _, r := range []tps.StepRecord{rec(1, 0, 0, 800), rec(1, 1, 100, 1200), rec(2, 0, 900, 2100), rec(2, 1, 1250, 2200)} {
+		s.add(&r, tl)
+	}
+	rows := s.readyRows(true, tl)
+	if len(rows) != 2 {
+		t.Fatalf("%d rows, want 2", len(rows))
+	}
+	c := rows[1]
+	if c.StepTimeNs != 1000e6 || c.StartUnixNs != t0+900e6 {
+		t.Fatalf("step 2: step time %d, start %d ms; want the 1,000 ms period from step 1's end, the span from 900 ms", c.StepTimeNs, (c.StartUnixNs-t0)/1e6)
+	}
+	if math.Abs(c.EnergyJ-500) > 1e-6 {
+		t.Errorf("step 2: %.3f J, want 500 J over its 1 s period (650 J over its 1.3 s span)", c.EnergyJ)
+	}
+}

@@ -148,6 +148,14 @@ type Energy struct {
 	// ThrottledSteps are steady steps during which some GPU reported a
 	// clock-event reason other than idle or application clocks.
 	ThrottledSteps int `json:"throttled_steps"`
+	// Steps are the steady steps the tokens per joule are over: those
+	// whose whole period every GPU's readings in gpu_samples cover (the
+	// report joins them again, see energyJoin), else those the collector
+	// joined live.
+	Steps int `json:"steps"`
+	// FromSamples says the figures were joined again from gpu_samples;
+	// false: the collector's live join in the cluster rows.
+	FromSamples bool `json:"from_samples"`
 }
 
 // CommFit is the least-squares line of step TPS against the exposed
@@ -437,6 +445,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 
 	gpu := newGPUSeries(steps)
 	gpu.offsets = rep.ClockOffsetsNs
+	ej := newEnergyJoin(steps, skip, rep.ClockOffsetsNs)
 	gpuRead := []trace.ReadOption{metered}
 	if selected != nil {
 		// samples within a minute of the selection's steps (the plots and
@@ -455,6 +464,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		for i := range rows {
 			rep.GPUSamples++
 			gpu.add(&rows[i])
+			ej.add(&rows[i])
 		}
 		return nil
 	}, gpuRead...); rep.tolerate(err) != nil {
@@ -462,6 +472,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 	if rep.GPUSamples > 0 {
 		rep.data.gpu = gpu
+	}
+	if tpj, n, ok := ej.result(); ok && rep.Energy != nil {
+		rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, 1/tpj
+		rep.Energy.Steps, rep.Energy.FromSamples = n, true
 	}
 	rep.episodeCauses(steps, gpu)
 	rep.episodeCaptures(events)
@@ -528,6 +542,7 @@ func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
 	rep.CommFit = fitLine(xs, ys)
 	if eSteps > 0 {
 		energy.TokensPerJoule, energy.JoulesPerToken = eTokens/eJoules, eJoules/eTokens
+		energy.Steps = int(eSteps)
 		energy.PowerWMean /= eSteps
 		energy.SMClockMHzMean /= eSteps
 		rep.Energy = &energy

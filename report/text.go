@@ -195,8 +195,12 @@ func (r *Report) Lines() []Line {
 		row("events", "%s", strings.Join(ev, ", "))
 	}
 	if e := r.Energy; e != nil {
-		row("energy", "%.2f tokens/J (%.3f J/token), %.0f W and %.0f MHz SM clock per GPU on average, %d steady steps throttled",
-			e.TokensPerJoule, e.JoulesPerToken, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps)
+		src := "joined live"
+		if e.FromSamples {
+			src = "from the GPUs' energy counters"
+		}
+		row("energy", "%.2f tokens/J (%.3f J/token) over %d steady steps (%s), %.0f W and %.0f MHz SM clock per GPU on average, %d steady steps throttled",
+			e.TokensPerJoule, e.JoulesPerToken, e.Steps, src, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps)
 	}
 	if r.CostPerMTok != nil {
 		row("cost", "$%.4f per million tokens at wall TPS", *r.CostPerMTok)
