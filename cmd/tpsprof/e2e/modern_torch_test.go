@@ -85,8 +85,9 @@ func TestModernTorchParallelisms(t *testing.T) {
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "parallel_train.py")
 	// "+auto": the same job without its instrument() call, under
 	// tpsprof launch --auto (zero-code mode).
+	// zero-code mode for each
 	for _, mode := range []string{"fsdp2", "tp", "fsdp2-tp", "pp", "pp-gpipe", "pp-1f1b", "ddp-compile", "fsdp2-compile",
-		"fsdp2+auto", "tp+auto", "pp-1f1b+auto", "ddp-compile+auto"} {
+		"fsdp2+auto", "tp+auto", "fsdp2-tp+auto", "pp+auto", "pp-gpipe+auto", "pp-1f1b+auto", "ddp-compile+auto", "fsdp2-compile+auto"} {
 		mode, auto := strings.CutSuffix(mode, "+auto")
 		name := mode
 		if auto {
