@@ -125,6 +125,11 @@ def train_torch(args):
     for step, (x, y) in enumerate(loader, start):
         if args.crash_at >= 0 and restart == 0 and step == args.crash_at and int(os.environ.get("RANK", 0)) == 0:
             prof.close()
+            # dies a moment into the step: torchrun then stops the other
+            # ranks with SIGTERM at once (0.1 s on current torch), and a
+            # rank stopped so loses the records its sender (every 50 ms)
+            # had not yet written: the test's steps take milliseconds
+            time.sleep(0.5)
             os._exit(3)
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         logits = model(x)

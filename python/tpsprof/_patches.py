@@ -333,14 +333,60 @@ def install_collectives():
     if _c10d.install(_active):
         return  # PyTorch 2: every collective passes through the dispatcher
     from torch.distributed import distributed_c10d as c10d
+    # waiting on an isend's or irecv's work is waiting for the other stage
+    _c10d._patch_wait(_active)
     for name in _c10d.COLLECTIVES:
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
         if fn is None or getattr(fn, "_tpsprof", False):
             continue
-        w = wrap_collective(fn, name)
+        w = wrap_p2p(fn, name) if name in _P2P else wrap_collective(fn, name)
         for mod in (dist, c10d):
             if getattr(mod, name, None) is fn:
                 setattr(mod, name, w)
+
+
+# point-to-point on PyTorch 1.13: receives, and those that return a work to wait on
+_P2P = frozenset({"send", "recv", "isend", "irecv"})
+_P2P_RECV = frozenset({"recv", "irecv"})
+_P2P_ASYNC = frozenset({"isend", "irecv"})
+
+
+def wrap_p2p(fn, name):
+    """Point-to-point as on PyTorch 2's dispatcher path (_c10d): the time
+    blocked in a send or a receive (in the call for ``send``/``recv``, in
+    ``Work.wait`` for ``isend``/``irecv``) is pipeline wait, waiting for
+    the other stage; a send's span is communication, a receive's is not;
+    a receive before any other activity of the step opens the step (a
+    later stage's first activity is waiting for its input)."""
+    recv, returns_work = name in _P2P_RECV, name in _P2P_ASYNC
+
+    def p2p(*args, **kwargs):
+        prof = _tt._ACTIVE
+        if prof is None:
+            return fn(*args, **kwargs)
+        g = prof._tls
+        if g.comm:
+            return fn(*args, **kwargs)
+        cell = prof._comm_issue(recv)
+        t0 = prof._comm_mark() if cell is not None else None
+        g.comm = True
+        try:
+            out = fn(*args, **kwargs)
+        finally:
+            g.comm = False
+        if cell is None:
+            return out
+        if returns_work and out is not None:
+            prof._comm_track(cell, out, True)
+        else:
+            prof._p2p_blocked(cell, t0)
+        return out
+
+    p2p._tpsprof = True
+    p2p.__name__ = getattr(fn, "__name__", name)
+    p2p.__doc__ = fn.__doc__
+    p2p.__wrapped__ = fn
+    return p2p
 
 
 def wrap_collective(fn, name):

@@ -1018,6 +1018,20 @@ class TorchProfiler:
         except Exception:
             self._err()
 
+    def _p2p_blocked(self, cell, t0):
+        """A blocking send or receive (PyTorch 1.13's wrappers) returned:
+        the time in it was waiting for the other stage; a send's span
+        ends here."""
+        try:
+            st = self._cur
+            if st is None or t0 is None:
+                return
+            end = self._mark()
+            cell[1] = end
+            st.pp_wait.append((t0, end))
+        except Exception:
+            self._err()
+
     def _work_waited(self, work, t0):
         try:
             st = self._cur

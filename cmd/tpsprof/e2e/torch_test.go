@@ -161,6 +161,55 @@ func TestTorchDDPMeasured(t *testing.T) {
 	}
 }
 
+// A hand-written pipeline (two stages, blocking sends and receives in
+// GPipe order), on whichever PyTorch runs the capture tests (Debian's 1.13
+// in the suite, current PyTorch in .ci/run's second pass): the time each
+// stage blocks waiting for the other is pipeline wait (pp_wait_ns), near
+// the job's own clock around its sends and receives, not communication;
+// the sends' transfer is communication; tokens are each stage's batch and
+// the agent warns that the two stages trained on identical batches
+// (nothing in the job says they are one replica).
+func TestTorchHandWrittenPipeline(t *testing.T) {
+	py := torchPython(t)
+	const steps = 10
+	truthDir := t.TempDir()
+	dir, log := launchTorch(t, "hand-pipeline", false, torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "parallel_train.py"),
+		"--mode", "pp", "--steps", strconv.Itoa(steps), "--truth", truthDir, "--stage-sleep", "0.02"))
+	rows := rankRows(t, dir)
+	truth := readTruth(t, truthDir)
+	if len(rows) != 2*steps || len(truth) != 2*steps {
+		t.Fatalf("%d rank rows and %d truth rows, want %d each\n%s", len(rows), len(truth), 2*steps, log)
+	}
+	var got, want [2]float64
+	for _, r := range rows {
+		tr := truth[[2]int64{r.Step, r.Rank}]
+		switch {
+		case r.Tokens != tr.Tokens:
+			t.Errorf("row %d/%d: %d tokens, the stage trained on %d", r.Step, r.Rank, r.Tokens, tr.Tokens)
+		case r.PPWaitNs <= 0:
+			t.Errorf("row %d/%d: pp_wait_ns %d, the stage blocked %d ns on the other", r.Step, r.Rank, r.PPWaitNs, tr.PPWaitNs)
+		case r.ExposedCommNs > r.CommNs:
+			t.Errorf("row %d/%d: exposed %d > comm %d", r.Step, r.Rank, r.ExposedCommNs, r.CommNs)
+		case r.PPWaitNs+r.ExposedCommNs > r.DurationNs:
+			t.Errorf("row %d/%d: pipeline wait %d and exposed comm %d above the step's %d ns", r.Step, r.Rank, r.PPWaitNs, r.ExposedCommNs, r.DurationNs)
+		}
+		if r.Step > 0 {
+			got[r.Rank] += float64(r.PPWaitNs)
+			want[r.Rank] += float64(tr.PPWaitNs)
+		}
+	}
+	for rank := range got {
+		ratio := got[rank] / want[rank]
+		t.Logf("rank %d (PyTorch %d): pipeline wait %.1f ms measured, %.1f ms by the job's own clock (ratio %.2f)", rank, torchMajor(py), got[rank]/1e6, want[rank]/1e6, ratio)
+		if math.IsNaN(ratio) || ratio < 0.6 || ratio > 1.5 {
+			t.Errorf("rank %d: pipeline wait %.1f ms, the job's own clock %.1f ms: ratio %.2f outside [0.6, 1.5]", rank, got[rank]/1e6, want[rank]/1e6, ratio)
+		}
+	}
+	if w := topologyWarnings(t, dir); len(w) != 1 || !strings.Contains(w[0], "ranks 0 and 1 trained on identical batches") {
+		t.Errorf("topology warnings %q, want one naming ranks 0 and 1", w)
+	}
+}
+
 // topologyWarnings are the details of a job's topology_warning events.
 func topologyWarnings(t *testing.T, dir string) []string {
 	t.Helper()
