@@ -52,7 +52,7 @@ type htmlPage struct {
 	Glossary        [][2]string
 }
 
-// WriteHTML writes the report of one job with its figures (rep.Figures()).
+// WriteHTML writes the report of one job with its figures (Plots.Figures).
 func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	s := rep.Summary
 	p := htmlPage{Title: "tpsprof report: " + rep.Job, Generated: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Notes: rep.Notes}

@@ -63,11 +63,11 @@ func openInBrowser(t *testing.T, page string) (dom, console, shot string) {
 // clean. The screenshot is kept in the test's temporary folder.
 func TestHTMLReportInBrowser(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, err := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := AnalyzeWithPlots(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
-	figs, err := rep.Figures()
+	figs, err := pd.Figures(rep)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,13 +50,20 @@ type Figure struct {
 	Caption string
 }
 
+// figures draws a report's plots: its result beside what they draw.
+type figures struct {
+	*Report
+	data *Plots
+}
+
 // Figures builds every plot the report's data allows. Each is a pure
-// function of the report; the caller saves them (SaveFigures).
-func (rep *Report) Figures() ([]Figure, error) {
-	d := &rep.data
-	if len(d.steps) == 0 {
+// function of the report and its plot data; the caller saves them
+// (SaveFigures). A nil p draws none.
+func (p *Plots) Figures(report *Report) ([]Figure, error) {
+	if p == nil || report == nil || len(p.steps) == 0 {
 		return nil, nil
 	}
+	rep := &figures{report, p}
 	var figs []Figure
 	for _, f := range []struct {
 		name  string
@@ -389,7 +396,7 @@ type mark struct {
 // marks are the run's events placed on steps: restarts, checkpoints and
 // evaluations (from events, or from steps whose ranks spent time
 // checkpointing), at most 40 labelled.
-func (rep *Report) marks() []mark {
+func (rep *figures) marks() []mark {
 	steps := rep.data.steps
 	var out []mark
 	for _, r := range runs(steps)[1:] {
@@ -447,7 +454,7 @@ func (rep *Report) marks() []mark {
 
 // addMarks draws the events as thin vertical lines with a label at the
 // top, and shades the warm-up steps.
-func (rep *Report) addMarks(p *plot.Plot, top float64, labels bool) error {
+func (rep *figures) addMarks(p *plot.Plot, top float64, labels bool) error {
 	steps, warm := rep.data.steps, rep.data.warm
 	for _, r := range runs(steps) {
 		i := r[0]
@@ -516,7 +523,7 @@ func addLabel(p *plot.Plot, x, y float64, text string, c color.Color) error {
 
 // plotTPSComm: step TPS over steps, and below it the exposed
 // communication share, on the same step axis, events marked.
-func (rep *Report) plotTPSComm() (Figure, error) {
+func (rep *figures) plotTPSComm() (Figure, error) {
 	steps := rep.data.steps
 	top := newPlot(fmt.Sprintf("%s: cluster throughput per step", rep.Job), "", "tokens/s")
 	tpsY := make([]float64, len(steps))
@@ -563,7 +570,7 @@ func (rep *Report) plotTPSComm() (Figure, error) {
 }
 
 // plotScatter: step TPS against the exposed-comm fraction, with the fit.
-func (rep *Report) plotScatter() (Figure, error) {
+func (rep *figures) plotScatter() (Figure, error) {
 	var xy plotter.XYs
 	for i, c := range rep.data.steps {
 		if !rep.data.warm[i] {
@@ -614,7 +621,7 @@ type shareCat struct {
 
 // plotBreakdown: shares of step time, stacked, over steps (binned to at
 // most 400 columns).
-func (rep *Report) plotBreakdown() (Figure, error) {
+func (rep *figures) plotBreakdown() (Figure, error) {
 	cats := []shareCat{
 		{"compute", colCompute, func(c *tpsStep) float64 { return c.ComputeNsMean / float64(c.StepTimeNs) }},
 		{"exposed comm", colComm, func(c *tpsStep) float64 { return c.CommFractionMean }},
@@ -628,7 +635,7 @@ func (rep *Report) plotBreakdown() (Figure, error) {
 
 // plotPhases: for RL post-training, the shares of step time spent
 // generating, training and waiting, over steps.
-func (rep *Report) plotPhases() (Figure, error) {
+func (rep *figures) plotPhases() (Figure, error) {
 	if rep.Generation == nil {
 		return Figure{}, nil
 	}
@@ -646,7 +653,7 @@ func (rep *Report) plotPhases() (Figure, error) {
 
 // stackedShares draws shares of step time, stacked, over steps (binned to
 // at most 400 columns).
-func (rep *Report) stackedShares(title string, cats []shareCat, caption string) (Figure, error) {
+func (rep *figures) stackedShares(title string, cats []shareCat, caption string) (Figure, error) {
 	steps := rep.data.steps
 	p := newPlot(title, "step", "% of step time")
 	per := max((len(steps)+399)/400, 1)
@@ -750,7 +757,7 @@ func (s stepTicks) Ticks(lo, hi float64) []plot.Tick {
 
 // plotHeatmap: compute time per rank and step, nodes marked, in the style
 // MegaScale used to find stragglers: a slow rank or node is a bright band.
-func (rep *Report) plotHeatmap() (Figure, error) {
+func (rep *figures) plotHeatmap() (Figure, error) {
 	h := rep.data.heat
 	if h == nil || h.stepBins < 2 || h.rankBins < 2 {
 		return Figure{}, nil
@@ -861,7 +868,7 @@ func ordinal(k int) string {
 }
 
 // plotMFU: MFU and HFU over steps, with the steady mean.
-func (rep *Report) plotMFU() (Figure, error) {
+func (rep *figures) plotMFU() (Figure, error) {
 	steps := rep.data.steps
 	if rep.Summary.MFU == nil {
 		return Figure{}, nil
@@ -909,7 +916,7 @@ func (rep *Report) plotMFU() (Figure, error) {
 
 // plotGPU: power and SM clock over steps, per GPU, cluster mean and the
 // nodes that differ from it; utilisation when it varies.
-func (rep *Report) plotGPU() (Figure, error) {
+func (rep *figures) plotGPU() (Figure, error) {
 	g := rep.data.gpu
 	if g == nil {
 		return Figure{}, nil
@@ -1017,7 +1024,7 @@ var nodeColours = []color.Color{
 
 // timeToStep maps a time to a position on the step axis (interpolated
 // within a step; the latest attempt wins where attempts repeat steps).
-func (rep *Report) timeToStep() func(int64) (float64, bool) {
+func (rep *figures) timeToStep() func(int64) (float64, bool) {
 	steps := rep.data.steps
 	type st struct {
 		t0, t1 int64

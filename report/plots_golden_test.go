@@ -20,9 +20,10 @@ import (
 // the run on (slower compute, lower clock and power), a communication-
 // heavy stretch, checkpoints and evaluations, a restart at 70% that
 // repeats a few steps, warm-up at each attempt's start.
-func syntheticReport(ranks, steps int, seed uint64) *Report {
+func syntheticReport(ranks, steps int, seed uint64) (*Report, *Plots) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	rep := &Report{Job: fmt.Sprintf("synthetic-%d", ranks), Events: map[string]int64{}}
+	pd := &Plots{}
 	t0 := int64(1_760_000_000_000_000_000)
 	restartAt := steps * 7 / 10
 	slowNode := (ranks / 8) * 5 / 8
@@ -66,7 +67,7 @@ func syntheticReport(ranks, steps int, seed uint64) *Report {
 	}
 	rep.Summary = tps.Summarize(cs, tps.WindowOptions{Warmup: tps.AutoWarmup})
 	warm := tps.WarmupMask(cs, tps.WindowOptions{Warmup: tps.AutoWarmup})
-	rep.data.steps, rep.data.warm = cs, warm
+	pd.steps, pd.warm = cs, warm
 	rep.breakdown(cs, warm)
 	h := newHeatGrid(len(cs), ranks)
 	for c := 0; c < h.stepBins; c++ {
@@ -83,10 +84,10 @@ func syntheticReport(ranks, steps int, seed uint64) *Report {
 			h.sum[r*h.stepBins+c], h.n[r*h.stepBins+c] = v, 1
 		}
 	}
-	rep.data.heat = h
-	rep.data.nodeOf = map[int64]string{}
+	pd.heat = h
+	pd.nodeOf = map[int64]string{}
 	for r := 0; r < ranks; r++ {
-		rep.data.nodeOf[int64(r)] = fmt.Sprintf("node-%d", r/8)
+		pd.nodeOf[int64(r)] = fmt.Sprintf("node-%d", r/8)
 	}
 	g := newGPUSeries(cs)
 	for t := t0; t < now; t += (now - t0) / 300 {
@@ -103,11 +104,11 @@ func syntheticReport(ranks, steps int, seed uint64) *Report {
 			g.add(&tps.GPUSample{Node: fmt.Sprintf("node-%d", n), UnixNs: t, PowerW: &power, SMClockMHz: &clock, GPUUtilPct: &util})
 		}
 	}
-	rep.data.gpu = g
+	pd.gpu = g
 	for _, k := range []int{steps / 2, steps * 9 / 10} {
-		rep.data.events = append(rep.data.events, tps.Event{Kind: tps.EventEval, StartUnixNs: cs[k].StartUnixNs + 1})
+		pd.events = append(pd.events, tps.Event{Kind: tps.EventEval, StartUnixNs: cs[k].StartUnixNs + 1})
 	}
-	return rep
+	return rep, pd
 }
 
 func seq(n int) []int {
@@ -124,8 +125,8 @@ func seq(n int) []int {
 // go test ./report -run TestGoldenPlots -update, and look at them.
 func TestGoldenPlots(t *testing.T) {
 	for _, tc := range []struct{ ranks, steps int }{{64, 60}, {512, 10000}, {16384, 10000}} {
-		rep := syntheticReport(tc.ranks, tc.steps, 7)
-		figs, err := rep.Figures()
+		rep, pd := syntheticReport(tc.ranks, tc.steps, 7)
+		figs, err := pd.Figures(rep)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -232,15 +232,18 @@ type Report struct {
 	CostPerMTok    *float64         `json:"cost_per_million_tokens_usd,omitempty"`
 	TimeToTrainS   *float64         `json:"time_to_train_s,omitempty"`
 
-	data  plotData
 	meter *trace.Meter // counts BytesRead
 	// read is what every read of the report takes: counted in BytesRead,
 	// each part's footer read once.
 	read trace.ReadOption
 }
 
-// plotData is what the plots draw, kept small whatever the trace size.
-type plotData struct {
+// Plots is what the report's figures draw, apart from its result (the
+// Report, which is what JSON, text, Markdown and HTML print): the steps
+// and their warm-up mask, the rank heatmap's grid, the GPU series, the
+// events marked on the plots. Kept small whatever the trace size, but for
+// the steps themselves.
+type Plots struct {
 	steps  []tps.ClusterStep
 	warm   []bool
 	heat   *heatGrid
@@ -249,13 +252,30 @@ type plotData struct {
 	events []tps.Event // checkpoints and evaluations, marked on plots
 }
 
-// Analyze reads the traces of the job folder dir (OUT/<job>).
+// Analyze reads the traces of the job folder dir (OUT/<job>) and returns
+// the report's result.
 func Analyze(dir string, opt Options) (*Report, error) {
+	rep, _, err := AnalyzeWithPlots(dir, opt)
+	return rep, err
+}
+
+// AnalyzeWithPlots is Analyze, and what the report's figures draw
+// (Plots.Figures).
+func AnalyzeWithPlots(dir string, opt Options) (*Report, *Plots, error) {
+	rep, pd, err := analyze(dir, opt)
+	if err != nil {
+		return nil, nil, err
+	}
+	return rep, pd, nil
+}
+
+func analyze(dir string, opt Options) (*Report, *Plots, error) {
+	pd := &Plots{}
 	if opt.TopStragglers <= 0 {
 		opt.TopStragglers = 5
 	}
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("report: %s is not a job folder of Parquet traces", dir)
+		return nil, nil, fmt.Errorf("report: %s is not a job folder of Parquet traces", dir)
 	}
 	rep := &Report{Job: filepath.Base(dir), Dir: dir, Events: map[string]int64{}}
 	clusterDir := filepath.Join(dir, trace.ClusterSteps)
@@ -281,17 +301,17 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		steps, err = trace.ReadAll[tps.ClusterStep](clusterDir, metered)
 	}
 	if err = rep.tolerate(err); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	open := trace.OpenParts(clusterDir) + trace.OpenParts(filepath.Join(dir, trace.RankSteps))
 	if len(steps) == 0 && (selected == nil || selected.of == 0) {
 		if open > 0 {
-			return nil, fmt.Errorf("report: job %s is running and none of its parts is finalised yet: the collector finalises them every part age (default 1 min), when an attempt ends and when the job has been quiet for 10 s; try again shortly", rep.Job)
+			return nil, nil, fmt.Errorf("report: job %s is running and none of its parts is finalised yet: the collector finalises them every part age (default 1 min), when an attempt ends and when the job has been quiet for 10 s; try again shortly", rep.Job)
 		}
 		if jobs, _ := Jobs(dir); len(jobs) > 0 {
-			return nil, fmt.Errorf("report: %s is a collector's output folder, not a job's: give one of its %d job folders (tpsprof report %s lists them)", dir, len(jobs), dir)
+			return nil, nil, fmt.Errorf("report: %s is a collector's output folder, not a job's: give one of its %d job folders (tpsprof report %s lists them)", dir, len(jobs), dir)
 		}
-		return nil, fmt.Errorf("report: no cluster steps under %s", clusterDir)
+		return nil, nil, fmt.Errorf("report: no cluster steps under %s", clusterDir)
 	}
 	if open > 0 {
 		rep.Running = true
@@ -306,7 +326,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		// has none of its own.
 		selWarm = selected.warm
 		if len(steps) == 0 {
-			return nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, selected.of)
+			return nil, nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, selected.of)
 		}
 		rep.Selection = sel.String()
 		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps, read from the row groups that hold them); elapsed time runs from its first step's start to its last step's end", sel, len(steps), selected.of))
@@ -325,17 +345,17 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		for _, e := range rows {
 			rep.Events[e.Kind]++
 			events = append(events, e)
-			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(rep.data.events) < 10000 {
-				rep.data.events = append(rep.data.events, e)
+			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(pd.events) < 10000 {
+				pd.events = append(pd.events, e)
 			}
 		}
 		return nil
 	}, metered); rep.tolerate(err) != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rep.Selection != "" {
 		events = selectEvents(events, steps)
-		rep.data.events = selectEvents(rep.data.events, steps)
+		pd.events = selectEvents(pd.events, steps)
 		clear(rep.Events)
 		for _, e := range events {
 			rep.Events[e.Kind]++
@@ -363,7 +383,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	warm := tps.WarmupMask(steps, wopt)
 	wopt.Mask = warm // computed once: Summarize takes it
 	rep.Summary = tps.Summarize(steps, wopt)
-	rep.data.steps, rep.data.warm = steps, warm
+	pd.steps, pd.warm = steps, warm
 	skip := skipMask(steps, warm, profiled)
 	rep.breakdown(steps, skip)
 
@@ -388,7 +408,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	var med map[int64]float64
 	src, err := rankSource(dir, opt.RankSource, total)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	minWin := 0 // episode windows hold whole rank windows when those are read
 	if src == trace.RankWindows {
@@ -399,7 +419,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	case trace.RankWindows:
 		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
 		if med, realTok, padTok, err = rep.windowPass(dir, ranges, steps, warm, heat, wins, nodes); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
 	default:
@@ -409,14 +429,14 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			index[[2]int64{c.Attempt, c.Step}] = i
 		}
 		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, steps, warm, index, heat, wins, nodes, crit); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	scores := tps.ScoreMedians(med, nodes)
 	rep.Nodes = tps.NodeScores(scores)
 	rep.Stragglers = scores[:min(len(scores), opt.TopStragglers)]
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
-	rep.data.heat, rep.data.nodeOf = heat, nodes
+	pd.heat, pd.nodeOf = heat, nodes
 	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
 	rep.WaitCharged = waitCharged(steps, skip, nodes, opt.TopStragglers)
 	crit.explain(rep.WaitCharged)
@@ -428,7 +448,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 
 	alignEvents(events, rep.ClockOffsetsNs, nodes)
-	alignEvents(rep.data.events, rep.ClockOffsetsNs, nodes)
+	alignEvents(pd.events, rep.ClockOffsetsNs, nodes)
 	rep.Goodput = ComputeGoodput(steps, warm, events)
 	rep.Attempts = attemptRows(steps, warm, events)
 	if s := &rep.Summary; s.WallTPS > 0 {
@@ -440,7 +460,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 	}
 	rep.generation(steps, skip, events)
 	if rep.Traces, err = summarizeTraces(dir, events, metered); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 
 	gpu := newGPUSeries(steps)
@@ -468,10 +488,10 @@ func Analyze(dir string, opt Options) (*Report, error) {
 		}
 		return nil
 	}, gpuRead...); rep.tolerate(err) != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rep.GPUSamples > 0 {
-		rep.data.gpu = gpu
+		pd.gpu = gpu
 	}
 	if tpj, n, ok := ej.result(); ok && rep.Energy != nil {
 		rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, 1/tpj
@@ -496,7 +516,7 @@ func Analyze(dir string, opt Options) (*Report, error) {
 			rep.TimeToTrainS = &x
 		}
 	}
-	return rep, nil
+	return rep, pd, nil
 }
 
 func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {

@@ -124,7 +124,7 @@ func generate(t testing.TB, root string, steps0, steps1 int) genTrace {
 
 func TestKnownAnswers(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, err := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := AnalyzeWithPlots(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,8 +144,8 @@ func TestKnownAnswers(t *testing.T) {
 		t.Errorf("bubble %g (theory %g), want %g", rep.Breakdown.Bubble, rep.Breakdown.BubbleTheoretical, want)
 	}
 	heavy, light := 0, 0
-	for i, c := range rep.data.steps {
-		if rep.data.warm[i] {
+	for i, c := range pd.steps {
+		if pd.warm[i] {
 			continue
 		}
 		if c.Step >= 20 && c.Step < 40 {
@@ -223,11 +223,11 @@ func lineDiff(want, got string) string {
 
 func TestPlots(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, err := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := AnalyzeWithPlots(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
-	figs, err := rep.Figures()
+	figs, err := pd.Figures(rep)
 	if err != nil {
 		t.Fatal(err)
 	}

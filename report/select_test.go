@@ -69,9 +69,9 @@ func TestSelection(t *testing.T) {
 	if g := rep.Goodput; g.ElapsedS != 20 || g.BadputS[BadRestart] != 0 {
 		t.Errorf("elapsed %g s, restart %g: want the selection's 20 s", g.ElapsedS, g.BadputS[BadRestart])
 	}
-	rep, err = Analyze(dir, Options{Warmup: 0, Select: Selection{Last: 5}})
-	if err != nil || rep.Summary.Steps != 5 || rep.data.steps[0].Attempt != 1 || rep.data.steps[0].Step != 95 {
-		t.Errorf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, rep.data.steps[0])
+	rep, pd, err := AnalyzeWithPlots(dir, Options{Warmup: 0, Select: Selection{Last: 5}})
+	if err != nil || rep.Summary.Steps != 5 || pd.steps[0].Attempt != 1 || pd.steps[0].Step != 95 {
+		t.Errorf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, pd.steps[0])
 	}
 	// the warm-up is the whole run's: a window from mid-attempt has none
 	rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
@@ -224,13 +224,13 @@ func TestSelectionRowsOutOfOrder(t *testing.T) {
 	w.Close()
 	rw.Close()
 	dir := filepath.Join(root, "o")
-	rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
-	if err != nil || rep.Summary.Steps != 5 || rep.data.steps[0].Step != 195 {
-		t.Fatalf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, rep.data.steps)
+	rep, pd, err := AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
+	if err != nil || rep.Summary.Steps != 5 || pd.steps[0].Step != 195 {
+		t.Fatalf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, pd.steps)
 	}
 	from, to := int64(0), int64(9)
-	rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{StepFrom: &from, StepTo: &to}})
-	if err != nil || rep.Summary.Steps != 10 || rep.Summary.WarmupSteps != 1 || rep.data.steps[0].Step != 0 {
+	rep, pd, err = AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{StepFrom: &from, StepTo: &to}})
+	if err != nil || rep.Summary.Steps != 10 || rep.Summary.WarmupSteps != 1 || pd.steps[0].Step != 0 {
 		t.Errorf("--steps 0:9: %v, %d steps, %d warm-up", err, rep.Summary.Steps, rep.Summary.WarmupSteps)
 	}
 }

@@ -540,14 +540,14 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "\n%d rank records sent (%d dropped), %d accepted %s, %d rank rows written, %d cluster steps, in %s\n\n",
 		res.Records, res.Dropped, res.Stats.Records, who, res.RowsWritten, res.Stats.StepsClosed, res.Duration.Round(100*time.Millisecond))
-	rep, err := report.Analyze(res.JobDir, report.Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := report.AnalyzeWithPlots(res.JobDir, report.Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		failErr(stderr, "demo", err)
 		return exitError
 	}
 	report.WriteText(stdout, rep)
 	abs, _ := filepath.Abs(res.JobDir)
-	if figs, err := rep.Figures(); err == nil {
+	if figs, err := pd.Figures(rep); err == nil {
 		if paths, err := report.SaveFigures(figs, filepath.Join(res.JobDir, "report")); err == nil {
 			fmt.Fprintf(stdout, "\n%d plots (PNG and SVG): %s/report/\n", len(paths), abs)
 		}
@@ -672,8 +672,15 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	var reps []*report.Report
+	var pd *report.Plots // the first job's, when plots are drawn
 	for _, d := range dirs {
-		rep, err := report.Analyze(d, opt)
+		var rep *report.Report
+		var err error
+		if !*noPlots && !*compare && len(reps) == 0 {
+			rep, pd, err = report.AnalyzeWithPlots(d, opt)
+		} else {
+			rep, err = report.Analyze(d, opt)
+		}
 		if opt.Progress != nil {
 			fmt.Fprint(stderr, "\r\033[K")
 		}
@@ -717,7 +724,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if dir == "" {
 		dir = filepath.Join(dirs[0], "report")
 	}
-	figs, err := rep.Figures()
+	figs, err := pd.Figures(rep)
 	if err == nil {
 		var paths []string
 		paths, err = report.SaveFigures(figs, dir)
