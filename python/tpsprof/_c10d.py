@@ -25,9 +25,10 @@ What is noted, for the active profiler (see tpsprof.torch):
   plus the host's own CPU work in the issuing call, see
   ``_comm_started``; on a GPU the issue on the issuing stream) to its
   completion: the work's completion (polled on CPU, a CUDA event from
-  the work's future on a GPU) for c10d operators; the end of its
-  ``wait_tensor`` for functional ones (the completion as the issuing
-  stream sees it);
+  the work's future on a GPU) for c10d operators; for functional ones
+  the end of its ``wait_tensor`` (the completion as the issuing stream
+  sees it), on CPU earlier when the works of the c10d calls it made
+  complete first;
 - time the host blocks in ``Work.wait()`` or ``wait_tensor``;
 - point-to-point apart: the time blocked waiting for a receive or a send
   to complete is the pipeline wait (``pp_wait_ns``), waiting for another
@@ -210,31 +211,45 @@ except ImportError:
 _thread_time = time.thread_time_ns
 
 
+def _work_of(out):
+    """The Work a c10d operator returned: the operator hands back a
+    TorchScript box; the Python Work inside is the very object the caller
+    gets (and waits on)."""
+    work = out[-1] if isinstance(out, tuple) else out
+    if _unbox is not None and isinstance(work, torch.ScriptObject):
+        try:
+            work = _unbox(work)
+        except Exception:
+            work = None
+    return work
+
+
 def _c10d_kernel(op, name, active):
     recv = name in _RECV
     p2p = recv or name in _SEND
 
     def kernel(*args, **kwargs):
         prof = active()
-        if prof is None or prof._tls.comm or not _real(args):
+        if prof is None or not _real(args):
             return _call(op, args, kwargs)
+        g = prof._tls
+        if g.comm:
+            out = _call(op, args, kwargs)
+            box = g.inner
+            if box is not None:  # inside a functional collective: its work
+                w = _work_of(out)
+                if w is not None:
+                    box.append(w)
+            return out
         cell = prof._comm_issue(recv)
         cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
-        g = prof._tls
         g.comm = True
         try:
             out = _call(op, args, kwargs)
         finally:
             g.comm = False
         if cell is not None:
-            work = out[-1] if isinstance(out, tuple) else out
-            # the operator hands back a TorchScript box; the Python Work
-            # inside is the very object the caller gets (and waits on)
-            if _unbox is not None and isinstance(work, torch.ScriptObject):
-                try:
-                    work = _unbox(work)
-                except Exception:
-                    work = None
+            work = _work_of(out)
             if cpu0 is not None:
                 prof._comm_started(cell, cpu0, work)
             prof._comm_track(cell, work, p2p)
@@ -253,14 +268,18 @@ def _functional_kernel(op, name, active):
         cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
         g = prof._tls
         g.comm = True
+        box = g.inner = [] if cpu0 is not None else None
         try:
             out = _call(op, args, kwargs)
         finally:
             g.comm = False
+            g.inner = None
         if cell is not None:
             if cpu0 is not None:
                 prof._comm_started(cell, cpu0)
             prof._functional_issued(cell, out, args, recv)
+            if box:
+                prof._functional_works(cell, box)
         return out
     return skip_dynamo(kernel)
 

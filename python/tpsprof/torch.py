@@ -76,6 +76,9 @@ class _Guards(threading.local):
     comm = False
     fetch = False
     side = False
+    # inside a functional collective on CPU: the works of the c10d calls
+    # it makes, which end its span when they complete (else None)
+    inner = None
 
 
 def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, torch.optim.Optimizer, List[torch.optim.Optimizer]] = None,
@@ -1063,14 +1066,25 @@ class TorchProfiler:
         except Exception:
             self._err()
 
+    def _functional_works(self, cell, works):
+        """(CPU) The works of the c10d calls a functional collective made:
+        its span ends when they complete, or at its wait_tensor if that
+        comes first (gloo's reduce-scatter completes only once waited on)."""
+        try:
+            st = self._cur
+            if st is not None:
+                self._comm_end([cell[0], None, st, False], works, cell)
+        except Exception:
+            self._err()
+
     def _functional_waited(self, t, t0):
         """A functional collective's wait_tensor returned: on the issuing
         stream (or the host, on CPU) the collective is complete now."""
         try:
             end = self._mark()
             got = self._fpending.pop(t.data_ptr(), None) if isinstance(t, torch.Tensor) else None
-            if got is not None:
-                got[0][1] = end
+            if got is not None and (got[0][1] is None or got[0][1] > end):
+                got[0][1] = end  # complete by now, if the poller saw it later
             st = self._cur
             if st is not None:
                 (st.pp_wait if got is not None and got[1] else st.blocked).append((t0, end))

