@@ -80,27 +80,10 @@ func TestTraceNotesAreChecked(t *testing.T) {
 // trace's figures; the rank measured no communication, so comm and exposed
 // comm come from the trace.
 func TestTraceFiguresJoinTheRecord(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
 	msgs := make(chan *nats.Msg, 16)
 	nc.ChanSubscribe(wire.StepsSubject("tj", "n0"), msgs)
 	nc.Flush()
-	dir, _ := os.MkdirTemp("", "tpsprof-tr")
-	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
-		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
 	// step 7: compute 0-60 µs, an all-reduce 40-100 µs: comm 60, exposed 40
 	tr := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#7","ts":0,"dur":200},
 {"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":60,"args":{"stream":7}},
@@ -242,27 +225,10 @@ func TestTraceFIFOSwappedIn(t *testing.T) {
 // figures (the whole trace's totals are another span of time); the record
 // is released at once, not after the 30 s hold.
 func TestTraceWithoutTheNotedStep(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
 	msgs := make(chan *nats.Msg, 16)
 	nc.ChanSubscribe(wire.StepsSubject("tn", "n0"), msgs)
 	nc.Flush()
-	dir, _ := os.MkdirTemp("", "tpsprof-tr")
-	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
-		FlushInterval: 5 * time.Millisecond, ResubscribeGrace: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
 	tr := `{"traceEvents":[{"ph":"X","cat":"user_annotation","name":"ProfilerStep#6","ts":0,"dur":200},
 {"ph":"X","cat":"kernel","name":"gemm","ts":0,"dur":60,"args":{"stream":7}}]}`
 	path := filepath.Join(a.cfg.TraceDir, "tn.0.3.7.pt.trace.json")
@@ -391,27 +357,10 @@ func TestTraceMaxEvents(t *testing.T) {
 // whole hold, sent without figures (under CI's load, the cause of records
 // "released" only after 10-25 s in the tests above).
 func TestTraceAnalysedAtOnceReleasesTheRecord(t *testing.T) {
-	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Shutdown()
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: time.Millisecond, ResubscribeGrace: time.Millisecond})
 	msgs := make(chan *nats.Msg, 1024)
 	nc.ChanSubscribe(wire.StepsSubject("tq", "n0"), msgs)
 	nc.Flush()
-	dir, _ := os.MkdirTemp("", "tpsprof-tr")
-	defer os.RemoveAll(dir)
-	a, err := Start(Config{Socket: filepath.Join(dir, "a.sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: "n0",
-		FlushInterval: time.Millisecond, ResubscribeGrace: time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
 	// SubmitTrace returns only once the worker has settled the note's
 	// analysis: the worst order there is
 	queued := int64(0)

@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"math"
 	"slices"
 
@@ -68,7 +69,7 @@ func (e *energyJoin) build() {
 		}
 		e.steps = append(e.steps, energyStep{start: c.EndUnixNs - c.StepTimeNs, end: c.EndUnixNs, tokens: c.Tokens})
 	}
-	slices.SortFunc(e.steps, func(a, b energyStep) int { return cmpInt64(a.start, b.start) })
+	slices.SortFunc(e.steps, func(a, b energyStep) int { return cmp.Compare(a.start, b.start) })
 	e.maxEnd = make([]int64, len(e.steps))
 	for i, s := range e.steps {
 		e.maxEnd[i] = s.end
@@ -76,16 +77,6 @@ func (e *energyJoin) build() {
 			e.maxEnd[i] = max(s.end, e.maxEnd[i-1])
 		}
 	}
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (e *energyJoin) add(s *tps.GPUSample) {

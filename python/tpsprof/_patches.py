@@ -339,7 +339,7 @@ def install_collectives():
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
         if fn is None or getattr(fn, "_tpsprof", False):
             continue
-        w = wrap_p2p(fn, name) if name in _P2P else wrap_collective(fn, name)
+        w = wrap_collective(fn, name)
         for mod in (dist, c10d):
             if getattr(mod, name, None) is fn:
                 setattr(mod, name, w)
@@ -351,54 +351,40 @@ _P2P_RECV = frozenset({"recv", "irecv"})
 _P2P_ASYNC = frozenset({"isend", "irecv"})
 
 
-def wrap_p2p(fn, name):
-    """Point-to-point as on PyTorch 2's dispatcher path (_c10d): the time
+def _p2p(prof, g, fn, args, kwargs, recv, returns_work):
+    cell = prof._comm_issue(recv)
+    t0 = prof._comm_mark() if cell is not None else None
+    g.comm = True
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        g.comm = False
+    if cell is None:
+        return out
+    if returns_work and out is not None:
+        prof._comm_track(cell, out, True)
+    else:
+        prof._p2p_blocked(cell, t0)
+    return out
+
+
+def wrap_collective(fn, name):
+    """Times a torch.distributed function (PyTorch 1.13). Point-to-point
+    is measured as on PyTorch 2's dispatcher path (_c10d): the time
     blocked in a send or a receive (in the call for ``send``/``recv``, in
     ``Work.wait`` for ``isend``/``irecv``) is pipeline wait, waiting for
     the other stage; a send's span is communication, a receive's is not;
     a receive before any other activity of the step opens the step (a
     later stage's first activity is waiting for its input)."""
-    recv, returns_work = name in _P2P_RECV, name in _P2P_ASYNC
-
-    def p2p(*args, **kwargs):
-        prof = _tt._ACTIVE
-        if prof is None:
-            return fn(*args, **kwargs)
-        g = prof._tls
-        if g.comm:
-            return fn(*args, **kwargs)
-        cell = prof._comm_issue(recv)
-        t0 = prof._comm_mark() if cell is not None else None
-        g.comm = True
-        try:
-            out = fn(*args, **kwargs)
-        finally:
-            g.comm = False
-        if cell is None:
-            return out
-        if returns_work and out is not None:
-            prof._comm_track(cell, out, True)
-        else:
-            prof._p2p_blocked(cell, t0)
-        return out
-
-    p2p._tpsprof = True
-    p2p.__name__ = getattr(fn, "__name__", name)
-    p2p.__doc__ = fn.__doc__
-    p2p.__wrapped__ = fn
-    return p2p
-
-
-def wrap_collective(fn, name):
-    always_async = name in ("isend", "irecv", "batch_isend_irecv")
+    p2p, recv, always_async = name in _P2P, name in _P2P_RECV, name in _P2P_ASYNC or name == "batch_isend_irecv"
 
     def collective(*args, **kwargs):
         prof = _tt._ACTIVE
-        if prof is None:
+        if prof is None or prof._tls.comm:
             return fn(*args, **kwargs)
         g = prof._tls
-        if g.comm:
-            return fn(*args, **kwargs)
+        if p2p:
+            return _p2p(prof, g, fn, args, kwargs, recv, always_async)
         try:
             tok = prof._comm_begin(not always_async and not kwargs.get("async_op", False))
         except Exception:
