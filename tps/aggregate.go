@@ -137,6 +137,7 @@ type StepAccumulator struct {
 	replicaTokens []int64
 	replicaFLOPs  []float64
 	replicaBytes  []int64 // nil until a replica reports bytes
+	replicaSeqSq  []int64 // nil until a replica reports seq_sq_sum
 	replicaRank   []int64 // lowest rank whose tokens were taken
 	mismatched    []uint64
 	// explicit marks replicas keyed by a record's own dp_rank (not
@@ -205,43 +206,44 @@ func (x *NodeSpan) merge(n NodeSpan) {
 func (a *StepAccumulator) NodeSpans() []NodeSpan { return a.nodes }
 
 // stepSums are a step's figures over ranks that merge by sum, max and min:
-// the same for one record, a node's partial, or the whole step.
+// the same for one record, a node's partial, or the whole step. Of the
+// measures, what each one's Over says is kept (indexed as Measures); the
+// rest are figures no single measure gives.
 type stepSums struct {
-	MaxDurationNs int64   `json:"max_duration_ns"`
-	MaxComputeNs  int64   `json:"max_compute_ns"` // the critical rank's busy time: compute + data wait
-	SlowestRank   int64   `json:"slowest_rank"`   // -1: none yet
-	MinStartNs    int64   `json:"min_start_unix_ns"`
-	MaxEndNs      int64   `json:"max_end_unix_ns"`
-	SumDuration   float64 `json:"sum_duration_ns"`
-	SumCompute    float64 `json:"sum_compute_ns"`
-	SumExposed    float64 `json:"sum_exposed_comm_ns"`
-	MaxExposed    float64 `json:"max_exposed_comm_ns"`
-	SumComm       float64 `json:"sum_comm_ns"`
-	SumPP         float64 `json:"sum_pp_wait_ns"`
-	MaxPP         float64 `json:"max_pp_wait_ns"`
-	SumData       float64 `json:"sum_data_wait_ns"`
-	MaxData       float64 `json:"max_data_wait_ns"`
-	SumCkpt       float64 `json:"sum_ckpt_ns"`
-	SumLoss       float64 `json:"sum_loss"`
-	NLoss         int64   `json:"n_loss"`
-	Skipped       int64   `json:"skipped"`
-	// the generation phase
-	SumGen      float64 `json:"sum_gen_ns,omitempty"`
-	MaxGen      int64   `json:"max_gen_ns,omitempty"`
-	GenRequests int64   `json:"gen_requests,omitempty"`
-	GenPrompt   int64   `json:"gen_prompt_tokens,omitempty"`
-	GenOutput   int64   `json:"gen_output_tokens,omitempty"`
-	GenRanks    int64   `json:"gen_ranks,omitempty"`
+	Sum [len(Measures)]float64 `json:"-"` // Σ over ranks (OverSum)
+	Max [len(Measures)]int64   `json:"-"` // largest (OverMax)
+	Min [len(Measures)]int64   `json:"-"` // smallest (OverMin)
+
+	MaxComputeNs int64   `json:"max_compute_ns"` // the critical rank's busy time: compute + data wait
+	SlowestRank  int64   `json:"slowest_rank"`   // -1: none yet
+	SumCompute   float64 `json:"sum_compute_ns"` // Σ compute (StepRecord.ComputeNs)
+	SumLoss      float64 `json:"sum_loss"`
+	NLoss        int64   `json:"n_loss"`
+	Skipped      int64   `json:"skipped"`
+	GenRanks     int64   `json:"gen_ranks,omitempty"` // ranks that reported a generation phase
 }
 
-func newStepSums() stepSums { return stepSums{SlowestRank: -1, MinStartNs: math.MaxInt64} }
+func newStepSums() stepSums {
+	s := stepSums{SlowestRank: -1}
+	for _, i := range keptMin {
+		s.Min[i] = math.MaxInt64
+	}
+	return s
+}
 
 func (s *stepSums) addRecord(r *StepRecord) {
+	for _, i := range keptSum {
+		s.Sum[i] += float64(*Measures[i].Of(r))
+	}
+	for _, i := range keptMax {
+		s.Max[i] = max(s.Max[i], *Measures[i].Of(r))
+	}
+	for _, i := range keptMin {
+		s.Min[i] = min(s.Min[i], *Measures[i].Of(r))
+	}
 	c := r.ComputeNs()
-	s.merge(&stepSums{MaxDurationNs: r.DurationNs, MaxComputeNs: c + r.DataWaitNs, SlowestRank: r.Rank, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs,
-		SumDuration: float64(r.DurationNs), SumCompute: float64(c), SumExposed: float64(r.ExposedCommNs), MaxExposed: float64(r.ExposedCommNs),
-		SumComm: float64(r.CommNs), SumPP: float64(r.PPWaitNs), MaxPP: float64(r.PPWaitNs), SumData: float64(r.DataWaitNs),
-		MaxData: float64(r.DataWaitNs), SumCkpt: float64(r.CkptNs)})
+	s.critical(c+r.DataWaitNs, r.Rank)
+	s.SumCompute += float64(c)
 	if r.Loss != nil {
 		s.SumLoss += *r.Loss
 		s.NLoss++
@@ -250,42 +252,35 @@ func (s *stepSums) addRecord(r *StepRecord) {
 		s.Skipped++
 	}
 	if r.GenNs > 0 || r.GenRequests > 0 {
-		s.SumGen += float64(r.GenNs)
-		s.MaxGen = max(s.MaxGen, r.GenNs)
-		s.GenRequests += r.GenRequests
-		s.GenPrompt += r.GenPromptTokens
-		s.GenOutput += r.GenOutputTokens
 		s.GenRanks++
 	}
 }
 
-// merge folds in the sums of other ranks. The slowest (critical) rank is
-// the one with the most busy time (compute + data wait), the lowest rank on
-// ties, so the result does not depend on the order of merging.
-func (s *stepSums) merge(o *stepSums) {
-	s.MaxDurationNs = max(s.MaxDurationNs, o.MaxDurationNs)
-	if o.SlowestRank >= 0 && (s.SlowestRank < 0 || o.MaxComputeNs > s.MaxComputeNs || (o.MaxComputeNs == s.MaxComputeNs && o.SlowestRank < s.SlowestRank)) {
-		s.MaxComputeNs, s.SlowestRank = o.MaxComputeNs, o.SlowestRank
+// critical takes rank as the critical (slowest) rank if its busy time
+// (compute + data wait) is the most so far, the lowest rank on ties, so
+// the result does not depend on the order of merging.
+func (s *stepSums) critical(busy, rank int64) {
+	if rank >= 0 && (s.SlowestRank < 0 || busy > s.MaxComputeNs || (busy == s.MaxComputeNs && rank < s.SlowestRank)) {
+		s.MaxComputeNs, s.SlowestRank = busy, rank
 	}
-	s.MinStartNs, s.MaxEndNs = min(s.MinStartNs, o.MinStartNs), max(s.MaxEndNs, o.MaxEndNs)
-	s.SumDuration += o.SumDuration
+}
+
+// merge folds in the sums of other ranks.
+func (s *stepSums) merge(o *stepSums) {
+	for _, i := range keptSum {
+		s.Sum[i] += o.Sum[i]
+	}
+	for _, i := range keptMax {
+		s.Max[i] = max(s.Max[i], o.Max[i])
+	}
+	for _, i := range keptMin {
+		s.Min[i] = min(s.Min[i], o.Min[i])
+	}
+	s.critical(o.MaxComputeNs, o.SlowestRank)
 	s.SumCompute += o.SumCompute
-	s.SumExposed += o.SumExposed
-	s.MaxExposed = max(s.MaxExposed, o.MaxExposed)
-	s.SumComm += o.SumComm
-	s.SumPP += o.SumPP
-	s.MaxPP = max(s.MaxPP, o.MaxPP)
-	s.SumData += o.SumData
-	s.MaxData = max(s.MaxData, o.MaxData)
-	s.SumCkpt += o.SumCkpt
 	s.SumLoss += o.SumLoss
 	s.NLoss += o.NLoss
 	s.Skipped += o.Skipped
-	s.SumGen += o.SumGen
-	s.MaxGen = max(s.MaxGen, o.MaxGen)
-	s.GenRequests += o.GenRequests
-	s.GenPrompt += o.GenPrompt
-	s.GenOutput += o.GenOutput
 	s.GenRanks += o.GenRanks
 }
 
@@ -371,11 +366,7 @@ func (a *StepAccumulator) Add(r *StepRecord) (bool, error) {
 	}
 	a.seen[w] |= b
 	a.reported++
-	flops := r.FLOPs
-	if flops == 0 && r.SeqSqSum > 0 && a.cfg.AttnFLOPsPerSeqSq > 0 {
-		flops = float64(r.Tokens)*a.cfg.DenseFLOPsPerToken + float64(r.SeqSqSum)*a.cfg.AttnFLOPsPerSeqSq
-	}
-	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: flops, LowestRank: r.Rank, Bytes: r.Bytes})
+	a.mergeReplica(ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank, Bytes: r.Bytes, SeqSqSum: r.SeqSqSum})
 	a.sums.addRecord(r)
 	a.addNode(NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1, LowestRank: r.Rank})
 	return true, nil
@@ -396,6 +387,7 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 			a.setFLOPs(x.Replica, x.FLOPs)
 		}
 		a.setBytes(x.Replica, x.Bytes)
+		a.setSeqSq(x.Replica, x.SeqSqSum)
 		return
 	}
 	if a.replicaTokens[x.Replica] != x.Tokens {
@@ -407,6 +399,7 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 			a.setFLOPs(x.Replica, x.FLOPs)
 		}
 		a.setBytes(x.Replica, x.Bytes)
+		a.setSeqSq(x.Replica, x.SeqSqSum)
 	}
 }
 
@@ -456,6 +449,9 @@ func (a *StepAccumulator) Reconfigure(cfg AccumulatorConfig) bool {
 		if a.replicaBytes != nil {
 			x.Bytes = a.replicaBytes[i]
 		}
+		if a.replicaSeqSq != nil {
+			x.SeqSqSum = a.replicaSeqSq[i]
+		}
 		b.mergeReplica(x)
 		if a.explicit[w]&bit != 0 {
 			b.explicit[rep/64] |= 1 << (rep % 64)
@@ -473,6 +469,16 @@ func (a *StepAccumulator) setBytes(rep, n int64) {
 		a.replicaBytes = make([]int64, len(a.replicaTokens))
 	}
 	a.replicaBytes[rep] = n
+}
+
+func (a *StepAccumulator) setSeqSq(rep, n int64) {
+	if n <= 0 && a.replicaSeqSq == nil {
+		return
+	}
+	if a.replicaSeqSq == nil {
+		a.replicaSeqSq = make([]int64, len(a.replicaTokens))
+	}
+	a.replicaSeqSq[rep] = n
 }
 
 func (a *StepAccumulator) setFLOPs(rep int64, f float64) {
@@ -513,13 +519,13 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 		Job: a.job, Attempt: a.attempt, Step: a.step, WorldSize: a.world,
 		RanksReported: a.reported, RanksMissing: a.world - a.reported,
 		DuplicateRecords: a.dupes, Replicas: int64(len(a.replicaTokens)),
-		StepTimeNs: a.sums.MaxDurationNs, RankTimeMaxNs: a.sums.MaxDurationNs, SlowestRank: a.sums.SlowestRank, SkippedRanks: a.sums.Skipped,
+		StepTimeNs: a.sums.Max[mDuration], RankTimeMaxNs: a.sums.Max[mDuration], SlowestRank: a.sums.SlowestRank, SkippedRanks: a.sums.Skipped,
 	}
 	if a.reported == 0 {
 		return c
 	}
 	s := &a.sums
-	c.StartUnixNs, c.EndUnixNs = s.MinStartNs, s.MaxEndNs
+	c.StartUnixNs, c.EndUnixNs = s.Min[mStart], s.Max[mEnd]
 	if ctx.ClockOffsetNs != nil && len(a.nodes) > 0 {
 		c.StartUnixNs, c.EndUnixNs = math.MaxInt64, math.MinInt64
 		for _, n := range a.nodes {
@@ -549,6 +555,8 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 		switch {
 		case a.replicaFLOPs != nil && a.replicaFLOPs[i] > 0:
 			flops += a.replicaFLOPs[i]
+		case a.replicaSeqSq != nil && a.replicaSeqSq[i] > 0 && a.cfg.AttnFLOPsPerSeqSq > 0:
+			flops += float64(a.replicaTokens[i])*a.cfg.DenseFLOPsPerToken + float64(a.replicaSeqSq[i])*a.cfg.AttnFLOPsPerSeqSq
 		case a.cfg.FLOPsPerToken > 0:
 			flops += float64(a.replicaTokens[i]) * a.cfg.FLOPsPerToken
 		default:
@@ -568,31 +576,32 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 		// it blocks in its collectives until it arrives. Mean over ranks
 		// (sums merge; per-rank minima would not), at most the mean
 		// exposed communication: what is left of that is transfer.
-		exposed := s.SumExposed / n
-		wait := min(max(float64(s.MaxComputeNs)-(s.SumCompute+s.SumData)/n, 0), exposed)
+		exposed := s.Sum[mExposed] / n
+		wait := min(max(float64(s.MaxComputeNs)-(s.SumCompute+s.Sum[mData])/n, 0), exposed)
 		c.WaitFractionMean = wait / D
 		c.CommFractionMean = (exposed - wait) / D
-		c.CommFractionMax = s.MaxExposed / D
-		c.BubbleFractionMean = s.SumPP / n / D
-		c.BubbleFractionMax = s.MaxPP / D
-		c.DataStallFractionMean = s.SumData / n / D
-		c.DataStallFractionMax = s.MaxData / D
-		c.CkptFractionMean = s.SumCkpt / n / D
+		c.CommFractionMax = float64(s.Max[mExposed]) / D
+		c.BubbleFractionMean = s.Sum[mPP] / n / D
+		c.BubbleFractionMax = float64(s.Max[mPP]) / D
+		c.DataStallFractionMean = s.Sum[mData] / n / D
+		c.DataStallFractionMax = float64(s.Max[mData]) / D
+		c.CkptFractionMean = s.Sum[mCkpt] / n / D
 	}
-	if s.SumComm > 0 {
-		c.CommOverlap = 1 - s.SumExposed/s.SumComm
+	if s.Sum[mComm] > 0 {
+		c.CommOverlap = 1 - s.Sum[mExposed]/s.Sum[mComm]
 	}
 	c.ComputeNsMean = s.SumCompute / n
 	if D > 0 && c.Bytes > 0 {
 		c.BytesPerSecond = float64(c.Bytes) / (D / 1e9)
 	}
 	if s.GenRanks > 0 && D > 0 {
-		c.GenNsMax, c.GenRequests, c.GenPromptTokens, c.GenOutputTokens = s.MaxGen, s.GenRequests, s.GenPrompt, s.GenOutput
-		c.GenFractionMean = s.SumGen / n / D
-		if s.MaxGen > 0 {
-			sec := float64(s.MaxGen) / 1e9
-			c.GenOutputTPS = float64(s.GenOutput) / sec
-			c.GenTotalTPS = float64(s.GenOutput+s.GenPrompt) / sec
+		c.GenNsMax = s.Max[mGen]
+		c.GenRequests, c.GenPromptTokens, c.GenOutputTokens = int64(s.Sum[mGenReqs]), int64(s.Sum[mGenPrompt]), int64(s.Sum[mGenOutput])
+		c.GenFractionMean = s.Sum[mGen] / n / D
+		if c.GenNsMax > 0 {
+			sec := float64(c.GenNsMax) / 1e9
+			c.GenOutputTPS = float64(c.GenOutputTokens) / sec
+			c.GenTotalTPS = float64(c.GenOutputTokens+c.GenPromptTokens) / sec
 		}
 	}
 	if s.NLoss > 0 {

@@ -11,11 +11,16 @@ import (
 // the record's identity (job, attempt, step, rank, world size, parallel
 // coordinates, node, GPU) and its float figures (flops, loss). Measures is
 // the one list of them: the wire encoding (wire.AppendSteps and
-// DecodeSteps walk it), the validation of the bounds a Kind names, and the
-// measure tables of docs/intake.md and docs/wire.md (TestMeasuresDocumented
-// compares them with it) all come from it. The StepRecord field itself,
-// how the cluster row combines it (Combine, in words here) and the
-// rank_windows spans are still written out by hand.
+// DecodeSteps walk it), the validation of the bounds a Kind names, what a
+// step's accumulator and node partials keep of it over ranks (Over: their
+// sums, the partials' binary layout and JSON walk it), and the measure
+// tables of docs/intake.md and docs/wire.md (TestMeasuresDocumented
+// compares them with it) all come from it. Adding a measure is an entry
+// here and its StepRecord field (bound at init: a field without an entry,
+// or an entry without its field, stops the program); the cluster row's
+// columns are formulas over the sums (StepAccumulator.ResultIn), and
+// TestMeasuresCombineAsDocumented checks that a measure kept over no rank
+// moves no cluster column and one kept moves one.
 type Measure struct {
 	// Name is the JSON key, the Parquet column and the wire name.
 	Name string
@@ -25,7 +30,12 @@ type Measure struct {
 	Kind  MeasureKind
 	// Wire is the group it travels in on the step batch (docs/wire.md).
 	Wire WireGroup
-	// Combine says how the cluster row combines it over ranks.
+	// Over says what is kept of it over a step's ranks for the cluster
+	// row (0: nothing; it is in the rank rows, or combined per replica).
+	// Measures kept over ranks travel in node partials in this table's
+	// order: add new ones after the last of them (docs/wire.md).
+	Over Over
+	// Combine says what the cluster row makes of it, in words.
 	Combine string
 	// Doc is its line in docs/intake.md; Required says the record must
 	// carry it.
@@ -51,6 +61,35 @@ const (
 	KindTrace
 )
 
+// Over is what a step's accumulator and its node partials keep of a
+// measure over ranks: its sum, its largest value, its smallest, or
+// several of them. Each merges exactly (sums add, extremes compare), so a
+// step's partials merge to what its records give.
+type Over uint8
+
+const (
+	OverSum Over = 1 << iota
+	OverMax
+	OverMin
+)
+
+// String is the words docs/intake.md gives: "Σ and largest over ranks".
+func (o Over) String() string {
+	var w []string
+	for _, x := range []struct {
+		bit  Over
+		word string
+	}{{OverSum, "Σ"}, {OverMax, "largest"}, {OverMin, "smallest"}} {
+		if o&x.bit != 0 {
+			w = append(w, x.word)
+		}
+	}
+	if len(w) == 0 {
+		return "kept over no rank"
+	}
+	return strings.Join(w, " and ") + " over ranks"
+}
+
 // WireGroup is the part of a step batch record a measure travels in: the
 // core varints every record has, or an optional group with a presence
 // bit, sent when one of its measures is not zero.
@@ -66,20 +105,20 @@ const (
 
 // Measures in wire order within each group (the step batch's layout 1:
 // reordering a group changes the wire format).
-var Measures = []Measure{
-	{Name: "start_unix_ns", Field: "StartUnixNs", Unit: "ns since 1970", Wire: WireCore, Combine: "earliest over ranks",
+var Measures = [...]Measure{
+	{Name: "start_unix_ns", Field: "StartUnixNs", Unit: "ns since 1970", Wire: WireCore, Over: OverMin, Combine: "`start_unix_ns` (each node's clock offset removed)",
 		Doc: "wall-clock start of the step on the rank's host", Required: true},
-	{Name: "end_unix_ns", Field: "EndUnixNs", Unit: "ns since 1970", Wire: WireCore, Combine: "latest over ranks",
+	{Name: "end_unix_ns", Field: "EndUnixNs", Unit: "ns since 1970", Wire: WireCore, Over: OverMax, Combine: "`end_unix_ns`; `step_time_ns` runs to it from the previous step's end (the critical path's period)",
 		Doc: "wall-clock end of the step on the rank's host", Required: true},
-	{Name: "duration_ns", Field: "DurationNs", Unit: "ns", Wire: WireCore, Combine: "slowest rank (rank_time_max_ns); the step time is the critical path's period",
+	{Name: "duration_ns", Field: "DurationNs", Unit: "ns", Wire: WireCore, Over: OverMax, Combine: "`rank_time_max_ns` (the slowest rank's own duration; the step time without the previous step's end); with the blocking measures, each rank's busy time: `compute_ns_mean` and the critical rank",
 		Doc: "monotonic duration; defaults to end − start"},
-	{Name: "tokens", Field: "Tokens", Unit: "tokens", Wire: WireCore, Combine: "summed once per data-parallel replica",
+	{Name: "tokens", Field: "Tokens", Unit: "tokens", Wire: WireCore, Combine: "summed once per data-parallel replica: `tokens`, `tps`, `tps_per_gpu`, and with the model `flops`, `mfu` and `hfu`",
 		Required: true, Doc: "real tokens (not padding) consumed by this rank's data-parallel replica in the step, all micro-batches; the same on every rank of a replica"},
 	{Name: "padded_tokens", Field: "PaddedTokens", Unit: "tokens", Wire: WireCore, Combine: "rank rows (the report compares it with tokens)",
 		Doc: "optional: tokens including padding"},
 	{Name: "samples", Field: "Samples", Unit: "samples", Wire: WireCore, Combine: "rank rows only",
 		Doc: "optional: samples (sequences) in the step"},
-	{Name: "data_wait_ns", Field: "DataWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Combine: "mean and largest fraction of the step",
+	{Name: "data_wait_ns", Field: "DataWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum | OverMax, Combine: "`data_stall_fraction_mean` and `data_stall_fraction_max` (mean and largest fraction of the step)",
 		Doc: "blocking: waiting for the data loader"},
 	{Name: "fwd_ns", Field: "FwdNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Combine: "rank rows and rank_windows (a straggler episode's work)",
 		Doc: "compute phase: forward"},
@@ -87,13 +126,13 @@ var Measures = []Measure{
 		Doc: "compute phase: backward"},
 	{Name: "optim_ns", Field: "OptimNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Combine: "rank rows and rank_windows (a straggler episode's work)",
 		Doc: "compute phase: optimizer"},
-	{Name: "comm_ns", Field: "CommNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Combine: "mean, for the overlap (comm_overlap)",
+	{Name: "comm_ns", Field: "CommNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Over: OverSum, Combine: "`comm_overlap` (1 − Σ exposed / Σ comm)",
 		Doc: "all collective time, overlapped or not; ≥ exposed_comm_ns"},
-	{Name: "exposed_comm_ns", Field: "ExposedCommNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Combine: "mean and largest fraction; split into waiting for peers and transfer",
+	{Name: "exposed_comm_ns", Field: "ExposedCommNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum | OverMax, Combine: "its mean is split into waiting for the critical rank (wait_fraction_mean) and transfer, `comm_fraction_mean`; `comm_fraction_max`",
 		Doc: "blocking: communication no computation overlapped"},
-	{Name: "pp_wait_ns", Field: "PPWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Combine: "mean and largest fraction (the pipeline bubble)",
+	{Name: "pp_wait_ns", Field: "PPWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum | OverMax, Combine: "`bubble_fraction_mean` and `bubble_fraction_max` (the pipeline bubble)",
 		Doc: "blocking: waiting for another pipeline stage"},
-	{Name: "ckpt_ns", Field: "CkptNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Combine: "mean fraction",
+	{Name: "ckpt_ns", Field: "CkptNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum, Combine: "`ckpt_fraction_mean`",
 		Doc: "blocking: saving a checkpoint within the step"},
 	{Name: "trace_compute_ns", Field: "TraceComputeNs", Unit: "ns", Kind: KindTrace, Wire: WireTrace, Combine: "rank rows only",
 		Doc: "from a profiler trace of the step: the union of computation kernels (the agent fills it)"},
@@ -101,17 +140,17 @@ var Measures = []Measure{
 		Doc: "from a profiler trace: the union of communication kernels"},
 	{Name: "trace_exposed_comm_ns", Field: "TraceExposedCommNs", Unit: "ns", Kind: KindTrace, Wire: WireTrace, Combine: "rank rows only",
 		Doc: "from a profiler trace: communication no computation overlaps; ≤ trace_comm_ns"},
-	{Name: "seq_sq_sum", Field: "SeqSqSum", Unit: "tokens²", Wire: WireSeqSq, Combine: "the replica's FLOPs: tokens × dense + seq_sq_sum × attention FLOPs",
+	{Name: "seq_sq_sum", Field: "SeqSqSum", Unit: "tokens²", Wire: WireSeqSq, Combine: "the replica's `flops` (tokens × dense + seq_sq_sum × attention FLOPs), `mfu`, `hfu`",
 		Doc: "optional: Σ over the batch's documents of their length², between tokens and its square (packed or variable-length batches: attention FLOPs counted exactly, docs/flops.md)"},
-	{Name: "bytes", Field: "Bytes", Unit: "bytes", Wire: WireBytes, Combine: "summed once per replica (bytes_per_second)",
+	{Name: "bytes", Field: "Bytes", Unit: "bytes", Wire: WireBytes, Combine: "summed once per replica: `bytes`, `bytes_per_second`",
 		Doc: "optional: UTF-8 length of the text behind tokens: bytes/s compares runs whose tokenizers differ"},
-	{Name: "gen_ns", Field: "GenNs", Unit: "ns", Wire: WireGen, Combine: "slowest rank",
+	{Name: "gen_ns", Field: "GenNs", Unit: "ns", Wire: WireGen, Over: OverSum | OverMax, Combine: "`gen_ns_max` (the slowest rank's), `gen_fraction_mean`, `gen_output_tps`",
 		Doc: "optional: the step's generation phase on this rank (RL rollouts before the update); ≤ duration"},
-	{Name: "gen_requests", Field: "GenRequests", Unit: "requests", Wire: WireGen, Combine: "summed over ranks",
+	{Name: "gen_requests", Field: "GenRequests", Unit: "requests", Wire: WireGen, Over: OverSum, Combine: "`gen_requests`",
 		Doc: "optional: requests this rank generated in the step (with tensor-parallel generation, one rank of the group)"},
-	{Name: "gen_prompt_tokens", Field: "GenPromptTokens", Unit: "tokens", Wire: WireGen, Combine: "summed over ranks",
+	{Name: "gen_prompt_tokens", Field: "GenPromptTokens", Unit: "tokens", Wire: WireGen, Over: OverSum, Combine: "`gen_prompt_tokens`, `gen_total_tps`",
 		Doc: "optional: their prompt tokens"},
-	{Name: "gen_output_tokens", Field: "GenOutputTokens", Unit: "tokens", Wire: WireGen, Combine: "summed over ranks",
+	{Name: "gen_output_tokens", Field: "GenOutputTokens", Unit: "tokens", Wire: WireGen, Over: OverSum, Combine: "`gen_output_tokens`, `gen_output_tps`, `gen_total_tps`",
 		Doc: "optional: their generated tokens"},
 }
 
@@ -142,6 +181,14 @@ func init() {
 	for i := range Measures {
 		if Measures[i].Kind != KindOwn {
 			boundedMeasures = append(boundedMeasures, &Measures[i])
+		}
+		for _, k := range []struct {
+			bit  Over
+			list *[]int
+		}{{OverSum, &keptSum}, {OverMax, &keptMax}, {OverMin, &keptMin}} {
+			if Measures[i].Over&k.bit != 0 {
+				*k.list = append(*k.list, i)
+			}
 		}
 	}
 }
@@ -192,7 +239,61 @@ func MeasuresMarkdown() string {
 			req = "yes"
 		}
 		bounds := map[MeasureKind]string{KindBlocking: "0 to duration_ns", KindPhase: "0 to 24 h", KindTrace: "0 to 24 h"}[m.Kind]
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", m.Name, m.Unit, req, bounds, m.Doc, m.Combine)
+		combine := m.Combine
+		if m.Over != 0 {
+			combine = m.Over.String() + " → " + combine
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", m.Name, m.Unit, req, bounds, m.Doc, combine)
 	}
 	return b.String()
 }
+
+// The measures a step keeps over its ranks, by index into Measures, for
+// each of Over's bits: stepSums walks them.
+var keptSum, keptMax, keptMin []int
+
+// Kept lists the measures a step keeps over ranks (Over not 0), in
+// Measures' order: node partials carry them in this order.
+func Kept() []*Measure {
+	var out []*Measure
+	for i := range Measures {
+		if Measures[i].Over != 0 {
+			out = append(out, &Measures[i])
+		}
+	}
+	return out
+}
+
+// MeasureIndex is the index in Measures of the named measure, -1 if none.
+func MeasureIndex(name string) int {
+	for i := range Measures {
+		if Measures[i].Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// measureIndex is MeasureIndex of a measure that must exist.
+func measureIndex(name string) int {
+	if i := MeasureIndex(name); i >= 0 {
+		return i
+	}
+	panic("tps: no measure " + name)
+}
+
+// The measures the cluster row's formulas read (StepAccumulator.ResultIn).
+var (
+	mStart     = measureIndex("start_unix_ns")
+	mEnd       = measureIndex("end_unix_ns")
+	mDuration  = measureIndex("duration_ns")
+	mData      = measureIndex("data_wait_ns")
+	mComm      = measureIndex("comm_ns")
+	mExposed   = measureIndex("exposed_comm_ns")
+	mPP        = measureIndex("pp_wait_ns")
+	mCkpt      = measureIndex("ckpt_ns")
+	mGen       = measureIndex("gen_ns")
+	mGenReqs   = measureIndex("gen_requests")
+	mGenPrompt = measureIndex("gen_prompt_tokens")
+	mGenOutput = measureIndex("gen_output_tokens")
+)

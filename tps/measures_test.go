@@ -111,3 +111,101 @@ func TestSketchIntoReused(t *testing.T) {
 		t.Errorf("the second sketch kept the first's figures: %+v", scratch)
 	}
 }
+
+// docs/intake.md's "cluster row" column is what the accumulator does:
+// moving a measure on every rank of a step moves every cluster_steps column
+// its Combine names in backticks (through the sums its Over keeps, or per replica), and
+// a measure the cluster row does not combine ("rank rows") moves none.
+// The same holds through node partials (the sums they carry are the
+// table's).
+func TestMeasuresCombineAsDocumented(t *testing.T) {
+	ct := reflect.TypeFor[ClusterStep]()
+	cols := map[string]int{}
+	for i := range ct.NumField() {
+		name, _, _ := strings.Cut(ct.Field(i).Tag.Get("parquet"), ",")
+		cols[name] = i
+	}
+	const t0 = int64(1_760_000_000_000_000_000)
+	base := func() []StepRecord {
+		var recs []StepRecord
+		for r := range int64(2) {
+			loss := 2.0
+			recs = append(recs, StepRecord{Job: "j", Step: 5, Rank: r, WorldSize: 2, Node: "n",
+				StartUnixNs: t0 + r*1e6, EndUnixNs: t0 + 1e9 - r*1e6, DurationNs: 1e9 - 2*r*1e6,
+				Tokens: 1000, PaddedTokens: 1100, Samples: 4, SeqSqSum: 200_000, Bytes: 4000,
+				DataWaitNs: 1e7 + r*1e6, FwdNs: 2e8, BwdNs: 4e8, OptimNs: 5e7, CommNs: 3e8 + r*1e7,
+				ExposedCommNs: 1e8 + r*1e7, PPWaitNs: 2e7 + r*1e6, CkptNs: 1e6 + r*1e5,
+				TraceComputeNs: 6e8, TraceCommNs: 3e8, TraceExposedCommNs: 1e8,
+				GenNs: 3e8 + r*1e7, GenRequests: 4, GenPromptTokens: 256, GenOutputTokens: 1024 + r, Loss: &loss})
+		}
+		return recs
+	}
+	cfg := AccumulatorConfig{FLOPsPerToken: 6e9, DenseFLOPsPerToken: 5e9, AttnFLOPsPerSeqSq: 5e3, PeakFLOPSPerGPU: 1e15}
+	ctx := StepContext{PrevEndUnixNs: t0 - 1e7}
+	result := func(recs []StepRecord, partials bool) ClusterStep {
+		a, err := NewStepAccumulator("j", 0, 5, 2, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range recs {
+			if partials {
+				p, err := NewPartial(recs[i:i+1], Topology{})
+				if err == nil {
+					_, err = a.AddPartial(&p)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else if _, err := a.Add(&recs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return a.ResultIn(ctx)
+	}
+	word := regexp.MustCompile("`([a-z][a-z0-9_]*)`")
+	for _, partials := range []bool{false, true} {
+		c0 := result(base(), partials)
+		if c0.MFU <= 0 || c0.GenOutputTPS <= 0 || c0.BytesPerSecond <= 0 || c0.RanksMissing != 0 {
+			t.Fatalf("the base step lacks figures: %+v", c0)
+		}
+		for i := range Measures {
+			m := &Measures[i]
+			recs := base()
+			// move it on every rank: up, or down for a minimum
+			delta := int64(1e6)
+			if m.Over&OverMin != 0 {
+				delta = -delta
+			}
+			for k := range recs {
+				*m.Of(&recs[k]) += delta
+			}
+			c1 := result(recs, partials)
+			moved := map[string]bool{}
+			a, b := reflect.ValueOf(c0), reflect.ValueOf(c1)
+			for name, f := range cols {
+				if !reflect.DeepEqual(a.Field(f).Interface(), b.Field(f).Interface()) {
+					moved[name] = true
+				}
+			}
+			var named []string
+			for _, w := range word.FindAllStringSubmatch(m.Combine, -1) {
+				if _, ok := cols[w[1]]; !ok {
+					t.Errorf("%s: its Combine names `%s`, not a cluster_steps column", m.Name, w[1])
+				}
+				named = append(named, w[1])
+			}
+			rankRows := strings.HasPrefix(m.Combine, "rank rows")
+			switch {
+			case rankRows && (m.Over != 0 || len(moved) > 0):
+				t.Errorf("partials %v: %s is documented as rank rows only, but it is kept (%v) or moves %v", partials, m.Name, m.Over, moved)
+			case !rankRows && len(named) == 0:
+				t.Errorf("%s: its Combine names no cluster_steps column: %q", m.Name, m.Combine)
+			}
+			for _, n := range named {
+				if !moved[n] {
+					t.Errorf("partials %v: %s moved by %d on every rank, but %s (named in its Combine) did not move (moved: %v)", partials, m.Name, delta, n, moved)
+				}
+			}
+		}
+	}
+}

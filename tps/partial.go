@@ -1,8 +1,11 @@
 package tps
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 )
 
 // Partial is the aggregate of a disjoint subset of one step's ranks (a
@@ -33,6 +36,10 @@ type ReplicaPart struct {
 	LowestRank int64   `json:"lowest_rank"`
 	Mismatch   bool    `json:"mismatch,omitempty"`
 	Bytes      int64   `json:"bytes,omitempty"` // text behind the tokens (the lowest rank's)
+	// SeqSqSum is the lowest rank's Σ document length² (StepRecord), from
+	// which the aggregator computes the replica's FLOPs with the job's
+	// model (the agent that builds the partial does not know it).
+	SeqSqSum int64 `json:"seq_sq_sum,omitempty"`
 }
 
 // NewPartial aggregates validated records of one step. A rank given twice
@@ -66,14 +73,14 @@ func NewPartial(records []StepRecord, topo Topology) (Partial, error) {
 				x.Mismatch = true
 			}
 			if r.Rank < x.LowestRank {
-				x.Tokens, x.LowestRank, x.Bytes = r.Tokens, r.Rank, r.Bytes
+				x.Tokens, x.LowestRank, x.Bytes, x.SeqSqSum = r.Tokens, r.Rank, r.Bytes, r.SeqSqSum
 				if r.FLOPs > 0 {
 					x.FLOPs = r.FLOPs
 				}
 			}
 		} else {
 			reps[rep] = len(p.Replicas)
-			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank, Bytes: r.Bytes})
+			p.Replicas = append(p.Replicas, ReplicaPart{Replica: rep, Tokens: r.Tokens, FLOPs: r.FLOPs, LowestRank: r.Rank, Bytes: r.Bytes, SeqSqSum: r.SeqSqSum})
 		}
 		p.addRecord(r)
 		span := NodeSpan{Node: r.Node, MinStartNs: r.StartUnixNs, MaxEndNs: r.EndUnixNs, Ranks: 1, LowestRank: r.Rank}
@@ -133,7 +140,7 @@ func (a *StepAccumulator) AddPartial(p *Partial) (bool, error) {
 	}
 	a.sums.merge(&p.stepSums)
 	if len(p.Nodes) == 0 {
-		a.addNode(NodeSpan{MinStartNs: p.MinStartNs, MaxEndNs: p.MaxEndNs, Ranks: int64(len(p.Ranks)), LowestRank: p.Ranks[0]})
+		a.addNode(NodeSpan{MinStartNs: p.Min[mStart], MaxEndNs: p.Max[mEnd], Ranks: int64(len(p.Ranks)), LowestRank: p.Ranks[0]})
 	}
 	for _, n := range p.Nodes {
 		if len(n.Node) > MaxStringLen {
@@ -142,4 +149,78 @@ func (a *StepAccumulator) AddPartial(p *Partial) (bool, error) {
 		a.addNode(n)
 	}
 	return true, nil
+}
+
+// jsonPartial is Partial without its JSON methods.
+type jsonPartial Partial
+
+// sumKeys are the JSON keys of the measures a step keeps over ranks:
+// sum_<name>, max_<name> and min_<name>, as agents that sent partials as
+// JSON named them (wire.DecodePartials still takes that form).
+func sumKeys(s *stepSums, each func(key string, sum *float64, ext *int64)) {
+	for _, i := range keptSum {
+		each("sum_"+Measures[i].Name, &s.Sum[i], nil)
+	}
+	for _, i := range keptMax {
+		each("max_"+Measures[i].Name, nil, &s.Max[i])
+	}
+	for _, i := range keptMin {
+		each("min_"+Measures[i].Name, nil, &s.Min[i])
+	}
+}
+
+// MarshalJSON writes the partial with its sums as flat keys (sumKeys).
+func (p Partial) MarshalJSON() ([]byte, error) {
+	b, err := json.Marshal(jsonPartial(p))
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	sumKeys(&p.stepSums, func(key string, sum *float64, ext *int64) {
+		if sum != nil {
+			m[key] = json.RawMessage(strconv.FormatFloat(*sum, 'g', -1, 64))
+		} else {
+			m[key] = json.RawMessage(strconv.FormatInt(*ext, 10))
+		}
+	})
+	return json.Marshal(m)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes, and the JSON of agents
+// that wrote maxima as floats. A missing minimum means no rank.
+func (p *Partial) UnmarshalJSON(data []byte) error {
+	var x jsonPartial
+	if err := json.Unmarshal(data, &x); err != nil {
+		return err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return err
+	}
+	*p = Partial(x)
+	var bad error
+	sumKeys(&p.stepSums, func(key string, sum *float64, ext *int64) {
+		raw, ok := m[key]
+		switch {
+		case !ok && sum == nil && key[:4] == "min_":
+			*ext = math.MaxInt64
+		case !ok:
+		case sum != nil:
+			if err := json.Unmarshal(raw, sum); err != nil && bad == nil {
+				bad = fmt.Errorf("%s: %w", key, err)
+			}
+		default:
+			if v, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+				*ext = v
+			} else if f, err := strconv.ParseFloat(string(raw), 64); err == nil && math.Abs(f) < 1<<62 {
+				*ext = int64(f)
+			} else if bad == nil {
+				bad = fmt.Errorf("%s: not an integer: %s", key, raw)
+			}
+		}
+	})
+	return bad
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -13,14 +14,45 @@ import (
 // version. Node partials are what an aggregator handles per message
 // (docs/scale.md); JSON made them cost ~15 µs each to decode, the binary
 // form about a tenth of that.
-var partialMagic = [4]byte{'T', 'P', 'P', 3}
+var partialMagic = [4]byte{'T', 'P', 'P', 4}
 
-// partialMagic2 is layout 2, without the node spans, and partialMagic1
-// layout 1, without bytes and the generation phase as well; both are
-// still decoded.
+// Earlier layouts, still decoded: 3 listed the sums by hand, 2 also
+// lacked the node spans, 1 bytes and the generation phase as well.
 var (
+	partialMagic3 = [4]byte{'T', 'P', 'P', 3}
 	partialMagic2 = [4]byte{'T', 'P', 'P', 2}
 	partialMagic1 = [4]byte{'T', 'P', 'P', 1}
+)
+
+// keptMeasure is a measure partials carry (tps.Kept), by its index in
+// tps.Measures.
+type keptMeasure struct {
+	i    int
+	over tps.Over
+}
+
+var kept = func() []keptMeasure {
+	var out []keptMeasure
+	for _, m := range tps.Kept() {
+		out = append(out, keptMeasure{tps.MeasureIndex(m.Name), m.Over})
+	}
+	return out
+}()
+
+// The measures layouts 1-3 carried, by index in tps.Measures.
+var (
+	legacyDuration  = tps.MeasureIndex("duration_ns")
+	legacyStart     = tps.MeasureIndex("start_unix_ns")
+	legacyEnd       = tps.MeasureIndex("end_unix_ns")
+	legacyExposed   = tps.MeasureIndex("exposed_comm_ns")
+	legacyComm      = tps.MeasureIndex("comm_ns")
+	legacyPP        = tps.MeasureIndex("pp_wait_ns")
+	legacyData      = tps.MeasureIndex("data_wait_ns")
+	legacyCkpt      = tps.MeasureIndex("ckpt_ns")
+	legacyGen       = tps.MeasureIndex("gen_ns")
+	legacyGenReqs   = tps.MeasureIndex("gen_requests")
+	legacyGenPrompt = tps.MeasureIndex("gen_prompt_tokens")
+	legacyGenOutput = tps.MeasureIndex("gen_output_tokens")
 )
 
 // maxPartialNodes bounds the node spans of one partial (an agent's has
@@ -37,15 +69,17 @@ const MaxPartials = 4096
 // uvarint count, the first rank and the gaps to the next (uvarints, at
 // least 1: ranks are sorted and distinct); the replicas as a uvarint count
 // and per replica its index, tokens, FLOPs (float64 little endian), lowest
-// rank, a mismatch byte and its bytes of text; then the merged sums:
-// seven varints (max duration, max compute, slowest rank, min start, max
-// end, losses, skipped), eleven float64 (the sums and maxima of
-// docs/wire.md), and the generation phase: a float64 (Σ generation time)
-// and five varints (the slowest generation, requests, prompt and output
-// tokens, ranks that generated); then the node spans (layout 3): a uvarint
-// count and per node its name, earliest start, latest end and ranks
-// and lowest rank (varints), which clock offsets between nodes are
-// estimated from.
+// rank, a mismatch byte, its bytes of text and its Σ document length²
+// (the lowest rank's; layout 4); then the merged sums: five varints (the
+// critical rank's busy time, the critical rank, losses, skipped ranks,
+// ranks that generated), two float64 (Σ compute, Σ loss), a uvarint count
+// of measures and, for each measure tps.Measures keeps over ranks
+// (tps.Kept, in its order), what its Over keeps: a float64 Σ, a varint
+// largest, a varint smallest; then the node spans: a uvarint count and per
+// node its name, earliest start, latest end, ranks and lowest rank
+// (varints), which clock offsets between nodes are estimated from. A
+// partial from an agent that keeps fewer measures decodes with the rest
+// zero; one that keeps more is refused.
 func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 	dst = append(dst, partialMagic[:]...)
 	dst = binary.AppendUvarint(dst, uint64(len(ps)))
@@ -69,16 +103,25 @@ func AppendPartials(dst []byte, ps []tps.Partial) []byte {
 			dst = binary.AppendVarint(dst, x.LowestRank)
 			dst = append(dst, boolByte(x.Mismatch))
 			dst = binary.AppendVarint(dst, x.Bytes)
+			dst = binary.AppendVarint(dst, x.SeqSqSum)
 		}
-		for _, v := range [...]int64{p.MaxDurationNs, p.MaxComputeNs, p.SlowestRank, p.MinStartNs, p.MaxEndNs, p.NLoss, p.Skipped} {
+		for _, v := range [...]int64{p.MaxComputeNs, p.SlowestRank, p.NLoss, p.Skipped, p.GenRanks} {
 			dst = binary.AppendVarint(dst, v)
 		}
-		for _, f := range [...]float64{p.SumDuration, p.SumCompute, p.SumExposed, p.MaxExposed, p.SumComm, p.SumPP, p.MaxPP,
-			p.SumData, p.MaxData, p.SumCkpt, p.SumLoss, p.SumGen} {
+		for _, f := range [...]float64{p.SumCompute, p.SumLoss} {
 			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(f))
 		}
-		for _, v := range [...]int64{p.MaxGen, p.GenRequests, p.GenPrompt, p.GenOutput, p.GenRanks} {
-			dst = binary.AppendVarint(dst, v)
+		dst = binary.AppendUvarint(dst, uint64(len(kept)))
+		for _, k := range kept {
+			if k.over&tps.OverSum != 0 {
+				dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(p.Sum[k.i]))
+			}
+			if k.over&tps.OverMax != 0 {
+				dst = binary.AppendVarint(dst, p.Max[k.i])
+			}
+			if k.over&tps.OverMin != 0 {
+				dst = binary.AppendVarint(dst, p.Min[k.i])
+			}
 		}
 		dst = binary.AppendUvarint(dst, uint64(len(p.Nodes)))
 		for _, n := range p.Nodes {
@@ -118,9 +161,11 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 	if len(data) < len(partialMagic) {
 		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
 	}
-	var v2, v3 bool
+	var v2, v3, v4 bool
 	switch [4]byte(data[:4]) {
 	case partialMagic:
+		v2, v3, v4 = true, true, true
+	case partialMagic3:
 		v2, v3 = true, true
 	case partialMagic2:
 		v2 = true
@@ -137,8 +182,13 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 	if n > MaxPartials {
 		return nil, fmt.Errorf("%w: %d partials (limit %d)", ErrTooLarge, n, MaxPartials)
 	}
-	// A partial takes at least 108 bytes (18 numbers, 11 of them 8 bytes).
-	if n*108 > uint64(len(d.b)) {
+	// A partial takes at least 108 bytes in layouts 1-3 (18 numbers, 11
+	// of them 8 bytes), 28 in layout 4.
+	least := uint64(108)
+	if v4 {
+		least = 28
+	}
+	if n*least > uint64(len(d.b)) {
 		return nil, ErrTruncated
 	}
 	out := make([]tps.Partial, n)
@@ -183,19 +233,14 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 			if v2 {
 				x.Bytes = d.varint()
 			}
-		}
-		for _, v := range [...]*int64{&p.MaxDurationNs, &p.MaxComputeNs, &p.SlowestRank, &p.MinStartNs, &p.MaxEndNs, &p.NLoss, &p.Skipped} {
-			*v = d.varint()
-		}
-		for _, f := range [...]*float64{&p.SumDuration, &p.SumCompute, &p.SumExposed, &p.MaxExposed, &p.SumComm, &p.SumPP, &p.MaxPP,
-			&p.SumData, &p.MaxData, &p.SumCkpt, &p.SumLoss} {
-			*f = d.float()
-		}
-		if v2 {
-			p.SumGen = d.float()
-			for _, v := range [...]*int64{&p.MaxGen, &p.GenRequests, &p.GenPrompt, &p.GenOutput, &p.GenRanks} {
-				*v = d.varint()
+			if v4 {
+				x.SeqSqSum = d.varint()
 			}
+		}
+		if v4 {
+			d.keptSums(p)
+		} else {
+			d.legacySums(p, v2)
 		}
 		if v3 {
 			nn := d.uvarint()
@@ -220,4 +265,87 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 		return nil, fmt.Errorf("wire: %d bytes after the last partial", len(d.b))
 	}
 	return out, nil
+}
+
+// keptSums reads layout 4's sums into p.
+func (d *decoder) keptSums(p *tps.Partial) {
+	for _, v := range [...]*int64{&p.MaxComputeNs, &p.SlowestRank, &p.NLoss, &p.Skipped, &p.GenRanks} {
+		*v = d.varint()
+	}
+	p.SumCompute, p.SumLoss = d.float(), d.float()
+	n := d.uvarint()
+	if d.err == nil && n > uint64(len(kept)) {
+		d.err = fmt.Errorf("%d measures kept over ranks, this build knows %d: the agent is newer than the collector", n, len(kept))
+	}
+	for j, k := range kept {
+		if uint64(j) >= n {
+			if k.over&tps.OverMin != 0 {
+				p.Min[k.i] = math.MaxInt64 // an older agent's: no rank
+			}
+			continue
+		}
+		if k.over&tps.OverSum != 0 {
+			p.Sum[k.i] = d.float()
+		}
+		if k.over&tps.OverMax != 0 {
+			p.Max[k.i] = d.varint()
+		}
+		if k.over&tps.OverMin != 0 {
+			p.Min[k.i] = d.varint()
+		}
+	}
+}
+
+// legacySums reads the sums of layouts 1-3 (listed by hand; maxima as
+// float64) into p; v2 adds the generation phase.
+func (d *decoder) legacySums(p *tps.Partial, v2 bool) {
+	p.Max[legacyDuration] = d.varint()
+	p.MaxComputeNs, p.SlowestRank = d.varint(), d.varint()
+	p.Min[legacyStart], p.Max[legacyEnd] = d.varint(), d.varint()
+	p.NLoss, p.Skipped = d.varint(), d.varint()
+	_ = d.float() // Σ duration: no figure uses it
+	p.SumCompute = d.float()
+	p.Sum[legacyExposed], p.Max[legacyExposed] = d.float(), d.whole()
+	p.Sum[legacyComm] = d.float()
+	p.Sum[legacyPP], p.Max[legacyPP] = d.float(), d.whole()
+	p.Sum[legacyData], p.Max[legacyData] = d.float(), d.whole()
+	p.Sum[legacyCkpt] = d.float()
+	p.SumLoss = d.float()
+	if v2 {
+		p.Sum[legacyGen] = d.float()
+		p.Max[legacyGen] = d.varint()
+		for _, i := range [...]int{legacyGenReqs, legacyGenPrompt, legacyGenOutput} {
+			p.Sum[i] = float64(d.varint())
+		}
+		p.GenRanks = d.varint()
+	}
+}
+
+// whole reads a float64 that must hold a whole number of nanoseconds (a
+// maximum of layouts 1-3).
+func (d *decoder) whole() int64 {
+	f := d.float()
+	if d.err == nil && (f != math.Trunc(f) || math.Abs(f) >= 1<<62) {
+		d.err = fmt.Errorf("largest value %v is not a whole number of nanoseconds", f)
+		return 0
+	}
+	return int64(f)
+}
+
+// KeptLayout is layout 4's kept measures as docs/wire.md lists them.
+func KeptLayout() string {
+	var w []string
+	for _, k := range kept {
+		name := tps.Measures[k.i].Name
+		if k.over&tps.OverSum != 0 {
+			w = append(w, "float64le(sum_"+name+")")
+		}
+		if k.over&tps.OverMax != 0 {
+			w = append(w, "varint(max_"+name+")")
+		}
+		if k.over&tps.OverMin != 0 {
+			w = append(w, "varint(min_"+name+")")
+		}
+	}
+	return strings.Join(w, " ")
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -63,48 +64,101 @@ func TestPartialsRoundTrip(t *testing.T) {
 	}
 }
 
-// Layout 1 (before bytes and the generation phase) still decodes: the
-// same partials without those figures.
-func TestPartialsLayout1(t *testing.T) {
-	ps := samplePartials(t)
-	var b []byte
-	b = append(b, partialMagic1[:]...)
-	b = binary.AppendUvarint(b, uint64(len(ps)))
-	for i := range ps {
-		p := &ps[i]
-		b = appendString(b, p.Job)
-		for _, v := range [...]int64{p.Attempt, p.Step, p.WorldSize} {
-			b = binary.AppendVarint(b, v)
+// Layouts 1 (before bytes and the generation phase) and 3 (the sums
+// listed by hand, maxima as float64) still decode: the same partials,
+// layout 1's without those figures.
+func TestPartialsLegacyLayouts(t *testing.T) {
+	for _, layout := range []byte{1, 3} {
+		ps := samplePartials(t)
+		var b []byte
+		b = append(b, 'T', 'P', 'P', layout)
+		b = binary.AppendUvarint(b, uint64(len(ps)))
+		for i := range ps {
+			p := &ps[i]
+			b = appendString(b, p.Job)
+			for _, v := range [...]int64{p.Attempt, p.Step, p.WorldSize} {
+				b = binary.AppendVarint(b, v)
+			}
+			b = binary.AppendUvarint(b, uint64(len(p.Ranks)))
+			prev := int64(-1)
+			for _, r := range p.Ranks {
+				b = binary.AppendUvarint(b, uint64(r-prev))
+				prev = r
+			}
+			b = binary.AppendUvarint(b, uint64(len(p.Replicas)))
+			for k := range p.Replicas {
+				x := &p.Replicas[k]
+				b = binary.AppendVarint(b, x.Replica)
+				b = binary.AppendVarint(b, x.Tokens)
+				b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x.FLOPs))
+				b = binary.AppendVarint(b, x.LowestRank)
+				b = append(b, boolByte(x.Mismatch))
+				if layout == 1 {
+					x.Bytes = 0 // not in layout 1
+				} else {
+					b = binary.AppendVarint(b, x.Bytes)
+				}
+			}
+			for _, v := range [...]int64{p.Max[legacyDuration], p.MaxComputeNs, p.SlowestRank, p.Min[legacyStart], p.Max[legacyEnd], p.NLoss, p.Skipped} {
+				b = binary.AppendVarint(b, v)
+			}
+			for _, f := range [...]float64{8e9 /* Σ duration, unused */, p.SumCompute, p.Sum[legacyExposed], float64(p.Max[legacyExposed]), p.Sum[legacyComm],
+				p.Sum[legacyPP], float64(p.Max[legacyPP]), p.Sum[legacyData], float64(p.Max[legacyData]), p.Sum[legacyCkpt], p.SumLoss} {
+				b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
+			}
+			if layout == 1 {
+				p.Sum[legacyGen], p.Max[legacyGen], p.GenRanks = 0, 0, 0
+				p.Sum[legacyGenReqs], p.Sum[legacyGenPrompt], p.Sum[legacyGenOutput] = 0, 0, 0
+				p.Nodes = nil // not before layout 3
+				continue
+			}
+			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(p.Sum[legacyGen]))
+			for _, v := range [...]int64{p.Max[legacyGen], int64(p.Sum[legacyGenReqs]), int64(p.Sum[legacyGenPrompt]), int64(p.Sum[legacyGenOutput]), p.GenRanks} {
+				b = binary.AppendVarint(b, v)
+			}
+			b = binary.AppendUvarint(b, uint64(len(p.Nodes)))
+			for _, n := range p.Nodes {
+				b = appendString(b, n.Node)
+				for _, v := range [...]int64{n.MinStartNs, n.MaxEndNs, n.Ranks, n.LowestRank} {
+					b = binary.AppendVarint(b, v)
+				}
+			}
 		}
-		b = binary.AppendUvarint(b, uint64(len(p.Ranks)))
-		prev := int64(-1)
-		for _, r := range p.Ranks {
-			b = binary.AppendUvarint(b, uint64(r-prev))
-			prev = r
+		got, err := DecodePartials(b)
+		if err != nil || !reflect.DeepEqual(got, ps) {
+			t.Fatalf("layout %d: %v\n got %+v\nwant %+v", layout, err, got, ps)
 		}
-		b = binary.AppendUvarint(b, uint64(len(p.Replicas)))
-		for k := range p.Replicas {
-			x := &p.Replicas[k]
-			b = binary.AppendVarint(b, x.Replica)
-			b = binary.AppendVarint(b, x.Tokens)
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x.FLOPs))
-			b = binary.AppendVarint(b, x.LowestRank)
-			b = append(b, boolByte(x.Mismatch))
-			x.Bytes = 0 // not in layout 1
-		}
-		for _, v := range [...]int64{p.MaxDurationNs, p.MaxComputeNs, p.SlowestRank, p.MinStartNs, p.MaxEndNs, p.NLoss, p.Skipped} {
-			b = binary.AppendVarint(b, v)
-		}
-		for _, f := range [...]float64{p.SumDuration, p.SumCompute, p.SumExposed, p.MaxExposed, p.SumComm, p.SumPP, p.MaxPP,
-			p.SumData, p.MaxData, p.SumCkpt, p.SumLoss} {
-			b = binary.LittleEndian.AppendUint64(b, math.Float64bits(f))
-		}
-		p.SumGen, p.MaxGen, p.GenRequests, p.GenPrompt, p.GenOutput, p.GenRanks = 0, 0, 0, 0, 0, 0
-		p.Nodes = nil // not before layout 3
 	}
-	got, err := DecodePartials(b)
-	if err != nil || !reflect.DeepEqual(got, ps) {
-		t.Fatalf("layout 1: %v\n got %+v\nwant %+v", err, got, ps)
+}
+
+// A partial from an agent that keeps fewer measures over ranks decodes
+// with the rest zero (no rank for a minimum); one from an agent that keeps
+// more is refused with what to do.
+func TestPartialsMeasureCount(t *testing.T) {
+	ps := samplePartials(t)[:1]
+	all := kept
+	defer func() { kept = all }()
+	kept = append(all[:len(all):len(all)], keptMeasure{i: all[0].i, over: tps.OverSum})
+	enc := EncodePartials(ps)
+	kept = all
+	if _, err := DecodePartials(enc); err == nil || !strings.Contains(err.Error(), "newer than the collector") {
+		t.Errorf("a partial keeping one measure more: %v", err)
+	}
+	last := all[len(all)-1]
+	kept = all[:len(all)-1]
+	enc = EncodePartials(ps)
+	kept = all
+	got, err := DecodePartials(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ps[0]
+	want.Sum[last.i], want.Max[last.i], want.Min[last.i] = 0, 0, 0
+	if last.over&tps.OverMin != 0 {
+		want.Min[last.i] = math.MaxInt64
+	}
+	if !reflect.DeepEqual(got[0], want) {
+		t.Errorf("a partial keeping one measure less:\n got %+v\nwant %+v", got[0], want)
 	}
 }
 
@@ -184,5 +238,20 @@ func benchBinaryAndJSON(b *testing.B, bin, js []byte, n int, item string, decode
 			}
 			b.ReportMetric(float64(len(tc.data))/float64(n), "bytes/"+item)
 		})
+	}
+}
+
+// docs/wire.md's partial layout lists the kept measures as the encoder
+// walks them.
+func TestPartialsLayoutDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/wire.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := KeptLayout(); !strings.Contains(string(doc), "\n"+want+"\n") {
+		t.Errorf("docs/wire.md's partial layout does not list the kept measures as tps.Measures keeps them; the line is:\n%s", want)
+	}
+	if n := fmt.Sprintf("(%d measures; tps.Kept)", len(kept)); !strings.Contains(string(doc), n) {
+		t.Errorf("docs/wire.md does not say %s", n)
 	}
 }
