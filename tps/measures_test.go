@@ -209,3 +209,24 @@ func TestMeasuresCombineAsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// A packed batch's FLOPs come from its Σ document length² even when the
+// model arrived after the records (late run metadata: Reconfigure).
+func TestSeqSqFLOPsWithLateModel(t *testing.T) {
+	a, err := NewStepAccumulator("j", 0, 1, 1, AccumulatorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := StepRecord{Job: "j", Step: 1, WorldSize: 1, StartUnixNs: 2e18, EndUnixNs: 2e18 + 1e9, DurationNs: 1e9, Tokens: 4096, SeqSqSum: 4 * 1024 * 1024}
+	if _, err := a.Add(&r); err != nil {
+		t.Fatal(err)
+	}
+	cfg := AccumulatorConfig{FLOPsPerToken: 1e9, DenseFLOPsPerToken: 8e8, AttnFLOPsPerSeqSq: 100, PeakFLOPSPerGPU: 1e15}
+	if !a.Reconfigure(cfg) {
+		t.Fatal("reconfigure refused")
+	}
+	// 4096 × 8e8 + 4·1024² × 100 (not 4096 × 1e9)
+	if got, want := a.Result().FLOPs, 4096*8e8+4*1024*1024*100.0; got != want {
+		t.Errorf("FLOPs %g, want %g", got, want)
+	}
+}
