@@ -13,14 +13,15 @@ import (
 // the one list of them: the wire encoding (wire.AppendSteps and
 // DecodeSteps walk it), the validation of the bounds a Kind names, what a
 // step's accumulator and node partials keep of it over ranks (Over: their
-// sums, the partials' binary layout and JSON walk it), and the measure
-// tables of docs/intake.md and docs/wire.md (TestMeasuresDocumented
-// compares them with it) all come from it. Adding a measure is an entry
-// here and its StepRecord field (bound at init: a field without an entry,
-// or an entry without its field, stops the program); the cluster row's
-// columns are formulas over the sums (StepAccumulator.ResultIn), and
-// TestMeasuresCombineAsDocumented checks that a measure kept over no rank
-// moves no cluster column and one kept moves one.
+// sums, the partials' binary layout and JSON walk it), the rank_windows
+// spans (Windowed), and the measure tables of docs/intake.md and
+// docs/wire.md (TestMeasuresDocumented compares them with it) all come
+// from it. Adding a measure is an entry here and its StepRecord field
+// (and RankWindow Span, if Windowed), bound at init: a field without an
+// entry, or an entry without its field, stops the program. The cluster
+// row's columns are formulas over what is kept (StepAccumulator.ResultIn):
+// TestMeasuresCombineAsDocumented checks that every column a measure's
+// Combine names moves with it, and that a rank-rows measure moves none.
 type Measure struct {
 	// Name is the JSON key, the Parquet column and the wire name.
 	Name string
@@ -37,12 +38,16 @@ type Measure struct {
 	Over Over
 	// Combine says what the cluster row makes of it, in words.
 	Combine string
+	// Windowed says rank_windows keeps its span over each window's rows
+	// (Σ, smallest, largest): the RankWindow Span field whose Parquet
+	// column is its name (bound at init, as the StepRecord field is).
+	Windowed bool
 	// Doc is its line in docs/intake.md; Required says the record must
 	// carry it.
 	Doc      string
 	Required bool
 
-	off uintptr
+	off, winOff uintptr
 }
 
 // MeasureKind says which bounds Validate applies to a measure.
@@ -110,7 +115,7 @@ var Measures = [...]Measure{
 		Doc: "wall-clock start of the step on the rank's host", Required: true},
 	{Name: "end_unix_ns", Field: "EndUnixNs", Unit: "ns since 1970", Wire: WireCore, Over: OverMax, Combine: "`end_unix_ns`; `step_time_ns` runs to it from the previous step's end (the critical path's period)",
 		Doc: "wall-clock end of the step on the rank's host", Required: true},
-	{Name: "duration_ns", Field: "DurationNs", Unit: "ns", Wire: WireCore, Over: OverMax, Combine: "`rank_time_max_ns` (the slowest rank's own duration; the step time without the previous step's end); with the blocking measures, each rank's busy time: `compute_ns_mean` and the critical rank",
+	{Name: "duration_ns", Field: "DurationNs", Unit: "ns", Wire: WireCore, Windowed: true, Over: OverMax, Combine: "`rank_time_max_ns` (the slowest rank's own duration; the step time without the previous step's end); with the blocking measures, each rank's busy time: `compute_ns_mean` and the critical rank",
 		Doc: "monotonic duration; defaults to end − start"},
 	{Name: "tokens", Field: "Tokens", Unit: "tokens", Wire: WireCore, Combine: "summed once per data-parallel replica: `tokens`, `tps`, `tps_per_gpu`, and with the model `flops`, `mfu` and `hfu`",
 		Required: true, Doc: "real tokens (not padding) consumed by this rank's data-parallel replica in the step, all micro-batches; the same on every rank of a replica"},
@@ -118,21 +123,21 @@ var Measures = [...]Measure{
 		Doc: "optional: tokens including padding"},
 	{Name: "samples", Field: "Samples", Unit: "samples", Wire: WireCore, Combine: "rank rows only",
 		Doc: "optional: samples (sequences) in the step"},
-	{Name: "data_wait_ns", Field: "DataWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum | OverMax, Combine: "`data_stall_fraction_mean` and `data_stall_fraction_max` (mean and largest fraction of the step)",
+	{Name: "data_wait_ns", Field: "DataWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Windowed: true, Over: OverSum | OverMax, Combine: "`data_stall_fraction_mean` and `data_stall_fraction_max` (mean and largest fraction of the step)",
 		Doc: "blocking: waiting for the data loader"},
-	{Name: "fwd_ns", Field: "FwdNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Combine: "rank rows and rank_windows (a straggler episode's work)",
+	{Name: "fwd_ns", Field: "FwdNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Windowed: true, Combine: "rank rows (in rank_windows, a straggler episode's work)",
 		Doc: "compute phase: forward"},
-	{Name: "bwd_ns", Field: "BwdNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Combine: "rank rows and rank_windows (a straggler episode's work)",
+	{Name: "bwd_ns", Field: "BwdNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Windowed: true, Combine: "rank rows (in rank_windows, a straggler episode's work)",
 		Doc: "compute phase: backward"},
-	{Name: "optim_ns", Field: "OptimNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Combine: "rank rows and rank_windows (a straggler episode's work)",
+	{Name: "optim_ns", Field: "OptimNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Windowed: true, Combine: "rank rows (in rank_windows, a straggler episode's work)",
 		Doc: "compute phase: optimizer"},
-	{Name: "comm_ns", Field: "CommNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Over: OverSum, Combine: "`comm_overlap` (1 − Σ exposed / Σ comm)",
+	{Name: "comm_ns", Field: "CommNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Windowed: true, Over: OverSum, Combine: "`comm_overlap` (1 − Σ exposed / Σ comm)",
 		Doc: "all collective time, overlapped or not; ≥ exposed_comm_ns"},
-	{Name: "exposed_comm_ns", Field: "ExposedCommNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum | OverMax, Combine: "its mean is split into waiting for the critical rank (wait_fraction_mean) and transfer, `comm_fraction_mean`; `comm_fraction_max`",
+	{Name: "exposed_comm_ns", Field: "ExposedCommNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Windowed: true, Over: OverSum | OverMax, Combine: "its mean is split into waiting for the critical rank (wait_fraction_mean) and transfer, `comm_fraction_mean`; `comm_fraction_max`",
 		Doc: "blocking: communication no computation overlapped"},
-	{Name: "pp_wait_ns", Field: "PPWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum | OverMax, Combine: "`bubble_fraction_mean` and `bubble_fraction_max` (the pipeline bubble)",
+	{Name: "pp_wait_ns", Field: "PPWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Windowed: true, Over: OverSum | OverMax, Combine: "`bubble_fraction_mean` and `bubble_fraction_max` (the pipeline bubble)",
 		Doc: "blocking: waiting for another pipeline stage"},
-	{Name: "ckpt_ns", Field: "CkptNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Over: OverSum, Combine: "`ckpt_fraction_mean`",
+	{Name: "ckpt_ns", Field: "CkptNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Windowed: true, Over: OverSum, Combine: "`ckpt_fraction_mean`",
 		Doc: "blocking: saving a checkpoint within the step"},
 	{Name: "trace_compute_ns", Field: "TraceComputeNs", Unit: "ns", Kind: KindTrace, Wire: WireTrace, Combine: "rank rows only",
 		Doc: "from a profiler trace of the step: the union of computation kernels (the agent fills it)"},
@@ -216,6 +221,9 @@ func bindMeasures() error {
 		seen[m.Name] = true
 		m.off = f.Offset
 	}
+	if err := bindWindows(); err != nil {
+		return err
+	}
 	identity := map[string]bool{"Attempt": true, "Step": true, "Rank": true, "WorldSize": true}
 	for i := range t.NumField() {
 		f := t.Field(i)
@@ -228,11 +236,51 @@ func bindMeasures() error {
 	return nil
 }
 
+// windowedMeasures are those rank_windows keeps a span of.
+var windowedMeasures []*Measure
+
+// bindWindows finds each windowed measure's Span in RankWindow (the field
+// whose Parquet column is its name); every Span there is a windowed
+// measure's, or compute's (derived from them: StepRecord.ComputeNs).
+func bindWindows() error {
+	t := reflect.TypeFor[RankWindow]()
+	spans := map[string]reflect.StructField{}
+	for i := range t.NumField() {
+		if f := t.Field(i); f.Type == reflect.TypeFor[Span]() {
+			name, _, _ := strings.Cut(f.Tag.Get("parquet"), ",")
+			spans[name] = f
+		}
+	}
+	windowedMeasures = windowedMeasures[:0]
+	for i := range Measures {
+		m := &Measures[i]
+		f, ok := spans[m.Name]
+		if ok != m.Windowed {
+			return fmt.Errorf("tps: measure %s: Windowed is %v, and RankWindow has a Span for it: %v", m.Name, m.Windowed, ok)
+		}
+		if ok {
+			m.winOff = f.Offset
+			windowedMeasures = append(windowedMeasures, m)
+			delete(spans, m.Name)
+		}
+	}
+	delete(spans, "compute_ns")
+	for name := range spans {
+		return fmt.Errorf("tps: RankWindow's span %s is no measure's", name)
+	}
+	return nil
+}
+
+// spanOf is the Span of w that holds m (m.Windowed).
+func (m *Measure) spanOf(w *RankWindow) *Span {
+	return (*Span)(unsafe.Add(unsafe.Pointer(w), m.winOff))
+}
+
 // MeasuresMarkdown is docs/intake.md's table of the measures (key, unit,
 // required, bounds, meaning, how the cluster row combines it).
 func MeasuresMarkdown() string {
 	var b strings.Builder
-	b.WriteString("| key | unit | required | bounds | meaning | cluster row |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| key | unit | required | bounds | meaning | cluster row | rank_windows |\n|---|---|---|---|---|---|---|\n")
 	for _, m := range Measures {
 		req := ""
 		if m.Required {
@@ -243,7 +291,11 @@ func MeasuresMarkdown() string {
 		if m.Over != 0 {
 			combine = m.Over.String() + " → " + combine
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s |\n", m.Name, m.Unit, req, bounds, m.Doc, combine)
+		win := ""
+		if m.Windowed {
+			win = "Σ, min, max"
+		}
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s | %s | %s | %s |\n", m.Name, m.Unit, req, bounds, m.Doc, combine, win)
 	}
 	return b.String()
 }

@@ -102,16 +102,10 @@ func (w *RankWindow) Add(r *StepRecord) {
 	w.WorldSize = r.WorldSize
 	w.Steps++
 	compute := r.ComputeNs()
-	w.Duration.add(r.DurationNs, first)
 	w.Compute.add(compute, first)
-	w.DataWait.add(r.DataWaitNs, first)
-	w.Comm.add(r.CommNs, first)
-	w.ExposedComm.add(r.ExposedCommNs, first)
-	w.PPWait.add(r.PPWaitNs, first)
-	w.Ckpt.add(r.CkptNs, first)
-	w.Fwd.add(r.FwdNs, first)
-	w.Bwd.add(r.BwdNs, first)
-	w.Optim.add(r.OptimNs, first)
+	for _, m := range windowedMeasures {
+		m.spanOf(w).add(*m.Of(r), first)
+	}
 	w.Tokens += r.Tokens
 	if r.PaddedTokens > 0 {
 		w.PaddedTokens += r.PaddedTokens
@@ -197,10 +191,9 @@ func (w *RankWindow) Merge(o *RankWindow) error {
 		w.Node = o.Node
 	}
 	w.Steps += o.Steps
-	for _, p := range []struct{ a, b *Span }{{&w.Duration, &o.Duration}, {&w.Compute, &o.Compute}, {&w.DataWait, &o.DataWait},
-		{&w.Comm, &o.Comm}, {&w.ExposedComm, &o.ExposedComm}, {&w.PPWait, &o.PPWait}, {&w.Ckpt, &o.Ckpt},
-		{&w.Fwd, &o.Fwd}, {&w.Bwd, &o.Bwd}, {&w.Optim, &o.Optim}} {
-		p.a.merge(*p.b)
+	w.Compute.merge(o.Compute)
+	for _, m := range windowedMeasures {
+		m.spanOf(w).merge(*m.spanOf(o))
 	}
 	w.Tokens += o.Tokens
 	w.PaddedTokens += o.PaddedTokens
