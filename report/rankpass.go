@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -46,7 +47,7 @@ func partsOf(dir string) []string {
 // the per-rank compute medians, nodes, the heatmap, the episode windows,
 // the critical rank's excess and padding.
 func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, steps []tps.ClusterStep, warm []bool,
-	index map[[2]int64]int, heat *heatGrid, wins *windows, nodes map[int64]string, crit critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
+	heat *heatGrid, wins *windows, nodes map[int64]string, crit critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
 	// Per rank, by index: a map access per row (medians, nodes) was a
 	// tenth of the pass. Ranks past the declared world go to the map.
 	world := max(rep.Summary.WorldSize, 0)
@@ -69,7 +70,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 				if n := si + 1; ok && n < len(steps) && steps[n].Attempt == k[0] && steps[n].Step == k[1] {
 					si = n
 				} else {
-					si, ok = index[k]
+					si, ok = stepAt(steps, k)
 				}
 				hc = heat.col(si)
 			}
@@ -135,6 +136,20 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 		med[r] = m.Value()
 	}
 	return med, realTok, padTok, nil
+}
+
+// stepAt finds the cluster row of (attempt, step) k in steps sorted by
+// them (the last, if the row is there twice), by binary search: a map of
+// every step was ~50 bytes a step held through the pass.
+func stepAt(steps []tps.ClusterStep, k [2]int64) (int, bool) {
+	i := sort.Search(len(steps), func(i int) bool {
+		c := &steps[i]
+		return c.Attempt > k[0] || (c.Attempt == k[0] && c.Step > k[1])
+	})
+	if i > 0 && steps[i-1].Attempt == k[0] && steps[i-1].Step == k[1] {
+		return i - 1, true
+	}
+	return 0, false
 }
 
 // windowPass reads rank_windows instead: per rank, the merged compute

@@ -424,11 +424,7 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
 	default:
 		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
-		index := make(map[[2]int64]int, len(steps))
-		for i, c := range steps {
-			index[[2]int64{c.Attempt, c.Step}] = i
-		}
-		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, steps, warm, index, heat, wins, nodes, crit); err != nil {
+		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, steps, warm, heat, wins, nodes, crit); err != nil {
 			return nil, nil, err
 		}
 	}
