@@ -26,7 +26,7 @@ func samplePartials(t testing.TB) []tps.Partial {
 				StartUnixNs: 1_760_000_000_000_000_000 + r, EndUnixNs: 1_760_000_001_000_000_000, DurationNs: 1e9 - r*1e6,
 				Tokens: 4096 + r%2*int64(node), FLOPs: 1.5e15, ExposedCommNs: 1e8, CommNs: 3e8, DataWaitNs: r * 1e5,
 				PPWaitNs: 2e7, CkptNs: 0, Loss: &loss, Skipped: r == 3, Bytes: 16384 + r,
-				GenNs: 4e8 + r*1e6, GenRequests: 2, GenPromptTokens: 64, GenOutputTokens: 512 + r})
+				GenNs: 4e8 + r*1e6, GenRequests: 2, GenPromptTokens: 64, GenOutputTokens: 512 + r, SeqSqSum: 3_000_000 + r})
 		}
 		p, err := tps.NewPartial(recs, topo)
 		if err != nil {
@@ -93,6 +93,7 @@ func TestPartialsLegacyLayouts(t *testing.T) {
 				b = binary.LittleEndian.AppendUint64(b, math.Float64bits(x.FLOPs))
 				b = binary.AppendVarint(b, x.LowestRank)
 				b = append(b, boolByte(x.Mismatch))
+				x.SeqSqSum = 0 // not before layout 4
 				if layout == 1 {
 					x.Bytes = 0 // not in layout 1
 				} else {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/mfu"
 	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -42,7 +43,10 @@ func TestAgentPartialsMatchFullAggregation(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer a.Close()
-		if err := a.SubmitMeta(tps.RunMeta{Job: "part", Topology: topo}); err != nil {
+		// a model and GPU: MFU, and packed batches' FLOPs from their Σ
+		// document length² (the aggregator computes them: agents do not
+		// know the model)
+		if err := a.SubmitMeta(tps.RunMeta{Job: "part", Topology: topo, ModelPreset: "llama3-8b", GPU: "h100-sxm"}); err != nil {
 			t.Fatal(err)
 		}
 		agents = append(agents, a)
@@ -56,6 +60,7 @@ func TestAgentPartialsMatchFullAggregation(t *testing.T) {
 		for r := int64(0); r < 8; r++ {
 			x := stepRec("part", s, r, 8, 1000, 1e9+r*1e6)
 			x.ExposedCommNs, x.CommNs = 1e8+r*1e6, 3e8
+			x.SeqSqSum = 4 * 250 * 250 // four documents of 250 tokens
 			if s == 7 && r == 3 {
 				x.Tokens = 999 // a disagreeing rank
 			}
@@ -88,6 +93,12 @@ func TestAgentPartialsMatchFullAggregation(t *testing.T) {
 		if w != g {
 			t.Errorf("step %d:\nfrom partials %+v\nfrom records  %+v", w.Step, g, w)
 		}
+	}
+	m, _ := mfu.Preset("llama3-8b")
+	c, _ := m.Count(mfu.Attention(""), mfu.Recompute(""))
+	if g := got[3]; g.MFU <= 0 || g.FLOPs >= float64(g.Tokens)*c.FLOPsPerToken || g.FLOPs <= float64(g.Tokens)*c.DenseFLOPsPerToken {
+		t.Errorf("step 3's FLOPs %g: want the packed batches' (between %g dense and %g for full sequences), with MFU (%g)",
+			g.FLOPs, float64(g.Tokens)*c.DenseFLOPsPerToken, float64(g.Tokens)*c.FLOPsPerToken, g.MFU)
 	}
 	if got[7].TokenMismatchReplicas != 1 {
 		t.Errorf("mismatch lost in the partials: %+v", got[7])
