@@ -256,3 +256,33 @@ func TestPartialsLayoutDocumented(t *testing.T) {
 		t.Errorf("docs/wire.md does not say %s", n)
 	}
 }
+
+// The JSON older agents sent (before the binary layout: maxima as
+// floats, no generation phase) decodes into the table's sums.
+func TestPartialsLegacyJSON(t *testing.T) {
+	js := `[{"job":"j","attempt":0,"step":3,"world_size":2,"ranks":[0,1],"replicas":[{"replica":0,"tokens":10,"lowest_rank":0},{"replica":1,"tokens":10,"lowest_rank":1}],
+	"max_duration_ns":1000000000,"max_compute_ns":800000000,"slowest_rank":1,"min_start_unix_ns":1760000000000000001,"max_end_unix_ns":1760000001000000000,
+	"sum_duration_ns":2e9,"sum_compute_ns":1.5e9,"sum_exposed_comm_ns":3e8,"max_exposed_comm_ns":2e+08,"sum_comm_ns":5e8,"sum_pp_wait_ns":0,"max_pp_wait_ns":0,
+	"sum_data_wait_ns":4e7,"max_data_wait_ns":3e+07,"sum_ckpt_ns":0,"sum_loss":5,"n_loss":2,"skipped":0}]`
+	ps, err := DecodePartials([]byte(js))
+	if err != nil || len(ps) != 1 {
+		t.Fatal(ps, err)
+	}
+	p := ps[0]
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"max duration", float64(p.Max[legacyDuration]), 1e9}, {"min start", float64(p.Min[legacyStart] - 1760000000000000000), 1},
+		{"max end", float64(p.Max[legacyEnd] - 1760000000000000000), 1e9}, {"Σ exposed", p.Sum[legacyExposed], 3e8},
+		{"max exposed", float64(p.Max[legacyExposed]), 2e8}, {"Σ comm", p.Sum[legacyComm], 5e8}, {"Σ data", p.Sum[legacyData], 4e7},
+		{"max data", float64(p.Max[legacyData]), 3e7}, {"Σ compute", p.SumCompute, 1.5e9}, {"critical", float64(p.SlowestRank), 1},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if _, err := DecodePartials([]byte(strings.Replace(js, `"max_data_wait_ns":3e+07`, `"max_data_wait_ns":"x"`, 1))); err == nil {
+		t.Error("a maximum that is not a number decoded")
+	}
+}
