@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"unsafe"
 )
 
 // ClusterStep is one optimizer step of the whole job, aggregated over ranks.
@@ -305,7 +306,8 @@ func words(n int64) int { return int((n + 63) / 64) }
 
 // StepAccumulatorBytes is what NewStepAccumulator allocates for a step of
 // world ranks under topo (the zero Topology: pure data parallelism): a
-// bit per rank, and per data-parallel replica two bits and two int64s.
+// bit per rank, per data-parallel replica three bits and two int64s, and
+// the accumulator itself (its sums: three values a measure).
 // Collectors budget open steps with it: memory follows the declared world,
 // not the ranks heard from.
 func StepAccumulatorBytes(world int64, topo Topology) int64 {
@@ -313,7 +315,7 @@ func StepAccumulatorBytes(world int64, topo Topology) int64 {
 	if topo != (Topology{}) {
 		dp = int64(topo.normalized().DP)
 	}
-	return 8*int64(words(world)) + 16*int64(words(dp)) + 16*dp + 256
+	return 8*int64(words(world)) + 24*int64(words(dp)) + 16*dp + int64(unsafe.Sizeof(StepAccumulator{}))
 }
 
 func (a *StepAccumulator) reset(job string, attempt, step, world int64, cfg AccumulatorConfig) {

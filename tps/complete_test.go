@@ -2,6 +2,7 @@ package tps
 
 import (
 	"math"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -93,5 +94,35 @@ func TestAutoWarmupBoundedAndExplained(t *testing.T) {
 	}
 	if !strings.Contains(s.WarmupRule, "slower than") || !strings.Contains(s.WarmupRule, "at most 10%") {
 		t.Errorf("rule %q", s.WarmupRule)
+	}
+}
+
+// StepAccumulatorBytes, which collectors budget open steps with, is what
+// an accumulator takes (within the allocator's size classes).
+func TestStepAccumulatorBytes(t *testing.T) {
+	for _, c := range []struct {
+		world int64
+		topo  Topology
+	}{{8, Topology{}}, {8192, Topology{DP: 128, TP: 8, PP: 8}}, {131072, Topology{}}} {
+		var before, after runtime.MemStats
+		const n = 50
+		keep := make([]*StepAccumulator, n)
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range keep {
+			a, err := NewStepAccumulator("j", 0, int64(i), c.world, AccumulatorConfig{Topology: c.topo})
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep[i] = a
+		}
+		runtime.ReadMemStats(&after)
+		got := float64(after.TotalAlloc-before.TotalAlloc) / n
+		want := float64(StepAccumulatorBytes(c.world, c.topo))
+		if got < 0.8*want || got > 1.25*want {
+			t.Errorf("world %d %v: an accumulator allocates %.0f bytes, StepAccumulatorBytes says %.0f", c.world, c.topo, got, want)
+		}
+		t.Logf("world %d %v: %.0f bytes allocated, %.0f budgeted", c.world, c.topo, got, want)
+		runtime.KeepAlive(keep)
 	}
 }
