@@ -319,12 +319,13 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 	}
 	var ranges []trace.Range
 	var selWarm map[[2]int64]bool
+	var threshold float64
 	jumps, back := 0, 0.0
 	if selected != nil {
 		jumps, back = selected.jumps, selected.back
 		// The warm-up is the whole run's: a window that starts mid-attempt
 		// has none of its own.
-		selWarm = selected.warm
+		selWarm, threshold = selected.warm, selected.threshold
 		if len(steps) == 0 {
 			return nil, nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, selected.of)
 		}
@@ -378,8 +379,12 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 			profiled[[2]int64{e.Attempt, e.Step}] = true
 		}
 	}
-	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Warm: selWarm}
+	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Warm: selWarm, Threshold: threshold}
 	tps.SortSteps(steps)
+	if selWarm == nil {
+		// once, for the mask and the rule's words
+		wopt.Threshold = tps.WarmupThreshold(steps, wopt)
+	}
 	warm := tps.WarmupMask(steps, wopt)
 	wopt.Mask = warm // computed once: Summarize takes it
 	rep.Summary = tps.Summarize(steps, wopt)

@@ -142,6 +142,9 @@ type selectedSteps struct {
 	steps []tps.ClusterStep // the selection's, whole, sorted
 	of    int               // the job's cluster steps
 	warm  map[[2]int64]bool // the run's warm-up steps
+	// threshold is the run's automatic warm-up threshold (ns; 0 when a
+	// fixed count or no kept step can be warm-up)
+	threshold float64
 	jumps int               // clock steps back (unstepClocks)
 	back  float64
 }
@@ -218,7 +221,10 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 		for i, a := range run.attempt {
 			attempts[i] = int64(a)
 		}
-		for i, w := range tps.WarmupMaskOf(attempts, times, warmup) {
+		if warmup < 0 {
+			out.threshold = tps.WarmupThresholdOf(times, warmup)
+		}
+		for i, w := range tps.WarmupMaskOf(attempts, times, warmup, out.threshold) {
 			if w {
 				out.warm[run.key(i)] = true
 			}

@@ -18,25 +18,28 @@ type Dist struct {
 	Max  float64 `json:"max"`
 }
 
-// NewDist summarises xs (which it sorts in place). Percentiles interpolate
+// NewDist summarises xs (which it reorders). Percentiles interpolate
 // linearly between the closest ranks (the "type 7" rule of R and NumPy).
 func NewDist(xs []float64) Dist {
 	if len(xs) == 0 {
 		return Dist{}
 	}
-	slices.Sort(xs)
+	if hasNaN(xs) {
+		slices.Sort(xs)
+		return Dist{Mean: math.NaN(), P50: Quantile(xs, 0.50), P90: Quantile(xs, 0.90), P95: Quantile(xs, 0.95), P99: Quantile(xs, 0.99), Min: xs[0], Max: xs[len(xs)-1]}
+	}
 	var sum float64
 	for _, x := range xs {
 		sum += x
 	}
 	return Dist{
 		Mean: sum / float64(len(xs)),
-		P50:  Quantile(xs, 0.50),
-		P90:  Quantile(xs, 0.90),
-		P95:  Quantile(xs, 0.95),
-		P99:  Quantile(xs, 0.99),
-		Min:  xs[0],
-		Max:  xs[len(xs)-1],
+		Min:  slices.Min(xs),
+		Max:  slices.Max(xs),
+		P50:  quantileOf(xs, 0.50),
+		P90:  quantileOf(xs, 0.90),
+		P95:  quantileOf(xs, 0.95),
+		P99:  quantileOf(xs, 0.99),
 	}
 }
 
@@ -64,13 +67,20 @@ func MedianMAD(xs []float64) (median, mad float64) {
 		return math.NaN(), math.NaN()
 	}
 	s := slices.Clone(xs)
-	slices.Sort(s)
-	median = Quantile(s, 0.5)
+	if hasNaN(s) {
+		slices.Sort(s)
+		median = Quantile(s, 0.5)
+	} else {
+		median = quantileOf(s, 0.5)
+	}
 	for i, x := range s {
 		s[i] = math.Abs(x - median)
 	}
-	slices.Sort(s)
-	return median, Quantile(s, 0.5)
+	if hasNaN(s) {
+		slices.Sort(s)
+		return median, Quantile(s, 0.5)
+	}
+	return median, quantileOf(s, 0.5)
 }
 
 // WindowOptions tune Summarize.
@@ -94,6 +104,11 @@ type WindowOptions struct {
 	// WarmupMask gave it for these steps (a caller that has it saves the
 	// rule's median and MAD over every step time a second time).
 	Mask []bool
+	// Threshold, when above 0, is the automatic rule's step time (ns) as
+	// WarmupThreshold gave it: WarmupMask applies it and Summarize's rule
+	// names it, neither computing it again (a report of part of a run
+	// names the whole run's).
+	Threshold float64
 }
 
 // AutoWarmup selects the automatic warm-up rule.
@@ -157,17 +172,25 @@ type Summary struct {
 // not cut down to its fast end.
 const MaxAutoWarmupShare = 0.1
 
-// warmupThreshold is the automatic rule's step time: median + max(3 MAD,
-// 5% of the median) over the run (+Inf for a fixed count).
-func warmupThreshold(steps []ClusterStep, opt WindowOptions) float64 {
+// WarmupThreshold is the automatic rule's step time: median + max(3 MAD,
+// 5% of the median) over the run (+Inf for a fixed count); opt.Threshold
+// when set.
+func WarmupThreshold(steps []ClusterStep, opt WindowOptions) float64 {
+	if opt.Threshold > 0 {
+		return opt.Threshold
+	}
+	if opt.Warmup >= 0 || len(steps) == 0 {
+		return math.Inf(1)
+	}
 	times := make([]int64, len(steps))
 	for i := range steps {
 		times[i] = steps[i].StepTimeNs
 	}
-	return thresholdOf(times, opt.Warmup)
+	return WarmupThresholdOf(times, opt.Warmup)
 }
 
-func thresholdOf(stepTimes []int64, warmup int) float64 {
+// WarmupThresholdOf is WarmupThreshold over the steps' step times alone.
+func WarmupThresholdOf(stepTimes []int64, warmup int) float64 {
 	if warmup >= 0 || len(stepTimes) == 0 {
 		return math.Inf(1)
 	}
@@ -195,21 +218,23 @@ func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
 	for i := range steps {
 		attempts[i], times[i] = steps[i].Attempt, steps[i].StepTimeNs
 	}
-	return WarmupMaskOf(attempts, times, opt.Warmup)
+	return WarmupMaskOf(attempts, times, opt.Warmup, opt.Threshold)
 }
 
 // WarmupMaskOf is WarmupMask over the steps' attempts and step times
 // alone (sorted by attempt, then step), for a caller that holds no more of
 // them: warmup is WindowOptions.Warmup. stepTimes may be nil for a fixed
-// count (warmup >= 0).
-func WarmupMaskOf(attempts, stepTimes []int64, warmup int) []bool {
+// count (warmup >= 0). threshold is the rule's (WarmupThresholdOf), or 0
+// to compute it from stepTimes.
+func WarmupMaskOf(attempts, stepTimes []int64, warmup int, threshold float64) []bool {
 	mask := make([]bool, len(attempts))
 	if len(attempts) == 0 {
 		return mask
 	}
-	threshold := math.Inf(1)
-	if warmup < 0 {
-		threshold = thresholdOf(stepTimes, warmup)
+	if warmup >= 0 {
+		threshold = math.Inf(1)
+	} else if threshold <= 0 {
+		threshold = WarmupThresholdOf(stepTimes, warmup)
 	}
 	pos := 0 // position within the current attempt
 	inWarmup := true
@@ -322,7 +347,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		s.WarmupRule = fmt.Sprintf("the first %d steps of each attempt", opt.Warmup)
 	} else if len(steps) > 0 {
 		s.WarmupRule = fmt.Sprintf("the first step of each attempt and the leading steps slower than %.3g s (median + max(3 MAD, 5%%) of the run's step times), at most %.0f%% of an attempt's steps (3 in a short one)",
-			warmupThreshold(steps, opt)/1e9, 100*MaxAutoWarmupShare)
+			WarmupThreshold(steps, opt)/1e9, 100*MaxAutoWarmupShare)
 	}
 	if !anyComplete && s.SteadySteps > 0 {
 		s.CompleteNote = fmt.Sprintf("no step had all %d ranks (at most %d reported): every figure counts only the ranks that reported", s.WorldSize, mostRanks)
