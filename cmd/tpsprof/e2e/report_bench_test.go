@@ -28,7 +28,7 @@ func BenchmarkReportVsDuckDB(b *testing.B) {
 		steps = v
 	}
 	mods := duckdbModules(b)
-	dir, err := tracetest.WriteRun(b.TempDir(), "big", 64, steps)
+	dir, err := tracetest.Write(b.TempDir(), "big", tracetest.Run{World: 64, Steps: steps, Jitter: os.Getenv("TPSPROF_REPORT_JITTER") != ""})
 	if err != nil {
 		b.Fatal(err)
 	}
