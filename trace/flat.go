@@ -79,8 +79,9 @@ type flatScratch struct {
 	str [][]string
 }
 
-// readGroupFlat decodes row group rg into dst (exactly its rows) by the
-// layout, decoding into sc's slices (nil: fresh ones).
+// readGroupFlat decodes row group rg into dst (exactly its rows, zero:
+// a fresh slice's) by the layout, decoding into sc's slices (nil: fresh
+// ones).
 func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path string, sc *flatScratch) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -139,7 +140,9 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 				}
 			case reflect.String:
 				for i, v := range str[k][lo:hi] {
-					*(*string)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
+					if v != "" { // dst is zero: an empty string needs no store
+						*(*string)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
+					}
 				}
 			}
 		}

@@ -154,3 +154,21 @@ func TestFootersBounded(t *testing.T) {
 		t.Errorf("%d descriptors after Close, %d before", n, before)
 	}
 }
+
+// populate leaves a slice's contents as they were, whatever its size and
+// alignment.
+func TestPopulateKeepsContents(t *testing.T) {
+	for _, n := range []int{0, 1, 1000, 1 << 19, 1<<20 + 3} {
+		s := make([]int64, n)
+		for i := range s {
+			s[i] = int64(i) * 7
+		}
+		populate(s)
+		populate(s[min(n, 1):]) // unaligned
+		for i := range s {
+			if s[i] != int64(i)*7 {
+				t.Fatalf("n %d: s[%d] = %d after populate", n, i, s[i])
+			}
+		}
+	}
+}

@@ -603,6 +603,7 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		parts = append(parts, p)
 	}
 	out := make([]T, total)
+	populate(out)
 	type task struct {
 		p *part
 		g int
