@@ -145,8 +145,8 @@ type selectedSteps struct {
 	// threshold is the run's automatic warm-up threshold (ns; 0 when a
 	// fixed count or no kept step can be warm-up)
 	threshold float64
-	jumps int               // clock steps back (unstepClocks)
-	back  float64
+	jumps     int // clock steps back (unstepClocks)
+	back      float64
 }
 
 // runSteps is what the selection needs of each of a run's steps, a slice
