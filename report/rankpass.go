@@ -1,7 +1,6 @@
 package report
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"os"
@@ -162,17 +161,24 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.Clus
 	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
 	sketches := map[int64]*tps.Sketch{}
 	var scratch tps.Sketch
+	lastKey, lastJ := [2]int64{-1, -1}, 0
 	err = trace.Each(filepath.Join(dir, trace.RankWindows), func(rows []tps.RankWindow) error {
 		for i := range rows {
 			w := &rows[i]
 			rep.RankWindows++
 			// the window's steps in the (sorted) selection: found once,
 			// walked (a lookup per step of every window was most of a
-			// 100 M-row report)
+			// 100 M-row report), and once for the window's ranks, which
+			// come together
 			si, in, anyWarm := -1, false, false
-			j, _ := slices.BinarySearchFunc(steps, [2]int64{w.Attempt, w.FirstStep}, func(c tps.ClusterStep, k [2]int64) int {
-				return cmp.Or(cmp.Compare(c.Attempt, k[0]), cmp.Compare(c.Step, k[1]))
-			})
+			j := lastJ
+			if k := [2]int64{w.Attempt, w.FirstStep}; k != lastKey {
+				j = sort.Search(len(steps), func(i int) bool {
+					c := &steps[i]
+					return c.Attempt > k[0] || (c.Attempt == k[0] && c.Step >= k[1])
+				})
+				lastKey, lastJ = k, j
+			}
 			for ; j < len(steps) && steps[j].Attempt == w.Attempt && steps[j].Step <= w.LastStep; j++ {
 				in = true
 				if warm[j] {

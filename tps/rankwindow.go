@@ -149,9 +149,11 @@ func (w *RankWindow) SketchInto(s *Sketch) (bool, error) {
 	if len(w.ComputeSketch) == 0 {
 		return false, nil
 	}
-	*s = Sketch{Bins: s.Bins[:0]} // keys the JSON leaves out are zero
-	if err := json.Unmarshal(w.ComputeSketch, s); err != nil {
-		return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+	if !decodeSketchJSON(w.ComputeSketch, s) {
+		*s = Sketch{Bins: s.Bins[:0]} // keys the JSON leaves out are zero
+		if err := json.Unmarshal(w.ComputeSketch, s); err != nil {
+			return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+		}
 	}
 	if err := s.Check(); err != nil {
 		return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
