@@ -137,16 +137,23 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 	return med, realTok, padTok, nil
 }
 
-// stepAt finds the cluster row of (attempt, step) k in steps sorted by
-// them (the last, if the row is there twice), by binary search: a map of
-// every step was ~50 bytes a step held through the pass.
-func stepAt(steps []tps.ClusterStep, k [2]int64) (int, bool) {
-	i := sort.Search(len(steps), func(i int) bool {
+// firstStepFrom is the index of the first of steps (sorted by attempt,
+// then step) at or after (attempt, step) k, by binary search over the rows
+// in place.
+func firstStepFrom(steps []tps.ClusterStep, k [2]int64) int {
+	return sort.Search(len(steps), func(i int) bool {
 		c := &steps[i]
-		return c.Attempt > k[0] || (c.Attempt == k[0] && c.Step > k[1])
+		return c.Attempt > k[0] || (c.Attempt == k[0] && c.Step >= k[1])
 	})
-	if i > 0 && steps[i-1].Attempt == k[0] && steps[i-1].Step == k[1] {
-		return i - 1, true
+}
+
+// stepAt finds the cluster row of (attempt, step) k (the first, if the row
+// is there twice): a map of every step was ~50 bytes a step held through
+// the pass.
+func stepAt(steps []tps.ClusterStep, k [2]int64) (int, bool) {
+	i := firstStepFrom(steps, k)
+	if i < len(steps) && steps[i].Attempt == k[0] && steps[i].Step == k[1] {
+		return i, true
 	}
 	return 0, false
 }
@@ -173,10 +180,7 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.Clus
 			si, in, anyWarm := -1, false, false
 			j := lastJ
 			if k := [2]int64{w.Attempt, w.FirstStep}; k != lastKey {
-				j = sort.Search(len(steps), func(i int) bool {
-					c := &steps[i]
-					return c.Attempt > k[0] || (c.Attempt == k[0] && c.Step >= k[1])
-				})
+				j = firstStepFrom(steps, k)
 				lastKey, lastJ = k, j
 			}
 			for ; j < len(steps) && steps[j].Attempt == w.Attempt && steps[j].Step <= w.LastStep; j++ {

@@ -235,7 +235,7 @@ func TestSelectionRowsOutOfOrder(t *testing.T) {
 	}
 }
 
-// stepAt finds a step among sorted rows, the last of a repeated one, and
+// stepAt finds a step among sorted rows, the first of a repeated one, and
 // says when it is not there.
 func TestStepAt(t *testing.T) {
 	steps := []tps.ClusterStep{{Attempt: 0, Step: 3}, {Attempt: 0, Step: 5}, {Attempt: 0, Step: 5}, {Attempt: 1, Step: 0}, {Attempt: 1, Step: 9}}
@@ -243,7 +243,7 @@ func TestStepAt(t *testing.T) {
 		k    [2]int64
 		i    int
 		want bool
-	}{{[2]int64{0, 3}, 0, true}, {[2]int64{0, 5}, 2, true}, {[2]int64{1, 0}, 3, true}, {[2]int64{1, 9}, 4, true},
+	}{{[2]int64{0, 3}, 0, true}, {[2]int64{0, 5}, 1, true}, {[2]int64{1, 0}, 3, true}, {[2]int64{1, 9}, 4, true},
 		{[2]int64{0, 4}, 0, false}, {[2]int64{0, 0}, 0, false}, {[2]int64{1, 10}, 0, false}, {[2]int64{2, 0}, 0, false}} {
 		if i, ok := stepAt(steps, c.k); ok != c.want || (ok && i != c.i) {
 			t.Errorf("stepAt(%v) = %d, %v; want %d, %v", c.k, i, ok, c.i, c.want)

@@ -388,8 +388,8 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 		if x.FLOPs > 0 {
 			a.setFLOPs(x.Replica, x.FLOPs)
 		}
-		a.setBytes(x.Replica, x.Bytes)
-		a.setSeqSq(x.Replica, x.SeqSqSum)
+		a.setLazy(&a.replicaBytes, x.Replica, x.Bytes)
+		a.setLazy(&a.replicaSeqSq, x.Replica, x.SeqSqSum)
 		return
 	}
 	if a.replicaTokens[x.Replica] != x.Tokens {
@@ -400,8 +400,8 @@ func (a *StepAccumulator) mergeReplica(x ReplicaPart) {
 		if x.FLOPs > 0 {
 			a.setFLOPs(x.Replica, x.FLOPs)
 		}
-		a.setBytes(x.Replica, x.Bytes)
-		a.setSeqSq(x.Replica, x.SeqSqSum)
+		a.setLazy(&a.replicaBytes, x.Replica, x.Bytes)
+		a.setLazy(&a.replicaSeqSq, x.Replica, x.SeqSqSum)
 	}
 }
 
@@ -463,24 +463,16 @@ func (a *StepAccumulator) Reconfigure(cfg AccumulatorConfig) bool {
 	return true
 }
 
-func (a *StepAccumulator) setBytes(rep, n int64) {
-	if n <= 0 && a.replicaBytes == nil {
+// setLazy sets a per-replica figure that few jobs report (bytes,
+// seq_sq_sum): its slice is made when a replica first reports one.
+func (a *StepAccumulator) setLazy(s *[]int64, rep, n int64) {
+	if n <= 0 && *s == nil {
 		return
 	}
-	if a.replicaBytes == nil {
-		a.replicaBytes = make([]int64, len(a.replicaTokens))
+	if *s == nil {
+		*s = make([]int64, len(a.replicaTokens))
 	}
-	a.replicaBytes[rep] = n
-}
-
-func (a *StepAccumulator) setSeqSq(rep, n int64) {
-	if n <= 0 && a.replicaSeqSq == nil {
-		return
-	}
-	if a.replicaSeqSq == nil {
-		a.replicaSeqSq = make([]int64, len(a.replicaTokens))
-	}
-	a.replicaSeqSq[rep] = n
+	(*s)[rep] = n
 }
 
 func (a *StepAccumulator) setFLOPs(rep int64, f float64) {

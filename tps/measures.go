@@ -304,18 +304,6 @@ func MeasuresMarkdown() string {
 // each of Over's bits: stepSums walks them.
 var keptSum, keptMax, keptMin []int
 
-// Kept lists the measures a step keeps over ranks (Over not 0), in
-// Measures' order: node partials carry them in this order.
-func Kept() []*Measure {
-	var out []*Measure
-	for i := range Measures {
-		if Measures[i].Over != 0 {
-			out = append(out, &Measures[i])
-		}
-	}
-	return out
-}
-
 // MeasureIndex is the index in Measures of the named measure, -1 if none.
 func MeasureIndex(name string) int {
 	for i := range Measures {

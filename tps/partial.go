@@ -215,10 +215,10 @@ func (p *Partial) UnmarshalJSON(data []byte) error {
 		default:
 			if v, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
 				*ext = v
-			} else if f, err := strconv.ParseFloat(string(raw), 64); err == nil && math.Abs(f) < 1<<62 {
+			} else if f, err := strconv.ParseFloat(string(raw), 64); err == nil && f == math.Trunc(f) && math.Abs(f) < 1<<62 {
 				*ext = int64(f)
 			} else if bad == nil {
-				bad = fmt.Errorf("%s: not an integer: %s", key, raw)
+				bad = fmt.Errorf("%s: not a whole number: %s", key, raw)
 			}
 		}
 	})

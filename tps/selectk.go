@@ -51,11 +51,15 @@ func nthElement(xs []float64, k int) {
 }
 
 // quantileOf is Quantile of xs as if sorted (the same value), reordering
-// xs instead of sorting it. xs must hold no NaN.
+// xs instead of sorting it (xs holding a NaN is sorted).
 func quantileOf(xs []float64, q float64) float64 {
 	n := len(xs)
 	if n == 0 {
 		return math.NaN()
+	}
+	if hasNaN(xs) {
+		slices.Sort(xs)
+		return Quantile(xs, q)
 	}
 	h := q * float64(n-1)
 	lo := int(math.Floor(h))

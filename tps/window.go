@@ -24,10 +24,6 @@ func NewDist(xs []float64) Dist {
 	if len(xs) == 0 {
 		return Dist{}
 	}
-	if hasNaN(xs) {
-		slices.Sort(xs)
-		return Dist{Mean: math.NaN(), P50: Quantile(xs, 0.50), P90: Quantile(xs, 0.90), P95: Quantile(xs, 0.95), P99: Quantile(xs, 0.99), Min: xs[0], Max: xs[len(xs)-1]}
-	}
 	var sum float64
 	for _, x := range xs {
 		sum += x
@@ -67,18 +63,9 @@ func MedianMAD(xs []float64) (median, mad float64) {
 		return math.NaN(), math.NaN()
 	}
 	s := slices.Clone(xs)
-	if hasNaN(s) {
-		slices.Sort(s)
-		median = Quantile(s, 0.5)
-	} else {
-		median = quantileOf(s, 0.5)
-	}
+	median = quantileOf(s, 0.5)
 	for i, x := range s {
 		s[i] = math.Abs(x - median)
-	}
-	if hasNaN(s) {
-		slices.Sort(s)
-		return median, Quantile(s, 0.5)
 	}
 	return median, quantileOf(s, 0.5)
 }

@@ -24,8 +24,8 @@ var (
 	partialMagic1 = [4]byte{'T', 'P', 'P', 1}
 )
 
-// keptMeasure is a measure partials carry (tps.Kept), by its index in
-// tps.Measures.
+// keptMeasure is a measure partials carry (one that tps.Measures keeps
+// over ranks: Over not 0), by its index there.
 type keptMeasure struct {
 	i    int
 	over tps.Over
@@ -33,8 +33,10 @@ type keptMeasure struct {
 
 var kept = func() []keptMeasure {
 	var out []keptMeasure
-	for _, m := range tps.Kept() {
-		out = append(out, keptMeasure{tps.MeasureIndex(m.Name), m.Over})
+	for i := range tps.Measures {
+		if o := tps.Measures[i].Over; o != 0 {
+			out = append(out, keptMeasure{i, o})
+		}
 	}
 	return out
 }()
@@ -74,7 +76,7 @@ const MaxPartials = 4096
 // critical rank's busy time, the critical rank, losses, skipped ranks,
 // ranks that generated), two float64 (Σ compute, Σ loss), a uvarint count
 // of measures and, for each measure tps.Measures keeps over ranks
-// (tps.Kept, in its order), what its Over keeps: a float64 Σ, a varint
+// (Over not 0, in its order), what its Over keeps: a float64 Σ, a varint
 // largest, a varint smallest; then the node spans: a uvarint count and per
 // node its name, earliest start, latest end, ranks and lowest rank
 // (varints), which clock offsets between nodes are estimated from. A

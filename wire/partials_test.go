@@ -252,7 +252,7 @@ func TestPartialsLayoutDocumented(t *testing.T) {
 	if want := KeptLayout(); !strings.Contains(string(doc), "\n"+want+"\n") {
 		t.Errorf("docs/wire.md's partial layout does not list the kept measures as tps.Measures keeps them; the line is:\n%s", want)
 	}
-	if n := fmt.Sprintf("(%d measures; tps.Kept)", len(kept)); !strings.Contains(string(doc), n) {
+	if n := fmt.Sprintf("(%d measures kept over ranks)", len(kept)); !strings.Contains(string(doc), n) {
 		t.Errorf("docs/wire.md does not say %s", n)
 	}
 }
@@ -282,7 +282,9 @@ func TestPartialsLegacyJSON(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if _, err := DecodePartials([]byte(strings.Replace(js, `"max_data_wait_ns":3e+07`, `"max_data_wait_ns":"x"`, 1))); err == nil {
-		t.Error("a maximum that is not a number decoded")
+	for _, bad := range []string{`"x"`, `30000000.5`} {
+		if _, err := DecodePartials([]byte(strings.Replace(js, `"max_data_wait_ns":3e+07`, `"max_data_wait_ns":`+bad, 1))); err == nil {
+			t.Errorf("a maximum of %s decoded", bad)
+		}
 	}
 }
