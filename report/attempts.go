@@ -37,61 +37,80 @@ func (a *AttemptRow) Outcome() string {
 
 // attemptRows builds the table from steps sorted by (attempt, step).
 func attemptRows(steps []tps.ClusterStep, warm []bool, events []tps.Event) []AttemptRow {
-	launched := map[int64]bool{}
-	exit := map[int64]int64{}
+	a := newAttemptsAcc(events)
+	for i := range steps {
+		a.add(&steps[i], warm[i])
+	}
+	return a.result()
+}
+
+// attemptsAcc is attemptRows fed the steps in order.
+type attemptsAcc struct {
+	launched      map[int64]bool
+	exit          map[int64]int64
+	out           []AttemptRow
+	tok, ns, mfu  float64
+	nMFU          int
+	from, to      int64
+}
+
+func newAttemptsAcc(events []tps.Event) *attemptsAcc {
+	a := &attemptsAcc{launched: map[int64]bool{}, exit: map[int64]int64{}}
 	for _, e := range events {
 		switch e.Kind {
 		case tps.EventAttemptStart:
-			launched[e.Attempt] = true
+			a.launched[e.Attempt] = true
 		case tps.EventAttemptEnd:
-			if c, ok := exit[e.Attempt]; !ok || c == 0 {
-				exit[e.Attempt] = e.ExitCode // a failing rank's code wins
+			if c, ok := a.exit[e.Attempt]; !ok || c == 0 {
+				a.exit[e.Attempt] = e.ExitCode // a failing rank's code wins
 			}
 		}
 	}
-	var out []AttemptRow
-	var tok, ns, mfu float64
-	var nMFU int
-	var from, to int64
-	flush := func() {
-		a := &out[len(out)-1]
-		if ns > 0 {
-			a.TPS = tok / (ns / 1e9)
-		}
-		if nMFU > 0 {
-			m := mfu / float64(nMFU)
-			a.MFU = &m
-		}
-		a.WallS = float64(to-from) / 1e9
-		if c, ok := exit[a.Attempt]; ok {
-			a.ExitCode = &c
-		}
+	return a
+}
+
+func (a *attemptsAcc) flush() {
+	r := &a.out[len(a.out)-1]
+	if a.ns > 0 {
+		r.TPS = a.tok / (a.ns / 1e9)
 	}
-	for i, c := range steps {
-		if len(out) == 0 || out[len(out)-1].Attempt != c.Attempt {
-			if len(out) > 0 {
-				flush()
-			}
-			out = append(out, AttemptRow{Attempt: c.Attempt, Launch: launched[c.Attempt], FirstStep: c.Step})
-			tok, ns, mfu, nMFU, from, to = 0, 0, 0, 0, c.StartUnixNs, c.EndUnixNs
-		}
-		a := &out[len(out)-1]
-		a.LastStep, a.Steps = c.Step, a.Steps+1
-		from, to = min(from, c.StartUnixNs), max(to, c.EndUnixNs)
-		if warm[i] || !c.Complete() || c.StepTimeNs <= 0 {
-			continue
-		}
-		tok += float64(c.Tokens)
-		ns += float64(c.StepTimeNs)
-		if c.MFUUnknown == "" && c.MFU > 0 {
-			mfu += c.MFU
-			nMFU++
-		}
+	if a.nMFU > 0 {
+		m := a.mfu / float64(a.nMFU)
+		r.MFU = &m
 	}
-	if len(out) > 0 {
-		flush()
+	r.WallS = float64(a.to-a.from) / 1e9
+	if c, ok := a.exit[r.Attempt]; ok {
+		r.ExitCode = &c
 	}
-	return out
+}
+
+func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
+	if len(a.out) == 0 || a.out[len(a.out)-1].Attempt != c.Attempt {
+		if len(a.out) > 0 {
+			a.flush()
+		}
+		a.out = append(a.out, AttemptRow{Attempt: c.Attempt, Launch: a.launched[c.Attempt], FirstStep: c.Step})
+		a.tok, a.ns, a.mfu, a.nMFU, a.from, a.to = 0, 0, 0, 0, c.StartUnixNs, c.EndUnixNs
+	}
+	r := &a.out[len(a.out)-1]
+	r.LastStep, r.Steps = c.Step, r.Steps+1
+	a.from, a.to = min(a.from, c.StartUnixNs), max(a.to, c.EndUnixNs)
+	if warm || !c.Complete() || c.StepTimeNs <= 0 {
+		return
+	}
+	a.tok += float64(c.Tokens)
+	a.ns += float64(c.StepTimeNs)
+	if c.MFUUnknown == "" && c.MFU > 0 {
+		a.mfu += c.MFU
+		a.nMFU++
+	}
+}
+
+func (a *attemptsAcc) result() []AttemptRow {
+	if len(a.out) > 0 {
+		a.flush()
+	}
+	return a.out
 }
 
 // attemptLines are the table's text lines, at most 20 (and how many more).

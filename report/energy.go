@@ -28,11 +28,9 @@ const maxSampleGap = int64(10e9)
 // readings' power stands in for the interval.
 type energyJoin struct {
 	offsets map[string]int64 // node clock offsets: samples onto the rows' clock
-	rows    []tps.ClusterStep
-	skip    []bool
-	built   bool         // steps built (at the first reading: none, no memory)
-	steps   []energyStep // steady steps by period start
-	maxEnd  []int64      // running maximum of the ends, in that order
+	built   bool             // steps sorted (at the first reading)
+	steps   []energyStep     // steady steps by period start
+	maxEnd  []int64          // running maximum of the ends, in that order
 	gpus    map[gpuKey]*gpuReading
 	stale   int64 // readings not after the GPU's previous one (skipped)
 }
@@ -57,19 +55,28 @@ type gpuReading struct {
 
 // newEnergyJoin takes the steps that count (skip false, a step time).
 func newEnergyJoin(steps []tps.ClusterStep, skip []bool, offsets map[string]int64) *energyJoin {
-	return &energyJoin{offsets: offsets, rows: steps, skip: skip, gpus: map[gpuKey]*gpuReading{}}
+	e := newEnergyJoinOf(offsets)
+	for i := range steps {
+		if !skip[i] && steps[i].StepTimeNs > 0 && steps[i].EndUnixNs > 0 {
+			e.addStep(&steps[i])
+		}
+	}
+	return e
+}
+
+func newEnergyJoinOf(offsets map[string]int64) *energyJoin {
+	return &energyJoin{offsets: offsets, gpus: map[gpuKey]*gpuReading{}}
+}
+
+// addStep takes a step that counts (before the first reading): its
+// period, the step time to its end (40 B a step).
+func (e *energyJoin) addStep(c *tps.ClusterStep) {
+	e.steps = append(e.steps, energyStep{start: c.EndUnixNs - c.StepTimeNs, end: c.EndUnixNs, tokens: c.Tokens})
 }
 
 func (e *energyJoin) build() {
 	e.built = true
-	for i := range e.rows {
-		c := &e.rows[i]
-		if e.skip[i] || c.StepTimeNs <= 0 || c.EndUnixNs <= 0 {
-			continue
-		}
-		e.steps = append(e.steps, energyStep{start: c.EndUnixNs - c.StepTimeNs, end: c.EndUnixNs, tokens: c.Tokens})
-	}
-	slices.SortFunc(e.steps, func(a, b energyStep) int { return cmp.Compare(a.start, b.start) })
+	slices.SortStableFunc(e.steps, func(a, b energyStep) int { return cmp.Compare(a.start, b.start) })
 	e.maxEnd = make([]int64, len(e.steps))
 	for i, s := range e.steps {
 		e.maxEnd[i] = s.end

@@ -58,6 +58,11 @@ type StragglerEpisode struct {
 	Captures []EpisodeCapture `json:"captures,omitempty"`
 	// from, to: the episode's time on the rows' clock, for the GPU join
 	from, to int64
+	// a, b: its first and last steps (spine indexes); excess: per window,
+	// the node's slowest flagged rank's mean own time over the fastest's
+	// (ns), for its steps' figures (fill)
+	a, b   int
+	excess []float64
 }
 
 // EpisodeExcess is a slow rank's own time a step beyond the fastest
@@ -128,8 +133,8 @@ const episodeCells = 5 << 19
 // windows splits the steady steps into at most 50 windows of at least 10
 // steps (fewer windows when the world is large).
 type windows struct {
-	of    []int // steady step index → window, -1 for warm-up
-	first []int // window → index of its first step
+	of    []int32 // step index → window, -1 when not steady
+	first []int   // window → index of its first step
 	size  int
 	world int
 	sum   []float64 // window*world + rank: own time (compute and data wait), ns
@@ -140,26 +145,26 @@ type windows struct {
 
 // newWindows lays out the episode windows: about 50 over the steady steps
 // (fewer for a large world), of at least minSize steps.
-func newWindows(steps []tps.ClusterStep, warm []bool, world int64, minSize int) *windows {
+func newWindows(sp *spine, world int64, minSize int) *windows {
 	steady := 0
-	for i := range steps {
-		if !warm[i] && steps[i].StepTimeNs > 0 {
+	for i := range sp.len() {
+		if sp.steady(i) {
 			steady++
 		}
 	}
 	maxW := min(50, max(1, episodeCells/max(int(world), 1)))
 	size := max(10, (steady+maxW-1)/maxW, minSize)
-	w := &windows{of: make([]int, len(steps)), size: size, world: int(max(world, 1))}
+	w := &windows{of: make([]int32, sp.len()), size: size, world: int(max(world, 1))}
 	k := 0
-	for i := range steps {
+	for i := range sp.len() {
 		w.of[i] = -1
-		if warm[i] || steps[i].StepTimeNs <= 0 {
+		if !sp.steady(i) {
 			continue
 		}
 		if k%size == 0 {
 			w.first = append(w.first, i)
 		}
-		w.of[i] = k / size
+		w.of[i] = int32(k / size)
 		k++
 	}
 	cells := len(w.first) * w.world
@@ -170,7 +175,7 @@ func newWindows(steps []tps.ClusterStep, warm []bool, world int64, minSize int) 
 // add notes a rank's own time at a step, and of it the data wait and the
 // measured forward, backward and optimizer (0 when not measured).
 func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
-	win := w.of[step]
+	win := int(w.of[step])
 	if win < 0 || rank < 0 || rank >= int64(w.world) {
 		return
 	}
@@ -184,7 +189,7 @@ func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
 // addN notes a rank's sums over n steady steps that all fall in the
 // window of step (a rank_windows row).
 func (w *windows) addN(step int, rank int64, ownNs, dataNs, workNs float64, n int32) {
-	win := w.of[step]
+	win := int(w.of[step])
 	if win < 0 || rank < 0 || rank >= int64(w.world) || n <= 0 {
 		return
 	}
@@ -217,8 +222,10 @@ func (w *windows) excess(win, slow, fast int) EpisodeExcess {
 
 // episodes finds the straggler episodes: per window, each rank's score is
 // the fastest rank's mean compute over its own; a node's is its worst
-// rank's; consecutive flagged windows of a node make one episode.
-func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []StragglerEpisode {
+// rank's; consecutive flagged windows of a node make one episode. Their
+// steps' figures (TPS during and without, GPU hours lost) are then taken
+// from the steps' rows, read again from src.
+func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource) ([]StragglerEpisode, error) {
 	type flag struct {
 		score  float64
 		excess float64 // ns: the slowest flagged rank's mean own time over the fastest's
@@ -271,7 +278,7 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 			}
 			return last
 		}
-		last := len(steps) - 1
+		last := sp.len() - 1
 		for last > 0 && w.of[last] < 0 {
 			last--
 		}
@@ -302,11 +309,12 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 			}
 			e.MeanScore = sumScore / float64(win-from)
 			a, b := w.first[from], end(win-1)
-			e.StartAttempt, e.StartStep = steps[a].Attempt, steps[a].Step
-			e.EndAttempt, e.EndStep = steps[b].Attempt, steps[b].Step
+			e.StartAttempt, e.StartStep = int64(sp.attempt[a]), sp.step[a]
+			e.EndAttempt, e.EndStep = int64(sp.attempt[b]), sp.step[b]
 			e.Ongoing = win == nw
-			e.from, e.to = steps[a].StartUnixNs, steps[b].EndUnixNs
-			var during, without float64
+			e.from, e.to = sp.start[a], sp.end[b]
+			e.a, e.b = a, b
+			e.excess = make([]float64, nw)
 			for i := a; i <= b; i++ {
 				if w.of[i] < 0 {
 					continue
@@ -317,38 +325,78 @@ func (w *windows) episodes(steps []tps.ClusterStep, nodes map[int64]string) []St
 				e.Excess.HostMs += p.HostMs
 				e.Excess.HostKnown = p.HostKnown
 				e.Steps++
-				during += steps[i].TPS
-				d := float64(steps[i].StepTimeNs)
-				faster := max(d-f[w.of[i]].excess, d/2) // never more than twice as fast
-				without += float64(steps[i].Tokens) / (faster / 1e9)
-				e.GPUHoursLost += (d - faster) / 1e9 * float64(steps[i].WorldSize) / 3600
+				e.excess[w.of[i]] = f[w.of[i]].excess
 			}
 			if e.Steps > 0 {
 				e.Excess.DataMs /= float64(e.Steps)
 				e.Excess.ComputeMs /= float64(e.Steps)
 				e.Excess.HostMs /= float64(e.Steps)
 			}
-			e.TPSDuring = during / float64(max(e.Steps, 1))
-			e.TPSWithout = without / float64(max(e.Steps, 1))
-			e.CostTPS = max(0, e.TPSWithout-e.TPSDuring)
-			if e.TPSWithout > 0 {
-				e.CostFraction = e.CostTPS / e.TPSWithout
-			}
 			slices.Sort(e.Ranks)
 			out = append(out, e)
 		}
 	}
+	if err := w.fill(out, src); err != nil {
+		return nil, err
+	}
 	slices.SortFunc(out, func(a, b StragglerEpisode) int {
 		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node))
 	})
-	return out
+	return out, nil
+}
+
+// fill takes the episodes' steps' figures from their rows, in one pass
+// over the steps from the first episode's to the last one's: TPS during,
+// TPS had the node kept pace (each step's time less its window's excess,
+// never more than twice as fast) and the GPU hours that excess cost.
+func (w *windows) fill(eps []StragglerEpisode, src clusterSource) error {
+	if len(eps) == 0 {
+		return nil
+	}
+	lo, hi := eps[0].a, eps[0].b
+	for _, e := range eps {
+		lo, hi = min(lo, e.a), max(hi, e.b)
+	}
+	during, without := make([]float64, len(eps)), make([]float64, len(eps))
+	err := src.each(lo, hi+1, func(off int, rows []tps.ClusterStep) error {
+		end := off + len(rows)
+		for k := range eps {
+			e := &eps[k]
+			for i := max(e.a, off); i <= min(e.b, end-1); i++ {
+				if w.of[i] < 0 {
+					continue
+				}
+				c := &rows[i-off]
+				during[k] += c.TPS
+				d := float64(c.StepTimeNs)
+				faster := max(d-e.excess[w.of[i]], d/2) // never more than twice as fast
+				without[k] += float64(c.Tokens) / (faster / 1e9)
+				e.GPUHoursLost += (d - faster) / 1e9 * float64(c.WorldSize) / 3600
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for k := range eps {
+		e := &eps[k]
+		e.TPSDuring = during[k] / float64(max(e.Steps, 1))
+		e.TPSWithout = without[k] / float64(max(e.Steps, 1))
+		e.CostTPS = max(0, e.TPSWithout-e.TPSDuring)
+		if e.TPSWithout > 0 {
+			e.CostFraction = e.CostTPS / e.TPSWithout
+		}
+		e.excess = nil
+	}
+	return nil
 }
 
 // episodeCauses explains each episode: the largest part of its slow
 // rank's excess own time (EpisodeExcess) when it is waiting for data or
 // host time, else slow compute, from the GPU samples of its node against
 // the other nodes' over the same time.
-func (rep *Report) episodeCauses(steps []tps.ClusterStep, g *gpuSeries) {
+func (rep *Report) episodeCauses(g *gpuSeries) {
 	for i := range rep.Episodes {
 		e := &rep.Episodes[i]
 		x := e.Excess

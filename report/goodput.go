@@ -53,132 +53,164 @@ const (
 // ComputeGoodput analyses steps (sorted by attempt, step) with the warm-up
 // mask and the run's events.
 func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Goodput {
-	g := Goodput{BadputS: map[string]float64{}}
 	if len(steps) == 0 {
-		return g
+		return Goodput{BadputS: map[string]float64{}}
+	}
+	a := newGoodputAcc(spineOf(steps), events)
+	for i := range steps {
+		a.add(&steps[i], warm[i], i+1 == len(steps) || steps[i+1].Attempt != steps[i].Attempt)
+	}
+	return a.result()
+}
+
+// goodputAcc is ComputeGoodput fed the steps in order.
+type goodputAcc struct {
+	g           Goodput
+	resumeAfter map[int64]int64 // attempt → step the next attempt resumed from
+	starts      map[int64]int64
+	ends        map[int64]int64
+	evals       [][2]int64
+	ckpts       [][2]int64
+	launch      map[int64]bool
+	finish      int64
+	// the elapsed time is cut at one cursor that only moves forward: each
+	// stretch of time goes to exactly one part, so the parts add up to the
+	// elapsed time whatever the rows say (a step that overlaps the previous
+	// one counts from its end, as its step time does)
+	cursor int64
+	n      int
+	prev   [2]int64 // the previous step's attempt and step
+}
+
+// newGoodputAcc prepares the analysis of the spine's steps (attempts,
+// where each resumed, the run's span) and the events.
+func newGoodputAcc(sp *spine, events []tps.Event) *goodputAcc {
+	a := &goodputAcc{g: Goodput{BadputS: map[string]float64{}}, resumeAfter: map[int64]int64{},
+		starts: map[int64]int64{}, ends: map[int64]int64{}, launch: map[int64]bool{}}
+	if sp.len() == 0 {
+		return a
 	}
 	// Steps of an attempt at or beyond where the next attempt resumed were redone.
-	firstOf := map[int64]int64{} // attempt → first step
-	var attempts []int64
-	for _, c := range steps {
-		if _, ok := firstOf[c.Attempt]; !ok {
-			firstOf[c.Attempt] = c.Step
-			attempts = append(attempts, c.Attempt)
+	var attempts, firsts []int64
+	for i := range sp.len() {
+		if i == 0 || sp.attempt[i] != sp.attempt[i-1] {
+			attempts, firsts = append(attempts, int64(sp.attempt[i])), append(firsts, sp.step[i])
 		}
 	}
-	resumeAfter := map[int64]int64{} // attempt → step the next attempt resumed from
 	for i := 0; i+1 < len(attempts); i++ {
-		resumeAfter[attempts[i]] = firstOf[attempts[i+1]]
+		a.resumeAfter[attempts[i]] = firsts[i+1]
 	}
-	g.Restarts = len(attempts) - 1
-
-	starts := map[int64]int64{}
-	ends := map[int64]int64{}
-	var evals, ckpts [][2]int64
+	a.g.Restarts = len(attempts) - 1
 	for _, e := range events {
 		switch e.Kind {
 		case tps.EventAttemptStart, tps.EventJobStart:
-			if s, ok := starts[e.Attempt]; !ok || e.StartUnixNs < s {
-				starts[e.Attempt] = e.StartUnixNs
+			if s, ok := a.starts[e.Attempt]; !ok || e.StartUnixNs < s {
+				a.starts[e.Attempt] = e.StartUnixNs
 			}
 		case tps.EventAttemptEnd, tps.EventJobEnd:
 			end := max(e.EndUnixNs, e.StartUnixNs)
-			ends[e.Attempt] = max(ends[e.Attempt], end)
+			a.ends[e.Attempt] = max(a.ends[e.Attempt], end)
 		case tps.EventEval:
-			evals = append(evals, [2]int64{e.StartUnixNs, e.EndUnixNs})
+			a.evals = append(a.evals, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		case tps.EventCheckpointSave:
-			ckpts = append(ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
+			a.ckpts = append(a.ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		}
 	}
-	launch := map[int64]bool{}
-	for _, a := range attempts[1:] {
-		if _, ok := starts[a]; ok {
-			g.Launches++
-			launch[a] = true
+	for _, at := range attempts[1:] {
+		if _, ok := a.starts[at]; ok {
+			a.g.Launches++
+			a.launch[at] = true
 		}
 	}
-	sec := func(ns int64) float64 { return float64(ns) / 1e9 }
-	begin, finish := steps[0].StartUnixNs, steps[0].EndUnixNs
-	for _, c := range steps {
-		begin, finish = min(begin, c.StartUnixNs), max(finish, c.EndUnixNs)
-	}
-	for _, s := range starts {
+	begin, finish := sp.span()
+	for _, s := range a.starts {
 		begin = min(begin, s)
 	}
-	for _, e := range ends {
+	for _, e := range a.ends {
 		finish = max(finish, e)
 	}
-	g.ElapsedS = sec(finish - begin)
+	a.g.ElapsedS = sec(finish - begin)
+	a.cursor, a.finish = begin, finish
+	return a
+}
 
-	// The elapsed time is cut at one cursor that only moves forward: each
-	// stretch of time goes to exactly one part, so the parts add up to the
-	// elapsed time whatever the rows say (a step that overlaps the previous
-	// one counts from its end, as its step time does).
-	cursor := begin
-	account := func(cause string, to int64) {
-		if to > cursor {
-			g.BadputS[cause] += sec(to - cursor)
-			cursor = to
-		}
+func sec(ns int64) float64 { return float64(ns) / 1e9 }
+
+func (a *goodputAcc) account(cause string, to int64) {
+	if to > a.cursor {
+		a.g.BadputS[cause] += sec(to - a.cursor)
+		a.cursor = to
 	}
-	for i, c := range steps {
-		first := i == 0 || steps[i-1].Attempt != c.Attempt
-		if first {
-			s, ok := starts[c.Attempt]
-			if i > 0 { // restart: the previous attempt's last step to this attempt's start
-				to := c.StartUnixNs
-				if ok && s < to {
-					to = s
-				}
-				if launch[c.Attempt] && to > cursor {
-					// another launch: its own start-up counts, the wait before it is not the job's
-					g.BetweenLaunchesS += sec(to - cursor)
-					g.excluded = append(g.excluded, [2]int64{cursor, to})
-					cursor = to
-				}
-				account(BadRestart, to)
+}
+
+// add takes the next step, whether it is warm-up and whether it is the
+// last of its attempt.
+func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
+	g := &a.g
+	first := a.n == 0 || a.prev[0] != c.Attempt
+	if first {
+		s, ok := a.starts[c.Attempt]
+		if a.n > 0 { // restart: the previous attempt's last step to this attempt's start
+			to := c.StartUnixNs
+			if ok && s < to {
+				to = s
 			}
-			account(BadStartup, c.StartUnixNs)
-		} else if miss := c.Step - steps[i-1].Step - 1; miss > 0 && c.StartUnixNs > cursor {
-			// Steps missing from the traces: trained, not monitored.
-			g.UnmonitoredS += sec(c.StartUnixNs - cursor)
-			g.UnmonitoredSteps += miss
-			g.excluded = append(g.excluded, [2]int64{cursor, c.StartUnixNs})
-			cursor = c.StartUnixNs
-		} else if gap := c.StartUnixNs - cursor; gap > 0 {
-			// Between steps: evaluation, checkpoints, and the rest idle.
-			ev := overlap(evals, cursor, c.StartUnixNs)
-			ck := min(overlap(ckpts, cursor, c.StartUnixNs), gap-ev)
-			g.BadputS[BadEval] += sec(ev)
-			g.BadputS[BadCheckpoint] += sec(ck)
-			g.BadputS[BadIdle] += sec(gap - ev - ck)
-			cursor = c.StartUnixNs
+			if a.launch[c.Attempt] && to > a.cursor {
+				// another launch: its own start-up counts, the wait before it is not the job's
+				g.BetweenLaunchesS += sec(to - a.cursor)
+				g.excluded = append(g.excluded, [2]int64{a.cursor, to})
+				a.cursor = to
+			}
+			a.account(BadRestart, to)
 		}
-		// The step's part of the timeline: from where the previous one
-		// ended (or its own start, after a gap) to its end.
-		var d float64
-		if c.EndUnixNs > cursor {
-			d = sec(c.EndUnixNs - cursor)
-			cursor = c.EndUnixNs
-		}
-		if ra, ok := resumeAfter[c.Attempt]; ok && c.Step >= ra {
-			g.BadputS[BadRedone] += d
-			g.RedoneSteps++
-		} else if warm[i] {
-			g.BadputS[BadWarmup] += d
-		} else {
-			stall := d * min(max(c.DataStallFractionMean, 0), 1)
-			ck := min(d*max(c.CkptFractionMean, 0), d-stall)
-			g.BadputS[BadDataStall] += stall
-			g.BadputS[BadCheckpoint] += ck
-			g.ProductiveS += d - stall - ck
-		}
-		last := i+1 == len(steps) || steps[i+1].Attempt != c.Attempt
-		if e, ok := ends[c.Attempt]; last && ok {
-			account(BadIdle, e) // the attempt's tail
-		}
+		a.account(BadStartup, c.StartUnixNs)
+	} else if miss := c.Step - a.prev[1] - 1; miss > 0 && c.StartUnixNs > a.cursor {
+		// Steps missing from the traces: trained, not monitored.
+		g.UnmonitoredS += sec(c.StartUnixNs - a.cursor)
+		g.UnmonitoredSteps += miss
+		g.excluded = append(g.excluded, [2]int64{a.cursor, c.StartUnixNs})
+		a.cursor = c.StartUnixNs
+	} else if gap := c.StartUnixNs - a.cursor; gap > 0 {
+		// Between steps: evaluation, checkpoints, and the rest idle.
+		ev := overlap(a.evals, a.cursor, c.StartUnixNs)
+		ck := min(overlap(a.ckpts, a.cursor, c.StartUnixNs), gap-ev)
+		g.BadputS[BadEval] += sec(ev)
+		g.BadputS[BadCheckpoint] += sec(ck)
+		g.BadputS[BadIdle] += sec(gap - ev - ck)
+		a.cursor = c.StartUnixNs
 	}
-	account(BadIdle, finish)
+	a.n++
+	a.prev = [2]int64{c.Attempt, c.Step}
+	// The step's part of the timeline: from where the previous one
+	// ended (or its own start, after a gap) to its end.
+	var d float64
+	if c.EndUnixNs > a.cursor {
+		d = sec(c.EndUnixNs - a.cursor)
+		a.cursor = c.EndUnixNs
+	}
+	if ra, ok := a.resumeAfter[c.Attempt]; ok && c.Step >= ra {
+		g.BadputS[BadRedone] += d
+		g.RedoneSteps++
+	} else if warm {
+		g.BadputS[BadWarmup] += d
+	} else {
+		stall := d * min(max(c.DataStallFractionMean, 0), 1)
+		ck := min(d*max(c.CkptFractionMean, 0), d-stall)
+		g.BadputS[BadDataStall] += stall
+		g.BadputS[BadCheckpoint] += ck
+		g.ProductiveS += d - stall - ck
+	}
+	if e, ok := a.ends[c.Attempt]; lastOfAttempt && ok {
+		a.account(BadIdle, e) // the attempt's tail
+	}
+}
+
+func (a *goodputAcc) result() Goodput {
+	g := &a.g
+	if a.n == 0 {
+		return Goodput{BadputS: map[string]float64{}}
+	}
+	a.account(BadIdle, a.finish)
 	g.ElapsedS -= g.BetweenLaunchesS
 	if d := g.ElapsedS - g.UnmonitoredS; d > 0 {
 		g.Goodput = g.ProductiveS / d
@@ -188,7 +220,7 @@ func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Go
 			delete(g.BadputS, k)
 		}
 	}
-	return g
+	return *g
 }
 
 // ExcludedWithin is how much of [a, b) lay between launches or in

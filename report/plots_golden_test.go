@@ -68,7 +68,13 @@ func syntheticReport(ranks, steps int, seed uint64) (*Report, *Plots) {
 	rep.Summary = tps.Summarize(cs, tps.WindowOptions{Warmup: tps.AutoWarmup})
 	warm := tps.WarmupMask(cs, tps.WindowOptions{Warmup: tps.AutoWarmup})
 	pd.steps, pd.warm = cs, warm
-	rep.breakdown(cs, warm)
+	var brk breakdownAcc
+	for i := range cs {
+		if !warm[i] && cs[i].StepTimeNs > 0 {
+			brk.add(&cs[i])
+		}
+	}
+	brk.result(rep)
 	h := newHeatGrid(len(cs), ranks)
 	for c := 0; c < h.stepBins; c++ {
 		si := c * h.stepsPer
@@ -89,7 +95,7 @@ func syntheticReport(ranks, steps int, seed uint64) (*Report, *Plots) {
 	for r := 0; r < ranks; r++ {
 		pd.nodeOf[int64(r)] = fmt.Sprintf("node-%d", r/8)
 	}
-	g := newGPUSeries(cs)
+	g := newGPUSeries(spineOf(cs).span())
 	for t := t0; t < now; t += (now - t0) / 300 {
 		si := 0
 		for si < len(cs)-1 && cs[si+1].StartUnixNs <= t {

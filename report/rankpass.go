@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -45,7 +44,7 @@ func partsOf(dir string) []string {
 // stepPass reads rank_steps (the selected row groups, a few columns) for
 // the per-rank compute medians, nodes, the heatmap, the episode windows,
 // the critical rank's excess and padding.
-func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, steps []tps.ClusterStep, warm []bool,
+func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, sp *spine,
 	heat *heatGrid, wins *windows, nodes map[int64]string, crit critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
 	// Per rank, by index: a map access per row (medians, nodes) was a
 	// tenth of the pass. Ranks past the declared world go to the map.
@@ -66,10 +65,10 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			// the step up when it changes (the next one first).
 			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
 				lastKey = k
-				if n := si + 1; ok && n < len(steps) && steps[n].Attempt == k[0] && steps[n].Step == k[1] {
+				if n := si + 1; ok && n < sp.len() && int64(sp.attempt[n]) == k[0] && sp.step[n] == k[1] {
 					si = n
 				} else {
-					si, ok = stepAt(steps, k)
+					si, ok = sp.stepAt(k)
 				}
 				hc = heat.col(si)
 			}
@@ -88,11 +87,12 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 					named[r] = true
 				}
 			}
-			if st := &steps[si]; r == st.SlowestRank && !warm[si] && st.StepTimeNs > 0 {
+			warm := sp.warm(si)
+			if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.stepTime[si] > 0 {
 				// what the critical rank had more of than the mean rank
-				crit.add(c.Strings[i], r, comp-st.ComputeNsMean, float64(data[i])-st.DataStallFractionMean*float64(st.StepTimeNs))
+				crit.add(c.Strings[i], r, comp-sp.critComp[si], float64(data[i])-sp.critData[si])
 			}
-			if warm[si] {
+			if warm {
 				continue
 			}
 			// its own time (what the others wait for in a synchronous step:
@@ -137,34 +137,13 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 	return med, realTok, padTok, nil
 }
 
-// firstStepFrom is the index of the first of steps (sorted by attempt,
-// then step) at or after (attempt, step) k, by binary search over the rows
-// in place.
-func firstStepFrom(steps []tps.ClusterStep, k [2]int64) int {
-	return sort.Search(len(steps), func(i int) bool {
-		c := &steps[i]
-		return c.Attempt > k[0] || (c.Attempt == k[0] && c.Step >= k[1])
-	})
-}
-
-// stepAt finds the cluster row of (attempt, step) k (the first, if the row
-// is there twice): a map of every step was ~50 bytes a step held through
-// the pass.
-func stepAt(steps []tps.ClusterStep, k [2]int64) (int, bool) {
-	i := firstStepFrom(steps, k)
-	if i < len(steps) && steps[i].Attempt == k[0] && steps[i].Step == k[1] {
-		return i, true
-	}
-	return 0, false
-}
-
 // windowPass reads rank_windows instead: per rank, the merged compute
 // sketches' median; per window row, its mean compute in the heatmap at
 // its first steady step, and its sums in the episode window of that step.
 // Rows of a window holding a warm-up step (or no selected step) are left
 // out, so figures cover whole windows; rows of one key are merged by the
 // sums they add to, which is what Merge does.
-func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.ClusterStep, warm []bool, heat *heatGrid, wins *windows,
+func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat *heatGrid, wins *windows,
 	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
 	sketches := map[int64]*tps.Sketch{}
 	var scratch tps.Sketch
@@ -180,12 +159,12 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, steps []tps.Clus
 			si, in, anyWarm := -1, false, false
 			j := lastJ
 			if k := [2]int64{w.Attempt, w.FirstStep}; k != lastKey {
-				j = firstStepFrom(steps, k)
+				j = sp.firstStepFrom(k)
 				lastKey, lastJ = k, j
 			}
-			for ; j < len(steps) && steps[j].Attempt == w.Attempt && steps[j].Step <= w.LastStep; j++ {
+			for ; j < sp.len() && int64(sp.attempt[j]) == w.Attempt && sp.step[j] <= w.LastStep; j++ {
 				in = true
-				if warm[j] {
+				if sp.warm(j) {
 					anyWarm = true
 					break
 				}

@@ -42,6 +42,10 @@ type Options struct {
 	// when rank_steps holds more than WindowsAbove rows, or none),
 	// RankSourceSteps or RankSourceWindows.
 	RankSource string
+
+	// chunk, when above 0, streams the cluster rows in chunks of that
+	// many steps whatever the run's size (tests)
+	chunk int
 }
 
 // Rank sources (Options.RankSource).
@@ -255,21 +259,33 @@ type Plots struct {
 // Analyze reads the traces of the job folder dir (OUT/<job>) and returns
 // the report's result.
 func Analyze(dir string, opt Options) (*Report, error) {
-	rep, _, err := AnalyzeWithPlots(dir, opt)
+	rep, _, err := analyze(dir, opt, false)
+	if checkStreamed != nil && err == nil {
+		o := opt
+		o.chunk = 3
+		streamed, _, serr := analyze(dir, o, false)
+		checkStreamed(dir, rep, streamed, serr)
+	}
 	return rep, err
 }
 
+// checkStreamed, when set (by this package's tests), is handed every
+// Analyze's report and the same report with the cluster rows streamed in
+// chunks of three steps.
+var checkStreamed func(dir string, held, streamed *Report, err error)
+
 // AnalyzeWithPlots is Analyze, and what the report's figures draw
-// (Plots.Figures).
+// (Plots.Figures). It holds the run's cluster rows (the plots draw every
+// step); Analyze reads them in chunks.
 func AnalyzeWithPlots(dir string, opt Options) (*Report, *Plots, error) {
-	rep, pd, err := analyze(dir, opt)
+	rep, pd, err := analyze(dir, opt, true)
 	if err != nil {
 		return nil, nil, err
 	}
 	return rep, pd, nil
 }
 
-func analyze(dir string, opt Options) (*Report, *Plots, error) {
+func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	pd := &Plots{}
 	if opt.TopStragglers <= 0 {
 		opt.TopStragglers = 5
@@ -288,23 +304,45 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 	for _, t := range []string{trace.ClusterSteps, trace.RankSteps, trace.RankWindows, trace.Events, trace.GPUSamples} {
 		rep.BytesInTables += trace.TableBytes(filepath.Join(dir, t))
 	}
+	// The steps: held (a selection, or the plots'), or a spine of them
+	// with their rows read in chunks (see cluster.go).
 	sel := opt.Select
 	var steps []tps.ClusterStep
+	var sp *spine
+	var src clusterSource
 	var selected *selectedSteps
 	var err error
-	if sel.Active() {
+	jumps, back := 0, 0.0
+	switch {
+	case sel.Active():
 		selected, err = readSelected(clusterDir, sel, opt.Warmup, metered)
 		if selected != nil {
 			steps = selected.steps
 		}
-	} else {
+	case plots || (opt.chunk <= 0 && trace.RowCount(clusterDir, metered) <= int64(clusterChunk)):
+		// one chunk: read once
 		steps, err = trace.ReadAll[tps.ClusterStep](clusterDir, metered)
+	default:
+		sp, jumps, back, err = readSpine(clusterDir, []trace.ReadOption{metered})
+		if sp != nil {
+			src = &streamedRows{dir: clusterDir, sp: sp, chunk: cmp.Or(opt.chunk, clusterChunk), opts: []trace.ReadOption{metered}}
+		}
 	}
 	if err = rep.tolerate(err); err != nil {
 		return nil, nil, err
 	}
+	if sp == nil {
+		if selected != nil {
+			jumps, back = selected.jumps, selected.back
+		} else {
+			tps.SortSteps(steps)
+			jumps, back = unstepClocks(steps)
+		}
+		sp, src = spineOf(steps), heldRows(steps)
+	}
+	n := sp.len()
 	open := trace.OpenParts(clusterDir) + trace.OpenParts(filepath.Join(dir, trace.RankSteps))
-	if len(steps) == 0 && (selected == nil || selected.of == 0) {
+	if n == 0 && (selected == nil || selected.of == 0) {
 		if open > 0 {
 			return nil, nil, fmt.Errorf("report: job %s is running and none of its parts is finalised yet: the collector finalises them every part age (default 1 min), when an attempt ends and when the job has been quiet for 10 s; try again shortly", rep.Job)
 		}
@@ -315,26 +353,21 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 	}
 	if open > 0 {
 		rep.Running = true
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", len(steps), open))
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", n, open))
 	}
 	var ranges []trace.Range
 	var selWarm map[[2]int64]bool
 	var threshold float64
-	jumps, back := 0, 0.0
 	if selected != nil {
-		jumps, back = selected.jumps, selected.back
 		// The warm-up is the whole run's: a window that starts mid-attempt
 		// has none of its own.
 		selWarm, threshold = selected.warm, selected.threshold
-		if len(steps) == 0 {
+		if n == 0 {
 			return nil, nil, fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", sel, selected.of)
 		}
 		rep.Selection = sel.String()
-		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps, read from the row groups that hold them); elapsed time runs from its first step's start to its last step's end", sel, len(steps), selected.of))
-		ranges = selectedRanges(steps)
-	} else {
-		tps.SortSteps(steps)
-		jumps, back = unstepClocks(steps)
+		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps, read from the row groups that hold them); elapsed time runs from its first step's start to its last step's end", sel, n, selected.of))
+		ranges = sp.ranges(0, n)
 	}
 	if jumps > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the job's clock stepped back %d time(s), by up to %s: the steps after each jump are placed after the one before it (their durations are the ranks' own)", jumps, dur(back)))
@@ -354,9 +387,10 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 	}, metered); rep.tolerate(err) != nil {
 		return nil, nil, err
 	}
+	lo, hi := sp.span()
 	if rep.Selection != "" {
-		events = selectEvents(events, steps)
-		pd.events = selectEvents(pd.events, steps)
+		events = selectEvents(events, lo, hi)
+		pd.events = selectEvents(pd.events, lo, hi)
 		clear(rep.Events)
 		for _, e := range events {
 			rep.Events[e.Kind]++
@@ -379,21 +413,10 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 			profiled[[2]int64{e.Attempt, e.Step}] = true
 		}
 	}
-	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Warm: selWarm, Threshold: threshold}
-	tps.SortSteps(steps)
-	if selWarm == nil {
-		// once, for the mask and the rule's words
-		wopt.Threshold = tps.WarmupThreshold(steps, wopt)
-	}
-	warm := tps.WarmupMask(steps, wopt)
-	wopt.Mask = warm // computed once: Summarize takes it
-	rep.Summary = tps.Summarize(steps, wopt)
-	pd.steps, pd.warm = steps, warm
-	skip := skipMask(steps, warm, profiled)
-	rep.breakdown(steps, skip)
+	threshold = sp.markWarm(opt.Warmup, threshold, selWarm, profiled)
 
-	// One pass over rank_steps: per-rank compute medians of steady steps and
-	// the heatmap grid.
+	// What per-rank figures come from decides whether the cluster pass
+	// keeps the critical rank of each step.
 	rankDir := filepath.Join(dir, trace.RankSteps)
 	var total int64
 	if selected == nil {
@@ -405,31 +428,56 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 			total += max(c.RanksReported, 0)
 		}
 	}
-	rep.TablesRead = append(rep.TablesRead, trace.ClusterSteps, trace.Events)
-	nodes := map[int64]string{}
-	heat := newHeatGrid(len(steps), int(rep.Summary.WorldSize))
-	var realTok, padTok int64
-	crit := critExcess{}
-	var med map[int64]float64
-	src, err := rankSource(dir, opt.RankSource, total)
+	rankSrc, err := rankSource(dir, opt.RankSource, total)
 	if err != nil {
 		return nil, nil, err
 	}
+
+	// The cluster pass: every figure of the cluster rows alone.
+	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Threshold: threshold}
+	pass := &clusterPass{sp: sp, sum: tps.NewSummarizer(wopt, sp.anyComplete(), n), good: newGoodputAcc(sp, events), att: newAttemptsAcc(events)}
+	if len(partsOf(filepath.Join(dir, trace.GPUSamples))) > 0 {
+		pass.energy = newEnergyJoinOf(rep.ClockOffsetsNs)
+	}
+	if rankSrc == trace.RankSteps {
+		pass.crit = true
+		sp.slowest, sp.critComp, sp.critData = make([]int32, n), make([]float64, n), make([]float64, n)
+	}
+	if err := src.each(0, n, pass.add); err != nil {
+		return nil, nil, err
+	}
+	rep.Summary = pass.sum.Result()
+	pass.brk.result(rep)
+	if plots {
+		pd.steps, pd.warm = steps, make([]bool, n)
+		for i := range n {
+			pd.warm[i] = sp.warm(i)
+		}
+	}
+
+	// One pass over rank_steps (or rank_windows): per-rank compute medians
+	// of steady steps, the heatmap grid, the episode windows.
+	rep.TablesRead = append(rep.TablesRead, trace.ClusterSteps, trace.Events)
+	nodes := map[int64]string{}
+	heat := newHeatGrid(n, int(rep.Summary.WorldSize))
+	var realTok, padTok int64
+	crit := critExcess{}
+	var med map[int64]float64
 	minWin := 0 // episode windows hold whole rank windows when those are read
-	if src == trace.RankWindows {
+	if rankSrc == trace.RankWindows {
 		minWin = tps.RankWindowSteps
 	}
-	wins := newWindows(steps, warm, rep.Summary.WorldSize, minWin)
-	switch src {
+	wins := newWindows(sp, rep.Summary.WorldSize, minWin)
+	switch rankSrc {
 	case trace.RankWindows:
 		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
-		if med, realTok, padTok, err = rep.windowPass(dir, ranges, steps, warm, heat, wins, nodes); err != nil {
+		if med, realTok, padTok, err = rep.windowPass(dir, ranges, sp, heat, wins, nodes); err != nil {
 			return nil, nil, err
 		}
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
 	default:
 		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
-		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, steps, warm, heat, wins, nodes, crit); err != nil {
+		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, sp, heat, wins, nodes, crit); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -438,8 +486,11 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 	rep.Stragglers = scores[:min(len(scores), opt.TopStragglers)]
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
 	pd.heat, pd.nodeOf = heat, nodes
-	rep.Episodes, rep.EpisodeWindow = wins.episodes(steps, nodes), wins.size
-	rep.WaitCharged = waitCharged(steps, skip, nodes, opt.TopStragglers)
+	if rep.Episodes, err = wins.episodes(sp, nodes, src); err != nil {
+		return nil, nil, err
+	}
+	rep.EpisodeWindow = wins.size
+	rep.WaitCharged = pass.wait.result(nodes, opt.TopStragglers)
 	crit.explain(rep.WaitCharged)
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
@@ -450,8 +501,8 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 
 	alignEvents(events, rep.ClockOffsetsNs, nodes)
 	alignEvents(pd.events, rep.ClockOffsetsNs, nodes)
-	rep.Goodput = ComputeGoodput(steps, warm, events)
-	rep.Attempts = attemptRows(steps, warm, events)
+	rep.Goodput = pass.good.result()
+	rep.Attempts = pass.att.result()
 	if s := &rep.Summary; s.WallTPS > 0 {
 		// Wall TPS over the job's own, monitored time.
 		span := s.WallToUnixNs - s.WallFromUnixNs
@@ -459,22 +510,21 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 			s.WallTPS *= float64(span) / float64(span-out)
 		}
 	}
-	rep.generation(steps, skip, events)
+	pass.gen.result(rep, sp, events)
 	if rep.Traces, err = summarizeTraces(dir, events, metered); err != nil {
 		return nil, nil, err
 	}
 
-	gpu := newGPUSeries(steps)
+	gpu := newGPUSeries(lo, hi)
 	gpu.offsets = rep.ClockOffsetsNs
-	ej := newEnergyJoin(steps, skip, rep.ClockOffsetsNs)
+	ej := pass.energy
+	if ej == nil {
+		ej = newEnergyJoinOf(rep.ClockOffsetsNs)
+	}
 	gpuRead := []trace.ReadOption{metered}
 	if selected != nil {
 		// samples within a minute of the selection's steps (the plots and
 		// the episodes' causes join samples near their steps)
-		lo, hi := steps[0].StartUnixNs, steps[0].EndUnixNs
-		for _, c := range steps {
-			lo, hi = min(lo, c.StartUnixNs), max(hi, c.EndUnixNs)
-		}
 		margin := int64(60e9)
 		for _, o := range rep.ClockOffsetsNs {
 			margin = max(margin, 60e9+abs(o))
@@ -498,7 +548,7 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 		rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, 1/tpj
 		rep.Energy.Steps, rep.Energy.FromSamples = n, true
 	}
-	rep.episodeCauses(steps, gpu)
+	rep.episodeCauses(gpu)
 	rep.episodeCaptures(events)
 
 	s := rep.Summary
@@ -520,142 +570,11 @@ func analyze(dir string, opt Options) (*Report, *Plots, error) {
 	return rep, pd, nil
 }
 
-func (rep *Report) breakdown(steps []tps.ClusterStep, warm []bool) {
-	s := rep.Summary
-	var n, eSteps, eTokens, eJoules float64
-	var energy Energy
-	// sized once: grown by appending they were 125 MB of garbage at 1.56 M steps
-	xs, ys := make([]float64, 0, len(steps)), make([]float64, 0, len(steps))
-	for i, c := range steps {
-		if warm[i] || c.StepTimeNs <= 0 {
-			continue
-		}
-		n++
-		rep.Breakdown.Compute += c.ComputeNsMean / float64(c.StepTimeNs)
-		rep.Breakdown.CommOverlap += c.CommOverlap
-		xs, ys = append(xs, c.CommFractionMean), append(ys, c.TPS)
-		if c.GPUsJoined > 0 && c.EnergyJ > 0 {
-			eSteps++
-			eTokens += float64(c.Tokens)
-			eJoules += c.EnergyJ
-			energy.PowerWMean += c.PowerWMean
-			energy.SMClockMHzMean += c.SMClockMHzMean
-			// bits 0 (GPU idle) and 1 (application clocks) are not throttling
-			if c.ClockEventReasons&^0x3 != 0 {
-				energy.ThrottledSteps++
-			}
-		}
-	}
-	if n > 0 {
-		rep.Breakdown.Compute /= n
-		rep.Breakdown.CommOverlap /= n
-	}
-	rep.Breakdown.ExposedComm, rep.Breakdown.Bubble = s.CommFraction, s.BubbleFraction
-	rep.Breakdown.WaitingForPeers = s.WaitFraction
-	rep.Breakdown.DataStall, rep.Breakdown.Checkpoint = s.DataStallFraction, s.CkptFraction
-	b := &rep.Breakdown
-	if n > 0 {
-		b.Other = max(0, 1-(b.Compute+b.ExposedComm+b.WaitingForPeers+b.Bubble+b.DataStall+b.Checkpoint))
-	}
-	if rep.Meta != nil {
-		rep.Breakdown.BubbleTheoretical = tps.TheoreticalBubble(rep.Meta.Topology.PP, rep.Meta.MicroBatches, rep.Meta.Interleave)
-	}
-	rep.CommFit = fitLine(xs, ys)
-	if eSteps > 0 {
-		energy.TokensPerJoule, energy.JoulesPerToken = eTokens/eJoules, eJoules/eTokens
-		energy.Steps = int(eSteps)
-		energy.PowerWMean /= eSteps
-		energy.SMClockMHzMean /= eSteps
-		rep.Energy = &energy
-	}
-}
-
-// generation sums up the generation phases and the text rate of the
-// steady steps, and merges the rollout events' latency sketches.
-func (rep *Report) generation(steps []tps.ClusterStep, warm []bool, events []tps.Event) {
-	var g Generation
-	var genSec, mfuSum float64
-	mfuN := 0
-	var txt TextRate
-	var bytes, tokens int64
-	var sec float64
-	for i, c := range steps {
-		if warm[i] || c.StepTimeNs <= 0 {
-			continue
-		}
-		if c.Bytes > 0 {
-			txt.Steps++
-			bytes += c.Bytes
-			tokens += c.Tokens
-			sec += float64(c.StepTimeNs) / 1e9
-		}
-		if c.GenNsMax <= 0 {
-			continue
-		}
-		g.Steps++
-		g.Requests += c.GenRequests
-		g.OutputTokens += c.GenOutputTokens
-		g.PromptTokens += c.GenPromptTokens
-		genSec += float64(c.GenNsMax) / 1e9
-		wait := c.CommFractionMean + c.WaitFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
-		g.GenShare += c.GenFractionMean
-		g.WaitingShare += wait
-		g.TrainingShare += max(0, 1-c.GenFractionMean-wait)
-		if c.MFUTraining > 0 && c.MFUUnknown == "" {
-			mfuSum += c.MFUTraining
-			mfuN++
-		}
-	}
-	if txt.Steps > 0 && sec > 0 && bytes > 0 {
-		txt.BytesPerSecond, txt.TokensPerByte = float64(bytes)/sec, float64(tokens)/float64(bytes)
-		rep.Text = &txt
-	}
-	if g.Steps == 0 {
-		return
-	}
-	n := float64(g.Steps)
-	g.GenShare, g.WaitingShare, g.TrainingShare = g.GenShare/n, g.WaitingShare/n, g.TrainingShare/n
-	if genSec > 0 {
-		g.OutputTPS = float64(g.OutputTokens) / genSec
-		g.TotalTPS = float64(g.OutputTokens+g.PromptTokens) / genSec
-	}
-	if mfuN > 0 {
-		m := mfuSum / float64(mfuN)
-		g.MFUTraining = &m
-	}
-	var ttft, itl tps.Sketch
-	steady := map[[2]int64]bool{}
-	for i, c := range steps {
-		if !warm[i] {
-			steady[[2]int64{c.Attempt, c.Step}] = true
-		}
-	}
-	for _, e := range events {
-		if e.Kind != tps.EventRollout || !steady[[2]int64{e.Attempt, e.Step}] {
-			continue
-		}
-		if d, err := tps.ParseRollout(e.Detail); err == nil {
-			ttft.Merge(&d.TTFT)
-			itl.Merge(&d.ITL)
-		}
-	}
-	g.TTFT, g.ITL = latencyOf(&ttft), latencyOf(&itl)
-	rep.Generation = &g
-}
-
-// fitLine is ordinary least squares of y on x.
-func fitLine(xs, ys []float64) CommFit {
-	n := float64(len(xs))
+// fitSums is ordinary least squares of y on x from the sums over n
+// points of x, y, x², xy and y².
+func fitSums(n, sx, sy, sxx, sxy, syy float64) CommFit {
 	if n < 2 {
 		return CommFit{}
-	}
-	var sx, sy, sxx, sxy, syy float64
-	for i := range xs {
-		sx += xs[i]
-		sy += ys[i]
-		sxx += xs[i] * xs[i]
-		sxy += xs[i] * ys[i]
-		syy += ys[i] * ys[i]
 	}
 	vx := sxx - sx*sx/n
 	vy := syy - sy*sy/n
@@ -737,59 +656,6 @@ type WaitShare struct {
 	Steps int     `json:"steps"` // steady steps it was critical in
 	WaitS float64 `json:"wait_s"`
 	Share float64 `json:"share"` // of all the waiting
-}
-
-// skipMask is what the statistics leave out: warm-up and profiled steps.
-func skipMask(steps []tps.ClusterStep, warm []bool, profiled map[[2]int64]bool) []bool {
-	if len(profiled) == 0 {
-		return warm
-	}
-	out := slices.Clone(warm)
-	for i, c := range steps {
-		out[i] = out[i] || profiled[[2]int64{c.Attempt, c.Step}]
-	}
-	return out
-}
-
-// waitCharged sums each steady, complete step's waiting (wait fraction ×
-// step time) by the node of its critical rank.
-func waitCharged(steps []tps.ClusterStep, skip []bool, nodeOf map[int64]string, top int) []WaitShare {
-	by := map[string]*WaitShare{}
-	var total float64
-	for i, c := range steps {
-		if skip[i] || !c.Complete() || c.SlowestRank < 0 || c.WaitFractionMean <= 0 {
-			continue
-		}
-		w := c.WaitFractionMean * float64(c.StepTimeNs) / 1e9
-		total += w
-		n := nodeOf[c.SlowestRank]
-		if n == "" {
-			n = fmt.Sprintf("rank %d", c.SlowestRank)
-		}
-		x := by[n]
-		if x == nil {
-			if len(by) >= 4096 {
-				continue
-			}
-			x = &WaitShare{Node: n}
-			by[n] = x
-		}
-		x.Steps++
-		x.WaitS += w
-		if !slices.Contains(x.Ranks, c.SlowestRank) && len(x.Ranks) < 64 {
-			x.Ranks = append(x.Ranks, c.SlowestRank)
-		}
-	}
-	out := make([]WaitShare, 0, len(by))
-	for _, x := range by {
-		x.Share = x.WaitS / total
-		slices.Sort(x.Ranks)
-		out = append(out, *x)
-	}
-	slices.SortFunc(out, func(a, b WaitShare) int {
-		return cmp.Or(cmp.Compare(b.WaitS, a.WaitS), strings.Compare(a.Node, b.Node))
-	})
-	return out[:min(len(out), top)]
 }
 
 // unstepClocks repairs the timeline of steps (sorted by attempt, step)
@@ -982,11 +848,8 @@ type nodeGPU struct {
 // maxGPUNodes bounds the nodes tracked one by one.
 const maxGPUNodes = 4096
 
-func newGPUSeries(steps []tps.ClusterStep) *gpuSeries {
-	lo, hi := steps[0].StartUnixNs, steps[0].EndUnixNs
-	for _, c := range steps {
-		lo, hi = min(lo, c.StartUnixNs), max(hi, c.EndUnixNs)
-	}
+// newGPUSeries bins the time from lo to hi (ns).
+func newGPUSeries(lo, hi int64) *gpuSeries {
 	g := &gpuSeries{t0: lo, width: max((hi-lo)/600+1, 1), nodes: map[string]*nodeGPU{}, nodeBin: 4}
 	g.power, g.clock, g.util = make([]float64, 600), make([]float64, 600), make([]float64, 600)
 	g.n, g.nUtil = make([]int, 600), make([]int, 600)

@@ -3,7 +3,6 @@ package report
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -111,23 +110,8 @@ func (s Selection) keeps(attempt, step, start, end int64) bool {
 		(s.Until.IsZero() || start <= s.Until.UnixNano())
 }
 
-// ranges bound the rank rows the selected steps can be in, for skipping
-// row groups by their statistics.
-func selectedRanges(steps []tps.ClusterStep) []trace.Range {
-	a := trace.Range{Column: "attempt", Min: steps[0].Attempt, Max: steps[len(steps)-1].Attempt}
-	st := trace.Range{Column: "step", Min: steps[0].Step, Max: steps[0].Step}
-	for _, c := range steps {
-		st.Min, st.Max = min(st.Min, c.Step), max(st.Max, c.Step)
-	}
-	return []trace.Range{a, st}
-}
-
-// selectEvents keeps the events within the selected steps' time.
-func selectEvents(events []tps.Event, steps []tps.ClusterStep) []tps.Event {
-	lo, hi := steps[0].StartUnixNs, steps[0].EndUnixNs
-	for _, c := range steps {
-		lo, hi = min(lo, c.StartUnixNs), max(hi, c.EndUnixNs)
-	}
+// selectEvents keeps the events within [lo, hi], the selected steps' time.
+func selectEvents(events []tps.Event, lo, hi int64) []tps.Event {
 	out := events[:0]
 	for _, e := range events {
 		if e.EndUnixNs >= lo && e.StartUnixNs <= hi {
@@ -156,7 +140,12 @@ type runSteps struct {
 	attempt              []int32 // tps.MaxAttempt fits
 	step                 []int64
 	start, end, stepTime []int64 // nil unless read
+	missing              []int64 // ranks missing; nil unless read
 }
+
+// runColumns say which columns readRunSteps reads beside the attempt and
+// step.
+type runColumns struct{ times, stepTime, missing bool }
 
 func (r *runSteps) len() int { return len(r.step) }
 
@@ -174,7 +163,7 @@ func (r *runSteps) key(i int) [2]int64 { return [2]int64{int64(r.attempt[i]), r.
 // (TestSelectionReadsItsShare, BenchmarkReportLongRun).
 func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
 	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
-	run, err := readRunSteps(dir, byTime, byTime, opts)
+	run, err := readRunSteps(dir, runColumns{times: byTime, stepTime: byTime}, opts)
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, err
 	}
@@ -207,7 +196,7 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 			// the automatic rule compares them with every step's time
 			times = run.stepTime
 			if times == nil {
-				all, terr := readRunSteps(dir, false, true, opts)
+				all, terr := readRunSteps(dir, runColumns{stepTime: true}, opts)
 				if terr != nil && !trace.IsUnreadable(terr) {
 					return nil, terr
 				}
@@ -265,27 +254,34 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 
 // readRunSteps reads the attempt and step of every cluster row (and the
 // times, and the step time, as asked), sorted by attempt and step.
-func readRunSteps(dir string, times, stepTime bool, opts []trace.ReadOption) (*runSteps, error) {
+func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSteps, error) {
 	cols := []string{"attempt", "step"}
-	if times {
+	if want.times {
 		cols = append(cols, "start_unix_ns", "end_unix_ns")
 	}
-	if stepTime {
+	if want.stepTime {
 		cols = append(cols, "step_time_ns")
+	}
+	if want.missing {
+		cols = append(cols, "ranks_missing")
 	}
 	r := &runSteps{}
 	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
 		for _, a := range c.Int64[0] {
-			r.attempt = append(r.attempt, int32(min(max(a, math.MinInt32), math.MaxInt32)))
+			r.attempt = append(r.attempt, clampAttempt(a))
 		}
 		r.step = append(r.step, c.Int64[1]...)
 		k := 2
-		if times {
+		if want.times {
 			r.start, r.end = append(r.start, c.Int64[2]...), append(r.end, c.Int64[3]...)
 			k = 4
 		}
-		if stepTime {
+		if want.stepTime {
 			r.stepTime = append(r.stepTime, c.Int64[k]...)
+			k++
+		}
+		if want.missing {
+			r.missing = append(r.missing, c.Int64[k]...)
 		}
 		return nil
 	}, opts...)
@@ -301,6 +297,7 @@ func readRunSteps(dir string, times, stepTime bool, opts []trace.ReadOption) (*r
 		r.attempt = permute(r.attempt, perm)
 		r.step = permute(r.step, perm)
 		r.start, r.end, r.stepTime = permute(r.start, perm), permute(r.end, perm), permute(r.stepTime, perm)
+		r.missing = permute(r.missing, perm)
 	}
 	return r, err
 }

@@ -245,7 +245,7 @@ func TestStepAt(t *testing.T) {
 		want bool
 	}{{[2]int64{0, 3}, 0, true}, {[2]int64{0, 5}, 1, true}, {[2]int64{1, 0}, 3, true}, {[2]int64{1, 9}, 4, true},
 		{[2]int64{0, 4}, 0, false}, {[2]int64{0, 0}, 0, false}, {[2]int64{1, 10}, 0, false}, {[2]int64{2, 0}, 0, false}} {
-		if i, ok := stepAt(steps, c.k); ok != c.want || (ok && i != c.i) {
+		if i, ok := spineOf(steps).stepAt(c.k); ok != c.want || (ok && i != c.i) {
 			t.Errorf("stepAt(%v) = %d, %v; want %d, %v", c.k, i, ok, c.i, c.want)
 		}
 	}

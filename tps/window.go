@@ -214,31 +214,44 @@ func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
 // count (warmup >= 0). threshold is the rule's (WarmupThresholdOf), or 0
 // to compute it from stepTimes.
 func WarmupMaskOf(attempts, stepTimes []int64, warmup int, threshold float64) []bool {
-	mask := make([]bool, len(attempts))
-	if len(attempts) == 0 {
+	if warmup < 0 && threshold <= 0 {
+		threshold = WarmupThresholdOf(stepTimes, warmup)
+	}
+	var timeAt func(int) int64
+	if stepTimes != nil {
+		timeAt = func(i int) int64 { return stepTimes[i] }
+	}
+	return WarmupMaskAt(len(attempts), func(i int) int64 { return attempts[i] }, timeAt, warmup, threshold)
+}
+
+// WarmupMaskAt is WarmupMaskOf over n steps whose attempt and step time
+// the functions give (timeAt may be nil for a fixed count), for a caller
+// that holds them in another form; threshold is the rule's
+// (WarmupThresholdOf), required for the automatic rule.
+func WarmupMaskAt(n int, attemptAt, timeAt func(i int) int64, warmup int, threshold float64) []bool {
+	mask := make([]bool, n)
+	if n == 0 {
 		return mask
 	}
 	if warmup >= 0 {
 		threshold = math.Inf(1)
-	} else if threshold <= 0 {
-		threshold = WarmupThresholdOf(stepTimes, warmup)
 	}
 	pos := 0 // position within the current attempt
 	inWarmup := true
 	limit := 1
-	for i := range attempts {
-		if i == 0 || attempts[i] != attempts[i-1] {
+	for i := range n {
+		if a := attemptAt(i); i == 0 || a != attemptAt(i-1) {
 			pos, inWarmup = 0, true
-			n := 0
-			for j := i; j < len(attempts) && attempts[j] == attempts[i]; j++ {
-				n++
+			k := 0
+			for j := i; j < n && attemptAt(j) == a; j++ {
+				k++
 			}
-			limit = WarmupLimit(n)
+			limit = WarmupLimit(k)
 		}
 		if warmup >= 0 {
 			mask[i] = pos < warmup
 		} else {
-			if inWarmup && (pos == 0 || (pos < limit && float64(stepTimes[i]) > threshold)) {
+			if inWarmup && (pos == 0 || (pos < limit && float64(timeAt(i)) > threshold)) {
 				mask[i] = true
 			} else {
 				inWarmup = false
@@ -253,9 +266,10 @@ func WarmupMaskOf(attempts, stepTimes []int64, warmup int, threshold float64) []
 // automatic rule may exclude.
 func WarmupLimit(n int) int { return max(3, int(MaxAutoWarmupShare*float64(n))) }
 
-// SortSteps orders cluster steps by attempt, then step.
+// SortSteps orders cluster steps by attempt, then step (rows of one step
+// keep their order).
 func SortSteps(steps []ClusterStep) {
-	slices.SortFunc(steps, func(a, b ClusterStep) int {
+	slices.SortStableFunc(steps, func(a, b ClusterStep) int {
 		return cmp.Or(cmp.Compare(a.Attempt, b.Attempt), cmp.Compare(a.Step, b.Step))
 	})
 }
@@ -267,94 +281,131 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		SortSteps(steps) // a given mask is of the steps in their order
 	}
 	mask := WarmupMask(steps, opt)
-	s := Summary{Steps: len(steps)}
-	times, tps := make([]float64, 0, len(steps)), make([]float64, 0, len(steps)) // sized once, not grown
-	var sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait, wallTok float64
-	first, last := int64(math.MaxInt64), int64(0)
-	attempts := map[int64]bool{}
+	if opt.Warmup < 0 && len(steps) > 0 {
+		opt.Threshold = WarmupThreshold(steps, opt) // for the rule's words
+	}
 	anyComplete := false
-	var mostRanks int64
 	for i := range steps {
 		if steps[i].Complete() && !mask[i] {
 			anyComplete = true
+			break
 		}
-		mostRanks = max(mostRanks, steps[i].RanksReported)
 	}
+	sm := NewSummarizer(opt, anyComplete, len(steps))
 	for i := range steps {
-		c := &steps[i]
-		attempts[c.Attempt] = true
-		s.WorldSize = max(s.WorldSize, c.WorldSize)
-		if !c.Complete() {
-			s.IncompleteSteps++
-		}
-		if mask[i] {
-			s.WarmupSteps++
-			continue
-		}
-		if !c.Complete() && anyComplete {
-			s.IncompleteLeftOut++
-			continue
-		}
-		if c.StepTimeNs <= 0 {
-			continue
-		}
-		first, last = min(first, c.StartUnixNs), max(last, c.EndUnixNs)
-		wallTok += float64(c.Tokens)
-		if opt.Profiled[[2]int64{c.Attempt, c.Step}] {
-			s.ProfiledLeftOut++
-			continue
-		}
-		s.SteadySteps++
-		times = append(times, float64(c.StepTimeNs)/1e9)
-		tps = append(tps, c.TPS)
-		sumTok += float64(c.Tokens)
-		sumDur += float64(c.StepTimeNs) / 1e9
-		s.Tokens += c.Tokens
-		why := c.MFUUnknown
-		if why == "" {
-			why = ImpossibleMFU(c.MFU, c.HFU) // rows written before the check
-		}
-		if why == "" && c.MFU > 0 {
-			sumMFU += c.MFU
-			sumHFU += c.HFU
-			s.MFUSteps++
-		} else if s.MFUUnknown == "" {
-			s.MFUUnknown = cmp.Or(why, "no model or GPU in the run metadata")
-		}
-		sumComm += c.CommFractionMean
-		sumWait += c.WaitFractionMean
-		s.CommFractionMax = max(s.CommFractionMax, c.CommFractionMax)
-		sumBubble += c.BubbleFractionMean
-		sumData += c.DataStallFractionMean
-		sumCkpt += c.CkptFractionMean
-		s.TokenMismatch += c.TokenMismatchReplicas
+		sm.Add(&steps[i], mask[i])
 	}
-	s.Attempts = len(attempts)
+	return sm.Result()
+}
+
+// Summarizer is Summarize fed steps one at a time, in (attempt, step)
+// order, for a caller that does not hold them all: it keeps sums, the
+// attempts seen, and the steady steps' step times and TPS (16 bytes a
+// steady step, for exact quantiles).
+type Summarizer struct {
+	opt         WindowOptions
+	anyComplete bool
+	s           Summary
+	times, tps  []float64
+	mostRanks   int64
+	attempts    map[int64]bool
+	first, last int64
+
+	sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait, wallTok float64
+}
+
+// NewSummarizer starts a summary with the options Summarize takes
+// (opt.Threshold the automatic rule's, for its words), whether any steady
+// step of the run is complete (incomplete steps are then left out), and
+// how many steps it will be fed (0 when not known: a capacity hint).
+func NewSummarizer(opt WindowOptions, anyComplete bool, steps int) *Summarizer {
+	return &Summarizer{opt: opt, anyComplete: anyComplete, attempts: map[int64]bool{},
+		first: math.MaxInt64, times: make([]float64, 0, steps), tps: make([]float64, 0, steps)} // sized once, not grown
+}
+
+// Add takes the next step and whether it is warm-up.
+func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
+	s := &sm.s
+	s.Steps++
+	sm.mostRanks = max(sm.mostRanks, c.RanksReported)
+	sm.attempts[c.Attempt] = true
+	s.WorldSize = max(s.WorldSize, c.WorldSize)
+	if !c.Complete() {
+		s.IncompleteSteps++
+	}
+	if warm {
+		s.WarmupSteps++
+		return
+	}
+	if !c.Complete() && sm.anyComplete {
+		s.IncompleteLeftOut++
+		return
+	}
+	if c.StepTimeNs <= 0 {
+		return
+	}
+	sm.first, sm.last = min(sm.first, c.StartUnixNs), max(sm.last, c.EndUnixNs)
+	sm.wallTok += float64(c.Tokens)
+	if sm.opt.Profiled[[2]int64{c.Attempt, c.Step}] {
+		s.ProfiledLeftOut++
+		return
+	}
+	s.SteadySteps++
+	sm.times = append(sm.times, float64(c.StepTimeNs)/1e9)
+	sm.tps = append(sm.tps, c.TPS)
+	sm.sumTok += float64(c.Tokens)
+	sm.sumDur += float64(c.StepTimeNs) / 1e9
+	s.Tokens += c.Tokens
+	why := c.MFUUnknown
+	if why == "" {
+		why = ImpossibleMFU(c.MFU, c.HFU) // rows written before the check
+	}
+	if why == "" && c.MFU > 0 {
+		sm.sumMFU += c.MFU
+		sm.sumHFU += c.HFU
+		s.MFUSteps++
+	} else if s.MFUUnknown == "" {
+		s.MFUUnknown = cmp.Or(why, "no model or GPU in the run metadata")
+	}
+	sm.sumComm += c.CommFractionMean
+	sm.sumWait += c.WaitFractionMean
+	s.CommFractionMax = max(s.CommFractionMax, c.CommFractionMax)
+	sm.sumBubble += c.BubbleFractionMean
+	sm.sumData += c.DataStallFractionMean
+	sm.sumCkpt += c.CkptFractionMean
+	s.TokenMismatch += c.TokenMismatchReplicas
+}
+
+// Result is the summary of the steps added (the quantiles reorder what
+// the Summarizer holds: call it once).
+func (sm *Summarizer) Result() Summary {
+	s, opt := sm.s, sm.opt
+	s.Attempts = len(sm.attempts)
 	if opt.Warmup >= 0 {
 		s.WarmupRule = fmt.Sprintf("the first %d steps of each attempt", opt.Warmup)
-	} else if len(steps) > 0 {
+	} else if s.Steps > 0 {
 		s.WarmupRule = fmt.Sprintf("the first step of each attempt and the leading steps slower than %.3g s (median + max(3 MAD, 5%%) of the run's step times), at most %.0f%% of an attempt's steps (3 in a short one)",
-			WarmupThreshold(steps, opt)/1e9, 100*MaxAutoWarmupShare)
+			opt.Threshold/1e9, 100*MaxAutoWarmupShare)
 	}
-	if !anyComplete && s.SteadySteps > 0 {
-		s.CompleteNote = fmt.Sprintf("no step had all %d ranks (at most %d reported): every figure counts only the ranks that reported", s.WorldSize, mostRanks)
+	if !sm.anyComplete && s.SteadySteps > 0 {
+		s.CompleteNote = fmt.Sprintf("no step had all %d ranks (at most %d reported): every figure counts only the ranks that reported", s.WorldSize, sm.mostRanks)
 	}
 	if s.SteadySteps == 0 {
 		return s
 	}
 	n := float64(s.SteadySteps)
-	s.StepTimeS = NewDist(times)
-	s.TPS = NewDist(tps)
+	s.StepTimeS = NewDist(sm.times)
+	s.TPS = NewDist(sm.tps)
 	if s.WorldSize > 0 {
 		s.TPSPerGPU = s.TPS.Mean / float64(s.WorldSize)
 	}
-	s.AggregateTPS = sumTok / sumDur
-	if last > first {
-		s.WallTPS = wallTok / (float64(last-first) / 1e9)
-		s.WallFromUnixNs, s.WallToUnixNs = first, last
+	s.AggregateTPS = sm.sumTok / sm.sumDur
+	if sm.last > sm.first {
+		s.WallTPS = sm.wallTok / (float64(sm.last-sm.first) / 1e9)
+		s.WallFromUnixNs, s.WallToUnixNs = sm.first, sm.last
 	}
 	if s.MFUSteps > 0 {
-		m, h := sumMFU/float64(s.MFUSteps), sumHFU/float64(s.MFUSteps)
+		m, h := sm.sumMFU/float64(s.MFUSteps), sm.sumHFU/float64(s.MFUSteps)
 		s.MFU, s.HFU = &m, &h
 		if s.MFUSteps == s.SteadySteps {
 			s.MFUUnknown = ""
@@ -362,7 +413,7 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 	} else if s.MFUUnknown == "" {
 		s.MFUUnknown = "no model or GPU in the run metadata"
 	}
-	s.CommFraction, s.BubbleFraction, s.WaitFraction = sumComm/n, sumBubble/n, sumWait/n
-	s.DataStallFraction, s.CkptFraction = sumData/n, sumCkpt/n
+	s.CommFraction, s.BubbleFraction, s.WaitFraction = sm.sumComm/n, sm.sumBubble/n, sm.sumWait/n
+	s.DataStallFraction, s.CkptFraction = sm.sumData/n, sm.sumCkpt/n
 	return s
 }

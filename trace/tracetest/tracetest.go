@@ -32,6 +32,10 @@ type Run struct {
 	RankRowsPerGroup int64
 	// Windows writes rank_windows too, as the collector does.
 	Windows bool
+	// Attempts, when above 1, restarts the run: each attempt runs Steps
+	// steps, the next one starting a minute after the previous one's last
+	// step and resuming a tenth of Steps before it (those steps redone).
+	Attempts int
 }
 
 // WriteRun writes job's rank_steps (world ranks × steps, one node, rank r
@@ -80,11 +84,13 @@ func Write(root, job string, r Run) (string, error) {
 		return rng.Int64N(2e7+1) - 1e7 // ±1% of the second
 	}
 	recs := make([]tps.StepRecord, r.World)
-	for s := 0; s < r.Steps; s++ {
-		now := T0 + int64(s)*1e9
+	back := r.Steps / 10
+	for g := 0; g < r.Steps*max(r.Attempts, 1); g++ {
+		attempt, s := g/r.Steps, g%r.Steps+(g/r.Steps)*(r.Steps-back)
+		now := T0 + int64(g)*1e9 + int64(attempt)*60e9
 		for k := range recs {
 			exposed, data := 1e8+jit()/2, max(jit()/4, 0)
-			recs[k] = tps.StepRecord{Job: job, Step: int64(s), Rank: int64(k), WorldSize: int64(r.World), Node: "n",
+			recs[k] = tps.StepRecord{Job: job, Attempt: int64(attempt), Step: int64(s), Rank: int64(k), WorldSize: int64(r.World), Node: "n",
 				StartUnixNs: now, EndUnixNs: now + 9e8, DurationNs: 9e8 - int64(k) + jit(), Tokens: 4096, ExposedCommNs: exposed, DataWaitNs: data}
 			if r.Jitter {
 				c := &recs[k]
@@ -100,7 +106,7 @@ func Write(root, job string, r Run) (string, error) {
 			return "", err
 		}
 		if windows != nil {
-			if s > 0 && tps.WindowOf(int64(s)) != wins[0].Window {
+			if g > 0 && (tps.WindowOf(int64(s)) != wins[0].Window || int64(attempt) != wins[0].Attempt) {
 				if err := flushWindows(); err != nil {
 					return "", err
 				}
