@@ -46,12 +46,12 @@ func attemptRows(steps []tps.ClusterStep, warm []bool, events []tps.Event) []Att
 
 // attemptsAcc is attemptRows fed the steps in order.
 type attemptsAcc struct {
-	launched      map[int64]bool
-	exit          map[int64]int64
-	out           []AttemptRow
-	tok, ns, mfu  float64
-	nMFU          int
-	from, to      int64
+	launched     map[int64]bool
+	exit         map[int64]int64
+	out          []AttemptRow
+	tok, ns, mfu float64
+	nMFU         int
+	from, to     int64
 }
 
 func newAttemptsAcc(events []tps.Event) *attemptsAcc {

@@ -289,12 +289,12 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 // breakdownAcc is the time breakdown's per-step means, the fit of TPS on
 // exposed communication and the live energy join, over steady steps.
 type breakdownAcc struct {
-	n, compute, overlap           float64
-	fx, fy, fxx, fxy, fyy         float64 // the fit's sums (fitLine)
-	fn                            int
-	eSteps, eTokens, eJoules      float64
-	power, clock                  float64
-	throttled                     int
+	n, compute, overlap      float64
+	fx, fy, fxx, fxy, fyy    float64 // the fit's sums (fitLine)
+	fn                       int
+	eSteps, eTokens, eJoules float64
+	power, clock             float64
+	throttled                int
 }
 
 func (b *breakdownAcc) add(c *tps.ClusterStep) {
