@@ -25,6 +25,7 @@ import (
 //
 //	TPSPROF_LONG_STEPS=1562500 go test -run '^$' -bench LongRun -benchtime 1x -timeout 30m ./report/
 func BenchmarkReportLongRun(b *testing.B) {
+	noStreamCheck(b)
 	steps := 156_250
 	if v, err := strconv.Atoi(os.Getenv("TPSPROF_LONG_STEPS")); err == nil && v >= 1000 {
 		steps = v

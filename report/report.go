@@ -414,6 +414,8 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		}
 	}
 	threshold = sp.markWarm(opt.Warmup, threshold, selWarm, profiled)
+	alignEvents(events, rep.ClockOffsetsNs, nil)
+	alignEvents(pd.events, rep.ClockOffsetsNs, nil)
 
 	// What per-rank figures come from decides whether the cluster pass
 	// keeps the critical rank of each step.
@@ -499,8 +501,22 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		rep.Episodes = []StragglerEpisode{}
 	}
 
-	alignEvents(events, rep.ClockOffsetsNs, nodes)
 	alignEvents(pd.events, rep.ClockOffsetsNs, nodes)
+	if alignEvents(events, rep.ClockOffsetsNs, nodes) > 0 {
+		// events that did not name their node moved: the timeline again
+		// (events sent past an agent, on a node whose clock is off)
+		good, att := newGoodputAcc(sp, events), newAttemptsAcc(events)
+		if err := src.each(0, n, func(off int, rows []tps.ClusterStep) error {
+			for j := range rows {
+				good.add(&rows[j], sp.warm(off+j), sp.lastOfAttempt(off+j))
+				att.add(&rows[j], sp.warm(off+j))
+			}
+			return nil
+		}); err != nil {
+			return nil, nil, err
+		}
+		pass.good, pass.att = good, att
+	}
 	rep.Goodput = pass.good.result()
 	rep.Attempts = pass.att.result()
 	if s := &rep.Summary; s.WallTPS > 0 {
@@ -717,18 +733,31 @@ func readClockOffsets(dir string) map[string]int64 {
 // alignEvents brings events onto the cluster rows' clock: an event keeps
 // its rank's clock in Parquet (it may arrive before the collector knows
 // any offset), so the offset of its rank's node is removed here. Events of
-// no rank (a launcher's) are taken as they are.
-func alignEvents(events []tps.Event, offs map[string]int64, nodeOf map[int64]string) {
+// no rank (a launcher's) are taken as they are. With nodeOf nil it moves
+// the events that name their node (an agent names it: known before the
+// rank pass, which the cluster pass runs before); with nodeOf, the others,
+// by their rank's node. It returns how many it moved.
+func alignEvents(events []tps.Event, offs map[string]int64, nodeOf map[int64]string) int {
 	if len(offs) == 0 {
-		return
+		return 0
 	}
+	moved := 0
 	for i := range events {
 		e := &events[i]
-		if off := offs[nodeOf[e.Rank]]; e.Rank >= 0 && off != 0 {
+		if e.Rank < 0 || (nodeOf == nil) != (e.Node != "") {
+			continue
+		}
+		node := e.Node
+		if nodeOf != nil {
+			node = nodeOf[e.Rank]
+		}
+		if off := offs[node]; off != 0 {
 			e.StartUnixNs -= off
 			e.EndUnixNs -= off
+			moved++
 		}
 	}
+	return moved
 }
 
 // ClockOffsetsText is the nodes' clock offsets in one line, the largest

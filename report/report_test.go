@@ -294,6 +294,7 @@ func TestAnalyzeErrors(t *testing.T) {
 //
 //	go test -run '^$' -bench Report10M -benchtime 1x ./report/
 func BenchmarkReport10M(b *testing.B) {
+	noStreamCheck(b)
 	root := b.TempDir()
 	dir := generateLarge(b, root, 64, 156_250)
 	// The report's own peak: the live heap sampled every 100 ms while it

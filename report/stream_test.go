@@ -3,12 +3,15 @@ package report
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 	"github.com/tpsprof/tpsprof/trace/tracetest"
 )
 
@@ -42,6 +45,14 @@ func TestMain(m *testing.M) {
 		code = 1
 	}
 	os.Exit(code)
+}
+
+// noStreamCheck turns the second, streamed run off for a benchmark (it
+// would time both).
+func noStreamCheck(b *testing.B) {
+	f := checkStreamed
+	checkStreamed = nil
+	b.Cleanup(func() { checkStreamed = f })
 }
 
 // reportDiff is the lines that differ between two reports' JSON, bytes
@@ -100,4 +111,65 @@ func TestStreamedReportEqualsInMemory(t *testing.T) {
 func analyze1(dir string, opt Options) (*Report, error) {
 	rep, _, err := analyze(dir, opt, false)
 	return rep, err
+}
+
+// An evaluation reported by a rank of a node whose clock runs 2 s ahead is
+// placed on the rows' clock whether the event names its node (as an agent
+// does, known before the cluster pass) or not (its rank's node, known
+// after the rank pass): 10 s of evaluation between steps 4 and 5, both
+// ways, held and streamed.
+func TestEventsAlignedWithoutTheirNode(t *testing.T) {
+	const s = int64(1e9)
+	t0 := int64(1_760_000_000) * s
+	for _, named := range []bool{true, false} {
+		root := t.TempDir()
+		opt := trace.WriterOptions{WriterID: "w", Metadata: func() map[string]string {
+			return map[string]string{trace.MetaClockOffsets: `{"b":2000000000}`}
+		}}
+		ranks, err := trace.NewPartWriter[tps.StepRecord](root, "j", trace.RankSteps, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "j", trace.ClusterSteps, opt)
+		events, _ := trace.NewPartWriter[tps.Event](root, "j", trace.Events, opt)
+		at := t0
+		for i := range int64(10) {
+			if i == 5 {
+				at += 10 * s // the evaluation
+			}
+			recs := []tps.StepRecord{{Job: "j", Step: i, Rank: 0, WorldSize: 2, Node: "a", StartUnixNs: at, EndUnixNs: at + s, DurationNs: s, Tokens: 100},
+				{Job: "j", Step: i, Rank: 1, WorldSize: 2, Node: "b", StartUnixNs: at, EndUnixNs: at + s, DurationNs: s, Tokens: 100}}
+			c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ranks.Write(recs)
+			cluster.Write([]tps.ClusterStep{c})
+			at += s
+		}
+		ev := tps.Event{Job: "j", Kind: tps.EventEval, Rank: 1, Step: 4, StartUnixNs: t0 + 5*s + 2*s, EndUnixNs: t0 + 15*s + 2*s}
+		if named {
+			ev.Node = "b"
+		}
+		events.Write([]tps.Event{ev})
+		for _, w := range []interface{ Close() error }{ranks, cluster, events} {
+			if err := w.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dir := filepath.Join(root, "j")
+		held, err := Analyze(dir, Options{Warmup: 0})
+		if err != nil {
+			t.Fatal(err)
+		}
+		streamed, err := analyze1(dir, Options{Warmup: 0, chunk: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []*Report{held, streamed} {
+			if e := r.Goodput.BadputS[BadEval]; math.Abs(e-10) > 1e-9 || r.Goodput.BadputS[BadIdle] > 1e-9 {
+				t.Errorf("node named %v: evaluation %g s, idle %g s; want 10 and 0", named, e, r.Goodput.BadputS[BadIdle])
+			}
+		}
+	}
 }
