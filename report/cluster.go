@@ -216,27 +216,26 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 		for end < hi && sp.key(end) == sp.key(end-1) {
 			end++ // a step's rows stay in one chunk
 		}
-		first, last := sp.key(lo), sp.key(end-1)
 		all, err := trace.ReadAll[tps.ClusterStep](s.dir, append(s.opts, trace.Within(sp.ranges(lo, end)...))...)
 		if err != nil && !trace.IsUnreadable(err) { // unreadable parts: said when the spine was read
 			return err
 		}
-		rows := all[:0]
-		for _, c := range all {
-			if k := [2]int64{c.Attempt, c.Step}; cmpKeys(k, first) >= 0 && cmpKeys(k, last) <= 0 {
-				rows = append(rows, c)
+		tps.SortSteps(all)
+		// the spine's steps, in order: rows of parts finalised since the
+		// spine was read (a running job) are passed over
+		rows, j := all[:0], 0
+		for i := lo; i < end; i++ {
+			k := sp.key(i)
+			for j < len(all) && cmpKeys([2]int64{int64(clampAttempt(all[j].Attempt)), all[j].Step}, k) < 0 {
+				j++
 			}
-		}
-		tps.SortSteps(rows)
-		if len(rows) != end-lo {
-			return fmt.Errorf("report: %s changed while read (%d cluster rows of steps %v to %v, then %d)", s.dir, end-lo, first, last, len(rows))
-		}
-		for j := range rows {
-			i := lo + j
-			if [2]int64{int64(clampAttempt(rows[j].Attempt)), rows[j].Step} != sp.key(i) {
-				return fmt.Errorf("report: %s changed while read (step %v where %v was)", s.dir, sp.key(i), [2]int64{rows[j].Attempt, rows[j].Step})
+			if j == len(all) || all[j].Attempt != k[0] || all[j].Step != k[1] {
+				return fmt.Errorf("report: %s changed while read: the cluster row of attempt %d step %d is gone", s.dir, k[0], k[1])
 			}
-			rows[j].StartUnixNs, rows[j].EndUnixNs = sp.start[i], sp.end[i]
+			c := all[j]
+			j++
+			c.StartUnixNs, c.EndUnixNs = sp.start[i], sp.end[i]
+			rows = append(rows, c)
 		}
 		if err := fn(lo, rows); err != nil {
 			return err
