@@ -1,8 +1,10 @@
 // Package report analyses a job's Parquet traces after the fact: steady-state
 // throughput, MFU, the time breakdown, goodput, stragglers, energy and cost,
 // and draws the plots. It streams rank_steps and gpu_samples a row group at a
-// time: memory follows the number of ranks and steps (a bounded sample per
-// rank, a fixed heatmap grid), not the number of rows.
+// time, and (without plots) cluster_steps a chunk of steps at a time
+// (cluster.go): memory follows the number of ranks (a bounded sample per
+// rank, a fixed heatmap grid) and, at 57 to 125 bytes a step, the number of
+// steps, not the number of rows.
 package report
 
 import (

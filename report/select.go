@@ -266,6 +266,20 @@ func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSte
 		cols = append(cols, "ranks_missing")
 	}
 	r := &runSteps{}
+	// sized from the footers once: grown by appending, the slices were
+	// twice the spine in garbage at its peak
+	if n := trace.RowCount(dir, opts...); n > 0 && n < 1<<40 {
+		r.attempt, r.step = make([]int32, 0, n), make([]int64, 0, n)
+		if want.times {
+			r.start, r.end = make([]int64, 0, n), make([]int64, 0, n)
+		}
+		if want.stepTime {
+			r.stepTime = make([]int64, 0, n)
+		}
+		if want.missing {
+			r.missing = make([]int64, 0, n)
+		}
+	}
 	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
 		for _, a := range c.Int64[0] {
 			r.attempt = append(r.attempt, clampAttempt(a))
