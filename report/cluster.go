@@ -207,12 +207,36 @@ type streamedRows struct {
 	sp    *spine
 	chunk int
 	opts  []trace.ReadOption
+	// cuts are where the table's row groups end, counted in rows: a chunk
+	// ends at one when that is near, so that a table written in order (a
+	// collector's) has each row group read once, not by two chunks
+	cuts []int
+}
+
+func newStreamedRows(dir string, sp *spine, chunk int, opts []trace.ReadOption) *streamedRows {
+	s := &streamedRows{dir: dir, sp: sp, chunk: max(chunk, 1), opts: opts}
+	at := 0
+	for _, n := range trace.RowGroupRows(dir, opts...) {
+		at += int(n)
+		s.cuts = append(s.cuts, at)
+	}
+	return s
+}
+
+// chunkEnd is where the chunk from lo ends: at the first row group's end
+// at or past lo+chunk when that is within four chunks, else at lo+chunk.
+func (s *streamedRows) chunkEnd(lo, hi int) int {
+	want := lo + s.chunk
+	if k, _ := slices.BinarySearch(s.cuts, want); k < len(s.cuts) && s.cuts[k] <= lo+4*s.chunk {
+		want = s.cuts[k]
+	}
+	return min(want, hi)
 }
 
 func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) error {
 	sp := s.sp
 	for lo < hi {
-		end := min(lo+max(s.chunk, 1), hi)
+		end := s.chunkEnd(lo, hi)
 		for end < hi && sp.key(end) == sp.key(end-1) {
 			end++ // a step's rows stay in one chunk
 		}

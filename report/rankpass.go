@@ -219,7 +219,7 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 }
 
 // windowRead reads the rank_windows row groups that can hold windows of
-// the selected steps (ranges: attempt and step, as selectedRanges gives;
+// the selected steps (ranges: attempt and step, as spine.ranges gives;
 // none: all): a window [first_step, last_step] holds a step of [lo, hi]
 // when first_step <= hi and last_step >= lo.
 func windowRead(ranges []trace.Range, read trace.ReadOption) []trace.ReadOption {

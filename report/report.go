@@ -327,7 +327,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	default:
 		sp, jumps, back, err = readSpine(clusterDir, []trace.ReadOption{metered})
 		if sp != nil {
-			src = &streamedRows{dir: clusterDir, sp: sp, chunk: cmp.Or(opt.chunk, clusterChunk), opts: []trace.ReadOption{metered}}
+			src = newStreamedRows(clusterDir, sp, cmp.Or(opt.chunk, clusterChunk), []trace.ReadOption{metered})
 		}
 	}
 	if err = rep.tolerate(err); err != nil {

@@ -712,6 +712,24 @@ func RowCount(dir string, opts ...ReadOption) int64 {
 	return n
 }
 
+// RowGroupRows is the rows of each row group of the parts under dir, in
+// the order the readers visit them, from their footers alone (unreadable
+// parts are left out).
+func RowGroupRows(dir string, opts ...ReadOption) []int64 {
+	files, _ := PartFiles(dir)
+	c := readOptions(opts)
+	var out []int64
+	for _, path := range files {
+		if p, err := openPart(path, c); err == nil {
+			for _, rg := range p.pf.RowGroups() {
+				out = append(out, rg.NumRows())
+			}
+			p.close()
+		}
+	}
+	return out
+}
+
 // FileMetadata returns the key-value metadata of one part file.
 func FileMetadata(path string) (map[string]string, error) {
 	f, err := os.Open(path)
