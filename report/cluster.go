@@ -272,16 +272,16 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 // clusterPass is every figure the report takes from the cluster rows
 // alone, fed the rows in order.
 type clusterPass struct {
-	sp        *spine
-	sum       *tps.Summarizer
-	brk       breakdownAcc
-	gen       generationAcc
-	wait      waitAcc
-	good      *goodputAcc
-	att       *attemptsAcc
-	energy    *energyJoin // nil: no GPU samples to join
-	crit      bool        // fill the spine's critical rank columns
-	keepSteps []tps.ClusterStep
+	sp     *spine
+	sum    *tps.Summarizer
+	brk    breakdownAcc
+	gen    generationAcc
+	wait   waitAcc
+	good   *goodputAcc
+	att    *attemptsAcc
+	energy *energyJoin // nil: no GPU samples to join
+	crit   bool        // fill the spine's critical rank columns
+	plot   []plotStep  // what the plots draw of each step; nil: no plots
 }
 
 func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
@@ -290,6 +290,9 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 		c, i := &rows[j], off+j
 		warm, skip := sp.warm(i), sp.skip(i)
 		p.sum.Add(c, warm)
+		if p.plot != nil {
+			p.plot = append(p.plot, plotStepOf(c))
+		}
 		p.good.add(c, warm, sp.lastOfAttempt(i))
 		p.att.add(c, warm)
 		if p.crit {

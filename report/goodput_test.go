@@ -136,7 +136,7 @@ func TestSegmentsBreakAtGaps(t *testing.T) {
 	for _, k := range [][2]int64{{0, 0}, {0, 1}, {0, 2}, {0, 6}, {0, 7}, {1, 5}, {1, 6}} {
 		steps = append(steps, tps.ClusterStep{Attempt: k[0], Step: k[1]})
 	}
-	got := segments(steps)
+	got := segments(plotStepsOf(steps))
 	want := [][2]int{{0, 3}, {3, 5}, {5, 7}}
 	if len(got) != len(want) {
 		t.Fatalf("segments %v, want %v", got, want)

@@ -315,7 +315,7 @@ func smoothWindow(n int) int {
 
 // runs splits the steps into runs of one attempt (a restart starts a new
 // line: attempts may repeat step numbers).
-func runs(steps []tps.ClusterStep) [][2]int {
+func runs(steps []plotStep) [][2]int {
 	var out [][2]int
 	start := 0
 	for i := 1; i <= len(steps); i++ {
@@ -330,7 +330,7 @@ func runs(steps []tps.ClusterStep) [][2]int {
 // segments splits the steps into runs drawn as one line: a new attempt,
 // or steps missing from the traces (an agent or the collector was down:
 // unmonitored, drawn as a gap rather than a straight line across it).
-func segments(steps []tps.ClusterStep) [][2]int {
+func segments(steps []plotStep) [][2]int {
 	var out [][2]int
 	start := 0
 	for i := 1; i <= len(steps); i++ {
@@ -345,7 +345,7 @@ func segments(steps []tps.ClusterStep) [][2]int {
 // series draws ys over the steps' numbers, one line per segment: faint
 // raw values under a moving mean when the run is long. It returns the
 // line for the legend (the smoothed one when there is one).
-func series(p *plot.Plot, steps []tps.ClusterStep, ys []float64, keep func(i int) bool, c color.RGBA, width vg.Length, dashed bool) (*plotter.Line, int, error) {
+func series(p *plot.Plot, steps []plotStep, ys []float64, keep func(i int) bool, c color.RGBA, width vg.Length, dashed bool) (*plotter.Line, int, error) {
 	w := smoothWindow(len(steps))
 	var legend *plotter.Line
 	for _, r := range segments(steps) {
@@ -715,7 +715,33 @@ func (rep *figures) stackedShares(title string, cats []shareCat, caption string)
 	return Figure{Plots: []*plot.Plot{p}, Caption: caption}, nil
 }
 
-type tpsStep = tps.ClusterStep
+type tpsStep = plotStep
+
+// plotStep is what the plots draw of a step (120 B; its cluster row is
+// 416): the report keeps one a step when it draws plots.
+type plotStep struct {
+	Attempt, Step, StartUnixNs, EndUnixNs, StepTimeNs int64
+
+	TPS, MFU, HFU, ComputeNsMean                                                                   float64
+	CommFractionMean, BubbleFractionMean, DataStallFractionMean, CkptFractionMean, GenFractionMean float64
+	mfuKnown                                                                                       bool // the row's MFU is known and possible
+}
+
+func plotStepOf(c *tps.ClusterStep) plotStep {
+	return plotStep{Attempt: c.Attempt, Step: c.Step, StartUnixNs: c.StartUnixNs, EndUnixNs: c.EndUnixNs, StepTimeNs: c.StepTimeNs,
+		TPS: c.TPS, MFU: c.MFU, HFU: c.HFU, ComputeNsMean: c.ComputeNsMean,
+		CommFractionMean: c.CommFractionMean, BubbleFractionMean: c.BubbleFractionMean, DataStallFractionMean: c.DataStallFractionMean,
+		CkptFractionMean: c.CkptFractionMean, GenFractionMean: c.GenFractionMean,
+		mfuKnown: c.MFUUnknown == "" && tps.ImpossibleMFU(c.MFU, c.HFU) == "" && c.MFU > 0}
+}
+
+func plotStepsOf(steps []tps.ClusterStep) []plotStep {
+	out := make([]plotStep, len(steps))
+	for i := range steps {
+		out[i] = plotStepOf(&steps[i])
+	}
+	return out
+}
 
 // clip bounds the heat grid's values to the colour range.
 type clip struct {
@@ -740,7 +766,7 @@ func (g heatXYZ) X(c int) float64 { return float64(c*g.h.stepsPer) + float64(g.h
 func (g heatXYZ) Y(r int) float64 { return float64(r*g.h.ranksPer) + float64(g.h.ranksPer-1)/2 }
 
 // stepTicks labels a step-index axis with the steps' numbers.
-type stepTicks struct{ steps []tps.ClusterStep }
+type stepTicks struct{ steps []plotStep }
 
 func (s stepTicks) Ticks(lo, hi float64) []plot.Tick {
 	var out []plot.Tick
@@ -877,7 +903,7 @@ func (rep *figures) plotMFU() (Figure, error) {
 	mfuY, hfuY := make([]float64, len(steps)), make([]float64, len(steps))
 	known := func(i int) bool {
 		c := steps[i]
-		return c.MFUUnknown == "" && tps.ImpossibleMFU(c.MFU, c.HFU) == "" && c.MFU > 0
+		return c.mfuKnown
 	}
 	top, hasHFU := 0.0, false
 	for i, c := range steps {

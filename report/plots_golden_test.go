@@ -67,7 +67,7 @@ func syntheticReport(ranks, steps int, seed uint64) (*Report, *Plots) {
 	}
 	rep.Summary = tps.Summarize(cs, tps.WindowOptions{Warmup: tps.AutoWarmup})
 	warm := tps.WarmupMask(cs, tps.WindowOptions{Warmup: tps.AutoWarmup})
-	pd.steps, pd.warm = cs, warm
+	pd.steps, pd.warm = plotStepsOf(cs), warm
 	var brk breakdownAcc
 	for i := range cs {
 		if !warm[i] && cs[i].StepTimeNs > 0 {

@@ -250,7 +250,7 @@ type Report struct {
 // events marked on the plots. Kept small whatever the trace size, but for
 // the steps themselves.
 type Plots struct {
-	steps  []tps.ClusterStep
+	steps  []plotStep
 	warm   []bool
 	heat   *heatGrid
 	gpu    *gpuSeries
@@ -272,17 +272,23 @@ func Analyze(dir string, opt Options) (*Report, error) {
 }
 
 // checkStreamed, when set (by this package's tests), is handed every
-// Analyze's report and the same report with the cluster rows streamed in
-// chunks of three steps.
+// Analyze's (and AnalyzeWithPlots') report and the same report with the
+// cluster rows streamed in chunks of three steps.
 var checkStreamed func(dir string, held, streamed *Report, err error)
 
 // AnalyzeWithPlots is Analyze, and what the report's figures draw
-// (Plots.Figures). It holds the run's cluster rows (the plots draw every
-// step); Analyze reads them in chunks.
+// (Plots.Figures): 120 B a step more (plotStep), the plots drawing every
+// step.
 func AnalyzeWithPlots(dir string, opt Options) (*Report, *Plots, error) {
 	rep, pd, err := analyze(dir, opt, true)
 	if err != nil {
 		return nil, nil, err
+	}
+	if checkStreamed != nil {
+		o := opt
+		o.chunk = 3
+		streamed, _, serr := analyze(dir, o, false)
+		checkStreamed(dir, rep, streamed, serr)
 	}
 	return rep, pd, nil
 }
@@ -321,7 +327,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		if selected != nil {
 			steps = selected.steps
 		}
-	case plots || (opt.chunk <= 0 && trace.RowCount(clusterDir, metered) <= int64(clusterChunk)):
+	case opt.chunk <= 0 && trace.RowCount(clusterDir, metered) <= int64(clusterChunk):
 		// one chunk: read once
 		steps, err = trace.ReadAll[tps.ClusterStep](clusterDir, metered)
 	default:
@@ -443,6 +449,9 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	if len(partsOf(filepath.Join(dir, trace.GPUSamples))) > 0 {
 		pass.energy = newEnergyJoinOf(rep.ClockOffsetsNs)
 	}
+	if plots {
+		pass.plot = make([]plotStep, 0, n)
+	}
 	if rankSrc == trace.RankSteps {
 		pass.crit = true
 		sp.slowest, sp.critComp, sp.critData = make([]int32, n), make([]float64, n), make([]float64, n)
@@ -453,7 +462,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	rep.Summary = pass.sum.Result()
 	pass.brk.result(rep)
 	if plots {
-		pd.steps, pd.warm = steps, make([]bool, n)
+		pd.steps, pd.warm = pass.plot, make([]bool, n)
 		for i := range n {
 			pd.warm[i] = sp.warm(i)
 		}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -49,7 +50,7 @@ func TestMain(m *testing.M) {
 
 // noStreamCheck turns the second, streamed run off for a benchmark (it
 // would time both).
-func noStreamCheck(b *testing.B) {
+func noStreamCheck(b testing.TB) {
 	f := checkStreamed
 	checkStreamed = nil
 	b.Cleanup(func() { checkStreamed = f })
@@ -75,36 +76,48 @@ func reportJSON(r *Report) string {
 	return string(out)
 }
 
-// A run longer than a chunk is streamed by Analyze itself (and held by
-// AnalyzeWithPlots): 3 chunks of cluster rows, two attempts (the second
-// resuming 1,000 steps back), rank_steps as the per-rank source. The
-// reports are the same, and the streamed one held less: its peak live
-// heap is below the held one's.
+// A run longer than a chunk is streamed (Analyze and AnalyzeWithPlots
+// alike): 5 chunks of cluster rows, two attempts (the second resuming
+// 1,000 steps back), rank_steps as the per-rank source. The reports and
+// what the plots draw are those of the run held whole (the peak heaps are
+// logged; BenchmarkReportLongRun measures memory).
 func TestStreamedReportEqualsInMemory(t *testing.T) {
-	old := clusterChunk
-	clusterChunk = 4096
-	defer func() { clusterChunk = old }()
+	noStreamCheck(t)
 	root := t.TempDir()
 	dir, err := tracetest.Write(root, "s", tracetest.Run{World: 4, Steps: 10_000, Jitter: true, ClusterRowsPerGroup: 1000, Attempts: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held, streamed *Report
-	heldPeak := heapPeak(func() { held, _, err = AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup}) })
-	if err != nil {
-		t.Fatal(err)
+	run := func(chunk int) (rep *Report, pd *Plots, peak uint64) {
+		old := clusterChunk
+		clusterChunk = chunk
+		defer func() { clusterChunk = old }()
+		peak = heapPeak(func() { rep, pd, err = AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup}) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep, pd, peak
 	}
-	streamedPeak := heapPeak(func() { streamed, err = analyze1(dir, Options{Warmup: tps.AutoWarmup}) })
-	if err != nil {
-		t.Fatal(err)
-	}
+	held, heldPlots, heldPeak := run(1 << 30)
+	streamed, streamedPlots, _ := run(4096)
 	if d := reportDiff(held, streamed); d != "" {
 		t.Fatalf("held and streamed reports differ:\n%s", d)
+	}
+	if !reflect.DeepEqual(heldPlots.steps, streamedPlots.steps) || !reflect.DeepEqual(heldPlots.warm, streamedPlots.warm) || len(heldPlots.steps) != 20_000 {
+		t.Fatalf("the plots' steps differ (%d held, %d streamed)", len(heldPlots.steps), len(streamedPlots.steps))
 	}
 	if held.Summary.Steps != 20_000 || held.Summary.Attempts != 2 || held.Goodput.RedoneSteps == 0 {
 		t.Fatalf("fixture: %d steps, %d attempts, %d redone; want 20,000, 2 and some", held.Summary.Steps, held.Summary.Attempts, held.Goodput.RedoneSteps)
 	}
-	t.Logf("peak live heap: held %.1f MiB, streamed %.1f MiB", float64(heldPeak)/(1<<20), float64(streamedPeak)/(1<<20))
+	old := clusterChunk
+	clusterChunk = 4096
+	var streamedPeak uint64
+	streamedPeak = heapPeak(func() { streamed, err = analyze1(dir, Options{Warmup: tps.AutoWarmup}) })
+	clusterChunk = old
+	if err != nil || reportDiff(held, streamed) != "" {
+		t.Fatalf("Analyze streamed: %v, or a report unlike the held one", err)
+	}
+	t.Logf("peak live heap: held with plots %.1f MiB, streamed without %.1f MiB", float64(heldPeak)/(1<<20), float64(streamedPeak)/(1<<20))
 }
 
 // analyze1 is Analyze without the second, checking run.
