@@ -14,7 +14,8 @@ import (
 
 // BenchmarkReportLongRun writes a long run (64 ranks × 156,250 steps, 10 M
 // rank rows; TPSPROF_LONG_STEPS changes the steps: 1,562,500 is 100 M;
-// TPSPROF_LONG_WORLD the ranks) as
+// TPSPROF_LONG_WORLD the ranks; TPSPROF_LONG_PLOTS=1 reports the whole run
+// with what its plots draw, as tpsprof report does by default) as
 // the collector would (tracetest's jittered rows, rank_windows too;
 // cluster_steps in row groups of 4,096 rows, where a collector's parts,
 // rotated every minute, hold a minute of steps each), then reports it
@@ -34,6 +35,7 @@ func BenchmarkReportLongRun(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("TPSPROF_LONG_WORLD")); err == nil && v > 0 && v <= 1<<16 {
 		world = v
 	}
+	plots := os.Getenv("TPSPROF_LONG_PLOTS") == "1" // the whole run with what its plots draw
 	dir, err := tracetest.Write(b.TempDir(), "long", tracetest.Run{World: world, Steps: steps, Jitter: true, Windows: true, ClusterRowsPerGroup: 4096})
 	if err != nil {
 		b.Fatal(err)
@@ -45,7 +47,13 @@ func BenchmarkReportLongRun(b *testing.B) {
 	for b.Loop() {
 		var rep *Report
 		t := time.Now()
-		peak := heapPeak(func() { rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup}) })
+		peak := heapPeak(func() {
+			if plots {
+				rep, _, err = AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup})
+			} else {
+				rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup})
+			}
+		})
 		whole += time.Since(t)
 		if err != nil {
 			b.Fatal(err)
