@@ -211,6 +211,12 @@ type streamedRows struct {
 	// ends at one when that is near, so that a table written in order (a
 	// collector's) has each row group read once, not by two chunks
 	cuts []int
+	// parts are the table's parts and the attempts and steps each holds:
+	// a chunk opens only those that can hold its steps (a collector writes
+	// a part a minute: 26,000 for a run of 1.56 M steps at one a second,
+	// whose footers past the few trace.Footers keeps open would be read
+	// again for every chunk)
+	parts []trace.PartRange
 }
 
 func newStreamedRows(dir string, sp *spine, chunk int, opts []trace.ReadOption) *streamedRows {
@@ -220,7 +226,20 @@ func newStreamedRows(dir string, sp *spine, chunk int, opts []trace.ReadOption) 
 		at += int(n)
 		s.cuts = append(s.cuts, at)
 	}
+	s.parts = trace.PartRanges(dir, []string{"attempt", "step"}, opts...)
 	return s
+}
+
+// partsFor are the parts that can hold rows within ranges (attempt, then
+// step, as spine.ranges gives them).
+func (s *streamedRows) partsFor(ranges []trace.Range) []string {
+	var out []string
+	for _, p := range s.parts {
+		if !p.Known || (p.Max[0] >= ranges[0].Min && p.Min[0] <= ranges[0].Max && p.Max[1] >= ranges[1].Min && p.Min[1] <= ranges[1].Max) {
+			out = append(out, p.Path)
+		}
+	}
+	return out
 }
 
 // chunkEnd is where the chunk from lo ends: at the first row group's end
@@ -240,7 +259,8 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 		for end < hi && sp.key(end) == sp.key(end-1) {
 			end++ // a step's rows stay in one chunk
 		}
-		all, err := trace.ReadAll[tps.ClusterStep](s.dir, append(s.opts, trace.Within(sp.ranges(lo, end)...))...)
+		ranges := sp.ranges(lo, end)
+		all, err := trace.ReadAll[tps.ClusterStep](s.dir, append(s.opts, trace.Within(ranges...), trace.Parts(s.partsFor(ranges)...))...)
 		if err != nil && !trace.IsUnreadable(err) { // unreadable parts: said when the spine was read
 			return err
 		}

@@ -110,3 +110,38 @@ func heapPeak(fn func()) uint64 {
 	<-done
 	return peak.Load()
 }
+
+// BenchmarkReportStreamedVsHeld reports a run of 200,000 steps (2 ranks)
+// whose cluster rows are in parts of 600 rows, as a collector rotating
+// its parts every minute writes them (334 parts), twice a loop: the rows
+// held whole (the baseline) and streamed in chunks (as Analyze does past
+// 64 Ki steps). Reports both and their ratio.
+//
+//	go test -run '^$' -bench StreamedVsHeld -benchtime 3x ./report/
+func BenchmarkReportStreamedVsHeld(b *testing.B) {
+	noStreamCheck(b)
+	dir, err := tracetest.Write(b.TempDir(), "parts", tracetest.Run{World: 2, Steps: 200_000, Jitter: true, ClusterRowsPerPart: 600})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var held, streamed time.Duration
+	for b.Loop() {
+		old := clusterChunk
+		clusterChunk = 1 << 30
+		t := time.Now()
+		_, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
+		held += time.Since(t)
+		clusterChunk = old
+		if err != nil {
+			b.Fatal(err)
+		}
+		t = time.Now()
+		if _, err := Analyze(dir, Options{Warmup: tps.AutoWarmup}); err != nil {
+			b.Fatal(err)
+		}
+		streamed += time.Since(t)
+	}
+	b.ReportMetric(held.Seconds()/float64(b.N), "held_s")
+	b.ReportMetric(streamed.Seconds()/float64(b.N), "streamed_s")
+	b.ReportMetric(float64(streamed)/float64(held), "ratio")
+}

@@ -72,7 +72,7 @@ func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range
 	stop := make(chan struct{})
 	go func() {
 		defer close(ready)
-		for _, path := range files {
+		for _, path := range c.parts(files) {
 			err := columnsOfFile(path, c, int64Cols, strCol, ranges, &pr, func() *Columns {
 				select {
 				case c := <-free:
@@ -134,24 +134,31 @@ func overlaps(pf *parquet.File, rg int, ranges []Range) bool {
 		return true
 	}
 	for _, r := range ranges {
-		leaf, ok := pf.Schema().Lookup(r.Column)
-		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.ColumnIndex >= len(md.RowGroups[rg].Columns) {
-			continue
-		}
-		st := md.RowGroups[rg].Columns[leaf.ColumnIndex].MetaData.Statistics
-		lo, hi := st.MinValue, st.MaxValue
-		if len(lo) != 8 || len(hi) != 8 {
-			lo, hi = st.Min, st.Max // written by older writers
-		}
-		if len(lo) != 8 || len(hi) != 8 {
-			continue
-		}
-		mn, mx := int64(binary.LittleEndian.Uint64(lo)), int64(binary.LittleEndian.Uint64(hi))
-		if mx < r.Min || mn > r.Max {
+		mn, mx, ok := groupRange(pf, rg, r.Column)
+		if ok && (mx < r.Min || mn > r.Max) {
 			return false
 		}
 	}
 	return true
+}
+
+// groupRange is the least and greatest value of int64 column col in row
+// group rg of pf by its statistics; ok false when it has none.
+func groupRange(pf *parquet.File, rg int, col string) (lo, hi int64, ok bool) {
+	md := pf.Metadata()
+	leaf, found := pf.Schema().Lookup(col)
+	if rg >= len(md.RowGroups) || !found || leaf.Node.Type().Kind() != parquet.Int64 || leaf.ColumnIndex >= len(md.RowGroups[rg].Columns) {
+		return 0, 0, false
+	}
+	st := md.RowGroups[rg].Columns[leaf.ColumnIndex].MetaData.Statistics
+	mn, mx := st.MinValue, st.MaxValue
+	if len(mn) != 8 || len(mx) != 8 {
+		mn, mx = st.Min, st.Max // written by older writers
+	}
+	if len(mn) != 8 || len(mx) != 8 {
+		return 0, 0, false
+	}
+	return int64(binary.LittleEndian.Uint64(mn)), int64(binary.LittleEndian.Uint64(mx)), true
 }
 
 // columnsOfFile decodes the row groups of one part, each into a buffer

@@ -181,3 +181,58 @@ func TestCodecs(t *testing.T) {
 		t.Errorf("unknown codec: %v", err)
 	}
 }
+
+// PartRanges says, from the footers, the attempts and steps each part
+// holds (three writers' parts: steps 0-99, 100-199 of attempt 0 and 0-49
+// of attempt 1); Parts reads only the parts named, with or without
+// Within; a meter shows the others were not opened.
+func TestPartRangesAndParts(t *testing.T) {
+	root := t.TempDir()
+	write := func(id string, attempt, from, to int64) {
+		w, err := NewPartWriter[tps.ClusterStep](root, "j", ClusterSteps, WriterOptions{WriterID: id, RowsPerGroup: 30})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for s := from; s <= to; s++ {
+			w.Write([]tps.ClusterStep{{Job: "j", Attempt: attempt, Step: s, WorldSize: 1}})
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a", 0, 0, 99)
+	write("b", 0, 100, 199)
+	write("c", 1, 0, 49)
+	dir := filepath.Join(root, "j", ClusterSteps)
+	prs := PartRanges(dir, []string{"attempt", "step"})
+	if len(prs) != 3 {
+		t.Fatalf("%d parts, want 3", len(prs))
+	}
+	byRange := map[[4]int64]string{}
+	for _, p := range prs {
+		if !p.Known {
+			t.Errorf("%s: statistics unknown", p.Path)
+		}
+		byRange[[4]int64{p.Min[0], p.Max[0], p.Min[1], p.Max[1]}] = p.Path
+	}
+	for _, w := range [][4]int64{{0, 0, 0, 99}, {0, 0, 100, 199}, {1, 1, 0, 49}} {
+		if byRange[w] == "" {
+			t.Fatalf("no part holds attempts %d-%d, steps %d-%d: %+v", w[0], w[1], w[2], w[3], prs)
+		}
+	}
+	b := byRange[[4]int64{0, 0, 100, 199}]
+	var all, one Meter
+	if rows, err := ReadAll[tps.ClusterStep](dir, Metered(&all)); err != nil || len(rows) != 250 {
+		t.Fatalf("all parts: %d rows, %v", len(rows), err)
+	}
+	rows, err := ReadAll[tps.ClusterStep](dir, Metered(&one), Parts(b), Within(Range{Column: "step", Min: 150, Max: 159}))
+	if err != nil || len(rows) != 30 || rows[0].Step != 130 {
+		t.Fatalf("part b, steps 150-159: %d rows from %+v, %v; want the row group of steps 130-159", len(rows), rows[:min(len(rows), 1)], err)
+	}
+	if one.Bytes() >= all.Bytes()/2 {
+		t.Errorf("one part's row group read %d bytes of %d for all", one.Bytes(), all.Bytes())
+	}
+	if n := RowCount(dir, Parts(b)); n != 100 {
+		t.Errorf("RowCount of part b: %d, want 100", n)
+	}
+}

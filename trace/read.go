@@ -18,7 +18,22 @@ type readConfig struct {
 	meter    *Meter
 	footers  *Footers
 	ranges   []Range
-	rowsOnly bool // no flat layout (tests compare the two)
+	only     map[string]bool // nil: every part
+	rowsOnly bool            // no flat layout (tests compare the two)
+}
+
+// parts is files less those Parts left out.
+func (c *readConfig) parts(files []string) []string {
+	if c.only == nil {
+		return files
+	}
+	out := files[:0:0]
+	for _, f := range files {
+		if c.only[f] {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 func readOptions(opts []ReadOption) *readConfig {
@@ -53,6 +68,19 @@ func Metered(m *Meter) ReadOption { return func(c *readConfig) { c.meter = m } }
 // rows).
 func Within(ranges ...Range) ReadOption {
 	return func(c *readConfig) { c.ranges = ranges }
+}
+
+// Parts reads only those part files (paths as PartFiles gives them) of
+// the folder: a reader that knows which parts hold what it wants (from
+// PartRanges) saves opening the others, whose footers, past the few
+// Footers keeps open, are read again each time.
+func Parts(paths ...string) ReadOption {
+	return func(c *readConfig) {
+		c.only = make(map[string]bool, len(paths))
+		for _, p := range paths {
+			c.only[p] = true
+		}
+	}
 }
 
 // meteredFile counts what is read through it.

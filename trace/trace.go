@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -369,7 +370,7 @@ func Each[T any](dir string, fn func(rows []T) error, opts ...ReadOption) error 
 	c := readOptions(opts)
 	buf := make([]T, 4096)
 	var bad UnreadableParts
-	for _, path := range files {
+	for _, path := range c.parts(files) {
 		if err := eachInFile(path, buf, fn, c); err != nil {
 			if !bad.add(path, err) {
 				return err
@@ -551,6 +552,7 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		return nil, err
 	}
 	c := readOptions(opts)
+	files = c.parts(files)
 	type part struct {
 		path   string
 		op     *openedPart
@@ -703,7 +705,7 @@ func RowCount(dir string, opts ...ReadOption) int64 {
 	files, _ := PartFiles(dir)
 	c := readOptions(opts)
 	var n int64
-	for _, path := range files {
+	for _, path := range c.parts(files) {
 		if p, err := openPart(path, c); err == nil {
 			n += p.pf.NumRows()
 			p.close()
@@ -719,13 +721,52 @@ func RowGroupRows(dir string, opts ...ReadOption) []int64 {
 	files, _ := PartFiles(dir)
 	c := readOptions(opts)
 	var out []int64
-	for _, path := range files {
+	for _, path := range c.parts(files) {
 		if p, err := openPart(path, c); err == nil {
 			for _, rg := range p.pf.RowGroups() {
 				out = append(out, rg.NumRows())
 			}
 			p.close()
 		}
+	}
+	return out
+}
+
+// PartRange is what a part's footer says of some int64 columns: for each,
+// the least and greatest value over its row groups' statistics.
+type PartRange struct {
+	Path     string
+	Min, Max []int64 // by column, as asked
+	// Known is false when some row group has no statistics for some of
+	// the columns (the part may hold any value).
+	Known bool
+}
+
+// PartRanges is the PartRange of every readable part of dir (footers
+// alone).
+func PartRanges(dir string, cols []string, opts ...ReadOption) []PartRange {
+	files, _ := PartFiles(dir)
+	c := readOptions(opts)
+	var out []PartRange
+	for _, path := range c.parts(files) {
+		p, err := openPart(path, c)
+		if err != nil {
+			continue
+		}
+		pr := PartRange{Path: path, Min: make([]int64, len(cols)), Max: make([]int64, len(cols)), Known: true}
+		for k, col := range cols {
+			pr.Min[k], pr.Max[k] = math.MaxInt64, math.MinInt64
+			for g := range p.pf.RowGroups() {
+				lo, hi, ok := groupRange(p.pf, g, col)
+				if !ok {
+					pr.Known = false
+					break
+				}
+				pr.Min[k], pr.Max[k] = min(pr.Min[k], lo), max(pr.Max[k], hi)
+			}
+		}
+		p.close()
+		out = append(out, pr)
 	}
 	return out
 }

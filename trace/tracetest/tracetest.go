@@ -27,6 +27,10 @@ type Run struct {
 	// writer's default); a collector's parts, rotated every minute, hold
 	// about a minute of steps each.
 	ClusterRowsPerGroup int64
+	// ClusterRowsPerPart bounds cluster_steps' parts (0: the writer's
+	// default); a collector rotates its parts every minute, so a long run
+	// at a step a second has a part for every 60 steps.
+	ClusterRowsPerPart int64
 	// RankRowsPerGroup bounds rank_steps' row groups (0: the writer's
 	// default).
 	RankRowsPerGroup int64
@@ -57,6 +61,7 @@ func Write(root, job string, r Run) (string, error) {
 	}
 	copt := opt
 	copt.RowsPerGroup = r.ClusterRowsPerGroup
+	copt.RowsPerPart = r.ClusterRowsPerPart
 	cluster, err := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, copt)
 	if err != nil {
 		return "", err
