@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"unsafe"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -148,9 +149,13 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 	sketches := map[int64]*tps.Sketch{}
 	var scratch tps.Sketch
 	lastKey, lastJ := [2]int64{-1, -1}, 0
-	err = trace.Each(filepath.Join(dir, trace.RankWindows), func(rows []tps.RankWindow) error {
-		for i := range rows {
-			w := &rows[i]
+	// the columns the pass takes, decoded column by column: parquet-go's
+	// rows rebuilt all 45 of a window's columns through reflection
+	_, err = trace.EachColumnsStrs(filepath.Join(dir, trace.RankWindows), windowColumns, []string{"node", "compute_sketch"}, windowRanges(ranges), func(c *trace.Columns) error {
+		attempt, rank, first, last, steps := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4]
+		compute, data, fwd, bwd, optim, padded, tokPadded := c.Int64[5], c.Int64[6], c.Int64[7], c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11]
+		node, sketch := c.Str[0], c.Str[1]
+		for i := range c.Rows {
 			rep.RankWindows++
 			// the window's steps in the (sorted) selection: found once,
 			// walked (a lookup per step of every window was most of a
@@ -158,11 +163,11 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 			// come together
 			si, in, anyWarm := -1, false, false
 			j := lastJ
-			if k := [2]int64{w.Attempt, w.FirstStep}; k != lastKey {
+			if k := [2]int64{attempt[i], first[i]}; k != lastKey {
 				j = sp.firstStepFrom(k)
 				lastKey, lastJ = k, j
 			}
-			for ; j < sp.len() && int64(sp.attempt[j]) == w.Attempt && sp.step[j] <= w.LastStep; j++ {
+			for ; j < sp.len() && int64(sp.attempt[j]) == attempt[i] && sp.step[j] <= last[i]; j++ {
 				in = true
 				if sp.warm(j) {
 					anyWarm = true
@@ -175,22 +180,24 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 			if !in {
 				continue // outside the selection
 			}
-			if anyWarm || si < 0 || w.Steps <= 0 {
+			if anyWarm || si < 0 || steps[i] <= 0 {
 				rep.RankWindowsLeft++
 				continue
 			}
-			rep.RankRows += w.Steps
-			r, n := w.Rank, float64(w.Steps)
-			if w.Node != "" && nodes[r] == "" {
-				nodes[r] = w.Node
+			rep.RankRows += steps[i]
+			r, n := rank[i], float64(steps[i])
+			if node[i] != "" && nodes[r] == "" {
+				nodes[r] = node[i]
 			}
-			heat.add(si, r, float64(w.Compute.Sum)/n)
-			own := float64(w.Compute.Sum + w.DataWait.Sum)
-			wins.addN(si, r, own, float64(w.DataWait.Sum), float64(w.Fwd.Sum+w.Bwd.Sum+w.Optim.Sum), int32(w.Steps))
-			if w.PaddedTokens > 0 {
-				realTok += w.TokensPadded
-				padTok += w.PaddedTokens
+			heat.add(si, r, float64(compute[i])/n)
+			own := float64(compute[i] + data[i])
+			wins.addN(si, r, own, float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]), int32(steps[i]))
+			if padded[i] > 0 {
+				realTok += tokPadded[i]
+				padTok += padded[i]
 			}
+			// the sketch's JSON read in place (SketchInto does not keep it)
+			w := tps.RankWindow{Rank: r, Window: tps.WindowOf(first[i]), ComputeSketch: unsafe.Slice(unsafe.StringData(sketch[i]), len(sketch[i]))}
 			ok, err := w.SketchInto(&scratch)
 			if err != nil {
 				return err
@@ -207,7 +214,7 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 			}
 		}
 		return nil
-	}, windowRead(ranges, rep.read)...)
+	}, rep.read)
 	if err = rep.tolerate(err); err != nil {
 		return nil, 0, 0, err
 	}
@@ -218,12 +225,16 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 	return med, realTok, padTok, nil
 }
 
-// windowRead reads the rank_windows row groups that can hold windows of
+// windowColumns are the int64 columns of rank_windows the report reads
+// (with node and compute_sketch).
+var windowColumns = []string{"attempt", "rank", "first_step", "last_step", "steps",
+	"compute_ns.sum", "data_wait_ns.sum", "fwd_ns.sum", "bwd_ns.sum", "optim_ns.sum", "padded_tokens", "tokens_padded"}
+
+// windowRanges bound the rank_windows row groups that can hold windows of
 // the selected steps (ranges: attempt and step, as spine.ranges gives;
 // none: all): a window [first_step, last_step] holds a step of [lo, hi]
 // when first_step <= hi and last_step >= lo.
-func windowRead(ranges []trace.Range, read trace.ReadOption) []trace.ReadOption {
-	opts := []trace.ReadOption{read}
+func windowRanges(ranges []trace.Range) []trace.Range {
 	var within []trace.Range
 	for _, r := range ranges {
 		switch r.Column {
@@ -234,8 +245,5 @@ func windowRead(ranges []trace.Range, read trace.ReadOption) []trace.ReadOption 
 			within = append(within, r)
 		}
 	}
-	if len(within) > 0 {
-		opts = append(opts, trace.Within(within...))
-	}
-	return opts
+	return within
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/parquet-go/parquet-go"
@@ -17,7 +18,10 @@ import (
 type Columns struct {
 	Rows    int
 	Int64   [][]int64 // in the order of the names given
-	Strings []string  // the string column, when one was asked for
+	Strings []string  // the (first) string column, when one was asked for
+	// Str are the string columns EachColumnsStrs was asked for, in order
+	// (Strings is the first).
+	Str [][]string
 }
 
 // EachColumns streams required int64 columns (and at most one required
@@ -49,6 +53,17 @@ type Pruned struct {
 // holds, from the parts' footers), saying what it skipped. fn may still
 // see rows outside the ranges: statistics bound row groups, not rows.
 func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range, fn func(*Columns) error, opts ...ReadOption) (Pruned, error) {
+	var strCols []string
+	if strCol != "" {
+		strCols = []string{strCol}
+	}
+	return EachColumnsStrs(dir, int64Cols, strCols, ranges, fn, opts...)
+}
+
+// EachColumnsStrs is EachColumnsIn with any number of required string
+// (or byte array) columns. A column of a nested field is named by its
+// path, the names joined by dots ("compute_ns.sum").
+func EachColumnsStrs(dir string, int64Cols, strCols []string, ranges []Range, fn func(*Columns) error, opts ...ReadOption) (Pruned, error) {
 	var pr Pruned
 	c := readOptions(opts)
 	files, err := PartFiles(dir)
@@ -66,14 +81,14 @@ func EachColumnsIn(dir string, int64Cols []string, strCol string, ranges []Range
 	}
 	free := make(chan *Columns, 2)
 	for range 2 {
-		free <- &Columns{Int64: make([][]int64, len(int64Cols))}
+		free <- &Columns{Int64: make([][]int64, len(int64Cols)), Str: make([][]string, len(strCols))}
 	}
 	ready := make(chan group, 1)
 	stop := make(chan struct{})
 	go func() {
 		defer close(ready)
 		for _, path := range c.parts(files) {
-			err := columnsOfFile(path, c, int64Cols, strCol, ranges, &pr, func() *Columns {
+			err := columnsOfFile(path, c, int64Cols, strCols, ranges, &pr, func() *Columns {
 				select {
 				case c := <-free:
 					return c
@@ -164,7 +179,7 @@ func groupRange(pf *parquet.File, rg int, col string) (lo, hi int64, ok bool) {
 // columnsOfFile decodes the row groups of one part, each into a buffer
 // take gives (nil: stop), and hands it on with give (false: stop), or back
 // when its decoding failed.
-func columnsOfFile(path string, c *readConfig, int64Cols []string, strCol string, ranges []Range, pr *Pruned, take func() *Columns, give func(*Columns) bool, back func(*Columns)) (err error) {
+func columnsOfFile(path string, c *readConfig, int64Cols, strCols []string, ranges []Range, pr *Pruned, take func() *Columns, give func(*Columns) bool, back func(*Columns)) (err error) {
 	p, err := openPart(path, c)
 	if err != nil {
 		return err
@@ -173,19 +188,19 @@ func columnsOfFile(path string, c *readConfig, int64Cols []string, strCol string
 	pf := p.pf
 	idx := make([]int, len(int64Cols))
 	for i, name := range int64Cols {
-		leaf, ok := pf.Schema().Lookup(name)
+		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
 		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
 			return fmt.Errorf("trace: %s: %w: no required int64 column %q", path, errUnreadable, name)
 		}
 		idx[i] = leaf.ColumnIndex
 	}
-	strIdx := -1
-	if strCol != "" {
-		leaf, ok := pf.Schema().Lookup(strCol)
+	strIdx := make([]int, len(strCols))
+	for i, name := range strCols {
+		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
 		if !ok || leaf.Node.Type().Kind() != parquet.ByteArray || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
-			return fmt.Errorf("trace: %s: %w: no required string column %q", path, errUnreadable, strCol)
+			return fmt.Errorf("trace: %s: %w: no required string column %q", path, errUnreadable, name)
 		}
-		strIdx = leaf.ColumnIndex
+		strIdx[i] = leaf.ColumnIndex
 	}
 	for g, rg := range pf.RowGroups() {
 		rows := int(rg.NumRows())
@@ -205,14 +220,21 @@ func columnsOfFile(path string, c *readConfig, int64Cols []string, strCol string
 			}
 		}()
 		if err := decodeGroup(rg.ColumnChunks(), idx, strIdx, rows, cols); err != nil {
-			name := strCol
+			name := ""
 			var ce *columnError
-			if errors.As(err, &ce) && ce.col < len(int64Cols) {
-				name = int64Cols[ce.col]
+			if errors.As(err, &ce) {
+				if ce.col < len(int64Cols) {
+					name = int64Cols[ce.col]
+				} else if k := ce.col - len(int64Cols); k < len(strCols) {
+					name = strCols[k]
+				}
 			}
 			return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, name, err)
 		}
 		cols.Rows = rows
+		if len(cols.Str) > 0 {
+			cols.Strings = cols.Str[0]
+		}
 		ok = true
 		if !give(cols) {
 			return errStopped
@@ -222,7 +244,7 @@ func columnsOfFile(path string, c *readConfig, int64Cols []string, strCol string
 }
 
 // columnError is a column's decoding failure; col indexes the int64
-// columns asked for (len of them: the string column).
+// columns asked for, then the string columns.
 type columnError struct {
 	col int
 	err error
@@ -234,8 +256,8 @@ func (e *columnError) Error() string { return e.err.Error() }
 // split between this goroutine and one more (column chunks decode
 // independently: pages and zstd were most of a large report's time), the
 // string column here.
-func decodeGroup(chunks []parquet.ColumnChunk, idx []int, strIdx, rows int, cols *Columns) error {
-	errs := make([]error, len(idx)+1)
+func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, rows int, cols *Columns) error {
+	errs := make([]error, len(idx)+len(strIdx))
 	one := func(i int) {
 		v, err := readInt64Chunk(chunks[idx[i]], slices.Grow(cols.Int64[i][:0], rows)) // one allocation, not a doubling series
 		switch {
@@ -263,15 +285,16 @@ func decodeGroup(chunks []parquet.ColumnChunk, idx []int, strIdx, rows int, cols
 	for i := range half {
 		one(i)
 	}
-	if strIdx >= 0 {
-		v, err := readStringChunk(chunks[strIdx], slices.Grow(cols.Strings[:0], rows))
+	for k, si := range strIdx {
+		e := len(idx) + k
+		v, err := readStringChunk(chunks[si], slices.Grow(cols.Str[k][:0], rows))
 		switch {
 		case err != nil:
-			errs[len(idx)] = &columnError{len(idx), err}
+			errs[e] = &columnError{e, err}
 		case len(v) != rows:
-			errs[len(idx)] = &columnError{len(idx), fmt.Errorf("%d values for %d rows", len(v), rows)}
+			errs[e] = &columnError{e, fmt.Errorf("%d values for %d rows", len(v), rows)}
 		default:
-			cols.Strings = v
+			cols.Str[k] = v
 		}
 	}
 	wg.Wait()
