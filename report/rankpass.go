@@ -196,7 +196,8 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 				realTok += tokPadded[i]
 				padTok += padded[i]
 			}
-			// the sketch's JSON read in place (SketchInto does not keep it)
+			// the sketch's JSON read in place (SketchInto does not keep it;
+			// the string is valid during this call: trace.Volatile)
 			w := tps.RankWindow{Rank: r, Window: tps.WindowOf(first[i]), ComputeSketch: unsafe.Slice(unsafe.StringData(sketch[i]), len(sketch[i]))}
 			ok, err := w.SketchInto(&scratch)
 			if err != nil {
@@ -214,7 +215,7 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 			}
 		}
 		return nil
-	}, rep.read)
+	}, rep.read, trace.Volatile("compute_sketch"))
 	if err = rep.tolerate(err); err != nil {
 		return nil, 0, 0, err
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/parquet-go/parquet-go"
 	"github.com/parquet-go/parquet-go/encoding"
@@ -22,6 +23,8 @@ type Columns struct {
 	// Str are the string columns EachColumnsStrs was asked for, in order
 	// (Strings is the first).
 	Str [][]string
+
+	arenas [][]byte // per string column, for the Volatile ones
 }
 
 // EachColumns streams required int64 columns (and at most one required
@@ -81,7 +84,7 @@ func EachColumnsStrs(dir string, int64Cols, strCols []string, ranges []Range, fn
 	}
 	free := make(chan *Columns, 2)
 	for range 2 {
-		free <- &Columns{Int64: make([][]int64, len(int64Cols)), Str: make([][]string, len(strCols))}
+		free <- &Columns{Int64: make([][]int64, len(int64Cols)), Str: make([][]string, len(strCols)), arenas: make([][]byte, len(strCols))}
 	}
 	ready := make(chan group, 1)
 	stop := make(chan struct{})
@@ -194,8 +197,9 @@ func columnsOfFile(path string, c *readConfig, int64Cols, strCols []string, rang
 		}
 		idx[i] = leaf.ColumnIndex
 	}
-	strIdx := make([]int, len(strCols))
+	strIdx, volatile := make([]int, len(strCols)), make([]bool, len(strCols))
 	for i, name := range strCols {
+		volatile[i] = c.volatile[name]
 		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
 		if !ok || leaf.Node.Type().Kind() != parquet.ByteArray || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
 			return fmt.Errorf("trace: %s: %w: no required string column %q", path, errUnreadable, name)
@@ -219,7 +223,7 @@ func columnsOfFile(path string, c *readConfig, int64Cols, strCols []string, rang
 				back(cols)
 			}
 		}()
-		if err := decodeGroup(rg.ColumnChunks(), idx, strIdx, rows, cols); err != nil {
+		if err := decodeGroup(rg.ColumnChunks(), idx, strIdx, volatile, rows, cols); err != nil {
 			name := ""
 			var ce *columnError
 			if errors.As(err, &ce) {
@@ -256,7 +260,7 @@ func (e *columnError) Error() string { return e.err.Error() }
 // split between this goroutine and one more (column chunks decode
 // independently: pages and zstd were most of a large report's time), the
 // string column here.
-func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, rows int, cols *Columns) error {
+func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, volatile []bool, rows int, cols *Columns) error {
 	errs := make([]error, len(idx)+len(strIdx))
 	one := func(i int) {
 		v, err := readInt64Chunk(chunks[idx[i]], slices.Grow(cols.Int64[i][:0], rows)) // one allocation, not a doubling series
@@ -287,7 +291,12 @@ func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, rows int, cols
 	}
 	for k, si := range strIdx {
 		e := len(idx) + k
-		v, err := readStringChunk(chunks[si], slices.Grow(cols.Str[k][:0], rows))
+		var arena *[]byte
+		if volatile[k] {
+			cols.arenas[k] = cols.arenas[k][:0]
+			arena = &cols.arenas[k]
+		}
+		v, err := readStringChunkIn(chunks[si], slices.Grow(cols.Str[k][:0], rows), arena)
 		switch {
 		case err != nil:
 			errs[e] = &columnError{e, err}
@@ -342,6 +351,14 @@ func readRequiredChunk[T any](chunk parquet.ColumnChunk, dst []T, values func(*e
 // allocated once; other pages value by value, a null read as "" (an
 // optional column).
 func readStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) {
+	return readStringChunkIn(chunk, dst, nil)
+}
+
+// readStringChunkIn is readStringChunk; with arena, the values of pages
+// that are not dictionary pages are copied into it, one after another,
+// rather than allocated one by one: those strings stay valid until the
+// arena is written again.
+func readStringChunkIn(chunk parquet.ColumnChunk, dst []string, arena *[]byte) ([]string, error) {
 	pages := chunk.Pages()
 	defer pages.Close()
 	var dict parquet.Dictionary
@@ -381,6 +398,16 @@ func readStringChunk(chunk parquet.ColumnChunk, dst []string) ([]string, error) 
 						continue
 					}
 					b := v.ByteArray()
+					if arena != nil {
+						if len(*arena)+len(b) > cap(*arena) {
+							// a new array: the strings made so far keep the old one
+							*arena = make([]byte, 0, max(2*cap(*arena), len(b), 1<<16))
+						}
+						at := len(*arena)
+						*arena = append(*arena, b...)
+						dst = append(dst, unsafe.String(unsafe.SliceData((*arena)[at:]), len(b)))
+						continue
+					}
 					s, ok := interned[string(b)]
 					if !ok {
 						s = string(b)

@@ -239,7 +239,8 @@ func TestPartRangesAndParts(t *testing.T) {
 
 // EachColumnsStrs reads nested int64 columns by their dotted path and
 // several string columns (a dictionary one, node, and a plain byte array
-// one, the sketches), row for row as the row reader gives them.
+// one, the sketches), row for row as the row reader gives them, also with
+// the sketches read Volatile (into a reused buffer).
 func TestEachColumnsStrsMatchesRows(t *testing.T) {
 	root := t.TempDir()
 	w, err := NewPartWriter[tps.RankWindow](root, "j", RankWindows, WriterOptions{WriterID: "w", RowsPerGroup: 50})
@@ -266,20 +267,22 @@ func TestEachColumnsStrsMatchesRows(t *testing.T) {
 	if err != nil || len(want) != 1200 {
 		t.Fatalf("rows: %d, %v", len(want), err)
 	}
-	k := 0
-	_, err = EachColumnsStrs(dir, []string{"rank", "first_step", "compute_ns.sum", "fwd_ns.sum", "data_wait_ns.max"}, []string{"node", "compute_sketch"}, nil, func(c *Columns) error {
-		for i := range c.Rows {
-			w := &want[k]
-			got := [5]int64{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i], c.Int64[3][i], c.Int64[4][i]}
-			if got != [5]int64{w.Rank, w.FirstStep, w.Compute.Sum, w.Fwd.Sum, w.DataWait.Max} || c.Str[0][i] != w.Node || c.Str[1][i] != string(w.ComputeSketch) || c.Strings[i] != w.Node {
-				return fmt.Errorf("row %d: %v %q %q; want %+v", k, got, c.Str[0][i], c.Str[1][i], w)
+	for _, opts := range [][]ReadOption{nil, {Volatile("compute_sketch")}} {
+		k := 0
+		_, err = EachColumnsStrs(dir, []string{"rank", "first_step", "compute_ns.sum", "fwd_ns.sum", "data_wait_ns.max"}, []string{"node", "compute_sketch"}, nil, func(c *Columns) error {
+			for i := range c.Rows {
+				w := &want[k]
+				got := [5]int64{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i], c.Int64[3][i], c.Int64[4][i]}
+				if got != [5]int64{w.Rank, w.FirstStep, w.Compute.Sum, w.Fwd.Sum, w.DataWait.Max} || c.Str[0][i] != w.Node || c.Str[1][i] != string(w.ComputeSketch) || c.Strings[i] != w.Node {
+					return fmt.Errorf("row %d: %v %q %q; want %+v", k, got, c.Str[0][i], c.Str[1][i], w)
+				}
+				k++
 			}
-			k++
+			return nil
+		}, opts...)
+		if err != nil || k != len(want) {
+			t.Fatalf("%d rows of %d (%d options): %v", k, len(want), len(opts), err)
 		}
-		return nil
-	})
-	if err != nil || k != len(want) {
-		t.Fatalf("%d rows of %d: %v", k, len(want), err)
 	}
 	if len(want[0].ComputeSketch) == 0 || want[0].Compute.Sum == 0 {
 		t.Fatalf("fixture: no sketch or compute: %+v", want[0])

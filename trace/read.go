@@ -19,6 +19,7 @@ type readConfig struct {
 	footers  *Footers
 	ranges   []Range
 	only     map[string]bool // nil: every part
+	volatile map[string]bool // string columns whose values live as long as fn's call
 	rowsOnly bool            // no flat layout (tests compare the two)
 }
 
@@ -68,6 +69,20 @@ func Metered(m *Meter) ReadOption { return func(c *readConfig) { c.meter = m } }
 // rows).
 func Within(ranges ...Range) ReadOption {
 	return func(c *readConfig) { c.ranges = ranges }
+}
+
+// Volatile makes EachColumnsStrs' values of those string columns valid
+// only during the call of fn that gets them (their pages' bytes are
+// copied into one buffer a row group, reused, rather than each value
+// allocated): for large unique values the reader does not keep, as the
+// report's window sketches (a million of them a 100 M-row report).
+func Volatile(cols ...string) ReadOption {
+	return func(c *readConfig) {
+		c.volatile = make(map[string]bool, len(cols))
+		for _, col := range cols {
+			c.volatile[col] = true
+		}
+	}
 }
 
 // Parts reads only those part files (paths as PartFiles gives them) of
