@@ -10,16 +10,16 @@ import (
 	"github.com/tpsprof/tpsprof/trace"
 )
 
-// The report's cluster pass. A whole-run report without plots does not
-// hold the run's cluster rows (416 B a step in memory, and the heap peaks
-// at about twice that): it reads a spine of every step (its key, times,
-// completeness and warm-up, 37 B a step) and then the rows themselves in
-// chunks of clusterChunk steps, in (attempt, step) order, each fed to the
-// accumulators below and dropped. A report of a selection, or one drawing
-// plots (which draw every step), holds its rows and feeds them as one
-// chunk: the figures are computed by the same code either way
-// (TestStreamedReportEqualsInMemory; every Analyze of this package's tests
-// checks it, see TestMain).
+// The report's cluster pass. A whole-run report does not hold the run's
+// cluster rows (416 B a step in memory, and the heap peaks at about twice
+// that): it reads a spine of every step (its key, times, completeness and
+// warm-up, 37 B a step) and then the rows themselves in chunks of
+// clusterChunk steps, in (attempt, step) order, each fed to the
+// accumulators below and dropped (the plots keep a plotStep of each). A
+// report of a selection, or of a run of one chunk, holds its rows and
+// feeds them as one chunk: the figures are computed by the same code
+// either way (TestStreamedReportEqualsInMemory; every Analyze and
+// AnalyzeWithPlots of this package's tests checks it, see TestMain).
 
 // clusterChunk is how many steps of cluster rows a streamed report holds
 // at once (64 Ki rows: 27 MB); a run of no more steps is read at once.

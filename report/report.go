@@ -1,10 +1,10 @@
 // Package report analyses a job's Parquet traces after the fact: steady-state
 // throughput, MFU, the time breakdown, goodput, stragglers, energy and cost,
 // and draws the plots. It streams rank_steps and gpu_samples a row group at a
-// time, and (without plots) cluster_steps a chunk of steps at a time
-// (cluster.go): memory follows the number of ranks (a bounded sample per
-// rank, a fixed heatmap grid) and, at 57 to 125 bytes a step, the number of
-// steps, not the number of rows.
+// time, and cluster_steps a chunk of steps at a time (cluster.go): memory
+// follows the number of ranks (a bounded sample per rank, a fixed heatmap
+// grid) and, at 57 to 125 bytes a step (120 more with plots), the number
+// of steps, not the number of rows.
 package report
 
 import (
@@ -262,13 +262,21 @@ type Plots struct {
 // the report's result.
 func Analyze(dir string, opt Options) (*Report, error) {
 	rep, _, err := analyze(dir, opt, false)
-	if checkStreamed != nil && err == nil {
-		o := opt
-		o.chunk = 3
-		streamed, _, serr := analyze(dir, o, false)
-		checkStreamed(dir, rep, streamed, serr)
+	if err == nil {
+		crossCheck(dir, opt, rep)
 	}
 	return rep, err
+}
+
+// crossCheck hands checkStreamed, when set, rep and the report of dir
+// streamed three steps at a time.
+func crossCheck(dir string, opt Options, rep *Report) {
+	if checkStreamed == nil {
+		return
+	}
+	opt.chunk = 3
+	streamed, _, err := analyze(dir, opt, false)
+	checkStreamed(dir, rep, streamed, err)
 }
 
 // checkStreamed, when set (by this package's tests), is handed every
@@ -284,12 +292,7 @@ func AnalyzeWithPlots(dir string, opt Options) (*Report, *Plots, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if checkStreamed != nil {
-		o := opt
-		o.chunk = 3
-		streamed, _, serr := analyze(dir, o, false)
-		checkStreamed(dir, rep, streamed, serr)
-	}
+	crossCheck(dir, opt, rep)
 	return rep, pd, nil
 }
 
@@ -312,8 +315,8 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	for _, t := range []string{trace.ClusterSteps, trace.RankSteps, trace.RankWindows, trace.Events, trace.GPUSamples} {
 		rep.BytesInTables += trace.TableBytes(filepath.Join(dir, t))
 	}
-	// The steps: held (a selection, or the plots'), or a spine of them
-	// with their rows read in chunks (see cluster.go).
+	// The steps: held (a selection, or a run of one chunk), or a spine of
+	// them with their rows read in chunks (see cluster.go).
 	sel := opt.Select
 	var steps []tps.ClusterStep
 	var sp *spine
