@@ -510,10 +510,7 @@ func (a *waitAcc) result(nodeOf map[int64]string, top int) []WaitShare {
 	slices.Sort(ranks)
 	by := map[string]*WaitShare{}
 	for _, r := range ranks {
-		n := nodeOf[r]
-		if n == "" {
-			n = fmt.Sprintf("rank %d", r)
-		}
+		n := nodeLabel(nodeOf[r], r)
 		x := by[n]
 		if x == nil {
 			if len(by) >= 4096 {

@@ -53,17 +53,7 @@ type gpuReading struct {
 	power  float64 // W; NaN when absent
 }
 
-// newEnergyJoin takes the steps that count (skip false, a step time).
-func newEnergyJoin(steps []tps.ClusterStep, skip []bool, offsets map[string]int64) *energyJoin {
-	e := newEnergyJoinOf(offsets)
-	for i := range steps {
-		if !skip[i] && steps[i].StepTimeNs > 0 && steps[i].EndUnixNs > 0 {
-			e.addStep(&steps[i])
-		}
-	}
-	return e
-}
-
+// newEnergyJoinOf is a join with no steps yet (addStep adds them).
 func newEnergyJoinOf(offsets map[string]int64) *energyJoin {
 	return &energyJoin{offsets: offsets, gpus: map[gpuKey]*gpuReading{}}
 }

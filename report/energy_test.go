@@ -121,3 +121,15 @@ func TestEnergyJoinKnownAnswer(t *testing.T) {
 		t.Errorf("without the clock offset every step was still covered (%.6f tokens/J)", tpj)
 	}
 }
+
+// newEnergyJoin is the join of the steps that count (skip false, a step
+// time), as the cluster pass feeds it.
+func newEnergyJoin(steps []tps.ClusterStep, skip []bool, offsets map[string]int64) *energyJoin {
+	e := newEnergyJoinOf(offsets)
+	for i := range steps {
+		if !skip[i] && steps[i].StepTimeNs > 0 && steps[i].EndUnixNs > 0 {
+			e.addStep(&steps[i])
+		}
+	}
+	return e
+}

@@ -254,10 +254,7 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 			if score >= tps.StragglerThreshold {
 				continue
 			}
-			key := nodes[int64(r)]
-			if key == "" {
-				key = fmt.Sprintf("rank %d", r)
-			}
+			key := nodeLabel(nodes[int64(r)], int64(r))
 			f := flagged[key]
 			if f == nil {
 				f = make([]flag, nw)

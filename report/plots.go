@@ -616,18 +616,18 @@ func (rep *figures) plotScatter() (Figure, error) {
 type shareCat struct {
 	name string
 	col  color.Color
-	get  func(c *tpsStep) float64
+	get  func(c *plotStep) float64
 }
 
 // plotBreakdown: shares of step time, stacked, over steps (binned to at
 // most 400 columns).
 func (rep *figures) plotBreakdown() (Figure, error) {
 	cats := []shareCat{
-		{"compute", colCompute, func(c *tpsStep) float64 { return c.ComputeNsMean / float64(c.StepTimeNs) }},
-		{"exposed comm", colComm, func(c *tpsStep) float64 { return c.CommFractionMean }},
-		{"pipeline bubble", colBubble, func(c *tpsStep) float64 { return c.BubbleFractionMean }},
-		{"data stall", colData, func(c *tpsStep) float64 { return c.DataStallFractionMean }},
-		{"checkpoint", colCkpt, func(c *tpsStep) float64 { return c.CkptFractionMean }},
+		{"compute", colCompute, func(c *plotStep) float64 { return c.ComputeNsMean / float64(c.StepTimeNs) }},
+		{"exposed comm", colComm, func(c *plotStep) float64 { return c.CommFractionMean }},
+		{"pipeline bubble", colBubble, func(c *plotStep) float64 { return c.BubbleFractionMean }},
+		{"data stall", colData, func(c *plotStep) float64 { return c.DataStallFractionMean }},
+		{"checkpoint", colCkpt, func(c *plotStep) float64 { return c.CkptFractionMean }},
 	}
 	return rep.stackedShares(fmt.Sprintf("%s: where step time goes (mean over ranks)", rep.Job), cats,
 		"Mean share of step time per category, stacked.")
@@ -639,12 +639,12 @@ func (rep *figures) plotPhases() (Figure, error) {
 	if rep.Generation == nil {
 		return Figure{}, nil
 	}
-	wait := func(c *tpsStep) float64 {
+	wait := func(c *plotStep) float64 {
 		return c.CommFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
 	}
 	cats := []shareCat{
-		{"generation (rollouts)", colCkpt, func(c *tpsStep) float64 { return c.GenFractionMean }},
-		{"training (the update)", colCompute, func(c *tpsStep) float64 { return max(0, 1-c.GenFractionMean-wait(c)) }},
+		{"generation (rollouts)", colCkpt, func(c *plotStep) float64 { return c.GenFractionMean }},
+		{"training (the update)", colCompute, func(c *plotStep) float64 { return max(0, 1-c.GenFractionMean-wait(c)) }},
 		{"waiting (comm, bubble, data, checkpoint)", colComm, wait},
 	}
 	return rep.stackedShares(fmt.Sprintf("%s: generation, training and waiting per step", rep.Job), cats,
@@ -714,8 +714,6 @@ func (rep *figures) stackedShares(title string, cats []shareCat, caption string)
 	}
 	return Figure{Plots: []*plot.Plot{p}, Caption: caption}, nil
 }
-
-type tpsStep = plotStep
 
 // plotStep is what the plots draw of a step (120 B; its cluster row is
 // 416): the report keeps one a step when it draws plots.

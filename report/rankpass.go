@@ -196,12 +196,11 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 				realTok += tokPadded[i]
 				padTok += padded[i]
 			}
-			// the sketch's JSON read in place (SketchInto does not keep it;
-			// the string is valid during this call: trace.Volatile)
-			w := tps.RankWindow{Rank: r, Window: tps.WindowOf(first[i]), ComputeSketch: unsafe.Slice(unsafe.StringData(sketch[i]), len(sketch[i]))}
-			ok, err := w.SketchInto(&scratch)
+			// the sketch's JSON read in place (SketchFromJSON does not keep
+			// it; the string is valid during this call: trace.Volatile)
+			ok, err := tps.SketchFromJSON(unsafe.Slice(unsafe.StringData(sketch[i]), len(sketch[i])), &scratch)
 			if err != nil {
-				return err
+				return fmt.Errorf("report: rank window %d of rank %d: %w", tps.WindowOf(first[i]), r, err)
 			}
 			if !ok {
 				continue

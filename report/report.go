@@ -636,14 +636,21 @@ func readMeta(dir string) *tps.RunMeta {
 	return nil
 }
 
+// nodeLabel is what the report calls a rank's node: its name, or "rank
+// N" for a rank that named none.
+func nodeLabel(node string, rank int64) string {
+	if node == "" {
+		return fmt.Sprintf("rank %d", rank)
+	}
+	return node
+}
+
 // critExcess sums, by node, how much more compute and data wait its
 // ranks had than the step's mean rank in the steps they were critical.
 type critExcess map[string]*[3]float64 // compute ns, data wait ns, steps
 
 func (x critExcess) add(node string, rank int64, compute, data float64) {
-	if node == "" {
-		node = fmt.Sprintf("rank %d", rank)
-	}
+	node = nodeLabel(node, rank)
 	e := x[node]
 	if e == nil {
 		if len(x) >= 4096 {

@@ -146,17 +146,28 @@ func (w *RankWindow) SketchInto(s *Sketch) (bool, error) {
 		s.Bins = append(s.Bins[:0:0], w.sketch.Bins...)
 		return true, nil
 	}
-	if len(w.ComputeSketch) == 0 {
+	ok, err := SketchFromJSON(w.ComputeSketch, s)
+	if err != nil {
+		return false, fmt.Errorf("tps: rank window %d of rank %d: %w", w.Window, w.Rank, err)
+	}
+	return ok, nil
+}
+
+// SketchFromJSON decodes a compute sketch's JSON (RankWindow's
+// ComputeSketch) into s, reusing its bins' memory, and reports whether
+// there was one (b empty: none). It does not keep b.
+func SketchFromJSON(b []byte, s *Sketch) (bool, error) {
+	if len(b) == 0 {
 		return false, nil
 	}
-	if !decodeSketchJSON(w.ComputeSketch, s) {
+	if !decodeSketchJSON(b, s) {
 		*s = Sketch{Bins: s.Bins[:0]} // keys the JSON leaves out are zero
-		if err := json.Unmarshal(w.ComputeSketch, s); err != nil {
-			return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+		if err := json.Unmarshal(b, s); err != nil {
+			return false, fmt.Errorf("compute sketch: %w", err)
 		}
 	}
 	if err := s.Check(); err != nil {
-		return false, fmt.Errorf("tps: rank window %d of rank %d: compute sketch: %w", w.Window, w.Rank, err)
+		return false, fmt.Errorf("compute sketch: %w", err)
 	}
 	return true, nil
 }

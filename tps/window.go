@@ -309,6 +309,7 @@ type Summarizer struct {
 	times, tps  []float64
 	mostRanks   int64
 	attempts    map[int64]bool
+	lastAttempt int64
 	first, last int64
 
 	sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait, wallTok float64
@@ -328,7 +329,10 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 	s := &sm.s
 	s.Steps++
 	sm.mostRanks = max(sm.mostRanks, c.RanksReported)
-	sm.attempts[c.Attempt] = true
+	if s.Steps == 1 || c.Attempt != sm.lastAttempt { // steps come in order: a map write an attempt
+		sm.attempts[c.Attempt] = true
+		sm.lastAttempt = c.Attempt
+	}
 	s.WorldSize = max(s.WorldSize, c.WorldSize)
 	if !c.Complete() {
 		s.IncompleteSteps++
