@@ -25,159 +25,19 @@ import (
 // at once (64 Ki rows: 27 MB); a run of no more steps is read at once.
 var clusterChunk = 1 << 16
 
-// spine is what the report keeps of each step it covers, sorted by
-// (attempt, step), times on the repaired clock (unstepClocks).
-type spine struct {
-	runSteps
-	flag []uint8 // flagComplete, flagWarm, flagSkip
-	// the critical rank and what the mean rank had (compute, data wait,
-	// ns), for the rank_steps pass; nil unless it runs
-	slowest            []int32
-	critComp, critData []float64
-}
-
-const (
-	flagComplete uint8 = 1 << iota // no rank missing
-	flagWarm                       // warm-up
-	flagSkip                       // out of the statistics: warm-up or profiled
-)
-
-func (sp *spine) warm(i int) bool { return sp.flag[i]&flagWarm != 0 }
-func (sp *spine) skip(i int) bool { return sp.flag[i]&flagSkip != 0 }
-
-// steady: not warm-up, with a step time (the episode windows' steps).
-func (sp *spine) steady(i int) bool { return sp.flag[i]&flagWarm == 0 && sp.stepTime[i] > 0 }
-
-// spineOf is the spine of steps held in memory (sorted, clocks repaired).
-func spineOf(steps []tps.ClusterStep) *spine {
-	n := len(steps)
-	sp := &spine{runSteps: runSteps{attempt: make([]int32, n), step: make([]int64, n), start: make([]int64, n), end: make([]int64, n), stepTime: make([]int64, n)},
-		flag: make([]uint8, n)}
-	for i := range steps {
-		c := &steps[i]
-		sp.attempt[i] = clampAttempt(c.Attempt)
-		sp.step[i], sp.start[i], sp.end[i], sp.stepTime[i] = c.Step, c.StartUnixNs, c.EndUnixNs, c.StepTimeNs
-		if c.Complete() {
-			sp.flag[i] = flagComplete
-		}
-	}
-	return sp
-}
-
-func clampAttempt(a int64) int32 { return int32(min(max(a, math.MinInt32), math.MaxInt32)) }
-
-// readSpine reads the spine of every cluster row of dir and repairs its
-// clock, saying how many jumps back it repaired and the largest.
-func readSpine(dir string, opts []trace.ReadOption) (*spine, int, float64, error) {
-	run, err := readRunSteps(dir, runColumns{times: true, stepTime: true, missing: true}, opts)
-	if err != nil && !trace.IsUnreadable(err) {
-		return nil, 0, 0, err
-	}
-	sp := &spine{runSteps: *run, flag: make([]uint8, run.len())}
-	for i, m := range run.missing {
-		if m == 0 {
-			sp.flag[i] = flagComplete
-		}
-	}
-	sp.missing = nil
-	jumps, back := unstep(sp.len(), func(i int) (int64, *int64, *int64, int64) {
-		return int64(sp.attempt[i]), &sp.start[i], &sp.end[i], sp.stepTime[i]
-	})
-	return sp, jumps, back, err
-}
-
-// markWarm sets the warm-up and skip flags: warm from a selection's
-// whole-run warm-up when given, else by the rule (threshold: the
-// automatic rule's, ns; 0 to compute it from the spine's step times).
-// It returns the threshold the rule used (0 for a fixed count).
-func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool, profiled map[[2]int64]bool) float64 {
-	n := sp.len()
-	if warm != nil {
-		for i := range n {
-			if warm[sp.key(i)] {
-				sp.flag[i] |= flagWarm
-			}
-		}
-	} else {
-		if warmup < 0 && threshold <= 0 {
-			threshold = tps.WarmupThresholdOf(sp.stepTime, warmup)
-		}
-		for i, w := range tps.WarmupMaskAt(n, func(i int) int64 { return int64(sp.attempt[i]) }, func(i int) int64 { return sp.stepTime[i] }, warmup, threshold) {
-			if w {
-				sp.flag[i] |= flagWarm
-			}
-		}
-	}
-	if warmup < 0 && threshold <= 0 && n > 0 {
-		threshold = tps.WarmupThresholdOf(sp.stepTime, warmup) // the rule's words: the steps' own
-	}
-	for i := range n {
-		if sp.flag[i]&flagWarm != 0 || profiled[sp.key(i)] {
-			sp.flag[i] |= flagSkip
-		}
-	}
-	if warmup >= 0 {
-		return 0
-	}
-	return threshold
-}
-
-// anyComplete: some step is complete and not warm-up.
-func (sp *spine) anyComplete() bool {
-	for _, f := range sp.flag {
-		if f&flagComplete != 0 && f&flagWarm == 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// span is the earliest start and the latest end.
-func (sp *spine) span() (lo, hi int64) {
-	lo, hi = sp.start[0], sp.end[0]
-	for i := range sp.start {
-		lo, hi = min(lo, sp.start[i]), max(hi, sp.end[i])
-	}
-	return lo, hi
-}
-
-// lastOfAttempt: step i is its attempt's last.
-func (sp *spine) lastOfAttempt(i int) bool {
-	return i+1 == sp.len() || sp.attempt[i+1] != sp.attempt[i]
-}
-
-// firstStepFrom is the index of the first step at or after (attempt,
-// step) k, by binary search.
-func (sp *spine) firstStepFrom(k [2]int64) int {
-	lo, hi := 0, sp.len()
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if a := int64(sp.attempt[m]); a > k[0] || (a == k[0] && sp.step[m] >= k[1]) {
-			hi = m
-		} else {
-			lo = m + 1
-		}
-	}
-	return lo
-}
-
-// stepAt finds the step (attempt, step) k (the first, if it is there
-// twice).
-func (sp *spine) stepAt(k [2]int64) (int, bool) {
-	i := sp.firstStepFrom(k)
-	if i < sp.len() && int64(sp.attempt[i]) == k[0] && sp.step[i] == k[1] {
-		return i, true
-	}
-	return 0, false
-}
-
 // ranges bound the rank rows of the spine's steps [lo, hi), for skipping
 // row groups by their statistics.
 func (sp *spine) ranges(lo, hi int) []trace.Range {
-	a := trace.Range{Column: "attempt", Min: int64(sp.attempt[lo]), Max: int64(sp.attempt[hi-1])}
-	st := trace.Range{Column: "step", Min: sp.step[lo], Max: sp.step[lo]}
-	for _, s := range sp.step[lo:hi] {
-		st.Min, st.Max = min(st.Min, s), max(st.Max, s)
+	first, last := sp.key(lo), sp.key(hi-1)
+	a := trace.Range{Column: "attempt", Min: first[0], Max: last[0]}
+	st := trace.Range{Column: "step", Min: first[1], Max: first[1]}
+	for i := lo; i < hi; {
+		// a run's steps rise (or stay): its first and last bound it
+		r := sp.runAt(i)
+		end := min(hi, sp.runEnd(r))
+		a0, b := sp.key(i)[1], sp.key(end - 1)[1]
+		st.Min, st.Max = min(st.Min, a0, b), max(st.Max, a0, b)
+		i = end
 	}
 	return []trace.Range{a, st}
 }
@@ -256,7 +116,8 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 	sp := s.sp
 	for lo < hi {
 		end := s.chunkEnd(lo, hi)
-		for end < hi && sp.key(end) == sp.key(end-1) {
+		kc := keyCursor{sp: sp}
+		for end < hi && kc.at(end) == kc.at(end-1) {
 			end++ // a step's rows stay in one chunk
 		}
 		ranges := sp.ranges(lo, end)
@@ -269,7 +130,7 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 		// spine was read (a running job) are passed over
 		rows, j := all[:0], 0
 		for i := lo; i < end; i++ {
-			k := sp.key(i)
+			k := kc.at(i)
 			for j < len(all) && cmpKeys([2]int64{int64(clampAttempt(all[j].Attempt)), all[j].Step}, k) < 0 {
 				j++
 			}
@@ -278,7 +139,8 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 			}
 			c := all[j]
 			j++
-			c.StartUnixNs, c.EndUnixNs = sp.start[i], sp.end[i]
+			d := sp.shiftAt(i)
+			c.StartUnixNs, c.EndUnixNs = c.StartUnixNs+d, c.EndUnixNs+d
 			rows = append(rows, c)
 		}
 		if err := fn(lo, rows); err != nil {

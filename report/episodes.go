@@ -133,14 +133,16 @@ const episodeCells = 5 << 19
 // windows splits the steady steps into at most 50 windows of at least 10
 // steps (fewer windows when the world is large).
 type windows struct {
-	of    []int32 // step index → window, -1 when not steady
-	first []int   // window → index of its first step
-	size  int
-	world int
-	sum   []float64 // window*world + rank: own time (compute and data wait), ns
-	data  []float32 // of it, waiting for data
-	work  []float32 // the measured forward, backward and optimizer
-	n     []int32
+	sp    *spine
+	first []int // window → index of its first step
+	// the last step asked of and its window (of)
+	lastStep, lastWin int
+	size              int
+	world             int
+	sum               []float64 // window*world + rank: own time (compute and data wait), ns
+	data              []float32 // of it, waiting for data
+	work              []float32 // the measured forward, backward and optimizer
+	n                 []int32
 }
 
 // newWindows lays out the episode windows: about 50 over the steady steps
@@ -154,17 +156,15 @@ func newWindows(sp *spine, world int64, minSize int) *windows {
 	}
 	maxW := min(50, max(1, episodeCells/max(int(world), 1)))
 	size := max(10, (steady+maxW-1)/maxW, minSize)
-	w := &windows{of: make([]int32, sp.len()), size: size, world: int(max(world, 1))}
+	w := &windows{sp: sp, size: size, world: int(max(world, 1)), lastStep: -1}
 	k := 0
 	for i := range sp.len() {
-		w.of[i] = -1
 		if !sp.steady(i) {
 			continue
 		}
 		if k%size == 0 {
 			w.first = append(w.first, i)
 		}
-		w.of[i] = int32(k / size)
 		k++
 	}
 	cells := len(w.first) * w.world
@@ -172,10 +172,27 @@ func newWindows(sp *spine, world int64, minSize int) *windows {
 	return w
 }
 
+// of is step i's window, -1 when it is not steady.
+func (w *windows) of(i int) int {
+	if i == w.lastStep {
+		return w.lastWin
+	}
+	win := -1
+	if w.sp.steady(i) {
+		k, found := slices.BinarySearch(w.first, i)
+		if !found {
+			k--
+		}
+		win = k
+	}
+	w.lastStep, w.lastWin = i, win
+	return win
+}
+
 // add notes a rank's own time at a step, and of it the data wait and the
 // measured forward, backward and optimizer (0 when not measured).
 func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
-	win := int(w.of[step])
+	win := w.of(step)
 	if win < 0 || rank < 0 || rank >= int64(w.world) {
 		return
 	}
@@ -189,7 +206,7 @@ func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
 // addN notes a rank's sums over n steady steps that all fall in the
 // window of step (a rank_windows row).
 func (w *windows) addN(step int, rank int64, ownNs, dataNs, workNs float64, n int32) {
-	win := int(w.of[step])
+	win := w.of(step)
 	if win < 0 || rank < 0 || rank >= int64(w.world) || n <= 0 {
 		return
 	}
@@ -270,13 +287,13 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 	end := func(win int) int {
 		if win+1 < nw {
 			last := w.first[win+1] - 1
-			for last > w.first[win] && w.of[last] < 0 {
+			for last > w.first[win] && w.of(last) < 0 {
 				last--
 			}
 			return last
 		}
 		last := sp.len() - 1
-		for last > 0 && w.of[last] < 0 {
+		for last > 0 && w.of(last) < 0 {
 			last--
 		}
 		return last
@@ -306,23 +323,23 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 			}
 			e.MeanScore = sumScore / float64(win-from)
 			a, b := w.first[from], end(win-1)
-			e.StartAttempt, e.StartStep = int64(sp.attempt[a]), sp.step[a]
-			e.EndAttempt, e.EndStep = int64(sp.attempt[b]), sp.step[b]
+			ka, kb := sp.key(a), sp.key(b)
+			e.StartAttempt, e.StartStep = ka[0], ka[1]
+			e.EndAttempt, e.EndStep = kb[0], kb[1]
 			e.Ongoing = win == nw
-			e.from, e.to = sp.start[a], sp.end[b]
 			e.a, e.b = a, b
 			e.excess = make([]float64, nw)
 			for i := a; i <= b; i++ {
-				if w.of[i] < 0 {
+				if w.of(i) < 0 {
 					continue
 				}
-				p := f[w.of[i]].parts
+				p := f[w.of(i)].parts
 				e.Excess.DataMs += p.DataMs
 				e.Excess.ComputeMs += p.ComputeMs
 				e.Excess.HostMs += p.HostMs
 				e.Excess.HostKnown = p.HostKnown
 				e.Steps++
-				e.excess[w.of[i]] = f[w.of[i]].excess
+				e.excess[w.of(i)] = f[w.of(i)].excess
 			}
 			if e.Steps > 0 {
 				e.Excess.DataMs /= float64(e.Steps)
@@ -360,13 +377,19 @@ func (w *windows) fill(eps []StragglerEpisode, src clusterSource) error {
 		for k := range eps {
 			e := &eps[k]
 			for i := max(e.a, off); i <= min(e.b, end-1); i++ {
-				if w.of[i] < 0 {
+				if w.of(i) < 0 {
 					continue
 				}
 				c := &rows[i-off]
+				if i == e.a {
+					e.from = c.StartUnixNs
+				}
+				if i == e.b {
+					e.to = c.EndUnixNs
+				}
 				during[k] += c.TPS
 				d := float64(c.StepTimeNs)
-				faster := max(d-e.excess[w.of[i]], d/2) // never more than twice as fast
+				faster := max(d-e.excess[w.of(i)], d/2) // never more than twice as fast
 				without[k] += float64(c.Tokens) / (faster / 1e9)
 				e.GPUHoursLost += (d - faster) / 1e9 * float64(c.WorldSize) / 3600
 			}

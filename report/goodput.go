@@ -92,9 +92,9 @@ func newGoodputAcc(sp *spine, events []tps.Event) *goodputAcc {
 	}
 	// Steps of an attempt at or beyond where the next attempt resumed were redone.
 	var attempts, firsts []int64
-	for i := range sp.len() {
-		if i == 0 || sp.attempt[i] != sp.attempt[i-1] {
-			attempts, firsts = append(attempts, int64(sp.attempt[i])), append(firsts, sp.step[i])
+	for r, k := range sp.runs {
+		if r == 0 || k.attempt != sp.runs[r-1].attempt {
+			attempts, firsts = append(attempts, int64(k.attempt)), append(firsts, k.step)
 		}
 	}
 	for i := 0; i+1 < len(attempts); i++ {

@@ -3,6 +3,7 @@ package report
 import (
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -23,6 +24,8 @@ import (
 // 1% reads more than 2% of the tables' bytes, footers included. Reports
 // seconds, peak heap (the live heap sampled every 50 ms over the
 // generation's collected garbage) and the share of bytes read of each.
+// TPSPROF_PEAK_PROFILE=file writes the heap profile at the whole run's
+// peak there (add -memprofilerate 4096 for a finer one).
 //
 //	TPSPROF_LONG_STEPS=1562500 go test -run '^$' -bench LongRun -benchtime 1x -timeout 30m ./report/
 func BenchmarkReportLongRun(b *testing.B) {
@@ -47,6 +50,7 @@ func BenchmarkReportLongRun(b *testing.B) {
 	for b.Loop() {
 		var rep *Report
 		t := time.Now()
+		peakProfile = os.Getenv("TPSPROF_PEAK_PROFILE") // the whole run's
 		peak := heapPeak(func() {
 			if plots {
 				rep, _, err = AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup})
@@ -55,6 +59,7 @@ func BenchmarkReportLongRun(b *testing.B) {
 			}
 		})
 		whole += time.Since(t)
+		peakProfile = ""
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -84,6 +89,10 @@ func BenchmarkReportLongRun(b *testing.B) {
 	b.ReportMetric(100*lastShare, "last1pct_read_%")
 }
 
+// peakProfile, when set, is where heapPeak writes the heap profile (as of
+// the last collection) at each new peak.
+var peakProfile string
+
 // heapPeak runs fn and returns the live heap's peak while it ran, sampled
 // every 50 ms, after a collection.
 func heapPeak(fn func()) uint64 {
@@ -97,7 +106,15 @@ func heapPeak(fn func()) uint64 {
 		for {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
-			peak.Store(max(peak.Load(), ms.HeapInuse))
+			if ms.HeapInuse > peak.Load() {
+				peak.Store(ms.HeapInuse)
+				if peakProfile != "" {
+					if w, err := os.Create(peakProfile); err == nil {
+						pprof.Lookup("heap").WriteTo(w, 0)
+						w.Close()
+					}
+				}
+			}
 			select {
 			case <-stop:
 				return

@@ -55,6 +55,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 	medians := map[int64]*tps.Median{}
 	keep := medianKeepFor(rep.Summary.WorldSize)
 	var done int64
+	kc := keyCursor{sp: sp}
 	pruned, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), rankColumns, "node", ranges, func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
@@ -66,7 +67,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			// the step up when it changes (the next one first).
 			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
 				lastKey = k
-				if n := si + 1; ok && n < sp.len() && int64(sp.attempt[n]) == k[0] && sp.step[n] == k[1] {
+				if n := si + 1; ok && n < sp.len() && kc.at(n) == k {
 					si = n
 				} else {
 					si, ok = sp.stepAt(k)
@@ -89,7 +90,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 				}
 			}
 			warm := sp.warm(si)
-			if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.stepTime[si] > 0 {
+			if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
 				// what the critical rank had more of than the mean rank
 				crit.add(c.Strings[i], r, comp-sp.critComp[si], float64(data[i])-sp.critData[si])
 			}
@@ -148,7 +149,10 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
 	sketches := map[int64]*tps.Sketch{}
 	var scratch tps.Sketch
-	lastKey, lastJ := [2]int64{-1, -1}, 0
+	// the window's steps in the (sorted) selection: walked once for the
+	// window's ranks, which come together (a lookup per step of every
+	// window row was most of a 100 M-row report)
+	lastKey, si, in, anyWarm := [3]int64{-1, -1, -1}, -1, false, false
 	// the columns the pass takes, decoded column by column: parquet-go's
 	// rows rebuilt all 45 of a window's columns through reflection
 	_, err = trace.EachColumnsStrs(filepath.Join(dir, trace.RankWindows), windowColumns, []string{"node", "compute_sketch"}, windowRanges(ranges), func(c *trace.Columns) error {
@@ -157,24 +161,22 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 		node, sketch := c.Str[0], c.Str[1]
 		for i := range c.Rows {
 			rep.RankWindows++
-			// the window's steps in the (sorted) selection: found once,
-			// walked (a lookup per step of every window was most of a
-			// 100 M-row report), and once for the window's ranks, which
-			// come together
-			si, in, anyWarm := -1, false, false
-			j := lastJ
-			if k := [2]int64{attempt[i], first[i]}; k != lastKey {
-				j = sp.firstStepFrom(k)
-				lastKey, lastJ = k, j
-			}
-			for ; j < sp.len() && int64(sp.attempt[j]) == attempt[i] && sp.step[j] <= last[i]; j++ {
-				in = true
-				if sp.warm(j) {
-					anyWarm = true
-					break
-				}
-				if si < 0 {
-					si = j
+			if k := [3]int64{attempt[i], first[i], last[i]}; k != lastKey {
+				lastKey = k
+				si, in, anyWarm = -1, false, false
+				kc := keyCursor{sp: sp}
+				for j := sp.firstStepFrom([2]int64{k[0], k[1]}); j < sp.len(); j++ {
+					if k := kc.at(j); k[0] != attempt[i] || k[1] > last[i] {
+						break
+					}
+					in = true
+					if sp.warm(j) {
+						anyWarm = true
+						break
+					}
+					if si < 0 {
+						si = j
+					}
 				}
 			}
 			if !in {

@@ -712,26 +712,39 @@ func unstepClocks(steps []tps.ClusterStep) (n int, largest float64) {
 // unstep is unstepClocks over n steps that at gives the attempt, the
 // start and end (to move) and the step time of.
 func unstep(n int, at func(i int) (attempt int64, start, end *int64, stepTime int64)) (jumps int, largest float64) {
-	var shift, prevAttempt, prevEnd int64
+	var u unstepper
 	for i := range n {
-		attempt, start, end, stepTime := at(i)
-		if i == 0 || prevAttempt != attempt {
-			shift, prevAttempt, prevEnd = 0, attempt, *end
-			continue
-		}
-		*start += shift
-		*end += shift
-		if *end < prevEnd-1_000_000_000 { // more than a second back
-			d := prevEnd + max(stepTime, 0) - *end
-			*start += d
-			*end += d
-			shift += d
-			jumps++
-			largest = max(largest, float64(d)/1e9)
-		}
-		prevEnd = *end
+		u.next(at(i))
 	}
-	return jumps, largest
+	return u.jumps, u.largest
+}
+
+// unstepper is unstep a step at a time: shift is what it added to the
+// last step's times.
+type unstepper struct {
+	started                     bool
+	shift, prevAttempt, prevEnd int64
+	jumps                       int
+	largest                     float64
+}
+
+func (u *unstepper) next(attempt int64, start, end *int64, stepTime int64) {
+	if !u.started || u.prevAttempt != attempt {
+		u.started = true
+		u.shift, u.prevAttempt, u.prevEnd = 0, attempt, *end
+		return
+	}
+	*start += u.shift
+	*end += u.shift
+	if *end < u.prevEnd-1_000_000_000 { // more than a second back
+		d := u.prevEnd + max(stepTime, 0) - *end
+		*start += d
+		*end += d
+		u.shift += d
+		u.jumps++
+		u.largest = max(u.largest, float64(d)/1e9)
+	}
+	u.prevEnd = *end
 }
 
 // readClockOffsets reads the clock offsets of the newest part that has

@@ -1,0 +1,309 @@
+package report
+
+import (
+	"errors"
+	"math"
+	"slices"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// spine is what the report keeps of the steps it covers, sorted by
+// (attempt, step): their keys as runs (a run is steps of one attempt
+// whose numbers rise by one stride: a whole attempt, usually), one byte
+// of flags a step, the clock repair's shifts (unstepClocks) as runs, and
+// the span. It does not hold the steps' times: a streamed row is moved by
+// its step's shift. About 1 B a step plus 32 B a run, where it held 37 B
+// a step before (BenchmarkReportLongRun).
+type spine struct {
+	n    int
+	runs []keyRun
+	flag []uint8 // flagComplete, flagTimed, flagWarm, flagSkip
+	// shifts: what the clock repair adds to the times of a streamed row
+	// from a step on; nil when the rows hold their repaired times
+	shifts []clockShift
+	lo, hi int64 // the earliest start and the latest end, repaired
+	// stepTime are the steps' times until markWarm drops them
+	stepTime []int64
+	// the critical rank and what the mean rank had (compute, data wait,
+	// ns), for the rank_steps pass; nil unless it runs
+	slowest            []int32
+	critComp, critData []float64
+}
+
+// keyRun: the steps from index at on are (attempt, step+stride·k) until
+// the next run's.
+type keyRun struct {
+	at      int
+	attempt int32 // tps.MaxAttempt fits
+	step    int64
+	stride  int64
+}
+
+type clockShift struct {
+	at int
+	d  int64
+}
+
+const (
+	flagComplete uint8 = 1 << iota // no rank missing
+	flagWarm                       // warm-up
+	flagSkip                       // out of the statistics: warm-up or profiled
+	flagTimed                      // a step time above zero
+)
+
+func (sp *spine) len() int { return sp.n }
+
+func (sp *spine) warm(i int) bool { return sp.flag[i]&flagWarm != 0 }
+func (sp *spine) skip(i int) bool { return sp.flag[i]&flagSkip != 0 }
+
+// steady: not warm-up, with a step time (the episode windows' steps).
+func (sp *spine) steady(i int) bool { return sp.flag[i]&(flagWarm|flagTimed) == flagTimed }
+
+// runAt is the index of the run that holds step i.
+func (sp *spine) runAt(i int) int {
+	r, found := slices.BinarySearchFunc(sp.runs, i, func(k keyRun, i int) int { return k.at - i })
+	if !found {
+		r--
+	}
+	return r
+}
+
+// runEnd is the index past run r's last step.
+func (sp *spine) runEnd(r int) int {
+	if r+1 < len(sp.runs) {
+		return sp.runs[r+1].at
+	}
+	return sp.n
+}
+
+// key is step i's (attempt, step).
+func (sp *spine) key(i int) [2]int64 {
+	k := &sp.runs[sp.runAt(i)]
+	return [2]int64{int64(k.attempt), k.step + k.stride*int64(i-k.at)}
+}
+
+// keyCursor is key for indexes that mostly rise by one: it keeps the
+// run of the last.
+type keyCursor struct {
+	sp *spine
+	r  int
+}
+
+func (c *keyCursor) at(i int) [2]int64 {
+	runs := c.sp.runs
+	if c.r >= len(runs) || runs[c.r].at > i || (c.r+1 < len(runs) && runs[c.r+1].at <= i) {
+		if c.r+1 < len(runs) && runs[c.r+1].at <= i && (c.r+2 >= len(runs) || runs[c.r+2].at > i) {
+			c.r++
+		} else {
+			c.r = c.sp.runAt(i)
+		}
+	}
+	k := &runs[c.r]
+	return [2]int64{int64(k.attempt), k.step + k.stride*int64(i-k.at)}
+}
+
+// shiftAt is what the clock repair adds to step i's times.
+func (sp *spine) shiftAt(i int) int64 {
+	k, found := slices.BinarySearchFunc(sp.shifts, i, func(s clockShift, i int) int { return s.at - i })
+	if !found {
+		if k == 0 {
+			return 0
+		}
+		k--
+	}
+	return sp.shifts[k].d
+}
+
+// spineBuilder builds a spine from steps given in (attempt, step) order.
+type spineBuilder struct {
+	sp     *spine
+	repair bool // repair the clock (unstep); else the times are repaired
+	un     unstepper
+	shift  int64
+}
+
+func newSpineBuilder(capacity int, repair bool) *spineBuilder {
+	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), stepTime: make([]int64, 0, capacity),
+		lo: math.MaxInt64, hi: math.MinInt64}, repair: repair}
+}
+
+// add takes the next step.
+func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete bool) {
+	sp := b.sp
+	a := clampAttempt(attempt)
+	i := sp.n
+	if r := len(sp.runs) - 1; r < 0 || sp.runs[r].attempt != a {
+		sp.runs = append(sp.runs, keyRun{at: i, attempt: a, step: step, stride: 1})
+	} else if k := &sp.runs[r]; i-k.at == 1 {
+		k.stride = step - k.step
+	} else if step != k.step+k.stride*int64(i-k.at) {
+		sp.runs = append(sp.runs, keyRun{at: i, attempt: a, step: step, stride: 1})
+	}
+	if b.repair {
+		b.un.next(int64(a), &start, &end, stepTime)
+		if d := b.un.shift; d != b.shift {
+			sp.shifts = append(sp.shifts, clockShift{at: i, d: d})
+			b.shift = d
+		}
+	}
+	sp.lo, sp.hi = min(sp.lo, start), max(sp.hi, end)
+	f := uint8(0)
+	if complete {
+		f |= flagComplete
+	}
+	if stepTime > 0 {
+		f |= flagTimed
+	}
+	sp.flag = append(sp.flag, f)
+	sp.stepTime = append(sp.stepTime, stepTime)
+	sp.n++
+}
+
+func (b *spineBuilder) done() *spine {
+	sp := b.sp
+	if sp.n == 0 {
+		sp.lo, sp.hi = 0, 0
+	}
+	return sp
+}
+
+// spineOf is the spine of steps held in memory (sorted, clocks repaired).
+func spineOf(steps []tps.ClusterStep) *spine {
+	b := newSpineBuilder(len(steps), false)
+	for i := range steps {
+		c := &steps[i]
+		b.add(c.Attempt, c.Step, c.StartUnixNs, c.EndUnixNs, c.StepTimeNs, c.Complete())
+	}
+	return b.done()
+}
+
+func clampAttempt(a int64) int32 { return int32(min(max(a, math.MinInt32), math.MaxInt32)) }
+
+// errUnsorted stops a spine read that met rows out of order.
+var errUnsorted = errors.New("cluster rows out of order")
+
+// readSpine reads the spine of every cluster row of dir and repairs its
+// clock, saying how many jumps back it repaired and the largest. Rows in
+// order (a collector's) are taken as they are read, a row group at a
+// time; rows out of order (parts of several writers) are read whole,
+// sorted and then taken.
+func readSpine(dir string, opts []trace.ReadOption) (*spine, int, float64, error) {
+	cols := []string{"attempt", "step", "start_unix_ns", "end_unix_ns", "step_time_ns", "ranks_missing"}
+	rows := trace.RowCount(dir, opts...)
+	b := newSpineBuilder(int(min(max(rows, 0), 1<<32)), true)
+	var last [2]int64
+	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
+		attempt, step, start, end, st, missing := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4], c.Int64[5]
+		for i := range c.Rows {
+			k := [2]int64{int64(clampAttempt(attempt[i])), step[i]}
+			if b.sp.n > 0 && cmpKeys(last, k) > 0 {
+				return errUnsorted
+			}
+			last = k
+			b.add(attempt[i], step[i], start[i], end[i], st[i], missing[i] == 0)
+		}
+		return nil
+	}, opts...)
+	if errors.Is(err, errUnsorted) {
+		run, rerr := readRunSteps(dir, runColumns{times: true, stepTime: true, missing: true}, opts)
+		err = rerr
+		b = newSpineBuilder(run.len(), true)
+		for i := range run.len() {
+			b.add(int64(run.attempt[i]), run.step[i], run.start[i], run.end[i], run.stepTime[i], run.missing[i] == 0)
+		}
+	}
+	if err != nil && !trace.IsUnreadable(err) {
+		return nil, 0, 0, err
+	}
+	return b.done(), b.un.jumps, b.un.largest, err
+}
+
+// markWarm sets the warm-up and skip flags: warm from a selection's
+// whole-run warm-up when given, else by the rule (threshold: the
+// automatic rule's, ns; 0 to compute it from the spine's step times).
+// It returns the threshold the rule used (0 for a fixed count), and drops
+// the step times.
+func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool, profiled map[[2]int64]bool) float64 {
+	n := sp.len()
+	if warm != nil {
+		kc := keyCursor{sp: sp}
+		for i := range n {
+			if warm[kc.at(i)] {
+				sp.flag[i] |= flagWarm
+			}
+		}
+	} else {
+		if warmup < 0 && threshold <= 0 {
+			threshold = tps.WarmupThresholdOf(sp.stepTime, warmup)
+		}
+		kc := keyCursor{sp: sp}
+		for i, w := range tps.WarmupMaskAt(n, func(i int) int64 { return kc.at(i)[0] }, func(i int) int64 { return sp.stepTime[i] }, warmup, threshold) {
+			if w {
+				sp.flag[i] |= flagWarm
+			}
+		}
+	}
+	if warmup < 0 && threshold <= 0 && n > 0 {
+		threshold = tps.WarmupThresholdOf(sp.stepTime, warmup) // the rule's words: the steps' own
+	}
+	sp.stepTime = nil
+	kc := keyCursor{sp: sp}
+	for i := range n {
+		if sp.flag[i]&flagWarm != 0 || (len(profiled) > 0 && profiled[kc.at(i)]) {
+			sp.flag[i] |= flagSkip
+		}
+	}
+	if warmup >= 0 {
+		return 0
+	}
+	return threshold
+}
+
+// anyComplete: some step is complete and not warm-up.
+func (sp *spine) anyComplete() bool {
+	for _, f := range sp.flag {
+		if f&flagComplete != 0 && f&flagWarm == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// span is the earliest start and the latest end.
+func (sp *spine) span() (lo, hi int64) { return sp.lo, sp.hi }
+
+// lastOfAttempt: step i is its attempt's last.
+func (sp *spine) lastOfAttempt(i int) bool {
+	if i+1 == sp.len() {
+		return true
+	}
+	r := sp.runAt(i + 1)
+	return sp.runs[r].at == i+1 && (r == 0 || sp.runs[r-1].attempt != sp.runs[r].attempt)
+}
+
+// firstStepFrom is the index of the first step at or after (attempt,
+// step) k, by binary search.
+func (sp *spine) firstStepFrom(k [2]int64) int {
+	lo, hi := 0, sp.len()
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if cmpKeys(sp.key(m), k) >= 0 {
+			hi = m
+		} else {
+			lo = m + 1
+		}
+	}
+	return lo
+}
+
+// stepAt finds the step (attempt, step) k (the first, if it is there
+// twice).
+func (sp *spine) stepAt(k [2]int64) (int, bool) {
+	i := sp.firstStepFrom(k)
+	if i < sp.len() && sp.key(i) == k {
+		return i, true
+	}
+	return 0, false
+}
