@@ -39,7 +39,7 @@ func BenchmarkReportLongRun(b *testing.B) {
 		world = v
 	}
 	plots := os.Getenv("TPSPROF_LONG_PLOTS") == "1" // the whole run with what its plots draw
-	dir, err := tracetest.Write(b.TempDir(), "long", tracetest.Run{World: world, Steps: steps, Jitter: true, Windows: true, ClusterRowsPerGroup: 4096})
+	dir, err := tracetest.Write(b.TempDir(), "long", tracetest.Run{World: world, Steps: steps, Jitter: true, Windows: true, ClusterRowsPerGroup: 4096, ClusterRowsPerPart: 16384})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -269,13 +269,16 @@ func Analyze(dir string, opt Options) (*Report, error) {
 }
 
 // crossCheck hands checkStreamed, when set, rep and the report of dir
-// streamed three steps at a time.
+// streamed three steps at a time, its values past two in files.
 func crossCheck(dir string, opt Options, rep *Report) {
 	if checkStreamed == nil {
 		return
 	}
 	opt.chunk = 3
+	old := tps.ValuesInMemory
+	tps.ValuesInMemory = 2 // and the step times and TPS in files
 	streamed, _, err := analyze(dir, opt, false)
+	tps.ValuesInMemory = old
 	checkStreamed(dir, rep, streamed, err)
 }
 
@@ -424,7 +427,9 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 			profiled[[2]int64{e.Attempt, e.Step}] = true
 		}
 	}
-	threshold = sp.markWarm(opt.Warmup, threshold, selWarm, profiled)
+	if threshold, err = sp.markWarm(opt.Warmup, threshold, selWarm, profiled); err != nil {
+		return nil, nil, err
+	}
 	alignEvents(events, rep.ClockOffsetsNs, nil)
 	alignEvents(pd.events, rep.ClockOffsetsNs, nil)
 
@@ -462,7 +467,9 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	if err := src.each(0, n, pass.add); err != nil {
 		return nil, nil, err
 	}
-	rep.Summary = pass.sum.Result()
+	if rep.Summary, err = pass.sum.Result(); err != nil {
+		return nil, nil, err
+	}
 	pass.brk.result(rep)
 	if plots {
 		pd.steps, pd.warm = pass.plot, make([]bool, n)

@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"errors"
 	"math"
 	"slices"
@@ -24,8 +25,9 @@ type spine struct {
 	// from a step on; nil when the rows hold their repaired times
 	shifts []clockShift
 	lo, hi int64 // the earliest start and the latest end, repaired
-	// stepTime are the steps' times until markWarm drops them
-	stepTime []int64
+	// stepTime are the steps' times (ns, in files past
+	// tps.ValuesInMemory) until markWarm drops them
+	stepTime tps.Values
 	// the critical rank and what the mean rank had (compute, data wait,
 	// ns), for the rank_steps pass; nil unless it runs
 	slowest            []int32
@@ -125,8 +127,7 @@ type spineBuilder struct {
 }
 
 func newSpineBuilder(capacity int, repair bool) *spineBuilder {
-	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), stepTime: make([]int64, 0, capacity),
-		lo: math.MaxInt64, hi: math.MinInt64}, repair: repair}
+	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), lo: math.MaxInt64, hi: math.MinInt64}, repair: repair}
 }
 
 // add takes the next step.
@@ -157,7 +158,7 @@ func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete b
 		f |= flagTimed
 	}
 	sp.flag = append(sp.flag, f)
-	sp.stepTime = append(sp.stepTime, stepTime)
+	sp.stepTime.Append(float64(stepTime))
 	sp.n++
 }
 
@@ -225,8 +226,10 @@ func readSpine(dir string, opts []trace.ReadOption) (*spine, int, float64, error
 // automatic rule's, ns; 0 to compute it from the spine's step times).
 // It returns the threshold the rule used (0 for a fixed count), and drops
 // the step times.
-func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool, profiled map[[2]int64]bool) float64 {
+func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool, profiled map[[2]int64]bool) (float64, error) {
+	defer sp.stepTime.Close()
 	n := sp.len()
+	var err error
 	if warm != nil {
 		kc := keyCursor{sp: sp}
 		for i := range n {
@@ -236,19 +239,36 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 		}
 	} else {
 		if warmup < 0 && threshold <= 0 {
-			threshold = tps.WarmupThresholdOf(sp.stepTime, warmup)
+			threshold, err = tps.WarmupThresholdOfValues(&sp.stepTime, warmup)
 		}
-		kc := keyCursor{sp: sp}
-		for i, w := range tps.WarmupMaskAt(n, func(i int) int64 { return kc.at(i)[0] }, func(i int) int64 { return sp.stepTime[i] }, warmup, threshold) {
-			if w {
-				sp.flag[i] |= flagWarm
+		rule := tps.WarmupRule{Warmup: warmup, Threshold: threshold}
+		i, r := 0, 0
+		err = cmp.Or(err, sp.stepTime.Each(func(times []float64) {
+			for _, t := range times {
+				if r < len(sp.runs) && sp.runs[r].at == i {
+					if r == 0 || sp.runs[r-1].attempt != sp.runs[r].attempt {
+						end := r + 1 // the attempt's runs
+						for end < len(sp.runs) && sp.runs[end].attempt == sp.runs[r].attempt {
+							end++
+						}
+						rule.Attempt(sp.runEnd(end-1) - i)
+					}
+					r++
+				}
+				if rule.Next(int64(t)) {
+					sp.flag[i] |= flagWarm
+				}
+				i++
 			}
-		}
+		}))
 	}
 	if warmup < 0 && threshold <= 0 && n > 0 {
-		threshold = tps.WarmupThresholdOf(sp.stepTime, warmup) // the rule's words: the steps' own
+		// the rule's words: the steps' own
+		var terr error
+		threshold, terr = tps.WarmupThresholdOfValues(&sp.stepTime, warmup)
+		err = cmp.Or(err, terr)
 	}
-	sp.stepTime = nil
+	sp.stepTime = tps.Values{}
 	kc := keyCursor{sp: sp}
 	for i := range n {
 		if sp.flag[i]&flagWarm != 0 || (len(profiled) > 0 && profiled[kc.at(i)]) {
@@ -256,9 +276,9 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 		}
 	}
 	if warmup >= 0 {
-		return 0
+		return 0, err
 	}
-	return threshold
+	return threshold, err
 }
 
 // anyComplete: some step is complete and not warm-up.

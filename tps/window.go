@@ -185,9 +185,20 @@ func WarmupThresholdOf(stepTimes []int64, warmup int) float64 {
 	for i, t := range stepTimes {
 		times[i] = float64(t)
 	}
-	med, mad := MedianMAD(times)
-	return med + max(3*mad, 0.05*med)
+	return warmupThreshold(MedianMAD(times))
 }
+
+// WarmupThresholdOfValues is WarmupThresholdOf of step times held in
+// Values (as float64 ns).
+func WarmupThresholdOfValues(stepTimes *Values, warmup int) (float64, error) {
+	if warmup >= 0 || stepTimes.Len() == 0 {
+		return math.Inf(1), nil
+	}
+	med, mad, err := stepTimes.MedianMAD()
+	return warmupThreshold(med, mad), err
+}
+
+func warmupThreshold(med, mad float64) float64 { return med + max(3*mad, 0.05*med) }
 
 // WarmupMask marks, for steps sorted by (attempt, step), which are warm-up.
 func WarmupMask(steps []ClusterStep, opt WindowOptions) []bool {
@@ -230,36 +241,53 @@ func WarmupMaskOf(attempts, stepTimes []int64, warmup int, threshold float64) []
 // (WarmupThresholdOf), required for the automatic rule.
 func WarmupMaskAt(n int, attemptAt, timeAt func(i int) int64, warmup int, threshold float64) []bool {
 	mask := make([]bool, n)
-	if n == 0 {
-		return mask
-	}
-	if warmup >= 0 {
-		threshold = math.Inf(1)
-	}
-	pos := 0 // position within the current attempt
-	inWarmup := true
-	limit := 1
+	rule := WarmupRule{Warmup: warmup, Threshold: threshold}
 	for i := range n {
 		if a := attemptAt(i); i == 0 || a != attemptAt(i-1) {
-			pos, inWarmup = 0, true
 			k := 0
 			for j := i; j < n && attemptAt(j) == a; j++ {
 				k++
 			}
-			limit = WarmupLimit(k)
+			rule.Attempt(k)
 		}
-		if warmup >= 0 {
-			mask[i] = pos < warmup
-		} else {
-			if inWarmup && (pos == 0 || (pos < limit && float64(timeAt(i)) > threshold)) {
-				mask[i] = true
-			} else {
-				inWarmup = false
-			}
+		var t int64
+		if warmup < 0 {
+			t = timeAt(i)
 		}
-		pos++
+		mask[i] = rule.Next(t)
 	}
 	return mask
+}
+
+// WarmupRule is the warm-up mask a step at a time, for a caller that
+// streams the steps (sorted by attempt, then step): Attempt at each
+// attempt's first step, then Next for each of its steps.
+type WarmupRule struct {
+	Warmup    int     // WindowOptions.Warmup
+	Threshold float64 // the automatic rule's (WarmupThresholdOf)
+	pos       int     // position within the current attempt
+	in        bool    // still in its warm-up
+	limit     int
+}
+
+// Attempt starts an attempt of n steps.
+func (r *WarmupRule) Attempt(n int) {
+	r.pos, r.in, r.limit = 0, true, WarmupLimit(n)
+}
+
+// Next says whether the attempt's next step, of step time stepTime
+// (unused for a fixed count), is warm-up.
+func (r *WarmupRule) Next(stepTime int64) bool {
+	pos := r.pos
+	r.pos++
+	if r.Warmup >= 0 {
+		return pos < r.Warmup
+	}
+	if r.in && (pos == 0 || (pos < r.limit && float64(stepTime) > r.Threshold)) {
+		return true
+	}
+	r.in = false
+	return false
 }
 
 // WarmupLimit is how many leading steps of an attempt of n steps the
@@ -292,21 +320,24 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		}
 	}
 	sm := NewSummarizer(opt, anyComplete, len(steps))
+	sm.times.hold, sm.tps.hold = true, true // the steps are held: no files
 	for i := range steps {
 		sm.Add(&steps[i], mask[i])
 	}
-	return sm.Result()
+	s, _ := sm.Result() // nothing to read back
+	return s
 }
 
 // Summarizer is Summarize fed steps one at a time, in (attempt, step)
 // order, for a caller that does not hold them all: it keeps sums, the
 // attempts seen, and the steady steps' step times and TPS (16 bytes a
-// steady step, for exact quantiles).
+// steady step, for exact quantiles: in files past ValuesInMemory, so that
+// its memory stays bounded).
 type Summarizer struct {
 	opt         WindowOptions
 	anyComplete bool
 	s           Summary
-	times, tps  []float64
+	times, tps  Values // of the steady steps (past ValuesInMemory, in files)
 	mostRanks   int64
 	attempts    map[int64]bool
 	lastAttempt int64
@@ -320,8 +351,10 @@ type Summarizer struct {
 // step of the run is complete (incomplete steps are then left out), and
 // how many steps it will be fed (0 when not known: a capacity hint).
 func NewSummarizer(opt WindowOptions, anyComplete bool, steps int) *Summarizer {
-	return &Summarizer{opt: opt, anyComplete: anyComplete, attempts: map[int64]bool{},
-		first: math.MaxInt64, times: make([]float64, 0, steps), tps: make([]float64, 0, steps)} // sized once, not grown
+	sm := &Summarizer{opt: opt, anyComplete: anyComplete, attempts: map[int64]bool{}, first: math.MaxInt64}
+	// sized once, not grown
+	sm.times.mem, sm.tps.mem = make([]float64, 0, min(steps, ValuesInMemory+1)), make([]float64, 0, min(steps, ValuesInMemory+1))
+	return sm
 }
 
 // Add takes the next step and whether it is warm-up.
@@ -355,8 +388,8 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 		return
 	}
 	s.SteadySteps++
-	sm.times = append(sm.times, float64(c.StepTimeNs)/1e9)
-	sm.tps = append(sm.tps, c.TPS)
+	sm.times.Append(float64(c.StepTimeNs) / 1e9)
+	sm.tps.Append(c.TPS)
 	sm.sumTok += float64(c.Tokens)
 	sm.sumDur += float64(c.StepTimeNs) / 1e9
 	s.Tokens += c.Tokens
@@ -381,8 +414,11 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 }
 
 // Result is the summary of the steps added (the quantiles reorder what
-// the Summarizer holds: call it once).
-func (sm *Summarizer) Result() Summary {
+// the Summarizer holds, and it removes its files: call it once). Its error
+// is one reading back the step times and TPS it wrote to files.
+func (sm *Summarizer) Result() (Summary, error) {
+	defer sm.times.Close()
+	defer sm.tps.Close()
 	s, opt := sm.s, sm.opt
 	s.Attempts = len(sm.attempts)
 	if opt.Warmup >= 0 {
@@ -395,11 +431,16 @@ func (sm *Summarizer) Result() Summary {
 		s.CompleteNote = fmt.Sprintf("no step had all %d ranks (at most %d reported): every figure counts only the ranks that reported", s.WorldSize, sm.mostRanks)
 	}
 	if s.SteadySteps == 0 {
-		return s
+		return s, nil
 	}
 	n := float64(s.SteadySteps)
-	s.StepTimeS = NewDist(sm.times)
-	s.TPS = NewDist(sm.tps)
+	var err error
+	if s.StepTimeS, err = sm.times.Dist(); err != nil {
+		return s, err
+	}
+	if s.TPS, err = sm.tps.Dist(); err != nil {
+		return s, err
+	}
 	if s.WorldSize > 0 {
 		s.TPSPerGPU = s.TPS.Mean / float64(s.WorldSize)
 	}
@@ -419,5 +460,5 @@ func (sm *Summarizer) Result() Summary {
 	}
 	s.CommFraction, s.BubbleFraction, s.WaitFraction = sm.sumComm/n, sm.sumBubble/n, sm.sumWait/n
 	s.DataStallFraction, s.CkptFraction = sm.sumData/n, sm.sumCkpt/n
-	return s
+	return s, nil
 }
