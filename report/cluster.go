@@ -116,7 +116,7 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 	sp := s.sp
 	for lo < hi {
 		end := s.chunkEnd(lo, hi)
-		kc := keyCursor{sp: sp}
+		kc := keyCursor{ks: &sp.keys}
 		for end < hi && kc.at(end) == kc.at(end-1) {
 			end++ // a step's rows stay in one chunk
 		}

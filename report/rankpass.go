@@ -55,7 +55,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 	medians := map[int64]*tps.Median{}
 	keep := medianKeepFor(rep.Summary.WorldSize)
 	var done int64
-	kc := keyCursor{sp: sp}
+	kc := keyCursor{ks: &sp.keys}
 	pruned, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), rankColumns, "node", ranges, func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
@@ -164,7 +164,7 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 			if k := [3]int64{attempt[i], first[i], last[i]}; k != lastKey {
 				lastKey = k
 				si, in, anyWarm = -1, false, false
-				kc := keyCursor{sp: sp}
+				kc := keyCursor{ks: &sp.keys}
 				for j := sp.firstStepFrom([2]int64{k[0], k[1]}); j < sp.len(); j++ {
 					if k := kc.at(j); k[0] != attempt[i] || k[1] > last[i] {
 						break

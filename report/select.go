@@ -2,6 +2,7 @@ package report
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -160,73 +161,100 @@ func (r *runSteps) key(i int) [2]int64 { return [2]int64{int64(r.attempt[i]), r.
 // exclude it (the rule compares them with the whole run's); then the whole
 // rows of only the row groups whose statistics can hold the kept steps.
 // Over the last 1% of a long run it reads about 1% of the run's bytes
-// (TestSelectionReadsItsShare, BenchmarkReportLongRun).
+// (TestSelectionReadsItsShare, BenchmarkReportLongRun). Of the run's steps
+// it keeps their keys as runs (spine's keys) and their step times in a
+// tps.Values: its memory is the selection's.
 func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
 	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
-	run, err := readRunSteps(dir, runColumns{times: byTime, stepTime: byTime}, opts)
+	cols := []string{"attempt", "step"}
+	if byTime {
+		cols = append(cols, "start_unix_ns", "end_unix_ns", "step_time_ns")
+	}
+	s := &selector{sel: sel, byTime: byTime, sorted: true}
+	defer s.times.Close()
+	var last [2]int64
+	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
+		for i := range c.Rows {
+			k := [2]int64{int64(clampAttempt(c.Int64[0][i])), c.Int64[1][i]}
+			if s.ks.n > 0 && cmpKeys(last, k) > 0 {
+				return errUnsorted
+			}
+			last = k
+			var start, end, st int64
+			if byTime {
+				start, end, st = c.Int64[2][i], c.Int64[3][i], c.Int64[4][i]
+			}
+			s.add(k[0], k[1], start, end, st)
+		}
+		return nil
+	}, opts...)
+	if errors.Is(err, errUnsorted) {
+		// rows out of order (parts of several writers): read whole, sorted
+		s.times.Close()
+		s = &selector{sel: sel, byTime: byTime}
+		run, rerr := readRunSteps(dir, runColumns{times: byTime, stepTime: byTime}, opts)
+		err = rerr
+		for i := range run.len() {
+			var start, end, st int64
+			if byTime {
+				start, end, st = run.start[i], run.end[i], run.stepTime[i]
+			}
+			s.add(int64(run.attempt[i]), run.step[i], start, end, st)
+		}
+	}
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, err
 	}
-	n := run.len()
-	out := &selectedSteps{of: n, warm: map[[2]int64]bool{}}
-	if byTime {
-		out.jumps, out.back = unstep(n, func(i int) (int64, *int64, *int64, int64) {
-			return int64(run.attempt[i]), &run.start[i], &run.end[i], run.stepTime[i]
-		})
-	}
-	var keep []int // indexes into run
-	for i := range n {
-		var start, end int64
-		if byTime {
-			start, end = run.start[i], run.end[i]
-		}
-		if sel.keeps(int64(run.attempt[i]), run.step[i], start, end) {
-			keep = append(keep, i)
-		}
-	}
+	n := s.ks.len()
+	out := &selectedSteps{of: n, warm: map[[2]int64]bool{}, jumps: s.un.jumps, back: s.un.largest}
+	keep := s.keep
 	if sel.Last > 0 && len(keep) > sel.Last {
 		keep = keep[len(keep)-sel.Last:]
+		if byTime {
+			s.times0, s.times1 = s.times0[len(s.times0)-sel.Last:], s.times1[len(s.times1)-sel.Last:]
+		}
 	}
 	if len(keep) == 0 {
 		return out, err
 	}
-	if warmup >= 0 || nearAttemptStart(run.attempt, keep) {
-		var times []int64
+	if warmup >= 0 || s.nearAttemptStart(keep) {
+		var times *tps.Values
 		if warmup < 0 {
 			// the automatic rule compares them with every step's time
-			times = run.stepTime
-			if times == nil {
-				all, terr := readRunSteps(dir, runColumns{stepTime: true}, opts)
-				if terr != nil && !trace.IsUnreadable(terr) {
+			if !byTime {
+				if terr := s.readTimes(dir, opts); terr != nil {
 					return nil, terr
 				}
-				if all.len() != n {
-					return nil, fmt.Errorf("report: %s changed while read (%d cluster rows, then %d)", dir, n, all.len())
-				}
-				times = all.stepTime
+			}
+			times = &s.times
+			var terr error
+			if out.threshold, terr = tps.WarmupThresholdOfValues(times, warmup); terr != nil {
+				return nil, terr
 			}
 		}
-		attempts := make([]int64, n)
-		for i, a := range run.attempt {
-			attempts[i] = int64(a)
-		}
-		if warmup < 0 {
-			out.threshold = tps.WarmupThresholdOf(times, warmup)
-		}
-		for i, w := range tps.WarmupMaskOf(attempts, times, warmup, out.threshold) {
-			if w {
-				out.warm[run.key(i)] = true
+		k := 0 // the kept steps rise, as warm does
+		werr := eachWarm(&s.ks, times, tps.WarmupRule{Warmup: warmup, Threshold: out.threshold}, func(i int) {
+			for k < len(keep) && keep[k] < i {
+				k++
 			}
+			if k < len(keep) && keep[k] == i {
+				out.warm[s.ks.key(i)] = true
+			}
+		})
+		if werr != nil {
+			return nil, werr
 		}
 	} // else no kept step can be warm-up
 	want := make(map[[2]int64]int, len(keep))
-	first, last := run.key(keep[0]), run.key(keep[len(keep)-1])
+	kc := keyCursor{ks: &s.ks}
+	first, lastKey := kc.at(keep[0]), kc.at(keep[len(keep)-1])
 	lo, hi := first[1], first[1]
-	for _, i := range keep {
-		want[run.key(i)] = i
-		lo, hi = min(lo, run.step[i]), max(hi, run.step[i])
+	for j, i := range keep {
+		k := kc.at(i)
+		want[k] = j
+		lo, hi = min(lo, k[1]), max(hi, k[1])
 	}
-	ranges := []trace.Range{{Column: "attempt", Min: first[0], Max: last[0]}, {Column: "step", Min: lo, Max: hi}}
+	ranges := []trace.Range{{Column: "attempt", Min: first[0], Max: lastKey[0]}, {Column: "step", Min: lo, Max: hi}}
 	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(ranges...))...)
 	if rerr != nil && !trace.IsUnreadable(rerr) {
 		return nil, rerr
@@ -234,13 +262,13 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 	err = cmp.Or(err, rerr)
 	out.steps = make([]tps.ClusterStep, 0, len(keep))
 	for _, c := range full {
-		i, ok := want[[2]int64{c.Attempt, c.Step}]
+		j, ok := want[[2]int64{c.Attempt, c.Step}]
 		if !ok {
 			continue
 		}
 		if byTime {
 			// as placed after the run's clock jumps
-			c.StartUnixNs, c.EndUnixNs = run.start[i], run.end[i]
+			c.StartUnixNs, c.EndUnixNs = s.times0[j], s.times1[j]
 		}
 		out.steps = append(out.steps, c)
 	}
@@ -250,6 +278,86 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 		out.jumps, out.back = n, back
 	}
 	return out, err
+}
+
+// selector takes a run's steps in order and keeps those a selection
+// keeps.
+type selector struct {
+	sel            Selection
+	byTime, sorted bool
+	ks             keys
+	un             unstepper
+	times          tps.Values // every step's time (ns), when read
+	keep           []int      // the kept steps' indexes
+	times0, times1 []int64    // by time: their start and end, repaired
+}
+
+func (s *selector) add(attempt, step, start, end, stepTime int64) {
+	i := s.ks.len()
+	s.ks.add(clampAttempt(attempt), step)
+	if s.byTime {
+		s.un.next(attempt, &start, &end, stepTime)
+		s.times.Append(float64(stepTime))
+	}
+	if !s.sel.keeps(attempt, step, start, end) {
+		return
+	}
+	s.keep = append(s.keep, i)
+	if s.byTime {
+		s.times0, s.times1 = append(s.times0, start), append(s.times1, end)
+	}
+	if last := s.sel.Last; last > 0 && len(s.keep) >= 2*last+1024 {
+		// --last: what is kept stays about its size
+		cut := len(s.keep) - last
+		s.keep = slices.Delete(s.keep, 0, cut)
+		if s.byTime {
+			s.times0, s.times1 = slices.Delete(s.times0, 0, cut), slices.Delete(s.times1, 0, cut)
+		}
+	}
+}
+
+// nearAttemptStart: some kept step is among its attempt's first steps,
+// which the automatic warm-up rule can exclude.
+func (s *selector) nearAttemptStart(keep []int) bool {
+	first, end := s.ks.attempts()
+	a := 0
+	for _, i := range keep {
+		for a < len(end) && end[a] <= i {
+			a++
+		}
+		if a < len(first) && i-first[a] < tps.WarmupLimit(end[a]-first[a]) {
+			return true
+		}
+	}
+	return false
+}
+
+// readTimes reads every row's step time into s.times, in the order the
+// keys were read.
+func (s *selector) readTimes(dir string, opts []trace.ReadOption) error {
+	if !s.sorted {
+		run, err := readRunSteps(dir, runColumns{stepTime: true}, opts)
+		if err != nil && !trace.IsUnreadable(err) {
+			return err
+		}
+		for _, t := range run.stepTime {
+			s.times.Append(float64(t))
+		}
+	} else {
+		_, err := trace.EachColumnsIn(dir, []string{"step_time_ns"}, "", nil, func(c *trace.Columns) error {
+			for _, t := range c.Int64[0] {
+				s.times.Append(float64(t))
+			}
+			return nil
+		}, opts...)
+		if err != nil && !trace.IsUnreadable(err) {
+			return err
+		}
+	}
+	if s.times.Len() != s.ks.len() {
+		return fmt.Errorf("report: %s changed while read (%d cluster rows, then %d)", dir, s.ks.len(), s.times.Len())
+	}
+	return nil
 }
 
 // readRunSteps reads the attempt and step of every cluster row (and the
@@ -335,26 +443,4 @@ func permute[T any](s []T, perm []int) []T {
 		out[i] = s[p]
 	}
 	return out
-}
-
-// nearAttemptStart reports whether a kept step is among the first steps of
-// its attempt that the automatic warm-up rule may exclude.
-func nearAttemptStart(attempt []int32, keep []int) bool {
-	kept := make(map[int]bool, len(keep))
-	for _, k := range keep {
-		kept[k] = true
-	}
-	for i := 0; i < len(attempt); {
-		j := i
-		for j < len(attempt) && attempt[j] == attempt[i] {
-			j++
-		}
-		for p := i; p < min(j, i+tps.WarmupLimit(j-i)); p++ {
-			if kept[p] {
-				return true
-			}
-		}
-		i = j
-	}
-	return false
 }

@@ -18,8 +18,7 @@ import (
 // its step's shift. About 1 B a step plus 32 B a run, where it held 37 B
 // a step before (BenchmarkReportLongRun).
 type spine struct {
-	n    int
-	runs []keyRun
+	keys
 	flag []uint8 // flagComplete, flagTimed, flagWarm, flagSkip
 	// shifts: what the clock repair adds to the times of a streamed row
 	// from a step on; nil when the rows hold their repaired times
@@ -32,6 +31,12 @@ type spine struct {
 	// ns), for the rank_steps pass; nil unless it runs
 	slowest            []int32
 	critComp, critData []float64
+}
+
+// keys are the keys of n steps sorted by (attempt, step), as runs.
+type keys struct {
+	n    int
+	runs []keyRun
 }
 
 // keyRun: the steps from index at on are (attempt, step+stride·k) until
@@ -55,7 +60,37 @@ const (
 	flagTimed                      // a step time above zero
 )
 
-func (sp *spine) len() int { return sp.n }
+func (ks *keys) len() int { return ks.n }
+
+// add takes the next step's key.
+func (ks *keys) add(attempt int32, step int64) {
+	i := ks.n
+	ks.n++
+	if r := len(ks.runs) - 1; r < 0 || ks.runs[r].attempt != attempt {
+		ks.runs = append(ks.runs, keyRun{at: i, attempt: attempt, step: step, stride: 1})
+	} else if k := &ks.runs[r]; i-k.at == 1 {
+		k.stride = step - k.step
+	} else if step != k.step+k.stride*int64(i-k.at) {
+		ks.runs = append(ks.runs, keyRun{at: i, attempt: attempt, step: step, stride: 1})
+	}
+}
+
+// attempts are the attempts' first steps and the steps past their last
+// (a run breaks at each attempt).
+func (ks *keys) attempts() (first, end []int) {
+	for r, k := range ks.runs {
+		if r == 0 || k.attempt != ks.runs[r-1].attempt {
+			if r > 0 {
+				end = append(end, k.at)
+			}
+			first = append(first, k.at)
+		}
+	}
+	if len(first) > 0 {
+		end = append(end, ks.n)
+	}
+	return first, end
+}
 
 func (sp *spine) warm(i int) bool { return sp.flag[i]&flagWarm != 0 }
 func (sp *spine) skip(i int) bool { return sp.flag[i]&flagSkip != 0 }
@@ -64,8 +99,8 @@ func (sp *spine) skip(i int) bool { return sp.flag[i]&flagSkip != 0 }
 func (sp *spine) steady(i int) bool { return sp.flag[i]&(flagWarm|flagTimed) == flagTimed }
 
 // runAt is the index of the run that holds step i.
-func (sp *spine) runAt(i int) int {
-	r, found := slices.BinarySearchFunc(sp.runs, i, func(k keyRun, i int) int { return k.at - i })
+func (ks *keys) runAt(i int) int {
+	r, found := slices.BinarySearchFunc(ks.runs, i, func(k keyRun, i int) int { return k.at - i })
 	if !found {
 		r--
 	}
@@ -73,33 +108,33 @@ func (sp *spine) runAt(i int) int {
 }
 
 // runEnd is the index past run r's last step.
-func (sp *spine) runEnd(r int) int {
-	if r+1 < len(sp.runs) {
-		return sp.runs[r+1].at
+func (ks *keys) runEnd(r int) int {
+	if r+1 < len(ks.runs) {
+		return ks.runs[r+1].at
 	}
-	return sp.n
+	return ks.n
 }
 
 // key is step i's (attempt, step).
-func (sp *spine) key(i int) [2]int64 {
-	k := &sp.runs[sp.runAt(i)]
+func (ks *keys) key(i int) [2]int64 {
+	k := &ks.runs[ks.runAt(i)]
 	return [2]int64{int64(k.attempt), k.step + k.stride*int64(i-k.at)}
 }
 
 // keyCursor is key for indexes that mostly rise by one: it keeps the
 // run of the last.
 type keyCursor struct {
-	sp *spine
+	ks *keys
 	r  int
 }
 
 func (c *keyCursor) at(i int) [2]int64 {
-	runs := c.sp.runs
+	runs := c.ks.runs
 	if c.r >= len(runs) || runs[c.r].at > i || (c.r+1 < len(runs) && runs[c.r+1].at <= i) {
 		if c.r+1 < len(runs) && runs[c.r+1].at <= i && (c.r+2 >= len(runs) || runs[c.r+2].at > i) {
 			c.r++
 		} else {
-			c.r = c.sp.runAt(i)
+			c.r = c.ks.runAt(i)
 		}
 	}
 	k := &runs[c.r]
@@ -135,13 +170,7 @@ func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete b
 	sp := b.sp
 	a := clampAttempt(attempt)
 	i := sp.n
-	if r := len(sp.runs) - 1; r < 0 || sp.runs[r].attempt != a {
-		sp.runs = append(sp.runs, keyRun{at: i, attempt: a, step: step, stride: 1})
-	} else if k := &sp.runs[r]; i-k.at == 1 {
-		k.stride = step - k.step
-	} else if step != k.step+k.stride*int64(i-k.at) {
-		sp.runs = append(sp.runs, keyRun{at: i, attempt: a, step: step, stride: 1})
-	}
+	sp.keys.add(a, step)
 	if b.repair {
 		b.un.next(int64(a), &start, &end, stepTime)
 		if d := b.un.shift; d != b.shift {
@@ -159,7 +188,6 @@ func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete b
 	}
 	sp.flag = append(sp.flag, f)
 	sp.stepTime.Append(float64(stepTime))
-	sp.n++
 }
 
 func (b *spineBuilder) done() *spine {
@@ -231,7 +259,7 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 	n := sp.len()
 	var err error
 	if warm != nil {
-		kc := keyCursor{sp: sp}
+		kc := keyCursor{ks: &sp.keys}
 		for i := range n {
 			if warm[kc.at(i)] {
 				sp.flag[i] |= flagWarm
@@ -241,25 +269,8 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 		if warmup < 0 && threshold <= 0 {
 			threshold, err = tps.WarmupThresholdOfValues(&sp.stepTime, warmup)
 		}
-		rule := tps.WarmupRule{Warmup: warmup, Threshold: threshold}
-		i, r := 0, 0
-		err = cmp.Or(err, sp.stepTime.Each(func(times []float64) {
-			for _, t := range times {
-				if r < len(sp.runs) && sp.runs[r].at == i {
-					if r == 0 || sp.runs[r-1].attempt != sp.runs[r].attempt {
-						end := r + 1 // the attempt's runs
-						for end < len(sp.runs) && sp.runs[end].attempt == sp.runs[r].attempt {
-							end++
-						}
-						rule.Attempt(sp.runEnd(end-1) - i)
-					}
-					r++
-				}
-				if rule.Next(int64(t)) {
-					sp.flag[i] |= flagWarm
-				}
-				i++
-			}
+		err = cmp.Or(err, eachWarm(&sp.keys, &sp.stepTime, tps.WarmupRule{Warmup: warmup, Threshold: threshold}, func(i int) {
+			sp.flag[i] |= flagWarm
 		}))
 	}
 	if warmup < 0 && threshold <= 0 && n > 0 {
@@ -269,7 +280,7 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 		err = cmp.Or(err, terr)
 	}
 	sp.stepTime = tps.Values{}
-	kc := keyCursor{sp: sp}
+	kc := keyCursor{ks: &sp.keys}
 	for i := range n {
 		if sp.flag[i]&flagWarm != 0 || (len(profiled) > 0 && profiled[kc.at(i)]) {
 			sp.flag[i] |= flagSkip
@@ -279,6 +290,35 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 		return 0, err
 	}
 	return threshold, err
+}
+
+// eachWarm calls warm with the index of each step of ks the rule calls
+// warm-up, their step times (ns) from times, in order (nil for a fixed
+// count).
+func eachWarm(ks *keys, times *tps.Values, rule tps.WarmupRule, warm func(i int)) error {
+	first, end := ks.attempts()
+	a, i := 0, 0
+	next := func(t int64) {
+		if a < len(first) && first[a] == i {
+			rule.Attempt(end[a] - first[a])
+			a++
+		}
+		if rule.Next(t) {
+			warm(i)
+		}
+		i++
+	}
+	if times == nil {
+		for range ks.n {
+			next(0)
+		}
+		return nil
+	}
+	return times.Each(func(ts []float64) {
+		for _, t := range ts {
+			next(int64(t))
+		}
+	})
 }
 
 // anyComplete: some step is complete and not warm-up.
