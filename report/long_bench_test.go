@@ -25,7 +25,8 @@ import (
 // seconds, peak heap (the live heap sampled every 50 ms over the
 // generation's collected garbage) and the share of bytes read of each.
 // TPSPROF_PEAK_PROFILE=file writes the heap profile at the whole run's
-// peak there (add -memprofilerate 4096 for a finer one).
+// peak there, and at the last 1%'s to file.last (add -memprofilerate 4096
+// for finer ones).
 //
 //	TPSPROF_LONG_STEPS=1562500 go test -run '^$' -bench LongRun -benchtime 1x -timeout 30m ./report/
 func BenchmarkReportLongRun(b *testing.B) {
@@ -68,8 +69,12 @@ func BenchmarkReportLongRun(b *testing.B) {
 		src = rep.TablesRead[len(rep.TablesRead)-1]
 		rep = nil // not live while the next is measured
 		t = time.Now()
+		if f := os.Getenv("TPSPROF_PEAK_PROFILE"); f != "" {
+			peakProfile = f + ".last"
+		}
 		peak = heapPeak(func() { rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: steps / 100}}) })
 		last += time.Since(t)
+		peakProfile = ""
 		if err != nil {
 			b.Fatal(err)
 		}
