@@ -162,8 +162,9 @@ type clusterPass struct {
 	good   *goodputAcc
 	att    *attemptsAcc
 	energy *energyJoin // nil: no GPU samples to join
-	crit   bool        // fill the spine's critical rank columns
-	plot   []plotStep  // what the plots draw of each step; nil: no plots
+	crit   bool        // fill the spine's critical ranks, and critx
+	critx  *critExcess
+	plot   []plotStep // what the plots draw of each step; nil: no plots
 }
 
 func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
@@ -179,7 +180,9 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 		p.att.add(c, warm)
 		if p.crit {
 			sp.slowest[i] = int32(min(max(c.SlowestRank, math.MinInt32), math.MaxInt32))
-			sp.critComp[i], sp.critData[i] = c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs)
+			if !warm && c.StepTimeNs > 0 && c.SlowestRank >= 0 {
+				p.critx.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs))
+			}
 		}
 		if skip || c.StepTimeNs <= 0 {
 			continue

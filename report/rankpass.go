@@ -46,7 +46,7 @@ func partsOf(dir string) []string {
 // the per-rank compute medians, nodes, the heatmap, the episode windows,
 // the critical rank's excess and padding.
 func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, sp *spine,
-	heat *heatGrid, wins *windows, nodes map[int64]string, crit critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
+	heat *heatGrid, wins *windows, nodes map[int64]string, crit *critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
 	// Per rank, by index: a map access per row (medians, nodes) was a
 	// tenth of the pass. Ranks past the declared world go to the map.
 	world := max(rep.Summary.WorldSize, 0)
@@ -92,7 +92,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			warm := sp.warm(si)
 			if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
 				// what the critical rank had more of than the mean rank
-				crit.add(c.Strings[i], r, comp-sp.critComp[si], float64(data[i])-sp.critData[si])
+				crit.addOwn(c.Strings[i], r, comp, float64(data[i]))
 			}
 			if warm {
 				continue

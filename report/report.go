@@ -462,7 +462,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	if rankSrc == trace.RankSteps {
 		pass.crit = true
-		sp.slowest, sp.critComp, sp.critData = make([]int32, n), make([]float64, n), make([]float64, n)
+		sp.slowest, pass.critx = make([]int32, n), newCritExcess()
 	}
 	if err := src.each(0, n, pass.add); err != nil {
 		return nil, nil, err
@@ -484,7 +484,6 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	nodes := map[int64]string{}
 	heat := newHeatGrid(n, int(rep.Summary.WorldSize))
 	var realTok, padTok int64
-	crit := critExcess{}
 	var med map[int64]float64
 	minWin := 0 // episode windows hold whole rank windows when those are read
 	if rankSrc == trace.RankWindows {
@@ -500,7 +499,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
 	default:
 		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
-		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, sp, heat, wins, nodes, crit); err != nil {
+		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, sp, heat, wins, nodes, pass.critx); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -514,7 +513,9 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	rep.EpisodeWindow = wins.size
 	rep.WaitCharged = pass.wait.result(nodes, opt.TopStragglers)
-	crit.explain(rep.WaitCharged)
+	if pass.critx != nil {
+		pass.critx.explain(rep.WaitCharged, nodes)
+	}
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
 	}
@@ -652,19 +653,45 @@ func nodeLabel(node string, rank int64) string {
 	return node
 }
 
-// critExcess sums, by node, how much more compute and data wait its
-// ranks had than the step's mean rank in the steps they were critical.
-type critExcess map[string]*[3]float64 // compute ns, data wait ns, steps
+// critExcess is how much more compute and data wait each node's rank had
+// than the step's mean rank in the steps it was critical: the critical
+// rank's own figures (its rank_steps rows) against the mean rank's (the
+// cluster rows), each a mean over the steps it has. It keeps no figure
+// of a step.
+type critExcess struct {
+	own  map[string]*[3]float64 // node → compute ns, data wait ns, steps
+	mean map[int64]*[3]float64  // critical rank → the mean rank's, the same
+}
 
-func (x critExcess) add(node string, rank int64, compute, data float64) {
+func newCritExcess() *critExcess {
+	return &critExcess{own: map[string]*[3]float64{}, mean: map[int64]*[3]float64{}}
+}
+
+// addOwn takes the critical rank's row of a steady step.
+func (x *critExcess) addOwn(node string, rank int64, compute, data float64) {
 	node = nodeLabel(node, rank)
-	e := x[node]
+	e := x.own[node]
 	if e == nil {
-		if len(x) >= 4096 {
+		if len(x.own) >= 4096 {
 			return
 		}
 		e = &[3]float64{}
-		x[node] = e
+		x.own[node] = e
+	}
+	e[0] += compute
+	e[1] += data
+	e[2]++
+}
+
+// addMean takes a steady step's mean rank, by its critical rank.
+func (x *critExcess) addMean(rank int64, compute, data float64) {
+	e := x.mean[rank]
+	if e == nil {
+		if len(x.mean) >= 1<<16 {
+			return
+		}
+		e = &[3]float64{}
+		x.mean[rank] = e
 	}
 	e[0] += compute
 	e[1] += data
@@ -673,13 +700,23 @@ func (x critExcess) add(node string, rank int64, compute, data float64) {
 
 // explain names what made each node's rank critical: its compute or its
 // wait for data, whichever it had more of beyond the mean rank.
-func (x critExcess) explain(ws []WaitShare) {
+func (x *critExcess) explain(ws []WaitShare, nodeOf map[int64]string) {
+	mean := map[string]*[3]float64{}
+	for r, m := range x.mean {
+		n := nodeLabel(nodeOf[r], r)
+		e := mean[n]
+		if e == nil {
+			e = &[3]float64{}
+			mean[n] = e
+		}
+		e[0], e[1], e[2] = e[0]+m[0], e[1]+m[1], e[2]+m[2]
+	}
 	for i := range ws {
-		e := x[ws[i].Node]
-		if e == nil || e[2] == 0 {
+		e, m := x.own[ws[i].Node], mean[ws[i].Node]
+		if e == nil || e[2] == 0 || m == nil || m[2] == 0 {
 			continue
 		}
-		c, d := e[0]/e[2]/1e6, e[1]/e[2]/1e6
+		c, d := (e[0]/e[2]-m[0]/m[2])/1e6, (e[1]/e[2]-m[1]/m[2])/1e6
 		switch {
 		case d > c && d > 0:
 			ws[i].Cause = fmt.Sprintf("data loading: %.1f ms a step more waiting for data than the mean rank (compute %+.1f ms)", d, c)

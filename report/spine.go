@@ -27,10 +27,9 @@ type spine struct {
 	// stepTime are the steps' times (ns, in files past
 	// tps.ValuesInMemory) until markWarm drops them
 	stepTime tps.Values
-	// the critical rank and what the mean rank had (compute, data wait,
-	// ns), for the rank_steps pass; nil unless it runs
-	slowest            []int32
-	critComp, critData []float64
+	// each step's critical rank, for the rank_steps pass (critExcess);
+	// nil unless it runs
+	slowest []int32
 }
 
 // keys are the keys of n steps sorted by (attempt, step), as runs.
