@@ -161,7 +161,7 @@ type clusterPass struct {
 	wait   waitAcc
 	good   *goodputAcc
 	att    *attemptsAcc
-	energy *energyJoin // nil: no GPU samples to join
+	energy *energyPass // nil: no GPU samples to join
 	crit   bool        // fill the spine's critical ranks, and critx
 	critx  *critExcess
 	plot   []plotStep // what the plots draw of each step; nil: no plots
@@ -193,6 +193,9 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 		if p.energy != nil && c.EndUnixNs > 0 {
 			p.energy.addStep(c)
 		}
+	}
+	if p.energy != nil {
+		return p.energy.chunkDone()
 	}
 	return nil
 }

@@ -2,10 +2,14 @@ package report
 
 import (
 	"cmp"
+	"errors"
+	"maps"
 	"math"
+	"path/filepath"
 	"slices"
 
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // maxSampleGap is the longest time between two readings of one GPU that
@@ -40,6 +44,7 @@ type energyStep struct {
 	tokens     int64
 	joules     float64
 	covered    int64 // GPU-nanoseconds of the period with readings around them
+	i          int   // the order it came in
 }
 
 type gpuKey struct {
@@ -59,9 +64,9 @@ func newEnergyJoinOf(offsets map[string]int64) *energyJoin {
 }
 
 // addStep takes a step that counts (before the first reading): its
-// period, the step time to its end (40 B a step).
+// period, the step time to its end (48 B a step, a chunk's at a time).
 func (e *energyJoin) addStep(c *tps.ClusterStep) {
-	e.steps = append(e.steps, energyStep{start: c.EndUnixNs - c.StepTimeNs, end: c.EndUnixNs, tokens: c.Tokens})
+	e.steps = append(e.steps, energyStep{start: c.EndUnixNs - c.StepTimeNs, end: c.EndUnixNs, tokens: c.Tokens, i: len(e.steps)})
 }
 
 func (e *energyJoin) build() {
@@ -142,21 +147,206 @@ func (e *energyJoin) spread(a, b gpuReading) {
 // result: the run's energy over the steps every GPU's readings cover, and
 // how many steps that is; ok false when none is covered.
 func (e *energyJoin) result() (tokensPerJoule float64, steps int, ok bool) {
-	n := int64(len(e.gpus))
+	a := newEnergyAcc()
+	a.fold(e)
+	return a.result()
+}
+
+// energyAcc is the run's energy from joins of its steps a chunk at a time
+// (energyPass): the GPUs read, and the steps' tokens and joules summed by
+// how many GPUs' readings cover their whole period (a step counts when
+// every GPU's do, and how many GPUs the run has is known at the end).
+type energyAcc struct {
+	gpus map[gpuKey]bool
+	by   map[int64]*energySum
+}
+
+type energySum struct {
+	tokens, joules float64
+	steps          int
+}
+
+func newEnergyAcc() *energyAcc {
+	return &energyAcc{gpus: map[gpuKey]bool{}, by: map[int64]*energySum{}}
+}
+
+// fold takes a join's GPUs and steps (in the order they came in: the
+// sums are the same however the steps are cut into chunks).
+func (a *energyAcc) fold(e *energyJoin) {
+	for k := range e.gpus {
+		if len(a.gpus) < 1<<20 {
+			a.gpus[k] = true
+		}
+	}
+	slices.SortFunc(e.steps, func(x, y energyStep) int { return cmp.Compare(x.i, y.i) })
+	for _, s := range e.steps {
+		k := int64(math.MaxInt64) // a period of no time is covered
+		if p := s.end - s.start; p > 0 {
+			k = s.covered / p
+		}
+		b := a.by[k]
+		if b == nil {
+			b = &energySum{}
+			a.by[k] = b
+		}
+		b.tokens += float64(s.tokens)
+		b.joules += s.joules
+		b.steps++
+	}
+}
+
+func (a *energyAcc) result() (tokensPerJoule float64, steps int, ok bool) {
+	n := int64(len(a.gpus))
 	if n == 0 {
 		return 0, 0, false
 	}
 	var tokens, joules float64
-	for _, s := range e.steps {
-		if s.covered < n*(s.end-s.start) {
+	for _, k := range slices.Sorted(maps.Keys(a.by)) {
+		if k < n {
 			continue
 		}
-		tokens += float64(s.tokens)
-		joules += s.joules
-		steps++
+		b := a.by[k]
+		tokens += b.tokens
+		joules += b.joules
+		steps += b.steps
 	}
 	if steps == 0 || joules <= 0 || tokens <= 0 {
 		return 0, 0, false
 	}
 	return tokens / joules, steps, true
+}
+
+// energyPass joins the steady steps with gpu_samples a chunk of steps at
+// a time, and feeds every sample once to the GPU series. The chunks' time
+// ranges cut the time axis into tiles; a chunk's join reads the samples of
+// its tile and of its steps' periods, widened by the longest gap two
+// readings may span (maxSampleGap) and the nodes' clock offsets: a pair of
+// readings it does not see cannot speak for its steps. The table is so
+// read about once when its row groups hold consecutive times (a
+// collector's); each sample goes to the series in the tile holding it.
+// A held run is one chunk and one tile: the whole table.
+type energyPass struct {
+	dir    string
+	opts   []trace.ReadOption
+	margin int64 // ns: maxSampleGap and the largest clock offset
+	// minSteps: a chunk ends when it holds that many steady steps (or at
+	// the end of the cluster rows' chunk past them)
+	minSteps int
+	joinOf func() *energyJoin
+	acc    *energyAcc
+	gpu    *gpuSeries
+	n      int64 // samples read
+	// cur is the chunk being added; pend the one before, joined when the
+	// next one's start bounds its tile
+	unread     *trace.UnreadableParts // of every read, each part once
+	cur, pend  *energyJoin
+	tileLo     int64 // pend's tile's start
+	curLo      int64 // cur's earliest period start
+	pendLo, hi int64 // pend's earliest period start and latest end
+}
+
+func newEnergyPass(dir string, opts []trace.ReadOption, offsets map[string]int64, gpu *gpuSeries, minSteps int) *energyPass {
+	margin := maxSampleGap + int64(1e9)
+	for _, o := range offsets {
+		margin = max(margin, maxSampleGap+int64(1e9)+abs(o))
+	}
+	p := &energyPass{dir: dir, opts: opts, margin: margin, acc: newEnergyAcc(), gpu: gpu, minSteps: minSteps,
+		joinOf: func() *energyJoin { return newEnergyJoinOf(offsets) }, tileLo: math.MinInt64, curLo: math.MaxInt64}
+	p.cur = p.joinOf()
+	return p
+}
+
+func (p *energyPass) addStep(c *tps.ClusterStep) {
+	p.cur.addStep(c)
+	p.curLo = min(p.curLo, c.EndUnixNs-c.StepTimeNs)
+}
+
+// chunkDone ends a chunk of the cluster rows, and so a chunk of the join
+// once it holds minSteps steps: the one before it is joined, its tile
+// ending where this one's steps begin.
+func (p *energyPass) chunkDone() error {
+	if len(p.cur.steps) < max(p.minSteps, 1) {
+		return nil
+	}
+	return p.rotate()
+}
+
+// rotate joins the chunk before, and makes the current one pending.
+func (p *energyPass) rotate() error {
+	if p.pend != nil {
+		next := max(p.tileLo, p.curLo)
+		if err := p.join(p.pend, p.tileLo, next, p.pendLo, p.hi); err != nil {
+			return err
+		}
+		p.tileLo = next
+	}
+	p.pend, p.pendLo = p.cur, p.curLo
+	p.hi = math.MinInt64
+	for _, s := range p.cur.steps {
+		p.hi = max(p.hi, s.end)
+	}
+	p.cur, p.curLo = p.joinOf(), math.MaxInt64
+	return nil
+}
+
+// finish joins the last chunk, its tile to the end of time (or reads the
+// samples for the series alone when no step counts). Its error may be
+// the parts no read could read (trace.UnreadableParts), said once.
+func (p *energyPass) finish() error {
+	if len(p.cur.steps) > 0 {
+		if err := p.rotate(); err != nil {
+			return err
+		}
+	}
+	var err error
+	if p.pend == nil {
+		err = p.join(p.joinOf(), math.MinInt64, math.MaxInt64, math.MaxInt64, math.MinInt64)
+	} else {
+		err = p.join(p.pend, p.tileLo, math.MaxInt64, p.pendLo, p.hi)
+	}
+	if err == nil && p.unread != nil {
+		return p.unread
+	}
+	return err
+}
+
+// join reads the samples for the steps of e, whose periods span [lo, hi],
+// feeding those in the tile [tileLo, tileHi) to the series.
+func (p *energyPass) join(e *energyJoin, tileLo, tileHi, lo, hi int64) error {
+	var from, to int64 = math.MinInt64, math.MaxInt64
+	if w := min(tileLo, lo); w > math.MinInt64+p.margin {
+		from = w - p.margin
+	}
+	if w := max(tileHi, hi); w < math.MaxInt64-p.margin {
+		to = w + p.margin
+	}
+	opts := p.opts
+	if from != math.MinInt64 || to != math.MaxInt64 {
+		opts = append(slices.Clip(opts), trace.Within(trace.Range{Column: "unix_ns", Min: from, Max: to}))
+	}
+	err := trace.Each(filepath.Join(p.dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
+		for i := range rows {
+			s := &rows[i]
+			if s.UnixNs >= tileLo && (s.UnixNs < tileHi || tileHi == math.MaxInt64) {
+				p.n++
+				p.gpu.add(s)
+			}
+			e.add(s)
+		}
+		return nil
+	}, opts...)
+	p.acc.fold(e)
+	var u *trace.UnreadableParts
+	if errors.As(err, &u) {
+		if p.unread == nil {
+			p.unread = &trace.UnreadableParts{}
+		}
+		for k, path := range u.Paths {
+			if !slices.Contains(p.unread.Paths, path) {
+				p.unread.Paths, p.unread.Errors = append(p.unread.Paths, path), append(p.unread.Errors, u.Errors[k])
+			}
+		}
+		return nil
+	}
+	return err
 }

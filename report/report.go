@@ -48,6 +48,9 @@ type Options struct {
 	// chunk, when above 0, streams the cluster rows in chunks of that
 	// many steps whatever the run's size (tests)
 	chunk int
+	// energyChunk, when above 0, is how many steady steps the energy join
+	// takes at a time at least (tests; else clusterChunk)
+	energyChunk int
 }
 
 // Rank sources (Options.RankSource).
@@ -269,12 +272,13 @@ func Analyze(dir string, opt Options) (*Report, error) {
 }
 
 // crossCheck hands checkStreamed, when set, rep and the report of dir
-// streamed three steps at a time, its values past two in files.
+// streamed three steps at a time (the energy join 50 steady steps at a
+// time), its values past two in files.
 func crossCheck(dir string, opt Options, rep *Report) {
 	if checkStreamed == nil {
 		return
 	}
-	opt.chunk = 3
+	opt.chunk, opt.energyChunk = 3, 50
 	old := tps.ValuesInMemory
 	tps.ValuesInMemory = 2 // and the step times and TPS in files
 	streamed, _, err := analyze(dir, opt, false)
@@ -454,8 +458,20 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	// The cluster pass: every figure of the cluster rows alone.
 	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Threshold: threshold}
 	pass := &clusterPass{sp: sp, sum: tps.NewSummarizer(wopt, sp.anyComplete(), n), good: newGoodputAcc(sp, events), att: newAttemptsAcc(events)}
+	gpu := newGPUSeries(lo, hi)
+	gpu.offsets = rep.ClockOffsetsNs
 	if len(partsOf(filepath.Join(dir, trace.GPUSamples))) > 0 {
-		pass.energy = newEnergyJoinOf(rep.ClockOffsetsNs)
+		gpuRead := []trace.ReadOption{metered}
+		if selected != nil {
+			// samples within a minute of the selection's steps (the plots and
+			// the episodes' causes join samples near their steps)
+			margin := int64(60e9)
+			for _, o := range rep.ClockOffsetsNs {
+				margin = max(margin, 60e9+abs(o))
+			}
+			gpuRead = append(gpuRead, trace.Within(trace.Range{Column: "unix_ns", Min: lo - margin, Max: hi + margin}))
+		}
+		pass.energy = newEnergyPass(dir, gpuRead, rep.ClockOffsetsNs, gpu, cmp.Or(opt.energyChunk, clusterChunk))
 	}
 	if plots {
 		pass.plot = make([]plotStep, 0, n)
@@ -466,6 +482,12 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	if err := src.each(0, n, pass.add); err != nil {
 		return nil, nil, err
+	}
+	if pass.energy != nil {
+		if err := rep.tolerate(pass.energy.finish()); err != nil {
+			return nil, nil, err
+		}
+		rep.GPUSamples = pass.energy.n
 	}
 	if rep.Summary, err = pass.sum.Result(); err != nil {
 		return nil, nil, err
@@ -553,38 +575,14 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		return nil, nil, err
 	}
 
-	gpu := newGPUSeries(lo, hi)
-	gpu.offsets = rep.ClockOffsetsNs
-	ej := pass.energy
-	if ej == nil {
-		ej = newEnergyJoinOf(rep.ClockOffsetsNs)
-	}
-	gpuRead := []trace.ReadOption{metered}
-	if selected != nil {
-		// samples within a minute of the selection's steps (the plots and
-		// the episodes' causes join samples near their steps)
-		margin := int64(60e9)
-		for _, o := range rep.ClockOffsetsNs {
-			margin = max(margin, 60e9+abs(o))
-		}
-		gpuRead = append(gpuRead, trace.Within(trace.Range{Column: "unix_ns", Min: lo - margin, Max: hi + margin}))
-	}
-	if err := trace.Each(filepath.Join(dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
-		for i := range rows {
-			rep.GPUSamples++
-			gpu.add(&rows[i])
-			ej.add(&rows[i])
-		}
-		return nil
-	}, gpuRead...); rep.tolerate(err) != nil {
-		return nil, nil, err
-	}
 	if rep.GPUSamples > 0 {
 		pd.gpu = gpu
 	}
-	if tpj, n, ok := ej.result(); ok && rep.Energy != nil {
-		rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, 1/tpj
-		rep.Energy.Steps, rep.Energy.FromSamples = n, true
+	if pass.energy != nil {
+		if tpj, n, ok := pass.energy.acc.result(); ok && rep.Energy != nil {
+			rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, 1/tpj
+			rep.Energy.Steps, rep.Energy.FromSamples = n, true
+		}
 	}
 	rep.episodeCauses(gpu)
 	rep.episodeCaptures(events)

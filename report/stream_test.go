@@ -240,3 +240,52 @@ func TestStreamedRowsOutOfOrder(t *testing.T) {
 		t.Fatalf("%d steps in %d attempts; want 201 in 2", held.Summary.Steps, held.Summary.Attempts)
 	}
 }
+
+// The energy join over a streamed run is the held one's, chunk by chunk:
+// 4 ranks × 2 attempts of 1,500 steps (a minute between them), each GPU
+// read every second at a constant 400 W with its energy counter. Analyze
+// joins the samples 64 Ki steps at a time (one chunk here), TestMain's
+// second run 50 at a time (60 chunks, each reading the samples of its own
+// time and the gap margins) and the two reports must match. Tokens per
+// joule are 4,096 tokens over 400 J a second for each rank's 0.9 s step
+// time; every sample is in the GPU series once.
+func TestEnergyJoinStreamed(t *testing.T) {
+	const world, steps, watts = 4, 1500, 400.0
+	root := t.TempDir()
+	dir, err := tracetest.Write(root, "e", tracetest.Run{World: world, Steps: steps, Jitter: true, Attempts: 2, ClusterRowsPerGroup: 100, Watts: watts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, err := trace.NewPartWriter[tps.GPUSample](root, "e", trace.GPUSamples, trace.WriterOptions{WriterID: "g", RowsPerGroup: 400})
+	if err != nil {
+		t.Fatal(err)
+	}
+	written := 0
+	for s := int64(-5); s < 2*steps+70; s++ { // from before the first step to after the last, through the gap
+		at := tracetest.T0 + s*1e9 + 5e8
+		for g := range world {
+			mj, w := int64(watts*float64(at-tracetest.T0+1e12)/1e6), watts
+			if err := gw.Write([]tps.GPUSample{{Job: "e", Node: "n", UUID: fmt.Sprintf("GPU-%d", g), Index: int32(g), UnixNs: at, EnergyMJ: &mj, PowerW: &w}}); err != nil {
+				t.Fatal(err)
+			}
+			written++
+		}
+	}
+	if err := gw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Energy == nil || !rep.Energy.FromSamples || rep.Energy.Steps < rep.Summary.SteadySteps*9/10 {
+		t.Fatalf("energy %+v over %d steady steps: want it from the samples, over nearly all", rep.Energy, rep.Summary.SteadySteps)
+	}
+	want := 4096 / (watts * 0.9)
+	if got := rep.Energy.TokensPerJoule; math.Abs(got/want-1) > 0.03 {
+		t.Errorf("%.4f tokens/J, want %.4f within 3%%", got, want)
+	}
+	if rep.GPUSamples != int64(written) {
+		t.Errorf("%d GPU samples in the series, %d written: want each once", rep.GPUSamples, written)
+	}
+}

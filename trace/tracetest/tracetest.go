@@ -36,6 +36,9 @@ type Run struct {
 	RankRowsPerGroup int64
 	// Windows writes rank_windows too, as the collector does.
 	Windows bool
+	// Watts, when above 0, gives the cluster rows the collector's live
+	// energy join: every rank's GPU drawing that much over its step time.
+	Watts float64
 	// Attempts, when above 1, restarts the run: each attempt runs Steps
 	// steps, the next one starting a minute after the previous one's last
 	// step and resuming a tenth of Steps before it (those steps redone).
@@ -119,6 +122,10 @@ func Write(root, job string, r Run) (string, error) {
 			for k := range recs {
 				wins[k].Add(&recs[k])
 			}
+		}
+		if r.Watts > 0 {
+			c.GPUsJoined, c.PowerWMean = int64(r.World), r.Watts
+			c.EnergyJ = r.Watts * float64(r.World) * float64(c.StepTimeNs) / 1e9
 		}
 		if err := cluster.Write([]tps.ClusterStep{c}); err != nil {
 			return "", err
