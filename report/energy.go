@@ -228,14 +228,15 @@ func (a *energyAcc) result() (tokensPerJoule float64, steps int, ok bool) {
 type energyPass struct {
 	dir    string
 	opts   []trace.ReadOption
-	margin int64 // ns: maxSampleGap and the largest clock offset
+	limit  [2]int64 // the samples' unix_ns read at most (a selection's)
+	margin int64    // ns: maxSampleGap and the largest clock offset
 	// minSteps: a chunk ends when it holds that many steady steps (or at
 	// the end of the cluster rows' chunk past them)
 	minSteps int
-	joinOf func() *energyJoin
-	acc    *energyAcc
-	gpu    *gpuSeries
-	n      int64 // samples read
+	joinOf   func() *energyJoin
+	acc      *energyAcc
+	gpu      *gpuSeries
+	n        int64 // samples read
 	// cur is the chunk being added; pend the one before, joined when the
 	// next one's start bounds its tile
 	unread     *trace.UnreadableParts // of every read, each part once
@@ -245,12 +246,12 @@ type energyPass struct {
 	pendLo, hi int64 // pend's earliest period start and latest end
 }
 
-func newEnergyPass(dir string, opts []trace.ReadOption, offsets map[string]int64, gpu *gpuSeries, minSteps int) *energyPass {
+func newEnergyPass(dir string, opts []trace.ReadOption, limit [2]int64, offsets map[string]int64, gpu *gpuSeries, minSteps int) *energyPass {
 	margin := maxSampleGap + int64(1e9)
 	for _, o := range offsets {
 		margin = max(margin, maxSampleGap+int64(1e9)+abs(o))
 	}
-	p := &energyPass{dir: dir, opts: opts, margin: margin, acc: newEnergyAcc(), gpu: gpu, minSteps: minSteps,
+	p := &energyPass{dir: dir, opts: opts, limit: limit, margin: margin, acc: newEnergyAcc(), gpu: gpu, minSteps: minSteps,
 		joinOf: func() *energyJoin { return newEnergyJoinOf(offsets) }, tileLo: math.MinInt64, curLo: math.MaxInt64}
 	p.cur = p.joinOf()
 	return p
@@ -320,6 +321,7 @@ func (p *energyPass) join(e *energyJoin, tileLo, tileHi, lo, hi int64) error {
 	if w := max(tileHi, hi); w < math.MaxInt64-p.margin {
 		to = w + p.margin
 	}
+	from, to = max(from, p.limit[0]), min(to, p.limit[1])
 	opts := p.opts
 	if from != math.MinInt64 || to != math.MaxInt64 {
 		opts = append(slices.Clip(opts), trace.Within(trace.Range{Column: "unix_ns", Min: from, Max: to}))

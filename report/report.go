@@ -461,7 +461,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	gpu := newGPUSeries(lo, hi)
 	gpu.offsets = rep.ClockOffsetsNs
 	if len(partsOf(filepath.Join(dir, trace.GPUSamples))) > 0 {
-		gpuRead := []trace.ReadOption{metered}
+		limit := [2]int64{math.MinInt64, math.MaxInt64}
 		if selected != nil {
 			// samples within a minute of the selection's steps (the plots and
 			// the episodes' causes join samples near their steps)
@@ -469,9 +469,9 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 			for _, o := range rep.ClockOffsetsNs {
 				margin = max(margin, 60e9+abs(o))
 			}
-			gpuRead = append(gpuRead, trace.Within(trace.Range{Column: "unix_ns", Min: lo - margin, Max: hi + margin}))
+			limit = [2]int64{lo - margin, hi + margin}
 		}
-		pass.energy = newEnergyPass(dir, gpuRead, rep.ClockOffsetsNs, gpu, cmp.Or(opt.energyChunk, clusterChunk))
+		pass.energy = newEnergyPass(dir, []trace.ReadOption{metered}, limit, rep.ClockOffsetsNs, gpu, cmp.Or(opt.energyChunk, clusterChunk))
 	}
 	if plots {
 		pass.plot = make([]plotStep, 0, n)
