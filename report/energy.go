@@ -239,7 +239,11 @@ type energyPass struct {
 	n        int64 // samples read
 	// cur is the chunk being added; pend the one before, joined when the
 	// next one's start bounds its tile
-	unread     *trace.UnreadableParts // of every read, each part once
+	unread *trace.UnreadableParts // of every read, each part once
+	// parts are gpu_samples' parts and the times each holds, other those
+	// without (unreadable: each read names them); read at the first join
+	parts      []trace.PartRange
+	other      []string
 	cur, pend  *energyJoin
 	tileLo     int64 // pend's tile's start
 	curLo      int64 // cur's earliest period start
@@ -322,11 +326,30 @@ func (p *energyPass) join(e *energyJoin, tileLo, tileHi, lo, hi int64) error {
 		to = w + p.margin
 	}
 	from, to = max(from, p.limit[0]), min(to, p.limit[1])
-	opts := p.opts
-	if from != math.MinInt64 || to != math.MaxInt64 {
-		opts = append(slices.Clip(opts), trace.Within(trace.Range{Column: "unix_ns", Min: from, Max: to}))
+	dir := filepath.Join(p.dir, trace.GPUSamples)
+	if p.parts == nil {
+		// a window opens only the parts that can hold its times: every
+		// part's footer read for every chunk was a tenth of the bytes of
+		// a long run's report
+		p.parts = trace.PartRanges(dir, []string{"unix_ns"}, p.opts...)
+		files, _ := trace.PartFiles(dir)
+		for _, f := range files {
+			if !slices.ContainsFunc(p.parts, func(r trace.PartRange) bool { return r.Path == f }) {
+				p.other = append(p.other, f)
+			}
+		}
 	}
-	err := trace.Each(filepath.Join(p.dir, trace.GPUSamples), func(rows []tps.GPUSample) error {
+	paths := slices.Clone(p.other)
+	for _, r := range p.parts {
+		if !r.Known || (r.Max[0] >= from && r.Min[0] <= to) {
+			paths = append(paths, r.Path)
+		}
+	}
+	opts := append(slices.Clip(p.opts), trace.Parts(paths...))
+	if from != math.MinInt64 || to != math.MaxInt64 {
+		opts = append(opts, trace.Within(trace.Range{Column: "unix_ns", Min: from, Max: to}))
+	}
+	err := trace.Each(dir, func(rows []tps.GPUSample) error {
 		for i := range rows {
 			s := &rows[i]
 			if s.UnixNs >= tileLo && (s.UnixNs < tileHi || tileHi == math.MaxInt64) {

@@ -34,11 +34,18 @@ type Run struct {
 	// RankRowsPerGroup bounds rank_steps' row groups (0: the writer's
 	// default).
 	RankRowsPerGroup int64
+	// RankRowsPerPart bounds rank_steps' parts (0: the writer's default).
+	RankRowsPerPart int64
 	// Windows writes rank_windows too, as the collector does.
 	Windows bool
 	// Watts, when above 0, gives the cluster rows the collector's live
 	// energy join: every rank's GPU drawing that much over its step time.
 	Watts float64
+	// GPUEvery, when above 0 (with Watts), writes gpu_samples: a reading
+	// of every rank's GPU (its energy counter and power) every GPUEvery
+	// steps, 256 readings of each GPU a row group and 16 row groups a part
+	// (a collector's parts, rotated every minute, hold a minute each).
+	GPUEvery int
 	// Attempts, when above 1, restarts the run: each attempt runs Steps
 	// steps, the next one starting a minute after the previous one's last
 	// step and resuming a tenth of Steps before it (those steps redone).
@@ -58,6 +65,7 @@ func Write(root, job string, r Run) (string, error) {
 	opt := trace.WriterOptions{WriterID: "tracetest"}
 	ropt := opt
 	ropt.RowsPerGroup = r.RankRowsPerGroup
+	ropt.RowsPerPart = r.RankRowsPerPart
 	ranks, err := trace.NewPartWriter[tps.StepRecord](root, job, trace.RankSteps, ropt)
 	if err != nil {
 		return "", err
@@ -69,6 +77,16 @@ func Write(root, job string, r Run) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	var gpus *trace.PartWriter[tps.GPUSample]
+	if r.GPUEvery > 0 && r.Watts > 0 {
+		gopt := opt
+		gopt.RowsPerGroup = int64(r.World) * 256
+		gopt.RowsPerPart = 16 * gopt.RowsPerGroup
+		if gpus, err = trace.NewPartWriter[tps.GPUSample](root, job, trace.GPUSamples, gopt); err != nil {
+			return "", err
+		}
+	}
+	samples := make([]tps.GPUSample, r.World)
 	var windows *trace.PartWriter[tps.RankWindow]
 	if r.Windows {
 		if windows, err = trace.NewPartWriter[tps.RankWindow](root, job, trace.RankWindows, opt); err != nil {
@@ -123,6 +141,16 @@ func Write(root, job string, r Run) (string, error) {
 				wins[k].Add(&recs[k])
 			}
 		}
+		if gpus != nil && g%r.GPUEvery == 0 {
+			at := now + 5e8
+			for k := range samples {
+				mj, w := int64(r.Watts*float64(at-T0)/1e6), r.Watts
+				samples[k] = tps.GPUSample{Job: job, Node: "n", UUID: fmt.Sprintf("GPU-%d", k), Index: int32(k), UnixNs: at, EnergyMJ: &mj, PowerW: &w}
+			}
+			if err := gpus.Write(samples); err != nil {
+				return "", err
+			}
+		}
 		if r.Watts > 0 {
 			c.GPUsJoined, c.PowerWMean = int64(r.World), r.Watts
 			c.EnergyJ = r.Watts * float64(r.World) * float64(c.StepTimeNs) / 1e9
@@ -144,6 +172,11 @@ func Write(root, job string, r Run) (string, error) {
 	}
 	if err := cluster.Close(); err != nil {
 		return "", err
+	}
+	if gpus != nil {
+		if err := gpus.Close(); err != nil {
+			return "", err
+		}
 	}
 	return filepath.Join(root, job), nil
 }
