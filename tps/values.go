@@ -10,11 +10,11 @@ import (
 )
 
 // ValuesInMemory is how many values a Values holds in memory (8 B each:
-// 512 KiB). Past it, it writes them to an unlinked temporary file, and its
+// 2 MiB; a report holds three). Past it, it writes them to an unlinked temporary file, and its
 // quantiles come from passes over that file (radix selection): the same
 // numbers in bounded memory, so that a report's memory does not grow with
 // the run's steps.
-var ValuesInMemory = 1 << 16
+var ValuesInMemory = 1 << 18
 
 // Values is a sequence of float64, in memory up to ValuesInMemory and in
 // a temporary file past it; nothing is lost when the file cannot be
