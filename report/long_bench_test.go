@@ -44,9 +44,10 @@ func BenchmarkReportLongRun(b *testing.B) {
 	}
 	plots := os.Getenv("TPSPROF_LONG_PLOTS") == "1" // the whole run with what its plots draw
 	run := tracetest.Run{World: world, Steps: steps, Jitter: true, Windows: true, ClusterRowsPerGroup: 4096, ClusterRowsPerPart: 16384,
-		// 1,024 steps a row group (the default 64 Ki rows at 64 ranks), 16
-		// a part: a part's footer grows with its row groups
-		RankRowsPerGroup: int64(world) * 1024, RankRowsPerPart: int64(world) * 16384}
+		// the writer's default row group of 64 Ki rows, or 1,024 steps when
+		// fewer ranks (a row group of a longer time than a collector's
+		// parts hold), 16 a part: a part's footer grows with its row groups
+		RankRowsPerGroup: min(int64(world)*1024, 1<<16), RankRowsPerPart: 16 * min(int64(world)*1024, 1<<16)}
 	if os.Getenv("TPSPROF_LONG_GPU") == "1" {
 		run.Watts, run.GPUEvery = 400, 2 // the energy join, from a reading every 2 s
 	}
