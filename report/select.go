@@ -134,9 +134,10 @@ type selectedSteps struct {
 	back      float64
 }
 
-// runSteps is what the selection needs of each of a run's steps, a slice
-// per column: 12 B a step for the attempt and step, 24 more when the times
-// are read (a run of 1.56 M steps: 19 MiB).
+// runSteps are a run's steps read whole and sorted, a slice per column:
+// 12 B a step for the attempt and step, 24 more when the times are read.
+// Only rows out of order (parts of several writers) are read so; rows in
+// order are taken as they are read (readSpine, readSelected).
 type runSteps struct {
 	attempt              []int32 // tps.MaxAttempt fits
 	step                 []int64

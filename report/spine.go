@@ -220,7 +220,7 @@ var errUnsorted = errors.New("cluster rows out of order")
 func readSpine(dir string, opts []trace.ReadOption) (*spine, int, float64, error) {
 	cols := []string{"attempt", "step", "start_unix_ns", "end_unix_ns", "step_time_ns", "ranks_missing"}
 	rows := trace.RowCount(dir, opts...)
-	b := newSpineBuilder(int(min(max(rows, 0), 1<<32)), true)
+	b := newSpineBuilder(int(min(max(rows, 0), 1<<24)), true) // a footer may lie: grown past 16 Mi steps
 	var last [2]int64
 	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
 		attempt, step, start, end, st, missing := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4], c.Int64[5]
