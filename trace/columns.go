@@ -346,6 +346,66 @@ func readRequiredChunk[T any](chunk parquet.ColumnChunk, dst []T, values func(*e
 	}
 }
 
+// readOptionalChunk appends an optional fixed-size column's values to
+// vals (its non-null ones, in order) and to valid whether each row has
+// one: a page's values as values gives them from its decoded data and its
+// definition levels, or, for a dictionary page, value by value (of).
+func readOptionalChunk[T any](chunk parquet.ColumnChunk, vals []T, valid []bool, values func(*encoding.Values) []T, of func(parquet.Value) T) ([]T, []bool, error) {
+	pages := chunk.Pages()
+	defer pages.Close()
+	var buf [256]parquet.Value
+	for {
+		p, err := pages.ReadPage()
+		if errors.Is(err, io.EOF) {
+			return vals, valid, nil
+		}
+		if err != nil {
+			return vals, valid, err
+		}
+		if p.Dictionary() == nil {
+			data := p.Data()
+			vs := values(&data)
+			if defs := p.DefinitionLevels(); defs == nil {
+				for range vs {
+					valid = append(valid, true)
+				}
+			} else {
+				n := 0
+				for _, d := range defs {
+					valid = append(valid, d > 0)
+					if d > 0 {
+						n++
+					}
+				}
+				if n != len(vs) {
+					parquet.Release(p)
+					return vals, valid, fmt.Errorf("%d values for %d defined rows", len(vs), n)
+				}
+			}
+			vals = append(vals, vs...)
+		} else {
+			r := p.Values()
+			for {
+				k, err := r.ReadValues(buf[:])
+				for _, v := range buf[:k] {
+					valid = append(valid, !v.IsNull())
+					if !v.IsNull() {
+						vals = append(vals, of(v))
+					}
+				}
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					parquet.Release(p)
+					return vals, valid, err
+				}
+			}
+		}
+		parquet.Release(p)
+	}
+}
+
 // readStringChunk decodes a string column; dictionary pages without nulls
 // are resolved through the chunk's dictionary, each distinct value
 // allocated once; other pages value by value, a null read as "" (an

@@ -8,18 +8,22 @@ import (
 	"unsafe"
 
 	"github.com/parquet-go/parquet-go"
+	"github.com/parquet-go/parquet-go/encoding"
 )
 
-// A flat layout decodes a row group of a struct of int64, float64 and
-// string fields (the cluster rows) column by column, straight into the
-// structs' fields: parquet-go rebuilds rows value by value through
-// reflection, which was most of reading 156,250 cluster rows
-// (BENCHMARKS.md). ReadAll uses it when every field of T and its column
-// in the part fit (flatLayoutOf), and parquet-go's rows otherwise.
+// A flat layout decodes a row group of a struct of int64, int32, float64
+// and string fields, and optional *int64 and *float64 ones (the cluster
+// rows, the GPU samples), column by column, straight into the structs'
+// fields: parquet-go rebuilds rows value by value through reflection,
+// which was most of reading 156,250 cluster rows and about 1.5 µs a GPU
+// sample (BENCHMARKS.md). ReadAll and Each use it when every field of T
+// and its column in the part fit (flatLayoutOf), and parquet-go's rows
+// otherwise.
 type flatField struct {
 	col  int          // leaf column index in the part
 	off  uintptr      // field offset in T
-	kind reflect.Kind // int64, float64 or string (an optional string's nulls read as "")
+	kind reflect.Kind // int64, int32, float64 or string (an optional string's nulls read as "")
+	ptr  bool         // an optional *int64 or *float64: nil for a null
 }
 
 // flatLayoutOf maps T's fields to pf's columns, or says why it cannot
@@ -46,8 +50,13 @@ func flatLayoutOf[T any](pf *parquet.File) ([]flatField, bool) {
 			name = f.Name
 		}
 		optional := strings.Contains(","+opts+",", ",optional,")
-		switch f.Type.Kind() {
-		case reflect.Int64, reflect.Float64, reflect.String:
+		fk, ptr := f.Type.Kind(), false
+		if fk == reflect.Pointer {
+			fk, ptr = f.Type.Elem().Kind(), true
+		}
+		switch {
+		case !ptr && (fk == reflect.Int64 || fk == reflect.Int32 || fk == reflect.Float64 || fk == reflect.String),
+			ptr && optional && (fk == reflect.Int64 || fk == reflect.Float64):
 		default:
 			return nil, false
 		}
@@ -60,13 +69,14 @@ func flatLayoutOf[T any](pf *parquet.File) ([]flatField, bool) {
 		}
 		kind := leaf.Node.Type().Kind()
 		switch {
-		case f.Type.Kind() == reflect.Int64 && kind == parquet.Int64 && !optional,
-			f.Type.Kind() == reflect.Float64 && kind == parquet.Double && !optional,
-			f.Type.Kind() == reflect.String && kind == parquet.ByteArray:
+		case fk == reflect.Int64 && kind == parquet.Int64 && optional == ptr,
+			fk == reflect.Int32 && kind == parquet.Int32 && !optional,
+			fk == reflect.Float64 && kind == parquet.Double && optional == ptr,
+			fk == reflect.String && kind == parquet.ByteArray && !ptr:
 		default:
 			return nil, false
 		}
-		out = append(out, flatField{col: leaf.ColumnIndex, off: f.Offset, kind: f.Type.Kind()})
+		out = append(out, flatField{col: leaf.ColumnIndex, off: f.Offset, kind: fk, ptr: ptr})
 	}
 	return out, true
 }
@@ -74,9 +84,11 @@ func flatLayoutOf[T any](pf *parquet.File) ([]flatField, bool) {
 // flatScratch holds a worker's decoded columns between row groups: fresh
 // slices for every group of a 1.56 M-row table were ~700 MB of garbage.
 type flatScratch struct {
-	i64 [][]int64
-	f64 [][]float64
-	str [][]string
+	i64   [][]int64
+	i32   [][]int32
+	f64   [][]float64
+	str   [][]string
+	valid [][]bool // an optional field's: which rows have a value
 }
 
 // readGroupFlat decodes row group rg into dst (exactly its rows, zero:
@@ -99,21 +111,34 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 		sc = &flatScratch{}
 	}
 	for len(sc.i64) < len(layout) {
-		sc.i64, sc.f64, sc.str = append(sc.i64, nil), append(sc.f64, nil), append(sc.str, nil)
+		sc.i64, sc.i32, sc.f64, sc.str, sc.valid = append(sc.i64, nil), append(sc.i32, nil), append(sc.f64, nil), append(sc.str, nil), append(sc.valid, nil)
 	}
-	i64, f64, str := sc.i64, sc.f64, sc.str
+	i64, i32, f64, str, valid := sc.i64, sc.i32, sc.f64, sc.str, sc.valid
 	for k, f := range layout {
 		n := 0
-		switch f.kind {
-		case reflect.Int64:
+		switch {
+		case f.ptr && f.kind == reflect.Int64:
+			// the values stay the rows': fresh for every group
+			if i64[k], valid[k], err = readOptionalChunk(chunks[f.col], make([]int64, 0, len(dst)), valid[k][:0], (*encoding.Values).Int64, parquet.Value.Int64); err == nil {
+				n = len(valid[k])
+			}
+		case f.ptr && f.kind == reflect.Float64:
+			if f64[k], valid[k], err = readOptionalChunk(chunks[f.col], make([]float64, 0, len(dst)), valid[k][:0], (*encoding.Values).Double, parquet.Value.Double); err == nil {
+				n = len(valid[k])
+			}
+		case f.kind == reflect.Int64:
 			if i64[k], err = readInt64Chunk(chunks[f.col], slices.Grow(i64[k][:0], len(dst))); err == nil {
 				n = len(i64[k])
 			}
-		case reflect.Float64:
+		case f.kind == reflect.Int32:
+			if i32[k], err = readRequiredChunk(chunks[f.col], slices.Grow(i32[k][:0], len(dst)), (*encoding.Values).Int32); err == nil {
+				n = len(i32[k])
+			}
+		case f.kind == reflect.Float64:
 			if f64[k], err = readFloat64Chunk(chunks[f.col], slices.Grow(f64[k][:0], len(dst))); err == nil {
 				n = len(f64[k])
 			}
-		case reflect.String:
+		case f.kind == reflect.String:
 			str[k], err = readStringChunk(chunks[f.col], str[k][:0]) // nulls of an optional one read as ""
 			n = len(str[k])
 		}
@@ -125,20 +150,39 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 		}
 	}
 	base, size := unsafe.Pointer(&dst[0]), unsafe.Sizeof(dst[0])
+	next := make([]int, len(layout)) // an optional field's next value
 	const block = 256
 	for lo := 0; lo < len(dst); lo += block {
 		hi := min(lo+block, len(dst))
 		for k, f := range layout {
-			switch f.kind {
-			case reflect.Int64:
+			switch {
+			case f.ptr && f.kind == reflect.Int64:
+				for i, ok := range valid[k][lo:hi] {
+					if ok {
+						*(**int64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = &i64[k][next[k]]
+						next[k]++
+					}
+				}
+			case f.ptr && f.kind == reflect.Float64:
+				for i, ok := range valid[k][lo:hi] {
+					if ok {
+						*(**float64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = &f64[k][next[k]]
+						next[k]++
+					}
+				}
+			case f.kind == reflect.Int32:
+				for i, v := range i32[k][lo:hi] {
+					*(*int32)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
+				}
+			case f.kind == reflect.Int64:
 				for i, v := range i64[k][lo:hi] {
 					*(*int64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
 				}
-			case reflect.Float64:
+			case f.kind == reflect.Float64:
 				for i, v := range f64[k][lo:hi] {
 					*(*float64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
 				}
-			case reflect.String:
+			case f.kind == reflect.String:
 				for i, v := range str[k][lo:hi] {
 					if v != "" { // dst is zero: an empty string needs no store
 						*(*string)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v

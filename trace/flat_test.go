@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -169,6 +170,91 @@ func TestPopulateKeepsContents(t *testing.T) {
 			if s[i] != int64(i)*7 {
 				t.Fatalf("n %d: s[%d] = %d after populate", n, i, s[i])
 			}
+		}
+	}
+}
+
+// Each decodes GPU samples flat (int32, optional *int64 and *float64
+// columns) to what parquet-go's rows give: 5,000 samples, every optional
+// field null in about a third of the rows and random (infinities too)
+// elsewhere, in row groups of 333 rows and two parts, by Each whole and
+// by Each within a time range, against the rows and what was written.
+func TestEachFlatMatchesRows(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.GPUSample](root, "j", GPUSamples, WriterOptions{WriterID: "f", RowsPerGroup: 333})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	rows := make([]tps.GPUSample, 5_000)
+	for i := range rows {
+		r := &rows[i]
+		r.Job, r.Node, r.UUID, r.Index, r.UnixNs = "j", "node-"+string(rune('a'+i%5)), "GPU-"+string(rune('0'+i%8)), int32(rng.Int64N(1<<31)-1<<30), int64(i)*1e9
+		v := reflect.ValueOf(r).Elem()
+		for k := range v.NumField() {
+			f := v.Field(k)
+			if f.Kind() != reflect.Pointer || rng.IntN(3) == 0 {
+				continue
+			}
+			p := reflect.New(f.Type().Elem())
+			switch p.Elem().Kind() {
+			case reflect.Int64:
+				p.Elem().SetInt(rng.Int64() - 1<<62)
+			case reflect.Float64:
+				x := rng.NormFloat64() * 1e3
+				if rng.IntN(20) == 0 {
+					x = math.Inf(1 - 2*rng.IntN(2))
+				}
+				p.Elem().SetFloat(x)
+			}
+			f.Set(p)
+		}
+		if err := w.Write(rows[i : i+1]); err != nil {
+			t.Fatal(err)
+		}
+		if i == 2_499 {
+			w.Rotate()
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, "j", GPUSamples)
+	part, _ := PartFiles(dir)
+	if pf, err := openNew(part[0], &readConfig{}); err != nil {
+		t.Fatal(err)
+	} else if _, ok := flatLayoutOf[tps.GPUSample](pf.pf); !ok {
+		t.Fatal("GPU samples not read flat")
+	}
+	read := func(opts ...ReadOption) []tps.GPUSample {
+		var out []tps.GPUSample
+		if err := Each(dir, func(rs []tps.GPUSample) error {
+			for _, r := range rs {
+				out = append(out, r) // the pointers are the rows': they outlive the call
+			}
+			return nil
+		}, opts...); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	flat, slow := read(), read(func(c *readConfig) { c.rowsOnly = true })
+	if len(flat) != len(rows) || len(slow) != len(rows) {
+		t.Fatalf("flat %d rows, rows %d, written %d", len(flat), len(slow), len(rows))
+	}
+	for i := range rows {
+		if !reflect.DeepEqual(flat[i], slow[i]) || !reflect.DeepEqual(flat[i], rows[i]) {
+			t.Fatalf("row %d: flat %+v\nrows %+v\nwritten %+v", i, flat[i], slow[i], rows[i])
+		}
+	}
+	// within a time range: the row groups that hold it, whole
+	in := read(Within(Range{Column: "unix_ns", Min: 1000e9, Max: 1999e9}))
+	if len(in) < 1000 || len(in) > 1000+2*333 {
+		t.Fatalf("%d rows within 1,000 s of samples, want its row groups'", len(in))
+	}
+	for _, r := range in {
+		if i := int(r.UnixNs / 1e9); !reflect.DeepEqual(r, rows[i]) {
+			t.Fatalf("row %d within the range: %+v, written %+v", i, r, rows[i])
 		}
 	}
 }

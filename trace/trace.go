@@ -449,10 +449,46 @@ func eachInFile[T any](path string, buf []T, fn func([]T) error, c *readConfig) 
 	if err := schemaFits[T](p.pf, path); err != nil {
 		return err
 	}
+	if layout, ok := flatLayoutOf[T](p.pf); ok && !c.rowsOnly && !slices.ContainsFunc(p.pf.RowGroups(), func(rg parquet.RowGroup) bool {
+		return rg.NumRows() > 1<<22 // as only a lying footer says: not held as one slice
+	}) {
+		return eachGroupFlat(p.pf, path, layout, fn, c.ranges)
+	}
 	if len(c.ranges) == 0 {
 		return readRows(p.pf, path, buf, fn) // the footer read once
 	}
 	return eachGroupIn(p.pf, path, buf, fn, c.ranges)
+}
+
+// eachGroupFlat streams the row groups of f that can hold rows within
+// ranges (all when none) through fn, a row group at a time, each decoded
+// by the flat layout into one slice of rows reused (a part with a row
+// group past 4 Mi rows is read through parquet-go's rows).
+func eachGroupFlat[T any](f *parquet.File, path string, layout []flatField, fn func([]T) error, ranges []Range) error {
+	var sc flatScratch
+	var rows []T
+	for g, rg := range f.RowGroups() {
+		if len(ranges) > 0 && !overlaps(f, g, ranges) {
+			continue
+		}
+		n := rg.NumRows()
+		if n <= 0 {
+			continue
+		}
+		if int64(cap(rows)) < n {
+			rows = make([]T, n)
+		} else {
+			rows = rows[:n]
+			clear(rows)
+		}
+		if err := readGroupFlat(rg, layout, rows, path, &sc); err != nil {
+			return err
+		}
+		if err := fn(rows); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // eachGroupIn streams the row groups of f that can hold rows within
