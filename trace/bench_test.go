@@ -3,6 +3,7 @@ package trace
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -169,6 +170,54 @@ func BenchmarkEachWithin(b *testing.B) {
 			if n != rows {
 				b.Fatalf("%d rows read of %d", n, rows)
 			}
+		}
+	})
+}
+
+// BenchmarkEachGPUSamples reads 262,144 GPU samples (power, energy,
+// clocks, temperature and utilisation set, the rest null, as the agent
+// writes them without GPM or NVLink) through Each: decoded flat, column by
+// column, against parquet-go's rows (the baseline, same run).
+//
+//	go test -run '^$' -bench EachGPUSamples -benchtime 3x ./trace/
+func BenchmarkEachGPUSamples(b *testing.B) {
+	root := b.TempDir()
+	w, err := NewPartWriter[tps.GPUSample](root, "g", GPUSamples, WriterOptions{WriterID: "g"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	const rows = 1 << 18
+	rng := rand.New(rand.NewPCG(7, 8))
+	batch := make([]tps.GPUSample, 0, 64)
+	for i := range int64(rows) {
+		p, u, e, clk, temp := 400+rng.Float64()*300, rng.Float64()*100, i*700_000, int64(1980), int64(60+rng.IntN(20))
+		batch = append(batch, tps.GPUSample{Job: "g", Node: fmt.Sprintf("node-%d", i%64/8), UUID: fmt.Sprintf("GPU-%d", i%64), Index: int32(i % 8),
+			UnixNs: 1_760_000_000_000_000_000 + (i/64)*1e9, PowerW: &p, GPUUtilPct: &u, EnergyMJ: &e, SMClockMHz: &clk, TempC: &temp})
+		if len(batch) == cap(batch) {
+			if err := w.Write(batch); err != nil {
+				b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := w.Close(); err != nil {
+		b.Fatal(err)
+	}
+	dir := filepath.Join(root, "g", GPUSamples)
+	read := func(opts ...ReadOption) {
+		n := 0
+		if err := Each(dir, func(r []tps.GPUSample) error { n += len(r); return nil }, opts...); err != nil || n != rows {
+			b.Fatalf("%d rows: %v", n, err)
+		}
+	}
+	b.Run("flat", func(b *testing.B) {
+		for b.Loop() {
+			read()
+		}
+	})
+	b.Run("rows", func(b *testing.B) {
+		for b.Loop() {
+			read(func(c *readConfig) { c.rowsOnly = true })
 		}
 	})
 }
