@@ -12,8 +12,8 @@ import (
 
 // The report's cluster pass. A whole-run report does not hold the run's
 // cluster rows (416 B a step in memory, and the heap peaks at about twice
-// that): it reads a spine of every step (its key, times, completeness and
-// warm-up, 37 B a step) and then the rows themselves in chunks of
+// that): it reads a spine of every step (spine.go: its key, completeness
+// and warm-up, about 1 B a step) and then the rows themselves in chunks of
 // clusterChunk steps, in (attempt, step) order, each fed to the
 // accumulators below and dropped (the plots keep a plotStep of each). A
 // report of a selection, or of a run of one chunk, holds its rows and
@@ -162,9 +162,8 @@ type clusterPass struct {
 	good   *goodputAcc
 	att    *attemptsAcc
 	energy *energyPass // nil: no GPU samples to join
-	crit   bool        // fill the spine's critical ranks, and critx
-	critx  *critExcess
-	plot   []plotStep // what the plots draw of each step; nil: no plots
+	crit   *critExcess // and the spine's critical ranks; nil unless rank_steps is read
+	plot   []plotStep  // what the plots draw of each step; nil: no plots
 }
 
 func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
@@ -178,10 +177,10 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 		}
 		p.good.add(c, warm, sp.lastOfAttempt(i))
 		p.att.add(c, warm)
-		if p.crit {
+		if p.crit != nil {
 			sp.slowest[i] = int32(min(max(c.SlowestRank, math.MinInt32), math.MaxInt32))
 			if !warm && c.StepTimeNs > 0 && c.SlowestRank >= 0 {
-				p.critx.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs))
+				p.crit.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs))
 			}
 		}
 		if skip || c.StepTimeNs <= 0 {

@@ -236,34 +236,30 @@ type energyPass struct {
 	joinOf   func() *energyJoin
 	acc      *energyAcc
 	gpu      *gpuSeries
-	n        int64 // samples read
-	// cur is the chunk being added; pend the one before, joined when the
-	// next one's start bounds its tile
-	unread *trace.UnreadableParts // of every read, each part once
+	n        int64                  // samples read
+	unread   *trace.UnreadableParts // of every read, each part once
 	// parts are gpu_samples' parts and the times each holds, other those
 	// without (unreadable: each read names them); read at the first join
-	parts      []trace.PartRange
-	other      []string
-	cur, pend  *energyJoin
-	tileLo     int64 // pend's tile's start
-	curLo      int64 // cur's earliest period start
-	pendLo, hi int64 // pend's earliest period start and latest end
+	parts []trace.PartRange
+	other []string
+	// cur is the chunk being added, its steps' periods within [curLo,
+	// curHi]; pend the one before, joined when the next one's start bounds
+	// its tile, which starts at tileLo
+	cur, pend                    *energyJoin
+	curLo, curHi, pendLo, pendHi int64
+	tileLo                       int64
 }
 
 func newEnergyPass(dir string, opts []trace.ReadOption, limit [2]int64, offsets map[string]int64, gpu *gpuSeries, minSteps int) *energyPass {
-	margin := maxSampleGap + int64(1e9)
-	for _, o := range offsets {
-		margin = max(margin, maxSampleGap+int64(1e9)+abs(o))
-	}
-	p := &energyPass{dir: dir, opts: opts, limit: limit, margin: margin, acc: newEnergyAcc(), gpu: gpu, minSteps: minSteps,
-		joinOf: func() *energyJoin { return newEnergyJoinOf(offsets) }, tileLo: math.MinInt64, curLo: math.MaxInt64}
-	p.cur = p.joinOf()
+	p := &energyPass{dir: dir, opts: opts, limit: limit, margin: maxSampleGap + int64(1e9) + largestOffset(offsets), acc: newEnergyAcc(), gpu: gpu,
+		minSteps: minSteps, joinOf: func() *energyJoin { return newEnergyJoinOf(offsets) }, tileLo: math.MinInt64}
+	p.cur, p.curLo, p.curHi = p.joinOf(), math.MaxInt64, math.MinInt64
 	return p
 }
 
 func (p *energyPass) addStep(c *tps.ClusterStep) {
 	p.cur.addStep(c)
-	p.curLo = min(p.curLo, c.EndUnixNs-c.StepTimeNs)
+	p.curLo, p.curHi = min(p.curLo, c.EndUnixNs-c.StepTimeNs), max(p.curHi, c.EndUnixNs)
 }
 
 // chunkDone ends a chunk of the cluster rows, and so a chunk of the join
@@ -280,17 +276,13 @@ func (p *energyPass) chunkDone() error {
 func (p *energyPass) rotate() error {
 	if p.pend != nil {
 		next := max(p.tileLo, p.curLo)
-		if err := p.join(p.pend, p.tileLo, next, p.pendLo, p.hi); err != nil {
+		if err := p.join(p.pend, p.tileLo, next, p.pendLo, p.pendHi); err != nil {
 			return err
 		}
 		p.tileLo = next
 	}
-	p.pend, p.pendLo = p.cur, p.curLo
-	p.hi = math.MinInt64
-	for _, s := range p.cur.steps {
-		p.hi = max(p.hi, s.end)
-	}
-	p.cur, p.curLo = p.joinOf(), math.MaxInt64
+	p.pend, p.pendLo, p.pendHi = p.cur, p.curLo, p.curHi
+	p.cur, p.curLo, p.curHi = p.joinOf(), math.MaxInt64, math.MinInt64
 	return nil
 }
 
@@ -307,7 +299,7 @@ func (p *energyPass) finish() error {
 	if p.pend == nil {
 		err = p.join(p.joinOf(), math.MinInt64, math.MaxInt64, math.MaxInt64, math.MinInt64)
 	} else {
-		err = p.join(p.pend, p.tileLo, math.MaxInt64, p.pendLo, p.hi)
+		err = p.join(p.pend, p.tileLo, math.MaxInt64, p.pendLo, p.pendHi)
 	}
 	if err == nil && p.unread != nil {
 		return p.unread
@@ -332,9 +324,13 @@ func (p *energyPass) join(e *energyJoin, tileLo, tileHi, lo, hi int64) error {
 		// part's footer read for every chunk was a tenth of the bytes of
 		// a long run's report
 		p.parts = trace.PartRanges(dir, []string{"unix_ns"}, p.opts...)
+		ranged := make(map[string]bool, len(p.parts))
+		for _, r := range p.parts {
+			ranged[r.Path] = true
+		}
 		files, _ := trace.PartFiles(dir)
 		for _, f := range files {
-			if !slices.ContainsFunc(p.parts, func(r trace.PartRange) bool { return r.Path == f }) {
+			if !ranged[f] {
 				p.other = append(p.other, f)
 			}
 		}

@@ -465,10 +465,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		if selected != nil {
 			// samples within a minute of the selection's steps (the plots and
 			// the episodes' causes join samples near their steps)
-			margin := int64(60e9)
-			for _, o := range rep.ClockOffsetsNs {
-				margin = max(margin, 60e9+abs(o))
-			}
+			margin := int64(60e9) + largestOffset(rep.ClockOffsetsNs)
 			limit = [2]int64{lo - margin, hi + margin}
 		}
 		pass.energy = newEnergyPass(dir, []trace.ReadOption{metered}, limit, rep.ClockOffsetsNs, gpu, cmp.Or(opt.energyChunk, clusterChunk))
@@ -477,8 +474,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		pass.plot = make([]plotStep, 0, n)
 	}
 	if rankSrc == trace.RankSteps {
-		pass.crit = true
-		sp.slowest, pass.critx = make([]int32, n), newCritExcess()
+		sp.slowest, pass.crit = make([]int32, n), newCritExcess()
 	}
 	if err := src.each(0, n, pass.add); err != nil {
 		return nil, nil, err
@@ -521,7 +517,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
 	default:
 		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
-		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, sp, heat, wins, nodes, pass.critx); err != nil {
+		if med, realTok, padTok, err = rep.stepPass(dir, opt, total, ranges, sp, heat, wins, nodes, pass.crit); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -535,8 +531,8 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	rep.EpisodeWindow = wins.size
 	rep.WaitCharged = pass.wait.result(nodes, opt.TopStragglers)
-	if pass.critx != nil {
-		pass.critx.explain(rep.WaitCharged, nodes)
+	if pass.crit != nil {
+		pass.crit.explain(rep.WaitCharged, nodes)
 	}
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
@@ -667,29 +663,24 @@ func newCritExcess() *critExcess {
 
 // addOwn takes the critical rank's row of a steady step.
 func (x *critExcess) addOwn(node string, rank int64, compute, data float64) {
-	node = nodeLabel(node, rank)
-	e := x.own[node]
-	if e == nil {
-		if len(x.own) >= 4096 {
-			return
-		}
-		e = &[3]float64{}
-		x.own[node] = e
-	}
-	e[0] += compute
-	e[1] += data
-	e[2]++
+	addExcess(x.own, nodeLabel(node, rank), 4096, compute, data)
 }
 
 // addMean takes a steady step's mean rank, by its critical rank.
 func (x *critExcess) addMean(rank int64, compute, data float64) {
-	e := x.mean[rank]
+	addExcess(x.mean, rank, 1<<16, compute, data)
+}
+
+// addExcess adds a step's compute and data wait to m's sums at k (at most
+// limit keys).
+func addExcess[K comparable](m map[K]*[3]float64, k K, limit int, compute, data float64) {
+	e := m[k]
 	if e == nil {
-		if len(x.mean) >= 1<<16 {
+		if len(m) >= limit {
 			return
 		}
 		e = &[3]float64{}
-		x.mean[rank] = e
+		m[k] = e
 	}
 	e[0] += compute
 	e[1] += data
@@ -834,6 +825,15 @@ func alignEvents(events []tps.Event, offs map[string]int64, nodeOf map[int64]str
 		}
 	}
 	return moved
+}
+
+// largestOffset is the largest clock offset of a node, either way (ns).
+func largestOffset(offs map[string]int64) int64 {
+	var m int64
+	for _, o := range offs {
+		m = max(m, abs(o))
+	}
+	return m
 }
 
 // ClockOffsetsText is the nodes' clock offsets in one line, the largest

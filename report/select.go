@@ -149,6 +149,85 @@ type runSteps struct {
 // step.
 type runColumns struct{ times, stepTime, missing bool }
 
+// columns are the columns to read: attempt and step first.
+func (want runColumns) columns() []string {
+	cols := []string{"attempt", "step"}
+	if want.times {
+		cols = append(cols, "start_unix_ns", "end_unix_ns")
+	}
+	if want.stepTime {
+		cols = append(cols, "step_time_ns")
+	}
+	if want.missing {
+		cols = append(cols, "ranks_missing")
+	}
+	return cols
+}
+
+// split is a row group's columns read by columns(), each nil when not
+// asked.
+func (want runColumns) split(c *trace.Columns) (start, end, stepTime, missing []int64) {
+	k := 2
+	if want.times {
+		start, end, k = c.Int64[2], c.Int64[3], 4
+	}
+	if want.stepTime {
+		stepTime, k = c.Int64[k], k+1
+	}
+	if want.missing {
+		missing = c.Int64[k]
+	}
+	return start, end, stepTime, missing
+}
+
+// runRow is a cluster row's key (its attempt clamped, as keys hold it)
+// and the columns runColumns asked (0 when not).
+type runRow struct{ attempt, step, start, end, stepTime, missing int64 }
+
+// eachRunRow calls add with every cluster row of dir, in (attempt, step)
+// order, with the columns want asks: as they are read, a row group at a
+// time, when the rows are in order (a collector's); else it calls restart
+// and gives the rows again from the first, read whole and sorted
+// (readRunSteps). It says whether the rows were in order.
+func eachRunRow(dir string, want runColumns, opts []trace.ReadOption, restart func(), add func(*runRow)) (bool, error) {
+	var r runRow
+	var last [2]int64
+	n := 0
+	at := func(col []int64, i int) int64 {
+		if col == nil {
+			return 0
+		}
+		return col[i]
+	}
+	_, err := trace.EachColumnsIn(dir, want.columns(), "", nil, func(c *trace.Columns) error {
+		start, end, st, miss := want.split(c)
+		for i := range c.Rows {
+			r = runRow{attempt: int64(clampAttempt(c.Int64[0][i])), step: c.Int64[1][i],
+				start: at(start, i), end: at(end, i), stepTime: at(st, i), missing: at(miss, i)}
+			k := [2]int64{r.attempt, r.step}
+			if n > 0 && cmpKeys(last, k) > 0 {
+				return errUnsorted
+			}
+			last = k
+			n++
+			add(&r)
+		}
+		return nil
+	}, opts...)
+	if !errors.Is(err, errUnsorted) {
+		return true, err
+	}
+	// rows out of order (parts of several writers)
+	restart()
+	run, err := readRunSteps(dir, want, opts)
+	for i := range run.len() {
+		r = runRow{attempt: int64(run.attempt[i]), step: run.step[i],
+			start: at(run.start, i), end: at(run.end, i), stepTime: at(run.stepTime, i), missing: at(run.missing, i)}
+		add(&r)
+	}
+	return false, err
+}
+
 func (r *runSteps) len() int { return len(r.step) }
 
 func (r *runSteps) key(i int) [2]int64 { return [2]int64{int64(r.attempt[i]), r.step[i]} }
@@ -167,42 +246,13 @@ func (r *runSteps) key(i int) [2]int64 { return [2]int64{int64(r.attempt[i]), r.
 // tps.Values: its memory is the selection's.
 func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
 	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
-	cols := []string{"attempt", "step"}
-	if byTime {
-		cols = append(cols, "start_unix_ns", "end_unix_ns", "step_time_ns")
-	}
-	s := &selector{sel: sel, byTime: byTime, sorted: true}
+	s := &selector{sel: sel, byTime: byTime}
 	defer s.times.Close()
-	var last [2]int64
-	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
-		for i := range c.Rows {
-			k := [2]int64{int64(clampAttempt(c.Int64[0][i])), c.Int64[1][i]}
-			if s.ks.n > 0 && cmpKeys(last, k) > 0 {
-				return errUnsorted
-			}
-			last = k
-			var start, end, st int64
-			if byTime {
-				start, end, st = c.Int64[2][i], c.Int64[3][i], c.Int64[4][i]
-			}
-			s.add(k[0], k[1], start, end, st)
-		}
-		return nil
-	}, opts...)
-	if errors.Is(err, errUnsorted) {
-		// rows out of order (parts of several writers): read whole, sorted
+	inOrder, err := eachRunRow(dir, runColumns{times: byTime, stepTime: byTime}, opts, func() {
 		s.times.Close()
-		s = &selector{sel: sel, byTime: byTime}
-		run, rerr := readRunSteps(dir, runColumns{times: byTime, stepTime: byTime}, opts)
-		err = rerr
-		for i := range run.len() {
-			var start, end, st int64
-			if byTime {
-				start, end, st = run.start[i], run.end[i], run.stepTime[i]
-			}
-			s.add(int64(run.attempt[i]), run.step[i], start, end, st)
-		}
-	}
+		*s = selector{sel: sel, byTime: byTime}
+	}, func(r *runRow) { s.add(r.attempt, r.step, r.start, r.end, r.stepTime) })
+	s.sorted = inOrder
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, err
 	}
@@ -364,16 +414,6 @@ func (s *selector) readTimes(dir string, opts []trace.ReadOption) error {
 // readRunSteps reads the attempt and step of every cluster row (and the
 // times, and the step time, as asked), sorted by attempt and step.
 func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSteps, error) {
-	cols := []string{"attempt", "step"}
-	if want.times {
-		cols = append(cols, "start_unix_ns", "end_unix_ns")
-	}
-	if want.stepTime {
-		cols = append(cols, "step_time_ns")
-	}
-	if want.missing {
-		cols = append(cols, "ranks_missing")
-	}
 	r := &runSteps{}
 	// sized from the footers once: grown by appending, the slices were
 	// twice the spine in garbage at its peak
@@ -389,23 +429,14 @@ func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSte
 			r.missing = make([]int64, 0, n)
 		}
 	}
-	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
+	_, err := trace.EachColumnsIn(dir, want.columns(), "", nil, func(c *trace.Columns) error {
 		for _, a := range c.Int64[0] {
 			r.attempt = append(r.attempt, clampAttempt(a))
 		}
 		r.step = append(r.step, c.Int64[1]...)
-		k := 2
-		if want.times {
-			r.start, r.end = append(r.start, c.Int64[2]...), append(r.end, c.Int64[3]...)
-			k = 4
-		}
-		if want.stepTime {
-			r.stepTime = append(r.stepTime, c.Int64[k]...)
-			k++
-		}
-		if want.missing {
-			r.missing = append(r.missing, c.Int64[k]...)
-		}
+		start, end, st, miss := want.split(c)
+		r.start, r.end = append(r.start, start...), append(r.end, end...)
+		r.stepTime, r.missing = append(r.stepTime, st...), append(r.missing, miss...)
 		return nil
 	}, opts...)
 	sorted := true

@@ -115,8 +115,10 @@ func (ks *keys) runEnd(r int) int {
 }
 
 // key is step i's (attempt, step).
-func (ks *keys) key(i int) [2]int64 {
-	k := &ks.runs[ks.runAt(i)]
+func (ks *keys) key(i int) [2]int64 { return ks.runs[ks.runAt(i)].key(i) }
+
+// key is the key of step i of the run.
+func (k *keyRun) key(i int) [2]int64 {
 	return [2]int64{int64(k.attempt), k.step + k.stride*int64(i-k.at)}
 }
 
@@ -136,8 +138,7 @@ func (c *keyCursor) at(i int) [2]int64 {
 			c.r = c.ks.runAt(i)
 		}
 	}
-	k := &runs[c.r]
-	return [2]int64{int64(k.attempt), k.step + k.stride*int64(i-k.at)}
+	return runs[c.r].key(i)
 }
 
 // shiftAt is what the clock repair adds to step i's times.
@@ -209,7 +210,8 @@ func spineOf(steps []tps.ClusterStep) *spine {
 
 func clampAttempt(a int64) int32 { return int32(min(max(a, math.MinInt32), math.MaxInt32)) }
 
-// errUnsorted stops a spine read that met rows out of order.
+// errUnsorted stops a read in order (eachRunRow) that met rows out of
+// order.
 var errUnsorted = errors.New("cluster rows out of order")
 
 // readSpine reads the spine of every cluster row of dir and repairs its
@@ -218,30 +220,12 @@ var errUnsorted = errors.New("cluster rows out of order")
 // time; rows out of order (parts of several writers) are read whole,
 // sorted and then taken.
 func readSpine(dir string, opts []trace.ReadOption) (*spine, int, float64, error) {
-	cols := []string{"attempt", "step", "start_unix_ns", "end_unix_ns", "step_time_ns", "ranks_missing"}
 	rows := trace.RowCount(dir, opts...)
 	b := newSpineBuilder(int(min(max(rows, 0), 1<<24)), true) // a footer may lie: grown past 16 Mi steps
-	var last [2]int64
-	_, err := trace.EachColumnsIn(dir, cols, "", nil, func(c *trace.Columns) error {
-		attempt, step, start, end, st, missing := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4], c.Int64[5]
-		for i := range c.Rows {
-			k := [2]int64{int64(clampAttempt(attempt[i])), step[i]}
-			if b.sp.n > 0 && cmpKeys(last, k) > 0 {
-				return errUnsorted
-			}
-			last = k
-			b.add(attempt[i], step[i], start[i], end[i], st[i], missing[i] == 0)
-		}
-		return nil
-	}, opts...)
-	if errors.Is(err, errUnsorted) {
-		run, rerr := readRunSteps(dir, runColumns{times: true, stepTime: true, missing: true}, opts)
-		err = rerr
-		b = newSpineBuilder(run.len(), true)
-		for i := range run.len() {
-			b.add(int64(run.attempt[i]), run.step[i], run.start[i], run.end[i], run.stepTime[i], run.missing[i] == 0)
-		}
-	}
+	_, err := eachRunRow(dir, runColumns{times: true, stepTime: true, missing: true}, opts, func() {
+		b.sp.stepTime.Close()
+		b = newSpineBuilder(int(min(max(rows, 0), 1<<24)), true)
+	}, func(r *runRow) { b.add(r.attempt, r.step, r.start, r.end, r.stepTime, r.missing == 0) })
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, 0, 0, err
 	}

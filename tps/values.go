@@ -21,11 +21,11 @@ var ValuesInMemory = 1 << 18
 // written (a full disk): the values stay in memory. The zero Values is
 // empty and ready. Close removes the file.
 type Values struct {
-	mem   []float64
-	n     int
-	f     *os.File
-	buf   []byte // values not yet written to f
-	flush int    // values written to f
+	mem     []float64
+	n       int
+	f       *os.File
+	buf     []byte // values not yet written to f
+	written int    // values written to f
 	// err is why the values are in memory past ValuesInMemory
 	err  error
 	hold bool // in memory, whatever their number
@@ -73,7 +73,7 @@ func (v *Values) spill() {
 			return
 		}
 	}
-	v.f, v.buf, v.flush, v.mem = f, raw[:0], len(v.mem), nil
+	v.f, v.buf, v.written, v.mem = f, raw[:0], len(v.mem), nil
 }
 
 // write writes the buffered values to the file; when it cannot, the
@@ -83,13 +83,13 @@ func (v *Values) write() bool {
 	if len(v.buf) == 0 {
 		return true
 	}
-	k, err := v.f.WriteAt(v.buf, int64(v.flush)*8)
+	k, err := v.f.WriteAt(v.buf, int64(v.written)*8)
 	if err == nil {
-		v.flush += len(v.buf) / 8
+		v.written += len(v.buf) / 8
 		v.buf = v.buf[:0]
 		return true
 	}
-	v.flush += k / 8
+	v.written += k / 8
 	var mem []float64
 	rerr := v.each(func(b []float64) { mem = append(mem, b...) })
 	v.f.Close()
@@ -98,17 +98,23 @@ func (v *Values) write() bool {
 		mem = append(mem, math.Float64frombits(binary.LittleEndian.Uint64(b)))
 	}
 	v.mem = mem
-	v.buf, v.flush = nil, 0
+	v.buf, v.written = nil, 0
 	v.err = cmp.Or(rerr, fmt.Errorf("tps: values kept in memory: %w", err))
 	return false
+}
+
+// flush writes the buffered values to the file; when it cannot, the
+// values are in memory after it.
+func (v *Values) flush() {
+	if v.f != nil {
+		v.write()
+	}
 }
 
 // Each calls fn with the values in order, a block at a time (valid during
 // the call).
 func (v *Values) Each(fn func([]float64)) error {
-	if v.f != nil {
-		v.write() // when it fails, the values are in memory
-	}
+	v.flush()
 	if v.f == nil {
 		fn(v.mem)
 		return nil
@@ -120,8 +126,8 @@ func (v *Values) Each(fn func([]float64)) error {
 func (v *Values) each(fn func([]float64)) error {
 	raw := make([]byte, 8*valuesBuf)
 	xs := make([]float64, valuesBuf)
-	for at := 0; at < v.flush; {
-		k := min(valuesBuf, v.flush-at)
+	for at := 0; at < v.written; {
+		k := min(valuesBuf, v.written-at)
 		if _, err := v.f.ReadAt(raw[:8*k], int64(at)*8); err != nil {
 			return fmt.Errorf("tps: reading values back: %w", err)
 		}
@@ -144,9 +150,7 @@ func (v *Values) Close() {
 
 // Dist is NewDist of the values (it may reorder those in memory).
 func (v *Values) Dist() (Dist, error) {
-	if err := v.Each(func([]float64) {}); err != nil {
-		return Dist{}, err
-	}
+	v.flush()
 	if v.f == nil {
 		return NewDist(v.mem), nil
 	}
@@ -178,9 +182,7 @@ func (v *Values) MedianMAD() (median, mad float64, err error) {
 	if v.n == 0 {
 		return math.NaN(), math.NaN(), nil
 	}
-	if err := v.Each(func([]float64) {}); err != nil {
-		return 0, 0, err
-	}
+	v.flush()
 	if v.f == nil {
 		median, mad = MedianMAD(v.mem)
 		return median, mad, nil
