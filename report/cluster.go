@@ -202,7 +202,7 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 // breakdownAcc is the time breakdown's per-step means, the fit of TPS on
 // exposed communication and the live energy join, over steady steps.
 type breakdownAcc struct {
-	n, compute, overlap      float64
+	n, overlap               float64
 	fx, fy, fxx, fxy, fyy    float64 // the fit's sums (fitLine)
 	fn                       int
 	eSteps, eTokens, eJoules float64
@@ -212,7 +212,6 @@ type breakdownAcc struct {
 
 func (b *breakdownAcc) add(c *tps.ClusterStep) {
 	b.n++
-	b.compute += c.ComputeNsMean / float64(c.StepTimeNs)
 	b.overlap += c.CommOverlap
 	x, y := c.CommFractionMean, c.TPS
 	b.fn++
@@ -240,15 +239,10 @@ func (b *breakdownAcc) result(rep *Report) {
 	s := rep.Summary
 	br := &rep.Breakdown
 	if b.n > 0 {
-		br.Compute = b.compute / b.n
 		br.CommOverlap = b.overlap / b.n
 	}
-	br.ExposedComm, br.Bubble = s.CommFraction, s.BubbleFraction
-	br.WaitingForPeers = s.WaitFraction
-	br.DataStall, br.Checkpoint = s.DataStallFraction, s.CkptFraction
-	if b.n > 0 {
-		br.Other = max(0, 1-(br.Compute+br.ExposedComm+br.WaitingForPeers+br.Bubble+br.DataStall+br.Checkpoint))
-	}
+	// the summary's breakdown, each part's time over the steady steps' time
+	br.Shares = s.Breakdown
 	if rep.Meta != nil {
 		br.BubbleTheoretical = tps.TheoreticalBubble(rep.Meta.Topology.PP, rep.Meta.MicroBatches, rep.Meta.Interleave)
 	}

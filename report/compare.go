@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"text/tabwriter"
+	"unicode/utf8"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -103,21 +105,20 @@ func Compare(a, b *Report) Comparison {
 	}
 	frac := func(v float64, r *Report) *float64 { return known(v, steady(r.Summary)) }
 	c.Rows = []CompareRow{
-		valueRow("step TPS (mean)", "tokens/s", known(sa.TPS.Mean, steady(a.Summary)), known(sb.TPS.Mean, steady(b.Summary))),
-		valueRow("step TPS (p50)", "tokens/s", known(sa.TPS.P50, steady(a.Summary)), known(sb.TPS.P50, steady(b.Summary))),
-		valueRow("TPS per GPU", "tokens/s", known(sa.TPSPerGPU, steady(a.Summary)), known(sb.TPSPerGPU, steady(b.Summary))),
-		valueRow("wall TPS", "tokens/s", known(sa.WallTPS, sa.WallTPS > 0), known(sb.WallTPS, sb.WallTPS > 0)),
+		valueRow("TPS (tokens ÷ step time)", "tokens/s", known(sa.AggregateTPS, hasTPS(sa)), known(sb.AggregateTPS, hasTPS(sb))),
+		valueRow("TPS per GPU", "tokens/s", known(sa.TPSPerGPU, hasTPS(sa)), known(sb.TPSPerGPU, hasTPS(sb))),
+		valueRow("wall TPS", "tokens/s", known(sa.WallTPS, hasTPS(sa) && sa.WallTPS > 0), known(sb.WallTPS, hasTPS(sb) && sb.WallTPS > 0)),
+		valueRow("step TPS p50 (a step's own rate)", "tokens/s", known(sa.TPS.P50, hasTPS(sa)), known(sb.TPS.P50, hasTPS(sb))),
 		valueRow("step time p50", "s", known(sa.StepTimeS.P50, steady(a.Summary)), known(sb.StepTimeS.P50, steady(b.Summary))),
 		valueRow("MFU", "fraction", sa.MFU, sb.MFU),
 		valueRow("HFU", "fraction", sa.HFU, sb.HFU),
-		valueRow("compute", "fraction", frac(a.Breakdown.Compute, a), frac(b.Breakdown.Compute, b)),
-		valueRow("exposed comm", "fraction", frac(a.Breakdown.ExposedComm, a), frac(b.Breakdown.ExposedComm, b)),
-		valueRow("pipeline bubble", "fraction", frac(a.Breakdown.Bubble, a), frac(b.Breakdown.Bubble, b)),
-		valueRow("data stall", "fraction", frac(a.Breakdown.DataStall, a), frac(b.Breakdown.DataStall, b)),
-		valueRow("checkpoint", "fraction", frac(a.Breakdown.Checkpoint, a), frac(b.Breakdown.Checkpoint, b)),
-		valueRow("goodput", "fraction", known(a.Goodput.Goodput, a.Goodput.ElapsedS > 0), known(b.Goodput.Goodput, b.Goodput.ElapsedS > 0)),
-		textRow("worst straggler node", worstNode(a), worstNode(b)),
 	}
+	for _, part := range tps.ShareParts {
+		c.Rows = append(c.Rows, valueRow(part.Label, "fraction", frac(*part.Of(&a.Breakdown.Shares), a), frac(*part.Of(&b.Breakdown.Shares), b)))
+	}
+	c.Rows = append(c.Rows,
+		valueRow("goodput", "fraction", known(a.Goodput.Goodput, a.Goodput.ElapsedS > 0), known(b.Goodput.Goodput, b.Goodput.ElapsedS > 0)),
+		textRow("worst straggler node", worstNode(a), worstNode(b)))
 	// Throughput in text, and the generation phase, when the runs have them.
 	text := func(r *Report) (bps, tpb *float64) {
 		if r.Text == nil {
@@ -136,10 +137,10 @@ func Compare(a, b *Report) Comparison {
 			what = fmt.Sprintf("their tokenizers differ (%.3f and %.3f tokens per byte of text)", *ta, *tb)
 		}
 		if ba != nil && bb != nil {
-			c.Notes = append(c.Notes, fmt.Sprintf("%s: a token is not the same unit in both, so step TPS does not compare; text bytes/s does (%s against %s bytes/s, %+.1f%%)",
+			c.Notes = append(c.Notes, fmt.Sprintf("%s: a token is not the same unit in both, so TPS does not compare; text bytes/s does (%s against %s bytes/s, %+.1f%%)",
 				what, tps.SI(*ba), tps.SI(*bb), 100*(*bb-*ba) / *ba))
 		} else {
-			c.Notes = append(c.Notes, what+": step TPS does not compare; report bytes (prof.end(bytes=...)) to compare by text bytes/s")
+			c.Notes = append(c.Notes, what+": TPS does not compare; report bytes (prof.end(bytes=...)) to compare by text bytes/s")
 		}
 	}
 	gen := func(r *Report, f func(g *Generation) float64) *float64 {
@@ -164,7 +165,7 @@ func Compare(a, b *Report) Comparison {
 			valueRow("inter-token latency p95", "s", lat(a, func(g *Generation) *Latency { return g.ITL }), lat(b, func(g *Generation) *Latency { return g.ITL })))
 	}
 	if sa.WorldSize != sb.WorldSize {
-		c.Notes = append(c.Notes, fmt.Sprintf("the runs have different world sizes (%d and %d ranks): compare TPS per GPU and MFU, not step TPS", sa.WorldSize, sb.WorldSize))
+		c.Notes = append(c.Notes, fmt.Sprintf("the runs have different world sizes (%d and %d ranks): compare TPS per GPU and MFU, not TPS", sa.WorldSize, sb.WorldSize))
 	}
 	if pa, pb := perStep(sa), perStep(sb); pa != nil && pb != nil && math.Abs(*pa-*pb) > 0.01*math.Max(*pa, *pb) {
 		c.Notes = append(c.Notes, fmt.Sprintf("the runs train different tokens per step (%s and %s): step time is not comparable, TPS is", tps.SI(*pa), tps.SI(*pb)))
@@ -229,7 +230,13 @@ func WriteCompare(w io.Writer, a, b *Report) error {
 	c := Compare(a, b)
 	var sb strings.Builder
 	tw := tabwriter.NewWriter(&sb, 0, 0, 3, ' ', tabwriter.AlignRight)
-	line := func(x, y, z, d string) { fmt.Fprintf(tw, "%-22s\t%s\t%s\t%s\t\n", x, y, z, d) }
+	width := 0
+	for _, r := range append(slices.Clone(c.Shape), c.Rows...) {
+		width = max(width, utf8.RuneCountInString(r.Name))
+	}
+	line := func(x, y, z, d string) {
+		fmt.Fprintf(tw, "%s%s\t%s\t%s\t%s\t\n", x, strings.Repeat(" ", width-utf8.RuneCountInString(x)), y, z, d)
+	}
 	line("", c.A, c.B, "delta")
 	for i, rows := range [][]CompareRow{c.Shape, c.Rows} {
 		if i == 1 {
@@ -269,3 +276,7 @@ func WriteCompareMarkdown(w io.Writer, a, b *Report) error {
 	_, err := io.WriteString(w, sb.String())
 	return err
 }
+
+// hasTPS says whether the summary has a throughput (steady steps that
+// counted tokens).
+func hasTPS(s tps.Summary) bool { return s.SteadySteps > 0 && s.TPSUnknown == "" }

@@ -76,8 +76,8 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		}
 	}
 	p.Cards = []htmlCard{
-		{Label: "throughput", Value: tps.SI(s.TPS.Mean) + " tokens/s", Note: fmt.Sprintf("mean of %d steady steps (p50 %s)", s.SteadySteps, tps.SI(s.TPS.P50))},
-		{Label: "per GPU", Value: tps.SI(s.TPSPerGPU) + " tokens/s", Note: fmt.Sprintf("%d GPUs", s.WorldSize)},
+		throughputCard(s),
+		perGPUCard(s),
 		{Label: "MFU", Value: mfuValue, Note: mfuNote, Bad: mfuBad},
 		{Label: "step time", Value: fmt.Sprintf("%.2f s", s.StepTimeS.P50), Note: fmt.Sprintf("median; p99 %.2f s", s.StepTimeS.P99)},
 	}
@@ -91,20 +91,17 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	}
 
 	b := rep.Breakdown
-	bubble := pct(b.Bubble)
-	if b.BubbleTheoretical > 0 {
-		bubble += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
+	bt := htmlTable{Title: "Where step time goes", Intro: "Each part's time (mean over ranks) over the steady steps' step time: the parts add up to 100%.",
+		Head: []string{"category", "share of step time"}}
+	for _, part := range tps.ShareParts {
+		v := *part.Of(&b.Shares)
+		cell := pct(v)
+		if part.Key == "bubble" && b.BubbleTheoretical > 0 {
+			cell += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
+		}
+		bt.Rows = append(bt.Rows, htmlRow{Cells: []string{shareWords[part.Key], cell}, Bar: v, BarCol: 1})
 	}
-	p.Tables = append(p.Tables, htmlTable{Title: "Where step time goes", Intro: "Mean over steady steps of each step's mean over ranks.",
-		Head: []string{"category", "share of step time"}, Rows: []htmlRow{
-			{Cells: []string{"compute", pct(b.Compute)}, Bar: b.Compute, BarCol: 1},
-			{Cells: []string{"exposed communication (transfer not hidden by compute)", pct(b.ExposedComm)}, Bar: b.ExposedComm, BarCol: 1},
-			{Cells: []string{"waiting for slower peers (in collectives, until the slowest rank arrived)", pct(b.WaitingForPeers)}, Bar: b.WaitingForPeers, BarCol: 1},
-			{Cells: []string{"pipeline bubble", bubble}, Bar: b.Bubble, BarCol: 1},
-			{Cells: []string{"data-loader stall", pct(b.DataStall)}, Bar: b.DataStall, BarCol: 1},
-			{Cells: []string{"checkpoint", pct(b.Checkpoint)}, Bar: b.Checkpoint, BarCol: 1},
-			{Cells: []string{"host and other (outside the ranks' steps)", pct(b.Other)}, Bar: b.Other, BarCol: 1},
-		}})
+	p.Tables = append(p.Tables, bt)
 	// The figures are the text report's lines (Lines), less those the page
 	// shows as notes, its subtitle, or tables and cards of their own.
 	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
@@ -367,4 +364,34 @@ func notCounted(g Goodput) string {
 		return " Not counted: " + nc + "."
 	}
 	return ""
+}
+
+// shareWords are the breakdown's parts as the HTML page names them.
+var shareWords = map[string]string{
+	"compute":           "compute",
+	"exposed_comm":      "exposed communication (transfer not hidden by compute)",
+	"waiting_for_peers": "waiting for slower peers (in collectives, until the slowest rank arrived)",
+	"bubble":            "pipeline bubble",
+	"data_stall":        "data-loader stall",
+	"checkpoint":        "checkpoint",
+	"host_other":        "host and other (outside the ranks' steps)",
+}
+
+// throughputCard leads the page: tokens over step time, or why none.
+func throughputCard(s tps.Summary) htmlCard {
+	if s.TPSUnknown != "" {
+		return htmlCard{Label: "throughput", Value: "n/a", Note: s.TPSUnknown, Bad: true}
+	}
+	note := fmt.Sprintf("tokens ÷ step time of %d steady steps (a step's own rate: p50 %s, p95 %s)", s.SteadySteps, tps.SI(s.TPS.P50), tps.SI(s.TPS.P95))
+	if s.WallTPS > 0 {
+		note += fmt.Sprintf("; wall %s tokens/s with the gaps between steps", tps.SI(s.WallTPS))
+	}
+	return htmlCard{Label: "throughput", Value: tps.SI(s.AggregateTPS) + " tokens/s", Note: note}
+}
+
+func perGPUCard(s tps.Summary) htmlCard {
+	if s.TPSUnknown != "" {
+		return htmlCard{Label: "per GPU", Value: "n/a", Note: "no tokens counted"}
+	}
+	return htmlCard{Label: "per GPU", Value: tps.SI(s.TPSPerGPU) + " tokens/s", Note: fmt.Sprintf("%d GPUs", s.WorldSize)}
 }

@@ -28,9 +28,17 @@ var (
 	colBubble  = color.RGBA{R: 0x55, G: 0xa8, B: 0x68, A: 0xff}
 	colData    = color.RGBA{R: 0xc4, G: 0x4e, B: 0x52, A: 0xff}
 	colCkpt    = color.RGBA{R: 0x81, G: 0x72, B: 0xb2, A: 0xff}
+	colWait    = color.RGBA{R: 0xda, G: 0x8b, B: 0xc3, A: 0xff}
+	colOther   = color.RGBA{R: 0xcc, G: 0xb9, B: 0x74, A: 0xff}
 	colGrey    = color.RGBA{R: 0x88, G: 0x88, B: 0x88, A: 0xff}
 	colWarm    = color.RGBA{R: 0xee, G: 0xee, B: 0xee, A: 0xff}
 )
+
+// shareColors are the breakdown parts' colours (tps.ShareParts keys).
+var shareColors = map[string]color.Color{
+	"compute": colCompute, "exposed_comm": colComm, "waiting_for_peers": colWait, "bubble": colBubble,
+	"data_stall": colData, "checkpoint": colCkpt, "host_other": colOther,
+}
 
 // faint is c drawn at a quarter of its strength (the raw series under a
 // smoothed one).
@@ -599,18 +607,25 @@ func (rep *figures) plotScatter() (Figure, error) {
 		return Figure{}, err
 	}
 	s.GlyphStyle.Color, s.GlyphStyle.Radius = colCompute, vg.Points(2)
-	fit := plotter.NewFunction(func(x float64) float64 { return f.Intercept + f.Slope*x/100 })
-	fit.Color, fit.Width = colComm, vg.Points(1.5)
-	p.Add(s, fit)
+	p.Add(s)
 	p.Legend.Add("steady steps", s)
-	sign := ""
-	if f.Slope < 0 {
-		sign = "−"
+	caption := "Each point is a steady step: how its throughput falls as exposed communication grows. The slope is what one percentage point of exposed communication costs."
+	if f.Related() {
+		// the line only where the text finds a relation
+		fit := plotter.NewFunction(func(x float64) float64 { return f.Intercept + f.Slope*x/100 })
+		fit.Color, fit.Width = colComm, vg.Points(1.5)
+		p.Add(fit)
+		sign := ""
+		if f.Slope < 0 {
+			sign = "−"
+		}
+		p.Legend.Add(fmt.Sprintf("least-squares fit: %s%s tokens/s per percentage point", sign, tps.SI(math.Abs(f.Slope/100))), fit)
+	} else {
+		caption = fmt.Sprintf("Each point is a steady step. No relation between throughput and exposed communication was found (R² %.2f, below %.2f), so no line is drawn.", f.R2, MinFitR2)
 	}
-	p.Legend.Add(fmt.Sprintf("least-squares fit: %s%s tokens/s per percentage point", sign, tps.SI(math.Abs(f.Slope/100))), fit)
 	p.Y.Tick.Marker = niceTicks{si: true, hi: yhi + dy}
 	p.X.Tick.Marker = niceTicks{unit: "%"}
-	return Figure{Plots: []*plot.Plot{p}, Caption: "Each point is a steady step: how its throughput falls as exposed communication grows. The slope is what one percentage point of exposed communication costs."}, nil
+	return Figure{Plots: []*plot.Plot{p}, Caption: caption}, nil
 }
 
 type shareCat struct {
@@ -622,15 +637,12 @@ type shareCat struct {
 // plotBreakdown: shares of step time, stacked, over steps (binned to at
 // most 400 columns).
 func (rep *figures) plotBreakdown() (Figure, error) {
-	cats := []shareCat{
-		{"compute", colCompute, func(c *plotStep) float64 { return c.ComputeNsMean / float64(c.StepTimeNs) }},
-		{"exposed comm", colComm, func(c *plotStep) float64 { return c.CommFractionMean }},
-		{"pipeline bubble", colBubble, func(c *plotStep) float64 { return c.BubbleFractionMean }},
-		{"data stall", colData, func(c *plotStep) float64 { return c.DataStallFractionMean }},
-		{"checkpoint", colCkpt, func(c *plotStep) float64 { return c.CkptFractionMean }},
+	cats := make([]shareCat, 0, len(tps.ShareParts))
+	for _, part := range tps.ShareParts {
+		cats = append(cats, shareCat{part.Label, shareColors[part.Key], func(c *plotStep) float64 { return *part.Of(&c.Shares) }})
 	}
 	return rep.stackedShares(fmt.Sprintf("%s: where step time goes (mean over ranks)", rep.Job), cats,
-		"Mean share of step time per category, stacked.")
+		"Each part's share of step time (mean over ranks), stacked: the parts add up to 100%.")
 }
 
 // plotPhases: for RL post-training, the shares of step time spent
@@ -640,12 +652,13 @@ func (rep *figures) plotPhases() (Figure, error) {
 		return Figure{}, nil
 	}
 	wait := func(c *plotStep) float64 {
-		return c.CommFractionMean + c.BubbleFractionMean + c.DataStallFractionMean + c.CkptFractionMean
+		s := &c.Shares
+		return min(1, s.ExposedComm+s.WaitingForPeers+s.Bubble+s.DataStall+s.Checkpoint)
 	}
 	cats := []shareCat{
 		{"generation (rollouts)", colCkpt, func(c *plotStep) float64 { return c.GenFractionMean }},
 		{"training (the update)", colCompute, func(c *plotStep) float64 { return max(0, 1-c.GenFractionMean-wait(c)) }},
-		{"waiting (comm, bubble, data, checkpoint)", colComm, wait},
+		{"waiting (comm, slower peers, bubble, data, checkpoint)", colComm, wait},
 	}
 	return rep.stackedShares(fmt.Sprintf("%s: generation, training and waiting per step", rep.Job), cats,
 		"For RL post-training: the mean share of step time ranks spent generating rollouts, training on them, and waiting, stacked.")
@@ -666,19 +679,20 @@ func (rep *figures) stackedShares(title string, cats []shareCat, caption string)
 		for b := r[0]; b < r[1]; b += per {
 			e := min(b+per, r[1])
 			bn := bin{x0: float64(steps[b].Step) - 0.5, x1: float64(steps[e-1].Step) + 0.5, v: make([]float64, len(cats))}
-			n := 0
+			var t float64 // the column's step time: each step weighs what it lasted
 			for i := b; i < e; i++ {
 				if steps[i].StepTimeNs <= 0 {
 					continue
 				}
-				n++
+				w := float64(steps[i].StepTimeNs)
+				t += w
 				for k, cat := range cats {
-					bn.v[k] += 100 * cat.get(&steps[i])
+					bn.v[k] += 100 * w * cat.get(&steps[i])
 				}
 			}
-			if n > 0 {
+			if t > 0 {
 				for k := range bn.v {
-					bn.v[k] /= float64(n)
+					bn.v[k] /= t
 				}
 			}
 			bins = append(bins, bn)
@@ -720,16 +734,15 @@ func (rep *figures) stackedShares(title string, cats []shareCat, caption string)
 type plotStep struct {
 	Attempt, Step, StartUnixNs, EndUnixNs, StepTimeNs int64
 
-	TPS, MFU, HFU, ComputeNsMean                                                                   float64
-	CommFractionMean, BubbleFractionMean, DataStallFractionMean, CkptFractionMean, GenFractionMean float64
-	mfuKnown                                                                                       bool // the row's MFU is known and possible
+	TPS, MFU, HFU, CommFractionMean, CkptFractionMean, GenFractionMean float64
+	Shares                                                             tps.Shares
+	mfuKnown                                                           bool // the row's MFU is known and possible
 }
 
 func plotStepOf(c *tps.ClusterStep) plotStep {
 	return plotStep{Attempt: c.Attempt, Step: c.Step, StartUnixNs: c.StartUnixNs, EndUnixNs: c.EndUnixNs, StepTimeNs: c.StepTimeNs,
-		TPS: c.TPS, MFU: c.MFU, HFU: c.HFU, ComputeNsMean: c.ComputeNsMean,
-		CommFractionMean: c.CommFractionMean, BubbleFractionMean: c.BubbleFractionMean, DataStallFractionMean: c.DataStallFractionMean,
-		CkptFractionMean: c.CkptFractionMean, GenFractionMean: c.GenFractionMean,
+		TPS: c.TPS, MFU: c.MFU, HFU: c.HFU, Shares: c.Shares(),
+		CommFractionMean: c.CommFractionMean, CkptFractionMean: c.CkptFractionMean, GenFractionMean: min(max(c.GenFractionMean, 0), 1),
 		mfuKnown: c.MFUUnknown == "" && tps.ImpossibleMFU(c.MFU, c.HFU) == "" && c.MFU > 0}
 }
 

@@ -64,25 +64,13 @@ const (
 // rank_windows instead (one row per rank and 100 steps).
 var WindowsAbove int64 = 50_000_000
 
-// Breakdown is where a steady step's time goes, as fractions of step time
-// (means over steady steps of the per-step means over ranks).
+// Breakdown is where the steady steps' time went, as shares of their step
+// time (tps.ShareSum: each part's time, mean over ranks, over the steps'
+// time): the parts from Compute to Other add up to 1.
 type Breakdown struct {
-	Compute     float64 `json:"compute"`
-	ExposedComm float64 `json:"exposed_comm"`
-	// WaitingForPeers is time blocked in collectives until the critical
-	// (slowest) rank arrived: imbalance, charged to that rank, not the
-	// network. ExposedComm is the transfer that remains.
-	WaitingForPeers   float64 `json:"waiting_for_peers"`
-	Bubble            float64 `json:"bubble"`
+	tps.Shares
 	BubbleTheoretical float64 `json:"bubble_theoretical"`
-	DataStall         float64 `json:"data_stall"`
-	Checkpoint        float64 `json:"checkpoint"`
-	// Other is what the parts leave of the step time: host time outside
-	// the ranks' own steps (between one step's end and the next one's
-	// start), so the parts add up to the step time (0 when the ranks'
-	// steps fill the period).
-	Other       float64 `json:"other"`
-	CommOverlap float64 `json:"comm_overlap"`
+	CommOverlap       float64 `json:"comm_overlap"`
 }
 
 // Padding is real against padded tokens over the steady rank rows that
@@ -180,6 +168,10 @@ type CommFit struct {
 	Intercept float64 `json:"intercept_tps"`
 	R2        float64 `json:"r2"`
 }
+
+// Related says whether the fit explains enough of the TPS variance to be
+// quoted as a cost (and drawn as a line).
+func (f CommFit) Related() bool { return f.Slope != 0 && f.R2 >= MinFitR2 }
 
 // Report is the analysis of one job. Its JSON keys are stable and
 // documented in docs/report.md.

@@ -374,7 +374,7 @@ func TestGoldenCompare(t *testing.T) {
 	b.Job = "gen-b"
 	b.Summary.WorldSize *= 2
 	b.Summary.Tokens *= 2
-	b.Summary.TPS.Mean *= 1.5
+	b.Summary.AggregateTPS *= 1.5
 	b.Summary.TPSPerGPU *= 0.75
 	b.Summary.MFU, b.Summary.HFU, b.Summary.MFUSteps = nil, nil, 0
 	b.Summary.MFUUnknown = "the run's topology dp=2 tp=2 pp=2 is 8 GPUs but the ranks report a world of 16"

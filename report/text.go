@@ -78,10 +78,13 @@ func (r *Report) Lines() []Line {
 	if s.SteadySteps == 0 {
 		return append(out, Line{"", "no steady steps to summarise"})
 	}
-	row("step TPS", "mean %s  p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s",
-		tps.SI(s.TPS.Mean), tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
-	row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
-	row("wall TPS", "%s tokens/s (counts the gaps between steps, not the time between launches: %.1f%% below step TPS)", tps.SI(s.WallTPS), 100*(1-s.WallTPS/s.AggregateTPS))
+	row("TPS", "%s", headlineText(s))
+	if s.TPSUnknown == "" {
+		row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
+		row("wall TPS", "%s", wallText(s))
+		row("step TPS", "p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s: the steps' own rates, not the run's throughput",
+			tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
+	}
 	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
 	row("MFU / HFU", "%s", mfuText(s))
 	if s.MFU != nil {
@@ -93,13 +96,7 @@ func (r *Report) Lines() []Line {
 		}
 		row("peak convention", "%s", mfu.PeakConvention(dt))
 	}
-	b := r.Breakdown
-	bubble := pct(b.Bubble)
-	if b.BubbleTheoretical > 0 {
-		bubble += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
-	}
-	row("time breakdown", "compute %s | exposed comm %s | waiting for slower peers %s | bubble %s | data stall %s | checkpoint %s | host/other %s",
-		pct(b.Compute), pct(b.ExposedComm), pct(b.WaitingForPeers), bubble, pct(b.DataStall), pct(b.Checkpoint), pct(b.Other))
+	row("time breakdown", "%s", BreakdownText(r.Breakdown))
 	if len(r.WaitCharged) > 0 {
 		var parts []string
 		for _, w := range r.WaitCharged {
@@ -111,12 +108,12 @@ func (r *Report) Lines() []Line {
 		}
 		row("waiting caused by", "%s", strings.Join(parts, "; "))
 	}
-	if b.CommOverlap > 0 {
-		row("comm overlap", "%s of communication hidden behind compute (worst step: %s of step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
+	if b := r.Breakdown; b.CommOverlap > 0 {
+		row("comm overlap", "%s of communication hidden behind compute (worst rank-step: %s of its step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}
-	if f := r.CommFit; f.Slope != 0 && f.R2 < MinFitR2 {
+	if f := r.CommFit; f.Slope != 0 && !f.Related() {
 		row("TPS vs comm", "no relation found between step TPS and exposed communication (R² %.2f)", f.R2)
-	} else if f.Slope != 0 {
+	} else if f.Related() {
 		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", tps.SI(-f.Slope/100), f.R2)
 	}
 	for _, l := range generationLines(r) {
@@ -199,8 +196,12 @@ func (r *Report) Lines() []Line {
 		if e.FromSamples {
 			src = "from the GPUs' energy counters"
 		}
-		row("energy", "%.2f tokens/J (%.3f J/token) over %d steady steps (%s), %.0f W and %.0f MHz SM clock per GPU on average, %d steady steps throttled",
-			e.TokensPerJoule, e.JoulesPerToken, e.Steps, src, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps)
+		if s.TPSUnknown != "" {
+			row("energy", "tokens/J %s; %.0f W and %.0f MHz SM clock per GPU on average over %d steady steps (%s)", s.TPSUnknown, e.PowerWMean, e.SMClockMHzMean, e.Steps, src)
+		} else {
+			row("energy", "%.2f tokens/J (%.3f J/token) over %d steady steps (%s), %.0f W and %.0f MHz SM clock per GPU on average, %d steady steps throttled",
+				e.TokensPerJoule, e.JoulesPerToken, e.Steps, src, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps)
+		}
 	}
 	if r.CostPerMTok != nil {
 		row("cost", "$%.4f per million tokens at wall TPS", *r.CostPerMTok)
@@ -382,4 +383,41 @@ func incompleteText(s tps.Summary) string {
 	default:
 		return fmt.Sprintf("%d incomplete", s.IncompleteSteps)
 	}
+}
+
+// headlineText is the run's throughput as every view leads with it: tokens
+// over step time of the steady steps, or why there is none.
+func headlineText(s tps.Summary) string {
+	if s.TPSUnknown != "" {
+		return s.TPSUnknown
+	}
+	return fmt.Sprintf("%s tokens/s (%s tokens over %.1f s of %d steady steps)", tps.SI(s.AggregateTPS), tps.SI(float64(s.Tokens)), s.StepTimeS.Mean*float64(s.SteadySteps), s.SteadySteps)
+}
+
+// wallText is wall TPS against the headline, naming both.
+func wallText(s tps.Summary) string {
+	if s.WallTPS <= 0 {
+		return "n/a: the steady steps span no wall time"
+	}
+	rel := "the same as"
+	switch d := 1 - s.WallTPS/s.AggregateTPS; {
+	case d > 0.0005:
+		rel = fmt.Sprintf("%.1f%% below", 100*d)
+	case d < -0.0005:
+		rel = fmt.Sprintf("%.1f%% above", -100*d)
+	}
+	return fmt.Sprintf("%s tokens/s, %s the %s tokens/s of step time (wall time counts the gaps between steps, not the time between launches)", tps.SI(s.WallTPS), rel, tps.SI(s.AggregateTPS))
+}
+
+// BreakdownText is the time breakdown on a line, every part named.
+func BreakdownText(b Breakdown) string {
+	parts := make([]string, 0, len(tps.ShareParts))
+	for _, p := range tps.ShareParts {
+		v := pct(*p.Of(&b.Shares))
+		if p.Key == "bubble" && b.BubbleTheoretical > 0 {
+			v += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
+		}
+		parts = append(parts, p.Label+" "+v)
+	}
+	return strings.Join(parts, " | ")
 }

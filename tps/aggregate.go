@@ -572,14 +572,23 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 		// exposed communication: what is left of that is transfer.
 		exposed := s.Sum[mExposed] / n
 		wait := min(max(float64(s.MaxComputeNs)-(s.SumCompute+s.Sum[mData])/n, 0), exposed)
-		c.WaitFractionMean = wait / D
-		c.CommFractionMean = (exposed - wait) / D
-		c.CommFractionMax = float64(s.Max[mExposed]) / D
-		c.BubbleFractionMean = s.Sum[mPP] / n / D
-		c.BubbleFractionMax = float64(s.Max[mPP]) / D
-		c.DataStallFractionMean = s.Sum[mData] / n / D
-		c.DataStallFractionMax = float64(s.Max[mData]) / D
-		c.CkptFractionMean = s.Sum[mCkpt] / n / D
+		// The shares are over the step's period, or over what the ranks'
+		// parts add up to where that is longer: a rank's own step can
+		// begin before the previous step ended on the critical path (its
+		// start taken on the host while the device still ran the last
+		// step), so its parts cover more than the period, and over the
+		// period alone they would add up past 100%. The largest shares
+		// are over the slowest rank's own duration where that is longer.
+		mean := max(D, (s.SumCompute+s.Sum[mExposed]+s.Sum[mData]+s.Sum[mPP]+s.Sum[mCkpt])/n)
+		most := max(D, float64(s.Max[mDuration]))
+		c.WaitFractionMean = wait / mean
+		c.CommFractionMean = (exposed - wait) / mean
+		c.CommFractionMax = float64(s.Max[mExposed]) / most
+		c.BubbleFractionMean = s.Sum[mPP] / n / mean
+		c.BubbleFractionMax = float64(s.Max[mPP]) / most
+		c.DataStallFractionMean = s.Sum[mData] / n / mean
+		c.DataStallFractionMax = float64(s.Max[mData]) / most
+		c.CkptFractionMean = s.Sum[mCkpt] / n / mean
 	}
 	if s.Sum[mComm] > 0 {
 		c.CommOverlap = 1 - s.Sum[mExposed]/s.Sum[mComm]

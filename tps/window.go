@@ -119,14 +119,25 @@ type Summary struct {
 	WorldSize    int64  `json:"world_size"`
 
 	StepTimeS Dist `json:"step_time_s"`
-	TPS       Dist `json:"tps"`
-	// TPSPerGPU is the mean step TPS divided by the world size.
-	TPSPerGPU float64 `json:"tps_per_gpu"`
-	// AggregateTPS is Σtokens / Σstep time over steady steps.
+	// TPS is the distribution of the steady steps' own rates (each step's
+	// tokens over its step time): shown as quantiles only, never as the
+	// run's throughput (a mean of rates weighs a fast step as much as a
+	// slow one; AggregateTPS is the run's).
+	TPS Dist `json:"tps"`
+	// AggregateTPS is the headline: Σtokens / Σstep time over steady steps.
 	AggregateTPS float64 `json:"aggregate_tps"`
+	// TPSPerGPU is AggregateTPS divided by the world size.
+	TPSPerGPU float64 `json:"tps_per_gpu"`
 	// WallTPS is Σtokens / wall time from the first steady step's start to the
 	// last one's end: it includes the gaps between steps (eval, checkpoint).
 	WallTPS float64 `json:"wall_tps"`
+	// TPSUnknown, when set, says why there is no throughput (no token was
+	// counted): the throughput figures are then null in JSON and "n/a"
+	// in every view.
+	TPSUnknown string `json:"tps_unknown,omitempty"`
+	// Breakdown is where the steady steps' time went, each part's time
+	// over their step time (ShareSum): the parts add up to 1.
+	Breakdown Shares `json:"breakdown"`
 	// ProfiledLeftOut counts the steady steps left out of the statistics
 	// because a rank profiled them (WindowOptions.Profiled).
 	ProfiledLeftOut int `json:"profiled_left_out,omitempty"`
@@ -137,8 +148,10 @@ type Summary struct {
 	WallToUnixNs   int64 `json:"-"`
 
 	Tokens int64 `json:"tokens"`
-	// MFU and HFU are means over the steady steps whose MFU is known
-	// (MFUSteps of them); nil, with MFUUnknown saying why, when none is.
+	// MFU and HFU are over the steady steps whose MFU is known (MFUSteps
+	// of them), each step weighted by its step time (their FLOPs over
+	// their time, as the throughput is tokens over time); nil, with
+	// MFUUnknown saying why, when none is.
 	MFU        *float64 `json:"mfu"`
 	HFU        *float64 `json:"hfu"`
 	MFUSteps   int      `json:"mfu_steps"`
@@ -343,7 +356,8 @@ type Summarizer struct {
 	lastAttempt int64
 	first, last int64
 
-	sumTok, sumDur, sumMFU, sumHFU, sumComm, sumBubble, sumData, sumCkpt, sumWait, wallTok float64
+	sumTok, sumDur, sumMFU, sumHFU, sumMFUDur, wallTok float64
+	shares                                             ShareSum
 }
 
 // NewSummarizer starts a summary with the options Summarize takes
@@ -398,18 +412,16 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 		why = ImpossibleMFU(c.MFU, c.HFU) // rows written before the check
 	}
 	if why == "" && c.MFU > 0 {
-		sm.sumMFU += c.MFU
-		sm.sumHFU += c.HFU
+		w := float64(c.StepTimeNs) / 1e9
+		sm.sumMFU += c.MFU * w
+		sm.sumHFU += c.HFU * w
+		sm.sumMFUDur += w
 		s.MFUSteps++
 	} else if s.MFUUnknown == "" {
 		s.MFUUnknown = cmp.Or(why, "no model or GPU in the run metadata")
 	}
-	sm.sumComm += c.CommFractionMean
-	sm.sumWait += c.WaitFractionMean
-	s.CommFractionMax = max(s.CommFractionMax, c.CommFractionMax)
-	sm.sumBubble += c.BubbleFractionMean
-	sm.sumData += c.DataStallFractionMean
-	sm.sumCkpt += c.CkptFractionMean
+	sm.shares.Add(c)
+	s.CommFractionMax = max(s.CommFractionMax, unitShare(min(c.CommFractionMax, 1)))
 	s.TokenMismatch += c.TokenMismatchReplicas
 }
 
@@ -433,7 +445,6 @@ func (sm *Summarizer) Result() (Summary, error) {
 	if s.SteadySteps == 0 {
 		return s, nil
 	}
-	n := float64(s.SteadySteps)
 	var err error
 	if s.StepTimeS, err = sm.times.Dist(); err != nil {
 		return s, err
@@ -441,16 +452,22 @@ func (sm *Summarizer) Result() (Summary, error) {
 	if s.TPS, err = sm.tps.Dist(); err != nil {
 		return s, err
 	}
-	if s.WorldSize > 0 {
-		s.TPSPerGPU = s.TPS.Mean / float64(s.WorldSize)
+	if sm.sumTok > 0 && sm.sumDur > 0 {
+		s.AggregateTPS = sm.sumTok / sm.sumDur
+		if s.WorldSize > 0 {
+			s.TPSPerGPU = s.AggregateTPS / float64(s.WorldSize)
+		}
+	} else {
+		s.TPSUnknown = NoTokens
 	}
-	s.AggregateTPS = sm.sumTok / sm.sumDur
 	if sm.last > sm.first {
-		s.WallTPS = sm.wallTok / (float64(sm.last-sm.first) / 1e9)
+		if s.TPSUnknown == "" {
+			s.WallTPS = sm.wallTok / (float64(sm.last-sm.first) / 1e9)
+		}
 		s.WallFromUnixNs, s.WallToUnixNs = sm.first, sm.last
 	}
-	if s.MFUSteps > 0 {
-		m, h := sm.sumMFU/float64(s.MFUSteps), sm.sumHFU/float64(s.MFUSteps)
+	if s.MFUSteps > 0 && sm.sumMFUDur > 0 {
+		m, h := sm.sumMFU/sm.sumMFUDur, sm.sumHFU/sm.sumMFUDur
 		s.MFU, s.HFU = &m, &h
 		if s.MFUSteps == s.SteadySteps {
 			s.MFUUnknown = ""
@@ -458,7 +475,13 @@ func (sm *Summarizer) Result() (Summary, error) {
 	} else if s.MFUUnknown == "" {
 		s.MFUUnknown = "no model or GPU in the run metadata"
 	}
-	s.CommFraction, s.BubbleFraction, s.WaitFraction = sm.sumComm/n, sm.sumBubble/n, sm.sumWait/n
-	s.DataStallFraction, s.CkptFraction = sm.sumData/n, sm.sumCkpt/n
+	if s.TPSUnknown != "" && s.MFUSteps == 0 {
+		// without tokens there are no FLOPs to count either
+		s.MFUUnknown = s.TPSUnknown
+	}
+	b := sm.shares.Shares()
+	s.Breakdown = b
+	s.CommFraction, s.BubbleFraction, s.WaitFraction = b.ExposedComm, b.Bubble, b.WaitingForPeers
+	s.DataStallFraction, s.CkptFraction = b.DataStall, b.Checkpoint
 	return s, nil
 }
