@@ -97,10 +97,10 @@ func TestMetricsExposition(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := `
-# HELP tpsprof_cluster_tokens_per_second Training tokens per second of the job's last closed step (tokens counted once per data-parallel replica).
+# HELP tpsprof_cluster_tokens_per_second Training tokens per second of the job's last 10 closed steps: their tokens over their step time (tokens counted once per data-parallel replica); absent while they counted no token. Over any range: rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total).
 # TYPE tpsprof_cluster_tokens_per_second gauge
 tpsprof_cluster_tokens_per_second{job="m1"} 4000
-# HELP tpsprof_cluster_tokens_per_second_per_gpu Tokens per second of the last closed step divided by the world size.
+# HELP tpsprof_cluster_tokens_per_second_per_gpu tpsprof_cluster_tokens_per_second divided by the world size.
 # TYPE tpsprof_cluster_tokens_per_second_per_gpu gauge
 tpsprof_cluster_tokens_per_second_per_gpu{job="m1"} 1000
 # HELP tpsprof_exposed_comm_ratio Exposed communication as a fraction of step time, mean over ranks, last closed step.
@@ -118,6 +118,18 @@ tpsprof_records_rejected_total{reason="batch:decode"} 1
 # HELP tpsprof_step_time_seconds Step time of the last closed step: its period on the critical path (docs/report.md).
 # TYPE tpsprof_step_time_seconds gauge
 tpsprof_step_time_seconds{job="m1"} 1
+# HELP tpsprof_step_seconds_total Step time of all closed steps (the period of each on the critical path): rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total) is tokens over step time over any range.
+# TYPE tpsprof_step_seconds_total counter
+tpsprof_step_seconds_total{job="m1"} 5
+# HELP tpsprof_step_time_share_ratio Where the last 10 closed steps' time went, by part (compute, exposed_comm, waiting_for_peers, bubble, data_stall, checkpoint, host_other): each part's time, mean over ranks, over their step time; the parts add up to 1.
+# TYPE tpsprof_step_time_share_ratio gauge
+tpsprof_step_time_share_ratio{job="m1",part="bubble"} 0
+tpsprof_step_time_share_ratio{job="m1",part="checkpoint"} 0
+tpsprof_step_time_share_ratio{job="m1",part="compute"} 0.9
+tpsprof_step_time_share_ratio{job="m1",part="data_stall"} 0
+tpsprof_step_time_share_ratio{job="m1",part="exposed_comm"} 0.1
+tpsprof_step_time_share_ratio{job="m1",part="host_other"} 0
+tpsprof_step_time_share_ratio{job="m1",part="waiting_for_peers"} 0
 # HELP tpsprof_steps_closed_total Cluster steps closed.
 # TYPE tpsprof_steps_closed_total counter
 tpsprof_steps_closed_total{job="m1"} 5
@@ -133,7 +145,7 @@ tpsprof_nats_connected 1
 `
 	names := []string{"tpsprof_cluster_tokens_per_second", "tpsprof_cluster_tokens_per_second_per_gpu", "tpsprof_exposed_comm_ratio",
 		"tpsprof_last_step", "tpsprof_records_accepted_total", "tpsprof_records_rejected_total", "tpsprof_step_time_seconds",
-		"tpsprof_steps_closed_total", "tpsprof_stragglers", "tpsprof_tokens_total", "tpsprof_nats_connected"}
+		"tpsprof_step_seconds_total", "tpsprof_step_time_share_ratio", "tpsprof_steps_closed_total", "tpsprof_stragglers", "tpsprof_tokens_total", "tpsprof_nats_connected"}
 	if err := testutil.CollectAndCompare(metricsCollector{c}, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
 	}

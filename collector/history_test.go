@@ -17,7 +17,7 @@ func TestRunHistoryWholeRun(t *testing.T) {
 		if s >= 7000 {
 			v = 355000
 		}
-		h.add(tps.ClusterStep{Step: s, TPS: v, StepTimeNs: 1e9})
+		h.add(tps.ClusterStep{Step: s, Tokens: int64(v), TPS: v, StepTimeNs: 1e9})
 	}
 	ser := h.series()
 	if len(ser) > historyBuckets || len(ser) < historyBuckets/2 {

@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"cmp"
 	_ "embed"
 	"encoding/json"
 	"fmt"
@@ -35,17 +36,26 @@ type LiveStep struct {
 
 // LiveJob is one job's current state, as /api/summary serves it.
 type LiveJob struct {
-	Job          string             `json:"job"`
-	WorldSize    int64              `json:"world_size"`
-	LastStep     int64              `json:"last_step"`
-	TPS          float64            `json:"tps"`
-	TPSPerGPU    float64            `json:"tps_per_gpu"`
-	MFU          *float64           `json:"mfu"`                   // null while unknown
-	MFUUnknown   string             `json:"mfu_unknown,omitempty"` // why
+	Job       string `json:"job"`
+	WorldSize int64  `json:"world_size"`
+	LastStep  int64  `json:"last_step"`
+	// TPS is the headline: tokens over step time of the last
+	// WindowSteps closed steps (null, with TPSUnknown saying why, when
+	// they counted no token); TPSPerGPU is it over the world size.
+	TPS        *float64 `json:"tps"`
+	TPSPerGPU  *float64 `json:"tps_per_gpu"`
+	TPSUnknown string   `json:"tps_unknown,omitempty"`
+	// TPSLast is the last closed step's own rate.
+	TPSLast     *float64 `json:"tps_last"`
+	WindowSteps int      `json:"window_steps"`
+	// MFU is over the same steps, each weighted by its step time.
+	MFU        *float64 `json:"mfu"`                   // null while unknown
+	MFUUnknown string   `json:"mfu_unknown,omitempty"` // why
+	// Breakdown is where the same steps' time went: every part of
+	// tps.ShareParts by its key, adding up to 1.
 	Breakdown    map[string]float64 `json:"breakdown"`
 	Steps        []LiveStep         `json:"steps"`   // the last 200 closed steps
 	History      []LiveStep         `json:"history"` // the whole run, at most 512 buckets
-	TPSMean10    float64            `json:"tps_mean10"`
 	SlowestRanks []tps.RankScore    `json:"slowest_ranks"`
 	// StragglerEpisodes are the recent and current straggler episodes.
 	StragglerEpisodes []LiveEpisode `json:"straggler_episodes"`
@@ -99,7 +109,7 @@ const (
 )
 
 // Summary returns the live state of every job: the last 200 steps, the
-// breakdown over the last 10, and the slowest ranks by recent compute time.
+// throughput, MFU and breakdown over the last LiveWindowSteps, and the slowest ranks by recent compute time.
 func (c *Collector) Summary() LiveSummary { return c.SummaryPage(0, -1) }
 
 // SummaryPage is Summary for the jobs from offset on (running jobs first,
@@ -155,25 +165,23 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 		steps := j.st.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]
-			lj.LastStep, lj.TPS, lj.TPSPerGPU, lj.MFU, lj.MFUUnknown = last.Step, last.TPS, last.TPSPerGPU, knownMFU(last), last.MFUUnknown
-			if lj.MFU == nil && lj.MFUUnknown == "" {
-				lj.MFUUnknown = "no model or GPU in the run metadata"
-			}
-			k := min(n, 10)
-			for _, s := range steps[n-k:] {
-				if s.StepTimeNs > 0 {
-					lj.Breakdown["compute"] += s.ComputeNsMean / float64(s.StepTimeNs) / float64(k)
+			f := j.st.liveFigures(LiveWindowSteps)
+			lj.LastStep, lj.WindowSteps, lj.MFU = last.Step, f.steps, f.mfu
+			if f.tpsUnknown == "" {
+				lj.TPS, lj.TPSPerGPU = &f.tps, &f.perGPU
+				if last.StepTimeNs > 0 {
+					lj.TPSLast = &last.TPS
 				}
-				lj.Breakdown["exposed_comm"] += s.CommFractionMean / float64(k)
-				lj.Breakdown["waiting_for_peers"] += s.WaitFractionMean / float64(k)
-				lj.Breakdown["bubble"] += s.BubbleFractionMean / float64(k)
-				lj.Breakdown["data_stall"] += s.DataStallFractionMean / float64(k)
-				lj.Breakdown["checkpoint"] += s.CkptFractionMean / float64(k)
+			} else {
+				lj.TPSUnknown = f.tpsUnknown
+			}
+			if lj.MFU == nil {
+				lj.MFUUnknown = cmp.Or(last.MFUUnknown, f.tpsUnknown, "no model or GPU in the run metadata")
+			}
+			for _, p := range tps.ShareParts {
+				lj.Breakdown[p.Key] = *p.Of(&f.shares)
 			}
 			lj.History = j.st.history.series()
-			for _, s := range steps[n-k:] {
-				lj.TPSMean10 += s.TPS / float64(k)
-			}
 			for _, s := range steps[max(0, n-200):] {
 				lj.Steps = append(lj.Steps, LiveStep{Steps: 1, Step: s.Step, TPS: s.TPS, MFU: knownMFU(s), Comm: s.CommFractionMean, StepTimeS: float64(s.StepTimeNs) / 1e9})
 			}

@@ -36,6 +36,8 @@ type liveFigures struct {
 	lastClosedAt                      time.Time // the collector's clock when the last step closed
 	ended                             bool      // its last attempt ended
 	tokensPerJoule                    float64
+	stepSeconds                       float64       // Σ step time of the closed steps
+	win                               windowFigures // over the last LiveWindowSteps closed steps
 	// generation latencies over the recent rollout events (seconds)
 	ttft, itl *latencySummary
 }
@@ -97,12 +99,13 @@ func (j *job) settle(t *tally) {
 		return
 	}
 	t.liveChanged = false
-	f := &liveFigures{world: j.st.world, closed: j.st.closedSteps, incomplete: j.st.incompleteSteps, tokens: j.st.tokens,
+	f := &liveFigures{world: j.st.world, closed: j.st.closedSteps, incomplete: j.st.incompleteSteps, tokens: j.st.tokens, stepSeconds: j.st.stepSeconds,
 		stragglers: j.st.stragglers(), tokensPerJoule: j.st.lastTPJ, episodesOpen: len(j.st.openEpisodes), episodesEnded: j.st.episodesEnded}
 	if len(j.st.recent) > 0 {
 		last := j.st.lastRow()
 		f.last = &last
 		f.lastClosedAt = j.st.lastClosedAt
+		f.win = j.st.liveFigures(LiveWindowSteps)
 	}
 	f.ended = j.st.ended
 	ttft, itl := j.st.rolloutSketches()

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tpsprof/tpsprof/tps"
 )
 
 // Metric descriptions. Names follow Prometheus conventions: base units,
@@ -12,10 +14,13 @@ import (
 // jobs this collector serves) and reason (a fixed set); per-rank detail
 // stays in Parquet.
 var (
-	descTPS        = prometheus.NewDesc("tpsprof_cluster_tokens_per_second", "Training tokens per second of the job's last closed step (tokens counted once per data-parallel replica).", []string{"job"}, nil)
-	descTPSPerGPU  = prometheus.NewDesc("tpsprof_cluster_tokens_per_second_per_gpu", "Tokens per second of the last closed step divided by the world size.", []string{"job"}, nil)
-	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last closed step; absent while it is unknown (no model or GPU, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
-	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last closed step; absent while MFU is unknown.", []string{"job"}, nil)
+	descTPS        = prometheus.NewDesc("tpsprof_cluster_tokens_per_second", "Training tokens per second of the job's last 10 closed steps: their tokens over their step time (tokens counted once per data-parallel replica); absent while they counted no token. Over any range: rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total).", []string{"job"}, nil)
+	descTPSPerGPU  = prometheus.NewDesc("tpsprof_cluster_tokens_per_second_per_gpu", "tpsprof_cluster_tokens_per_second divided by the world size.", []string{"job"}, nil)
+	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last 10 closed steps (each weighted by its step time); absent while it is unknown (no model or GPU, no tokens, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
+	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last 10 closed steps; absent while MFU is unknown.", []string{"job"}, nil)
+	descShare      = prometheus.NewDesc("tpsprof_step_time_share_ratio", "Where the last 10 closed steps' time went, by part (compute, exposed_comm, waiting_for_peers, bubble, data_stall, checkpoint, host_other): each part's time, mean over ranks, over their step time; the parts add up to 1.", []string{"job", "part"}, nil)
+	descWait       = prometheus.NewDesc("tpsprof_waiting_for_peers_ratio", "Time ranks spent blocked in collectives until the slowest rank arrived, as a share of step time, last 10 closed steps (the part waiting_for_peers of tpsprof_step_time_share_ratio).", []string{"job"}, nil)
+	descStepSecs   = prometheus.NewDesc("tpsprof_step_seconds_total", "Step time of all closed steps (the period of each on the critical path): rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total) is tokens over step time over any range.", []string{"job"}, nil)
 	descStepTime   = prometheus.NewDesc("tpsprof_step_time_seconds", "Step time of the last closed step: its period on the critical path (docs/report.md).", []string{"job"}, nil)
 	descStep       = prometheus.NewDesc("tpsprof_last_step", "Step number of the last closed step.", []string{"job"}, nil)
 	descRunning    = prometheus.NewDesc("tpsprof_job_running", "1 while the job runs, 0 once its last attempt ended (an attempt_end or job_end event, until its next record): a silent running job is hung, a silent ended one finished.", []string{"job"}, nil)
@@ -55,7 +60,7 @@ var (
 type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
+	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descShare, descWait, descStepSecs, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
 		descWorld, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRedeliv, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
@@ -76,6 +81,7 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(descClosed, float64(f.closed), j.st.id)
 		counter(descIncomplete, float64(f.incomplete), j.st.id)
 		counter(descTokens, float64(f.tokens), j.st.id)
+		counter(descStepSecs, f.stepSeconds, j.st.id)
 		if f.world > 0 {
 			gauge(descWorld, float64(f.world), j.st.id)
 			gauge(descStraggler, float64(f.stragglers), j.st.id)
@@ -108,11 +114,19 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			// TrainingStalled watches the timestamp above.
 			continue
 		}
-		gauge(descTPS, last.TPS, j.st.id)
-		gauge(descTPSPerGPU, last.TPSPerGPU, j.st.id)
-		if last.MFUUnknown == "" && last.MFU > 0 {
-			gauge(descMFU, last.MFU, j.st.id)
-			gauge(descHFU, last.HFU, j.st.id)
+		if w := f.win; w.tpsUnknown == "" && w.steps > 0 {
+			gauge(descTPS, w.tps, j.st.id)
+			gauge(descTPSPerGPU, w.perGPU, j.st.id)
+		}
+		if w := f.win; w.mfu != nil {
+			gauge(descMFU, *w.mfu, j.st.id)
+			gauge(descHFU, *w.hfu, j.st.id)
+		}
+		if w := f.win; w.steps > 0 {
+			for _, p := range tps.ShareParts {
+				gauge(descShare, *p.Of(&w.shares), j.st.id, p.Key)
+			}
+			gauge(descWait, w.shares.WaitingForPeers, j.st.id)
 		}
 		gauge(descStepTime, float64(last.StepTimeNs)/1e9, j.st.id)
 		gauge(descComm, last.CommFractionMean, j.st.id)

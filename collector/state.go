@@ -245,6 +245,7 @@ type jobState struct {
 
 	// live figures for metrics and the live page
 	closedSteps, incompleteSteps, tokens int64
+	stepSeconds                          float64   // Σ step time of the closed steps (tpsprof_step_seconds_total)
 	mostRanks                            int64     // the most ranks a closed step had
 	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
 	lastTPJ                              float64
@@ -844,6 +845,9 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 	s.lastClosedAt = t.now
 	s.mostRanks = max(s.mostRanks, row.RanksReported)
 	s.tokens += row.Tokens
+	if row.StepTimeNs > 0 {
+		s.stepSeconds += float64(row.StepTimeNs) / 1e9
+	}
 	if !row.Complete() {
 		s.incompleteSteps++
 	}
@@ -996,22 +1000,19 @@ func (s *jobState) liveLine(now time.Time) string {
 		return ""
 	}
 	s.newSinceLog = false
-	steps := s.recentSteps()
-	last := steps[len(steps)-1]
-	// Average over the last few steps so the line does not jitter.
-	n := min(len(steps), 10)
-	var tpsSum, mfuSum, commSum, waitSum float64
-	for _, st := range steps[len(steps)-n:] {
-		tpsSum += st.TPS
-		mfuSum += st.MFU
-		commSum += st.CommFractionMean
-		waitSum += st.WaitFractionMean
+	last := s.lastRow()
+	f := s.liveFigures(LiveWindowSteps)
+	tpsText := "TPS n/a (no tokens counted)"
+	if f.tpsUnknown == "" {
+		tpsText = fmt.Sprintf("TPS %s (%s/GPU)", tps.SI(f.tps), tps.SI(f.perGPU))
 	}
 	mfuText := "MFU n/a"
-	if last.MFUUnknown != "" {
+	if f.mfu != nil {
+		mfuText = fmt.Sprintf("MFU %.1f%%", 100**f.mfu)
+	} else if last.MFUUnknown != "" {
 		mfuText = "MFU n/a (" + shortReason(last.MFUUnknown) + ")"
-	} else if last.MFU > 0 {
-		mfuText = fmt.Sprintf("MFU %.1f%%", 100*mfuSum/float64(n))
+	} else if f.tpsUnknown != "" {
+		mfuText = "MFU n/a (no tokens counted)"
 	}
 	node := ""
 	if last.SlowestRank >= 0 && last.SlowestRank < int64(len(s.rankNode)) {
@@ -1020,9 +1021,9 @@ func (s *jobState) liveLine(now time.Time) string {
 	if node != "" {
 		node = " on " + node
 	}
-	return fmt.Sprintf("[%s] %s step %d | TPS %s (%s/GPU) | %s | comm %.1f%% | waiting for rank %d%s %.1f%% | ranks %d/%d",
-		now.Format("15:04:05"), s.id, last.Step, tps.SI(tpsSum/float64(n)), tps.SI(tpsSum/float64(n)/float64(max(last.WorldSize, 1))),
-		mfuText, 100*commSum/float64(n), last.SlowestRank, node, 100*waitSum/float64(n), last.RanksReported, last.WorldSize)
+	return fmt.Sprintf("[%s] %s step %d | %s | %s | comm %.1f%% | waiting for rank %d%s %.1f%% | ranks %d/%d",
+		now.Format("15:04:05"), s.id, last.Step, tpsText,
+		mfuText, 100*f.shares.ExposedComm, last.SlowestRank, node, 100*f.wait, last.RanksReported, last.WorldSize)
 }
 
 // warnRerun says, rate-limited, why records of closed steps arrive: most
