@@ -162,37 +162,12 @@ tpsprof_nats_connected 1
 // The live page in a real headless browser: it loads, draws a non-empty
 // chart, and shows new steps as they arrive.
 func TestLivePageInBrowser(t *testing.T) {
-	browser := ""
-	for _, b := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(b); err == nil {
-			browser = p
-			break
-		}
-	}
-	if browser == "" {
-		t.Fatal("the live-page test needs Debian's chromium package (.ci/run installs it)")
-	}
 	c, nc := startCollector(t)
 	srv := httptest.NewServer(c.Handler())
 	defer srv.Close()
 	publishSteps(t, nc, "live", 0, 30)
 	c.Sync(5 * time.Second)
-
-	dump := func() string {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		dir := t.TempDir()
-		cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-			"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+dir,
-			"--virtual-time-budget=5000", "--dump-dom", srv.URL+"/")
-		cmd.Env = append(os.Environ(), "HOME="+dir)
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("%s: %v", browser, err)
-		}
-		return string(out)
-	}
+	dump := func() string { return dumpDOM(t, srv.URL+"/") }
 	dom := dump()
 	if !strings.Contains(dom, `id="job-live"`) {
 		t.Fatalf("the page shows no job:\n%.3000s", dom)
@@ -922,4 +897,32 @@ func TestCloseDrainsWhatTheClientHolds(t *testing.T) {
 	if n := count(trace.ClusterSteps); n != steps {
 		t.Errorf("cluster_steps: %d rows, want %d", n, steps)
 	}
+}
+
+// dumpDOM loads url in headless Chromium and returns the DOM once its
+// scripts ran.
+func dumpDOM(t *testing.T, url string) string {
+	t.Helper()
+	browser := ""
+	for _, b := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(b); err == nil {
+			browser = p
+			break
+		}
+	}
+	if browser == "" {
+		t.Fatal("the live-page test needs Debian's chromium package (.ci/run installs it)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dir := t.TempDir()
+	cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+dir,
+		"--virtual-time-budget=5000", "--dump-dom", url)
+	cmd.Env = append(os.Environ(), "HOME="+dir)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s: %v", browser, err)
+	}
+	return string(out)
 }

@@ -27,8 +27,8 @@ type LiveEpisode struct {
 	Cause string `json:"cause,omitempty"`
 	// ExcessMs is its slowest rank's own time a step beyond the fastest
 	// rank's (moving averages), what every rank of a synchronous step
-	// waits for. TPSDuring is the mean step TPS of its steps the collector
-	// still holds (the last 512), TPSIfFixed the same steps' TPS had each
+	// waits for. TPSDuring is the tokens over step time of its steps the
+	// collector still holds (the last 512), TPSIfFixed the same had each
 	// been ExcessMs shorter (at most twice as fast), and GPUHoursLost the
 	// excess times the world size over the episode's steps so far.
 	ExcessMs     float64 `json:"excess_ms"`
@@ -130,8 +130,7 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 // call to its GPU-hours lost (each step's excess times its world size).
 func (e *LiveEpisode) whatIf(steps []tps.ClusterStep) {
 	excess := e.ExcessMs * 1e6
-	var during, fixed float64
-	n := 0
+	var tokens, during, fixed float64
 	for i := range steps {
 		st := &steps[i]
 		if st.Attempt != e.Attempt || st.Step < e.StartStep || st.StepTimeNs <= 0 {
@@ -139,16 +138,16 @@ func (e *LiveEpisode) whatIf(steps []tps.ClusterStep) {
 		}
 		d := float64(st.StepTimeNs)
 		faster := max(d-excess, d/2) // never more than twice as fast
-		n++
-		during += st.TPS
-		fixed += float64(st.Tokens) / (faster / 1e9)
+		tokens += float64(st.Tokens)
+		during += d / 1e9
+		fixed += faster / 1e9
 		if k := (stepKey{st.Attempt, st.Step}); st.Attempt > e.counted.attempt || (st.Attempt == e.counted.attempt && st.Step > e.counted.step) {
 			e.GPUHoursLost += (d - faster) / 1e9 * float64(st.WorldSize) / 3600
 			e.counted = k
 		}
 	}
-	if n > 0 {
-		e.TPSDuring, e.TPSIfFixed = during/float64(n), fixed/float64(n)
+	if tokens > 0 && during > 0 && fixed > 0 {
+		e.TPSDuring, e.TPSIfFixed = tokens/during, tokens/fixed // tokens over time, as every throughput
 	}
 }
 

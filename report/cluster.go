@@ -248,7 +248,7 @@ func (b *breakdownAcc) result(rep *Report) {
 	}
 	rep.CommFit = fitSums(float64(b.fn), b.fx, b.fy, b.fxx, b.fxy, b.fyy)
 	if b.eSteps > 0 {
-		rep.Energy = &Energy{TokensPerJoule: b.eTokens / b.eJoules, JoulesPerToken: b.eJoules / b.eTokens,
+		rep.Energy = &Energy{TokensPerJoule: perJoule(b.eTokens, b.eJoules), JoulesPerToken: perJoule(b.eJoules, b.eTokens),
 			Steps: int(b.eSteps), PowerWMean: b.power / b.eSteps, SMClockMHzMean: b.clock / b.eSteps, ThrottledSteps: b.throttled}
 	}
 }
@@ -395,4 +395,13 @@ func (a *waitAcc) result(nodeOf map[int64]string, top int) []WaitShare {
 		return cmp.Or(cmp.Compare(b.WaitS, a.WaitS), cmp.Compare(a.Node, b.Node))
 	})
 	return out[:min(len(out), top)]
+}
+
+// perJoule is a over b, 0 where b is not above 0 (no tokens: tokens per
+// joule is unknown, and the views say so, never +Inf J/token).
+func perJoule(a, b float64) float64 {
+	if b <= 0 || a <= 0 {
+		return 0
+	}
+	return a / b
 }

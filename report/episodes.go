@@ -28,7 +28,8 @@ type StragglerEpisode struct {
 	Steps        int     `json:"steps"`
 	WorstScore   float64 `json:"worst_score"`
 	MeanScore    float64 `json:"mean_score"`
-	// TPSDuring is the mean step TPS of the episode's steps. TPSWithout
+	// TPSDuring is the episode's steps' tokens over their step time (0
+	// when they counted none). TPSWithout
 	// estimates it had the node kept pace: each step's tokens over its
 	// time less the window's excess compute of the node's slowest rank
 	// over the fastest rank (in a synchronous step everyone waits for
@@ -371,7 +372,9 @@ func (w *windows) fill(eps []StragglerEpisode, src clusterSource) error {
 	for _, e := range eps {
 		lo, hi = min(lo, e.a), max(hi, e.b)
 	}
-	during, without := make([]float64, len(eps)), make([]float64, len(eps))
+	// tokens over time, during the episode and had it kept pace (never a
+	// mean of the steps' rates)
+	tokens, during, without := make([]float64, len(eps)), make([]float64, len(eps)), make([]float64, len(eps))
 	err := src.each(lo, hi+1, func(off int, rows []tps.ClusterStep) error {
 		end := off + len(rows)
 		for k := range eps {
@@ -387,10 +390,11 @@ func (w *windows) fill(eps []StragglerEpisode, src clusterSource) error {
 				if i == e.b {
 					e.to = c.EndUnixNs
 				}
-				during[k] += c.TPS
 				d := float64(c.StepTimeNs)
 				faster := max(d-e.excess[w.of(i)], d/2) // never more than twice as fast
-				without[k] += float64(c.Tokens) / (faster / 1e9)
+				tokens[k] += float64(c.Tokens)
+				during[k] += d / 1e9
+				without[k] += faster / 1e9
 				e.GPUHoursLost += (d - faster) / 1e9 * float64(c.WorldSize) / 3600
 			}
 		}
@@ -401,8 +405,9 @@ func (w *windows) fill(eps []StragglerEpisode, src clusterSource) error {
 	}
 	for k := range eps {
 		e := &eps[k]
-		e.TPSDuring = during[k] / float64(max(e.Steps, 1))
-		e.TPSWithout = without[k] / float64(max(e.Steps, 1))
+		if tokens[k] > 0 && during[k] > 0 && without[k] > 0 {
+			e.TPSDuring, e.TPSWithout = tokens[k]/during[k], tokens[k]/without[k]
+		}
 		e.CostTPS = max(0, e.TPSWithout-e.TPSDuring)
 		if e.TPSWithout > 0 {
 			e.CostFraction = e.CostTPS / e.TPSWithout

@@ -141,7 +141,7 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 			Head: []string{"node", "steps", "worst pace", "TPS during", "TPS had it kept pace", "cause"}}
 		for _, e := range rep.Episodes {
 			t.Rows = append(t.Rows, htmlRow{Cells: []string{e.Node, fmt.Sprintf("%d–%d (%d)", e.StartStep, e.EndStep, e.Steps), fmt.Sprintf("%.0f%%", 100*e.WorstScore),
-				tps.SI(e.TPSDuring), tps.SI(e.TPSWithout), e.Cause}})
+				siOrNA(e.TPSDuring), siOrNA(e.TPSWithout), e.Cause}})
 		}
 		p.Tables = append(p.Tables, t)
 	}
@@ -394,4 +394,12 @@ func perGPUCard(s tps.Summary) htmlCard {
 		return htmlCard{Label: "per GPU", Value: "n/a", Note: "no tokens counted"}
 	}
 	return htmlCard{Label: "per GPU", Value: tps.SI(s.TPSPerGPU) + " tokens/s", Note: fmt.Sprintf("%d GPUs", s.WorldSize)}
+}
+
+// siOrNA is a throughput, or n/a where no token was counted.
+func siOrNA(v float64) string {
+	if v <= 0 {
+		return "n/a"
+	}
+	return tps.SI(v)
 }

@@ -138,8 +138,10 @@ type TextRate struct {
 
 // Energy sums up the GPU samples joined to steady steps.
 type Energy struct {
-	TokensPerJoule float64 `json:"tokens_per_joule"`
-	JoulesPerToken float64 `json:"joules_per_token"`
+	// TokensPerJoule and JoulesPerToken are 0 (omitted from JSON) where no
+	// token was counted (Summary.TPSUnknown says why).
+	TokensPerJoule float64 `json:"tokens_per_joule,omitempty"`
+	JoulesPerToken float64 `json:"joules_per_token,omitempty"`
 	PowerWMean     float64 `json:"power_w_mean"` // per GPU
 	SMClockMHzMean float64 `json:"sm_clock_mhz_mean"`
 	// ThrottledSteps are steady steps during which some GPU reported a
@@ -568,7 +570,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	if pass.energy != nil {
 		if tpj, n, ok := pass.energy.acc.result(); ok && rep.Energy != nil {
-			rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, 1/tpj
+			rep.Energy.TokensPerJoule, rep.Energy.JoulesPerToken = tpj, perJoule(1, tpj)
 			rep.Energy.Steps, rep.Energy.FromSamples = n, true
 		}
 	}

@@ -32,6 +32,11 @@ func TestMain(m *testing.M) {
 		streamMu.Lock()
 		defer streamMu.Unlock()
 		streamRuns++
+		// every report the tests make holds the invariants (what people
+		// read first is true), held and streamed alike
+		for _, v := range Invariants(held) {
+			streamDiffs = append(streamDiffs, fmt.Sprintf("%s: invariant: %s", dir, v))
+		}
 		if err != nil {
 			streamDiffs = append(streamDiffs, fmt.Sprintf("%s: streamed: %v", dir, err))
 			return
@@ -42,7 +47,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	if len(streamDiffs) > 0 {
-		fmt.Fprintf(os.Stderr, "FAIL: %d of %d streamed reports differ from the held ones:\n%s\n", len(streamDiffs), streamRuns, strings.Join(streamDiffs, "\n"))
+		fmt.Fprintf(os.Stderr, "FAIL: %d findings over %d reports (streamed reports that differ from the held ones, invariants that do not hold):\n%s\n", len(streamDiffs), streamRuns, strings.Join(streamDiffs, "\n"))
 		code = 1
 	}
 	os.Exit(code)

@@ -290,8 +290,12 @@ func episodeText(e StragglerEpisode, window int) string {
 	if e.Ongoing {
 		span += " (to the end)"
 	}
-	out := fmt.Sprintf("%s %s (±%d), ranks %s: score %.2f worst, %.2f mean; cost %s tokens/s (%s: %s instead of about %s)",
-		who, span, window, rankList(e.Ranks), e.WorstScore, e.MeanScore, tps.SI(e.CostTPS), pct(e.CostFraction), tps.SI(e.TPSDuring), tps.SI(e.TPSWithout))
+	cost := "cost in throughput n/a (no tokens counted)"
+	if e.TPSWithout > 0 {
+		cost = fmt.Sprintf("cost %s tokens/s (%s: %s instead of about %s)", tps.SI(e.CostTPS), pct(e.CostFraction), tps.SI(e.TPSDuring), tps.SI(e.TPSWithout))
+	}
+	out := fmt.Sprintf("%s %s (±%d), ranks %s: score %.2f worst, %.2f mean; %s",
+		who, span, window, rankList(e.Ranks), e.WorstScore, e.MeanScore, cost)
 	if e.GPUHoursLost > 0 {
 		out += fmt.Sprintf(", %.2f GPU-hours lost", e.GPUHoursLost)
 	}

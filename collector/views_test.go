@@ -1,0 +1,260 @@
+package collector
+
+import (
+	"bytes"
+	"encoding/json"
+	"math"
+	"net/http/httptest"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// viewsJob publishes a 4-rank data-parallel job on one node whose rank 2
+// computes twice as long from step 10 on (the others wait for it in their
+// collectives), steps of 500 ms (900 ms once slowed: the mean of the steps'
+// rates is 6% above tokens ÷ time) with 20 ms of
+// host time between them, tokensPerRank a rank a step. It returns the
+// job's own truth: its tokens over the periods of the steps from step 1
+// on, and over the last 10 steps.
+func viewsJob(t *testing.T, nc *nats.Conn, job string, steps int64, tokensPerRank int64) (whole, last10 float64) {
+	t.Helper()
+	const ms = int64(1e6)
+	at := time.Now().Add(-time.Hour).UnixNano()
+	var recs []tps.StepRecord
+	var tok, sec, tok10, sec10 float64
+	prevEnd := int64(0)
+	for s := range steps {
+		d := 500 * ms
+		if s >= 10 {
+			d = 900 * ms
+		}
+		for r := range int64(4) {
+			exposed := d - 400*ms // compute is the rest: 400 ms
+			if r == 2 && s >= 10 {
+				exposed = d - 800*ms
+			}
+			recs = append(recs, tps.StepRecord{Job: job, Step: s, Rank: r, WorldSize: 4, Node: "vm", Tokens: tokensPerRank,
+				StartUnixNs: at, EndUnixNs: at + d, DurationNs: d, ExposedCommNs: exposed, CommNs: exposed + 50*ms})
+		}
+		if s >= 1 {
+			period := float64(at+d-max(prevEnd, at)) / 1e9
+			tok += float64(4 * tokensPerRank)
+			sec += period
+			if s >= steps-10 {
+				tok10 += float64(4 * tokensPerRank)
+				sec10 += period
+			}
+		}
+		prevEnd = at + d
+		at += d + 20*ms
+	}
+	if err := nc.Publish(wire.StepsSubject(job, "vm"), wire.AppendSteps(nil, recs)); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	return tok / sec, tok10 / sec10
+}
+
+// What people read first is true in every view: the live line, the live
+// page's API and its DOM in a real browser, /metrics, and the report's
+// text, JSON, HTML and --compare, over the collector's own Parquet. In
+// each the headline is the job's own tokens over its step time (within
+// 0.5%), the breakdown has every part (waiting for slower peers
+// included) and adds up to 100%, and nothing reads NaN or Inf. A job that
+// counted no token says so in each, with no figure.
+func TestEveryViewTellsTheHeadline(t *testing.T) {
+	out := t.TempDir()
+	c, nc := startCollectorWith(t, Config{OutDir: out, Grace: time.Minute})
+	whole, last10 := viewsJob(t, nc, "views", 40, 1000)
+	viewsJob(t, nc, "notok", 20, 0)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 0.005*want {
+			t.Errorf("%s: %v tokens/s, the job's own tokens ÷ time %v", what, got, want)
+		}
+	}
+	noNumber := regexp.MustCompile(`\bNaN\b|\bInfinity\b|[+-]Inf\b`)
+	clean := func(view, text string) {
+		t.Helper()
+		if m := noNumber.FindString(text); m != "" {
+			t.Errorf("%s holds %q", view, m)
+		}
+	}
+
+	// the live line
+	var line string
+	for _, j := range c.jobList() {
+		if j.st.id == "views" {
+			j.mu.Lock()
+			j.st.newSinceLog = true
+			line = j.st.liveLine(time.Now())
+			j.mu.Unlock()
+		}
+	}
+	if !strings.Contains(line, "TPS "+tps.SI(last10)+" ") || !strings.Contains(line, "waiting for rank 2 on vm") {
+		t.Errorf("live line %q, want TPS %s and the wait for rank 2", line, tps.SI(last10))
+	}
+
+	// /api/summary
+	var sum LiveSummary
+	body := get(t, c, "/api/summary")
+	clean("/api/summary", body)
+	if err := json.Unmarshal([]byte(body), &sum); err != nil {
+		t.Fatal(err)
+	}
+	byJob := map[string]LiveJob{}
+	for _, j := range sum.Jobs {
+		byJob[j.Job] = j
+	}
+	lj := byJob["views"]
+	if lj.TPS == nil || lj.WindowSteps != LiveWindowSteps {
+		t.Fatalf("live job %+v", lj)
+	}
+	near("live TPS", *lj.TPS, last10)
+	checkShares(t, "live breakdown", lj.Breakdown)
+	if w := lj.Breakdown["waiting_for_peers"]; w < 0.05 {
+		t.Errorf("live waiting for peers %v: the slow rank's 400 ms a step is not there", w)
+	}
+	if nt := byJob["notok"]; nt.TPS != nil || nt.TPSPerGPU != nil || !strings.Contains(nt.TPSUnknown, "no tokens counted") {
+		t.Errorf("a job without tokens: tps %v, tps_unknown %q", nt.TPS, nt.TPSUnknown)
+	}
+
+	// /metrics
+	m := get(t, c, "/metrics")
+	clean("/metrics", m)
+	metric := func(name, labels string) (float64, bool) {
+		x := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name+"{"+labels+"}") + ` (\S+)$`).FindStringSubmatch(m)
+		if x == nil {
+			return 0, false
+		}
+		v, _ := strconv.ParseFloat(x[1], 64)
+		return v, true
+	}
+	if v, ok := metric("tpsprof_cluster_tokens_per_second", `job="views"`); !ok {
+		t.Errorf("no TPS gauge")
+	} else {
+		near("/metrics TPS", v, last10)
+	}
+	shares := map[string]float64{}
+	for _, p := range tps.ShareParts {
+		v, ok := metric("tpsprof_step_time_share_ratio", `job="views",part="`+p.Key+`"`)
+		if !ok {
+			t.Errorf("/metrics lacks the %s share", p.Key)
+		}
+		shares[p.Key] = v
+	}
+	checkShares(t, "/metrics shares", shares)
+	if _, ok := metric("tpsprof_cluster_tokens_per_second", `job="notok"`); ok {
+		t.Errorf("a TPS gauge for a job that counted no token")
+	}
+	tok, _ := metric("tpsprof_tokens_total", `job="views"`)
+	secs, _ := metric("tpsprof_step_seconds_total", `job="views"`)
+	if secs <= 0 {
+		t.Errorf("tpsprof_step_seconds_total %v", secs)
+	}
+	_ = tok
+
+	// the live page's DOM in a real browser
+	srv := httptest.NewServer(c.Handler())
+	dom := dumpDOM(t, srv.URL+"/")
+	srv.Close()
+	clean("the live page", dom)
+	if !strings.Contains(dom, `<b class="v-TPS">`+tps.SI(last10)+`</b>`) {
+		t.Errorf("the live page does not lead with %s tokens/s:\n%.4000s", tps.SI(last10), dom)
+	}
+	var bar float64
+	for _, p := range tps.ShareParts {
+		x := regexp.MustCompile(`class="part-` + p.Key + `" data-share="([^"]+)"`).FindAllStringSubmatch(dom, -1)
+		if len(x) == 0 {
+			t.Errorf("the live page's bar lacks %s", p.Key)
+			continue
+		}
+		v, _ := strconv.ParseFloat(x[0][1], 64)
+		bar += v
+	}
+	if math.Abs(bar-1) > 1e-3 {
+		t.Errorf("the live page's bar adds up to %v", bar)
+	}
+	if !strings.Contains(dom, "throughput n/a: no tokens counted") {
+		t.Errorf("the live page does not say the second job counted no token")
+	}
+
+	// the report, over what the collector wrote
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := report.Analyze(filepath.Join(out, "views"), report.Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := report.Invariants(rep); len(v) > 0 {
+		t.Errorf("report invariants: %v", v)
+	}
+	near("report headline", rep.Summary.AggregateTPS, whole)
+	var txt, md, html, cmpText, js bytes.Buffer
+	report.WriteText(&txt, rep)
+	report.WriteMarkdown(&md, rep)
+	report.WriteHTML(&html, rep, nil)
+	report.WriteCompare(&cmpText, rep, rep)
+	json.NewEncoder(&js).Encode(rep)
+	head := tps.SI(whole) + " tokens/s"
+	for view, b := range map[string]string{"text": txt.String(), "Markdown": md.String(), "HTML": html.String(), "compare": cmpText.String(), "JSON": js.String()} {
+		clean("the report's "+view, b)
+		if view != "JSON" && !strings.Contains(b, head) && !strings.Contains(b, tps.SI(whole)+" ") {
+			t.Errorf("the report's %s does not lead with %s", view, head)
+		}
+		if view != "JSON" && !strings.Contains(b, "waiting for slower peers") {
+			t.Errorf("the report's %s lacks waiting for slower peers", view)
+		}
+	}
+	var back struct {
+		Summary struct {
+			AggregateTPS float64 `json:"aggregate_tps"`
+		} `json:"summary"`
+	}
+	json.Unmarshal(js.Bytes(), &back)
+	near("report JSON", back.Summary.AggregateTPS, whole)
+
+	none, err := report.Analyze(filepath.Join(out, "notok"), report.Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := report.Invariants(none); len(v) > 0 {
+		t.Errorf("report invariants without tokens: %v", v)
+	}
+	txt.Reset()
+	report.WriteText(&txt, none)
+	clean("the no-token report", txt.String())
+	if !strings.Contains(txt.String(), "n/a: no tokens counted") || strings.Contains(txt.String(), "0.0 tokens/s") {
+		t.Errorf("the report of a job without tokens:\n%s", txt.String())
+	}
+}
+
+// checkShares: every part present, each in [0, 1], adding up to 1.
+func checkShares(t *testing.T, what string, m map[string]float64) {
+	t.Helper()
+	var sum float64
+	for _, p := range tps.ShareParts {
+		v, ok := m[p.Key]
+		if !ok || v < 0 || v > 1 {
+			t.Errorf("%s: %s = %v (present %v)", what, p.Key, v, ok)
+		}
+		sum += v
+	}
+	if math.Abs(sum-1) > 1e-3 {
+		t.Errorf("%s adds up to %v: %v", what, sum, m)
+	}
+}
