@@ -177,7 +177,7 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 	}
 	var bar float64
 	for _, p := range tps.ShareParts {
-		x := regexp.MustCompile(`class="part-` + p.Key + `" data-share="([^"]+)"`).FindAllStringSubmatch(dom, -1)
+		x := regexp.MustCompile(`class="part-`+p.Key+`" data-share="([^"]+)"`).FindAllStringSubmatch(dom, -1)
 		if len(x) == 0 {
 			t.Errorf("the live page's bar lacks %s", p.Key)
 			continue
