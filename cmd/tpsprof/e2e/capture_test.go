@@ -341,6 +341,7 @@ func TestAutoCaptureOnEpisode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkInvariants(t, rep)
 	found := false
 	for _, e := range rep.Episodes {
 		for _, c := range e.Captures {

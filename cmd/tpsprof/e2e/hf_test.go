@@ -157,6 +157,12 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 	if c.modelMeta {
 		modelMetaSent(t, dir)
 	}
+	// what people read first: tokens the job trained over the steps' time
+	tok := map[int64]int64{}
+	for n, tr := range steps {
+		tok[n] = tr.Tokens
+	}
+	headlineHolds(t, dir, tok)
 
 	// Resumed from its checkpoint at step 6: steps 6-11 again, numbered so.
 	dir2, log2 := launchTorch(t, job+"-resume", auto, []string{py, c.script, "--out", ckpt, "--truth", t.TempDir(), "--resume", filepath.Join(ckpt, c.resume)})

@@ -35,6 +35,7 @@ func TestReportFromRankWindows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		checkInvariants(t, rep)
 		return rep
 	}
 	steps, wins := analyse(report.RankSourceSteps), analyse(report.RankSourceWindows)

@@ -242,6 +242,7 @@ func TestIdenticalBatchesWarned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkInvariants(t, rep)
 	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "identical batches") }) {
 		t.Errorf("the report does not say it: notes %q", rep.Notes)
 	}
@@ -272,6 +273,7 @@ func TestTorchElasticRestartIsAnAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkInvariants(t, rep)
 	if rep.Goodput.Restarts != 1 || rep.Goodput.RedoneSteps != 2 || rep.Goodput.Launches != 0 {
 		t.Fatalf("report: %d restarts (%d launches), %d redone steps; want 1 restart inside the launch and 2 redone",
 			rep.Goodput.Restarts, rep.Goodput.Launches, rep.Goodput.RedoneSteps)
@@ -364,6 +366,7 @@ func TestRerunIsANewAttempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkInvariants(t, rep)
 	if rep.Goodput.Restarts != 2 || rep.Goodput.Launches != 2 {
 		t.Fatalf("report: %d restarts, %d of them launches; want the 3 launches told apart", rep.Goodput.Restarts, rep.Goodput.Launches)
 	}
@@ -467,6 +470,7 @@ func TestTorchTraceSampling(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkInvariants(t, rep)
 	if rep.Traces == nil || rep.Traces.Profiled != 6 || rep.Traces.EventTimedExposedUs == nil || len(rep.Traces.Collectives) == 0 {
 		t.Fatalf("report traces: %+v", rep.Traces)
 	}
@@ -518,6 +522,7 @@ func TestTorchRLRollouts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkInvariants(t, rep)
 	g := rep.Generation
 	if g == nil || g.TTFT == nil || g.ITL == nil {
 		t.Fatalf("report without the generation section: %+v", rep.Generation)

@@ -104,6 +104,9 @@ func TestDemoTracesConsistent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, v := range report.Invariants(rep) {
+		t.Errorf("report invariant: %s", v)
+	}
 	if len(rep.Nodes) == 0 || rep.Nodes[0].Node != "node-5" || !rep.Nodes[0].Straggler {
 		t.Errorf("straggler nodes: %+v, want node-5 flagged first", rep.Nodes)
 	}
@@ -169,6 +172,9 @@ func TestDemoStragglerIsNotCommunication(t *testing.T) {
 		rep, err := report.Analyze(res.JobDir, report.Options{})
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, v := range report.Invariants(rep) {
+			t.Errorf("report invariant: %s", v)
 		}
 		return rep
 	}
@@ -247,6 +253,9 @@ func testClockSkew(t *testing.T, split bool) {
 		rep, err := report.Analyze(res.JobDir, report.Options{})
 		if err != nil {
 			t.Fatal(err)
+		}
+		for _, v := range report.Invariants(rep) {
+			t.Errorf("report invariant: %s", v)
 		}
 		files, _ := trace.PartFiles(filepath.Join(res.JobDir, trace.ClusterSteps))
 		md, _ := trace.FileMetadata(files[len(files)-1])
