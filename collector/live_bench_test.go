@@ -14,7 +14,7 @@ import (
 func TestSlowRanksMatchScoreMedians(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const world = 1000
-	j := &jobState{world: world, computeEWMA: make([]float64, world), rankNode: make([]string, world)}
+	j := &jobState{world: world, ownEWMA: make([]float64, world), rankNode: make([]string, world)}
 	med, nodes := map[int64]float64{}, map[int64]string{}
 	for r := range world {
 		if r%97 == 5 {
@@ -24,7 +24,7 @@ func TestSlowRanksMatchScoreMedians(t *testing.T) {
 		if r%113 == 7 {
 			v *= 1.6 // stragglers
 		}
-		j.computeEWMA[r], med[int64(r)] = v, v
+		j.ownEWMA[r], med[int64(r)] = v, v
 		j.rankNode[r], nodes[int64(r)] = fmt.Sprint("n", r/8), fmt.Sprint("n", r/8)
 	}
 	all := tps.ScoreMedians(med, nodes)
@@ -50,9 +50,9 @@ func TestSlowRanksMatchScoreMedians(t *testing.T) {
 //	go test -run '^$' -bench LiveScores ./collector/
 func BenchmarkLiveScores(b *testing.B) {
 	const world = 131072
-	j := &jobState{world: world, computeEWMA: make([]float64, world), rankNode: make([]string, world)}
+	j := &jobState{world: world, ownEWMA: make([]float64, world), rankNode: make([]string, world)}
 	for r := range world {
-		j.computeEWMA[r] = 1e9 + float64((r*7919)%1000)*1e6
+		j.ownEWMA[r] = 1e9 + float64((r*7919)%1000)*1e6
 		j.rankNode[r] = fmt.Sprintf("node-%d", r/8)
 	}
 	b.Run("stragglers", func(b *testing.B) {

@@ -249,8 +249,7 @@ type jobState struct {
 	mostRanks                            int64     // the most ranks a closed step had
 	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
 	lastTPJ                              float64
-	computeEWMA                          []float64 // per rank, ns: live straggler scores
-	ownEWMA                              []float64 // per rank, ns: own time (compute and data wait), for episodes
+	ownEWMA                              []float64 // per rank, ns: own time (compute and data wait): the one live score (slowest ranks, stragglers, episodes)
 	dataEWMA, workEWMA                   []float64 // per rank, ns: of it, data wait, and the measured fwd+bwd+optim
 	openEpisodes                         map[string]*LiveEpisode
 	slowSince                            []int64 // per rank: first step of its current run of slow own times, -1 for none
@@ -330,8 +329,8 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 // where the slowness began: a rank 1.4 times slower crosses ~17 steps
 // later).
 func (s *jobState) observeRank(r *tps.StepRecord) {
-	if int64(len(s.computeEWMA)) != s.world {
-		s.computeEWMA, s.ownEWMA = make([]float64, s.world), make([]float64, s.world)
+	if int64(len(s.ownEWMA)) != s.world {
+		s.ownEWMA = make([]float64, s.world)
 		s.dataEWMA, s.workEWMA = make([]float64, s.world), make([]float64, s.world)
 		s.slowSince = make([]int64, s.world)
 		for i := range s.slowSince {
@@ -339,16 +338,16 @@ func (s *jobState) observeRank(r *tps.StepRecord) {
 		}
 	}
 	rank := r.Rank
-	if rank < 0 || rank >= int64(len(s.computeEWMA)) {
+	if rank < 0 || rank >= int64(len(s.ownEWMA)) {
 		return
 	}
 	comp := float64(r.ComputeNs())
 	own := comp + float64(r.DataWaitNs)
-	first := s.ownEWMA[rank] == 0 && s.computeEWMA[rank] == 0
+	first := s.ownEWMA[rank] == 0
 	for _, x := range []struct {
 		avg []float64
 		v   float64
-	}{{s.computeEWMA, comp}, {s.ownEWMA, own}, {s.dataEWMA, float64(r.DataWaitNs)}, {s.workEWMA, float64(r.FwdNs + r.BwdNs + r.OptimNs)}} {
+	}{{s.ownEWMA, own}, {s.dataEWMA, float64(r.DataWaitNs)}, {s.workEWMA, float64(r.FwdNs + r.BwdNs + r.OptimNs)}} {
 		if first {
 			x.avg[rank] = x.v
 		} else {
@@ -374,20 +373,21 @@ func (s *jobState) bestOwn() (int, float64) {
 	return at, best
 }
 
-// slowRanks returns the ranks with their score (fastest recent compute /
-// theirs), slowest first (ties by rank), at most n. It keeps the n
+// slowRanks returns the ranks with their score (the fastest rank's recent
+// own time, compute and data wait, over theirs: what the episodes score
+// too), slowest first (ties by rank), at most n. It keeps the n
 // slowest in a small sorted slice instead of scoring and sorting every
 // rank through maps (70 ms at 131,072 ranks; see BenchmarkLiveScores).
 func (s *jobState) slowRanks(n int) []tps.RankScore {
-	best := s.bestCompute()
+	_, best := s.bestOwn()
 	if best == 0 || n <= 0 {
 		return nil
 	}
-	top := make([]tps.RankScore, 0, min(n, len(s.computeEWMA))+1)
+	top := make([]tps.RankScore, 0, min(n, len(s.ownEWMA))+1)
 	after := func(a tps.RankScore, score float64, rank int64) bool { // a sorts after (score, rank)
 		return a.Score > score || (a.Score == score && a.Rank > rank)
 	}
-	for r, v := range s.computeEWMA {
+	for r, v := range s.ownEWMA {
 		if v <= 0 {
 			continue
 		}
@@ -413,22 +413,11 @@ func (s *jobState) slowRanks(n int) []tps.RankScore {
 	return top
 }
 
-// bestCompute is the fastest recent compute time over ranks (0: none yet).
-func (s *jobState) bestCompute() float64 {
-	best := 0.0
-	for _, v := range s.computeEWMA {
-		if v > 0 && (best == 0 || v < best) {
-			best = v
-		}
-	}
-	return best
-}
-
 // stragglers counts ranks below the straggler threshold.
 func (s *jobState) stragglers() int {
-	best := s.bestCompute()
+	_, best := s.bestOwn()
 	n := 0
-	for _, v := range s.computeEWMA {
+	for _, v := range s.ownEWMA {
 		if v > 0 && best/v < tps.StragglerThreshold {
 			n++
 		}
