@@ -118,7 +118,7 @@ func Compare(a, b *Report) Comparison {
 	}
 	c.Rows = append(c.Rows,
 		valueRow("goodput", "fraction", known(a.Goodput.Goodput, a.Goodput.ElapsedS > 0), known(b.Goodput.Goodput, b.Goodput.ElapsedS > 0)),
-		textRow("worst straggler node", worstNode(a), worstNode(b)))
+		textRow("worst straggler", worstNode(a), worstNode(b)))
 	// Throughput in text, and the generation phase, when the runs have them.
 	text := func(r *Report) (bps, tpb *float64) {
 		if r.Text == nil {
@@ -185,6 +185,14 @@ func Compare(a, b *Report) Comparison {
 }
 
 func worstNode(r *Report) string {
+	if r.NodeCount <= 1 {
+		for _, x := range r.Stragglers {
+			if x.Straggler {
+				return fmt.Sprintf("rank %d %.2f", x.Rank, x.Score)
+			}
+		}
+		return "none"
+	}
 	for _, n := range r.Nodes {
 		if n.Straggler {
 			return fmt.Sprintf("%s %.2f", n.Node, n.Score)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -239,19 +240,22 @@ func (w *windows) excess(win, slow, fast int) EpisodeExcess {
 }
 
 // episodes finds the straggler episodes: per window, each rank's score is
-// the fastest rank's mean compute over its own; a node's is its worst
-// rank's; consecutive flagged windows of a node make one episode. Their
-// steps' figures (TPS during and without, GPU hours lost) are then taken
-// from the steps' rows, read again from src.
+// the fastest rank's mean own time over its own. A rank's flagged windows
+// make its runs (a run goes on over one unflagged window: a slowdown that
+// dips above the threshold for a window is one episode, not two); the
+// ranks of a node whose runs span the same windows make one episode, so a
+// node-level episode never hides which of its ranks are slow, or since
+// when. Their steps' figures (TPS during and without, GPU hours lost) are
+// then taken from the steps' rows, read again from src.
 func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource) ([]StragglerEpisode, error) {
-	type flag struct {
+	type cell struct {
+		win    int
 		score  float64
-		excess float64 // ns: the slowest flagged rank's mean own time over the fastest's
+		excess float64 // ns: the rank's mean own time over the fastest's
 		parts  EpisodeExcess
-		ranks  []int64
 	}
 	nw := len(w.first)
-	flagged := map[string][]flag{} // node → per window
+	perRank := map[int64][]cell{} // flagged windows, in order
 	for win := 0; win < nw; win++ {
 		best, fastest := math.Inf(1), -1
 		for r := 0; r < w.world; r++ {
@@ -268,20 +272,41 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 				continue
 			}
 			mean := w.sum[win*w.world+r] / float64(n)
-			score := best / mean
-			if score >= tps.StragglerThreshold {
-				continue
+			if score := best / mean; score < tps.StragglerThreshold {
+				perRank[int64(r)] = append(perRank[int64(r)], cell{win, score, mean - best, w.excess(win, r, fastest)})
 			}
-			key := nodeLabel(nodes[int64(r)], int64(r))
-			f := flagged[key]
-			if f == nil {
-				f = make([]flag, nw)
-				flagged[key] = f
+		}
+	}
+	// each rank's runs, grouped by node and span
+	type span struct {
+		key      string
+		from, to int
+	}
+	type group struct {
+		ranks []int64
+		cells []cell // the ranks' flagged windows
+	}
+	groups := map[span]*group{}
+	var order []span
+	for _, r := range slices.Sorted(maps.Keys(perRank)) {
+		cs := perRank[r]
+		for i := 0; i < len(cs); {
+			j := i
+			for j+1 < len(cs) && cs[j+1].win-cs[j].win <= 2 {
+				j++
 			}
-			if f[win].ranks == nil || score < f[win].score {
-				f[win].score, f[win].excess, f[win].parts = score, mean-best, w.excess(win, r, fastest)
+			k := span{nodeLabel(nodes[r], r), cs[i].win, cs[j].win}
+			g := groups[k]
+			if g == nil {
+				g = &group{}
+				groups[k] = g
+				order = append(order, k)
 			}
-			f[win].ranks = append(f[win].ranks, int64(r))
+			if len(g.ranks) < 64 {
+				g.ranks = append(g.ranks, r)
+			}
+			g.cells = append(g.cells, cs[i:j+1]...)
+			i = j + 1
 		}
 	}
 	// the window each steady step is in, and the last step of a window
@@ -300,62 +325,55 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 		return last
 	}
 	var out []StragglerEpisode
-	for key, f := range flagged {
-		for win := 0; win < nw; {
-			if f[win].ranks == nil {
-				win++
+	for _, k := range order {
+		g := groups[k]
+		e := StragglerEpisode{WorstScore: 1, Ranks: g.ranks}
+		if nodes[g.ranks[0]] != "" {
+			e.Node = k.key
+		}
+		// per window, the slowest of the group's ranks: what the others wait for
+		slowest := make(map[int]cell, k.to-k.from+1)
+		var sumScore float64
+		for _, c := range g.cells {
+			e.WorstScore = min(e.WorstScore, c.score)
+			sumScore += c.score
+			if s, ok := slowest[c.win]; !ok || c.excess > s.excess {
+				slowest[c.win] = c
+			}
+		}
+		e.MeanScore = sumScore / float64(len(g.cells))
+		a, b := w.first[k.from], end(k.to)
+		ka, kb := sp.key(a), sp.key(b)
+		e.StartAttempt, e.StartStep = ka[0], ka[1]
+		e.EndAttempt, e.EndStep = kb[0], kb[1]
+		e.Ongoing = k.to == nw-1
+		e.a, e.b = a, b
+		e.excess = make([]float64, nw)
+		for i := a; i <= b; i++ {
+			win := w.of(i)
+			if win < 0 {
 				continue
 			}
-			e := StragglerEpisode{WorstScore: 1}
-			if nodes[f[win].ranks[0]] != "" {
-				e.Node = key
-			}
-			from := win
-			var sumScore float64
-			for win < nw && f[win].ranks != nil {
-				e.WorstScore = min(e.WorstScore, f[win].score)
-				sumScore += f[win].score
-				for _, r := range f[win].ranks {
-					if !slices.Contains(e.Ranks, r) && len(e.Ranks) < 64 {
-						e.Ranks = append(e.Ranks, r)
-					}
-				}
-				win++
-			}
-			e.MeanScore = sumScore / float64(win-from)
-			a, b := w.first[from], end(win-1)
-			ka, kb := sp.key(a), sp.key(b)
-			e.StartAttempt, e.StartStep = ka[0], ka[1]
-			e.EndAttempt, e.EndStep = kb[0], kb[1]
-			e.Ongoing = win == nw
-			e.a, e.b = a, b
-			e.excess = make([]float64, nw)
-			for i := a; i <= b; i++ {
-				if w.of(i) < 0 {
-					continue
-				}
-				p := f[w.of(i)].parts
-				e.Excess.DataMs += p.DataMs
-				e.Excess.ComputeMs += p.ComputeMs
-				e.Excess.HostMs += p.HostMs
-				e.Excess.HostKnown = p.HostKnown
-				e.Steps++
-				e.excess[w.of(i)] = f[w.of(i)].excess
-			}
-			if e.Steps > 0 {
-				e.Excess.DataMs /= float64(e.Steps)
-				e.Excess.ComputeMs /= float64(e.Steps)
-				e.Excess.HostMs /= float64(e.Steps)
-			}
-			slices.Sort(e.Ranks)
-			out = append(out, e)
+			p := slowest[win].parts // zero in a window the run went on over
+			e.Excess.DataMs += p.DataMs
+			e.Excess.ComputeMs += p.ComputeMs
+			e.Excess.HostMs += p.HostMs
+			e.Excess.HostKnown = e.Excess.HostKnown || p.HostKnown
+			e.Steps++
+			e.excess[win] = slowest[win].excess
 		}
+		if e.Steps > 0 {
+			e.Excess.DataMs /= float64(e.Steps)
+			e.Excess.ComputeMs /= float64(e.Steps)
+			e.Excess.HostMs /= float64(e.Steps)
+		}
+		out = append(out, e)
 	}
 	if err := w.fill(out, src); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(out, func(a, b StragglerEpisode) int {
-		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node))
+		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node), cmp.Compare(a.Ranks[0], b.Ranks[0]))
 	})
 	return out, nil
 }

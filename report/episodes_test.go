@@ -3,6 +3,7 @@ package report
 import (
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -197,5 +198,76 @@ func TestStragglerEpisodeCauses(t *testing.T) {
 		if got := w.part(x); math.Abs(got-400) > 1 || !x.HostKnown || math.Abs(x.DataMs+x.ComputeMs+x.HostMs-400) > 1 {
 			t.Errorf("episode %d (%s): excess %+v, want 400 ms of its cause's kind alone", i, e.Node, x)
 		}
+	}
+}
+
+// On one node, the episodes name ranks with their own start, and a
+// slowdown that dips for one window is one episode: rank 0 is slow in
+// steps 80-99, rank 2 from step 100 to the end but for steps 130-139.
+// Read by node, that was "vm steps 80-129, ranks 0,2" and "vm steps
+// 140-199, ranks 2"; it is "vm steps 80-99, ranks 0" and "vm steps
+// 100-199, ranks 2". No node is called a straggler: the job has one.
+func TestEpisodesOneNodeByRank(t *testing.T) {
+	const world, steps = 4, 200
+	root := t.TempDir()
+	ranks, err := trace.NewPartWriter[tps.StepRecord](root, "one", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "one", trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
+	now := int64(1.7e18)
+	recs := make([]tps.StepRecord, world)
+	for s := range steps {
+		slow := map[int]bool{0: s >= 80 && s < 100, 2: s >= 100 && (s < 130 || s >= 140)}
+		d := 1.1e9
+		if slow[0] || slow[2] {
+			d = 1.7e9
+		}
+		for r := range recs {
+			comp := 1e9
+			if slow[r] {
+				comp = 1.6e9
+			}
+			recs[r] = tps.StepRecord{Job: "one", Step: int64(s), Rank: int64(r), WorldSize: world, Node: "vm",
+				StartUnixNs: now, EndUnixNs: now + int64(d), DurationNs: int64(d), Tokens: 1000, ExposedCommNs: int64(d - comp), CommNs: int64(d - comp)}
+		}
+		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks.Write(recs)
+		cluster.Write([]tps.ClusterStep{c})
+		now += int64(d)
+	}
+	ranks.Close()
+	cluster.Close()
+	rep, err := Analyze(filepath.Join(root, "one"), Options{Warmup: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.EpisodeWindow != 10 {
+		t.Fatalf("windows of %d steps: the test assumes 10", rep.EpisodeWindow)
+	}
+	type got struct {
+		ranks    string
+		from, to int64
+		ongoing  bool
+		node     string
+	}
+	var eps []got
+	for _, e := range rep.Episodes {
+		eps = append(eps, got{rankList(e.Ranks), e.StartStep, e.EndStep, e.Ongoing, e.Node})
+	}
+	want := []got{{"0", 80, 99, false, "vm"}, {"2", 100, 199, true, "vm"}}
+	if !slices.Equal(eps, want) {
+		t.Errorf("episodes %+v, want %+v", eps, want)
+	}
+	var text strings.Builder
+	WriteText(&text, rep)
+	if strings.Contains(text.String(), "straggler node") || !strings.Contains(text.String(), "straggler ranks   ") {
+		t.Errorf("one node called a straggler node, or no straggler ranks line:\n%s", text.String())
+	}
+	if rep.NodeCount != 1 || len(rep.Nodes) != 0 {
+		t.Errorf("%d nodes, %d node scores", rep.NodeCount, len(rep.Nodes))
 	}
 }

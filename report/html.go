@@ -85,9 +85,12 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		p.Cards = append(p.Cards, htmlCard{Label: "goodput", Value: pct(g.Goodput), Note: fmt.Sprintf("of %s elapsed spent on steps that count", dur(g.ElapsedS)), Bad: g.Goodput < 0.9})
 	}
 	p.Cards = append(p.Cards, htmlCard{Label: "exposed communication", Value: pct(rep.Breakdown.ExposedComm), Note: "of step time, waiting on collectives", Bad: rep.Breakdown.ExposedComm > 0.2})
-	if len(rep.Nodes) > 0 && rep.Nodes[0].Score < tps.StragglerThreshold {
+	if rep.NodeCount > 1 && len(rep.Nodes) > 0 && rep.Nodes[0].Score < tps.StragglerThreshold {
 		n := rep.Nodes[0]
 		p.Cards = append(p.Cards, htmlCard{Label: "slowest node", Value: n.Node, Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*n.Score), Bad: true})
+	} else if rep.NodeCount <= 1 && len(rep.Stragglers) > 0 && rep.Stragglers[0].Straggler {
+		x := rep.Stragglers[0]
+		p.Cards = append(p.Cards, htmlCard{Label: "slowest rank", Value: fmt.Sprintf("rank %d", x.Rank), Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*x.Score), Bad: true})
 	}
 
 	b := rep.Breakdown

@@ -194,6 +194,9 @@ type Report struct {
 	// slowest rank), most first, at most TopStragglers nodes.
 	WaitCharged []WaitShare     `json:"wait_charged"`
 	Nodes       []tps.NodeScore `json:"straggler_nodes"`
+	// NodeCount is how many nodes the ranks named: with one, no node is
+	// called a straggler (the views name ranks).
+	NodeCount int `json:"node_count"`
 	// Episodes are the spans of steps during which a node ran below the
 	// straggler threshold, judged over windows of EpisodeWindow steps.
 	Episodes      []StragglerEpisode `json:"straggler_episodes"`
@@ -517,6 +520,10 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	scores := tps.ScoreMedians(med, nodes)
 	rep.Nodes = tps.NodeScores(scores)
+	rep.NodeCount = len(rep.Nodes)
+	if rep.NodeCount <= 1 {
+		rep.Nodes = nil // one node is not a straggler among nodes: its ranks are
+	}
 	rep.Stragglers = scores[:min(len(scores), opt.TopStragglers)]
 	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), opt.TopStragglers)]
 	pd.heat, pd.nodeOf = heat, nodes

@@ -159,15 +159,29 @@ func (r *Report) Lines() []Line {
 		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}
 	var flagged []string
-	for _, n := range r.Nodes {
-		if n.Straggler {
-			flagged = append(flagged, fmt.Sprintf("%s (%.2f)", n.Node, n.Score))
+	if r.NodeCount > 1 {
+		for _, n := range r.Nodes {
+			if n.Straggler {
+				flagged = append(flagged, fmt.Sprintf("%s (%.2f)", n.Node, n.Score))
+			}
 		}
-	}
-	if len(flagged) > 0 {
-		row("straggler nodes", "%s (whole-run median)", strings.Join(flagged, ", "))
+		if len(flagged) > 0 {
+			row("straggler nodes", "%s (whole-run median)", strings.Join(flagged, ", "))
+		} else {
+			row("straggler nodes", "none below %.2f over the whole run", tps.StragglerThreshold)
+		}
 	} else {
-		row("straggler nodes", "none below %.2f over the whole run", tps.StragglerThreshold)
+		// one node (or none named): the stragglers are ranks
+		for _, x := range r.Stragglers {
+			if x.Straggler {
+				flagged = append(flagged, fmt.Sprintf("rank %d (%.2f)", x.Rank, x.Score))
+			}
+		}
+		if len(flagged) > 0 {
+			row("straggler ranks", "%s (whole-run median)", strings.Join(flagged, ", "))
+		} else {
+			row("straggler ranks", "none below %.2f over the whole run", tps.StragglerThreshold)
+		}
 	}
 	if len(r.Episodes) == 0 {
 		row("straggler episodes", "none (windows of %d steps)", r.EpisodeWindow)
