@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -44,6 +45,27 @@ type LiveEpisode struct {
 // maxEpisodes bounds the closed episodes a job keeps.
 const maxEpisodes = 20
 
+// episodeQuietSteps is how long an episode's ranks must keep pace before
+// it ends: a window of steps, as the report's episodes go on over one
+// unflagged window.
+const episodeQuietSteps = 10
+
+// oneNode says whether the job's ranks named at most one node.
+func (j *jobState) oneNode() bool {
+	first := ""
+	for _, n := range j.rankNode {
+		if n == "" {
+			continue
+		}
+		if first == "" {
+			first = n
+		} else if n != first {
+			return false
+		}
+	}
+	return true
+}
+
 // trackEpisodes opens an episode for each newly flagged node and closes
 // those no longer flagged, at the job's last closed step.
 func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
@@ -56,21 +78,25 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	j.bestSeen = best
 	flagged := map[string]*LiveEpisode{}
 	worst := map[string]int{} // the slowest rank of each flagged node
+	// With one node, episodes are its ranks' (each with its own start):
+	// the node itself is no straggler among nodes.
+	byRank := j.oneNode()
 	if best > 0 {
 		for r, v := range j.ownEWMA {
 			if v <= 0 || best/v >= tps.StragglerThreshold {
 				continue
 			}
-			key := ""
+			node := ""
 			if r < len(j.rankNode) {
-				key = j.rankNode[r]
+				node = j.rankNode[r]
 			}
-			if key == "" {
+			key := node
+			if key == "" || byRank {
 				key = fmt.Sprintf("rank %d", r)
 			}
 			e := flagged[key]
 			if e == nil {
-				e = &LiveEpisode{Node: key, Score: 1}
+				e = &LiveEpisode{Node: cmp.Or(node, key), Score: 1}
 				flagged[key] = e
 			}
 			if best/v < e.Score {
@@ -94,7 +120,24 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 			e.whatIf(steps)
 			continue
 		}
+		// a slowdown that dips above the threshold for less than a
+		// window of steps goes on as the same episode; it ends at its
+		// ranks' last slow step
 		end := last.Step
+		if e.Attempt == last.Attempt {
+			lastSlow := int64(-1)
+			for _, r := range e.Ranks {
+				if r < int64(len(j.slowLast)) {
+					lastSlow = max(lastSlow, j.slowLast[r])
+				}
+			}
+			if lastSlow >= e.StartStep {
+				if last.Step-lastSlow < episodeQuietSteps {
+					continue
+				}
+				end = lastSlow
+			}
+		}
 		e.EndStep = &end
 		j.episodesEnded++
 		j.episodes = append(j.episodes, *e)

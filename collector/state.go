@@ -181,8 +181,9 @@ func (m *memBudget) give(n int64) {
 const jobBaseBytes = 128 << 10
 
 // jobBytesPerRank is what a job holds per rank of its world besides its
-// open steps: a node name (a string header), a compute average and the
-// step its current run of slow compute times began.
+// open steps: a node name (a string header), an own-time average and the
+// step its current run of slow own times began. (The data-wait and work
+// averages and the last slow step, 24 bytes more, are not counted.)
 const jobBytesPerRank = 32
 
 type pendingRow struct {
@@ -253,6 +254,7 @@ type jobState struct {
 	dataEWMA, workEWMA                   []float64 // per rank, ns: of it, data wait, and the measured fwd+bwd+optim
 	openEpisodes                         map[string]*LiveEpisode
 	slowSince                            []int64 // per rank: first step of its current run of slow own times, -1 for none
+	slowLast                             []int64 // per rank: the last step its own time was slow, -1 for none
 	bestSeen                             float64 // the fastest own-time average at the last episode tracking
 	lastAutoCapture                      time.Time
 	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
@@ -332,9 +334,9 @@ func (s *jobState) observeRank(r *tps.StepRecord) {
 	if int64(len(s.ownEWMA)) != s.world {
 		s.ownEWMA = make([]float64, s.world)
 		s.dataEWMA, s.workEWMA = make([]float64, s.world), make([]float64, s.world)
-		s.slowSince = make([]int64, s.world)
+		s.slowSince, s.slowLast = make([]int64, s.world), make([]int64, s.world)
 		for i := range s.slowSince {
-			s.slowSince[i] = -1
+			s.slowSince[i], s.slowLast[i] = -1, -1
 		}
 	}
 	rank := r.Rank
@@ -359,6 +361,9 @@ func (s *jobState) observeRank(r *tps.StepRecord) {
 		s.slowSince[rank] = -1
 	case s.slowSince[rank] < 0 || r.Step < s.slowSince[rank]:
 		s.slowSince[rank] = r.Step
+		fallthrough
+	default:
+		s.slowLast[rank] = max(s.slowLast[rank], r.Step)
 	}
 }
 
