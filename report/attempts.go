@@ -48,18 +48,31 @@ func attemptRows(steps []tps.ClusterStep, warm []bool, events []tps.Event) []Att
 type attemptsAcc struct {
 	launched     map[int64]bool
 	exit         map[int64]int64
+	began, ended map[int64]int64 // its launcher's start and end events
 	out          []AttemptRow
 	tok, ns, mfu float64
+	mfuNs        float64
 	nMFU         int
 	from, to     int64
 }
 
 func newAttemptsAcc(events []tps.Event) *attemptsAcc {
-	a := &attemptsAcc{launched: map[int64]bool{}, exit: map[int64]int64{}}
+	a := &attemptsAcc{launched: map[int64]bool{}, exit: map[int64]int64{}, began: map[int64]int64{}, ended: map[int64]int64{}}
 	for _, e := range events {
 		switch e.Kind {
-		case tps.EventAttemptStart:
-			a.launched[e.Attempt] = true
+		case tps.EventAttemptStart, tps.EventJobStart:
+			if e.Kind == tps.EventAttemptStart {
+				a.launched[e.Attempt] = true
+			}
+			if b, ok := a.began[e.Attempt]; !ok || e.StartUnixNs < b {
+				a.began[e.Attempt] = e.StartUnixNs
+			}
+		}
+		switch e.Kind {
+		case tps.EventAttemptEnd, tps.EventJobEnd:
+			a.ended[e.Attempt] = max(a.ended[e.Attempt], e.EndUnixNs, e.StartUnixNs)
+		}
+		switch e.Kind {
 		case tps.EventAttemptEnd:
 			if c, ok := a.exit[e.Attempt]; !ok || c == 0 {
 				a.exit[e.Attempt] = e.ExitCode // a failing rank's code wins
@@ -74,11 +87,21 @@ func (a *attemptsAcc) flush() {
 	if a.ns > 0 {
 		r.TPS = a.tok / (a.ns / 1e9)
 	}
-	if a.nMFU > 0 {
-		m := a.mfu / float64(a.nMFU)
+	if a.nMFU > 0 && a.mfuNs > 0 {
+		m := a.mfu / a.mfuNs // weighted by step time, as the run's
 		r.MFU = &m
 	}
-	r.WallS = float64(a.to-a.from) / 1e9
+	// from its launch (or first step) until its launcher ended (or its
+	// last step): the same span whether the report is of the whole run
+	// or of this attempt (--attempt)
+	from, to := a.from, a.to
+	if b, ok := a.began[r.Attempt]; ok {
+		from = min(from, b)
+	}
+	if e, ok := a.ended[r.Attempt]; ok {
+		to = max(to, e)
+	}
+	r.WallS = float64(to-from) / 1e9
 	if c, ok := a.exit[r.Attempt]; ok {
 		r.ExitCode = &c
 	}
@@ -90,7 +113,7 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 			a.flush()
 		}
 		a.out = append(a.out, AttemptRow{Attempt: c.Attempt, Launch: a.launched[c.Attempt], FirstStep: c.Step})
-		a.tok, a.ns, a.mfu, a.nMFU, a.from, a.to = 0, 0, 0, 0, c.StartUnixNs, c.EndUnixNs
+		a.tok, a.ns, a.mfu, a.mfuNs, a.nMFU, a.from, a.to = 0, 0, 0, 0, 0, c.StartUnixNs, c.EndUnixNs
 	}
 	r := &a.out[len(a.out)-1]
 	r.LastStep, r.Steps = c.Step, r.Steps+1
@@ -101,7 +124,8 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 	a.tok += float64(c.Tokens)
 	a.ns += float64(c.StepTimeNs)
 	if c.MFUUnknown == "" && c.MFU > 0 {
-		a.mfu += c.MFU
+		a.mfu += c.MFU * float64(c.StepTimeNs)
+		a.mfuNs += float64(c.StepTimeNs)
 		a.nMFU++
 	}
 }

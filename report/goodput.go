@@ -1,7 +1,9 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
@@ -24,6 +26,10 @@ type Goodput struct {
 	// has a launcher's attempt_start event); the others restarted inside a
 	// launch (torchrun elastic restarts).
 	Launches int `json:"launches"`
+	// FailedLaunches counts launches that ended before their first step
+	// (badput launch_failed; the wait before the next launch is between
+	// launches).
+	FailedLaunches int `json:"failed_launches,omitempty"`
 	// BetweenLaunchesS is the time from one launch's last step (or end) to
 	// the next launch's start: not the job's time (a job id reused hours
 	// later), so not in ElapsedS, wall TPS or cost.
@@ -47,7 +53,13 @@ const (
 	BadRestart    = "restart"    // from an attempt's last step to the next attempt's start
 	BadRedone     = "redone"     // steps repeated after a restart (progress lost)
 	BadEval       = "eval"       // evaluation between steps
-	BadIdle       = "idle"       // other gaps between steps, and the tail of an attempt
+	BadIdle       = "idle"       // other gaps between steps
+	// BadShutdown is an attempt's tail: from its last step's end until its
+	// launcher exited (torchrun's shutdown, or a hang after training).
+	BadShutdown = "shutdown"
+	// BadLaunchFailed is a launch that ended before its first step: from
+	// its start to its end.
+	BadLaunchFailed = "launch_failed"
 )
 
 // ComputeGoodput analyses steps (sorted by attempt, step) with the warm-up
@@ -72,6 +84,8 @@ type goodputAcc struct {
 	evals       [][2]int64
 	ckpts       [][2]int64
 	launch      map[int64]bool
+	failed      [][2]int64 // launches without a step: start, end (start when none recorded), in time order
+	nextFailed  int
 	finish      int64
 	// the elapsed time is cut at one cursor that only moves forward: each
 	// stretch of time goes to exactly one part, so the parts add up to the
@@ -122,6 +136,13 @@ func newGoodputAcc(sp *spine, events []tps.Event) *goodputAcc {
 			a.launch[at] = true
 		}
 	}
+	for at, s := range a.starts {
+		if !slices.Contains(attempts, at) {
+			a.failed = append(a.failed, [2]int64{s, max(s, a.ends[at])})
+		}
+	}
+	slices.SortFunc(a.failed, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
+	a.g.FailedLaunches = len(a.failed)
 	begin, finish := sp.span()
 	for _, s := range a.starts {
 		begin = min(begin, s)
@@ -143,6 +164,28 @@ func (a *goodputAcc) account(cause string, to int64) {
 	}
 }
 
+// between moves the cursor to a launch's start: the wait before it is
+// not the job's time.
+func (a *goodputAcc) between(to int64) {
+	if to > a.cursor {
+		a.g.BetweenLaunchesS += sec(to - a.cursor)
+		a.g.excluded = append(a.g.excluded, [2]int64{a.cursor, to})
+		a.cursor = to
+	}
+}
+
+// failedBefore takes the launches that failed before any step and
+// started before t: the wait before each is between launches, the
+// launch itself launch_failed.
+func (a *goodputAcc) failedBefore(t int64) {
+	for a.nextFailed < len(a.failed) && a.failed[a.nextFailed][0] < t {
+		f := a.failed[a.nextFailed]
+		a.nextFailed++
+		a.between(f[0])
+		a.account(BadLaunchFailed, min(f[1], t))
+	}
+}
+
 // add takes the next step, whether it is warm-up and whether it is the
 // last of its attempt.
 func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
@@ -150,18 +193,17 @@ func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
 	first := a.n == 0 || a.prev[0] != c.Attempt
 	if first {
 		s, ok := a.starts[c.Attempt]
-		if a.n > 0 { // restart: the previous attempt's last step to this attempt's start
-			to := c.StartUnixNs
-			if ok && s < to {
-				to = s
-			}
-			if a.launch[c.Attempt] && to > a.cursor {
+		to := c.StartUnixNs
+		if ok && s < to {
+			to = s
+		}
+		a.failedBefore(to)
+		if a.n > 0 || a.nextFailed > 0 { // a restart, or a launch after failed ones
+			if ok && (a.launch[c.Attempt] || a.n == 0) {
 				// another launch: its own start-up counts, the wait before it is not the job's
-				g.BetweenLaunchesS += sec(to - a.cursor)
-				g.excluded = append(g.excluded, [2]int64{a.cursor, to})
-				a.cursor = to
+				a.between(to)
 			}
-			a.account(BadRestart, to)
+			a.account(BadRestart, to) // the previous attempt's last step to this attempt's start
 		}
 		a.account(BadStartup, c.StartUnixNs)
 	} else if miss := c.Step - a.prev[1] - 1; miss > 0 && c.StartUnixNs > a.cursor {
@@ -201,7 +243,7 @@ func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
 		g.ProductiveS += d - stall - ck
 	}
 	if e, ok := a.ends[c.Attempt]; lastOfAttempt && ok {
-		a.account(BadIdle, e) // the attempt's tail
+		a.account(BadShutdown, e) // the attempt's tail, until its launcher exited
 	}
 }
 
@@ -210,7 +252,8 @@ func (a *goodputAcc) result() Goodput {
 	if a.n == 0 {
 		return Goodput{BadputS: map[string]float64{}}
 	}
-	a.account(BadIdle, a.finish)
+	a.failedBefore(a.finish + 1) // launches that failed after the last attempt
+	a.account(BadShutdown, a.finish)
 	g.ElapsedS -= g.BetweenLaunchesS
 	if d := g.ElapsedS - g.UnmonitoredS; d > 0 {
 		g.Goodput = g.ProductiveS / d

@@ -2,9 +2,12 @@ package report
 
 import (
 	"math"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // Steps whose spans overlap (a rank starts the next step before the last
@@ -145,5 +148,76 @@ func TestSegmentsBreakAtGaps(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("segments %v, want %v", got, want)
 		}
+	}
+}
+
+// A short clean run after a launch that failed: the failed launch (5 s)
+// is its own badput line, the minute before the next launch is between
+// launches, the 10 s before the first step start-up, the 5 s after the
+// last step until the launcher exited shutdown; the parts add up to the
+// elapsed time, and the whole run and --attempt 1 agree on attempt 1's
+// 35 s.
+func TestGoodputShortRunNamed(t *testing.T) {
+	const s = int64(1e9)
+	root := t.TempDir()
+	cluster, err := trace.NewPartWriter[tps.ClusterStep](root, "short", trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, _ := trace.NewPartWriter[tps.Event](root, "short", trace.Events, trace.WriterOptions{WriterID: "t"})
+	t0 := int64(1.7e18)
+	one, zero := int64(1), int64(0)
+	events.Write([]tps.Event{
+		{Job: "short", Attempt: 0, Kind: tps.EventAttemptStart, Rank: -1, StartUnixNs: t0, EndUnixNs: t0},
+		{Job: "short", Attempt: 0, Kind: tps.EventAttemptEnd, Rank: -1, StartUnixNs: t0 + 5*s, EndUnixNs: t0 + 5*s, ExitCode: one},
+		{Job: "short", Attempt: 1, Kind: tps.EventAttemptStart, Rank: -1, StartUnixNs: t0 + 65*s, EndUnixNs: t0 + 65*s},
+		{Job: "short", Attempt: 1, Kind: tps.EventAttemptEnd, Rank: -1, StartUnixNs: t0 + 100*s, EndUnixNs: t0 + 100*s, ExitCode: zero},
+	})
+	var rows []tps.ClusterStep
+	for i := range int64(20) {
+		start := t0 + 75*s + i*s
+		rows = append(rows, tps.ClusterStep{Job: "short", Attempt: 1, Step: i, WorldSize: 1, RanksReported: 1, Tokens: 1000, StepTimeNs: s,
+			StartUnixNs: start, EndUnixNs: start + s, ComputeNsMean: float64(s), TPS: 1000})
+	}
+	cluster.Write(rows)
+	cluster.Close()
+	events.Close()
+	rep, err := Analyze(filepath.Join(root, "short"), Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := rep.Goodput
+	want := map[string]float64{BadLaunchFailed: 5, BadStartup: 10, BadShutdown: 5, BadWarmup: 1}
+	for k, v := range want {
+		if math.Abs(g.BadputS[k]-v) > 1e-6 {
+			t.Errorf("%s %g s, want %g (badput %v)", k, g.BadputS[k], v, g.BadputS)
+		}
+	}
+	if g.BadputS[BadIdle] != 0 || g.BadputS[BadRestart] != 0 {
+		t.Errorf("idle or restart badput in a run with neither: %v", g.BadputS)
+	}
+	if g.ElapsedS != 40 || g.BetweenLaunchesS != 60 || g.FailedLaunches != 1 || math.Abs(g.ProductiveS-19) > 1e-6 {
+		t.Errorf("elapsed %g, between launches %g, failed launches %d, productive %g; want 40, 60, 1, 19", g.ElapsedS, g.BetweenLaunchesS, g.FailedLaunches, g.ProductiveS)
+	}
+	var text strings.Builder
+	WriteText(&text, rep)
+	for _, must := range []string{"launch_failed 12.5%", "shutdown 12.5%", "1m0s between launches"} {
+		if !strings.Contains(text.String(), must) {
+			t.Errorf("text lacks %q:\n%s", must, text.String())
+		}
+	}
+	var wall float64
+	for _, a := range rep.Attempts {
+		if a.Attempt == 1 {
+			wall = a.WallS
+		}
+	}
+	att := int64(1)
+	only, err := Analyze(filepath.Join(root, "short"), Options{Warmup: 1, Select: Selection{Attempt: &att}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if wall != 35 || only.Goodput.ElapsedS != 35 || len(only.Attempts) != 1 || only.Attempts[0].WallS != 35 {
+		t.Errorf("attempt 1: %g s in the whole run's table, --attempt 1 elapsed %g s (its table %+v); want 35", wall, only.Goodput.ElapsedS, only.Attempts)
 	}
 }

@@ -404,8 +404,8 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	}
 	lo, hi := sp.span()
 	if rep.Selection != "" {
-		events = selectEvents(events, lo, hi)
-		pd.events = selectEvents(pd.events, lo, hi)
+		events = selectEvents(events, lo, hi, sel)
+		pd.events = selectEvents(pd.events, lo, hi, sel)
 		clear(rep.Events)
 		for _, e := range events {
 			rep.Events[e.Kind]++

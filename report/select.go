@@ -112,10 +112,14 @@ func (s Selection) keeps(attempt, step, start, end int64) bool {
 }
 
 // selectEvents keeps the events within [lo, hi], the selected steps' time.
-func selectEvents(events []tps.Event, lo, hi int64) []tps.Event {
+func selectEvents(events []tps.Event, lo, hi int64, sel Selection) []tps.Event {
 	out := events[:0]
 	for _, e := range events {
-		if e.EndUnixNs >= lo && e.StartUnixNs <= hi {
+		// an attempt's launch and end belong to a report of that attempt,
+		// outside its steps' span as they are
+		lifecycle := sel.Attempt != nil && e.Attempt == *sel.Attempt && (e.Kind == tps.EventAttemptStart || e.Kind == tps.EventAttemptEnd ||
+			e.Kind == tps.EventJobStart || e.Kind == tps.EventJobEnd)
+		if lifecycle || e.EndUnixNs >= lo && e.StartUnixNs <= hi {
 			out = append(out, e)
 		}
 	}

@@ -131,6 +131,9 @@ func (r *Report) Lines() []Line {
 		if g.Restarts > 0 {
 			row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
 		}
+		if g.FailedLaunches > 0 {
+			row("failed launches", "%s before their first step (badput launch_failed: %s)", plural(g.FailedLaunches, "launch ended", "launches ended"), dur(g.BadputS[BadLaunchFailed]))
+		}
 	}
 	if crashed := slices.ContainsFunc(r.Attempts, func(a AttemptRow) bool { return a.ExitCode != nil && *a.ExitCode != 0 }); len(r.Attempts) > 1 || crashed {
 		for _, l := range attemptLines(r.Attempts) {
