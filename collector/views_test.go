@@ -77,6 +77,13 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 	c, nc := startCollectorWith(t, Config{OutDir: out, Grace: time.Minute})
 	whole, last10 := viewsJob(t, nc, "views", 40, 1000)
 	viewsJob(t, nc, "notok", 20, 0)
+	_, doneTPS := viewsJob(t, nc, "done", 20, 1000)
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// the third job finished: the page keeps its final figures
+	ev, _ := json.Marshal(tps.Event{Job: "done", Kind: tps.EventAttemptEnd, Rank: -1, StartUnixNs: time.Now().UnixNano(), EndUnixNs: time.Now().UnixNano()})
+	nc.Publish(wire.EventsSubject("done"), ev)
 	if err := c.Sync(5 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -190,6 +197,18 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 	}
 	if !strings.Contains(dom, "throughput n/a: no tokens counted") {
 		t.Errorf("the live page does not say the second job counted no token")
+	}
+	if i := strings.Index(dom, `id="job-done"`); i < 0 {
+		t.Errorf("the finished job is not on the page")
+	} else {
+		box := dom[i:]
+		if k := strings.Index(box[1:], `id="job-`); k > 0 {
+			box = box[:k+1]
+		}
+		if !strings.Contains(box, "finished: final figures") || !strings.Contains(box, `<b class="v-TPS">`+tps.SI(doneTPS)+`</b>`) ||
+			!strings.Contains(box, `class="part-waiting_for_peers"`) {
+			t.Errorf("the finished job lost its final figures (want %s tokens/s, its breakdown, marked finished):\n%.2000s", tps.SI(doneTPS), box)
+		}
 	}
 
 	// the report, over what the collector wrote
