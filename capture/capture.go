@@ -63,7 +63,20 @@ const (
 	// MaxViewCollectives bounds the matched calls a View lists (those the
 	// ranks waited longest at are kept).
 	MaxViewCollectives = 2000
+	// What the command side takes of the answers to one capture, checked
+	// before anything is allocated for them (a forged answer can claim
+	// any world size, rank list or number of pieces): agents answering,
+	// ranks taken part, reports' bytes, and the kept traces' bytes held
+	// until they are written.
+	MaxAcks         = 4096
+	MaxCaptureRanks = 1 << 16
+	MaxReportsBytes = 256 << 20
+	MaxKeptBytes    = 1 << 30
+	maxPiecesATrace = MaxKeepBytes/ChunkBytes + 1
 )
+
+// The bounds Run applies (the tests lower them).
+var reportsBudget, keptBudget int64 = MaxReportsBytes, MaxKeptBytes
 
 var idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 

@@ -17,7 +17,19 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tpsprof/tpsprof/internal/safefs"
+	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
+)
+
+// Bounds the command side applies to what agents say of the job's ranks.
+const (
+	// maxStepsPerSec: a pace faster than this is not a training job's
+	// (the first step would be chosen absurdly far ahead).
+	maxStepsPerSec = 1000
+	// maxStepsAhead: a capture starts at most this many steps past where
+	// the ranks are (every other capture of the job waits for it).
+	maxStepsAhead = 100_000
 )
 
 // Options of one capture from the command side.
@@ -71,6 +83,17 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	defer cancel()
 	id := newID()
 	subj := wire.CaptureSubject(o.Job)
+	// The kept traces' folder is made fresh, owner-only, before the id
+	// goes out (anyone who sees the request learns it): nothing another
+	// user plants under KeepDir is followed or overwritten.
+	var keep *os.Root
+	if o.KeepDir != "" {
+		var err error
+		if keep, err = safefs.NewPrivateDir(filepath.Join(o.KeepDir, id)); err != nil {
+			return nil, fmt.Errorf("capture: keep traces: %w", err)
+		}
+		defer keep.Close()
+	}
 
 	// every rank of the job answered for: no need to wait longer
 	allRanks := func(acks []Ack) bool {
@@ -107,7 +130,9 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 			served[r.Rank] = true
 			world = max(world, r.WorldSize)
 			maxStep = max(maxStep, r.Step)
-			rate = max(rate, r.StepsPerSec)
+			if r.StepsPerSec > 0 && r.StepsPerSec <= maxStepsPerSec {
+				rate = max(rate, r.StepsPerSec)
+			}
 		}
 	}
 	if len(served) == 0 {
@@ -117,6 +142,8 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	if at < 0 {
 		// the request reaches the ranks at most a probe's wait later
 		at = maxStep + 1 + int64(math.Ceil(rate*(o.Lead+o.ProbeWait).Seconds()))
+	} else if at > maxStep+maxStepsAhead {
+		return nil, fmt.Errorf("capture: step %d is %d steps beyond where the job's ranks are (%d): give a step at most %d ahead", at, at-maxStep, maxStep, maxStepsAhead)
 	} else if at <= maxStep {
 		return nil, fmt.Errorf("capture: step %d is already past: the job's ranks are at step %d (give a later --at-step, or none)", at, maxStep)
 	}
@@ -162,14 +189,26 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	}
 	say(fmt.Sprintf("capture %s of job %s: steps %d-%d on %d ranks (%d nodes); the ranks are at step %d", id, o.Job, at, at+o.Steps-1, len(expect), len(nodes), maxStep))
 	if world > 0 && len(o.Ranks) == 0 && o.Node == "" {
+		// counted over the world, listed up to 64 (the world is at most
+		// tps.MaxWorldSize: answers beyond it were not taken)
 		var unserved []string
-		for r := int64(0); r < world; r++ {
+		missing := world
+		for r := range expect {
+			if r < world {
+				missing--
+			}
+		}
+		for r := int64(0); r < world && len(unserved) < 64; r++ {
 			if _, ok := expect[r]; !ok {
 				unserved = append(unserved, strconv.FormatInt(r, 10))
 			}
 		}
-		if len(unserved) > 0 {
-			say(fmt.Sprintf("no agent answered for ranks %s of %d", strings.Join(unserved, ","), world))
+		if missing > 0 {
+			list := strings.Join(unserved, ",")
+			if more := missing - int64(len(unserved)); more > 0 {
+				list += fmt.Sprintf(" and %d more", more)
+			}
+			say(fmt.Sprintf("no agent answered for ranks %s of %d", list, world))
 		}
 	}
 
@@ -186,6 +225,8 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	type tkey struct{ rank, step int64 }
 	chunks := map[tkey][][]byte{}
 	want := map[tkey]int{}
+	var reportBytes, keptBytes int64
+	overReports, overKept := false, false
 	done := func() bool {
 		for r, s := range state {
 			if s.failed != "" {
@@ -224,17 +265,34 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 			if c := m.Header.Get(HeaderChunk); c != "" {
 				var k tkey
 				var seq int
-				if _, err := fmt.Sscanf(c, "%d/%d/%d", &k.rank, &k.step, &seq); err != nil || m.Header.Get(HeaderID) != id {
+				if _, err := fmt.Sscanf(c, "%d/%d/%d", &k.rank, &k.step, &seq); err != nil || m.Header.Get(HeaderID) != id || keep == nil {
+					continue // pieces nobody asked for are not held
+				}
+				if state[k.rank] == nil || k.step < at || k.step >= at+o.Steps || seq >= maxPiecesATrace || len(m.Data) > ChunkBytes {
+					continue
+				}
+				if keptBytes+int64(len(m.Data)) > keptBudget {
+					overKept = true
 					continue
 				}
 				if seq == len(chunks[k]) {
 					chunks[k] = append(chunks[k], m.Data)
+					keptBytes += int64(len(m.Data))
 				}
+				continue
+			}
+			if reportBytes+int64(len(m.Data)) > reportsBudget {
+				overReports = true
 				continue
 			}
 			var r Report
 			if json.Unmarshal(m.Data, &r) != nil || r.ID != id {
 				continue
+			}
+			reportBytes += int64(len(m.Data))
+			if len(r.Calls) > MaxReportCalls {
+				r.CallsDropped += int64(len(r.Calls) - MaxReportCalls)
+				r.Calls = r.Calls[:MaxReportCalls]
 			}
 			s := state[r.Rank]
 			if s == nil {
@@ -252,8 +310,8 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 				}
 				s.traced[r.Step] = true
 				reports = append(reports, r)
-				if r.Chunks > 0 {
-					want[tkey{r.Rank, r.Step}] = r.Chunks
+				if r.Chunks > 0 && keep != nil {
+					want[tkey{r.Rank, r.Step}] = min(r.Chunks, maxPiecesATrace)
 				}
 				if r.Why != "" {
 					say(fmt.Sprintf("rank %d step %d: %s", r.Rank, r.Step, r.Why))
@@ -274,22 +332,26 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 		}
 	}
 	slices.SortFunc(v.Missing, func(a, b Missing) int { return int(a.Rank - b.Rank) })
-	if o.KeepDir != "" {
+	if overReports {
+		v.Notes = append(v.Notes, fmt.Sprintf("the answers passed %d MiB: the rest were not read (a capture this large, or forged answers)", reportsBudget>>20))
+	}
+	if overKept {
+		v.Notes = append(v.Notes, fmt.Sprintf("the kept traces passed %d MiB: the rest were not kept", keptBudget>>20))
+	}
+	if keep != nil {
 		dir := filepath.Join(o.KeepDir, id)
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return v, fmt.Errorf("capture: keep traces: %w", err)
-		}
 		for k, n := range want {
 			parts := chunks[k]
 			if len(parts) < n {
 				v.Notes = append(v.Notes, fmt.Sprintf("rank %d step %d: the trace arrived incomplete (%d of %d pieces): not kept", k.rank, k.step, len(parts), n))
 				continue
 			}
-			p := filepath.Join(dir, fmt.Sprintf("rank%d.step%d.pt.trace.json.gz", k.rank, k.step))
-			if err := os.WriteFile(p, slices.Concat(parts...), 0o644); err != nil {
+			// the name is made here from two numbers, never the sender's
+			name := fmt.Sprintf("rank%d.step%d.pt.trace.json.gz", k.rank, k.step)
+			if err := safefs.CreateNew(keep, name, slices.Concat(parts...)); err != nil {
 				return v, fmt.Errorf("capture: keep traces: %w", err)
 			}
-			v.Kept = append(v.Kept, p)
+			v.Kept = append(v.Kept, filepath.Join(dir, name))
 		}
 		slices.Sort(v.Kept)
 	}
@@ -323,6 +385,7 @@ func gather(ctx context.Context, nc *nats.Conn, subj string, req Request, wait t
 	ctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	var acks []Ack
+	ranks := 0
 	for {
 		m, err := sub.NextMsgWithContext(ctx)
 		if err != nil {
@@ -330,8 +393,19 @@ func gather(ctx context.Context, nc *nats.Conn, subj string, req Request, wait t
 		}
 		var a Ack
 		if json.Unmarshal(m.Data, &a) == nil {
+			// an answer's ranks are taken only within bounds: a world size
+			// a job can have, a rank of it, and at most MaxCaptureRanks in
+			// all (a forged answer claiming 2^62 ranks is not a plan)
+			keep := a.Ranks[:0]
+			for _, r := range a.Ranks {
+				if r.WorldSize > 0 && r.WorldSize <= tps.MaxWorldSize && r.Rank >= 0 && r.Rank < r.WorldSize && ranks < MaxCaptureRanks {
+					keep = append(keep, r)
+					ranks++
+				}
+			}
+			a.Ranks = keep
 			acks = append(acks, a)
-			if enough(acks) {
+			if enough(acks) || len(acks) >= MaxAcks {
 				return acks, nil
 			}
 		}

@@ -84,3 +84,56 @@ func OpenRegular(path string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// NewPrivateDir makes dir fresh (mode 0700; an existing path of that name
+// is refused, whoever made it) and holds it open: files made through the
+// returned Root (CreateNew) land in that folder however its path is
+// renamed or replaced afterwards, and never through a link. It checks the
+// folder it holds is the effective user's and writable by no one else.
+// Its parent is made as MkdirAll makes it and may be shared.
+func NewPrivateDir(dir string) (*os.Root, error) {
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := root.Stat(".")
+	if err == nil {
+		switch uid, ok := owner(fi); {
+		case !fi.IsDir():
+			err = fmt.Errorf("%s is not a folder: %w", dir, ErrNotPrivate)
+		case ok && uid != os.Geteuid():
+			err = fmt.Errorf("%s was replaced by uid %d's folder before it was opened: %w", dir, uid, ErrNotPrivate)
+		case fi.Mode().Perm()&0o077 != 0:
+			err = fmt.Errorf("%s has mode %04o, not 0700: %w", dir, fi.Mode().Perm(), ErrNotPrivate)
+		}
+	}
+	if err != nil {
+		root.Close()
+		return nil, err
+	}
+	return root, nil
+}
+
+// CreateNew writes data to a new file name (no path separators) in root,
+// mode 0600: an existing entry of that name, a link above all, is refused,
+// never followed or overwritten.
+func CreateNew(root *os.Root, name string, data []byte) error {
+	if name == "" || name != filepath.Base(name) || name == "." || name == ".." {
+		return fmt.Errorf("%q: not a plain file name", name)
+	}
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
