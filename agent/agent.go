@@ -229,8 +229,12 @@ type Agent struct {
 	dialErr   atomic.Pointer[error]
 	capSubs   sync.Map // job → *capSub: the job's capture requests, subscribed once it has a rank here
 	capSubN   atomic.Int64
+	capUIDMu  sync.Mutex
+	capSubsOf map[int64]int // uid → capture subscriptions its ranks made (capUIDMu)
 	ownMu     sync.Mutex
 	owners    map[string]*jobOwner // job → the user whose ranks write it (owner.go)
+	connsOf   map[int64]int        // uid → its open intake connections (mu)
+	ownedBy   map[int64]int        // uid → jobs it holds in owners
 	batches   batchCheck           // identical batches on separate replicas (batches.go)
 
 	done      chan struct{}
@@ -261,7 +265,7 @@ func Start(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, owners: map[string]*jobOwner{}, done: make(chan struct{}),
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, owners: map[string]*jobOwner{}, ownedBy: map[int64]int{}, connsOf: map[int64]int{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 64), captures: map[string]*liveCapture{}}
 	// The trace folder is adopted only when it is this user's alone: in a
 	// shared /tmp another user could have made it first and planted links
@@ -404,6 +408,16 @@ func (a *Agent) Stats() Stats {
 // SubmitStep validates and enriches one record and queues it for publishing,
 // as if it came through the socket. The launcher and in-process ranks use it.
 func (a *Agent) SubmitStep(r tps.StepRecord) error {
+	if err := a.checkStep(&r); err != nil {
+		return err
+	}
+	a.queueStep(r)
+	return nil
+}
+
+// checkStep normalises, enriches and validates a record (counting a
+// rejection).
+func (a *Agent) checkStep(r *tps.StepRecord) error {
 	r.Normalize()
 	if r.Node == "" {
 		r.Node = a.cfg.Node
@@ -419,12 +433,16 @@ func (a *Agent) SubmitStep(r tps.StepRecord) error {
 		a.rejectErr(err)
 		return err
 	}
+	return nil
+}
+
+// queueStep queues a checked record for publishing.
+func (a *Agent) queueStep(r tps.StepRecord) {
 	a.records.Add(1)
 	if a.holdForTrace(&r) {
-		return nil
+		return
 	}
 	a.pub.addStep(r)
-	return nil
 }
 
 // SubmitEvent validates and publishes a run event.

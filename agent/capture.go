@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -63,23 +64,43 @@ type captureState struct {
 type capSub struct {
 	sub     atomic.Pointer[nats.Subscription]
 	created time.Time
+	uid     int64 // the user whose rank's record made it
 }
 
 // capSubGrace keeps a new subscription through the forgetting tick that
 // may run between a connection's first record and its noting the job.
 const capSubGrace = 10 * time.Second
 
-// maxCapSubs bounds the jobs an agent takes capture requests for.
-const maxCapSubs = 1024
+// maxCapSubs bounds the jobs an agent takes capture requests for;
+// maxCapSubsPerUID those of one user's ranks (root's and the agent's own
+// user's are not counted against it), so no user's connections use them
+// all up.
+const (
+	maxCapSubs       = 1024
+	maxCapSubsPerUID = maxCapSubs / 8
+)
 
-func (a *Agent) watchCaptures(job string) {
+func (a *Agent) watchCaptures(job string, uid int64) {
 	if _, ok := a.capSubs.Load(job); ok || a.nc == nil || a.capSubN.Load() >= maxCapSubs {
 		return
 	}
-	s := &capSub{created: time.Now()}
-	if _, loaded := a.capSubs.LoadOrStore(job, s); loaded {
+	limited := uid > 0 && uid != int64(os.Geteuid())
+	a.capUIDMu.Lock()
+	if limited && a.capSubsOf[uid] >= maxCapSubsPerUID {
+		a.capUIDMu.Unlock()
+		a.reject("capture:uid_limit")
 		return
 	}
+	s := &capSub{created: time.Now(), uid: uid}
+	if _, loaded := a.capSubs.LoadOrStore(job, s); loaded {
+		a.capUIDMu.Unlock()
+		return
+	}
+	if a.capSubsOf == nil {
+		a.capSubsOf = map[int64]int{}
+	}
+	a.capSubsOf[uid]++
+	a.capUIDMu.Unlock()
 	a.capSubN.Add(1)
 	sub, err := a.nc.Subscribe(wire.CaptureSubject(job), a.handleCapture)
 	if err != nil {
@@ -105,6 +126,11 @@ func (a *Agent) forgetCaptures() {
 		if !carried[k.(string)] && s.created.Before(old) {
 			a.capSubs.Delete(k)
 			a.capSubN.Add(-1)
+			a.capUIDMu.Lock()
+			if a.capSubsOf[s.uid]--; a.capSubsOf[s.uid] <= 0 {
+				delete(a.capSubsOf, s.uid)
+			}
+			a.capUIDMu.Unlock()
 			if sub := s.sub.Load(); sub != nil {
 				sub.Unsubscribe()
 			}
@@ -168,6 +194,15 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 			ack.Ranks = append(ack.Ranks, state(t))
 		}
 		a.respond(m, ack)
+		return
+	}
+	var latest int64
+	for _, t := range ts {
+		latest = max(latest, t.info.step.Load())
+	}
+	if req.AtStep > latest+capture.MaxStepsAhead {
+		a.reject("capture:invalid")
+		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: fmt.Sprintf("capture: step %d is more than %d steps past where the job's ranks are (%d)", req.AtStep, capture.MaxStepsAhead, latest)})
 		return
 	}
 	now := time.Now()

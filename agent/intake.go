@@ -44,7 +44,17 @@ func (a *Agent) acceptLoop() {
 			a.log.Warn("accept", "accept failed", "err", err)
 			continue
 		}
+		uid := peerUID(c)
 		a.mu.Lock()
+		// another user (not root, not the agent's own) holds at most a
+		// quarter of the connections: one user cannot lock the others out
+		if limited := uid > 0 && uid != int64(os.Geteuid()); limited && a.connsOf[uid] >= max(a.cfg.MaxConnections/4, 1) {
+			a.mu.Unlock()
+			a.reject("conn:uid_limit")
+			a.log.Warn("conn:uid_limit", "a user holds a quarter of the agent's connections; connection refused", "uid", uid, "connections", a.cfg.MaxConnections/4)
+			c.Close()
+			continue
+		}
 		full := len(a.conns) >= a.cfg.MaxConnections
 		if full && !a.closeIdlest() {
 			a.mu.Unlock()
@@ -52,9 +62,10 @@ func (a *Agent) acceptLoop() {
 			c.Close()
 			continue
 		}
-		info := &connInfo{uid: peerUID(c)}
+		info := &connInfo{uid: uid}
 		info.last.Store(time.Now().UnixNano())
 		a.conns[c] = info
+		a.connsOf[uid]++
 		a.mu.Unlock()
 		if full {
 			a.reject("conn:idle_closed")
@@ -80,8 +91,16 @@ func (a *Agent) closeIdlest() bool {
 		return false
 	}
 	idlest.Close() // its serve goroutine sees the error and removes it
+	a.dropConnOf(a.conns[idlest].uid)
 	delete(a.conns, idlest)
 	return true
+}
+
+// dropConnOf counts one connection of uid less; mu held.
+func (a *Agent) dropConnOf(uid int64) {
+	if a.connsOf[uid]--; a.connsOf[uid] <= 0 {
+		delete(a.connsOf, uid)
+	}
 }
 
 // serve reads JSON lines from one client until it hangs up.
@@ -89,7 +108,10 @@ func (a *Agent) serve(c net.Conn) {
 	defer a.wg.Done()
 	defer func() {
 		a.mu.Lock()
-		delete(a.conns, c)
+		if info, ok := a.conns[c]; ok {
+			delete(a.conns, c)
+			a.dropConnOf(info.uid)
+		}
 		a.mu.Unlock()
 		c.Close()
 	}()
@@ -172,8 +194,8 @@ func discardLine(r *bufio.Reader) bool {
 type connInfo struct {
 	uid  int64        // the peer's user (SO_PEERCRED), -1 if not known
 	last atomic.Int64 // unix ns
-	// owned is the job this connection last wrote a line for, its user
-	// holding it (ownerOK)
+	// owned is the job this connection's user holds that it last wrote a
+	// step record for (ownerClaim)
 	owned atomic.Pointer[string]
 	rank  atomic.Pointer[rankSeen]
 	// the latest step of the connection's records and when it came (unix
@@ -245,14 +267,17 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 			return false
 		}
 		r := sl.StepRecord
-		if !a.ownerOK(info, r.Job) || a.SubmitStep(r) != nil { // counted inside
+		// a record claims its job for the connection's user only once it
+		// is valid: junk lines squat nothing
+		if !a.ownerAllows(info, r.Job) || a.checkStep(&r) != nil || !a.ownerClaim(info, r.Job) { // counted inside
 			return false
 		}
+		a.queueStep(r)
 		if sl.BatchFP != "" {
 			a.checkBatches(&r, sl.BatchFP)
 		}
 		if info != nil && info.saw(&r) {
-			a.watchCaptures(r.Job)
+			a.watchCaptures(r.Job, info.uid)
 		}
 		return true
 	case "event":
@@ -261,28 +286,28 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 			a.reject("line:json")
 			return false
 		}
-		return a.ownerOK(info, e.Job) && a.SubmitEvent(e) == nil
+		return a.ownerAllows(info, e.Job) && a.SubmitEvent(e) == nil
 	case "trace":
 		var n TraceNote
 		if err := json.Unmarshal(line, &n); err != nil {
 			a.reject("line:json")
 			return false
 		}
-		return a.ownerOK(info, n.Job) && a.SubmitTrace(n) == nil
+		return a.ownerAllows(info, n.Job) && a.SubmitTrace(n) == nil
 	case "capture":
 		var s captureState
 		if err := json.Unmarshal(line, &s); err != nil {
 			a.reject("line:json")
 			return false
 		}
-		return a.ownerOK(info, s.Job) && a.captureStateLine(s) == nil
+		return a.ownerAllows(info, s.Job) && a.captureStateLine(s) == nil
 	case "meta":
 		var m metaLine
 		if err := json.Unmarshal(line, &m); err != nil {
 			a.reject("line:json")
 			return false
 		}
-		if !a.ownerOK(info, m.Job) {
+		if !a.ownerAllows(info, m.Job) {
 			return false
 		}
 		if len(m.HFConfig) > 0 && m.Model == nil && m.ModelPreset == "" {

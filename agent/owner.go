@@ -10,26 +10,58 @@ import (
 // user who can write to it could write steps, events or metadata into
 // another user's job. So the agent reads each connection's peer user
 // (SO_PEERCRED) and gives a job to the first user whose connection writes
-// a line for it; lines for that job from another user's connection are
-// refused (job:owner). Root is trusted (it could do anything anyway); a
-// connection whose user cannot be read (not Linux) is not checked. A job
-// no connection has carried for ForgetAfter is free again.
+// a valid step record for it (a line that fails validation, or a line of
+// another kind, claims nothing); lines for that job from another user's
+// connection are refused (job:owner). Root is trusted (it could do
+// anything anyway); a connection whose user cannot be read (not Linux) is
+// not checked. A job no open connection carries is free again after
+// ownerGrace. A user holds at most maxOwnersPerUID jobs (job:owner_limit),
+// so no user can fill the table for the others.
 
-// maxOwners bounds the jobs whose owner is remembered.
-const maxOwners = 1 << 16
+// maxOwners bounds the jobs whose owner is remembered; maxOwnersPerUID
+// the jobs one user holds.
+const (
+	maxOwners       = 1 << 16
+	maxOwnersPerUID = 4096
+)
+
+// ownerGrace is how long a job stays its user's once no connection
+// carries it (ForgetAfter when shorter): long enough for its ranks to
+// reconnect after a restart.
+const ownerGrace = time.Minute
 
 type jobOwner struct {
 	uid  int64
 	seen int64 // unix ns: last found carried by a connection
 }
 
-// ownerOK says whether the connection may write a line for job, taking
-// the job for its user if no one holds it. Serve goroutine only: the
-// connection's last job is cached, so a record of the job it already
-// holds costs a string comparison.
-func (a *Agent) ownerOK(info *connInfo, job string) bool {
+// ownerAllows says whether the connection may write a line for job: no
+// other user holds it. It claims nothing (ownerClaim does, for a valid
+// step record). Serve goroutine only: the connection's last job is
+// cached, so a line of the job it already holds costs a comparison.
+func (a *Agent) ownerAllows(info *connInfo, job string) bool {
 	if info == nil || info.uid <= 0 {
 		return true // in process, root, or a user not known
+	}
+	if p := info.owned.Load(); p != nil && *p == job {
+		return true
+	}
+	a.ownMu.Lock()
+	o, held := a.owners[job]
+	a.ownMu.Unlock()
+	if held && o.uid != info.uid {
+		a.refuseOwner(job, info.uid, o.uid)
+		return false
+	}
+	return true
+}
+
+// ownerClaim takes job for the connection's user, for a step record that
+// passed validation: refused when another user holds it, or when the
+// table (or this user's share of it) is full.
+func (a *Agent) ownerClaim(info *connInfo, job string) bool {
+	if info == nil || info.uid <= 0 {
+		return true
 	}
 	if p := info.owned.Load(); p != nil && *p == job {
 		return true
@@ -40,16 +72,17 @@ func (a *Agent) ownerOK(info *connInfo, job string) bool {
 	switch {
 	case held && o.uid != info.uid:
 		a.ownMu.Unlock()
-		a.reject("job:owner")
-		a.log.Warn("job:owner", "a line for a job another user's ranks write was refused", "job", job, "uid", info.uid, "owner_uid", o.uid)
+		a.refuseOwner(job, info.uid, o.uid)
 		return false
-	case !held && len(a.owners) >= maxOwners:
+	case !held && (len(a.owners) >= maxOwners || a.ownedBy[info.uid] >= maxOwnersPerUID):
+		n := a.ownedBy[info.uid]
 		a.ownMu.Unlock()
 		a.reject("job:owner_limit")
-		a.log.Warn("job:owner_limit", "too many jobs on this agent to remember their users; line refused", "job", job, "jobs", maxOwners)
+		a.log.Warn("job:owner_limit", "too many jobs on this agent (or of this user) to remember their users; record refused", "job", job, "uid", info.uid, "user_jobs", n, "jobs", maxOwners)
 		return false
 	case !held:
 		a.owners[job] = &jobOwner{uid: info.uid, seen: now}
+		a.ownedBy[info.uid]++
 	default:
 		o.seen = now
 	}
@@ -58,7 +91,12 @@ func (a *Agent) ownerOK(info *connInfo, job string) bool {
 	return true
 }
 
-// forgetOwners frees the jobs no connection has carried for ForgetAfter
+func (a *Agent) refuseOwner(job string, uid, owner int64) {
+	a.reject("job:owner")
+	a.log.Warn("job:owner", "a line for a job another user's ranks write was refused", "job", job, "uid", uid, "owner_uid", owner)
+}
+
+// forgetOwners frees the jobs no connection has carried for ownerGrace
 // (the trace worker's tick).
 func (a *Agent) forgetOwners() {
 	a.ownMu.Lock()
@@ -69,13 +107,16 @@ func (a *Agent) forgetOwners() {
 	}
 	carried := a.carriedJobs()
 	now := time.Now().UnixNano()
-	old := now - a.cfg.ForgetAfter.Nanoseconds()
+	old := now - min(ownerGrace, a.cfg.ForgetAfter).Nanoseconds()
 	a.ownMu.Lock()
 	for job, o := range a.owners {
 		if carried[job] {
 			o.seen = now
 		} else if o.seen < old {
 			delete(a.owners, job)
+			if a.ownedBy[o.uid]--; a.ownedBy[o.uid] <= 0 {
+				delete(a.ownedBy, o.uid)
+			}
 		}
 	}
 	a.ownMu.Unlock()

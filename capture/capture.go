@@ -68,6 +68,10 @@ const (
 	// any world size, rank list or number of pieces): agents answering,
 	// ranks taken part, reports' bytes, and the kept traces' bytes held
 	// until they are written.
+	// MaxStepsAhead: a capture starts at most this many steps past where
+	// the job's ranks are (agents refuse a start further ahead: every other
+	// capture of the job would wait for it).
+	MaxStepsAhead   = 100_000
 	MaxAcks         = 4096
 	MaxCaptureRanks = 1 << 16
 	MaxReportsBytes = 256 << 20

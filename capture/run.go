@@ -27,9 +27,6 @@ const (
 	// maxStepsPerSec: a pace faster than this is not a training job's
 	// (the first step would be chosen absurdly far ahead).
 	maxStepsPerSec = 1000
-	// maxStepsAhead: a capture starts at most this many steps past where
-	// the ranks are (every other capture of the job waits for it).
-	maxStepsAhead = 100_000
 )
 
 // Options of one capture from the command side.
@@ -142,8 +139,8 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	if at < 0 {
 		// the request reaches the ranks at most a probe's wait later
 		at = maxStep + 1 + int64(math.Ceil(rate*(o.Lead+o.ProbeWait).Seconds()))
-	} else if at > maxStep+maxStepsAhead {
-		return nil, fmt.Errorf("capture: step %d is %d steps beyond where the job's ranks are (%d): give a step at most %d ahead", at, at-maxStep, maxStep, maxStepsAhead)
+	} else if at > maxStep+MaxStepsAhead {
+		return nil, fmt.Errorf("capture: step %d is %d steps beyond where the job's ranks are (%d): give a step at most %d ahead", at, at-maxStep, maxStep, MaxStepsAhead)
 	} else if at <= maxStep {
 		return nil, fmt.Errorf("capture: step %d is already past: the job's ranks are at step %d (give a later --at-step, or none)", at, maxStep)
 	}

@@ -183,7 +183,7 @@ func TestForgedAnswersBounded(t *testing.T) {
 			}
 			acks = append(acks, ackOf(ranks...))
 		}
-		reportsBudget = 8 << 20
+		reportsBudget = 2 << 20
 		t.Cleanup(func() { reportsBudget = MaxReportsBytes })
 		cli, f := startForger(t, "job", func(req Request, reply func([]byte, nats.Header)) {
 			for _, a := range acks {
@@ -197,13 +197,13 @@ func TestForgedAnswersBounded(t *testing.T) {
 				reply(make([]byte, 512<<10), nats.Header{HeaderChunk: []string{fmt.Sprintf("%d/%d/0", i, req.AtStep)}, HeaderID: []string{req.ID}})
 			}
 			calls := strings.Repeat(`{"name":"allreduce","start_us":1,"dur_us":1},`, 6000)
-			for i := range 64 {
+			for i := range 16 {
 				r := fmt.Sprintf(`{"id":%q,"node":"n0","rank":%d,"state":"traced","step":%d,"calls":[%s{"name":"x"}]}`, req.ID, i, req.AtStep, calls)
 				reply([]byte(r), nats.Header{"X": []string{"report"}})
 			}
 		})
 		f.nc.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
-		v, err := Run(context.Background(), cli, Options{Job: "job", Steps: 1, AtStep: 5, Timeout: 3 * time.Second, ProbeWait: 500 * time.Millisecond, AcceptWait: time.Second})
+		v, err := Run(context.Background(), cli, Options{Job: "job", Steps: 1, AtStep: 5, Timeout: 8 * time.Second, ProbeWait: 500 * time.Millisecond, AcceptWait: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +213,7 @@ func TestForgedAnswersBounded(t *testing.T) {
 		if len(v.Missing) > MaxCaptureRanks {
 			t.Errorf("%d ranks taken part, more than %d", len(v.Missing), MaxCaptureRanks)
 		}
-		if !strings.Contains(strings.Join(v.Notes, "\n"), "the answers passed 8 MiB") {
+		if !strings.Contains(strings.Join(v.Notes, "\n"), "the answers passed 2 MiB") {
 			t.Errorf("no note that the answers passed their budget: %v", v.Notes)
 		}
 	})
