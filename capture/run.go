@@ -48,6 +48,9 @@ type Options struct {
 	AcceptWait time.Duration
 	// Progress, when set, is told what happens as it happens.
 	Progress func(string)
+	// MaxReportsBytes bounds what is read of the answers (0: the default,
+	// MaxReportsBytes; a collector's automatic captures take less).
+	MaxReportsBytes int64
 }
 
 // ErrNoJob means no agent serves a rank of the job.
@@ -177,6 +180,9 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 			return nil, fmt.Errorf("capture refused by the agent on %s: %s", a.Node, a.Err)
 		}
 		for _, r := range a.Ranks {
+			if len(o.Ranks) > 0 && !slices.Contains(o.Ranks, r.Rank) {
+				continue // an answer for a rank not asked for
+			}
 			expect[r.Rank] = a.Node
 			nodes[a.Node] = true
 		}
@@ -224,6 +230,10 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	want := map[tkey]int{}
 	var reportBytes, keptBytes int64
 	overReports, overKept := false, false
+	budget := reportsBudget
+	if o.MaxReportsBytes > 0 {
+		budget = min(budget, o.MaxReportsBytes)
+	}
 	done := func() bool {
 		for r, s := range state {
 			if s.failed != "" {
@@ -278,7 +288,7 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 				}
 				continue
 			}
-			if reportBytes+int64(len(m.Data)) > reportsBudget {
+			if reportBytes+int64(len(m.Data)) > budget {
 				overReports = true
 				continue
 			}
@@ -330,7 +340,7 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 	}
 	slices.SortFunc(v.Missing, func(a, b Missing) int { return int(a.Rank - b.Rank) })
 	if overReports {
-		v.Notes = append(v.Notes, fmt.Sprintf("the answers passed %d MiB: the rest were not read (a capture this large, or forged answers)", reportsBudget>>20))
+		v.Notes = append(v.Notes, fmt.Sprintf("the answers passed %d MiB: the rest were not read (a capture this large, or forged answers)", budget>>20))
 	}
 	if overKept {
 		v.Notes = append(v.Notes, fmt.Sprintf("the kept traces passed %d MiB: the rest were not kept", keptBudget>>20))

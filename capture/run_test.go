@@ -219,6 +219,40 @@ func TestForgedAnswersBounded(t *testing.T) {
 	})
 }
 
+// An automatic capture of two ranks (a collector's --auto-capture, whose
+// embedded NATS server shares its process: it grew from 118 to 2,870 MiB
+// and was OOM-killed in 27 s) takes answers only for the ranks it asked,
+// and reads at most its own budget of them.
+func TestAutoCaptureAnswersBounded(t *testing.T) {
+	ranks := make([]RankState, 16384)
+	for i := range ranks {
+		ranks[i] = RankState{Rank: int64(i), WorldSize: 16384, Step: 3}
+	}
+	ack := ackOf(ranks...)
+	cli, _ := startForger(t, "job", func(req Request, reply func([]byte, nats.Header)) {
+		reply(ack, nil)
+		if req.Op != "start" {
+			return
+		}
+		why := strings.Repeat("x", 200000)
+		for range 16 {
+			r := fmt.Sprintf(`{"id":%q,"node":"n0","rank":0,"state":"accepted","step":%d,"why":"%s"}`, req.ID, req.AtStep, why)
+			reply([]byte(r), nats.Header{"X": []string{"report"}})
+		}
+	})
+	v, err := Run(context.Background(), cli, Options{Job: "job", Steps: 1, AtStep: -1, Ranks: []int64{0, 1}, Timeout: 3 * time.Second, ProbeWait: 300 * time.Millisecond,
+		AcceptWait: time.Second, MaxReportsBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.Missing) != 2 {
+		t.Errorf("%d ranks taken part, asked for 2: %v", len(v.Missing), v.Missing)
+	}
+	if !strings.Contains(strings.Join(v.Notes, "\n"), "the answers passed 1 MiB") {
+		t.Errorf("no note that the answers passed their budget: %v", v.Notes)
+	}
+}
+
 func heap() int64 {
 	runtime.GC()
 	var m runtime.MemStats

@@ -22,6 +22,10 @@ import (
 // Parquet and the report like any event, and the live episode links to it
 // (/api/summary, the live page).
 
+// autoCaptureReportBytes bounds what an automatic capture reads of the
+// agents' answers.
+const autoCaptureReportBytes = 16 << 20
+
 // captureAsk is an automatic capture the job state asked for.
 type captureAsk struct {
 	job       string
@@ -155,7 +159,11 @@ func (c *Collector) captures(ctx context.Context) {
 
 func (c *Collector) runCapture(ctx context.Context, ask captureAsk) {
 	start := time.Now()
-	v, err := capture.Run(ctx, c.nc, capture.Options{Job: ask.job, Steps: 1, AtStep: -1, Ranks: ask.ranks, Timeout: c.cfg.AutoCaptureTimeout})
+	// two ranks, one step: 16 MiB of answers is plenty, and what a forged
+	// agent can make the collector hold (its embedded NATS server shares
+	// the process)
+	v, err := capture.Run(ctx, c.nc, capture.Options{Job: ask.job, Steps: 1, AtStep: -1, Ranks: ask.ranks, Timeout: c.cfg.AutoCaptureTimeout,
+		MaxReportsBytes: autoCaptureReportBytes})
 	link := CaptureLink{State: "done"}
 	detail := map[string]any{"episode_node": ask.key, "episode_start_step": ask.startStep, "ranks": ask.ranks}
 	if err != nil {
