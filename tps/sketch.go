@@ -72,6 +72,15 @@ func (s *Sketch) addBin(i int32, n int64) {
 		s.Offset, s.Bins = i, []int64{n}
 		return
 	}
+	// The span the buckets would cover, in int64: two sketches whose
+	// offsets lie far apart (a hostile rank_windows row: -2^31 and
+	// 2^31-1) overflowed int32 into a negative length, or asked for 16 GB,
+	// before the fold below bounded them.
+	lo, hi := int64(s.Offset), int64(s.Offset)+int64(len(s.Bins))-1
+	if top := max(hi, int64(i)); top-min(lo, int64(i))+1 > SketchMaxBins {
+		s.refold(top, int64(i), n)
+		return
+	}
 	switch {
 	case i < s.Offset:
 		grow := int(s.Offset - i)
@@ -90,6 +99,23 @@ func (s *Sketch) addBin(i int32, n int64) {
 		s.Bins = s.Bins[k:]
 		s.Bins[0] = folded
 		s.Offset += int32(k)
+	}
+}
+
+// refold keeps the SketchMaxBins buckets up to top, each bucket below
+// them folded into the lowest kept one (as addBin's fold does), and adds
+// n to bucket i: it allocates SketchMaxBins buckets at most, however far
+// apart i and the sketch's buckets are.
+func (s *Sketch) refold(top, i int64, n int64) {
+	keep := top - SketchMaxBins + 1
+	bins := make([]int64, SketchMaxBins)
+	for k, c := range s.Bins {
+		bins[max(int64(s.Offset)+int64(k), keep)-keep] += c
+	}
+	bins[max(i, keep)-keep] += n
+	s.Bins, s.Offset = bins, int32(keep)
+	for len(s.Bins) > 1 && s.Bins[len(s.Bins)-1] == 0 { // top is a bucket's, kept or added
+		s.Bins = s.Bins[:len(s.Bins)-1]
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"sort"
 	"testing"
 )
@@ -82,5 +83,31 @@ func TestSketchMergeIsExact(t *testing.T) {
 	bad.Count++
 	if err := bad.Check(); err == nil {
 		t.Error("a sketch whose count does not add up passed")
+	}
+}
+
+// Hostile offsets (a rank_windows row is anyone's file): sketches whose
+// buckets lie 2^32 apart merge in bounded memory, without the int32
+// overflow that made a negative length (makeslice panic) or the 16 GB
+// that a far offset asked for, the count kept and the high buckets exact.
+func TestSketchFarOffsetsMerge(t *testing.T) {
+	for _, c := range []struct{ a, b int32 }{{math.MinInt32, math.MaxInt32 - 3}, {math.MaxInt32 - 3, math.MinInt32}, {0, 1 << 30}, {-5000, 5000}} {
+		a := Sketch{Count: 4, Sum: 4, Min: 1, Max: 1, Offset: c.a, Bins: []int64{1, 0, 3}}
+		b := Sketch{Count: 2, Sum: 2, Min: 1, Max: 1, Offset: c.b, Bins: []int64{2}}
+		var before runtime.MemStats
+		runtime.ReadMemStats(&before)
+		a.Merge(&b)
+		var after runtime.MemStats
+		runtime.ReadMemStats(&after)
+		if err := a.Check(); err != nil || a.Count != 6 || len(a.Bins) > SketchMaxBins {
+			t.Errorf("offsets %d and %d: %v, count %d, %d bins", c.a, c.b, err, a.Count, len(a.Bins))
+		}
+		if grew := after.TotalAlloc - before.TotalAlloc; grew > 1<<20 {
+			t.Errorf("offsets %d and %d: %d bytes allocated", c.a, c.b, grew)
+		}
+		hi := max(int64(c.a)+2, int64(c.b))
+		if got := int64(a.Offset) + int64(len(a.Bins)) - 1; got != hi {
+			t.Errorf("offsets %d and %d: top bucket %d, want %d", c.a, c.b, got, hi)
+		}
 	}
 }

@@ -155,8 +155,8 @@ func (p *jsonScan) bins(out *[]int64) bool {
 	}
 	for {
 		var v int64
-		if !p.int(&v) {
-			return false
+		if !p.int(&v) || len(*out) >= SketchMaxBins {
+			return false // (more bins than a sketch holds: Check refuses it)
 		}
 		*out = append(*out, v)
 		if p.byte(']') {

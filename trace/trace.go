@@ -389,6 +389,9 @@ type UnreadableParts struct {
 
 var errUnreadable = errors.New("not a readable Parquet part")
 
+// MaxGroupRows is the most rows a row group of a readable part may claim.
+const MaxGroupRows = 1 << 22
+
 func (u *UnreadableParts) add(path string, err error) bool {
 	if !errors.Is(err, errUnreadable) {
 		return false
@@ -420,6 +423,23 @@ func checkPart(f *os.File, r io.ReaderAt, path string) (*parquet.File, error) {
 	pf, err := openParquet(r, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, err)
+	}
+	// A footer's counts are checked before anything is sized by them: a
+	// row group past MaxGroupRows (no writer of these tables makes one:
+	// tpsprof's hold 64 Ki rows, DuckDB's about 123 Ki), a negative count,
+	// or a total that is not the groups' sum is a lying footer, and the
+	// part is skipped, named (a footer claiming 1e9 rows made the report
+	// allocate 8 GB for one column).
+	var sum int64
+	for g, rg := range pf.RowGroups() {
+		n := rg.NumRows()
+		if n < 0 || n > MaxGroupRows {
+			return nil, fmt.Errorf("trace: %s: %w: row group %d claims %d rows (at most %d)", path, errUnreadable, g, n, MaxGroupRows)
+		}
+		sum += n
+	}
+	if sum != pf.NumRows() {
+		return nil, fmt.Errorf("trace: %s: %w: the footer claims %d rows, its row groups %d", path, errUnreadable, pf.NumRows(), sum)
 	}
 	// A part of another table (a rank_steps part copied into
 	// cluster_steps) would decode into zeros and defaults: skip it, named.

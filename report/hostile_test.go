@@ -1,0 +1,119 @@
+package report
+
+import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/parquet-go/parquet-go/encoding/thrift"
+	"github.com/parquet-go/parquet-go/format"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+	"github.com/tpsprof/tpsprof/trace/tracetest"
+)
+
+// lieRows rewrites a part's footer so that it and its row groups claim
+// rows rows (the data pages unchanged), as a hostile or corrupted file
+// would.
+func lieRows(t *testing.T, path string, rows int64) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int(binary.LittleEndian.Uint32(b[len(b)-8:]))
+	var md format.FileMetaData
+	if err := thrift.Unmarshal(new(thrift.CompactProtocol), b[len(b)-8-n:len(b)-8], &md); err != nil {
+		t.Fatal(err)
+	}
+	md.NumRows = rows * int64(len(md.RowGroups))
+	for i := range md.RowGroups {
+		md.RowGroups[i].NumRows = rows
+	}
+	foot, err := thrift.Marshal(new(thrift.CompactProtocol), &md)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := append(b[:len(b)-8-n:len(b)-8-n], foot...)
+	out = binary.LittleEndian.AppendUint32(out, uint32(len(foot)))
+	if err := os.WriteFile(path, append(out, "PAR1"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Hostile Parquet: a cluster_steps part and a rank_steps part whose
+// footers claim 10^9 rows (the report allocated 8 GB for one column and
+// was OOM-killed even with 10 GiB) are named and skipped, the report
+// made of the other parts, in bounded memory.
+func TestLyingFootersSkipped(t *testing.T) {
+	dir, err := tracetest.Write(t.TempDir(), "lie", tracetest.Run{World: 4, Steps: 200, ClusterRowsPerPart: 50, RankRowsPerPart: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := trace.PartFiles(filepath.Join(dir, trace.ClusterSteps))
+	rk, _ := trace.PartFiles(filepath.Join(dir, trace.RankSteps))
+	if len(cl) != 4 || len(rk) != 4 {
+		t.Fatalf("%d cluster parts and %d rank parts, want 4 each", len(cl), len(rk))
+	}
+	lieRows(t, cl[1], 1e9)
+	lieRows(t, rk[2], 1e9)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	rep, err := Analyze(dir, Options{Warmup: 1})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatalf("the report stopped at a lying footer: %v", err)
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 512<<20 {
+		t.Errorf("the report allocated %d MiB", grew>>20)
+	}
+	if rep.Summary.Steps != 150 {
+		t.Errorf("%d steps, want the 150 of the readable cluster parts", rep.Summary.Steps)
+	}
+	notes := strings.Join(rep.Notes, "\n")
+	for _, p := range []string{filepath.Base(cl[1]), filepath.Base(rk[2])} {
+		if !strings.Contains(notes, p) {
+			t.Errorf("the skipped part %s is not named: %v", p, rep.Notes)
+		}
+	}
+}
+
+// Hostile rank_windows sketches (offsets 2^32 apart, which panicked with
+// "makeslice: len out of range" or asked for 12 GB) make a report in
+// bounded memory.
+func TestHostileWindowSketches(t *testing.T) {
+	root := t.TempDir()
+	dir, err := tracetest.Write(root, "win", tracetest.Run{World: 2, Steps: 200, Windows: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := trace.NewPartWriter[tps.RankWindow](root, "win", trace.RankWindows, trace.WriterOptions{WriterID: "hostile"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	far := func(off int32) []byte {
+		return []byte(`{"count":1,"sum":1,"min":1,"max":1,"offset":` + strconv.FormatInt(int64(off), 10) + `,"bins":[1]}`)
+	}
+	w.Write([]tps.RankWindow{
+		{Job: "win", Attempt: 0, Rank: 0, Window: 0, FirstStep: 1, LastStep: 1, Steps: 1, ComputeSketch: far(-1 << 31)},
+		{Job: "win", Attempt: 0, Rank: 0, Window: 0, FirstStep: 2, LastStep: 2, Steps: 1, ComputeSketch: far(1<<31 - 1)},
+	})
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := Analyze(dir, Options{Warmup: 1, RankSource: RankSourceWindows}); err != nil {
+		t.Logf("report: %v", err) // an error is an answer; a panic or 12 GB is not
+	}
+	runtime.ReadMemStats(&after)
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 512<<20 {
+		t.Errorf("the report allocated %d MiB", grew>>20)
+	}
+}
