@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"flag"
 	"sort"
+	"strings"
 	"text/tabwriter"
 
+	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/kineto"
 )
 
@@ -30,6 +33,8 @@ files: one error line each, exit 1. See docs/kineto.md.
 	asJSON := fs.Bool("json", false, "one JSON object per file (an array when several)")
 	maxSteps := fs.Int("steps", 20, "steps shown per trace in the text table (0: all)")
 	htaRound := fs.Bool("hta-rounding", false, "round events to whole microseconds as Holistic Trace Analysis does (to reproduce its figures)")
+	maxEvents := fs.Int64("max-events", agent.DefaultTraceMaxEvents, "analyse no trace with more events in a step than this (the analysis holds a step's events, about 270 B each), as the agent does; 0: no bound")
+	maxBytes := fs.Int64("max-bytes", agent.MaxTraceUncompressedBytes, "read no more than this of a trace once uncompressed (a small gzip can unpack to gigabytes), as the agent does; 0: no bound")
 	// Files and flags may come in any order (shells expand globs first).
 	var files, flags []string
 	for i := 0; i < len(args); i++ {
@@ -38,14 +43,14 @@ files: one error line each, exit 1. See docs/kineto.md.
 		case a == "--":
 			files = append(files, args[i+1:]...)
 			i = len(args)
-		case a == "--steps" || a == "-steps":
+		case len(a) > 1 && a[0] == '-':
 			flags = append(flags, a)
-			if i+1 < len(args) {
+			// a flag that takes a value (not a bool, no "=") takes the next word
+			name := strings.TrimLeft(a, "-")
+			if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") && !isBoolFlag(f) && i+1 < len(args) {
 				flags = append(flags, args[i+1])
 				i++
 			}
-		case len(a) > 1 && a[0] == '-':
-			flags = append(flags, a)
 		default:
 			files = append(files, a)
 		}
@@ -59,7 +64,7 @@ files: one error line each, exit 1. See docs/kineto.md.
 	var results []*kineto.Result
 	failed := 0
 	for _, f := range files {
-		r, err := kineto.AnalyzeFileWith(f, kineto.Options{HTARounding: *htaRound})
+		r, err := kineto.AnalyzeFileWith(f, kineto.Options{HTARounding: *htaRound, MaxEvents: max(*maxEvents, 0), MaxBytes: max(*maxBytes, 0)})
 		if err != nil {
 			failErr(stderr, "kineto", err)
 			failed++
@@ -169,4 +174,10 @@ func printSpread(w io.Writer, rs []*kineto.Result) {
 		fmt.Fprintf(w, " (%.2f× the median)", worst.exposed/med)
 	}
 	fmt.Fprintln(w)
+}
+
+// isBoolFlag says whether f is set without a value (--json).
+func isBoolFlag(f *flag.Flag) bool {
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
 }
