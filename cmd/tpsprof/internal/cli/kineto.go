@@ -2,9 +2,9 @@ package cli
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
-	"flag"
 	"sort"
 	"strings"
 	"text/tabwriter"
