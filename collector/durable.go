@@ -152,11 +152,7 @@ func (d *durableSource) start() error {
 func (d *durableSource) ensureStream(ctx context.Context) error {
 	c := d.c
 	js := d.js
-	want := jetstream.StreamConfig{
-		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
-		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
-		Replicas: max(c.cfg.StreamReplicas, 1),
-	}
+	want := d.streamWant()
 	st, err := js.Stream(ctx, StreamName)
 	switch {
 	case errors.Is(err, jetstream.ErrStreamNotFound):
@@ -165,8 +161,7 @@ func (d *durableSource) ensureStream(ctx context.Context) error {
 			err = nil // another collector created it meanwhile
 		}
 	case err == nil:
-		if have := st.CachedInfo().Config; have.MaxAge != want.MaxAge || have.MaxBytes != want.MaxBytes || have.Replicas != want.Replicas ||
-			have.Retention != want.Retention || have.Discard != want.Discard || !slices.Equal(have.Subjects, want.Subjects) {
+		if streamDrift(st.CachedInfo().Config, want) != "" {
 			_, err = js.UpdateStream(ctx, want)
 		}
 	}
@@ -178,6 +173,45 @@ func (d *durableSource) ensureStream(ctx context.Context) error {
 		return fmt.Errorf("collector: create stream %s: %w%s", StreamName, err, hint)
 	}
 	return nil
+}
+
+// streamWant is the stream's configuration.
+func (d *durableSource) streamWant() jetstream.StreamConfig {
+	c := d.c
+	return jetstream.StreamConfig{
+		Name: StreamName, Subjects: []string{wire.Prefix + ".>"}, Storage: jetstream.FileStorage,
+		Retention: jetstream.WorkQueuePolicy, MaxAge: c.cfg.StreamMaxAge, MaxBytes: c.cfg.StreamMaxBytes, Discard: jetstream.DiscardOld,
+		Replicas: max(c.cfg.StreamReplicas, 1), MaxMsgs: -1, MaxMsgSize: -1, MaxMsgsPerSubject: -1, MaxConsumers: -1,
+	}
+}
+
+// streamDrift names what of the stream's configuration is not what the
+// collector set ("" when nothing): anyone holding a credential that may
+// update streams can change it in place (its subjects, so records no
+// longer land in it; its limits, so it keeps nothing; seal it), which
+// the watch puts back.
+func streamDrift(have, want jetstream.StreamConfig) string {
+	var d []string
+	check := func(name string, differs bool) {
+		if differs {
+			d = append(d, name)
+		}
+	}
+	check("subjects", !slices.Equal(have.Subjects, want.Subjects))
+	check("retention", have.Retention != want.Retention)
+	check("max_age", have.MaxAge != want.MaxAge)
+	check("max_bytes", have.MaxBytes != want.MaxBytes)
+	check("discard", have.Discard != want.Discard)
+	check("replicas", have.Replicas != want.Replicas)
+	check("max_msgs", have.MaxMsgs > 0)
+	check("max_msg_size", have.MaxMsgSize > 0)
+	check("max_msgs_per_subject", have.MaxMsgsPerSubject > 0)
+	check("max_consumers", have.MaxConsumers > 0)
+	check("sealed", have.Sealed)
+	check("deny_delete", have.DenyDelete)
+	check("deny_purge", have.DenyPurge)
+	check("no_ack", have.NoAck)
+	return strings.Join(d, ", ")
 }
 
 // startConsumer creates the role's consumer (or takes the existing one)
@@ -216,8 +250,19 @@ func (d *durableSource) watchStream() {
 		case <-tick.C:
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		_, err := d.js.Stream(ctx, StreamName)
+		st, err := d.js.Stream(ctx, StreamName)
 		streamGone := errors.Is(err, jetstream.ErrStreamNotFound)
+		if err == nil {
+			// changed in place: put its configuration back
+			if drift := streamDrift(st.CachedInfo().Config, d.streamWant()); drift != "" {
+				if _, uerr := d.js.UpdateStream(ctx, d.streamWant()); uerr != nil {
+					c.cfg.Logger.Error("durable: the stream's configuration was changed ("+drift+") and cannot be put back; trying again", "err", uerr)
+				} else {
+					c.n.streamRecreated.Add(1)
+					c.cfg.Logger.Warn("durable: the stream's configuration was changed in place (" + drift + ", by a client allowed to: see docs/security.md) and is put back")
+				}
+			}
+		}
 		consumerGone := false
 		if err == nil {
 			_, err = d.js.Consumer(ctx, StreamName, d.durableConsumer().Durable)

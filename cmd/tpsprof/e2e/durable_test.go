@@ -271,8 +271,31 @@ func waitConsumer(t *testing.T, url, name string) {
 // Someone holding a credential that may deletes the durable stream while a
 // job runs: the collector creates it again with its consumer, the durable
 // agent's retries then land, and every step sent after the deletion and
-// every one the collector had handled before reaches Parquet once.
+// every one the collector had handled before reaches Parquet once. Or
+// changes its configuration in place (its subjects elsewhere, a message
+// limit of one: 0 of 80 records landed, and the watch never repaired it):
+// the collector puts it back, with the same outcome.
 func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
+	t.Run("deleted", func(t *testing.T) {
+		streamAttackSurvived(t, func(ctx context.Context, js jetstream.JetStream) error {
+			return js.DeleteStream(ctx, collector.StreamName)
+		})
+	})
+	t.Run("changed in place", func(t *testing.T) {
+		streamAttackSurvived(t, func(ctx context.Context, js jetstream.JetStream) error {
+			st, err := js.Stream(ctx, collector.StreamName)
+			if err != nil {
+				return err
+			}
+			cfg := st.CachedInfo().Config
+			cfg.Subjects, cfg.MaxMsgs = []string{"elsewhere.>"}, 1
+			_, err = js.UpdateStream(ctx, cfg)
+			return err
+		})
+	})
+}
+
+func streamAttackSurvived(t *testing.T, attack func(context.Context, jetstream.JetStream) error) {
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -325,14 +348,14 @@ func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := js.DeleteStream(ctx, collector.StreamName); err != nil {
+	if err := attack(ctx, js); err != nil {
 		t.Fatal(err)
 	}
-	send(20, 40) // published while the stream is gone: the agent retries
+	send(20, 40) // published while the stream is gone or elsewhere: the agent retries
 	deadline := time.Now().Add(15 * time.Second)
 	for col.Stats().StreamRecreated == 0 {
 		if time.Now().After(deadline) {
-			t.Fatalf("the deleted stream was not created again: %+v", col.Stats())
+			t.Fatalf("the stream was not put back: %+v", col.Stats())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
