@@ -2,6 +2,7 @@ package agent
 
 import (
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -64,4 +65,39 @@ func startWithNATS(t *testing.T, cfg Config) (*Agent, *nats.Conn) {
 	}
 	t.Cleanup(func() { a.Close() })
 	return a, nc
+}
+
+// A burst of metadata lines (3,000 for one job, as a rank re-sending it
+// every step, or a hostile one) publishes at most about one a second,
+// not one a line (it made 6,000 publishes in 21 s), and the last of them
+// still reaches NATS.
+func TestMetaRepublishBounded(t *testing.T) {
+	a, nc := startWithNATS(t, Config{FlushInterval: 10 * time.Millisecond, MetaInterval: time.Hour})
+	var got atomic.Int64
+	var last atomic.Pointer[string]
+	if _, err := nc.Subscribe(wire.MetaSubject("burst"), func(m *nats.Msg) {
+		got.Add(1)
+		s := string(m.Data)
+		last.Store(&s)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	start := time.Now()
+	for i := range 3000 {
+		if err := a.SubmitMeta(tps.RunMeta{Job: "burst", MicroBatches: 1 + i%7}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.SubmitMeta(tps.RunMeta{Job: "burst", MicroBatches: 42}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	secs := time.Since(start).Seconds()
+	if n := got.Load(); n < 1 || float64(n) > secs+2 {
+		t.Errorf("%d publishes of a job's metadata in %.1f s, want about one a second", n, secs)
+	}
+	if p := last.Load(); p == nil || !strings.Contains(*p, `"micro_batches":42`) {
+		t.Errorf("the last metadata did not reach NATS: %v", p)
+	}
 }

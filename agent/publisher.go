@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -39,13 +40,20 @@ type publisher struct {
 	queueBytes int
 	metas      map[string]tps.RunMeta // each job's metadata, its lines merged; republished
 	metaSent   time.Time
-	seenJobs   map[string]time.Time      // job → last record or metadata; forgotten after ForgetAfter
-	topology   map[string]tps.Topology   // per job, from its run metadata (partials)
-	sentRanks  map[string]map[int64]bool // job/step → ranks already in a partial
-	sentOrder  []string
-	holdUntil  time.Time
-	sawDown    bool // NATS was seen disconnected since the last delivery
-	downSince  time.Time
+	// what each job's metadata was when last published, when, and the jobs
+	// whose metadata changed since, within metaMinGap of that (sent at a
+	// later drain): repeated lines publish nothing, changes at most once a
+	// second a job
+	metaJSON  map[string][]byte
+	metaAt    map[string]time.Time
+	metaDirty map[string]bool
+	seenJobs  map[string]time.Time      // job → last record or metadata; forgotten after ForgetAfter
+	topology  map[string]tps.Topology   // per job, from its run metadata (partials)
+	sentRanks map[string]map[int64]bool // job/step → ranks already in a partial
+	sentOrder []string
+	holdUntil time.Time
+	sawDown   bool // NATS was seen disconnected since the last delivery
+	downSince time.Time
 	// draining: a drain runs; it publishes the first inflight messages of
 	// the queue without holding mu, so intake never waits on the network.
 	draining bool
@@ -56,6 +64,7 @@ type publisher struct {
 
 func newPublisher(a *Agent) *publisher {
 	return &publisher{a: a, kick: make(chan struct{}, 1), pending: map[string][]tps.StepRecord{}, metas: map[string]tps.RunMeta{},
+		metaJSON: map[string][]byte{}, metaAt: map[string]time.Time{}, metaDirty: map[string]bool{},
 		seenJobs: map[string]time.Time{}, topology: map[string]tps.Topology{}, sentRanks: map[string]map[int64]bool{}}
 }
 
@@ -87,13 +96,34 @@ func (p *publisher) setMeta(m tps.RunMeta) {
 	}
 	p.metas[m.Job] = m
 	b, _ := json.Marshal(m)
-	p.seenJobs[m.Job] = time.Now()
+	now := time.Now()
+	p.seenJobs[m.Job] = now
 	if m.Topology != (tps.Topology{}) {
 		p.topology[m.Job] = m.Topology
 	}
-	p.enqueue(outMsg{subject: wire.MetaSubject(m.Job), data: b})
+	switch {
+	case bytes.Equal(b, p.metaJSON[m.Job]):
+		p.mu.Unlock() // nothing new: the periodic republish carries it
+		return
+	case now.Sub(p.metaAt[m.Job]) < metaMinGap:
+		p.metaDirty[m.Job] = true // sent by a later drain
+		p.mu.Unlock()
+		return
+	}
+	p.sendMeta(m.Job, b, now)
 	p.mu.Unlock()
 	p.flushNow()
+}
+
+// metaMinGap is the least time between two publishes of a job's changed
+// metadata (3,000 meta lines made 6,000 publishes in 21 s).
+const metaMinGap = time.Second
+
+// sendMeta queues a job's metadata b; mu held.
+func (p *publisher) sendMeta(job string, b []byte, now time.Time) {
+	p.enqueue(outMsg{subject: wire.MetaSubject(job), data: b})
+	p.metaJSON[job], p.metaAt[job] = b, now
+	delete(p.metaDirty, job)
 }
 
 func (p *publisher) publishJSON(subject string, v any) error {
@@ -257,11 +287,22 @@ func (p *publisher) drain() {
 	}
 	if time.Since(p.metaSent) >= p.a.cfg.MetaInterval && len(p.metas) > 0 {
 		p.forget()
+		now := time.Now()
 		for job, m := range p.metas {
 			b, _ := json.Marshal(m)
-			p.enqueue(outMsg{subject: wire.MetaSubject(job), data: b})
+			p.sendMeta(job, b, now)
 		}
-		p.metaSent = time.Now()
+		p.metaSent = now
+	}
+	for job := range p.metaDirty { // changes held back by metaMinGap
+		if now := time.Now(); now.Sub(p.metaAt[job]) >= metaMinGap {
+			if m, ok := p.metas[job]; ok {
+				b, _ := json.Marshal(m)
+				p.sendMeta(job, b, now)
+			} else {
+				delete(p.metaDirty, job)
+			}
+		}
 	}
 	nc := p.a.nc
 	p.draining = true
@@ -432,6 +473,9 @@ func (p *publisher) forget() {
 			delete(p.seenJobs, job)
 			delete(p.metas, job)
 			delete(p.topology, job)
+			delete(p.metaJSON, job)
+			delete(p.metaAt, job)
+			delete(p.metaDirty, job)
 		}
 	}
 }
