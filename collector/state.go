@@ -815,6 +815,10 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 		ctx.PrevEndUnixNs = s.prevEnd
 	}
 	row := st.acc.ResultIn(ctx)
+	if row.ClockHeldOut {
+		t.warn("clock:held_out", "a rank's step began more than two step durations before the step ended: its clock is off; held out of the step's start (the nodes' clock offsets correct whole nodes: docs/report.md, \"Clocks\")",
+			"job", s.id, "attempt", k.attempt, "step", k.step)
+	}
 	if s.prevEnd == 0 || cmpKey(k, s.prevKey) > 0 {
 		s.prevKey, s.prevEnd = k, row.EndUnixNs
 	}
