@@ -196,13 +196,25 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 		a.respond(m, ack)
 		return
 	}
+	// A start must be reachable: within MaxStepsAhead of the ranks, and,
+	// at their pace, within its timeout (one start at step 2^40 with a 1 h
+	// timeout held every other capture of the job for the hour).
 	var latest int64
+	var pace float64
 	for _, t := range ts {
-		latest = max(latest, t.info.step.Load())
+		rs := state(t)
+		latest, pace = max(latest, rs.Step), max(pace, rs.StepsPerSec)
 	}
-	if req.AtStep > latest+capture.MaxStepsAhead {
+	why := ""
+	switch ahead := req.AtStep - latest; {
+	case ahead > capture.MaxStepsAhead:
+		why = fmt.Sprintf("capture: step %d is more than %d steps past where the job's ranks are (%d)", req.AtStep, capture.MaxStepsAhead, latest)
+	case pace > 0 && float64(ahead)/pace > float64(req.TimeoutMs)/1e3:
+		why = fmt.Sprintf("capture: the job's ranks, at step %d and %.2f steps/s, reach step %d in about %.0f s, past the capture's %d s timeout", latest, pace, req.AtStep, float64(ahead)/pace, req.TimeoutMs/1000)
+	}
+	if why != "" {
 		a.reject("capture:invalid")
-		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: fmt.Sprintf("capture: step %d is more than %d steps past where the job's ranks are (%d)", req.AtStep, capture.MaxStepsAhead, latest)})
+		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: why})
 		return
 	}
 	now := time.Now()

@@ -80,6 +80,12 @@ func TestCaptureThroughAgent(t *testing.T) {
 	if acks := ask(capture.Request{Op: "start", ID: "bad id!", Job: "cj"}); len(acks) != 1 || acks[0].Err == "" {
 		t.Errorf("bad request: %+v", acks)
 	}
+	// a start no rank can reach (step 2^40 with an hour's timeout held every
+	// other capture of the job for the hour) is refused, and holds nothing
+	far := capture.Request{Op: "start", ID: "far", Job: "cj", AtStep: 1 << 40, Steps: 1, Reply: nc.NewInbox(), TimeoutMs: 3_600_000}
+	if acks := ask(far); len(acks) != 1 || !strings.Contains(acks[0].Err, "steps past where the job's ranks are") {
+		t.Errorf("a start at step 2^40: %+v", acks)
+	}
 
 	reply := nc.NewInbox()
 	reports, _ := nc.SubscribeSync(reply)
@@ -186,7 +192,7 @@ func TestCaptureThroughAgent(t *testing.T) {
 		t.Errorf("capture right after the last: %+v", acks)
 	}
 	st := a.Stats()
-	if st.Rejected["capture:invalid"] != 1 || st.Rejected["capture:busy"] != 2 || st.Rejected["capture:unknown"] != 1 {
+	if st.Rejected["capture:invalid"] != 2 || st.Rejected["capture:busy"] != 2 || st.Rejected["capture:unknown"] != 1 {
 		t.Errorf("rejections %v", st.Rejected)
 	}
 }
