@@ -586,3 +586,84 @@ class InstanceForwardTest(unittest.TestCase):
         self.assertNotIn("forward", model.__dict__)
         self.assertNotIn("zero_grad", model.__dict__)
         self.assertNotIn("zero_grad", opt.__dict__)
+
+
+class BesideOwnProfilerTest(unittest.TestCase):
+    """torch.profiler sessions are process-wide: a capture (tpsprof trace)
+    that lands on steps where the job runs its own profiler crashed the
+    process on torch 2.14 (a scheduled profiler) and emptied the job's own
+    trace on a plain profile(). Now the capture answers busy, the job's
+    trace is whole, and refused captures are never errors (13 eight-step
+    captures switched the package off)."""
+
+    def run_steps(self, prof, model, opt, n, each=None):
+        for i in range(n):
+            with prof.step():
+                loss = model(torch.ones(4, 8)).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            if each is not None:
+                each(i)
+
+    def setUp(self):
+        self.sink = Sink()
+        self.model = torch.nn.Linear(8, 8)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+        self.prof = tt.TorchProfiler(job="own", rank=0, world_size=1, attempt=0, socket_path=self.sink.path)
+        d = tempfile.mkdtemp()
+        os.chmod(d, 0o700)
+        self.prof.trace_dir = d
+
+    def tearDown(self):
+        self.prof.close(timeout=2)
+
+    def capture(self, cid, at, steps=2):
+        self.prof._on_control({"type": "capture", "id": cid, "at_step": at, "steps": steps})
+
+    def states(self, cid):
+        for _ in range(100):
+            got = [x for x in self.sink.lines if x.get("type") == "capture" and x.get("id") == cid and x.get("state") != "accepted"]
+            if got:
+                return got
+            threading.Event().wait(0.02)
+        return []
+
+    def test_plain_profile_keeps_its_trace(self):
+        self.run_steps(self.prof, self.model, self.opt, 2)
+        with torch.profiler.profile() as own:
+            self.capture("c1", self.prof.step_number)
+            self.run_steps(self.prof, self.model, self.opt, 3)
+        names = {e.name for e in own.events()}
+        self.assertGreater(len(own.events()), 20, "the job's own trace lost its events")
+        self.assertTrue(any(n.startswith("aten::") for n in names), sorted(names)[:20])
+        got = self.states("c1")
+        self.assertTrue(got and "busy" in got[0].get("why", ""), got)
+        self.assertEqual(self.prof.errors, 0)
+        self.assertEqual(self.prof.traces, 0)
+
+    def test_scheduled_profile_waiting_is_busy_too(self):
+        from torch.profiler import schedule
+        own = torch.profiler.profile(schedule=schedule(wait=2, warmup=1, active=2))
+        own.start()
+        try:
+            self.capture("c2", self.prof.step_number or 0)
+            self.run_steps(self.prof, self.model, self.opt, 6, each=lambda i: own.step())
+        finally:
+            own.stop()
+        got = self.states("c2")
+        self.assertTrue(got and "busy" in got[0].get("why", ""), got)
+        # once the job's profiler stopped, a capture traces
+        self.capture("c3", self.prof.step_number)
+        self.run_steps(self.prof, self.model, self.opt, 3)
+        self.assertEqual(self.prof.traces, 2)
+
+    def test_refused_captures_never_switch_it_off(self):
+        with torch.profiler.profile():
+            for k in range(30):
+                self.capture("r%d" % k, self.prof.step_number or 0, steps=1)
+                self.run_steps(self.prof, self.model, self.opt, 1)
+        self.prof.close(timeout=5)  # the steps are counted as the sender sends them
+        self.assertFalse(self.prof.off)
+        self.assertEqual(self.prof.errors, 0)
+        self.assertEqual(self.prof.steps, 30)

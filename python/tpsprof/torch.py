@@ -120,6 +120,58 @@ def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, t
     return prof
 
 
+def _watch_own_profilers() -> None:
+    """Counts the job's own torch.profiler sessions while they run (from
+    start() to stop(): a scheduled profiler from its first waiting step),
+    on torch's profile class itself (the sessions are the process's, not a
+    profiler's of ours): a capture or a sampled trace of ours never starts
+    beside one, and one of the job's starting stops ours first. Once per
+    process; never raises."""
+    try:
+        P = torch.profiler.profile
+        if P.__dict__.get("_tpsprof_watched"):
+            return
+        start, stop = P.start, P.stop
+
+        def watched_start(self, *args, **kwargs):
+            if not getattr(self, "_tpsprof_own", False):
+                prof = _ACTIVE
+                if prof is not None and prof._tracing is not None:
+                    prof._yield_trace()
+            r = start(self, *args, **kwargs)
+            if not getattr(self, "_tpsprof_own", False) and not getattr(self, "_tpsprof_counted", False):
+                self._tpsprof_counted = True
+                P._tpsprof_running = P.__dict__.get("_tpsprof_running", 0) + 1
+            return r
+
+        def watched_stop(self, *args, **kwargs):
+            try:
+                return stop(self, *args, **kwargs)
+            finally:
+                if getattr(self, "_tpsprof_counted", False):
+                    self._tpsprof_counted = False
+                    P._tpsprof_running = max(P.__dict__.get("_tpsprof_running", 1) - 1, 0)
+
+        watched_start.__wrapped__, watched_stop.__wrapped__ = start, stop
+        P.start, P.stop = watched_start, watched_stop
+        P._tpsprof_watched = True
+    except Exception:
+        pass
+
+
+def _job_profiler_running() -> bool:
+    """A profiler session of the job's own is on: a torch.profiler.profile
+    started and not stopped, or the autograd profiler enabled (the legacy
+    torch.autograd.profiler.profile, or one started before we watched)."""
+    try:
+        if torch.profiler.profile.__dict__.get("_tpsprof_running", 0) > 0:
+            return True
+        enabled = getattr(torch.autograd, "_profiler_enabled", None)
+        return bool(enabled()) if enabled is not None else False
+    except Exception:
+        return False
+
+
 class TorchProfiler:
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
 
@@ -183,6 +235,7 @@ class TorchProfiler:
         _patches.install_loss()
         _patches.install_checkpoints()
         _patches.install_pipelining()
+        _watch_own_profilers()
         _ACTIVE = self
         atexit.register(self.close)
 
@@ -374,8 +427,8 @@ class TorchProfiler:
             self._capture_step()
         elif self.trace_every and self._tracing is None:
             n = self.step_number or 0
-            if n % self.trace_every == 0:
-                self._trace_start(n)
+            if n % self.trace_every == 0 and not _job_profiler_running():
+                self._trace_start(n)  # (never beside the job's own profiler: skipped)
         return st
 
     # -- on-demand capture (tpsprof trace) ---------------------------------
@@ -412,6 +465,14 @@ class TorchProfiler:
             c = self.client
             self._sender.put(lambda: c.capture_state(cid, "failed", n, "step %d was already past when the request came (this rank is at step %d)" % (at, n)))
             return
+        if _job_profiler_running():
+            # torch.profiler sessions are process-wide: a second one beside
+            # the job's own crashed the process (torch 2.14) or emptied the
+            # job's trace. Busy, said, and not an error of ours.
+            self._capture = None
+            c = self.client
+            self._sender.put(lambda: c.capture_state(cid, "failed", n, "busy: the job's own profiler is running"))
+            return
         cap[3] = True
         self._trace_start(n, cid)
         if n == at + steps - 1:
@@ -423,16 +484,35 @@ class TorchProfiler:
             from torch.profiler import ProfilerActivity, profile
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
             p = profile(activities=acts)
+            p._tpsprof_own = True  # not the job's (_watch_own_profilers)
             p.__enter__()
             rf = torch.autograd.profiler.record_function("ProfilerStep#%d" % n)
             rf.__enter__()
             self._tracing = (p, rf, n, capture)
         except Exception as e:
             self._tracing = None
-            self._err()
             if capture:
+                # a capture refused is said to the command, never counted
+                # as an error (13 refused captures switched the package off)
                 c, why = self.client, "torch.profiler did not start: %s" % (e,)
                 self._sender.put(lambda: c.capture_state(capture, "failed", n, why))
+            else:
+                self._err()
+
+    def _yield_trace(self):
+        """The job's own profiler starts while ours traces a step: ours
+        stops first, its trace dropped; a capture says so."""
+        p, rf, n, capture = self._tracing
+        self._tracing = None
+        try:
+            rf.__exit__(None, None, None)
+            p.__exit__(None, None, None)
+        except Exception:
+            pass
+        if capture:
+            self._capture = None
+            c = self.client
+            self._sender.put(lambda: c.capture_state(capture, "failed", n, "busy: the job's own profiler started"))
 
     def _discard(self):
         """Drops the open step (it was not training's), and its trace."""

@@ -118,8 +118,13 @@ print(json.dumps(res))
 // The package's own unit tests (interval arithmetic, token counting, the
 // CUDA path's deferred event reading with a fake event), under a Python
 // with PyTorch.
-func TestPythonPackageUnit(t *testing.T) {
-	py := torchPython(t)
+func TestPythonPackageUnit(t *testing.T) { pythonUnit(t, torchPython(t)) }
+
+// The same on current PyTorch (Debian sid's): the guard beside the job's
+// own torch.profiler above all (a second session crashed torch 2.14).
+func TestModernTorchPythonUnit(t *testing.T) { pythonUnit(t, modernTorchPython(t)) }
+
+func pythonUnit(t *testing.T, py string) {
 	cmd := exec.Command(py, "-W", "ignore", "-m", "unittest", "discover", "-s", "tests", "-v")
 	cmd.Dir = filepath.Join(repoRoot(t), "python")
 	out, err := cmd.CombinedOutput()
