@@ -11,6 +11,10 @@ import threading
 import unittest
 
 import torch
+import torch.distributed
+# imported by name before any profiler exists, as training scripts do
+# (EarlyImportedCollectiveTest)
+from torch.distributed import all_reduce as early_all_reduce
 
 import tpsprof.torch as tt
 
@@ -667,3 +671,33 @@ class BesideOwnProfilerTest(unittest.TestCase):
         self.assertFalse(self.prof.off)
         self.assertEqual(self.prof.errors, 0)
         self.assertEqual(self.prof.steps, 30)
+
+
+class EarlyImportedCollectiveTest(unittest.TestCase):
+    """A collective imported by name before instrument() (``from
+    torch.distributed import all_reduce`` at the top of a script) is
+    measured: on PyTorch 1.13 such names held the unwrapped function and
+    read 0 communication against 25.6 ms a step; on 2.x every collective
+    passes the dispatcher."""
+
+    def test_measured(self):
+        d = tempfile.mkdtemp()
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        try:
+            sink = Sink()
+            model = torch.nn.Linear(64, 64)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            prof = tt.instrument(model, opt, job="early", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+            for _ in range(4):
+                loss = model(torch.ones(8, 64)).sum()
+                loss.backward()
+                for p in model.parameters():
+                    early_all_reduce(p.grad)
+                opt.step()
+                opt.zero_grad()
+            prof.close(timeout=5)
+            recs = [x for x in sink.lines if "type" not in x]
+            self.assertGreaterEqual(len(recs), 3, sink.lines)
+            self.assertTrue(all(r.get("comm_ns", 0) > 0 for r in recs[1:]), [r.get("comm_ns") for r in recs])
+        finally:
+            torch.distributed.destroy_process_group()
