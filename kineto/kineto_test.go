@@ -79,11 +79,13 @@ func TestKnownAnswer(t *testing.T) {
 	}
 	s1, s2 := r.Steps[0], r.Steps[1]
 	// step 1: compute union 10-50 = 40; comm 35-70 = 35, overlapped 35-50 = 15, exposed 20; memory 10;
-	// busy 10-70 ∪ 80-90 = 70 over the GPU span 10-90 = 80: idle 10.
-	want1 := StepStats{Step: 1, DurationUs: 100, ComputeUs: 40, CommUs: 35, ExposedCommUs: 20, MemoryUs: 10, IdleUs: 10}
+	// busy 10-70 ∪ 80-90 = 70; its GPU timeline (the trace's first step: its own kernels) 10-90 = 80: idle 10.
+	want1 := StepStats{Step: 1, DurationUs: 80, ComputeUs: 40, CommUs: 35, ExposedCommUs: 20, MemoryUs: 10, IdleUs: 10}
 	check(t, "step 1", s1, want1, 100*15.0/35)
-	// step 2: compute 110-150 ∪ 195-260 = 105; comm 140-180 = 40, overlapped 140-150 = 10; span 110-260 = 150, busy 135: idle 15.
-	want2 := StepStats{Step: 2, DurationUs: 100, ComputeUs: 105, CommUs: 40, ExposedCommUs: 30, MemoryUs: 0, IdleUs: 15}
+	// step 2: compute 110-150 ∪ 195-260 = 105; comm 140-180 = 40, overlapped 140-150 = 10; busy 135.
+	// Its GPU timeline runs from its own start (100, after step 1's last kernel at 90) to its last
+	// kernel's end (260): 160, idle 25. Over the CPU span (100) its compute read 105: more than the step.
+	want2 := StepStats{Step: 2, DurationUs: 160, ComputeUs: 105, CommUs: 40, ExposedCommUs: 30, MemoryUs: 0, IdleUs: 25}
 	check(t, "step 2", s2, want2, 25)
 	// total: span 10-260; compute 40+105, comm 75, exposed 50, memory 10.
 	wantT := StepStats{Step: -1, DurationUs: 250, ComputeUs: 145, CommUs: 75, ExposedCommUs: 50, MemoryUs: 10, IdleUs: 250 - (60 + 10 + 40 + 40 + 65 - 10)}
@@ -326,10 +328,13 @@ func TestBoundedMemory(t *testing.T) {
 			t.Fatalf("%d steps, want %d", len(r.Steps), n)
 		}
 		// per step (its launches): compute 100-1050 = 950, comm 500-800 =
-		// 300 all overlapped, memory 50 (inside compute): busy 950 over the
-		// GPU span 100-1050, idle 0
-		for _, s := range []StepStats{r.Steps[0], r.Steps[n/2], r.Steps[n-1]} {
-			check(t, fmt.Sprintf("step %d", s.Step), s, StepStats{Step: s.Step, DurationUs: 1000, ComputeUs: 950, CommUs: 300, MemoryUs: 50}, 100)
+		// 300 all overlapped, memory 50 (inside compute): busy 950. Its GPU
+		// timeline: the first step's own kernels, 100-1050 (idle 0); each
+		// later one's from the previous step's last kernel's end, 50 µs
+		// before its first: 1000, idle 50 (the steps tile the GPU span)
+		check(t, "step 0", r.Steps[0], StepStats{Step: 0, DurationUs: 950, ComputeUs: 950, CommUs: 300, MemoryUs: 50}, 100)
+		for _, s := range []StepStats{r.Steps[n/2], r.Steps[n-1]} {
+			check(t, fmt.Sprintf("step %d", s.Step), s, StepStats{Step: s.Step, DurationUs: 1000, ComputeUs: 950, CommUs: 300, MemoryUs: 50, IdleUs: 50}, 100)
 		}
 		// whole trace: GPU span 100 to (n-1)×1000+1050, idle the n-1 gaps
 		// of 50 µs between one step's last kernel and the next's first
@@ -527,5 +532,39 @@ func TestCallIssueTimes(t *testing.T) {
 		if c.Kind != w.kind || c.IssueNs != w.issue || c.StartNs != w.start || c.Step != 3 {
 			t.Errorf("call %d: %+v, want %+v", i, c, w)
 		}
+	}
+}
+
+// The GPU path on real H200 traces (testdata/README.md): a step's duration
+// is its GPU timeline, so compute never exceeds it (over the CPU-side
+// ProfilerStep span, the single-GPU NCCL capture read compute 254.4 ms in
+// 214.3 ms, against the job's own ~267 ms periods), and collectives gloo
+// runs on CUDA tensors count as communication from their CPU-side events
+// (they read 0 on both ranks; the fast rank waits for the slow one).
+func TestH200Traces(t *testing.T) {
+	get := func(name string) *Result {
+		t.Helper()
+		r, err := AnalyzeFileWith(filepath.Join("testdata", "h200", name), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Device != "gpu" || len(r.Steps) == 0 {
+			t.Fatalf("%s: device %s, %d steps", name, r.Device, len(r.Steps))
+		}
+		for _, s := range r.Steps {
+			if s.ComputeUs > s.DurationUs || s.IdleUs < 0 || s.CommUs > s.DurationUs {
+				t.Errorf("%s step %d: compute %.1f ms, communication %.1f ms, idle %.1f ms in %.1f ms", name, s.Step, s.ComputeUs/1e3, s.CommUs/1e3, s.IdleUs/1e3, s.DurationUs/1e3)
+			}
+		}
+		return r
+	}
+	nccl := get("nccl1-llama1b-capture-rank0-step30.pt.trace.json.gz")
+	if d := nccl.Steps[0].DurationUs / 1e3; d < 250 || d > 290 {
+		t.Errorf("the Llama's captured step: %.1f ms, the job's own periods ~267 ms", d)
+	}
+	fast, slow := get("gloo-cuda-2ranks-capture-rank0-step20.pt.trace.json.gz"), get("gloo-cuda-2ranks-capture-rank1-step20.pt.trace.json.gz")
+	if fast.Steps[0].CommUs <= 0 || slow.Steps[0].CommUs <= 0 || fast.Steps[0].CommUs <= slow.Steps[0].CommUs {
+		t.Errorf("gloo on CUDA tensors: communication %.1f ms (rank 0) and %.1f ms (rank 1, the slow one); want both counted, the fast rank waiting longer",
+			fast.Steps[0].CommUs/1e3, slow.Steps[0].CommUs/1e3)
 	}
 }

@@ -24,6 +24,10 @@ func (a *analyzer) result() (*Result, error) {
 	sort.Slice(a.steps, func(i, j int) bool { return a.steps[i].start < a.steps[j].start })
 	cpu := a.gpu == 0
 	want := kindGPU
+	// A GPU trace takes its kernels, and the gloo operations of its CPU
+	// threads: collectives gloo runs on CUDA tensors launch no kernel, and
+	// read 0 communication before (2 ranks sharing an H200, DDP over gloo).
+	takes := func(e gpuEvent) bool { return e.kind == want || want == kindGPU && e.kind == kindCPU && e.cls == comm }
 	r.Device = "gpu"
 	if cpu {
 		want = kindCPU
@@ -71,7 +75,7 @@ func (a *analyzer) result() (*Result, error) {
 	stepN := make([]int, len(a.steps))
 	winN := make([]int, len(bounds)+1)
 	err = a.sp.each(func(e gpuEvent) {
-		if e.kind != want {
+		if !takes(e) {
 			return
 		}
 		if i := stepOf(e); i >= 0 {
@@ -93,7 +97,7 @@ func (a *analyzer) result() (*Result, error) {
 	held := 0
 	t := totals{lastStep: int32(len(a.steps) - 1), first: 1<<63 - 1, last: -1 << 63, coll: map[collKey]*collAcc{}}
 	err = a.sp.each(func(e gpuEvent) {
-		if e.kind != want {
+		if !takes(e) {
 			return
 		}
 		e.step = stepOf(e)
@@ -146,6 +150,9 @@ func (a *analyzer) result() (*Result, error) {
 			r.Steps[i] = stats(nil, st.span, cpu)
 		}
 		r.Steps[i].Step = st.n
+	}
+	if !cpu {
+		gpuWindows(r.Steps, a.steps)
 	}
 	r.Total = t.stats()
 	r.CommOverlapPct = r.Total.OverlapPct
@@ -389,4 +396,27 @@ func (a *analyzer) launchOwners() (*owners, error) {
 		}
 	})
 	return o, err
+}
+
+// gpuWindows sets each GPU step's duration to its GPU timeline (see
+// StepStats): from the later of the previous step's last kernel's end
+// and its own recorded start, but never after its first kernel (the
+// trace's first step with kernels: from its first kernel), to its last
+// kernel's end; idle is what its kernels leave of it. Steps are in the
+// order of their recorded starts.
+func gpuWindows(out []StepStats, steps []stepSpan) {
+	var prevLast int64 = -1 << 63
+	for i := range out {
+		st := &out[i]
+		if st.gpuLast <= st.gpuFirst {
+			continue // no kernel: the recorded span
+		}
+		start := st.gpuFirst // the first step: its own kernels (the GPU may still run earlier work)
+		if prevLast > -1<<63 {
+			start = min(st.gpuFirst, max(prevLast, steps[i].start))
+		}
+		st.DurationUs = us(st.gpuLast - start)
+		st.IdleUs = us(st.gpuLast - start - st.busy)
+		prevLast = st.gpuLast
+	}
 }
