@@ -19,6 +19,7 @@ import (
 	"github.com/tpsprof/tpsprof/capture"
 	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/kineto"
+	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
 )
 
@@ -354,7 +355,7 @@ func (a *Agent) captureReport(id string, r capture.Report) error {
 
 // captureTrace reports an analysed capture trace (r nil: why says what
 // failed) and, when the capture keeps traces, sends the trace in chunks.
-func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats, why string) {
+func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats, why string, rec *tps.StepRecord) {
 	c := a.liveCapture(n.Capture)
 	if c == nil || c.req.Job != n.Job {
 		return // over (timed out) or not ours: the figures went to the record only
@@ -366,6 +367,11 @@ func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats,
 		return
 	}
 	rep.Device, rep.Figures, rep.CallsDropped = r.Device, *s, r.CallsDropped
+	if rec != nil {
+		// the rank's own record of the step, for the verdict's cross-check
+		rep.Record = &capture.RecordFigures{DurationNs: rec.DurationNs, ComputeNs: rec.ComputeNs(), DataWaitNs: rec.DataWaitNs,
+			ExposedCommNs: rec.ExposedCommNs, WorkNs: rec.FwdNs + rec.BwdNs + rec.OptimNs}
+	}
 	for _, call := range r.Calls {
 		if call.Step != n.Step {
 			continue

@@ -174,7 +174,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)
 		a.settle(n, nil)
 		if n.Capture != "" {
-			a.captureTrace(n, nil, nil, "trace not analysed: "+err.Error())
+			a.captureTrace(n, nil, nil, "trace not analysed: "+err.Error(), nil)
 		}
 		return
 	}
@@ -191,7 +191,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		a.log.Warn("trace", "profiler trace has no ProfilerStep of the noted step", "path", n.Path, "step", n.Step)
 		a.settle(n, nil)
 		if n.Capture != "" {
-			a.captureTrace(n, nil, nil, "the trace has no ProfilerStep of the step")
+			a.captureTrace(n, nil, nil, "the trace has no ProfilerStep of the step", nil)
 		}
 		return
 	}
@@ -202,7 +202,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		a.log.Warn("trace", "profiler trace figures out of range: not attached", "path", n.Path, "duration_us", f.DurationUs)
 		a.settle(n, nil)
 		if n.Capture != "" {
-			a.captureTrace(n, nil, nil, "the trace's figures are out of range")
+			a.captureTrace(n, nil, nil, "the trace's figures are out of range", nil)
 		}
 		return
 	}
@@ -221,9 +221,9 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		Name: strings.TrimSuffix(filepath.Base(n.Path), ".json"), StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(),
 		Detail: string(detail)})
 	a.tracesDone.Add(1)
-	a.settle(n, &f)
+	rec := a.settle(n, &f)
 	if n.Capture != "" {
-		a.captureTrace(n, r, s, "")
+		a.captureTrace(n, r, s, "", rec)
 	}
 }
 
@@ -298,7 +298,7 @@ func (a *Agent) holdForTrace(r *tps.StepRecord) bool {
 // settle receives the outcome of an analysis (f nil: the trace could not
 // be read): a held record goes on, with the figures when there are any;
 // otherwise the figures wait for their record.
-func (a *Agent) settle(n TraceNote, f *tps.TraceFigures) {
+func (a *Agent) settle(n TraceNote, f *tps.TraceFigures) *tps.StepRecord {
 	k := keyOf(n)
 	a.traceMu.Lock()
 	w := a.waits[k]
@@ -316,6 +316,7 @@ func (a *Agent) settle(n TraceNote, f *tps.TraceFigures) {
 	if rec != nil {
 		a.pub.addStep(*rec)
 	}
+	return rec
 }
 
 func (a *Agent) dropWait(k traceKey) {

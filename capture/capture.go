@@ -163,6 +163,21 @@ type Report struct {
 	Coords       map[string]int64 `json:"coords,omitempty"`
 	Chunks       int              `json:"chunks,omitempty"` // kept trace pieces that follow
 	TraceBytes   int64            `json:"trace_bytes,omitempty"`
+	// Record is the rank's own step record of the step, when the agent
+	// held it for the trace's figures: what the verdict is checked against.
+	Record *RecordFigures `json:"record,omitempty"`
+}
+
+// RecordFigures are a rank's step record's own times (ns): its duration,
+// compute (the duration less exposed communication, data, pipeline and
+// checkpoint waits), data wait, exposed communication, and the measured
+// forward, backward and optimizer (0 when not measured).
+type RecordFigures struct {
+	DurationNs    int64 `json:"duration_ns"`
+	ComputeNs     int64 `json:"compute_ns"`
+	DataWaitNs    int64 `json:"data_wait_ns"`
+	ExposedCommNs int64 `json:"exposed_comm_ns"`
+	WorkNs        int64 `json:"work_ns,omitempty"`
 }
 
 // Report states.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // View is the merged figures of one capture: per rank and step, and per
@@ -18,8 +19,17 @@ type View struct {
 	Collectives []Collective `json:"collectives"`
 	// Culprit is the rank that held the captured collectives back the
 	// most (nil when none did: no collective matched, or no rank was last
-	// to arrive by more than the clocks' uncertainty).
+	// to arrive by more than the clocks' uncertainty, or when the same
+	// steps' own records name another rank: see Verdict).
 	Culprit *Culprit `json:"culprit"`
+	// Records is the rank the captured steps' own step records say the
+	// others waited for (nil: fewer than two ranks' records came, or none
+	// stood out), checked against the collectives' arrivals.
+	Records *RecordsCritical `json:"records_critical,omitempty"`
+	// Verdict says, in words, who the others waited for and how sure that
+	// is: the capture and the records agreeing, disagreeing (then no rank
+	// is named, and why the capture may be wrong), or not checked.
+	Verdict string `json:"verdict"`
 	// Missing are the targeted ranks that sent nothing, with why.
 	Missing []Missing `json:"missing,omitempty"`
 	Notes   []string  `json:"notes,omitempty"`
@@ -82,6 +92,89 @@ type Culprit struct {
 	// OthersWaitUs is the mean over the other ranks of their wait at the
 	// collectives where it arrived last.
 	OthersWaitUs float64 `json:"others_wait_us"`
+}
+
+// RecordsCritical is the rank with the most own time (compute and waiting
+// for data: what the others of a synchronous step wait for) in its own
+// step records of the captured steps, against the mean rank's.
+type RecordsCritical struct {
+	Rank int64 `json:"rank"`
+	// ExcessUs is its own time a step beyond the mean rank's; Ranks how
+	// many ranks' records were there.
+	ExcessUs float64 `json:"excess_us"`
+	Ranks    int     `json:"ranks"`
+}
+
+// recordsMinExcess: a rank stands out in the records when its own time a
+// step exceeds the mean rank's by this share of it, and by minLeadNs.
+const recordsMinExcess = 0.05
+
+// recordsCritical finds the rank the records single out (nil: fewer than
+// two ranks' records, or none stands out).
+func recordsCritical(byRank map[int64][]Report, ranks []int64) *RecordsCritical {
+	own := map[int64]float64{}
+	for _, rk := range ranks {
+		var sum float64
+		n := 0
+		for _, r := range byRank[rk] {
+			if r.Record != nil {
+				sum += float64(r.Record.ComputeNs + r.Record.DataWaitNs)
+				n++
+			}
+		}
+		if n > 0 {
+			own[rk] = sum / float64(n)
+		}
+	}
+	if len(own) < 2 {
+		return nil
+	}
+	var mean float64
+	best, top := int64(-1), -1.0
+	for _, rk := range ranks {
+		v, ok := own[rk]
+		if !ok {
+			continue
+		}
+		mean += v / float64(len(own))
+		if v > top {
+			best, top = rk, v
+		}
+	}
+	if ex := top - mean; ex < minLeadNs || ex < recordsMinExcess*mean {
+		return nil
+	}
+	return &RecordsCritical{Rank: best, ExcessUs: (top - mean) / 1e3, Ranks: len(own)}
+}
+
+// verdict checks the capture's culprit against the records, and says it.
+func (v *View) verdict(rc *RecordsCritical, unmatched int, unaligned map[int64]bool) {
+	v.Records = rc
+	c := v.Culprit
+	var doubts []string
+	if unmatched > 0 {
+		doubts = append(doubts, fmt.Sprintf("%d calls lost in matching", unmatched))
+	}
+	if len(unaligned) > 0 {
+		doubts = append(doubts, fmt.Sprintf("%d ranks' clocks not aligned in some step", len(unaligned)))
+	}
+	if len(doubts) == 0 {
+		doubts = append(doubts, "the ranks' traced windows or clocks disagree (a loaded host delays the profiler's and gloo's threads)")
+	}
+	switch {
+	case rc == nil && c != nil:
+		v.Verdict = fmt.Sprintf("rank %d (the step records do not single out any rank, or too few of them came: not checked)", c.Rank)
+	case rc == nil:
+		v.Verdict = "no rank established"
+	case c != nil && c.Rank == rc.Rank:
+		v.Verdict = fmt.Sprintf("rank %d, agreed by the step records: its own time (compute and data wait) %.1f ms a step more than the mean rank's", c.Rank, rc.ExcessUs/1e3)
+	case c != nil:
+		v.Verdict = fmt.Sprintf("not established: the collectives' arrivals name rank %d, the same steps' own records rank %d (own time %.1f ms a step more than the mean rank's); %s",
+			c.Rank, rc.Rank, rc.ExcessUs/1e3, strings.Join(doubts, ", "))
+		v.Culprit = nil // never a confident wrong rank
+	default:
+		v.Verdict = fmt.Sprintf("the collectives' arrivals name no rank; the same steps' own records name rank %d (own time %.1f ms a step more than the mean rank's)", rc.Rank, rc.ExcessUs/1e3)
+	}
 }
 
 // Missing is a targeted rank without figures.
@@ -334,6 +427,7 @@ func Merge(id, job string, results []Report) *View {
 		}
 		v.Culprit = cu
 	}
+	v.verdict(recordsCritical(byRank, ranks), unmatched, unaligned)
 	for i := range v.Ranks {
 		r := &v.Ranks[i]
 		r.TransferUs = max(r.CommUs-r.WaitUs, 0)

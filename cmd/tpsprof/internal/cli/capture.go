@@ -201,6 +201,8 @@ func printCapture(w io.Writer, v *capture.View) {
 	}
 	fmt.Fprintln(w)
 	switch c := v.Culprit; {
+	case c == nil && strings.HasPrefix(v.Verdict, "not established"):
+		fmt.Fprintln(w, "waited for: not established (the capture and the step records disagree)")
 	case c != nil:
 		fmt.Fprintf(w, "waited for: rank %d (node %s), last to arrive at %d of %d collectives; the others waited %.1f ms each for it over the captured steps, %.1f ms of it beyond the second-latest rank\n",
 			c.Rank, c.Node, c.LastArrivals, c.Collectives, c.OthersWaitUs/1e3, c.HeldBackUs/1e3)
@@ -208,6 +210,9 @@ func printCapture(w io.Writer, v *capture.View) {
 		fmt.Fprintf(w, "waited for: no rank (%d collectives matched; no rank arrived last by more than 0.05 ms)\n", len(v.Collectives))
 	default:
 		fmt.Fprintln(w, "waited for: unknown (no collective call was matched across ranks)")
+	}
+	if v.Verdict != "" {
+		fmt.Fprintln(w, "verdict:", v.Verdict)
 	}
 	for _, m := range v.Missing {
 		fmt.Fprintf(w, "rank %d: not traced: %s\n", m.Rank, m.Why)
