@@ -370,7 +370,7 @@ func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats,
 	if rec != nil {
 		// the rank's own record of the step, for the verdict's cross-check
 		rep.Record = &capture.RecordFigures{DurationNs: rec.DurationNs, ComputeNs: rec.ComputeNs(), DataWaitNs: rec.DataWaitNs,
-			ExposedCommNs: rec.ExposedCommNs, WorkNs: rec.FwdNs + rec.BwdNs + rec.OptimNs}
+			ExposedCommNs: rec.ExposedCommNs, FwdNs: rec.FwdNs, BwdNs: rec.BwdNs, OptimNs: rec.OptimNs}
 	}
 	for _, call := range r.Calls {
 		if call.Step != n.Step {

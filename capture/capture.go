@@ -177,7 +177,9 @@ type RecordFigures struct {
 	ComputeNs     int64 `json:"compute_ns"`
 	DataWaitNs    int64 `json:"data_wait_ns"`
 	ExposedCommNs int64 `json:"exposed_comm_ns"`
-	WorkNs        int64 `json:"work_ns,omitempty"`
+	FwdNs         int64 `json:"fwd_ns,omitempty"`
+	BwdNs         int64 `json:"bwd_ns,omitempty"`
+	OptimNs       int64 `json:"optim_ns,omitempty"`
 }
 
 // Report states.

@@ -103,6 +103,81 @@ type RecordsCritical struct {
 	// many ranks' records were there.
 	ExcessUs float64 `json:"excess_us"`
 	Ranks    int     `json:"ranks"`
+	// Phase is where that excess lay, when one phase explains at least
+	// 80% of it: "data fetch", "forward", "backward", "optimizer" or
+	// "host code" (the rank's own time outside them); "" when none does
+	// (cause not established) or the records do not time the phases.
+	Phase string `json:"phase,omitempty"`
+}
+
+// phaseShare is how much of a rank's excess one phase must explain to be
+// named as its cause.
+const phaseShare = 0.8
+
+// phaseOf names the phase that explains most of the slow rank's excess
+// own time over the mean of the others, if it explains at least
+// phaseShare of it.
+func phaseOf(byRank map[int64][]Report, slow int64) string {
+	type parts struct{ data, fwd, bwd, optim, host, own float64 }
+	mean := func(rk int64) (p parts, ok bool) {
+		n := 0.0
+		for _, r := range byRank[rk] {
+			f := r.Record
+			if f == nil {
+				continue
+			}
+			work := f.FwdNs + f.BwdNs + f.OptimNs
+			if work == 0 {
+				return p, false // phases not timed
+			}
+			p.data += float64(f.DataWaitNs)
+			p.fwd += float64(f.FwdNs)
+			p.bwd += float64(f.BwdNs)
+			p.optim += float64(f.OptimNs)
+			p.own += float64(f.ComputeNs + f.DataWaitNs)
+			p.host += float64(f.ComputeNs - work)
+			n++
+		}
+		if n == 0 {
+			return p, false
+		}
+		return parts{p.data / n, p.fwd / n, p.bwd / n, p.optim / n, p.host / n, p.own / n}, true
+	}
+	s, ok := mean(slow)
+	if !ok {
+		return ""
+	}
+	var o parts
+	k := 0.0
+	for rk := range byRank {
+		if rk == slow {
+			continue
+		}
+		if p, ok := mean(rk); ok {
+			o.data, o.fwd, o.bwd, o.optim, o.host, o.own = o.data+p.data, o.fwd+p.fwd, o.bwd+p.bwd, o.optim+p.optim, o.host+p.host, o.own+p.own
+			k++
+		}
+	}
+	if k == 0 {
+		return ""
+	}
+	excess := s.own - o.own/k
+	if excess <= 0 {
+		return ""
+	}
+	best, name := 0.0, ""
+	for _, c := range []struct {
+		name string
+		d    float64
+	}{{"data fetch", s.data - o.data/k}, {"forward", s.fwd - o.fwd/k}, {"backward", s.bwd - o.bwd/k}, {"optimizer", s.optim - o.optim/k}, {"host code", s.host - o.host/k}} {
+		if c.d > best {
+			best, name = c.d, c.name
+		}
+	}
+	if best < phaseShare*excess {
+		return ""
+	}
+	return name
 }
 
 // recordsMinExcess: a rank stands out in the records when its own time a
@@ -144,7 +219,15 @@ func recordsCritical(byRank map[int64][]Report, ranks []int64) *RecordsCritical 
 	if ex := top - mean; ex < minLeadNs || ex < recordsMinExcess*mean {
 		return nil
 	}
-	return &RecordsCritical{Rank: best, ExcessUs: (top - mean) / 1e3, Ranks: len(own)}
+	return &RecordsCritical{Rank: best, ExcessUs: (top - mean) / 1e3, Ranks: len(own), Phase: phaseOf(byRank, best)}
+}
+
+// cause says where the records put the rank's excess.
+func (rc *RecordsCritical) cause() string {
+	if rc.Phase == "" {
+		return "cause not established (no phase explains 80% of it, or the records do not time the phases)"
+	}
+	return "in its " + rc.Phase
 }
 
 // verdict checks the capture's culprit against the records, and says it.
@@ -167,7 +250,7 @@ func (v *View) verdict(rc *RecordsCritical, unmatched int, unaligned map[int64]b
 	case rc == nil:
 		v.Verdict = "no rank established"
 	case c != nil && c.Rank == rc.Rank:
-		v.Verdict = fmt.Sprintf("rank %d, agreed by the step records: its own time (compute and data wait) %.1f ms a step more than the mean rank's", c.Rank, rc.ExcessUs/1e3)
+		v.Verdict = fmt.Sprintf("rank %d, agreed by the step records: its own time (compute and data wait) %.1f ms a step more than the mean rank's; %s", c.Rank, rc.ExcessUs/1e3, rc.cause())
 	case c != nil:
 		v.Verdict = fmt.Sprintf("not established: the collectives' arrivals name rank %d, the same steps' own records rank %d (own time %.1f ms a step more than the mean rank's); %s",
 			c.Rank, rc.Rank, rc.ExcessUs/1e3, strings.Join(doubts, ", "))

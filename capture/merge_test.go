@@ -223,3 +223,32 @@ func TestVerdictCheckedAgainstRecords(t *testing.T) {
 		t.Errorf("without records: culprit %+v, verdict %q", none.Culprit, none.Verdict)
 	}
 }
+
+// The phase the records put the slow rank's excess in is named only when
+// it explains at least 80% of it: rank 3's 20 ms a step in its backward is
+// "in its backward"; split half and half between its forward and host
+// code, the cause is not established.
+func TestVerdictPhase(t *testing.T) {
+	run := func(fwd, bwd, host int64) *View {
+		reps := job(map[int64]int64{3: 20e6}, nil)
+		for i := range reps {
+			f := &RecordFigures{DurationNs: 100e6, FwdNs: 20e6, BwdNs: 30e6, OptimNs: 5e6}
+			extra := int64(0) // host code beyond the others'
+			if reps[i].Rank == 3 {
+				f.FwdNs += fwd
+				f.BwdNs += bwd
+				extra = host
+			}
+			f.ComputeNs = f.FwdNs + f.BwdNs + f.OptimNs + 5e6 + extra
+			f.ExposedCommNs = f.DurationNs - f.ComputeNs
+			reps[i].Record = f
+		}
+		return Merge("c", "j", reps)
+	}
+	if v := run(0, 20e6, 0); v.Records == nil || v.Records.Phase != "backward" || !strings.Contains(v.Verdict, "in its backward") {
+		t.Errorf("backward: %+v, %q", v.Records, v.Verdict)
+	}
+	if v := run(10e6, 0, 10e6); v.Records == nil || v.Records.Phase != "" || !strings.Contains(v.Verdict, "cause not established") {
+		t.Errorf("split: %+v, %q", v.Records, v.Verdict)
+	}
+}
