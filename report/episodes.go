@@ -113,7 +113,7 @@ func (rep *Report) episodeCaptures(events []tps.Event) {
 		for i := range rep.Episodes {
 			e := &rep.Episodes[i]
 			w := int64(rep.EpisodeWindow)
-			if ev.Attempt < e.StartAttempt || ev.Attempt > e.EndAttempt || (d.Node != "" && e.Node != "" && d.Node != e.Node) {
+			if ev.Attempt < e.StartAttempt || ev.Attempt > e.EndAttempt || (d.Node != "" && e.Node != "" && d.Node != e.Node && !e.hasRankKey(d.Node)) {
 				continue
 			}
 			if (ev.Attempt == e.StartAttempt && ev.Step < e.StartStep-w) || (ev.Attempt == e.EndAttempt && ev.Step > e.EndStep+w) {
@@ -126,6 +126,16 @@ func (rep *Report) episodeCaptures(events []tps.Event) {
 			break
 		}
 	}
+}
+
+// hasRankKey says whether key names one of the episode's ranks ("rank
+// N": the live episodes of a one-node job are its ranks').
+func (e *StragglerEpisode) hasRankKey(key string) bool {
+	var r int64
+	if _, err := fmt.Sscanf(key, "rank %d", &r); err != nil {
+		return false
+	}
+	return slices.Contains(e.Ranks, r)
 }
 
 // episodeCells bounds windows × ranks (20 bytes each, 50 MiB): at 131,072

@@ -5,7 +5,6 @@ import (
 	"math"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/report"
@@ -48,7 +47,7 @@ func headlineHolds(t *testing.T, dir string, tokens map[int64]int64) *report.Rep
 	}
 	var text bytes.Buffer
 	report.WriteText(&text, rep)
-	if !strings.Contains(text.String(), "TPS                "+tps.SI(want)+" tokens/s") {
+	if !regexp.MustCompile(`(?m)^  TPS +` + regexp.QuoteMeta(tps.SI(want)) + ` tokens/s`).MatchString(text.String()) {
 		t.Errorf("the text does not lead with %s tokens/s:\n%s", tps.SI(want), text.String())
 	}
 	return rep
