@@ -289,6 +289,9 @@ func (p *publisher) drain() {
 		p.forget()
 		now := time.Now()
 		for job, m := range p.metas {
+			if now.Sub(p.metaAt[job]) < p.a.cfg.MetaInterval {
+				continue // sent within the interval (a job's first line, at start-up); a change waits for the dirty pass
+			}
 			b, _ := json.Marshal(m)
 			p.sendMeta(job, b, now)
 		}

@@ -696,7 +696,11 @@ class EarlyImportedCollectiveTest(unittest.TestCase):
                 opt.step()
                 opt.zero_grad()
             prof.close(timeout=5)
-            recs = [x for x in sink.lines if "type" not in x]
+            for _ in range(200):  # the sink's thread reads what was sent
+                recs = [x for x in sink.lines if "type" not in x]
+                if len(recs) >= 4:
+                    break
+                threading.Event().wait(0.01)
             self.assertGreaterEqual(len(recs), 3, sink.lines)
             self.assertTrue(all(r.get("comm_ns", 0) > 0 for r in recs[1:]), [r.get("comm_ns") for r in recs])
         finally:
