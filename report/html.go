@@ -84,7 +84,8 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	if g := rep.Goodput; g.ElapsedS > 0 {
 		p.Cards = append(p.Cards, htmlCard{Label: "goodput", Value: pct(g.Goodput), Note: fmt.Sprintf("of %s elapsed spent on steps that count", dur(g.ElapsedS)), Bad: g.Goodput < 0.9})
 	}
-	p.Cards = append(p.Cards, htmlCard{Label: "exposed communication", Value: pct(rep.Breakdown.ExposedComm), Note: "of step time, waiting on collectives", Bad: rep.Breakdown.ExposedComm > 0.2})
+	p.Cards = append(p.Cards, htmlCard{Label: "exposed communication", Value: pct(rep.Breakdown.ExposedComm), Note: "of step time, transfer not hidden by compute", Bad: rep.Breakdown.ExposedComm > 0.2},
+		htmlCard{Label: "waiting for slower peers", Value: pct(rep.Breakdown.WaitingForPeers), Note: "of step time, blocked in collectives until the slowest rank arrived", Bad: rep.Breakdown.WaitingForPeers > 0.1})
 	if rep.NodeCount > 1 && len(rep.Nodes) > 0 && rep.Nodes[0].Score < tps.StragglerThreshold {
 		n := rep.Nodes[0]
 		p.Cards = append(p.Cards, htmlCard{Label: "slowest node", Value: n.Node, Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*n.Score), Bad: true})
