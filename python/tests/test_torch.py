@@ -705,3 +705,51 @@ class EarlyImportedCollectiveTest(unittest.TestCase):
             self.assertTrue(all(r.get("comm_ns", 0) > 0 for r in recs[1:]), [r.get("comm_ns") for r in recs])
         finally:
             torch.distributed.destroy_process_group()
+
+
+class ForwardTokensTest(unittest.TestCase):
+    """A loop without a DataLoader (nanoGPT's get_batch, tensors made in
+    the loop) counts the watched model's forward inputs as the step's
+    tokens: it read 0 tokens and "step TPS 0.0". Declared tokens win."""
+
+    def run_loop(self, body, steps=4):
+        sink = Sink()
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job="fwd", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        for i in range(steps):
+            body(i, prof, model, opt)
+        prof.close(timeout=5)
+        for _ in range(200):
+            recs = [x for x in sink.lines if "type" not in x]
+            if len(recs) >= steps:
+                break
+            threading.Event().wait(0.01)
+        return recs
+
+    def test_ids_made_in_the_loop(self):
+        def body(i, prof, model, opt):
+            x = torch.randint(0, 50, (4, 16))  # get_batch
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        recs = self.run_loop(body)
+        self.assertEqual([r.get("tokens") for r in recs], [64] * 4)
+
+    def test_two_micro_batches_a_step(self):
+        def body(i, prof, model, opt):
+            for _ in range(2):
+                model(torch.randint(0, 50, (2, 8))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        recs = self.run_loop(body)
+        self.assertEqual([r.get("tokens") for r in recs], [32] * 4)
+
+    def test_declared_tokens_win(self):
+        def body(i, prof, model, opt):
+            model(torch.randint(0, 50, (4, 16))).sum().backward()
+            prof.add_tokens(1000)
+            opt.step()
+            opt.zero_grad()
+        recs = self.run_loop(body)
+        self.assertEqual([r.get("tokens") for r in recs], [1000] * 4)

@@ -110,7 +110,7 @@ class _Roots:
         if d == 0:
             if module not in self.roots:
                 self.roots.append(module)
-            self.prof._fwd_pre(module, inputs)
+            self.prof._fwd_pre(module, inputs, {})  # (a global hook sees no keyword arguments)
 
     def post(self, module, inputs, output):
         if _compiling():

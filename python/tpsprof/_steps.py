@@ -22,7 +22,8 @@ class Step:
 
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "fetches", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
-                 "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure")
+                 "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
+                 "fwd_fetches")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -48,6 +49,9 @@ class Step:
         self.losses = []  # the losses whose backward ran (one-element values)
         self.gap = 0  # ns of checkpointing inside the step before its training: not the step's
         self.bare = None  # the fetch of a bare (B, L) id batch, until its forward
+        # fetches counted from the watched model's forward inputs (no loader
+        # batch in the step): dropped if the step's tokens come another way
+        self.fwd_fetches = []
         self.closure = False  # forward and backward ran inside optimizer.step (a closure)
 
 

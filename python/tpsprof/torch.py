@@ -196,6 +196,8 @@ class TorchProfiler:
         self.token_fn = tokens
         self.ignore_index = ignore_index
         self._count_fetches = count_fetches  # False: batches come through add_batch
+        self._token_model = None  # id of the first watched model (_forward_tokens)
+        self._declared_tokens = False  # add_tokens or add_batch used: forward inputs never count
         self._bwd_call = False  # backward timed around Tensor.backward (see _backward), not by hooks
         self._bwd_hooks_only = False  # a backward issued collectives: hooks it is
         self.step_number = first_step
@@ -251,6 +253,8 @@ class TorchProfiler:
         if id(model) not in self._models:
             _instance_method.wrap(model, "forward", _timed_forward)
             self._models[id(model)] = (model, ())
+            if self._token_model is None:
+                self._token_model = id(model)  # the model whose inputs count, without a loader
         self._watch_zero_grad(model)
         _patches.patch_compile()
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
@@ -377,6 +381,8 @@ class TorchProfiler:
                 return
             if self._cur is None:
                 self._cur = self._begin()
+            self._declared_tokens = True
+            self._drop_forward_tokens(self._cur)
             self._cur.fetches.append(Fetch(None, (max(int(n), 0), 0, 0, None)))
         except Exception:
             self._err()
@@ -769,7 +775,35 @@ class TorchProfiler:
                               bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp)
 
     # -- hooks --------------------------------------------------------------
-    def _fwd_pre(self, module, inputs):
+    def _forward_tokens(self, st, module, inputs, kwargs):
+        """A step whose tokens no watched loader gave (nanoGPT's get_batch, a
+        loop over tensors): the watched model's forward inputs are its batch,
+        counted by the same rules (input_ids or the first integer tensor; the
+        mask, the labels, a next-token split), once per forward of the first
+        watched model. Never beside a loader's batches, add_tokens or
+        add_batch (their counts win), nor with a tokens= function."""
+        if self._token_model is None:
+            self._token_model = id(module)  # zero-code mode: the first root found
+        if (not self._count_fetches or self.token_fn is not None or self._declared_tokens
+                or (st.fetches and not st.fwd_fetches) or id(module) != self._token_model):
+            return
+        batch = kwargs if kwargs and ("input_ids" in kwargs or "labels" in kwargs or "attention_mask" in kwargs) else inputs
+        if isinstance(batch, tuple) and len(batch) == 1:
+            batch = batch[0]
+        n = len(st.fetches)
+        self._add_fetch(st, batch)
+        st.fwd_fetches.extend(st.fetches[n:])
+        st.bare = None  # its own inputs: no split to find
+
+    def _drop_forward_tokens(self, st):
+        """Tokens declared for the step (add_tokens, add_batch): those its
+        forwards' inputs gave go."""
+        if st is not None and st.fwd_fetches:
+            drop = set(map(id, st.fwd_fetches))
+            st.fetches = [f for f in st.fetches if id(f) not in drop]
+            st.fwd_fetches = []
+
+    def _fwd_pre(self, module, inputs, kwargs=None):
         if self.off or _c10d.compiling():
             return
         if self._in_rollout:
@@ -799,6 +833,8 @@ class TorchProfiler:
                 self._flush_side()
             if st.bare is not None:
                 self._split_batch(st, inputs)
+            elif kwargs is not None:
+                self._forward_tokens(st, module, inputs, kwargs)
             st.trained = True
             st.fwd_open = self._mark()
             if self._poller is not None:
@@ -1024,7 +1060,10 @@ class TorchProfiler:
         (``count_fetches=False``)."""
         try:
             if not self.off:
-                self._add_fetch(self._open(), batch)
+                st = self._open()
+                self._declared_tokens = True
+                self._drop_forward_tokens(st)
+                self._add_fetch(st, batch)
         except Exception:
             self._err()
 
@@ -1383,7 +1422,7 @@ def _timed_forward(call):
         prof = _ACTIVE
         if prof is None or prof._models.get(id(self), (None,))[0] is not self:
             return call(self, args, kwargs)  # closed, or a copy of a watched module
-        prof._fwd_pre(self, args)
+        prof._fwd_pre(self, args, kwargs)
         out = call(self, args, kwargs)
         prof._fwd_post(self, args, out)
         return out
