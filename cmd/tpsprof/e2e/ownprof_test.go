@@ -47,7 +47,7 @@ func ownProfilerRun(t *testing.T, py string) {
 	go func() {
 		defer wg.Done()
 		code, lerr = launch.Run(ctx, launch.Config{Job: job, PythonDir: t.TempDir(),
-			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "own-node", CaptureGap: time.Millisecond},
+			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "own-node", CaptureGap: -1},
 			Command: torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "own_profiler_train.py"),
 				"--stop", stop, "--traces", traces, "--truth", truth, "--max-steps", "1000000"),
 			Stdout: &log, Stderr: &log})
