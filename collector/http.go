@@ -165,7 +165,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 		steps := j.st.recentSteps()
 		if n := len(steps); n > 0 {
 			last := steps[n-1]
-			f := j.st.liveFigures(LiveWindowSteps)
+			f := j.live.Load().win // as settle published it for /metrics
 			lj.LastStep, lj.WindowSteps, lj.MFU = last.Step, f.steps, f.mfu
 			if f.tpsUnknown == "" {
 				lj.TPS, lj.TPSPerGPU = &f.tps, &f.perGPU

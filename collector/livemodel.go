@@ -16,7 +16,6 @@ type windowFigures struct {
 	tps, perGPU float64
 	tpsUnknown  string // why there is no throughput ("": there is)
 	mfu, hfu    *float64
-	wait        float64 // waiting for slower peers (shares.WaitingForPeers)
 	shares      tps.Shares
 }
 
@@ -37,7 +36,6 @@ func (s *jobState) liveFigures(k int) windowFigures {
 		}
 	}
 	f := windowFigures{steps: sum.Steps(), shares: sum.Shares()}
-	f.wait = f.shares.WaitingForPeers
 	if t, ok := sum.TPS(); ok {
 		f.tps = t
 		if world > 0 {

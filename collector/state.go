@@ -1021,7 +1021,7 @@ func (s *jobState) liveLine(now time.Time) string {
 	}
 	return fmt.Sprintf("[%s] %s step %d | %s | %s | comm %.1f%% | waiting for rank %d%s %.1f%% | ranks %d/%d",
 		now.Format("15:04:05"), s.id, last.Step, tpsText,
-		mfuText, 100*f.shares.ExposedComm, last.SlowestRank, node, 100*f.wait, last.RanksReported, last.WorldSize)
+		mfuText, 100*f.shares.ExposedComm, last.SlowestRank, node, 100*f.shares.WaitingForPeers, last.RanksReported, last.WorldSize)
 }
 
 // warnRerun says, rate-limited, why records of closed steps arrive: most

@@ -167,12 +167,16 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 	if _, ok := metric("tpsprof_cluster_tokens_per_second", `job="notok"`); ok {
 		t.Errorf("a TPS gauge for a job that counted no token")
 	}
+	// the counters' ratio is tokens over step time over all 40 steps: the
+	// first's time is its own 0.5 s (no step before it), the others' the
+	// whole-run figure's 156,000 tokens over their periods
 	tok, _ := metric("tpsprof_tokens_total", `job="views"`)
 	secs, _ := metric("tpsprof_step_seconds_total", `job="views"`)
 	if secs <= 0 {
 		t.Errorf("tpsprof_step_seconds_total %v", secs)
+	} else {
+		near("rate(tokens) / rate(step seconds)", tok/secs, 160000/(0.5+156000/whole))
 	}
-	_ = tok
 
 	// the live page's DOM in a real browser
 	srv := httptest.NewServer(c.Handler())

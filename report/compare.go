@@ -185,18 +185,8 @@ func Compare(a, b *Report) Comparison {
 }
 
 func worstNode(r *Report) string {
-	if r.NodeCount <= 1 {
-		for _, x := range r.Stragglers {
-			if x.Straggler {
-				return fmt.Sprintf("rank %d %.2f", x.Rank, x.Score)
-			}
-		}
-		return "none"
-	}
-	for _, n := range r.Nodes {
-		if n.Straggler {
-			return fmt.Sprintf("%s %.2f", n.Node, n.Score)
-		}
+	if _, flagged := r.flaggedStragglers(); len(flagged) > 0 {
+		return fmt.Sprintf("%s %.2f", flagged[0].name, flagged[0].score)
 	}
 	return "none"
 }

@@ -19,38 +19,20 @@ import (
 // 10.0k tokens/s instead of 14.5k (31%).
 func TestStragglerEpisodeMidRun(t *testing.T) {
 	const world, steps, from = 16, 1035, 600
-	root := t.TempDir()
-	ranks, err := trace.NewPartWriter[tps.StepRecord](root, "late", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "late", trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
-	now := int64(1.7e18)
-	recs := make([]tps.StepRecord, world)
-	for s := 0; s < steps; s++ {
-		slow := 1e9
+	slow := func(s int) float64 {
 		if s >= from {
-			slow = 1.5e9
+			return 1.5e9
 		}
-		d := slow + 1e8
-		for r := range recs {
-			comp := 1e9
-			if r == 5 {
-				comp = slow
-			}
-			recs[r] = tps.StepRecord{Job: "late", Step: int64(s), Rank: int64(r), WorldSize: world, Node: "node-" + string(rune('0'+r/8)),
-				StartUnixNs: now, EndUnixNs: now + int64(d), DurationNs: int64(d), Tokens: 1000, ExposedCommNs: int64(d - comp), CommNs: int64(d - comp)}
-		}
-		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ranks.Write(recs)
-		cluster.Write([]tps.ClusterStep{c})
-		now += int64(d)
+		return 1e9
 	}
-	ranks.Close()
-	cluster.Close()
+	root := writeSynchronous(t, "late", world, steps, func(r int) string { return "node-" + string(rune('0'+r/8)) },
+		func(s int) float64 { return slow(s) + 1e8 },
+		func(s, r int) float64 {
+			if r == 5 {
+				return slow(s)
+			}
+			return 1e9
+		})
 	rep, err := Analyze(filepath.Join(root, "late"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
@@ -209,38 +191,22 @@ func TestStragglerEpisodeCauses(t *testing.T) {
 // 100-199, ranks 2". No node is called a straggler: the job has one.
 func TestEpisodesOneNodeByRank(t *testing.T) {
 	const world, steps = 4, 200
-	root := t.TempDir()
-	ranks, err := trace.NewPartWriter[tps.StepRecord](root, "one", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
-	if err != nil {
-		t.Fatal(err)
+	slow := func(s, r int) bool {
+		return r == 0 && s >= 80 && s < 100 || r == 2 && s >= 100 && (s < 130 || s >= 140)
 	}
-	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, "one", trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
-	now := int64(1.7e18)
-	recs := make([]tps.StepRecord, world)
-	for s := range steps {
-		slow := map[int]bool{0: s >= 80 && s < 100, 2: s >= 100 && (s < 130 || s >= 140)}
-		d := 1.1e9
-		if slow[0] || slow[2] {
-			d = 1.7e9
-		}
-		for r := range recs {
-			comp := 1e9
-			if slow[r] {
-				comp = 1.6e9
+	root := writeSynchronous(t, "one", world, steps, func(int) string { return "vm" },
+		func(s int) float64 {
+			if slow(s, 0) || slow(s, 2) {
+				return 1.7e9
 			}
-			recs[r] = tps.StepRecord{Job: "one", Step: int64(s), Rank: int64(r), WorldSize: world, Node: "vm",
-				StartUnixNs: now, EndUnixNs: now + int64(d), DurationNs: int64(d), Tokens: 1000, ExposedCommNs: int64(d - comp), CommNs: int64(d - comp)}
-		}
-		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ranks.Write(recs)
-		cluster.Write([]tps.ClusterStep{c})
-		now += int64(d)
-	}
-	ranks.Close()
-	cluster.Close()
+			return 1.1e9
+		},
+		func(s, r int) float64 {
+			if slow(s, r) {
+				return 1.6e9
+			}
+			return 1e9
+		})
 	rep, err := Analyze(filepath.Join(root, "one"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
@@ -270,4 +236,42 @@ func TestEpisodesOneNodeByRank(t *testing.T) {
 	if rep.NodeCount != 1 || len(rep.Nodes) != 0 {
 		t.Errorf("%d nodes, %d node scores", rep.NodeCount, len(rep.Nodes))
 	}
+}
+
+// writeSynchronous writes a job's rank_steps and cluster_steps (under a
+// new folder, which it returns): steps back to back, every rank's step
+// lasting step(s) ns of which compute(s, r) is its compute and the rest
+// exposed communication, 1,000 tokens a rank, on node(r).
+func writeSynchronous(t *testing.T, job string, world, steps int, node func(r int) string, step func(s int) float64, compute func(s, r int) float64) string {
+	t.Helper()
+	root := t.TempDir()
+	ranks, err := trace.NewPartWriter[tps.StepRecord](root, job, trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
+	now := int64(1.7e18)
+	recs := make([]tps.StepRecord, world)
+	for s := range steps {
+		d := step(s)
+		for r := range recs {
+			comm := int64(d - compute(s, r))
+			recs[r] = tps.StepRecord{Job: job, Step: int64(s), Rank: int64(r), WorldSize: int64(world), Node: node(r),
+				StartUnixNs: now, EndUnixNs: now + int64(d), DurationNs: int64(d), Tokens: 1000, ExposedCommNs: comm, CommNs: comm}
+		}
+		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks.Write(recs)
+		cluster.Write([]tps.ClusterStep{c})
+		now += int64(d)
+	}
+	if err := ranks.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cluster.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return root
 }

@@ -86,12 +86,8 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	}
 	p.Cards = append(p.Cards, htmlCard{Label: "exposed communication", Value: pct(rep.Breakdown.ExposedComm), Note: "of step time, transfer not hidden by compute", Bad: rep.Breakdown.ExposedComm > 0.2},
 		htmlCard{Label: "waiting for slower peers", Value: pct(rep.Breakdown.WaitingForPeers), Note: "of step time, blocked in collectives until the slowest rank arrived", Bad: rep.Breakdown.WaitingForPeers > 0.1})
-	if rep.NodeCount > 1 && len(rep.Nodes) > 0 && rep.Nodes[0].Score < tps.StragglerThreshold {
-		n := rep.Nodes[0]
-		p.Cards = append(p.Cards, htmlCard{Label: "slowest node", Value: n.Node, Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*n.Score), Bad: true})
-	} else if rep.NodeCount <= 1 && len(rep.Stragglers) > 0 && rep.Stragglers[0].Straggler {
-		x := rep.Stragglers[0]
-		p.Cards = append(p.Cards, htmlCard{Label: "slowest rank", Value: fmt.Sprintf("rank %d", x.Rank), Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*x.Score), Bad: true})
+	if kind, flagged := rep.flaggedStragglers(); len(flagged) > 0 {
+		p.Cards = append(p.Cards, htmlCard{Label: "slowest " + kind, Value: flagged[0].name, Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*flagged[0].score), Bad: true})
 	}
 
 	b := rep.Breakdown

@@ -161,30 +161,15 @@ func (r *Report) Lines() []Line {
 	if s.TokenMismatch > 0 {
 		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}
-	var flagged []string
-	if r.NodeCount > 1 {
-		for _, n := range r.Nodes {
-			if n.Straggler {
-				flagged = append(flagged, fmt.Sprintf("%s (%.2f)", n.Node, n.Score))
-			}
+	kind, flagged := r.flaggedStragglers()
+	if len(flagged) > 0 {
+		var names []string
+		for _, f := range flagged {
+			names = append(names, fmt.Sprintf("%s (%.2f)", f.name, f.score))
 		}
-		if len(flagged) > 0 {
-			row("straggler nodes", "%s (whole-run median)", strings.Join(flagged, ", "))
-		} else {
-			row("straggler nodes", "none below %.2f over the whole run", tps.StragglerThreshold)
-		}
+		row("straggler "+kind+"s", "%s (whole-run median)", strings.Join(names, ", "))
 	} else {
-		// one node (or none named): the stragglers are ranks
-		for _, x := range r.Stragglers {
-			if x.Straggler {
-				flagged = append(flagged, fmt.Sprintf("rank %d (%.2f)", x.Rank, x.Score))
-			}
-		}
-		if len(flagged) > 0 {
-			row("straggler ranks", "%s (whole-run median)", strings.Join(flagged, ", "))
-		} else {
-			row("straggler ranks", "none below %.2f over the whole run", tps.StragglerThreshold)
-		}
+		row("straggler "+kind+"s", "none below %.2f over the whole run", tps.StragglerThreshold)
 	}
 	if len(r.Episodes) == 0 {
 		row("straggler episodes", "none (windows of %d steps)", r.EpisodeWindow)
@@ -404,6 +389,32 @@ func incompleteText(s tps.Summary) string {
 	default:
 		return fmt.Sprintf("%d incomplete", s.IncompleteSteps)
 	}
+}
+
+// flagged is a straggler as the views name it.
+type flagged struct {
+	name  string
+	score float64
+}
+
+// flaggedStragglers are the whole run's stragglers, slowest first, and what
+// they are: nodes, or ranks when the ranks named one node (or none): one
+// node is no straggler among nodes (text, HTML card, --compare).
+func (r *Report) flaggedStragglers() (kind string, out []flagged) {
+	if r.NodeCount > 1 {
+		for _, n := range r.Nodes {
+			if n.Straggler {
+				out = append(out, flagged{n.Node, n.Score})
+			}
+		}
+		return "node", out
+	}
+	for _, x := range r.Stragglers {
+		if x.Straggler {
+			out = append(out, flagged{fmt.Sprintf("rank %d", x.Rank), x.Score})
+		}
+	}
+	return "rank", out
 }
 
 // headlineText is the run's throughput as every view leads with it: tokens

@@ -117,14 +117,8 @@ func (a *ShareSum) Add(c *ClusterStep) {
 	a.steps++
 }
 
-// Steps is how many steps were added; Seconds their step time.
+// Steps is how many steps were added.
 func (a *ShareSum) Steps() int { return a.steps }
-
-// Seconds is the step time of the steps added.
-func (a *ShareSum) Seconds() float64 { return a.seconds }
-
-// Tokens is the tokens of the steps added.
-func (a *ShareSum) Tokens() int64 { return a.tokens }
 
 // Shares is the steps' breakdown (zero when none was added).
 func (a *ShareSum) Shares() Shares {

@@ -356,8 +356,8 @@ type Summarizer struct {
 	lastAttempt int64
 	first, last int64
 
-	sumTok, sumDur, sumMFU, sumHFU, sumMFUDur, wallTok float64
-	shares                                             ShareSum
+	sumMFU, sumHFU, sumMFUDur, wallTok float64
+	shares                             ShareSum
 }
 
 // NewSummarizer starts a summary with the options Summarize takes
@@ -404,8 +404,6 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 	s.SteadySteps++
 	sm.times.Append(float64(c.StepTimeNs) / 1e9)
 	sm.tps.Append(c.TPS)
-	sm.sumTok += float64(c.Tokens)
-	sm.sumDur += float64(c.StepTimeNs) / 1e9
 	s.Tokens += c.Tokens
 	why := c.MFUUnknown
 	if why == "" {
@@ -452,8 +450,8 @@ func (sm *Summarizer) Result() (Summary, error) {
 	if s.TPS, err = sm.tps.Dist(); err != nil {
 		return s, err
 	}
-	if sm.sumTok > 0 && sm.sumDur > 0 {
-		s.AggregateTPS = sm.sumTok / sm.sumDur
+	if t, ok := sm.shares.TPS(); ok {
+		s.AggregateTPS = t
 		if s.WorldSize > 0 {
 			s.TPSPerGPU = s.AggregateTPS / float64(s.WorldSize)
 		}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/capture"
 	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/cli"
@@ -73,30 +75,8 @@ func captureRun(t *testing.T, py string) {
 		wg.Wait()
 	}()
 
-	// the job is up once every rank is at some step
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := waitForRanks(ctx, t, srv.URL(), job, 4, &log)
 	defer nc.Close()
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		acks, err := capture.Probe(ctx, nc, job, 300*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ranks := 0
-		for _, a := range acks {
-			ranks += len(a.Ranks)
-		}
-		if ranks == 4 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the job's ranks never reached the agent (%d of 4)\n%s", ranks, log.String())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 
 	// bad requests: said, not hung on
 	for _, bad := range []struct {
@@ -234,6 +214,33 @@ func captureRun(t *testing.T, py string) {
 		}
 		if r.Rank == nil || *r.Rank != rank || len(r.Steps) != 1 || r.Steps[0].Step != step || r.Total.CommUs <= 0 {
 			t.Errorf("%s: rank %v steps %+v", p, r.Rank, r.Steps)
+		}
+	}
+}
+
+// waitForRanks connects to NATS and waits (2 minutes at most) until the
+// agents serve want ranks of job: the job is up once every rank is at some
+// step. The connection is the caller's to close.
+func waitForRanks(ctx context.Context, t *testing.T, url, job string, want int, log *syncBuffer) *nats.Conn {
+	t.Helper()
+	nc, err := natsconn.Connect(natsconn.Options{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
+		acks, err := capture.Probe(ctx, nc, job, 300*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, a := range acks {
+			n += len(a.Ranks)
+		}
+		if n == want {
+			return nc
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the job's ranks never reached the agent (%d of %d)\n%s", n, want, log.String())
 		}
 	}
 }

@@ -56,27 +56,8 @@ func ownProfilerRun(t *testing.T, py string) {
 		os.WriteFile(stop, nil, 0o644)
 		wg.Wait()
 	}()
-	nc, err := natsconn.Connect(natsconn.Options{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc := waitForRanks(ctx, t, srv.URL(), job, 2, &log)
 	defer nc.Close()
-	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(200 * time.Millisecond) {
-		acks, err := capture.Probe(ctx, nc, job, 300*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		for _, a := range acks {
-			n += len(a.Ranks)
-		}
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the job's ranks never reached the agent (%d of 2)\n%s", n, log.String())
-		}
-	}
 	busy := 0
 	for i := range 20 {
 		var o, e bytes.Buffer
