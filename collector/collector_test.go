@@ -927,3 +927,55 @@ func dumpDOM(t *testing.T, url string) string {
 	}
 	return string(out)
 }
+
+// One stalled step (a rank descheduled for ten times its pace) lifts its
+// moving average over the threshold but opens no episode and flags no
+// straggler; three slow steps of five do.
+func TestOneStalledStepIsNoEpisode(t *testing.T) {
+	c, nc := startCollector(t)
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	send := func(from, to int64, comp func(s, r int64) int64) {
+		var recs []tps.StepRecord
+		for s := from; s < to; s++ {
+			for r := int64(0); r < 4; r++ {
+				d := int64(6e9)
+				recs = append(recs, tps.StepRecord{Job: "stall", Step: s, Rank: r, WorldSize: 4, Tokens: 1000, Node: "n0",
+					StartUnixNs: t0 + s*1e10, EndUnixNs: t0 + s*1e10 + d, DurationNs: d, ExposedCommNs: d - comp(s, r)})
+			}
+		}
+		if err := nc.Publish(wire.StepsSubject("stall", "n0"), wire.AppendSteps(nil, recs)); err != nil {
+			t.Fatal(err)
+		}
+		nc.Flush()
+		if err := c.Sync(5 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(400 * time.Millisecond) // a tick of the loop tracks episodes
+	}
+	send(0, 20, func(s, r int64) int64 { return 5e8 })
+	// rank 0 stalls once at step 20 (5 s against 0.5 s), then keeps pace
+	send(20, 24, func(s, r int64) int64 {
+		if s == 20 && r == 0 {
+			return 5e9
+		}
+		return 5e8
+	})
+	j := c.Summary().Jobs[0]
+	if len(j.StragglerEpisodes) != 0 || len(j.SlowestRanks) == 0 || j.SlowestRanks[0].Straggler {
+		t.Fatalf("one stalled step opened %+v, slowest %+v", j.StragglerEpisodes, j.SlowestRanks)
+	}
+	if j.SlowestRanks[0].Rank != 0 || j.SlowestRanks[0].Score >= tps.StragglerThreshold {
+		t.Fatalf("rank 0's average should still be under the threshold (else the test shows nothing): %+v", j.SlowestRanks)
+	}
+	// rank 3 slow at steps 24, 26 and 27 of 24..28: an episode from 26 (its current run)
+	send(24, 29, func(s, r int64) int64 {
+		if r == 3 && (s == 24 || s == 26 || s == 27) {
+			return 3e9
+		}
+		return 5e8
+	})
+	j = c.Summary().Jobs[0]
+	if len(j.StragglerEpisodes) != 1 || !slices.Contains(j.StragglerEpisodes[0].Ranks, 3) || slices.Contains(j.StragglerEpisodes[0].Ranks, 0) {
+		t.Fatalf("rank 3 slow 3 steps of 5: episodes %+v (slowest %+v)", j.StragglerEpisodes, j.SlowestRanks)
+	}
+}

@@ -12,7 +12,8 @@ import (
 // LiveEpisode is a straggler episode as the live page shows it: a node (or
 // a rank without a node) whose recent own time (compute and data wait, an
 // exponential moving average over steps) has been more than 1/0.75 of the
-// fastest rank's since StartStep. EndStep is nil while it lasts.
+// fastest rank's since StartStep, with at least 3 of its last 5 steps slow
+// (one stalled step is jitter). EndStep is nil while it lasts.
 type LiveEpisode struct {
 	Node       string  `json:"node"`
 	Ranks      []int64 `json:"ranks"`
@@ -83,7 +84,7 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	byRank := j.oneNode()
 	if best > 0 {
 		for r, v := range j.ownEWMA {
-			if v <= 0 || best/v >= tps.StragglerThreshold {
+			if v <= 0 || best/v >= tps.StragglerThreshold || !j.keepsSlow(r) {
 				continue
 			}
 			node := ""

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -255,6 +256,7 @@ type jobState struct {
 	openEpisodes                         map[string]*LiveEpisode
 	slowSince                            []int64 // per rank: first step of its current run of slow own times, -1 for none
 	slowLast                             []int64 // per rank: the last step its own time was slow, -1 for none
+	slowRecent                           []uint8 // per rank: its last 8 own times, a bit set for each slow one (newest lowest)
 	bestSeen                             float64 // the fastest own-time average at the last episode tracking
 	lastAutoCapture                      time.Time
 	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
@@ -335,6 +337,7 @@ func (s *jobState) observeRank(r *tps.StepRecord) {
 		s.ownEWMA = make([]float64, s.world)
 		s.dataEWMA, s.workEWMA = make([]float64, s.world), make([]float64, s.world)
 		s.slowSince, s.slowLast = make([]int64, s.world), make([]int64, s.world)
+		s.slowRecent = make([]uint8, s.world)
 		for i := range s.slowSince {
 			s.slowSince[i], s.slowLast[i] = -1, -1
 		}
@@ -356,7 +359,12 @@ func (s *jobState) observeRank(r *tps.StepRecord) {
 			x.avg[rank] += ewmaAlpha * (x.v - x.avg[rank])
 		}
 	}
-	switch slow := s.bestSeen > 0 && own > 0 && s.bestSeen/own < tps.StragglerThreshold; {
+	slow := s.bestSeen > 0 && own > 0 && s.bestSeen/own < tps.StragglerThreshold
+	s.slowRecent[rank] <<= 1
+	if slow {
+		s.slowRecent[rank] |= 1
+	}
+	switch {
 	case !slow:
 		s.slowSince[rank] = -1
 	case s.slowSince[rank] < 0 || r.Step < s.slowSince[rank]:
@@ -365,6 +373,18 @@ func (s *jobState) observeRank(r *tps.StepRecord) {
 	default:
 		s.slowLast[rank] = max(s.slowLast[rank], r.Step)
 	}
+}
+
+// episodeMinSlow of a rank's last episodeRecent own times must have been
+// slow for its moving average to open an episode: one step descheduled
+// or stalled (4.3 times its pace is enough to lift an average with
+// ewmaAlpha 0.1 over the threshold) is jitter, not a straggler.
+const episodeMinSlow, episodeRecent = 3, 5
+
+// keepsSlow says whether enough of rank r's recent own times were slow
+// for an episode.
+func (s *jobState) keepsSlow(r int) bool {
+	return r < len(s.slowRecent) && bits.OnesCount8(s.slowRecent[r]&(1<<episodeRecent-1)) >= episodeMinSlow
 }
 
 // bestOwn is the fastest rank's own-time average and that rank (-1, 0 for none).
@@ -413,17 +433,18 @@ func (s *jobState) slowRanks(n int) []tps.RankScore {
 		if top[i].Rank < int64(len(s.rankNode)) {
 			top[i].Node = s.rankNode[top[i].Rank]
 		}
-		top[i].Straggler = top[i].Score < tps.StragglerThreshold
+		top[i].Straggler = top[i].Score < tps.StragglerThreshold && s.keepsSlow(int(top[i].Rank))
 	}
 	return top
 }
 
-// stragglers counts ranks below the straggler threshold.
+// stragglers counts ranks below the straggler threshold that keep slow
+// (keepsSlow).
 func (s *jobState) stragglers() int {
 	_, best := s.bestOwn()
 	n := 0
-	for _, v := range s.ownEWMA {
-		if v > 0 && best/v < tps.StragglerThreshold {
+	for r, v := range s.ownEWMA {
+		if v > 0 && best/v < tps.StragglerThreshold && s.keepsSlow(r) {
 			n++
 		}
 	}

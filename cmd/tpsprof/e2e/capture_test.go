@@ -300,7 +300,7 @@ func TestAutoCaptureOnEpisode(t *testing.T) {
 			for _, e := range j.StragglerEpisodes {
 				if e.Capture != nil {
 					if !slices.Contains(e.Ranks, slowRank) {
-						t.Fatalf("episode on ranks %v captured, want rank %d's", e.Ranks, slowRank)
+						t.Fatalf("episode %+v captured, want rank %d's (ranks' own time now %v)", e, slowRank, j.SlowestRanks)
 					}
 					link = e.Capture
 				}
