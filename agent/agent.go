@@ -469,6 +469,10 @@ func (a *Agent) SubmitMeta(m tps.RunMeta) error {
 		a.reject("meta:topology")
 		return err
 	}
+	if _, ok := tps.TokenSources[m.TokenSource]; m.TokenSource != "" && !ok {
+		a.reject("meta:token_source")
+		return fmt.Errorf("agent: run metadata: unknown token source %.40q", m.TokenSource)
+	}
 	a.metas.Add(1)
 	a.pub.setMeta(m)
 	return nil

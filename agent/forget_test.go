@@ -101,3 +101,31 @@ func TestMetaRepublishBounded(t *testing.T) {
 		t.Errorf("the last metadata did not reach NATS: %v", p)
 	}
 }
+
+// A token source outside tps.TokenSources is rejected with its count; a
+// known one merges into the job's metadata.
+func TestMetaTokenSource(t *testing.T) {
+	a, nc := startWithNATS(t, Config{FlushInterval: 10 * time.Millisecond, MetaInterval: time.Hour})
+	got := make(chan string, 4)
+	if _, err := nc.Subscribe(wire.MetaSubject("src"), func(m *nats.Msg) { got <- string(m.Data) }); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	if err := a.SubmitMeta(tps.RunMeta{Job: "src", TokenSource: strings.Repeat("x", 5000)}); err == nil || len(err.Error()) > 200 {
+		t.Fatalf("unknown token source: %v", err)
+	}
+	if n := a.Stats().Rejected["meta:token_source"]; n != 1 {
+		t.Errorf("meta:token_source rejections %d, want 1", n)
+	}
+	if err := a.SubmitMeta(tps.RunMeta{Job: "src", TokenSource: "forward", MicroBatches: 3}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m := <-got:
+		if !strings.Contains(m, `"token_source":"forward"`) || !strings.Contains(m, `"micro_batches":3`) {
+			t.Errorf("metadata %s", m)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no metadata published")
+	}
+}

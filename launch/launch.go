@@ -40,6 +40,10 @@ const (
 	EnvTopology = "TPSPROF_TOPOLOGY" // "dp=4,tp=8,pp=2,cp=1,ep=1"
 	EnvNode     = "TPSPROF_NODE"
 	EnvAuto     = "TPSPROF_AUTO" // "1": zero-code capture in Python (launch --auto)
+	// EnvTokensPerStep declares the tokens each rank trains a step
+	// (launch --tokens-per-step): the Python package counts them for
+	// every step whose tokens the job's code does not declare itself.
+	EnvTokensPerStep = "TPSPROF_TOKENS_PER_STEP"
 )
 
 // JoinWindow is how recently an attempt that is still running must have
@@ -61,6 +65,11 @@ type Config struct {
 	// Auto turns on zero-code capture in Python commands (TPSPROF_AUTO=1
 	// and the package's boot folder on PYTHONPATH).
 	Auto bool
+	// TokensPerStep, when positive, is the tokens each rank trains a step
+	// (its micro-batches times their sequence length, summed over
+	// gradient accumulation), exported as EnvTokensPerStep: for loops
+	// whose tokens no DataLoader or forward input shows.
+	TokensPerStep int64
 	// PythonDir is where the tpsprof Python package is extracted to be put
 	// on PYTHONPATH (default: the user's cache directory); "-" leaves
 	// PYTHONPATH alone.
@@ -95,6 +104,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	}
 	if cfg.Attempt < 0 {
 		return 2, fmt.Errorf("launch: attempt %d is negative", cfg.Attempt)
+	}
+	if cfg.TokensPerStep < 0 || cfg.TokensPerStep > tps.MaxTokens {
+		return 2, fmt.Errorf("launch: tokens per step %d: give 1 to %d", cfg.TokensPerStep, tps.MaxTokens)
 	}
 	if cfg.Agent.Socket == "" {
 		cfg.Agent.Socket = client.DefaultSocket()
@@ -161,6 +173,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	)
 	if cfg.Meta.Topology != (tps.Topology{}) {
 		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
+	}
+	if cfg.TokensPerStep > 0 {
+		cmd.Env = append(cmd.Env, EnvTokensPerStep+"="+strconv.FormatInt(cfg.TokensPerStep, 10))
 	}
 	cmd.Env = append(cmd.Env, pyEnv...)
 	cmd.Env = append(cmd.Env, cfg.Env...)

@@ -61,6 +61,9 @@ func (r *Report) Lines() []Line {
 			model = "custom model"
 		}
 		row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
+		if src, ok := tps.TokenSources[m.TokenSource]; ok {
+			row("tokens from", "%s", src)
+		}
 	}
 	if s.CompleteNote != "" {
 		row("note", "%s", s.CompleteNote)

@@ -124,6 +124,20 @@ type RunMeta struct {
 	Attention  string  `json:"attention,omitempty"`
 	Recompute  string  `json:"recompute,omitempty"`
 	GPUHourUSD float64 `json:"gpu_hour_usd,omitempty"`
+	// TokenSource says what counted the job's tokens (a key of
+	// TokenSources), as the Python package sends it once it knows.
+	TokenSource string `json:"token_source,omitempty"`
+}
+
+// TokenSources are what can count a job's tokens, by the key RunMeta's
+// TokenSource holds, with the words the report says them in.
+var TokenSources = map[string]string{
+	"loader":   "the batches of the job's DataLoaders",
+	"forward":  "the watched model's forward inputs (no DataLoader batch in the step)",
+	"function": "the job's tokens= function",
+	"declared": "what the job or its framework callback declared (add_tokens, add_batch)",
+	"per_step": "a declared count per step (--tokens-per-step, TPSPROF_TOKENS_PER_STEP)",
+	"none":     "nothing: no DataLoader, forward input or declaration gave tokens",
 }
 
 // Merge overlays the fields o sets onto m.
@@ -149,7 +163,7 @@ func (m *RunMeta) Merge(o RunMeta) {
 	if o.Seq > 0 {
 		m.Seq = o.Seq
 	}
-	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}, {&m.Tokenizer, &o.Tokenizer}} {
+	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}, {&m.Tokenizer, &o.Tokenizer}, {&m.TokenSource, &o.TokenSource}} {
 		if *f.src != "" {
 			*f.dst = *f.src
 		}

@@ -725,6 +725,7 @@ class ForwardTokensTest(unittest.TestCase):
             if len(recs) >= steps:
                 break
             threading.Event().wait(0.01)
+        self.sources = [x["token_source"] for x in sink.lines if x.get("type") == "meta" and "token_source" in x]
         return recs
 
     def test_ids_made_in_the_loop(self):
@@ -753,3 +754,34 @@ class ForwardTokensTest(unittest.TestCase):
             opt.zero_grad()
         recs = self.run_loop(body)
         self.assertEqual([r.get("tokens") for r in recs], [1000] * 4)
+        self.assertEqual(self.sources, ["declared"])
+
+    def test_source_said_once(self):
+        def body(i, prof, model, opt):
+            model(torch.randint(0, 50, (4, 16))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        self.run_loop(body)
+        self.assertEqual(self.sources, ["forward"])
+
+    def test_tokens_per_step_declared_at_launch(self):
+        # launch --tokens-per-step exports TPSPROF_TOKENS_PER_STEP: it
+        # counts every step (not the forward inputs), the job's own
+        # add_tokens still wins
+        def body(i, prof, model, opt):
+            model(torch.randint(0, 50, (4, 16))).sum().backward()
+            if i == 3:
+                prof.add_tokens(7)
+            opt.step()
+            opt.zero_grad()
+        old = os.environ.get("TPSPROF_TOKENS_PER_STEP")
+        os.environ["TPSPROF_TOKENS_PER_STEP"] = "4096"
+        try:
+            recs = self.run_loop(body)
+        finally:
+            if old is None:
+                del os.environ["TPSPROF_TOKENS_PER_STEP"]
+            else:
+                os.environ["TPSPROF_TOKENS_PER_STEP"] = old
+        self.assertEqual([r.get("tokens") for r in recs], [4096] * 3 + [7])
+        self.assertEqual(self.sources, ["per_step", "declared"])

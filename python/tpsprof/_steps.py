@@ -23,7 +23,7 @@ class Step:
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "fetches", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
-                 "fwd_fetches")
+                 "fwd_fetches", "declared")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -52,6 +52,7 @@ class Step:
         # fetches counted from the watched model's forward inputs (no loader
         # batch in the step): dropped if the step's tokens come another way
         self.fwd_fetches = []
+        self.declared = False  # add_tokens or add_batch gave its tokens
         self.closure = False  # forward and backward ran inside optimizer.step (a closure)
 
 

@@ -159,6 +159,16 @@ def _watch_own_profilers() -> None:
         pass
 
 
+def _tokens_per_step_env() -> int:
+    """TPSPROF_TOKENS_PER_STEP as a positive count, else 0 (absent or not
+    a positive integer: the package counts tokens itself)."""
+    try:
+        n = int(os.environ.get("TPSPROF_TOKENS_PER_STEP", "0") or 0)
+    except ValueError:
+        return 0
+    return n if 0 < n <= 1 << 40 else 0
+
+
 def _job_profiler_running() -> bool:
     """A profiler session of the job's own is on: a torch.profiler.profile
     started and not stopped, or the autograd profiler enabled (the legacy
@@ -198,6 +208,10 @@ class TorchProfiler:
         self._count_fetches = count_fetches  # False: batches come through add_batch
         self._token_model = None  # id of the first watched model (_forward_tokens)
         self._declared_tokens = False  # add_tokens or add_batch used: forward inputs never count
+        # TPSPROF_TOKENS_PER_STEP (launch --tokens-per-step): each step's
+        # tokens, unless the job's code declares its own
+        self._per_step = _tokens_per_step_env()
+        self._token_source = None  # what counted the tokens, as last sent in the run metadata
         self._bwd_call = False  # backward timed around Tensor.backward (see _backward), not by hooks
         self._bwd_hooks_only = False  # a backward issued collectives: hooks it is
         self.step_number = first_step
@@ -381,7 +395,7 @@ class TorchProfiler:
                 return
             if self._cur is None:
                 self._cur = self._begin()
-            self._declared_tokens = True
+            self._declared_tokens = self._cur.declared = True
             self._drop_forward_tokens(self._cur)
             self._cur.fetches.append(Fetch(None, (max(int(n), 0), 0, 0, None)))
         except Exception:
@@ -766,6 +780,10 @@ class TorchProfiler:
         if self.steps < FINGERPRINT_STEPS and st.fetches:
             fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
         tokens, padded, samples, seq_sq = totals([f.resolve(self.ignore_index) for f in st.fetches], st.skipped)
+        src = self._source_of(st)
+        if src == "per_step" and not st.skipped:
+            tokens = padded = self._per_step
+        self._say_source(src)
         loss = mean_loss(st.losses)
         self.steps += 1
         self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, ph,
@@ -773,6 +791,33 @@ class TorchProfiler:
                               skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
                               bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp)
+
+    def _source_of(self, st):
+        """(On the sender thread.) What counts a step's tokens: a key of the
+        run metadata's token_source (tps.TokenSources). The job's own code
+        (a tokens= function, add_tokens, add_batch) wins over a count
+        declared at launch, which wins over what the package counts (the
+        watched loaders' batches, else the model's forward inputs)."""
+        if self.token_fn is not None:
+            return "function"
+        if st.declared:
+            return "declared"
+        if self._per_step:
+            return "per_step"
+        if st.fwd_fetches:
+            return "forward"
+        return "loader" if st.fetches else "none"
+
+    def _say_source(self, src):
+        """(On the sender thread.) Rank 0 sends what counted the tokens in
+        the run metadata when it changes (the report says it); "none" only
+        if nothing counted any of its first steps."""
+        if self.client.rank != 0 or src == self._token_source:
+            return
+        if src == "none" and (self._token_source is not None or self.steps < 3):
+            return
+        self._token_source = src
+        self.client.meta(token_source=src)
 
     # -- hooks --------------------------------------------------------------
     def _forward_tokens(self, st, module, inputs, kwargs):
@@ -784,7 +829,7 @@ class TorchProfiler:
         add_batch (their counts win), nor with a tokens= function."""
         if self._token_model is None:
             self._token_model = id(module)  # zero-code mode: the first root found
-        if (not self._count_fetches or self.token_fn is not None or self._declared_tokens
+        if (not self._count_fetches or self.token_fn is not None or self._declared_tokens or self._per_step
                 or (st.fetches and not st.fwd_fetches) or id(module) != self._token_model):
             return
         batch = kwargs if kwargs and ("input_ids" in kwargs or "labels" in kwargs or "attention_mask" in kwargs) else inputs
@@ -1061,7 +1106,7 @@ class TorchProfiler:
         try:
             if not self.off:
                 st = self._open()
-                self._declared_tokens = True
+                self._declared_tokens = st.declared = True
                 self._drop_forward_tokens(st)
                 self._add_fetch(st, batch)
         except Exception:

@@ -77,15 +77,19 @@ func torchMajor(py string) int {
 
 // launchTorch runs cmd under launch.Run with an agent of its own and
 // returns the Parquet folder of the job once the collector has closed.
-func launchTorch(t *testing.T, job string, auto bool, cmd []string) (string, string) {
+func launchTorch(t *testing.T, job string, auto bool, cmd []string, opts ...func(*launch.Config)) (string, string) {
 	t.Helper()
 	srv, col, out, sock := launchEnv(t)
 	var log bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	code, err := launch.Run(ctx, launch.Config{Job: job, ChooseAttempt: true, Auto: auto, PythonDir: t.TempDir(),
+	cfg := launch.Config{Job: job, ChooseAttempt: true, Auto: auto, PythonDir: t.TempDir(),
 		Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "torch-node"},
-		Command: cmd, Stdout: &log, Stderr: &log})
+		Command: cmd, Stdout: &log, Stderr: &log}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	code, err := launch.Run(ctx, cfg)
 	if err != nil {
 		t.Fatalf("launch: %v\n%s", err, log.String())
 	}

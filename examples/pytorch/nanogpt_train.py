@@ -1,0 +1,93 @@
+"""A nanoGPT-style loop, with no tpsprof call and no DataLoader.
+
+    tpsprof launch --auto --job gpt -- torchrun --nproc_per_node 2 \\
+        examples/pytorch/nanogpt_train.py --truth DIR
+
+As nanoGPT's train.py does: batches are cut from one token array by a
+function (get_batch: random offsets, targets shifted by one), the model's
+forward takes (idx, targets) and returns (logits, loss), gradients
+accumulate over --accum micro-batches under DDP's no_sync, and the
+optimizer steps once an iteration. tpsprof counts the tokens from the
+model's forward inputs (under launch --auto nothing is declared).
+
+The job writes its own truth to DIR/truth.RANK.jsonl, one line an
+iteration: its tokens (micro-batches × batch × block, what nanoGPT prints
+as tokens per iteration divided by the world size) and its start and end on
+its own clock.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn import functional as F
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, dim, block):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(block, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx, targets=None):
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        logits = self.lm_head(x + self.mlp(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--accum", type=int, default=2, help="micro-batches an iteration (gradient accumulation)")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--truth", required=True, help="folder for the job's own measurements")
+    a = p.parse_args()
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1337 + rank)
+    vocab = 97
+    data = torch.randint(0, vocab, (20000,), dtype=torch.long)  # the token array (train.bin)
+
+    def get_batch():
+        ix = torch.randint(len(data) - a.block, (a.batch,))
+        x = torch.stack([data[i:i + a.block] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
+        return x, y
+
+    model = torch.nn.parallel.DistributedDataParallel(GPT(vocab, 32, a.block))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    os.makedirs(a.truth, exist_ok=True)
+    out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
+    x, y = get_batch()
+    for it in range(a.iters):
+        t0 = time.time_ns()
+        for micro in range(a.accum):
+            sync = micro == a.accum - 1
+            with contextlib.nullcontext() if sync else model.no_sync():
+                _, loss = model(x, y)
+                loss = loss / a.accum
+            x, y = get_batch()  # the next micro-batch, as nanoGPT fetches it while the GPU works
+            loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.write(json.dumps({"iter": it, "tokens": a.accum * a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns()}) + "\n")
+    out.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
