@@ -662,6 +662,17 @@ class BesideOwnProfilerTest(unittest.TestCase):
         self.run_steps(self.prof, self.model, self.opt, 3)
         self.assertEqual(self.prof.traces, 2)
 
+    def test_request_for_steps_gone_by_is_answered(self):
+        # a one-step capture whose step went by while the request travelled
+        # (the agent's latest record lags the rank) was dropped unsaid: the
+        # command waited its whole timeout
+        self.run_steps(self.prof, self.model, self.opt, 5)
+        self.capture("gone", self.prof.step_number - 3, steps=1)
+        self.run_steps(self.prof, self.model, self.opt, 2)
+        got = self.states("gone")
+        self.assertTrue(got and got[0]["state"] == "failed" and "already past" in got[0].get("why", ""), got)
+        self.assertEqual(self.prof.traces, 0)
+
     def test_refused_captures_never_switch_it_off(self):
         with torch.profiler.profile():
             for k in range(30):

@@ -477,13 +477,16 @@ class TorchProfiler:
         n = self.step_number or 0
         if n < at:
             return
-        if n >= at + steps:
-            self._capture = None
-            return
         if n > at and not started:
+            # (before the end check: a request whose steps all went by
+            # while it travelled was dropped unsaid, and the command
+            # waited its whole timeout)
             self._capture = None
             c = self.client
             self._sender.put(lambda: c.capture_state(cid, "failed", n, "step %d was already past when the request came (this rank is at step %d)" % (at, n)))
+            return
+        if n >= at + steps:
+            self._capture = None
             return
         if _job_profiler_running():
             # torch.profiler sessions are process-wide: a second one beside
