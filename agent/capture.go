@@ -354,24 +354,29 @@ func (a *Agent) captureReport(id string, r capture.Report) error {
 }
 
 // captureTrace reports an analysed capture trace (r nil: why says what
-// failed) and, when the capture keeps traces, sends the trace in chunks.
+// failed) with the rank's record of the step (nil: none) and, when the
+// capture keeps traces, sends the trace in chunks.
 func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats, why string, rec *tps.StepRecord) {
+	if send := a.prepareCapture(n, r, s, why); send != nil {
+		send(rec)
+	}
+}
+
+// prepareCapture builds the report of an analysed capture trace (reading
+// the trace to keep now, while it is in the trace folder) and returns
+// what sends it with the step's record, which may come later; nil when
+// the capture is over.
+func (a *Agent) prepareCapture(n TraceNote, r *kineto.Result, s *kineto.StepStats, why string) func(*tps.StepRecord) {
 	c := a.liveCapture(n.Capture)
 	if c == nil || c.req.Job != n.Job {
-		return // over (timed out) or not ours: the figures went to the record only
+		return nil // over (timed out) or not ours: the figures went to the record only
 	}
 	rep := capture.Report{Rank: n.Rank, Step: n.Step, State: capture.StateTraced, Coords: n.Coords}
 	if s == nil {
 		rep.State, rep.Why = capture.StateFailed, why
-		a.captureReport(n.Capture, rep)
-		return
+		return func(*tps.StepRecord) { a.captureReport(n.Capture, rep) }
 	}
 	rep.Device, rep.Figures, rep.CallsDropped = r.Device, *s, r.CallsDropped
-	if rec != nil {
-		// the rank's own record of the step, for the verdict's cross-check
-		rep.Record = &capture.RecordFigures{DurationNs: rec.DurationNs, ComputeNs: rec.ComputeNs(), DataWaitNs: rec.DataWaitNs,
-			ExposedCommNs: rec.ExposedCommNs, FwdNs: rec.FwdNs, BwdNs: rec.BwdNs, OptimNs: rec.OptimNs}
-	}
 	for _, call := range r.Calls {
 		if call.Step != n.Step {
 			continue
@@ -397,17 +402,24 @@ func (a *Agent) captureTrace(n TraceNote, r *kineto.Result, s *kineto.StepStats,
 			rep.Chunks = len(chunks)
 		}
 	}
-	if err := a.captureReport(n.Capture, rep); err != nil {
-		return
-	}
-	for i, ch := range chunks {
-		m := nats.NewMsg(c.req.Reply)
-		m.Header.Set(capture.HeaderID, n.Capture)
-		m.Header.Set(capture.HeaderChunk, strconv.FormatInt(n.Rank, 10)+"/"+strconv.FormatInt(n.Step, 10)+"/"+strconv.Itoa(i))
-		m.Data = ch
-		if err := a.nc.PublishMsg(m); err != nil {
-			a.log.Warn("capture", "kept trace not sent", "err", err)
+	return func(rec *tps.StepRecord) {
+		if rec != nil {
+			// the rank's own record of the step, for the verdict's cross-check
+			rep.Record = &capture.RecordFigures{DurationNs: rec.DurationNs, ComputeNs: rec.ComputeNs(), DataWaitNs: rec.DataWaitNs,
+				ExposedCommNs: rec.ExposedCommNs, FwdNs: rec.FwdNs, BwdNs: rec.BwdNs, OptimNs: rec.OptimNs}
+		}
+		if err := a.captureReport(n.Capture, rep); err != nil {
 			return
+		}
+		for i, ch := range chunks {
+			m := nats.NewMsg(c.req.Reply)
+			m.Header.Set(capture.HeaderID, n.Capture)
+			m.Header.Set(capture.HeaderChunk, strconv.FormatInt(n.Rank, 10)+"/"+strconv.FormatInt(n.Step, 10)+"/"+strconv.Itoa(i))
+			m.Data = ch
+			if err := a.nc.PublishMsg(m); err != nil {
+				a.log.Warn("capture", "kept trace not sent", "err", err)
+				return
+			}
 		}
 	}
 }

@@ -123,6 +123,11 @@ func TestCaptureThroughAgent(t *testing.T) {
 	}
 	send(map[string]any{"type": "trace", "job": "cj", "rank": 5, "step": 4, "path": path, "capture": "c1", "world_size": 8,
 		"coords": map[string]int64{"dp_rank": 1, "tp_rank": 1}})
+	// the step's record comes after the analysis (a rank sends it once its
+	// collectives completed): the report waits for it, for the verdict
+	time.Sleep(300 * time.Millisecond)
+	send(map[string]any{"job": "cj", "rank": 5, "world_size": 8, "step": 4, "tokens": 10,
+		"start_unix_ns": now + 4e8, "end_unix_ns": now + 4e8 + 6e7, "fwd_ns": 2e7})
 	var states []string
 	var traced capture.Report
 	var kept bytes.Buffer
@@ -149,7 +154,8 @@ func TestCaptureThroughAgent(t *testing.T) {
 		t.Errorf("reports %v", states)
 	}
 	if traced.Rank != 5 || traced.Step != 4 || traced.Node != "n0" || traced.Device != "cpu" || len(traced.Calls) != 2 ||
-		traced.Calls[0].Kind != "all_reduce" || traced.Calls[0].EndNs-traced.Calls[0].StartNs != 9e6 || traced.Figures.CommUs != 10_000 {
+		traced.Calls[0].Kind != "all_reduce" || traced.Calls[0].EndNs-traced.Calls[0].StartNs != 9e6 || traced.Figures.CommUs != 10_000 ||
+		traced.Record == nil || traced.Record.DurationNs != 6e7 || traced.Record.FwdNs != 2e7 {
 		t.Errorf("traced report %+v", traced)
 	}
 	zr, err := gzip.NewReader(&kept)

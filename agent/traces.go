@@ -172,7 +172,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 	if err != nil {
 		a.reject("trace:unreadable")
 		a.log.Warn("trace", "profiler trace not analysed", "err", err)
-		a.settle(n, nil)
+		a.settle(n, nil, nil)
 		if n.Capture != "" {
 			a.captureTrace(n, nil, nil, "trace not analysed: "+err.Error(), nil)
 		}
@@ -189,7 +189,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 	if s == nil {
 		a.reject("trace:no_step")
 		a.log.Warn("trace", "profiler trace has no ProfilerStep of the noted step", "path", n.Path, "step", n.Step)
-		a.settle(n, nil)
+		a.settle(n, nil, nil)
 		if n.Capture != "" {
 			a.captureTrace(n, nil, nil, "the trace has no ProfilerStep of the step", nil)
 		}
@@ -200,7 +200,7 @@ func (a *Agent) analyseTrace(n TraceNote) {
 	if !plausibleFigures(f) {
 		a.reject("trace:implausible")
 		a.log.Warn("trace", "profiler trace figures out of range: not attached", "path", n.Path, "duration_us", f.DurationUs)
-		a.settle(n, nil)
+		a.settle(n, nil, nil)
 		if n.Capture != "" {
 			a.captureTrace(n, nil, nil, "the trace's figures are out of range", nil)
 		}
@@ -221,9 +221,12 @@ func (a *Agent) analyseTrace(n TraceNote) {
 		Name: strings.TrimSuffix(filepath.Base(n.Path), ".json"), StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(),
 		Detail: string(detail)})
 	a.tracesDone.Add(1)
-	rec := a.settle(n, &f)
+	var send func(*tps.StepRecord)
 	if n.Capture != "" {
-		a.captureTrace(n, r, s, "", rec)
+		send = a.prepareCapture(n, r, s, "")
+	}
+	if rec, deferred := a.settle(n, &f, send); send != nil && !deferred {
+		send(rec)
 	}
 }
 
@@ -243,7 +246,18 @@ type traceWait struct {
 	rec   *tps.StepRecord   // held record, once it arrived
 	figs  *tps.TraceFigures // figures, once analysed (nil if the trace could not be read)
 	done  bool              // analysed
+	// report sends a capture's analysed trace with the record (nil: none
+	// came within captureRecordWait of the analysis, doneAt): the
+	// capture's verdict checks the arrivals against the records, and a
+	// record that came after the analysis (a rank's record leaves once
+	// its collectives complete, or two steps on) was missing from it
+	report func(*tps.StepRecord)
+	doneAt time.Time
 }
+
+// captureRecordWait is how long a capture's analysed trace waits for its
+// step's record before it is reported without.
+const captureRecordWait = 3 * time.Second
 
 func keyOf(n TraceNote) traceKey { return traceKey{n.Job, n.Attempt, n.Step, n.Rank} }
 
@@ -280,29 +294,38 @@ func (a *Agent) holdForTrace(r *tps.StepRecord) bool {
 	}
 	k := traceKey{r.Job, r.Attempt, r.Step, r.Rank}
 	a.traceMu.Lock()
-	defer a.traceMu.Unlock()
 	w := a.waits[k]
 	if w == nil {
+		a.traceMu.Unlock()
 		return false
 	}
 	if w.done {
 		attachTrace(r, w.figs)
 		a.dropWait(k)
+		report := w.report
+		a.traceMu.Unlock()
+		if report != nil {
+			cp := *r
+			report(&cp)
+		}
 		return false
 	}
 	cp := *r
 	w.rec = &cp
+	a.traceMu.Unlock()
 	return true
 }
 
 // settle receives the outcome of an analysis (f nil: the trace could not
 // be read): a held record goes on, with the figures when there are any;
 // otherwise the figures wait for their record.
-func (a *Agent) settle(n TraceNote, f *tps.TraceFigures) *tps.StepRecord {
+//
+// later, for a capture's trace, is kept to be called with the record
+// when it comes (deferred: true), else the caller reports at once.
+func (a *Agent) settle(n TraceNote, f *tps.TraceFigures, later func(*tps.StepRecord)) (rec *tps.StepRecord, deferred bool) {
 	k := keyOf(n)
 	a.traceMu.Lock()
 	w := a.waits[k]
-	var rec *tps.StepRecord
 	if w != nil {
 		if w.rec != nil {
 			rec = w.rec
@@ -310,13 +333,16 @@ func (a *Agent) settle(n TraceNote, f *tps.TraceFigures) *tps.StepRecord {
 			a.dropWait(k)
 		} else {
 			w.figs, w.done = f, true
+			if later != nil {
+				w.report, w.doneAt, deferred = later, time.Now(), true
+			}
 		}
 	}
 	a.traceMu.Unlock()
 	if rec != nil {
 		a.pub.addStep(*rec)
 	}
-	return rec
+	return rec, deferred
 }
 
 func (a *Agent) dropWait(k traceKey) {
@@ -329,8 +355,15 @@ func (a *Agent) dropWait(k traceKey) {
 func (a *Agent) releaseWaits(age time.Duration) {
 	now := time.Now()
 	var out []tps.StepRecord
+	var reports []func(*tps.StepRecord)
 	a.traceMu.Lock()
 	for k, w := range a.waits {
+		if w.report != nil && (now.Sub(w.doneAt) >= captureRecordWait || now.Sub(w.since) >= age) {
+			// the capture hears of the trace without the record; the
+			// figures still wait for it
+			reports = append(reports, w.report)
+			w.report = nil
+		}
 		if now.Sub(w.since) < age {
 			continue
 		}
@@ -342,6 +375,9 @@ func (a *Agent) releaseWaits(age time.Duration) {
 	a.traceMu.Unlock()
 	for _, r := range out {
 		a.pub.addStep(r)
+	}
+	for _, report := range reports {
+		report(nil)
 	}
 }
 

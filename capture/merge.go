@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -63,6 +64,9 @@ type RankView struct {
 	// later rank: CommUs less WaitUs (at least 0), the split of the time in
 	// collectives measured from arrival times.
 	TransferUs float64 `json:"transfer_us"`
+	// Record is the mean of the rank's own step records of the captured
+	// steps (nil: none came with its traces): what the verdict checks.
+	Record *RecordFigures `json:"record,omitempty"`
 }
 
 // Collective is one call matched across the ranks that made it.
@@ -79,6 +83,7 @@ type Collective struct {
 	// SpreadUs is the last arrival after the first: how long the first
 	// rank waited. HeldBackUs is the last after the second-latest.
 	SpreadUs   float64 `json:"spread_us"`
+	firstNs    int64   // the first arrival on the aligned clock (the step's spans)
 	HeldBackUs float64 `json:"held_back_us"`
 }
 
@@ -96,29 +101,44 @@ type Culprit struct {
 
 // RecordsCritical is the rank with the most own time (compute and waiting
 // for data: what the others of a synchronous step wait for) in its own
-// step records of the captured steps, against the mean rank's.
+// step records of the captured steps, against the other ranks' mean.
 type RecordsCritical struct {
 	Rank int64 `json:"rank"`
-	// ExcessUs is its own time a step beyond the mean rank's; Ranks how
+	// ExcessUs is its own time a step beyond the other ranks' mean; Ranks how
 	// many ranks' records were there.
 	ExcessUs float64 `json:"excess_us"`
 	Ranks    int     `json:"ranks"`
-	// Phase is where that excess lay, when one phase explains at least
-	// 80% of it: "data fetch", "forward", "backward", "optimizer" or
-	// "host code" (the rank's own time outside them); "" when none does
-	// (cause not established) or the records do not time the phases.
+	// Phase is where that excess lay, when one phase's excess is at least
+	// 80% of the others' wait a step as the capture measured it (of the
+	// excess itself when the capture names no rank or another): "data
+	// fetch", "forward", "backward", "optimizer" or "host code" (the
+	// rank's own time outside them); "" when none is (cause not
+	// established) or the records do not time the phases.
 	Phase string `json:"phase,omitempty"`
+	// the phase with the largest excess and that excess (ns a step),
+	// named as Phase only where it explains phaseShare of the wait
+	phase   string
+	phaseNs float64
+}
+
+// explain names the phase when its excess is at least phaseShare of
+// wait (ns a step).
+func (rc *RecordsCritical) explain(wait float64) {
+	rc.Phase = ""
+	if wait > 0 && rc.phaseNs >= phaseShare*wait {
+		rc.Phase = rc.phase
+	}
 }
 
 // phaseShare is how much of a rank's excess one phase must explain to be
 // named as its cause.
 const phaseShare = 0.8
 
-// phaseOf names the phase that explains most of the slow rank's excess
-// own time over the mean of the others, if it explains at least
-// phaseShare of it.
-func phaseOf(byRank map[int64][]Report, slow int64) string {
-	type parts struct{ data, fwd, bwd, optim, host, own float64 }
+// phaseOf is the phase in which the slow rank's own time exceeds the mean
+// of the others' the most, and by how much a step (ns; "" and 0 when the
+// records do not time the phases or no phase exceeds).
+func phaseOf(byRank map[int64][]Report, slow int64) (string, float64) {
+	type parts struct{ data, fwd, bwd, optim, host float64 }
 	mean := func(rk int64) (p parts, ok bool) {
 		n := 0.0
 		for _, r := range byRank[rk] {
@@ -134,18 +154,17 @@ func phaseOf(byRank map[int64][]Report, slow int64) string {
 			p.fwd += float64(f.FwdNs)
 			p.bwd += float64(f.BwdNs)
 			p.optim += float64(f.OptimNs)
-			p.own += float64(f.ComputeNs + f.DataWaitNs)
 			p.host += float64(f.ComputeNs - work)
 			n++
 		}
 		if n == 0 {
 			return p, false
 		}
-		return parts{p.data / n, p.fwd / n, p.bwd / n, p.optim / n, p.host / n, p.own / n}, true
+		return parts{p.data / n, p.fwd / n, p.bwd / n, p.optim / n, p.host / n}, true
 	}
 	s, ok := mean(slow)
 	if !ok {
-		return ""
+		return "", 0
 	}
 	var o parts
 	k := 0.0
@@ -154,16 +173,12 @@ func phaseOf(byRank map[int64][]Report, slow int64) string {
 			continue
 		}
 		if p, ok := mean(rk); ok {
-			o.data, o.fwd, o.bwd, o.optim, o.host, o.own = o.data+p.data, o.fwd+p.fwd, o.bwd+p.bwd, o.optim+p.optim, o.host+p.host, o.own+p.own
+			o.data, o.fwd, o.bwd, o.optim, o.host = o.data+p.data, o.fwd+p.fwd, o.bwd+p.bwd, o.optim+p.optim, o.host+p.host
 			k++
 		}
 	}
 	if k == 0 {
-		return ""
-	}
-	excess := s.own - o.own/k
-	if excess <= 0 {
-		return ""
+		return "", 0
 	}
 	best, name := 0.0, ""
 	for _, c := range []struct {
@@ -174,14 +189,59 @@ func phaseOf(byRank map[int64][]Report, slow int64) string {
 			best, name = c.d, c.name
 		}
 	}
-	if best < phaseShare*excess {
-		return ""
+	return name, best
+}
+
+// BlockedNs is how long a rank waited at a step's collectives, from each
+// call's span [its arrival, the last rank's arrival]. Calls it reached
+// before an earlier one's last arrival were issued asynchronously (DDP's
+// gradient buckets, fired through backward): their waits overlap, and the
+// rank worked until its last arrival among them, so such a chain counts
+// from that arrival to the chain's latest release. Synchronous calls
+// (each reached after the previous released) add up. Summing every span
+// read 130 ms for a rank 40 ms late at four buckets.
+func BlockedNs(spans [][2]int64) int64 {
+	slices.SortFunc(spans, func(a, b [2]int64) int { return cmp.Compare(a[0], b[0]) })
+	var total int64
+	for i := 0; i < len(spans); {
+		arrive, release := spans[i][0], spans[i][1]
+		j := i + 1
+		for ; j < len(spans) && spans[j][0] < release; j++ {
+			arrive, release = spans[j][0], max(release, spans[j][1])
+		}
+		total += max(release-arrive, 0)
+		i = j
 	}
-	return name
+	return total
+}
+
+// meanRecord is the mean of a rank's step records over its reports (nil
+// for none).
+func meanRecord(reps []Report) *RecordFigures {
+	var m RecordFigures
+	n := int64(0)
+	for _, r := range reps {
+		if f := r.Record; f != nil {
+			m.DurationNs += f.DurationNs
+			m.ComputeNs += f.ComputeNs
+			m.DataWaitNs += f.DataWaitNs
+			m.ExposedCommNs += f.ExposedCommNs
+			m.FwdNs += f.FwdNs
+			m.BwdNs += f.BwdNs
+			m.OptimNs += f.OptimNs
+			n++
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	m.DurationNs, m.ComputeNs, m.DataWaitNs, m.ExposedCommNs = m.DurationNs/n, m.ComputeNs/n, m.DataWaitNs/n, m.ExposedCommNs/n
+	m.FwdNs, m.BwdNs, m.OptimNs = m.FwdNs/n, m.BwdNs/n, m.OptimNs/n
+	return &m
 }
 
 // recordsMinExcess: a rank stands out in the records when its own time a
-// step exceeds the mean rank's by this share of it, and by minLeadNs.
+// step exceeds the other ranks' mean by this share of it, and by minLeadNs.
 const recordsMinExcess = 0.05
 
 // recordsCritical finds the rank the records single out (nil: fewer than
@@ -204,22 +264,28 @@ func recordsCritical(byRank map[int64][]Report, ranks []int64) *RecordsCritical 
 	if len(own) < 2 {
 		return nil
 	}
-	var mean float64
+	var sum float64
 	best, top := int64(-1), -1.0
 	for _, rk := range ranks {
 		v, ok := own[rk]
 		if !ok {
 			continue
 		}
-		mean += v / float64(len(own))
+		sum += v
 		if v > top {
 			best, top = rk, v
 		}
 	}
+	// against the others' mean (with the rank in it, 40 ms of a rank's
+	// own among 4 read 30)
+	mean := (sum - top) / float64(len(own)-1)
 	if ex := top - mean; ex < minLeadNs || ex < recordsMinExcess*mean {
 		return nil
 	}
-	return &RecordsCritical{Rank: best, ExcessUs: (top - mean) / 1e3, Ranks: len(own), Phase: phaseOf(byRank, best)}
+	rc := &RecordsCritical{Rank: best, ExcessUs: (top - mean) / 1e3, Ranks: len(own)}
+	rc.phase, rc.phaseNs = phaseOf(byRank, best)
+	rc.explain(top - mean)
+	return rc
 }
 
 // cause says where the records put the rank's excess.
@@ -227,7 +293,7 @@ func (rc *RecordsCritical) cause() string {
 	if rc.Phase == "" {
 		return "cause not established (no phase explains 80% of it, or the records do not time the phases)"
 	}
-	return "in its " + rc.Phase
+	return "in its " + rc.Phase + " (at least 80% of the wait)"
 }
 
 // verdict checks the capture's culprit against the records, and says it.
@@ -250,14 +316,40 @@ func (v *View) verdict(rc *RecordsCritical, unmatched int, unaligned map[int64]b
 	case rc == nil:
 		v.Verdict = "no rank established"
 	case c != nil && c.Rank == rc.Rank:
-		v.Verdict = fmt.Sprintf("rank %d, agreed by the step records: its own time (compute and data wait) %.1f ms a step more than the mean rank's; %s", c.Rank, rc.ExcessUs/1e3, rc.cause())
+		if c.OthersWaitUs > 0 && len(v.Steps) > 0 {
+			// the cause must explain the others' wait, as the capture
+			// measured it a step
+			rc.explain(c.OthersWaitUs * 1e3 / float64(len(v.Steps)))
+		}
+		v.Verdict = fmt.Sprintf("rank %d, agreed by the step records: its own time (compute and data wait) %.1f ms a step more than the other ranks' mean; %s", c.Rank, rc.ExcessUs/1e3, rc.cause())
 	case c != nil:
-		v.Verdict = fmt.Sprintf("not established: the collectives' arrivals name rank %d, the same steps' own records rank %d (own time %.1f ms a step more than the mean rank's); %s",
+		v.Verdict = fmt.Sprintf("not established: the collectives' arrivals name rank %d, the same steps' own records rank %d (own time %.1f ms a step more than the other ranks' mean); %s",
 			c.Rank, rc.Rank, rc.ExcessUs/1e3, strings.Join(doubts, ", "))
 		v.Culprit = nil // never a confident wrong rank
 	default:
-		v.Verdict = fmt.Sprintf("the collectives' arrivals name no rank; the same steps' own records name rank %d (own time %.1f ms a step more than the mean rank's)", rc.Rank, rc.ExcessUs/1e3)
+		v.Verdict = fmt.Sprintf("the collectives' arrivals name no rank; the same steps' own records name rank %d (own time %.1f ms a step more than the other ranks' mean)", rc.Rank, rc.ExcessUs/1e3)
 	}
+}
+
+// withholdForMissing names no rank when a targeted rank sent no trace:
+// the rank the others waited for may be the one missing (a capture whose
+// request reached two of four ranks too late named rank 1 while rank 3
+// held every step back).
+func (v *View) withholdForMissing() {
+	if len(v.Missing) == 0 || (v.Culprit == nil && v.Records == nil) {
+		return
+	}
+	var miss []string
+	for _, m := range v.Missing {
+		miss = append(miss, strconv.FormatInt(m.Rank, 10))
+	}
+	named := "no rank"
+	if v.Culprit != nil {
+		named = "rank " + strconv.FormatInt(v.Culprit.Rank, 10)
+	}
+	v.Verdict = fmt.Sprintf("not established: ranks %s sent no trace of the steps and the rank the others waited for may be among them (the traced ranks' arrivals name %s)",
+		strings.Join(miss, ", "), named)
+	v.Culprit = nil
 }
 
 // Missing is a targeted rank without figures.
@@ -309,6 +401,7 @@ func Merge(id, job string, results []Report) *View {
 			rv.ExposedCommUs += f.ExposedCommUs
 			rv.IdleUs += f.IdleUs
 		}
+		rv.Record = meanRecord(byRank[rk])
 		idx[rk] = len(v.Ranks)
 		v.Ranks = append(v.Ranks, rv)
 	}
@@ -347,6 +440,7 @@ func Merge(id, job string, results []Report) *View {
 		slices.SortFunc(s, func(a, b call) int { return cmp.Compare(a.end, b.end) })
 	}
 	unmatched, unaligned := 0, map[int64]bool{}
+	waits := map[int64][][2]int64{} // a step's [arrival, last arrival] spans per rank
 	for _, step := range v.Steps {
 		var gs []string
 		for g := range groups[step] {
@@ -453,9 +547,9 @@ func Merge(id, job string, results []Report) *View {
 				for _, a := range as {
 					c.Ranks = append(c.Ranks, a.rank)
 					c.ArrivalUs = append(c.ArrivalUs, float64(a.t-first)/1e3)
-					v.Ranks[idx[a.rank]].WaitUs += float64(last.t-a.t) / 1e3
+					waits[a.rank] = append(waits[a.rank], [2]int64{a.t, last.t})
 				}
-				c.Last = last.rank
+				c.Last, c.firstNs = last.rank, first
 				c.SpreadUs = float64(last.t-first) / 1e3
 				c.HeldBackUs = float64(last.t-second) / 1e3
 				if last.t-second >= minLeadNs {
@@ -466,6 +560,10 @@ func Merge(id, job string, results []Report) *View {
 				v.Collectives = append(v.Collectives, c)
 			}
 		}
+		for rk, spans := range waits {
+			v.Ranks[idx[rk]].WaitUs += float64(BlockedNs(spans)) / 1e3
+		}
+		clear(waits)
 		for _, rk := range ranks {
 			if off, ok := offset[rk]; ok && step == v.Steps[0] {
 				v.Ranks[idx[rk]].OffsetUs = float64(off) / 1e3
@@ -491,22 +589,27 @@ func Merge(id, job string, results []Report) *View {
 	}
 	if best != nil {
 		cu := &Culprit{Rank: best.Rank, Node: best.Node, LastArrivals: best.LastArrivals, Collectives: len(v.Collectives), HeldBackUs: best.HeldBackUs}
-		var wait float64
-		n := 0
+		// per other rank and step: its waits at those collectives, the
+		// spans of asynchronous ones overlapping (BlockedNs); summed over
+		// the steps, averaged over the others
+		spans := map[[2]int64][][2]int64{} // (rank, step) -> spans, ns
 		for _, c := range v.Collectives {
 			if c.Last != best.Rank || c.HeldBackUs*1e3 < minLeadNs {
 				continue
 			}
 			for i, rk := range c.Ranks {
 				if rk != best.Rank {
-					wait += c.SpreadUs - c.ArrivalUs[i]
-					n++
+					k := [2]int64{rk, c.Step}
+					spans[k] = append(spans[k], [2]int64{c.firstNs + int64(c.ArrivalUs[i]*1e3), c.firstNs + int64(c.SpreadUs*1e3)})
 				}
 			}
 		}
-		if n > 0 {
-			// per other rank: the total wait over those collectives, averaged over the others
-			cu.OthersWaitUs = wait / float64(len(v.Ranks)-1)
+		var wait int64
+		for _, sp := range spans {
+			wait += BlockedNs(sp)
+		}
+		if len(spans) > 0 {
+			cu.OthersWaitUs = float64(wait) / 1e3 / float64(len(v.Ranks)-1)
 		}
 		v.Culprit = cu
 	}

@@ -339,6 +339,7 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 		}
 	}
 	slices.SortFunc(v.Missing, func(a, b Missing) int { return int(a.Rank - b.Rank) })
+	v.withholdForMissing()
 	if overReports {
 		v.Notes = append(v.Notes, fmt.Sprintf("the answers passed %d MiB: the rest were not read (a capture this large, or forged answers)", budget>>20))
 	}

@@ -202,7 +202,7 @@ func printCapture(w io.Writer, v *capture.View) {
 	fmt.Fprintln(w)
 	switch c := v.Culprit; {
 	case c == nil && strings.HasPrefix(v.Verdict, "not established"):
-		fmt.Fprintln(w, "waited for: not established (the capture and the step records disagree)")
+		fmt.Fprintln(w, "waited for: not established (see the verdict)")
 	case c != nil:
 		fmt.Fprintf(w, "waited for: rank %d (node %s), last to arrive at %d of %d collectives; the others waited %.1f ms each for it over the captured steps, %.1f ms of it beyond the second-latest rank\n",
 			c.Rank, c.Node, c.LastArrivals, c.Collectives, c.OthersWaitUs/1e3, c.HeldBackUs/1e3)
