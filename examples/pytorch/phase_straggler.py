@@ -28,7 +28,7 @@ stops, through a file beside the truth. It logs its own truth to --truth/truth.<
 step: the step (as tpsprof numbers it), the phase and the extra time it
 spent there on its own clock (0 on the other ranks), and its arrivals at
 the step's bucket all-reduces (a DDP communication hook around DDP's own
-all-reduce: the ranks of one node share the clock).
+all-reduce: the ranks of one node share the clock; none with --fsdp2).
 """
 
 import argparse
@@ -136,6 +136,8 @@ def main():
     p.add_argument("--delay-ms", type=float, default=40.0)
     p.add_argument("--spin", action="store_true",
                    help="compute through the delay instead of sleeping (with more ranks than cores it slows the others too)")
+    p.add_argument("--fsdp2", action="store_true",
+                   help="FSDP2 (fully_shard on each layer and the root) instead of DDP; no arrivals are logged")
     p.add_argument("--per-phase", type=int, default=20, help="steps before the slow phase changes")
     p.add_argument("--phases", type=lambda s: tuple(s.split(",")), default=PHASES,
                    help="comma-separated, of " + ",".join(PHASES))
@@ -153,16 +155,25 @@ def main():
     torch.manual_seed(0)
     # 4 MiB of fp32 gradients in 1 MiB buckets: four all-reduces a step,
     # fired as backward reaches each bucket
-    model = torch.nn.parallel.DistributedDataParallel(Net(plan), bucket_cap_mb=1)
-    # DDP's own all-reduce, with the job's clock at the rank's arrival at
-    # each bucket's
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    if a.fsdp2:
+        # FSDP2 (torch >= 2.6): each layer's parameters all-gathered
+        # before its forward and backward, its gradients reduce-scattered
+        from torch.distributed.fsdp import fully_shard
+        model = Net(plan)
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+    else:
+        model = torch.nn.parallel.DistributedDataParallel(Net(plan), bucket_cap_mb=1)
+        # DDP's own all-reduce, with the job's clock at the rank's arrival
+        # at each bucket's
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-    def timed_allreduce(state, bucket):
-        plan.arrivals.append(time.time_ns())
-        return default_hooks.allreduce_hook(state, bucket)
+        def timed_allreduce(state, bucket):
+            plan.arrivals.append(time.time_ns())
+            return default_hooks.allreduce_hook(state, bucket)
 
-    model.register_comm_hook(None, timed_allreduce)
+        model.register_comm_hook(None, timed_allreduce)
     opt = SlowSGD(model.parameters(), plan, lr=1e-4)
     loader = DataLoader(Samples(plan), batch_size=8)
     prof = tpsprof.torch.instrument(model, opt, loader)

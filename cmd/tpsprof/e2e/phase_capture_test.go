@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -47,19 +48,31 @@ var phaseWords = map[string]string{"data": "data fetch", "forward": "forward", "
 // checked as under load.
 func TestTorchCaptureByPhase(t *testing.T) {
 	py := torchPython(t)
-	if os.Getenv("TPSPROF_PHASE_STRICT") == "" {
-		phaseCaptures(t, py, 0, 2, false)
-		return
+	strict := os.Getenv("TPSPROF_PHASE_STRICT") != ""
+	if !strict {
+		t.Run("ddp", func(t *testing.T) { phaseCaptures(t, py, 0, 2, false) })
+	} else {
+		t.Run("quiet", func(t *testing.T) { phaseCaptures(t, py, 0, 10, true) })
+		t.Run("loaded", func(t *testing.T) { phaseCaptures(t, py, 2, 3, false) })
 	}
-	t.Run("quiet", func(t *testing.T) { phaseCaptures(t, py, 0, 10, true) })
-	t.Run("loaded", func(t *testing.T) { phaseCaptures(t, py, 2, 3, false) })
+	if torchMajor(py) >= 2 {
+		// FSDP2 (all-gathers through forward and backward, reduce-scatters):
+		// no capture names a rank other than 3, and the records name rank 3.
+		// Not yet as DDP: the arrivals name another rank in about half the
+		// captures (then no rank is named: the records disagree), matching
+		// loses 10-16 calls a step, and the others' waits inside their
+		// forward and backward all-gathers make the late rank's data,
+		// forward and backward excess read as host code (docs/capture.md)
+		t.Run("fsdp2", func(t *testing.T) { phaseCaptures(t, py, 0, map[bool]int{true: 4, false: 2}[strict], false, "--fsdp2") })
+	}
 }
 
-func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool) {
+func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra ...string) {
 	// 120 ms: on a 2-core machine the four ranks and their gloo threads
 	// slow the late rank's own work too (by 15-20 ms a step at 80 ms,
 	// beside the 80% a phase must explain)
 	const slowRank, delayMs, per = 3, 120.0, 8
+	fsdp2 := slices.Contains(extra, "--fsdp2")
 	phases := []string{"data", "forward", "backward", "optimizer", "host"}
 	for range hogs {
 		hog := exec.Command("sh", "-c", "while :; do :; done")
@@ -82,9 +95,9 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool) {
 		defer wg.Done()
 		launch.Run(ctx, launch.Config{Job: job, PythonDir: t.TempDir(),
 			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "phase-node", CaptureGap: -1, Logger: slog.New(slog.NewTextHandler(&log, nil))},
-			Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "phase_straggler.py"),
+			Command: torchrun(py, 4, append([]string{filepath.Join(repoRoot(t), "examples", "pytorch", "phase_straggler.py"),
 				"--slow-rank", strconv.Itoa(slowRank), "--delay-ms", strconv.FormatFloat(delayMs, 'f', -1, 64),
-				"--per-phase", strconv.Itoa(per), "--stop", stop, "--truth", truth),
+				"--per-phase", strconv.Itoa(per), "--stop", stop, "--truth", truth}, extra...)...),
 			Stdout: &log, Stderr: &log})
 	}()
 	defer func() {
@@ -169,8 +182,14 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool) {
 	truthOf := func(step int64) (st stepTruth, ok bool) {
 		ranks := arrive[step]
 		n := len(ranks[0])
-		if len(ranks) != 4 || n == 0 {
+		if len(ranks) != 4 {
 			return st, false
+		}
+		if n == 0 {
+			// FSDP2: no arrivals logged; rank 3 sleeps through its delay
+			// while the others wait for it
+			d, ok := delay[step]
+			return stepTruth{last: slowRank, heldNs: d * 1e3, waitUs: d, delayUs: d}, ok
 		}
 		held := map[int64]float64{}
 		for b := range n {
@@ -236,6 +255,8 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool) {
 			t.Errorf("%s step %d: no rank named and no verdict said why", r.phase, r.step)
 		case culprit >= 0 && culprit != tr.last && tr.heldNs >= 5e6:
 			t.Errorf("%s step %d: rank %d named; by the job's own clocks rank %d held the step back by %.1f ms: %s", r.phase, r.step, culprit, tr.last, tr.heldNs/1e6, v.Verdict)
+		case culprit >= 0 && culprit == tr.last && fsdp2:
+			right++ // (no arrivals logged: the wait is not checked)
 		case culprit >= 0 && culprit == tr.last:
 			right++
 			switch off := math.Abs(wait/tr.waitUs - 1); {
@@ -245,10 +266,16 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool) {
 				wide++ // under load: the job's clock at its hook and the profiler's at the call drift apart
 			}
 		}
+		if fsdp2 && (v.Records == nil || v.Records.Rank != slowRank) {
+			t.Errorf("%s step %d: the step records name %+v, not rank %d", r.phase, r.step, v.Records, slowRank)
+		}
 		if culprit != slowRank {
 			continue
 		}
 		named[r.phase]++
+		if fsdp2 {
+			continue // the phase is not checked (above)
+		}
 		if phase == phaseWords[r.phase] {
 			phased[r.phase]++
 		} else if phase != "" {
@@ -258,7 +285,7 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool) {
 	if wide > right/5 {
 		t.Errorf("%d of %d captures' waits beyond 20%% of the job's own clocks", wide, right)
 	}
-	if !strict && right < len(results)/2 {
+	if !strict && !fsdp2 && right < len(results)/2 {
 		t.Errorf("under load %d of %d captures named the rank the job's clocks say held the step back", right, len(results))
 	}
 	for _, p := range phases {
