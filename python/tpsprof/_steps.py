@@ -10,7 +10,7 @@ by itself (python/tests/test_steps.py), as Lightning keeps its
 ``Throughput`` apart from its callback.
 """
 
-from ._intervals import clip, exposed, length, subtract
+from ._intervals import clip, exposed, intersect, length, subtract
 
 __all__ = ["Step", "phases", "totals", "mean_loss"]
 
@@ -61,12 +61,21 @@ def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=(
     the step's start; those outside [0, dur] are cut to it).
 
     Phases of one kind never overlap on the host's timeline, so each is a
-    sum. Communication is the union of the collectives' spans less the
+    sum, less the time blocked on collectives inside it (``blocked``). Communication is the union of the collectives' spans less the
     time blocked for another pipeline stage (which is ``pp_wait``, not
     communication); its exposed part is what no forward, loss, backward or
     optimizer interval hides, time blocked inside them hiding nothing."""
     fwd, bwd, loss, optim = clip(fwd, 0, dur), clip(bwd, 0, dur), clip(loss, 0, dur), clip(optim, 0, dur)
-    out = {"data_wait": data_wait, "fwd": _total(fwd), "bwd": _total(bwd), "optim": _total(optim)}
+    blk = clip(blocked, 0, dur)
+
+    def own(ivs):
+        # a phase's own time: less the time blocked inside it on a
+        # collective (FSDP2's all-gathers wait inside forward and backward:
+        # a rank waiting there for a late peer read as a slow forward, and
+        # its host time as that much less)
+        return _total(ivs) - length(intersect(ivs, blk)) if blk else _total(ivs)
+
+    out = {"data_wait": data_wait, "fwd": own(fwd), "bwd": own(bwd), "optim": own(optim)}
     pp = clip(pp_wait, 0, dur)
     if pp:
         out["pp_wait"] = length(pp)

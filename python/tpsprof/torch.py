@@ -786,6 +786,8 @@ class TorchProfiler:
         src = self._source_of(st)
         if src == "per_step" and not st.skipped:
             tokens = padded = self._per_step
+        elif tokens == 0 and src in ("loader", "forward"):
+            src = "none"  # batches without token ids (features, images)
         self._say_source(src)
         loss = mean_loss(st.losses)
         self.steps += 1
