@@ -130,8 +130,9 @@ func (rc *RecordsCritical) explain(wait float64) {
 	}
 }
 
-// phaseShare is how much of a rank's excess one phase must explain to be
-// named as its cause.
+// phaseShare is how much of the others' wait (or of the rank's excess,
+// where the arrivals name no rank) one phase must explain to be named as
+// its cause.
 const phaseShare = 0.8
 
 // phaseOf is the phase in which the slow rank's own time exceeds the mean
