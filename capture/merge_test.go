@@ -105,6 +105,13 @@ func TestMergeMissingCalls(t *testing.T) {
 	if len(v.Notes) != 1 || !strings.Contains(v.Notes[0], "3 calls matched no call") {
 		t.Errorf("notes %v", v.Notes)
 	}
+	// and the others' wait says it may leave theirs out
+	if !strings.Contains(v.Culprit.WaitDoubt, "3 calls lost in matching") {
+		t.Errorf("wait doubt %q", v.Culprit.WaitDoubt)
+	}
+	if w := Merge("c", "j", job(map[int64]int64{2: 30e6}, nil)); w.Culprit == nil || w.Culprit.WaitDoubt != "" {
+		t.Errorf("nothing lost, yet %+v", w.Culprit)
+	}
 }
 
 // Ranks that arrive together: no culprit; failed reports are not figures.

@@ -40,7 +40,9 @@ var phaseWords = map[string]string{"data": "data fetch", "forward": "forward", "
 //
 // With TPSPROF_PHASE_STRICT=1 (CI runs it so, with nothing else running):
 // 10 captures of each phase, each naming rank 3 and the phase, the
-// others' wait within 20% of the job's clocks; then 3 of each with two
+// others' wait within 20% of the job's clocks (a capture that says its
+// wait may be off, for calls lost in matching, within 50%: at most one
+// in ten); then 3 of each with two
 // CPU-bound processes beside the job, where no capture names a rank the
 // job's clocks contradict, at least half name the right one, and at most
 // one in five of those waits is beyond 20% (none beyond 50%). Within
@@ -259,10 +261,13 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 		case culprit >= 0 && culprit == tr.last:
 			right++
 			switch off := math.Abs(wait/tr.waitUs - 1); {
-			case off > 0.5 || (off > 0.2 && strict):
-				t.Errorf("%s step %d: others waited %.1f ms, %.1f ms by the job's own clocks", r.phase, r.step, wait/1e3, tr.waitUs/1e3)
+			case off > 0.5 || (off > 0.2 && strict && v.Culprit.WaitDoubt == ""):
+				t.Errorf("%s step %d: others waited %.1f ms, %.1f ms by the job's own clocks (%s)", r.phase, r.step, wait/1e3, tr.waitUs/1e3, v.Culprit.WaitDoubt)
 			case off > 0.2:
-				wide++ // under load: the job's clock at its hook and the profiler's at the call drift apart
+				// under load the job's clock at its hook and the profiler's
+				// at the call drift apart; a capture that lost calls in
+				// matching says its wait may be off
+				wide++
 			}
 		}
 		if fsdp2 && (v.Records == nil || v.Records.Rank != slowRank) {
@@ -278,8 +283,8 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 			t.Errorf("%s step %d: phase %q named, the job's delay was in its %s", r.phase, r.step, phase, r.phase)
 		}
 	}
-	if wide > right/5 {
-		t.Errorf("%d of %d captures' waits beyond 20%% of the job's own clocks", wide, right)
+	if limit := map[bool]int{true: right / 10, false: right / 5}[strict]; wide > limit {
+		t.Errorf("%d of %d captures' waits beyond 20%% of the job's own clocks (at most %d)", wide, right, limit)
 	}
 	if !strict && !fsdp2 && right < len(results)/2 {
 		t.Errorf("under load %d of %d captures named the rank the job's clocks say held the step back", right, len(results))

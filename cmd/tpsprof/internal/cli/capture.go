@@ -206,6 +206,9 @@ func printCapture(w io.Writer, v *capture.View) {
 	case c != nil:
 		fmt.Fprintf(w, "waited for: rank %d (node %s), last to arrive at %d of %d collectives; the others waited %.1f ms each for it over the captured steps, %.1f ms of it beyond the second-latest rank\n",
 			c.Rank, c.Node, c.LastArrivals, c.Collectives, c.OthersWaitUs/1e3, c.HeldBackUs/1e3)
+		if c.WaitDoubt != "" {
+			fmt.Fprintf(w, "  (%s)\n", c.WaitDoubt)
+		}
 	case len(v.Collectives) > 0:
 		fmt.Fprintf(w, "waited for: no rank (%d collectives matched; no rank arrived last by more than 0.05 ms)\n", len(v.Collectives))
 	default:
