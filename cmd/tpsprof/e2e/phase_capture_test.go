@@ -39,7 +39,9 @@ var phaseWords = map[string]string{"data": "data fetch", "forward": "forward", "
 // bucket's all-reduce).
 //
 // With TPSPROF_PHASE_STRICT=1 (CI runs it so, with nothing else running):
-// 10 captures of each phase, each naming rank 3 and the phase, the
+// 10 captures of each phase, each naming rank 3 and the phase (unless
+// the job's own clocks say its delay explains under 85% of the others'
+// wait, where the 80% rule may name none), the
 // others' wait within 20% of the job's clocks (a capture that says its
 // wait may be off, for calls lost in matching, within 50%: at most one
 // in ten); then 3 of each with two
@@ -229,7 +231,7 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 		st.delayUs = delay[step]
 		return st, true
 	}
-	named, phased, right, wide := map[string]int{}, map[string]int{}, 0, 0
+	named, phased, right, wide, exempt := map[string]int{}, map[string]int{}, 0, 0, 0
 	for _, r := range results {
 		v := r.view
 		var culprit int64 = -1
@@ -277,11 +279,22 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 			continue
 		}
 		named[r.phase]++
-		if phase == phaseWords[r.phase] {
+		switch {
+		case phase == phaseWords[r.phase]:
 			phased[r.phase]++
-		} else if phase != "" {
+		case phase != "":
 			t.Errorf("%s step %d: phase %q named, the job's delay was in its %s", r.phase, r.step, phase, r.phase)
+		case tr.delayUs < 0.85*tr.waitUs:
+			// by the job's own clocks its delay explains under 85% of
+			// the others' wait (four ranks on two cores slow the late
+			// rank's other work too): the 80% rule may rightly name no
+			// phase
+			phased[r.phase]++
+			exempt++
 		}
+	}
+	if exempt > 0 {
+		t.Logf("%d captures named no phase where the job's delay explained under 85%% of the others' wait by its own clocks", exempt)
 	}
 	if limit := map[bool]int{true: right / 10, false: right / 5}[strict]; wide > limit {
 		t.Errorf("%d of %d captures' waits beyond 20%% of the job's own clocks (at most %d)", wide, right, limit)
