@@ -469,7 +469,7 @@ func (a *Agent) SubmitMeta(m tps.RunMeta) error {
 		a.reject("meta:topology")
 		return err
 	}
-	if _, ok := tps.TokenSources[m.TokenSource]; m.TokenSource != "" && !ok {
+	if _, ok := tps.TokenSourceText(m.TokenSource); m.TokenSource != "" && !ok {
 		a.reject("meta:token_source")
 		return fmt.Errorf("agent: run metadata: unknown token source %.40q", m.TokenSource)
 	}

@@ -102,7 +102,7 @@ func TestMetaRepublishBounded(t *testing.T) {
 	}
 }
 
-// A token source outside tps.TokenSources is rejected with its count; a
+// A token source outside tps.TokenSourceText is rejected with its count; a
 // known one merges into the job's metadata.
 func TestMetaTokenSource(t *testing.T) {
 	a, nc := startWithNATS(t, Config{FlushInterval: 10 * time.Millisecond, MetaInterval: time.Hour})

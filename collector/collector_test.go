@@ -449,6 +449,20 @@ func TestPartsFinalisedAtAttemptEndAndWhenQuiet(t *testing.T) {
 	}
 }
 
+// publishTracked publishes recs, waits until the collector has them and
+// for a tick of its loop, which tracks the episodes.
+func publishTracked(t *testing.T, c *Collector, nc *nats.Conn, subject string, recs []tps.StepRecord) {
+	t.Helper()
+	if err := nc.Publish(subject, wire.AppendSteps(nil, recs)); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	if err := c.Sync(5 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(400 * time.Millisecond)
+}
+
 // A rank that slows down mid-run opens a live straggler episode at about
 // the step it started, on its node, and closes it when it recovers.
 func TestLiveStragglerEpisode(t *testing.T) {
@@ -467,14 +481,7 @@ func TestLiveStragglerEpisode(t *testing.T) {
 					StartUnixNs: t0 + s*2e9, EndUnixNs: t0 + s*2e9 + d, DurationNs: d, ExposedCommNs: d - comp})
 			}
 		}
-		if err := nc.Publish(wire.StepsSubject("ep", "n0"), wire.AppendSteps(nil, recs)); err != nil {
-			t.Fatal(err)
-		}
-		nc.Flush()
-		if err := c.Sync(5 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(400 * time.Millisecond) // a tick of the loop tracks episodes
+		publishTracked(t, c, nc, wire.StepsSubject("ep", "n0"), recs)
 	}
 	send(0, 20, false)
 	send(20, 40, true)
@@ -520,15 +527,8 @@ func TestLiveStragglerEpisodeCause(t *testing.T) {
 				nc.Publish(wire.GPUSubject("why", "n0"), wire.AppendGPUSamples(nil, gs))
 			}
 			send := func() {
-				if err := nc.Publish(wire.StepsSubject("why", "n0"), wire.AppendSteps(nil, recs)); err != nil {
-					t.Fatal(err)
-				}
-				nc.Flush()
-				if err := c.Sync(5 * time.Second); err != nil {
-					t.Fatal(err)
-				}
+				publishTracked(t, c, nc, wire.StepsSubject("why", "n0"), recs)
 				recs = recs[:0]
-				time.Sleep(400 * time.Millisecond) // a tick of the loop tracks episodes
 			}
 			for s := int64(0); s < 40; s++ {
 				if s == 20 {
@@ -943,14 +943,7 @@ func TestOneStalledStepIsNoEpisode(t *testing.T) {
 					StartUnixNs: t0 + s*1e10, EndUnixNs: t0 + s*1e10 + d, DurationNs: d, ExposedCommNs: d - comp(s, r)})
 			}
 		}
-		if err := nc.Publish(wire.StepsSubject("stall", "n0"), wire.AppendSteps(nil, recs)); err != nil {
-			t.Fatal(err)
-		}
-		nc.Flush()
-		if err := c.Sync(5 * time.Second); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(400 * time.Millisecond) // a tick of the loop tracks episodes
+		publishTracked(t, c, nc, wire.StepsSubject("stall", "n0"), recs)
 	}
 	send(0, 20, func(s, r int64) int64 { return 5e8 })
 	// rank 0 stalls once at step 20 (5 s against 0.5 s), then keeps pace

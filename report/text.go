@@ -61,7 +61,7 @@ func (r *Report) Lines() []Line {
 			model = "custom model"
 		}
 		row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
-		if src, ok := tps.TokenSources[m.TokenSource]; ok {
+		if src, ok := tps.TokenSourceText(m.TokenSource); ok {
 			row("tokens from", "%s", src)
 		}
 	}

@@ -125,19 +125,26 @@ type RunMeta struct {
 	Recompute  string  `json:"recompute,omitempty"`
 	GPUHourUSD float64 `json:"gpu_hour_usd,omitempty"`
 	// TokenSource says what counted the job's tokens (a key of
-	// TokenSources), as the Python package sends it once it knows.
+	// TokenSourceText), as the Python package sends it once it knows.
 	TokenSource string `json:"token_source,omitempty"`
 }
 
-// TokenSources are what can count a job's tokens, by the key RunMeta's
+// tokenSources are what can count a job's tokens, by the key RunMeta's
 // TokenSource holds, with the words the report says them in.
-var TokenSources = map[string]string{
+var tokenSources = map[string]string{
 	"loader":   "the batches of the job's DataLoaders",
 	"forward":  "the watched model's forward inputs (no DataLoader batch in the step)",
 	"function": "the job's tokens= function",
 	"declared": "what the job or its framework callback declared (add_tokens, add_batch)",
 	"per_step": "a declared count per step (--tokens-per-step, TPSPROF_TOKENS_PER_STEP)",
-	"none":     "nothing: no DataLoader, forward input or declaration gave tokens",
+	"none":     "nothing: no DataLoader batch, forward input or declaration held token ids",
+}
+
+// TokenSourceText is the report's words for a token source key; false
+// for a key no source has.
+func TokenSourceText(key string) (string, bool) {
+	t, ok := tokenSources[key]
+	return t, ok
 }
 
 // Merge overlays the fields o sets onto m.

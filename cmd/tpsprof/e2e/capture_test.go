@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -54,29 +55,15 @@ func captureRun(t *testing.T, py string) {
 	dir := t.TempDir()
 	stop, truth := filepath.Join(dir, "stop"), filepath.Join(dir, "truth")
 	job := "capture-" + strconv.Itoa(torchMajor(py))
-	var log syncBuffer
-	var wg sync.WaitGroup
-	var code int
-	var lerr error
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		code, lerr = launch.Run(ctx, launch.Config{Job: job, PythonDir: t.TempDir(),
-			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "cap-node"},
-			Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "straggler_train.py"),
-				"--slow-rank", strconv.Itoa(slowRank), "--slow-ms", strconv.FormatFloat(slowMs, 'f', -1, 64),
-				"--stop", stop, "--truth", truth),
-			Stdout: &log, Stderr: &log})
-	}()
-	defer func() {
-		os.WriteFile(stop, nil, 0o644)
-		wg.Wait()
-	}()
-
-	nc := waitForRanks(ctx, t, srv.URL(), job, 4, &log)
+	j, nc := startJob(ctx, t, srv.URL(), 4, stop, launch.Config{Job: job, PythonDir: t.TempDir(),
+		Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "cap-node"},
+		Command: torchrun(py, 4, filepath.Join(repoRoot(t), "examples", "pytorch", "straggler_train.py"),
+			"--slow-rank", strconv.Itoa(slowRank), "--slow-ms", strconv.FormatFloat(slowMs, 'f', -1, 64),
+			"--stop", stop, "--truth", truth)})
 	defer nc.Close()
+	log := &j.log
 
 	// bad requests: said, not hung on
 	for _, bad := range []struct {
@@ -99,8 +86,7 @@ func captureRun(t *testing.T, py string) {
 	keep := filepath.Join(dir, "kept")
 	var out, errOut bytes.Buffer
 	rc := cli.Main([]string{"trace", job, "--nats", srv.URL(), "--steps", "2", "--keep", keep, "--json", "--timeout", "60s"}, &out, &errOut)
-	os.WriteFile(stop, nil, 0o644)
-	wg.Wait()
+	code, lerr := j.end()
 	if rc != 0 {
 		t.Fatalf("tpsprof trace: exit %d\n%s\n%s\njob:\n%s", rc, errOut.String(), out.String(), log.String())
 	}
@@ -243,6 +229,47 @@ func waitForRanks(ctx context.Context, t *testing.T, url, job string, want int, 
 			t.Fatalf("the job's ranks never reached the agent (%d of %d)\n%s", n, want, log.String())
 		}
 	}
+}
+
+// bgJob is a training job launch.Run keeps running in the background
+// until its stop file exists (the examples' --stop).
+type bgJob struct {
+	log  syncBuffer
+	stop string
+	wg   sync.WaitGroup
+	once sync.Once
+	code int
+	err  error
+}
+
+// startJob runs cfg (its output and its agent's warnings into the job's
+// log) until end, and waits until the agents serve its ranks; the NATS
+// connection is the caller's to close. The job is ended at the test's
+// cleanup at the latest.
+func startJob(ctx context.Context, t *testing.T, url string, ranks int, stop string, cfg launch.Config) (*bgJob, *nats.Conn) {
+	t.Helper()
+	j := &bgJob{stop: stop}
+	cfg.Stdout, cfg.Stderr = &j.log, &j.log
+	if cfg.Agent.Logger == nil {
+		cfg.Agent.Logger = slog.New(slog.NewTextHandler(&j.log, nil))
+	}
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		j.code, j.err = launch.Run(ctx, cfg)
+	}()
+	t.Cleanup(func() { j.end() })
+	return j, waitForRanks(ctx, t, url, cfg.Job, ranks, &j.log)
+}
+
+// end asks the job to stop, waits for it, and gives its exit code and
+// launch's error.
+func (j *bgJob) end() (int, error) {
+	j.once.Do(func() {
+		os.WriteFile(j.stop, nil, 0o644)
+		j.wg.Wait()
+	})
+	return j.code, j.err
 }
 
 func offsets(v capture.View) []float64 {

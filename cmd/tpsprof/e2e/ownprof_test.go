@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,27 +36,14 @@ func ownProfilerRun(t *testing.T, py string) {
 	dir := t.TempDir()
 	stop, traces, truth := filepath.Join(dir, "stop"), filepath.Join(dir, "traces"), filepath.Join(dir, "truth")
 	job := "ownprof-" + strconv.Itoa(torchMajor(py))
-	var log syncBuffer
-	var wg sync.WaitGroup
-	var code int
-	var lerr error
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		code, lerr = launch.Run(ctx, launch.Config{Job: job, PythonDir: t.TempDir(),
-			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "own-node", CaptureGap: -1},
-			Command: torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "own_profiler_train.py"),
-				"--stop", stop, "--traces", traces, "--truth", truth, "--max-steps", "1000000"),
-			Stdout: &log, Stderr: &log})
-	}()
-	defer func() {
-		os.WriteFile(stop, nil, 0o644)
-		wg.Wait()
-	}()
-	nc := waitForRanks(ctx, t, srv.URL(), job, 2, &log)
+	j, nc := startJob(ctx, t, srv.URL(), 2, stop, launch.Config{Job: job, PythonDir: t.TempDir(),
+		Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "own-node", CaptureGap: -1},
+		Command: torchrun(py, 2, filepath.Join(repoRoot(t), "examples", "pytorch", "own_profiler_train.py"),
+			"--stop", stop, "--traces", traces, "--truth", truth, "--max-steps", "1000000")})
 	defer nc.Close()
+	log := &j.log
 	busy := 0
 	for i := range 20 {
 		var o, e bytes.Buffer
@@ -75,9 +61,7 @@ func ownProfilerRun(t *testing.T, py string) {
 			t.Errorf("capture %d traced beside the job's own profiler: %+v", i, v.Ranks)
 		}
 	}
-	os.WriteFile(stop, nil, 0o644)
-	wg.Wait()
-	if lerr != nil || code != 0 {
+	if code, lerr := j.end(); lerr != nil || code != 0 {
 		t.Fatalf("the job did not survive the captures: exit %d, %v\n%s", code, lerr, log.String())
 	}
 	if busy != 40 {

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"log/slog"
 	"math"
 	"os"
 	"os/exec"
@@ -10,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -66,7 +64,11 @@ func TestTorchCaptureByPhase(t *testing.T) {
 		// the arrivals name another rank in some captures (then no rank
 		// is named: the records disagree), matching loses 10-16 calls a
 		// step, and the others' wait is not checked (docs/capture.md)
-		t.Run("fsdp2", func(t *testing.T) { phaseCaptures(t, py, 0, map[bool]int{true: 4, false: 2}[strict], false, "--fsdp2") })
+		each := 2
+		if strict {
+			each = 4
+		}
+		t.Run("fsdp2", func(t *testing.T) { phaseCaptures(t, py, 0, each, false, "--fsdp2") })
 	}
 }
 
@@ -89,26 +91,15 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 	dir := t.TempDir()
 	stop, truth := filepath.Join(dir, "stop"), filepath.Join(dir, "truth")
 	job := "phases"
-	var log syncBuffer
-	var wg sync.WaitGroup
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		launch.Run(ctx, launch.Config{Job: job, PythonDir: t.TempDir(),
-			Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "phase-node", CaptureGap: -1, Logger: slog.New(slog.NewTextHandler(&log, nil))},
-			Command: torchrun(py, 4, append([]string{filepath.Join(repoRoot(t), "examples", "pytorch", "phase_straggler.py"),
-				"--slow-rank", strconv.Itoa(slowRank), "--delay-ms", strconv.FormatFloat(delayMs, 'f', -1, 64),
-				"--per-phase", strconv.Itoa(per), "--stop", stop, "--truth", truth}, extra...)...),
-			Stdout: &log, Stderr: &log})
-	}()
-	defer func() {
-		os.WriteFile(stop, nil, 0o644)
-		wg.Wait()
-	}()
-	nc := waitForRanks(ctx, t, srv.URL(), job, 4, &log)
+	j, nc := startJob(ctx, t, srv.URL(), 4, stop, launch.Config{Job: job, PythonDir: t.TempDir(),
+		Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "phase-node", CaptureGap: -1},
+		Command: torchrun(py, 4, append([]string{filepath.Join(repoRoot(t), "examples", "pytorch", "phase_straggler.py"),
+			"--slow-rank", strconv.Itoa(slowRank), "--delay-ms", strconv.FormatFloat(delayMs, 'f', -1, 64),
+			"--per-phase", strconv.Itoa(per), "--stop", stop, "--truth", truth}, extra...)...)})
 	defer nc.Close()
+	log := &j.log
 
 	type result struct {
 		phase string
@@ -157,8 +148,7 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 		done[p]++
 		results = append(results, result{p, at, v})
 	}
-	os.WriteFile(stop, nil, 0o644)
-	wg.Wait()
+	j.end()
 
 	// By the job's own clocks (one node, one clock), at each step's bucket
 	// all-reduces: the rank that held them back the most (its arrival
@@ -296,7 +286,11 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 	if exempt > 0 {
 		t.Logf("%d captures named no phase where the job's delay explained under 85%% of the others' wait by its own clocks", exempt)
 	}
-	if limit := map[bool]int{true: right / 10, false: right / 5}[strict]; wide > limit {
+	limit := right / 5
+	if strict {
+		limit = right / 10
+	}
+	if wide > limit {
 		t.Errorf("%d of %d captures' waits beyond 20%% of the job's own clocks (at most %d)", wide, right, limit)
 	}
 	if !strict && !fsdp2 && right < len(results)/2 {
