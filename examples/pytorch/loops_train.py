@@ -134,8 +134,8 @@ def main():
         if finite:
             opt_body.step()
             opt_emb.step()
+            row["end_ns"] = time.time_ns()  # an iteration ends at its last optimizer step
             sched.step()
-            row["end_ns"] = time.time_ns()
         out.write(json.dumps(row) + "\n")
         if args.eval_every and i % args.eval_every == 0:
             e0 = time.time_ns()

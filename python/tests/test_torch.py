@@ -326,6 +326,28 @@ class LoopTest(unittest.TestCase):
             self.assertAlmostEqual(r["loss"], want, places=5)
         self.assertEqual(prof.errors, 0)
 
+    def test_a_scheduler_made_first_sees_no_overridden_step(self):
+        # An LR scheduler made before instrument() counts the optimizer's
+        # steps; tpsprof's timing of step must not make it warn that step
+        # was overridden (on PyTorch 1.13 the warning's first print, reading
+        # source lines under load, took 0.1 s of a job's first step).
+        import warnings
+        sink = Sink()
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        prof = tt.instrument(model, [opt], job="l", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+                sched.step()
+        prof.close()
+        self.assertEqual([str(w.message) for w in got if "overridden" in str(w.message)], [])
+        self.assertAlmostEqual(opt.param_groups[0]["lr"], 0.025)
+        self.assertEqual(prof.errors, 0)
+
     def test_evaluation_and_a_checkpoint_are_events(self):
         d = tempfile.mkdtemp()
 

@@ -336,6 +336,10 @@ class TorchProfiler:
             finally:
                 prof._optim_post()
 
+        if getattr(inner, "_with_counter", False):
+            # an LR scheduler made before us wrapped step to count calls; it
+            # warns that step "has been overridden" unless the mark is there
+            step._with_counter = True
         optimizer.step = types.MethodType(step, optimizer)
 
     def watch_loader(self, loader: torch.utils.data.DataLoader) -> torch.utils.data.DataLoader:
