@@ -60,6 +60,7 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
 		tokens, padded, fwd, bwd, optim := c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11], c.Int64[12]
+		capture, captureCPU, memAlloc, memResv, memCap := c.Int64[13], c.Int64[14], c.Int64[15], c.Int64[16], c.Int64[17]
 		lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
 		for i := range c.Rows {
 			rep.RankRows++
@@ -94,9 +95,11 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 				// what the critical rank had more of than the mean rank
 				crit.addOwn(c.Strings[i], r, comp, float64(data[i]))
 			}
+			rep.own.addMem(r, memAlloc[i], memResv[i], memCap[i])
 			if warm {
 				continue
 			}
+			rep.own.addCost(1, capture[i], captureCPU[i], dur[i])
 			// its own time (what the others wait for in a synchronous step:
 			// compute and waiting for data), and of it the data wait and the
 			// measured forward, backward and optimizer
@@ -158,6 +161,8 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 	_, err = trace.EachColumnsStrs(filepath.Join(dir, trace.RankWindows), windowColumns, []string{"node", "compute_sketch"}, windowRanges(ranges), func(c *trace.Columns) error {
 		attempt, rank, first, last, steps := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4]
 		compute, data, fwd, bwd, optim, padded, tokPadded := c.Int64[5], c.Int64[6], c.Int64[7], c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11]
+		capture, captureCPU, dur := c.Int64[12], c.Int64[13], c.Int64[14]
+		memAlloc, memResv, memCap := c.Int64[15], c.Int64[16], c.Int64[17]
 		node, sketch := c.Str[0], c.Str[1]
 		for i := range c.Rows {
 			rep.RankWindows++
@@ -192,6 +197,8 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 				nodes[r] = node[i]
 			}
 			heat.add(si, r, float64(compute[i])/n)
+			rep.own.addCost(steps[i], capture[i], captureCPU[i], dur[i])
+			rep.own.addMem(r, memAlloc[i], memResv[i], memCap[i])
 			own := float64(compute[i] + data[i])
 			wins.addN(si, r, own, float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]), int32(steps[i]))
 			if padded[i] > 0 {
@@ -230,7 +237,9 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 // windowColumns are the int64 columns of rank_windows the report reads
 // (with node and compute_sketch).
 var windowColumns = []string{"attempt", "rank", "first_step", "last_step", "steps",
-	"compute_ns.sum", "data_wait_ns.sum", "fwd_ns.sum", "bwd_ns.sum", "optim_ns.sum", "padded_tokens", "tokens_padded"}
+	"compute_ns.sum", "data_wait_ns.sum", "fwd_ns.sum", "bwd_ns.sum", "optim_ns.sum", "padded_tokens", "tokens_padded",
+	"?capture_ns.sum", "?capture_cpu_ns.sum", "duration_ns.sum",
+	"?mem_peak_allocated_bytes.max", "?mem_peak_reserved_bytes.max", "?mem_capacity_bytes.max"}
 
 // windowRanges bound the rank_windows row groups that can hold windows of
 // the selected steps (ranges: attempt and step, as spine.ranges gives;

@@ -221,6 +221,11 @@ type Report struct {
 	Events          map[string]int64 `json:"events"`
 	// Padding compares real and padded tokens where ranks report both.
 	Padding *Padding `json:"padding,omitempty"`
+	// CaptureCost is what measuring cost the ranks that measured it
+	// (tpsprof.torch); Memory the ranks' device memory, where reported.
+	CaptureCost *CaptureCost `json:"capture_cost,omitempty"`
+	Memory      *Memory      `json:"memory,omitempty"`
+	own         ownAcc
 	// Generation sums up the steps' generation phase (RL rollouts), when
 	// ranks reported one.
 	Generation *Generation `json:"generation,omitempty"`
@@ -535,6 +540,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 	if pass.crit != nil {
 		pass.crit.explain(rep.WaitCharged, nodes)
 	}
+	rep.CaptureCost, rep.Memory = rep.own.result(nodes, opt.TopStragglers)
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
 	}
@@ -880,7 +886,8 @@ func medianKeepFor(world int64) int {
 // rankColumns are the int64 columns of rank_steps the report reads (with
 // node): decoding these columns alone, page by page, is several times
 // faster than reading whole records (BENCHMARKS.md).
-var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens", "fwd_ns", "bwd_ns", "optim_ns"}
+var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens", "fwd_ns", "bwd_ns", "optim_ns",
+	"?capture_ns", "?capture_cpu_ns", "?mem_peak_allocated_bytes", "?mem_peak_reserved_bytes", "?mem_capacity_bytes"}
 
 // heatGrid is the per-rank compute time over steps, binned to at most
 // 400 step columns and 512 rank rows.

@@ -161,6 +161,18 @@ func (r *Report) Lines() []Line {
 	if p := r.Padding; p != nil {
 		row("padding", "real tokens are %s of the padded batch (%s on padding); TPS and MFU count real tokens", pct(p.RealFraction), pct(1-p.RealFraction))
 	}
+	if c := r.CaptureCost; c != nil {
+		row("capture cost", "%s a step on the training thread (%s of step time), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
+			usText(c.PerStepNs), pct(c.StepFraction), usText(c.CPUPerStepNs), c.Rows)
+	}
+	if m := r.Memory; m != nil && len(m.Fullest) > 0 {
+		f := m.Fullest[0]
+		line := fmt.Sprintf("peak %s reserved, %s allocated on rank %d", gib(f.PeakReservedBytes), gib(f.PeakAllocatedBytes), f.Rank)
+		if f.Headroom != nil {
+			line += fmt.Sprintf(" of %s: headroom %s", gib(f.CapacityBytes), pct(*f.Headroom))
+		}
+		row("device memory", "%s (the fullest of %d ranks)", line, m.Ranks)
+	}
 	if s.TokenMismatch > 0 {
 		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}
@@ -455,4 +467,12 @@ func BreakdownText(b Breakdown) string {
 		parts = append(parts, p.Label+" "+v)
 	}
 	return strings.Join(parts, " | ")
+}
+
+// usText writes ns as µs (ms from 10 ms up).
+func usText(ns float64) string {
+	if ns >= 1e7 {
+		return fmt.Sprintf("%.1f ms", ns/1e6)
+	}
+	return fmt.Sprintf("%.0f µs", ns/1e3)
 }

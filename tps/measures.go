@@ -106,6 +106,8 @@ const (
 	WireSeqSq
 	WireBytes
 	WireGen
+	WireCost
+	WireMem
 )
 
 // Measures in wire order within each group (the step batch's layout 1:
@@ -157,6 +159,16 @@ var Measures = [...]Measure{
 		Doc: "optional: their prompt tokens"},
 	{Name: "gen_output_tokens", Field: "GenOutputTokens", Unit: "tokens", Wire: WireGen, Over: OverSum, Combine: "`gen_output_tokens`, `gen_output_tps`, `gen_total_tps`",
 		Doc: "optional: their generated tokens"},
+	{Name: "capture_ns", Field: "CaptureNs", Unit: "ns", Kind: KindBlocking, Windowed: true, Wire: WireCost, Combine: "rank rows (the report's capture cost)",
+		Doc: "optional: time the training thread spent in tpsprof's own code in the step (the Python package's hooks, timed by themselves)"},
+	{Name: "capture_cpu_ns", Field: "CaptureCPUNs", Unit: "ns", Kind: KindPhase, Windowed: true, Wire: WireCost, Combine: "rank rows (the report's capture cost)",
+		Doc: "optional: CPU time of the package's own threads (sender, poller) since the rank's previous record"},
+	{Name: "mem_peak_allocated_bytes", Field: "MemPeakAllocatedBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's memory per rank)",
+		Doc: "optional: peak bytes allocated by PyTorch's CUDA caching allocator during the step (≤ 1 PiB)"},
+	{Name: "mem_peak_reserved_bytes", Field: "MemPeakReservedBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's memory per rank)",
+		Doc: "optional: peak bytes the allocator reserved from the device during the step (≤ 1 PiB)"},
+	{Name: "mem_capacity_bytes", Field: "MemCapacityBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's headroom)",
+		Doc: "optional: the device's total memory (≤ 1 PiB)"},
 }
 
 // Of is the field of r that holds m.

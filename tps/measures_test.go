@@ -27,7 +27,7 @@ func TestMeasuresDocumented(t *testing.T) {
 		m := &Measures[i]
 		*m.Of(&r) = int64(i + 1)
 	}
-	if r.StartUnixNs != 1 || r.GenOutputTokens != int64(len(Measures)) || r.CkptNs == 0 || r.Bytes == 0 {
+	if r.StartUnixNs != 1 || r.MemCapacityBytes != int64(len(Measures)) || r.CkptNs == 0 || r.Bytes == 0 {
 		t.Fatalf("measures bound to the wrong fields: %+v", r)
 	}
 
@@ -71,7 +71,7 @@ func TestMeasuresDocumented(t *testing.T) {
 			pos[w] = k
 		}
 	}
-	for _, g := range []WireGroup{WireCore, WireTrace, WireSeqSq, WireBytes, WireGen} {
+	for _, g := range []WireGroup{WireCore, WireTrace, WireSeqSq, WireBytes, WireGen, WireCost, WireMem} {
 		last := -1
 		for _, m := range MeasuresIn(g) {
 			p, ok := pos[m.Name]

@@ -82,6 +82,22 @@ type StepRecord struct {
 	TraceCommNs        int64 `json:"trace_comm_ns,omitempty" parquet:"trace_comm_ns,delta"`
 	TraceExposedCommNs int64 `json:"trace_exposed_comm_ns,omitempty" parquet:"trace_exposed_comm_ns,delta"`
 
+	// CaptureNs is the time the rank's training thread spent in tpsprof's
+	// own code during the step (its hooks, measured by themselves);
+	// CaptureCPUNs the CPU time of the package's own threads (sender,
+	// poller) since the rank's previous record: summed over a run, what
+	// measuring cost the process. Zero: not measured.
+	CaptureNs    int64 `json:"capture_ns,omitempty" parquet:"capture_ns,delta"`
+	CaptureCPUNs int64 `json:"capture_cpu_ns,omitempty" parquet:"capture_cpu_ns,delta"`
+
+	// The accelerator memory of the step (PyTorch's CUDA caching
+	// allocator): the peaks of allocated and reserved bytes since the
+	// previous step ended, and the device's capacity. Zero: not measured
+	// (CPU, or switched off).
+	MemPeakAllocatedBytes int64 `json:"mem_peak_allocated_bytes,omitempty" parquet:"mem_peak_allocated_bytes,delta"`
+	MemPeakReservedBytes  int64 `json:"mem_peak_reserved_bytes,omitempty" parquet:"mem_peak_reserved_bytes,delta"`
+	MemCapacityBytes      int64 `json:"mem_capacity_bytes,omitempty" parquet:"mem_capacity_bytes,delta"`
+
 	// FLOPs are the model FLOPs of the step for this rank's data-parallel
 	// replica, when the training code computes them itself (variable-length
 	// batches). Like Tokens, they are counted once per replica.
@@ -105,9 +121,11 @@ const (
 	// MaxTokensPerNs bounds a replica's rate: 1e9 tokens/s, beyond any
 	// GPU (a 10M-parameter model at 100% of an H100 does ~1.6e7).
 	MaxTokensPerNs = 1
-	MaxStringLen   = 256                                   // node, gpu_uuid
-	MinUnixNs      = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
-	maxJobLen      = 64
+	// MaxMemBytes bounds a device's memory figures (1 PiB).
+	MaxMemBytes  = int64(1) << 50
+	MaxStringLen = 256                                   // node, gpu_uuid
+	MinUnixNs    = int64(946684800) * int64(time.Second) // 2000-01-01T00:00:00Z
+	maxJobLen    = 64
 )
 
 // ErrInvalidRecord is wrapped by every validation error of this package.
@@ -264,6 +282,14 @@ func (r *StepRecord) Validate() error {
 	}
 	if r.GenOutputTokens > 0 && r.GenOutputTokens > r.GenNs*MaxTokensPerNs {
 		return fieldErr("gen_output_tokens", r.GenOutputTokens, ReasonOutOfRange, "more than %d per nanosecond of gen_ns=%d", MaxTokensPerNs, r.GenNs)
+	}
+	for _, m := range [...]struct {
+		name string
+		v    int64
+	}{{"mem_peak_allocated_bytes", r.MemPeakAllocatedBytes}, {"mem_peak_reserved_bytes", r.MemPeakReservedBytes}, {"mem_capacity_bytes", r.MemCapacityBytes}} {
+		if m.v < 0 || m.v > MaxMemBytes {
+			return fieldErr(m.name, m.v, ReasonOutOfRange, "must lie between 0 and %d (1 PiB)", MaxMemBytes)
+		}
 	}
 	if r.SeqSqSum < 0 {
 		return fieldErr("seq_sq_sum", r.SeqSqSum, ReasonNegative, "must not be negative")

@@ -33,7 +33,9 @@ type Columns struct {
 // slices. It is several times faster than reading rows (BENCHMARKS.md):
 // the report reads 10 M rank rows this way. The Columns passed to fn are
 // reused. A part lacking a column, or holding it with another type or with
-// nulls, is an error naming the part.
+// nulls, is an error naming the part; a name that starts with "?" is an
+// optional column (one added to the table later): a part without it reads
+// as zeros.
 func EachColumns(dir string, int64Cols []string, strCol string, fn func(*Columns) error) error {
 	_, err := EachColumnsIn(dir, int64Cols, strCol, nil, fn)
 	return err
@@ -191,7 +193,12 @@ func columnsOfFile(path string, c *readConfig, int64Cols, strCols []string, rang
 	pf := p.pf
 	idx := make([]int, len(int64Cols))
 	for i, name := range int64Cols {
+		name, optional := strings.CutPrefix(name, "?")
 		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
+		if !ok && optional {
+			idx[i] = -1 // a part written before the column existed: zeros
+			continue
+		}
 		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
 			return fmt.Errorf("trace: %s: %w: no required int64 column %q", path, errUnreadable, name)
 		}
@@ -263,6 +270,12 @@ func (e *columnError) Error() string { return e.err.Error() }
 func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, volatile []bool, rows int, cols *Columns) error {
 	errs := make([]error, len(idx)+len(strIdx))
 	one := func(i int) {
+		if idx[i] < 0 {
+			v := slices.Grow(cols.Int64[i][:0], rows)[:rows]
+			clear(v)
+			cols.Int64[i] = v
+			return
+		}
 		v, err := readInt64Chunk(chunks[idx[i]], slices.Grow(cols.Int64[i][:0], rows)) // one allocation, not a doubling series
 		switch {
 		case err != nil:

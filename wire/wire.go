@@ -192,6 +192,12 @@ const (
 	// hasGen: the generation phase follows (four varints: gen_ns,
 	// requests, prompt tokens, output tokens).
 	hasGen
+	// hasCost: the capture's own cost follows (two varints: capture_ns,
+	// capture_cpu_ns).
+	hasCost
+	// hasMem: the step's device memory follows (three varints: peak
+	// allocated, peak reserved, capacity).
+	hasMem
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -267,6 +273,8 @@ var (
 		{hasSeqSq, tps.MeasuresIn(tps.WireSeqSq)},
 		{hasBytes, tps.MeasuresIn(tps.WireBytes)},
 		{hasGen, tps.MeasuresIn(tps.WireGen)},
+		{hasCost, tps.MeasuresIn(tps.WireCost)},
+		{hasMem, tps.MeasuresIn(tps.WireMem)},
 	}
 )
 
@@ -408,7 +416,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		dst = append(dst, tps.StepRecord{})
 		r := &dst[len(dst)-1]
 		bits := d.uvarint()
-		if bits >= hasGen<<1 {
+		if bits >= hasMem<<1 {
 			return dst[:start], fmt.Errorf("wire: record %d: unknown field bits %#x", i, bits)
 		}
 		r.Job = d.string(64)

@@ -22,7 +22,8 @@ func sample() []tps.StepRecord {
 			DurationNs: 1e9, Tokens: 131072, PaddedTokens: 140000, Samples: 16, DataWaitNs: 1, FwdNs: 2, BwdNs: 3, OptimNs: 4,
 			CommNs: 5, ExposedCommNs: 4, PPWaitNs: 6, CkptNs: 7, FLOPs: 1.5e16, Loss: &loss, Skipped: true,
 			TraceComputeNs: 900, TraceCommNs: 80, TraceExposedCommNs: 30, SeqSqSum: 123456,
-			Bytes: 524288, GenNs: 4e8, GenRequests: 8, GenPromptTokens: 4096, GenOutputTokens: 16384},
+			Bytes: 524288, GenNs: 4e8, GenRequests: 8, GenPromptTokens: 4096, GenOutputTokens: 16384,
+			CaptureNs: 31000, CaptureCPUNs: 52000, MemPeakAllocatedBytes: 40 << 30, MemPeakReservedBytes: 44 << 30, MemCapacityBytes: 80 << 30},
 		{Job: "llama", Step: 100, Rank: 0, WorldSize: 64, StartUnixNs: 1, EndUnixNs: 2, Tokens: -5}, // decoded, not validated
 	}
 }
@@ -209,7 +210,7 @@ func TestStepLayoutFixed(t *testing.T) {
 	var b []byte
 	b = append(b, 'T', 'P', 'S', 1)
 	b = binary.AppendUvarint(b, 1)
-	b = binary.AppendUvarint(b, hasDP|hasTP|hasLocalRank|hasLoss|isSkipped|hasTrace|hasSeqSq|hasBytes|hasGen)
+	b = binary.AppendUvarint(b, hasDP|hasTP|hasLocalRank|hasLoss|isSkipped|hasTrace|hasSeqSq|hasBytes|hasGen|hasCost|hasMem)
 	b = binary.AppendUvarint(b, uint64(len(r.Job)))
 	b = append(b, r.Job...)
 	for _, v := range []int64{r.Attempt, r.Step, r.Rank, r.WorldSize, int64(*r.DPRank), int64(*r.TPRank), int64(*r.LocalRank)} {
@@ -226,7 +227,8 @@ func TestStepLayoutFixed(t *testing.T) {
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(r.FLOPs))
 	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(*r.Loss))
 	for _, v := range []int64{r.TraceComputeNs, r.TraceCommNs, r.TraceExposedCommNs, r.SeqSqSum, r.Bytes,
-		r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens} {
+		r.GenNs, r.GenRequests, r.GenPromptTokens, r.GenOutputTokens, r.CaptureNs, r.CaptureCPUNs,
+		r.MemPeakAllocatedBytes, r.MemPeakReservedBytes, r.MemCapacityBytes} {
 		b = binary.AppendVarint(b, v)
 	}
 	if got := AppendSteps(nil, []tps.StepRecord{r}); !bytes.Equal(got, b) {

@@ -207,6 +207,43 @@ class CudaEventPathTest(unittest.TestCase):
         got = [(r["step"], r["duration_ns"]) for r in self.sink.lines if "type" not in r]
         self.assertEqual(got, [(0, 60_000_000), (1, 60_000_000), (2, 60_000_000), (3, 60_000_000)])
 
+    def test_memory_peaks_per_step(self):
+        # The allocator's peaks are read and reset at each step's end: each
+        # record carries its own step's, with the device's capacity.
+        peaks = []
+        resets = []
+        saved = (getattr(torch._C, "_cuda_memoryStats", None), torch.cuda.reset_peak_memory_stats,
+                 torch.cuda.get_device_properties, torch.cuda.current_device)
+        torch._C._cuda_memoryStats = lambda idx: {"allocated_bytes": {"all": {"peak": peaks[-1][0]}},
+                                                  "reserved_bytes": {"all": {"peak": peaks[-1][1]}}}
+        torch.cuda.reset_peak_memory_stats = lambda idx=None: resets.append(idx)
+        torch.cuda.get_device_properties = lambda idx: type("P", (), {"total_memory": 80 << 30})()
+        torch.cuda.current_device = lambda: 0
+        try:
+            prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
+                                    socket_path=self.sink.path)
+            for step in range(3):
+                FakeEvent.clock = step * 100.0
+                peaks.append(((step + 1) << 30, (step + 2) << 30))
+                with prof.step():
+                    FakeEvent.clock += 60.0
+            prof.close()
+        finally:
+            raw, torch.cuda.reset_peak_memory_stats, torch.cuda.get_device_properties, torch.cuda.current_device = saved
+            if raw is None:
+                del torch._C._cuda_memoryStats
+            else:
+                torch._C._cuda_memoryStats = raw
+        import time
+        for _ in range(100):
+            rows = [r for r in self.sink.lines if "type" not in r]
+            if len(rows) == 3:
+                break
+            time.sleep(0.01)
+        got = [(r["mem_peak_allocated_bytes"], r["mem_peak_reserved_bytes"], r["mem_capacity_bytes"]) for r in rows]
+        self.assertEqual(got, [((i + 1) << 30, (i + 2) << 30, 80 << 30) for i in range(3)])
+        self.assertEqual(len(resets), 3)
+
     def test_async_comm_exposed_from_events(self):
         prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
                                 socket_path=self.sink.path)
@@ -346,6 +383,38 @@ class LoopTest(unittest.TestCase):
         prof.close()
         self.assertEqual([str(w.message) for w in got if "overridden" in str(w.message)], [])
         self.assertAlmostEqual(opt.param_groups[0]["lr"], 0.025)
+        self.assertEqual(prof.errors, 0)
+
+    def test_the_capture_counts_its_own_time(self):
+        # A tokens= function that takes 3 ms runs inside tpsprof's fetch
+        # hook: each step's capture_ns holds it, and stays within the step.
+        import time as _time
+
+        def slow_tokens(batch):
+            _time.sleep(0.003)
+            return batch.numel()
+
+        sink = Sink()
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, [opt], tokens=slow_tokens, job="l", rank=0, world_size=1, attempt=0,
+                             socket_path=sink.path)
+        for seq in prof.wrap([torch.randint(0, 50, (2, 9)) for _ in range(4)]):
+            opt.zero_grad()
+            model(seq).sum().backward()
+            opt.step()
+        prof.close()
+        for _ in range(100):
+            rows = [x for x in sink.lines if "type" not in x]
+            if len(rows) == 4:
+                break
+            threading.Event().wait(0.02)
+        self.assertEqual(len(rows), 4)
+        for r in rows:
+            self.assertGreaterEqual(r["capture_ns"], 3_000_000, r)
+            self.assertLess(r["capture_ns"], r["duration_ns"], r)
+        # the sender's CPU time, summed over the run, is somewhere
+        self.assertGreater(sum(r.get("capture_cpu_ns", 0) for r in rows), 0)
         self.assertEqual(prof.errors, 0)
 
     def test_evaluation_and_a_checkpoint_are_events(self):

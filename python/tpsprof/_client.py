@@ -181,7 +181,7 @@ class Profiler:
 
     def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
                   samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None, bytes=None, rollout=None,
-                  batch_fp=None):
+                  batch_fp=None, capture_ns=None, capture_cpu_ns=None, mem=None):
         """Sends one step measured elsewhere (tpsprof.torch). Never raises.
 
         ``phases_ns`` maps phase names (PHASES) to nanoseconds; phases that
@@ -227,6 +227,14 @@ class Profiler:
                 rec["bytes"] = int(bytes)
             if batch_fp:
                 rec["batch_fp"] = str(batch_fp)[:32]
+            if capture_ns and int(capture_ns) > 0:
+                rec["capture_ns"] = min(int(capture_ns), dur)
+            if capture_cpu_ns and int(capture_cpu_ns) > 0:
+                rec["capture_cpu_ns"] = int(capture_cpu_ns)
+            if mem:
+                for k, v in zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), mem):
+                    if v and 0 < int(v) <= 1 << 50:
+                        rec[k] = int(v)
             if rollout is not None and (rollout.requests or rollout.ns):
                 gen = rollout.fields()
                 gen["gen_ns"] = min(gen["gen_ns"], dur)

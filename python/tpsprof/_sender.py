@@ -37,6 +37,9 @@ class Sender:
         self._close_client = False  # the connection is the thread's to close when it ends
         self._steps = collections.deque()  # finished steps not sent yet (this thread's)
         self.cpu_ns = 0  # CPU time this thread spent building and sending (what it costs the process)
+        # (on this thread) its CPU clock when it started: a thread's clock may
+        # not start at zero (threads reuse kernel threads on some platforms)
+        self.cpu_base = 0
 
     def put(self, fn: Union[Step, Callable[[], Any]]) -> None:
         self._items.append(fn)  # atomic; the thread picks it up
@@ -93,6 +96,7 @@ class Sender:
 
     def _run(self):
         client = self._prof.client
+        self.cpu_base = -time.thread_time_ns()
         while not self._stop.wait(self.interval):
             self._drain()
             client.poll_control()
@@ -149,6 +153,16 @@ class Poller:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="tpsprof-comm", daemon=True)
         self._thread.start()
+        self._clock = None  # the thread's CPU clock, once its id is known
+
+    def cpu_ns(self) -> int:
+        """CPU time this thread has used (0 where the platform cannot say)."""
+        try:
+            if self._clock is None:
+                self._clock = time.pthread_getcpuclockid(self._thread.ident)
+            return time.clock_gettime_ns(self._clock)
+        except (AttributeError, OSError, TypeError):
+            return 0
 
     def watch(self, cell: list, works: list) -> None:
         with self._cv:

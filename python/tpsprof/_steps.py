@@ -23,7 +23,7 @@ class Step:
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "fetches", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
-                 "fwd_fetches", "declared")
+                 "fwd_fetches", "declared", "own", "mem")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -46,6 +46,8 @@ class Step:
         self.bwd_done = False  # a backward pass has completed
         self.tail = []  # fetches since the last backward: (mark, wall, dt, index in fetches)
         self.skipped = False  # the iteration ended without an optimizer step
+        self.own = 0  # ns the training thread spent in tpsprof's hooks during the step
+        self.mem = None  # (peak allocated, peak reserved, capacity) bytes: CUDA only
         self.losses = []  # the losses whose backward ran (one-element values)
         self.gap = 0  # ns of checkpointing inside the step before its training: not the step's
         self.bare = None  # the fetch of a bare (B, L) id batch, until its forward

@@ -76,6 +76,7 @@ class _Guards(threading.local):
     comm = False
     fetch = False
     side = False
+    own = False  # inside a hook whose time counts as the profiler's own (_owned)
     # inside a functional collective on CPU: the works of the c10d calls
     # it makes, which end its span when they complete (else None)
     inner = None
@@ -247,6 +248,14 @@ class TorchProfiler:
         self._scaled = {}  # id(a grad scaler's scaled loss) -> (weakref to it, its scale)
         self._watched_loaders = weakref.WeakSet()  # loaders watched through their class's __iter__
         self._pp_stage = None  # the stage a pipelining schedule runs (first seen)
+        # what measuring costs: ns in our hooks on the training thread since
+        # the last step finished (_owned), and our threads' CPU time sent so far
+        self._own_ns = 0
+        self._cpu_sent = 0
+        self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
+        # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
+        self._mem_on = os.environ.get("TPSPROF_MEMORY", "1") != "0"
+        self._mem_cap = None
         _patches.install_collectives()
         _patches.install_loss()
         _patches.install_checkpoints()
@@ -711,6 +720,10 @@ class TorchProfiler:
         if st is None:
             return
         st.end = st.end_at if st.end_at is not None else self._mark()
+        st.own, self._own_ns = self._own_ns, 0
+        self.own_ns += st.own
+        if self.cuda and self._mem_on:
+            st.mem = self._memory()
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
@@ -721,6 +734,43 @@ class TorchProfiler:
             self._trace_end()
         self.step_number += 1
         self._sender.put(st)  # the sender sends it once its times are known
+
+    def _memory(self):
+        """The caching allocator's peaks since the last step and the
+        device's capacity, then the peaks reset (as torchtitan's memory
+        monitor does each step). Host-side counters: no synchronisation.
+        The allocator's raw statistics, not torch.cuda.memory_stats(),
+        whose flattening of ~100 entries costs more than the rest."""
+        try:
+            dev = self.device
+            idx = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
+            raw = getattr(torch._C, "_cuda_memoryStats", None)
+            if raw is not None:
+                stats = raw(idx)
+                alloc = stats["allocated_bytes"]["all"]["peak"]
+                resv = stats["reserved_bytes"]["all"]["peak"]
+            else:
+                alloc, resv = torch.cuda.max_memory_allocated(idx), torch.cuda.max_memory_reserved(idx)
+            torch.cuda.reset_peak_memory_stats(idx)
+            if self._mem_cap is None:
+                self._mem_cap = int(torch.cuda.get_device_properties(idx).total_memory)
+            return int(alloc), int(resv), self._mem_cap
+        except Exception:
+            self._mem_on = False  # an allocator without these statistics: not asked again
+            return None
+
+    def _own_cpu(self):
+        """(Sender thread.) CPU time of our threads since the last record:
+        the sender's own and the poller's (read through its thread's CPU
+        clock where the platform has one)."""
+        if threading.current_thread() is not self._sender._thread:
+            return None  # (a record sent from elsewhere: no thread clock to difference)
+        total = time.thread_time_ns() + self._sender.cpu_base
+        p = self._poller
+        if p is not None:
+            total += p.cpu_ns()
+        d, self._cpu_sent = total - self._cpu_sent, total
+        return max(d, 0)
 
     def _send_release(self, st, wait):
         """(On the sender thread.) Builds and sends a step's record."""
@@ -799,7 +849,8 @@ class TorchProfiler:
                               samples=None if st.skipped else (samples or None), loss=loss,
                               skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
-                              bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp)
+                              bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp,
+                              capture_ns=st.own, capture_cpu_ns=self._own_cpu(), mem=st.mem)
 
     def _source_of(self, st):
         """(On the sender thread.) What counts a step's tokens: a key of the
@@ -1371,6 +1422,40 @@ class TorchProfiler:
 for _f in (TorchProfiler._fwd_pre, TorchProfiler._fwd_post, TorchProfiler._optim_pre, TorchProfiler._optim_post,
            TorchProfiler._data_enter, TorchProfiler._data_exit):
     _c10d.skip_dynamo(_f)
+
+
+def _owned(fn):
+    """fn, a hook, with its time counted as the profiler's own (the step's
+    capture_ns); a hook called inside another counts once."""
+    now = time.perf_counter_ns
+
+    def hook(self, *args, **kwargs):
+        g = self._tls
+        if g.own:
+            return fn(self, *args, **kwargs)
+        g.own = True
+        t = now()
+        try:
+            return fn(self, *args, **kwargs)
+        finally:
+            self._own_ns += now() - t
+            g.own = False
+    hook.__name__, hook.__qualname__, hook.__doc__, hook.__wrapped__ = fn.__name__, fn.__qualname__, fn.__doc__, fn
+    return hook
+
+
+# The hooks the training loop runs through (the calls PyTorch or our
+# patches make into the profiler). Left out: a backward called through
+# Tensor.backward (_backward wraps the backward itself; its own lines are
+# few), and the patches' thin shims around these calls.
+_OWNED = ("_fwd_pre", "_fwd_post", "_optim_pre", "_optim_post", "_data_enter", "_data_exit", "_data_end",
+          "_zero_grad", "_bwd_start", "_bwd_done", "_settle_step", "_open", "_side_event", "_comm_mark",
+          "_comm_issue", "_comm_started", "_comm_track", "_p2p_blocked", "_work_waited", "_functional_issued",
+          "_functional_works", "_functional_waited", "_comm_begin", "_comm_end", "add_tokens", "add_batch",
+          "add_bytes")
+for _name in _OWNED:
+    setattr(TorchProfiler, _name, _owned(getattr(TorchProfiler, _name)))
+_c10d.skip_dynamo(TorchProfiler._fwd_pre)  # the wrappers share one code object: skipped once for all
 
 
 class _StepBlock:

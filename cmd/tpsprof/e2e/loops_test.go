@@ -93,6 +93,11 @@ func TestTorchTrainingLoops(t *testing.T) {
 				if d := math.Abs(float64(r.DurationNs - want)); d > 0.15*float64(want)+3e6 {
 					t.Errorf("row %d/%d: %.1f ms, the iteration took %.1f ms by the job's clock (skipped %v)", r.Step, r.Rank, float64(r.DurationNs)/1e6, float64(want)/1e6, tr.Skipped)
 				}
+				// what measuring cost the step, by the package's own clocks:
+				// some, and a small part of the step
+				if r.CaptureNs <= 0 || r.CaptureNs > r.DurationNs/5 {
+					t.Errorf("row %d/%d: capture_ns %d of a %d ns step", r.Step, r.Rank, r.CaptureNs, r.DurationNs)
+				}
 				if r.Loss == nil || math.Abs(*r.Loss-tr.Loss) > 1e-4*math.Max(1, math.Abs(tr.Loss)) {
 					t.Errorf("row %d/%d: loss %v, the job's %v", r.Step, r.Rank, r.Loss, tr.Loss)
 				}

@@ -1,0 +1,133 @@
+package report
+
+import (
+	"fmt"
+	"slices"
+)
+
+// CaptureCost is what measuring cost the training processes, by the
+// ranks' own account (the Python package times its hooks and reads its
+// threads' CPU clocks: capture_ns, capture_cpu_ns), over the steady rank
+// rows that carry it.
+type CaptureCost struct {
+	Rows int64 `json:"rows"`
+	// PerStepNs is the training thread's time in tpsprof's code, a mean
+	// over the rows; StepFraction that time over the rows' step time.
+	PerStepNs    float64 `json:"per_step_ns"`
+	StepFraction float64 `json:"step_fraction"`
+	// CPUPerStepNs is the CPU time of the package's own threads (sender,
+	// poller), a mean over the rows: off the training thread, on the
+	// host's cores.
+	CPUPerStepNs float64 `json:"cpu_per_step_ns"`
+}
+
+// RankMemory is one rank's device memory over the rows read: the peaks
+// of PyTorch's caching allocator, the device's capacity and the headroom
+// left (1 − peak reserved ÷ capacity; absent without a capacity).
+type RankMemory struct {
+	Rank               int64    `json:"rank"`
+	Node               string   `json:"node,omitempty"`
+	PeakAllocatedBytes int64    `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64    `json:"peak_reserved_bytes"`
+	CapacityBytes      int64    `json:"capacity_bytes,omitempty"`
+	Headroom           *float64 `json:"headroom,omitempty"`
+}
+
+// Memory is the ranks' device memory: how many ranks reported it and the
+// ones with the least headroom (the highest peak where no capacity is
+// known), fullest first.
+type Memory struct {
+	Ranks   int          `json:"ranks"`
+	Fullest []RankMemory `json:"fullest"`
+}
+
+// ownAcc sums the capture's cost and keeps each rank's memory peaks as a
+// rank pass reads rows (or rank_windows' spans).
+type ownAcc struct {
+	rows, captureNs, cpuNs, durNs int64
+	mem                           map[int64]*RankMemory
+}
+
+// addCost takes n steady rows' sums (n = 1 for a rank row); rows without
+// a capture figure add nothing.
+func (a *ownAcc) addCost(n, captureNs, cpuNs, durNs int64) {
+	if captureNs <= 0 && cpuNs <= 0 {
+		return
+	}
+	a.rows += n
+	a.captureNs += captureNs
+	a.cpuNs += cpuNs
+	a.durNs += durNs
+}
+
+// addMem takes the largest figures of a rank's row (or window).
+func (a *ownAcc) addMem(rank int64, alloc, resv, capacity int64) {
+	if alloc <= 0 && resv <= 0 {
+		return
+	}
+	if a.mem == nil {
+		a.mem = map[int64]*RankMemory{}
+	}
+	m := a.mem[rank]
+	if m == nil {
+		m = &RankMemory{Rank: rank}
+		a.mem[rank] = m
+	}
+	m.PeakAllocatedBytes = max(m.PeakAllocatedBytes, alloc)
+	m.PeakReservedBytes = max(m.PeakReservedBytes, resv)
+	m.CapacityBytes = max(m.CapacityBytes, capacity)
+}
+
+// result gives the report's figures: nil where no row carried them; at
+// most top ranks in Fullest.
+func (a *ownAcc) result(nodes map[int64]string, top int) (*CaptureCost, *Memory) {
+	var cost *CaptureCost
+	if a.rows > 0 && a.durNs > 0 {
+		n := float64(a.rows)
+		cost = &CaptureCost{Rows: a.rows, PerStepNs: float64(a.captureNs) / n,
+			StepFraction: float64(a.captureNs) / float64(a.durNs), CPUPerStepNs: float64(a.cpuNs) / n}
+	}
+	if len(a.mem) == 0 {
+		return cost, nil
+	}
+	all := make([]RankMemory, 0, len(a.mem))
+	for r, m := range a.mem {
+		if m.CapacityBytes > 0 {
+			// a capacity below the peak (a record's own inconsistency) is
+			// no headroom to print: left out
+			if h := 1 - float64(m.PeakReservedBytes)/float64(m.CapacityBytes); h >= 0 && h <= 1 {
+				m.Headroom = &h
+			}
+		}
+		m.Node = nodes[r]
+		all = append(all, *m)
+	}
+	slices.SortFunc(all, func(x, y RankMemory) int {
+		hx, hy := 2.0, 2.0 // no headroom known: after those with one
+		if x.Headroom != nil {
+			hx = *x.Headroom
+		}
+		if y.Headroom != nil {
+			hy = *y.Headroom
+		}
+		switch {
+		case hx != hy:
+			if hx < hy {
+				return -1
+			}
+			return 1
+		case x.PeakReservedBytes != y.PeakReservedBytes:
+			if x.PeakReservedBytes > y.PeakReservedBytes {
+				return -1
+			}
+			return 1
+		}
+		return int(x.Rank - y.Rank)
+	})
+	return cost, &Memory{Ranks: len(all), Fullest: all[:min(len(all), max(top, 1))]}
+}
+
+// gib writes bytes in GiB (device memory's unit).
+func gib(b int64) string {
+	return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30))
+}
