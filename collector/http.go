@@ -66,6 +66,11 @@ type LiveJob struct {
 	// generated tokens per second and share of step time, and the p95
 	// time to first token and inter-token latency over recent rollouts.
 	Generation *LiveGeneration `json:"generation,omitempty"`
+	// CaptureCost is what measuring costs the ranks by their own records;
+	// Memory the fullest rank's device memory over the last steps (CUDA
+	// ranks of the Python package): absent where no record carried them.
+	CaptureCost *LiveCost   `json:"capture_cost,omitempty"`
+	Memory      *LiveMemory `json:"memory,omitempty"`
 	// ClockOffsetsNs are the nodes' clock offsets from rank 0's node that
 	// cluster rows are corrected by (docs/report.md, "Clocks"); absent
 	// while every node's clock agrees within a millisecond.
@@ -159,6 +164,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 		if !r.at.IsZero() {
 			lj.LastStepUnixMs = r.at.UnixMilli()
 		}
+		lj.CaptureCost, lj.Memory = j.st.own.live()
 		if j.st.closedSteps > 0 && j.st.incompleteSteps == j.st.closedSteps {
 			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.st.world, j.st.mostRanks)
 		}

@@ -206,6 +206,8 @@ type jobState struct {
 
 	held int64 // bytes this job has charged to lim.mem
 
+	own ownLive // what measuring costs the ranks, and the fullest rank's memory (the live page)
+
 	open        map[stepKey]*openStep
 	closed      stepBits          // ranks of the recently closed steps
 	rowsSeen    stepBits          // rank-writer role: rows written recently
@@ -715,6 +717,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	}
 	t.records++
 	s.observeRank(r)
+	s.own.observe(r)
 	if st.acc.Full() {
 		s.closeFull(k, st, t)
 	}

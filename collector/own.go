@@ -1,0 +1,108 @@
+package collector
+
+import "github.com/tpsprof/tpsprof/tps"
+
+// ownLive is what the live page shows of the ranks' own figures: what
+// measuring costs them (moving averages over the records that carry it)
+// and the fullest rank's device memory over the last two windows of
+// tps.RankWindowSteps steps (a rank that stops reporting its peak drops
+// out within two windows). O(1) per job whatever the world size.
+type ownLive struct {
+	captureNs, cpuNs, durNs float64 // ewmaAlpha moving averages; 0: none yet
+	window                  int64
+	cur, prev               memSeen
+}
+
+// memSeen is one record's memory figures.
+type memSeen struct {
+	rank                  int64
+	alloc, resv, capacity int64
+	set                   bool
+}
+
+// headroom is 1 − reserved ÷ capacity (2 where no capacity is known:
+// after every rank with one).
+func (m memSeen) headroom() float64 {
+	if m.capacity <= 0 || m.resv > m.capacity {
+		return 2
+	}
+	return 1 - float64(m.resv)/float64(m.capacity)
+}
+
+// fuller says whether a is fuller than b (less headroom, then a larger
+// reserved peak).
+func fuller(a, b memSeen) bool {
+	if !b.set {
+		return a.set
+	}
+	if ha, hb := a.headroom(), b.headroom(); ha != hb {
+		return ha < hb
+	}
+	return a.resv > b.resv
+}
+
+func (o *ownLive) observe(r *tps.StepRecord) {
+	if r.CaptureNs > 0 || r.CaptureCPUNs > 0 {
+		if o.durNs == 0 {
+			o.captureNs, o.cpuNs, o.durNs = float64(r.CaptureNs), float64(r.CaptureCPUNs), float64(r.DurationNs)
+		} else {
+			o.captureNs += ewmaAlpha * (float64(r.CaptureNs) - o.captureNs)
+			o.cpuNs += ewmaAlpha * (float64(r.CaptureCPUNs) - o.cpuNs)
+			o.durNs += ewmaAlpha * (float64(r.DurationNs) - o.durNs)
+		}
+	}
+	if r.MemPeakReservedBytes <= 0 && r.MemPeakAllocatedBytes <= 0 {
+		return
+	}
+	if w := tps.WindowOf(r.Step); w != o.window {
+		if w == o.window+1 {
+			o.prev = o.cur
+		} else if w > o.window {
+			o.prev = memSeen{}
+		}
+		if w > o.window {
+			o.cur, o.window = memSeen{}, w
+		}
+	}
+	m := memSeen{rank: r.Rank, alloc: r.MemPeakAllocatedBytes, resv: r.MemPeakReservedBytes, capacity: r.MemCapacityBytes, set: true}
+	if fuller(m, o.cur) {
+		o.cur = m
+	}
+}
+
+// LiveCost is what measuring costs the ranks, as their records say
+// (moving averages: the training thread's time in tpsprof's hooks, its
+// share of the step, the package's threads' CPU).
+type LiveCost struct {
+	PerStepUs    float64 `json:"per_step_us"`
+	StepFraction float64 `json:"step_fraction"`
+	CPUPerStepUs float64 `json:"cpu_per_step_us"`
+}
+
+// LiveMemory is the fullest rank's device memory over the last steps.
+type LiveMemory struct {
+	Rank               int64    `json:"rank"`
+	PeakAllocatedBytes int64    `json:"peak_allocated_bytes"`
+	PeakReservedBytes  int64    `json:"peak_reserved_bytes"`
+	CapacityBytes      int64    `json:"capacity_bytes,omitempty"`
+	Headroom           *float64 `json:"headroom,omitempty"`
+}
+
+func (o *ownLive) live() (*LiveCost, *LiveMemory) {
+	var c *LiveCost
+	if o.durNs > 0 {
+		c = &LiveCost{PerStepUs: o.captureNs / 1e3, StepFraction: o.captureNs / o.durNs, CPUPerStepUs: o.cpuNs / 1e3}
+	}
+	m := o.cur
+	if fuller(o.prev, m) {
+		m = o.prev
+	}
+	if !m.set {
+		return c, nil
+	}
+	lm := &LiveMemory{Rank: m.rank, PeakAllocatedBytes: m.alloc, PeakReservedBytes: m.resv, CapacityBytes: m.capacity}
+	if h := m.headroom(); h <= 1 {
+		lm.Headroom = &h
+	}
+	return c, lm
+}
