@@ -164,6 +164,7 @@ type clusterPass struct {
 	energy *energyPass // nil: no GPU samples to join
 	crit   *critExcess // and the spine's critical ranks; nil unless rank_steps is read
 	plot   []plotStep  // what the plots draw of each step; nil: no plots
+	flops  *flopsAcc   // the steps PyTorch counted; nil: none
 }
 
 func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
@@ -177,6 +178,7 @@ func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
 		}
 		p.good.add(c, warm, sp.lastOfAttempt(i))
 		p.att.add(c, warm)
+		p.flops.row(c)
 		if p.crit != nil {
 			sp.slowest[i] = int32(min(max(c.SlowestRank, math.MinInt32), math.MaxInt32))
 			if !warm && c.StepTimeNs > 0 && c.SlowestRank >= 0 {

@@ -224,8 +224,11 @@ type Report struct {
 	// CaptureCost is what measuring cost the ranks that measured it
 	// (tpsprof.torch); Memory the ranks' device memory, where reported.
 	CaptureCost *CaptureCost `json:"capture_cost,omitempty"`
-	Memory      *Memory      `json:"memory,omitempty"`
-	own         ownAcc
+	// CountedFLOPs are the FLOPs PyTorch counted on sampled steps, beside
+	// the analytic model's, and MFU and HFU from them.
+	CountedFLOPs *CountedFLOPs `json:"counted_flops,omitempty"`
+	Memory       *Memory       `json:"memory,omitempty"`
+	own          ownAcc
 	// Generation sums up the steps' generation phase (RL rollouts), when
 	// ranks reported one.
 	Generation *Generation `json:"generation,omitempty"`
@@ -433,6 +436,9 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 			profiled[[2]int64{e.Attempt, e.Step}] = true
 		}
 	}
+	// Steps PyTorch counted the FLOPs of ran under its counter: likewise.
+	flops := newFlopsAcc(events)
+	flops.sampled(profiled)
 	if threshold, err = sp.markWarm(opt.Warmup, threshold, selWarm, profiled); err != nil {
 		return nil, nil, err
 	}
@@ -459,7 +465,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 
 	// The cluster pass: every figure of the cluster rows alone.
 	wopt := tps.WindowOptions{Warmup: opt.Warmup, Profiled: profiled, Threshold: threshold}
-	pass := &clusterPass{sp: sp, sum: tps.NewSummarizer(wopt, sp.anyComplete(), n), good: newGoodputAcc(sp, events), att: newAttemptsAcc(events)}
+	pass := &clusterPass{sp: sp, sum: tps.NewSummarizer(wopt, sp.anyComplete(), n), good: newGoodputAcc(sp, events), att: newAttemptsAcc(events), flops: flops}
 	gpu := newGPUSeries(lo, hi)
 	gpu.offsets = rep.ClockOffsetsNs
 	if len(partsOf(filepath.Join(dir, trace.GPUSamples))) > 0 {
@@ -541,6 +547,15 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		pass.crit.explain(rep.WaitCharged, nodes)
 	}
 	rep.CaptureCost, rep.Memory = rep.own.result(nodes, opt.TopStragglers)
+	if flops != nil {
+		var cfg tps.AccumulatorConfig
+		peak, peakErr := 0.0, fmt.Errorf("no run metadata")
+		if rep.Meta != nil {
+			cfg, _ = rep.Meta.AccumulatorConfig(int(rep.Summary.WorldSize), "")
+			peak, peakErr = rep.Meta.Peak("")
+		}
+		rep.CountedFLOPs = flops.result(cfg, peak, peakErr, rep.Summary.AggregateTPS, rep.Summary.WorldSize)
+	}
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}
 	}

@@ -161,6 +161,34 @@ func (r *Report) Lines() []Line {
 	if p := r.Padding; p != nil {
 		row("padding", "real tokens are %s of the padded batch (%s on padding); TPS and MFU count real tokens", pct(p.RealFraction), pct(1-p.RealFraction))
 	}
+	if f := r.CountedFLOPs; f != nil {
+		line := fmt.Sprintf("%s a token on %d sampled steps (PyTorch's FlopCounterMode)", flopsText(f.PerToken), f.Samples)
+		if f.Samples == 0 {
+			line = f.Unknown
+		}
+		if f.Recompute {
+			line += ", activations recomputed: hardware FLOPs"
+		}
+		if f.AnalyticPerToken != nil {
+			line += fmt.Sprintf("; analytic %s: %+.1f%%", flopsText(*f.AnalyticPerToken), 100**f.Gap)
+			if f.Flagged {
+				line += fmt.Sprintf(", more than %.0f%% apart: the model in the run metadata may not be the job's", 100*countedGapFlag)
+			}
+		}
+		row("FLOPs counted", "%s", line)
+		if f.HFU != nil {
+			m := "n/a with recomputation"
+			if f.MFU != nil {
+				m = pct(*f.MFU)
+			}
+			row("MFU counted", "%s, HFU %s (from the counted FLOPs at the run's TPS)", m, pct(*f.HFU))
+		} else if f.Samples > 0 && f.Unknown != "" {
+			row("MFU counted", "n/a: %s", f.Unknown)
+		}
+		if f.Partial > 0 {
+			row("FLOPs samples", "%d left out: not every rank counted them, or no tokens", f.Partial)
+		}
+	}
 	if c := r.CaptureCost; c != nil {
 		row("capture cost", "%s a step on the training thread (%s of step time), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
 			usText(c.PerStepNs), pct(c.StepFraction), usText(c.CPUPerStepNs), c.Rows)
@@ -475,4 +503,17 @@ func usText(ns float64) string {
 		return fmt.Sprintf("%.1f ms", ns/1e6)
 	}
 	return fmt.Sprintf("%.0f µs", ns/1e3)
+}
+
+// flopsText writes a FLOP count with an SI prefix ("6.19 GFLOP").
+func flopsText(f float64) string {
+	for _, u := range []struct {
+		scale float64
+		name  string
+	}{{1e15, "PFLOP"}, {1e12, "TFLOP"}, {1e9, "GFLOP"}, {1e6, "MFLOP"}, {1e3, "kFLOP"}} {
+		if f >= u.scale {
+			return fmt.Sprintf("%.3g %s", f/u.scale, u.name)
+		}
+	}
+	return fmt.Sprintf("%.3g FLOP", f)
 }

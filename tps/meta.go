@@ -1,6 +1,7 @@
 package tps
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 
@@ -28,7 +29,37 @@ const (
 	// job declared (Detail says what), e.g. identical batches on ranks
 	// counted as separate replicas (agent/batches.go).
 	EventTopologyWarning = "topology_warning"
+	// EventFlopCount carries the FLOPs PyTorch counted on one rank over a
+	// sampled step (torch.utils.flop_counter.FlopCounterMode; Detail: a
+	// FlopCount JSON object). The step ran under the counter, slower: it
+	// is left out of the figures as a profiled step is.
+	EventFlopCount = "flop_count"
 )
+
+// FlopCount is the Detail of a flop_count event: the FLOPs one rank's
+// step executed as PyTorch counts them (forward and backward; matrix
+// products, convolutions and attention), and whether activations were
+// recomputed in it (checkpointing: the count is then hardware FLOPs,
+// not model FLOPs).
+type FlopCount struct {
+	FLOPs     float64 `json:"flops"`
+	Recompute bool    `json:"recompute,omitempty"`
+}
+
+// MaxCountedFLOPs bounds one rank's step (1e21: a thousand H100-hours).
+const MaxCountedFLOPs = 1e21
+
+// ParseFlopCount decodes and checks a flop_count event's Detail.
+func ParseFlopCount(detail string) (FlopCount, error) {
+	var f FlopCount
+	if err := json.Unmarshal([]byte(detail), &f); err != nil {
+		return f, fmt.Errorf("flop_count detail: %v", err)
+	}
+	if math.IsNaN(f.FLOPs) || f.FLOPs < 0 || f.FLOPs > MaxCountedFLOPs {
+		return f, fmt.Errorf("flop_count detail: flops %g outside 0 to %g", f.FLOPs, MaxCountedFLOPs)
+	}
+	return f, nil
+}
 
 // Event is something that happened to a run outside the step loop: a
 // restart, a checkpoint, an evaluation. EndUnixNs equals StartUnixNs for an
@@ -77,6 +108,11 @@ func (e *Event) ValidateRollout() (RolloutDetail, error) {
 	if e.Kind == EventRollout {
 		var err error
 		if d, err = ParseRollout(e.Detail); err != nil {
+			return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
+		}
+	}
+	if e.Kind == EventFlopCount {
+		if _, err := ParseFlopCount(e.Detail); err != nil {
 			return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
 		}
 	}

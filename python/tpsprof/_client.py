@@ -228,7 +228,7 @@ class Profiler:
             if batch_fp:
                 rec["batch_fp"] = str(batch_fp)[:32]
             if capture_ns and int(capture_ns) > 0:
-                rec["capture_ns"] = min(int(capture_ns), dur)
+                rec["capture_ns"] = min(int(capture_ns), 86_400 * 10**9)
             if capture_cpu_ns and int(capture_cpu_ns) > 0:
                 rec["capture_cpu_ns"] = int(capture_cpu_ns)
             if mem:

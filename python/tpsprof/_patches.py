@@ -246,6 +246,45 @@ def wrap_scale(cls):
 _compiled = []
 
 
+def compiled_models():
+    """Whether a model was compiled with torch.compile since we watched."""
+    return any(r() is not None for r in _compiled)
+
+
+def install_checkpoint_probe():
+    """Activation checkpointing (torch.utils.checkpoint, reentrant or not,
+    however the job imported ``checkpoint``) notes that the step recomputes
+    activations: its counted FLOPs are then hardware FLOPs, not the model's.
+    Patches the functions checkpoint() calls, looked up at each call."""
+    try:
+        import torch.utils.checkpoint as cp
+    except Exception:
+        return
+    if getattr(cp, "_tpsprof_probe", False):
+        return
+    cp._tpsprof_probe = True
+
+    def note():
+        prof = _tt._ACTIVE
+        if prof is not None:
+            prof._recompute = True
+    for name in ("_checkpoint_impl", "_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant"):
+        fn = getattr(cp, name, None)
+        if callable(fn):
+            def probe(*args, __fn=fn, **kwargs):
+                note()
+                return __fn(*args, **kwargs)
+            probe.__wrapped__ = fn
+            setattr(cp, name, probe)
+    cf = getattr(cp, "CheckpointFunction", None)
+    fwd = getattr(cf, "forward", None) if cf is not None else None
+    if fwd is not None:
+        def forward(ctx, run_function, preserve_rng_state, *args):
+            note()
+            return fwd(ctx, run_function, preserve_rng_state, *args)
+        cf.forward = staticmethod(forward)
+
+
 def compiled_modules():
     """The modules torch.compile returned that are still alive."""
     return [m for m in (r() for r in _compiled) if m is not None]

@@ -76,7 +76,7 @@ class _Guards(threading.local):
     comm = False
     fetch = False
     side = False
-    own = False  # inside a hook whose time counts as the profiler's own (_owned)
+    own_t0 = 0  # inside a hook whose time counts as the profiler's own (_owned): since when
     # inside a functional collective on CPU: the works of the c10d calls
     # it makes, which end its span when they complete (else None)
     inner = None
@@ -170,6 +170,22 @@ def _tokens_per_step_env() -> int:
     return n if 0 < n <= 1 << 40 else 0
 
 
+# FLOPs counted by PyTorch: the third step the profiler measures (the
+# first after the usual warm-up), then every TPSPROF_FLOPS_EVERY steps.
+FLOPS_FIRST = 2
+FLOPS_EVERY = 1000
+
+
+def _flops_every_env() -> int:
+    """TPSPROF_FLOPS_EVERY: steps between FLOP counts (0: never; absent:
+    FLOPS_EVERY)."""
+    try:
+        n = int(os.environ.get("TPSPROF_FLOPS_EVERY", str(FLOPS_EVERY)) or 0)
+    except ValueError:
+        return FLOPS_EVERY
+    return max(n, 0)
+
+
 def _job_profiler_running() -> bool:
     """A profiler session of the job's own is on: a torch.profiler.profile
     started and not stopped, or the autograd profiler enabled (the legacy
@@ -252,6 +268,10 @@ class TorchProfiler:
         # the last step finished (_owned), and our threads' CPU time sent so far
         self._own_ns = 0
         self._cpu_sent = 0
+        # FLOPs counted by PyTorch on sampled steps (torch >= 2.1)
+        self._flops_every = _flops_every_env()
+        self._flops_begun = 0  # steps begun, for the sample schedule
+        self._recompute = False  # an activation checkpoint ran in the counted step
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
         # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
         self._mem_on = os.environ.get("TPSPROF_MEMORY", "1") != "0"
@@ -462,7 +482,54 @@ class TorchProfiler:
             n = self.step_number or 0
             if n % self.trace_every == 0 and not _job_profiler_running():
                 self._trace_start(n)  # (never beside the job's own profiler: skipped)
+        if self._flops_every:
+            k = self._flops_begun
+            self._flops_begun += 1
+            if self._tracing is None and (k == FLOPS_FIRST or (k > FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0)):
+                self._count_flops(st)
         return st
+
+    def _count_flops(self, st):
+        """Counts step st's FLOPs under PyTorch's FlopCounterMode (matrix
+        products, convolutions, attention; forward and backward, the
+        backward's threads included). The step runs slower under it: the
+        report leaves it out of the figures. Not on PyTorch before 2.1 (no
+        counter), nor for compiled models (a dispatch mode around compiled
+        code recompiles it), nor beside the job's own profiler."""
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+        except Exception:
+            self._flops_every = 0  # PyTorch 1.13: no counter
+            return
+        if _patches.compiled_models() or _job_profiler_running():
+            return
+        try:
+            _patches.install_checkpoint_probe()
+            mode = FlopCounterMode(display=False)
+            mode.__enter__()
+        except Exception:
+            self._flops_every = 0  # a counter that will not start: not tried again
+            self._err()
+            return
+        self._recompute = False
+        st.counter = mode
+
+    def _end_count(self, st, send):
+        """Stops step st's FLOP counter; sends the count (a flop_count
+        event, the step's own) when send."""
+        mode, st.counter = st.counter, None
+        try:
+            mode.__exit__(None, None, None)
+            total = int(mode.get_total_flops())
+        except Exception:
+            self._flops_every = 0
+            self._err()
+            return
+        if not send:
+            return
+        c, n, a, b = self.client, st.number, st.wall0, time.time_ns()
+        detail = '{"flops":%d%s}' % (total, ',"recompute":true' if self._recompute else "")
+        self._sender.put(lambda: c.event("flop_count", start_unix_ns=a, end_unix_ns=b, step=n, detail=detail))
 
     # -- on-demand capture (tpsprof trace) ---------------------------------
     def _on_control(self, obj):
@@ -552,7 +619,9 @@ class TorchProfiler:
 
     def _discard(self):
         """Drops the open step (it was not training's), and its trace."""
-        self._cur = None
+        st, self._cur = self._cur, None
+        if st is not None and st.counter is not None:
+            self._end_count(st, False)
         if self._tracing is not None:
             p, rf, _, _ = self._tracing
             self._tracing = None
@@ -720,8 +789,6 @@ class TorchProfiler:
         if st is None:
             return
         st.end = st.end_at if st.end_at is not None else self._mark()
-        st.own, self._own_ns = self._own_ns, 0
-        self.own_ns += st.own
         if self.cuda and self._mem_on:
             st.mem = self._memory()
         if self.step_number is None:
@@ -730,9 +797,20 @@ class TorchProfiler:
         if not self._topology_done:
             self._topology_done = True
             self._topology_from_mesh()
+        if st.counter is not None:
+            self._end_count(st, True)
         if self._tracing is not None:
             self._trace_end()
         self.step_number += 1
+        # what the hooks cost up to here is this step's (finishing it
+        # included); the hook we are in goes on counting for the next
+        g = self._tls
+        if g.own_t0:
+            t = time.perf_counter_ns()
+            self._own_ns += t - g.own_t0
+            g.own_t0 = t
+        st.own, self._own_ns = self._own_ns, 0
+        self.own_ns += st.own
         self._sender.put(st)  # the sender sends it once its times are known
 
     def _memory(self):
@@ -1431,15 +1509,14 @@ def _owned(fn):
 
     def hook(self, *args, **kwargs):
         g = self._tls
-        if g.own:
+        if g.own_t0:
             return fn(self, *args, **kwargs)
-        g.own = True
-        t = now()
+        g.own_t0 = now()
         try:
             return fn(self, *args, **kwargs)
         finally:
-            self._own_ns += now() - t
-            g.own = False
+            self._own_ns += now() - g.own_t0
+            g.own_t0 = 0
     hook.__name__, hook.__qualname__, hook.__doc__, hook.__wrapped__ = fn.__name__, fn.__qualname__, fn.__doc__, fn
     return hook
 

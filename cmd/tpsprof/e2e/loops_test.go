@@ -66,6 +66,7 @@ func TestTorchTrainingLoops(t *testing.T) {
 				t.Fatalf("%d rank rows and %d truth iterations, want %d each\n%s", len(rows), len(truth), 2*iters, log)
 			}
 			skipped := 0
+			captureNs, durNs := map[int64]int64{}, map[int64]int64{}
 			for _, r := range rows {
 				tr, ok := truth[[2]int64{r.Step, r.Rank}]
 				if !ok {
@@ -93,13 +94,21 @@ func TestTorchTrainingLoops(t *testing.T) {
 				if d := math.Abs(float64(r.DurationNs - want)); d > 0.15*float64(want)+3e6 {
 					t.Errorf("row %d/%d: %.1f ms, the iteration took %.1f ms by the job's clock (skipped %v)", r.Step, r.Rank, float64(r.DurationNs)/1e6, float64(want)/1e6, tr.Skipped)
 				}
-				// what measuring cost the step, by the package's own clocks:
-				// some, and a small part of the step
-				if r.CaptureNs <= 0 || r.CaptureNs > r.DurationNs/5 {
-					t.Errorf("row %d/%d: capture_ns %d of a %d ns step", r.Step, r.Rank, r.CaptureNs, r.DurationNs)
+				// what measuring cost the step, by the package's own clocks: some
+				if r.CaptureNs <= 0 {
+					t.Errorf("row %d/%d: capture_ns %d", r.Step, r.Rank, r.CaptureNs)
 				}
+				captureNs[r.Rank] += r.CaptureNs
+				durNs[r.Rank] += r.DurationNs
 				if r.Loss == nil || math.Abs(*r.Loss-tr.Loss) > 1e-4*math.Max(1, math.Abs(tr.Loss)) {
 					t.Errorf("row %d/%d: loss %v, the job's %v", r.Step, r.Rank, r.Loss, tr.Loss)
+				}
+			}
+			// and a small part of the run (10% of a rank's step time at
+			// most, on this loaded 2-core machine; docs/capture.md, Overhead)
+			for rank, c := range captureNs {
+				if c > durNs[rank]/10 {
+					t.Errorf("rank %d: capture_ns %d in all, of %d ns of steps", rank, c, durNs[rank])
 				}
 			}
 			if skipped != 4 {

@@ -1,0 +1,175 @@
+package report
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// CountedFLOPs holds the FLOPs PyTorch counted on sampled steps
+// (flop_count events, one a rank: FlopCounterMode around the step) beside
+// the analytic model's. Per token, over the samples every rank counted:
+// Σ the ranks' counts ÷ the steps' tokens (each rank counts its own share
+// of its replica's work, so the sum over ranks is the cluster's).
+type CountedFLOPs struct {
+	Samples  int     `json:"samples"`
+	PerToken float64 `json:"per_token"`
+	// Recompute: activations were recomputed in the samples
+	// (checkpointing): the count is hardware FLOPs, compared with the
+	// analytic hardware FLOPs, and gives HFU but not MFU.
+	Recompute bool `json:"recompute,omitempty"`
+	// AnalyticPerToken is the model's over the same steps (hardware
+	// FLOPs with Recompute); Gap the count's distance from it
+	// (counted ÷ analytic − 1); Flagged when above 5% either way.
+	AnalyticPerToken *float64 `json:"analytic_per_token,omitempty"`
+	Gap              *float64 `json:"gap,omitempty"`
+	Flagged          bool     `json:"flagged,omitempty"`
+	// MFU and HFU from the count, over the run's steady steps (TPS), for
+	// the GPU's peak: MFU only without recomputation. Unknown says why
+	// they are absent.
+	MFU     *float64 `json:"mfu,omitempty"`
+	HFU     *float64 `json:"hfu,omitempty"`
+	Unknown string   `json:"unknown,omitempty"`
+	// Partial counts samples left out: not every rank counted them, or
+	// they had no tokens.
+	Partial int `json:"partial,omitempty"`
+}
+
+// countedGapFlag is the distance from the analytic FLOPs above which the
+// report flags the count.
+const countedGapFlag = 0.05
+
+// flopSample is one sampled step: the ranks' counts from the events, the
+// step's tokens and analytic FLOPs from its cluster row.
+type flopSample struct {
+	flops             float64
+	ranks             int64
+	recompute         bool
+	seen              bool // its cluster row was read
+	tokens, world     int64
+	analytic          float64
+	reportedEveryRank bool
+}
+
+// flopsAcc gathers the samples (from the events, before the cluster
+// pass) and their steps' rows (during it).
+type flopsAcc struct {
+	samples map[[2]int64]*flopSample
+	bad     int
+}
+
+// maxFlopSamples bounds what a run's events can make the report keep.
+const maxFlopSamples = 1 << 16
+
+func newFlopsAcc(events []tps.Event) *flopsAcc {
+	var a *flopsAcc
+	for _, e := range events {
+		if e.Kind != tps.EventFlopCount {
+			continue
+		}
+		if a == nil {
+			a = &flopsAcc{samples: map[[2]int64]*flopSample{}}
+		}
+		f, err := tps.ParseFlopCount(e.Detail)
+		if err != nil {
+			a.bad++
+			continue
+		}
+		k := [2]int64{e.Attempt, e.Step}
+		s := a.samples[k]
+		if s == nil {
+			if len(a.samples) >= maxFlopSamples {
+				continue
+			}
+			s = &flopSample{}
+			a.samples[k] = s
+		}
+		s.flops += f.FLOPs
+		s.ranks++
+		s.recompute = s.recompute || f.Recompute
+	}
+	return a
+}
+
+// sampled are the steps PyTorch counted: out of the statistics, as
+// profiled steps are (they ran under the counter).
+func (a *flopsAcc) sampled(into map[[2]int64]bool) {
+	if a == nil {
+		return
+	}
+	for k := range a.samples {
+		if len(into) < 1<<20 {
+			into[k] = true
+		}
+	}
+}
+
+func (a *flopsAcc) row(c *tps.ClusterStep) {
+	if a == nil {
+		return
+	}
+	if s := a.samples[[2]int64{c.Attempt, c.Step}]; s != nil {
+		s.seen, s.tokens, s.world, s.analytic = true, c.Tokens, c.WorldSize, c.FLOPs
+		s.reportedEveryRank = c.RanksReported >= c.WorldSize
+	}
+}
+
+// result compares the count with the model (cfg: the run's analytic
+// FLOPs, when known) and gives MFU and HFU from it at the run's
+// throughput tokPerS for world GPUs of the given peak.
+func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error, tokPerS float64, world int64) *CountedFLOPs {
+	if a == nil {
+		return nil
+	}
+	out := &CountedFLOPs{}
+	var flops, tokens, analytic float64
+	allAnalytic := true
+	for _, s := range a.samples {
+		if !s.seen || s.tokens <= 0 || s.ranks < s.world || !s.reportedEveryRank {
+			out.Partial++
+			continue
+		}
+		out.Samples++
+		flops += s.flops
+		tokens += float64(s.tokens)
+		analytic += s.analytic
+		allAnalytic = allAnalytic && s.analytic > 0
+		out.Recompute = out.Recompute || s.recompute
+	}
+	if out.Samples == 0 {
+		out.Unknown = "no sampled step was counted by every rank"
+		return out
+	}
+	out.PerToken = flops / tokens
+	// the analytic FLOPs of the same steps (their cluster rows'), as
+	// hardware FLOPs where the count recomputed activations (the model's
+	// recompute setting gives the ratio; without one, no comparison)
+	if allAnalytic && (!out.Recompute || (cfg.FLOPsPerToken > 0 && cfg.HWFLOPsPerToken > cfg.FLOPsPerToken)) {
+		an := analytic / tokens
+		if out.Recompute {
+			an *= cfg.HWFLOPsPerToken / cfg.FLOPsPerToken
+		}
+		gap := out.PerToken/an - 1
+		out.AnalyticPerToken, out.Gap = &an, &gap
+		out.Flagged = math.Abs(gap) > countedGapFlag
+	}
+	switch {
+	case peakErr != nil:
+		out.Unknown = "no GPU peak: " + peakErr.Error()
+	case peak <= 0 || world <= 0 || tokPerS <= 0:
+		out.Unknown = "no throughput or GPU peak to divide by"
+	default:
+		h := out.PerToken * tokPerS / (float64(world) * peak)
+		if h > 1 {
+			out.Unknown = fmt.Sprintf("the count gives %.0f%% of the GPUs' peak: impossible, not shown", 100*h)
+			break
+		}
+		out.HFU = &h
+		if !out.Recompute {
+			m := h
+			out.MFU = &m
+		}
+	}
+	return out
+}
