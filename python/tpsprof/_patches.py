@@ -246,9 +246,25 @@ def wrap_scale(cls):
 _compiled = []
 
 
-def compiled_models():
-    """Whether a model was compiled with torch.compile since we watched."""
-    return any(r() is not None for r in _compiled)
+def compiled_models(models=()):
+    """Whether the job compiles: a model compiled with torch.compile since
+    we watched, a watched model that is compiled (torch.compile's wrapper,
+    or ``model.compile()`` in place), or frames dynamo has compiled (a
+    compiled function). Dynamo being loaded is not enough: transformers
+    imports it."""
+    if any(r() is not None for r in _compiled):
+        return True
+    for m in models:
+        if getattr(m, "_orig_mod", None) is not None or getattr(m, "_compiled_call_impl", None) is not None:
+            return True
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return False
+    try:
+        c = utils.counters
+        return bool(c["frames"]["total"] or c["stats"]["unique_graphs"])
+    except Exception:
+        return True  # counters unreadable: assume it compiles
 
 
 def install_checkpoint_probe():

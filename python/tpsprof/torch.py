@@ -186,6 +186,36 @@ def _flops_every_env() -> int:
     return max(n, 0)
 
 
+def _cpu_attention_formulas() -> dict:
+    """Formulas for what PyTorch's FLOP counter has none of: the CPU
+    flash-attention kernel scaled_dot_product_attention runs on CPU (its
+    CUDA kernels have theirs). As the counter counts attention: the two
+    products q·kᵀ and p·v whatever the mask (a causal mask's zeros
+    counted), the backward twice the forward; grouped-query attention
+    counted over the query's heads."""
+    aten = torch.ops.aten
+    fwd_op = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    bwd_op = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if fwd_op is None or bwd_op is None:
+        return {}
+    try:
+        from torch.utils.flop_counter import flop_registry
+        if fwd_op in flop_registry:
+            return {}  # PyTorch counts it itself
+    except Exception:
+        return {}
+
+    def attention(q, k, v):
+        return 2 * q[0] * q[1] * q[2] * k[-2] * (q[-1] + v[-1])
+
+    def fwd(q, k, v, *args, out_shape=None, **kwargs):
+        return attention(q, k, v)
+
+    def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
+        return 2 * attention(q, k, v)
+    return {fwd_op: fwd, bwd_op: bwd}
+
+
 def _job_profiler_running() -> bool:
     """A profiler session of the job's own is on: a torch.profiler.profile
     started and not stopped, or the autograd profiler enabled (the legacy
@@ -501,11 +531,11 @@ class TorchProfiler:
         except Exception:
             self._flops_every = 0  # PyTorch 1.13: no counter
             return
-        if _patches.compiled_models() or _job_profiler_running():
+        if _patches.compiled_models(m for m, _ in self._models.values()) or _job_profiler_running():
             return
         try:
             _patches.install_checkpoint_probe()
-            mode = FlopCounterMode(display=False)
+            mode = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
             mode.__enter__()
         except Exception:
             self._flops_every = 0  # a counter that will not start: not tried again

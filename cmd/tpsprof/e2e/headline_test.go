@@ -29,10 +29,25 @@ func headlineHolds(t *testing.T, dir string, tokens map[int64]int64) *report.Rep
 		t.Fatal(err)
 	}
 	tps.SortSteps(rows)
+	// steps that ran under a profiler or PyTorch's FLOP counter are out of
+	// the figures (docs/report.md)
+	events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sampled := map[[2]int64]bool{}
+	for _, e := range events {
+		if e.Kind == tps.EventTraceAnalysis || e.Kind == tps.EventFlopCount {
+			sampled[[2]int64{e.Attempt, e.Step}] = true
+		}
+	}
 	var tok, sec float64
 	for i, c := range rows {
 		if i == 0 || c.Attempt != rows[i-1].Attempt || c.StepTimeNs <= 0 {
 			continue // the warm-up step of each attempt
+		}
+		if sampled[[2]int64{c.Attempt, c.Step}] {
+			continue
 		}
 		n, ok := tokens[c.Step]
 		if !ok {
