@@ -44,6 +44,9 @@ const (
 	// (launch --tokens-per-step): the Python package counts them for
 	// every step whose tokens the job's code does not declare itself.
 	EnvTokensPerStep = "TPSPROF_TOKENS_PER_STEP"
+	// EnvFlopsEvery is the steps between the Python package's FLOP counts
+	// (launch --flops-every; 0: none).
+	EnvFlopsEvery = "TPSPROF_FLOPS_EVERY"
 )
 
 // JoinWindow is how recently an attempt that is still running must have
@@ -70,6 +73,10 @@ type Config struct {
 	// gradient accumulation), exported as EnvTokensPerStep: for loops
 	// whose tokens no DataLoader or forward input shows.
 	TokensPerStep int64
+	// FlopsEvery, when set (not nil), is exported as EnvFlopsEvery: PyTorch
+	// counts the FLOPs of the third step, then every FlopsEvery steps (0:
+	// never; the package's default when nil).
+	FlopsEvery *int64
 	// PythonDir is where the tpsprof Python package is extracted to be put
 	// on PYTHONPATH (default: the user's cache directory); "-" leaves
 	// PYTHONPATH alone.
@@ -173,6 +180,9 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	)
 	if cfg.Meta.Topology != (tps.Topology{}) {
 		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
+	}
+	if cfg.FlopsEvery != nil {
+		cmd.Env = append(cmd.Env, EnvFlopsEvery+"="+strconv.FormatInt(max(*cfg.FlopsEvery, 0), 10))
 	}
 	if cfg.TokensPerStep > 0 {
 		cmd.Env = append(cmd.Env, EnvTokensPerStep+"="+strconv.FormatInt(cfg.TokensPerStep, 10))

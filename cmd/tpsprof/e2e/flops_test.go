@@ -49,7 +49,8 @@ func TestModernTorchCountedFLOPs(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir, log := launchTorch(t, "flops-"+name, true, torchrun(py, 2, args...), func(c *launch.Config) {
 				c.Meta = meta
-				c.Env = append(c.Env, "TPSPROF_FLOPS_EVERY=3")
+				every := int64(3)
+				c.FlopsEvery = &every // launch --flops-every 3
 			})
 			rep, err := report.Analyze(dir, report.Options{Warmup: 1})
 			if err != nil {

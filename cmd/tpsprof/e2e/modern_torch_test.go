@@ -158,6 +158,12 @@ func TestModernTorchParallelisms(t *testing.T) {
 			if len(cl) != steps {
 				t.Fatalf("%d cluster rows, want %d", len(cl), steps)
 			}
+			incomplete := 0
+			defer func() {
+				if incomplete > 1 {
+					t.Errorf("%d of %d cluster steps without every rank", incomplete, len(cl))
+				}
+			}()
 			for _, c := range cl {
 				want := truth[[2]int64{c.Step, 0}].Tokens + truth[[2]int64{c.Step, 1}].Tokens
 				replicas := int64(2)
@@ -176,6 +182,15 @@ func TestModernTorchParallelisms(t *testing.T) {
 				// subject of its own: steps that win that race are held
 				// for it (collector.Config.MetaWait), so the first step's
 				// replicas are right too.
+				if c.RanksReported < c.WorldSize {
+					// a rank's record later than the collector's wait for
+					// it (CI once, under ten times this test's usual load:
+					// communication read 4 s against 0.35 s): the row says
+					// so, and counts what came (TestEndToEndMissingAndLateRanks)
+					incomplete++
+					t.Logf("cluster step %d: %d of %d ranks reported in time", c.Step, c.RanksReported, c.WorldSize)
+					continue
+				}
 				if c.Tokens != want || c.Replicas != replicas {
 					t.Errorf("cluster step %d: %d tokens over %d replicas, the job trained on %d over %d", c.Step, c.Tokens, c.Replicas, want, replicas)
 				}

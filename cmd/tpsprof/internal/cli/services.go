@@ -380,6 +380,7 @@ restart count to the attempt inside the ranks.
 	job := fs.String("job", os.Getenv(launch.EnvJob), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB)")
 	attempt := fs.Int64("attempt", -1, "attempt of this launch (default: asked of the collector, see below)")
 	auto := fs.Bool("auto", false, "zero-code capture: instrument the Python training script without changing it")
+	flopsEvery := fs.Int64("flops-every", -1, "steps between FLOP counts by PyTorch's FlopCounterMode (torch >= 2.1): the third step is counted, then every N; the counted steps are left out of the figures; 0 for none (default: the package's, 1000)")
 	tokensPerStep := fs.Int64("tokens-per-step", 0, "tokens each rank trains a step (micro-batches × sequence length, over gradient accumulation), for loops whose tokens no DataLoader or model input shows; the job's own tokens= or add_tokens win")
 	pyDir := fs.String("python-dir", "", "where the Python package is unpacked for PYTHONPATH (default: the user cache dir; - for none)")
 	socket := fs.String("socket", client.DefaultSocket(), "intake socket of the node's agent")
@@ -425,6 +426,12 @@ restart count to the attempt inside the ranks.
 	if *seq < 0 {
 		return usageErr(stderr, cmd, "--seq %d must not be negative", *seq)
 	}
+	var flops *int64
+	if *flopsEvery >= 0 {
+		flops = flopsEvery
+	} else if *flopsEvery != -1 {
+		return usageErr(stderr, cmd, "--flops-every %d: give 0 (never) or the steps between counts", *flopsEvery)
+	}
 	if *tokensPerStep < 0 || *tokensPerStep > tps.MaxTokens {
 		return usageErr(stderr, cmd, "--tokens-per-step %d: give the tokens one rank trains a step, 1 to %d", *tokensPerStep, tps.MaxTokens)
 	}
@@ -466,7 +473,7 @@ restart count to the attempt inside the ranks.
 		return usageErr(stderr, cmd, "--attempt %d: give 0 or more", *attempt)
 	}
 	code, err := launch.Run(context.Background(), launch.Config{Job: *job, Attempt: max(*attempt, 0),
-		ChooseAttempt: *attempt < 0, Auto: *auto, TokensPerStep: *tokensPerStep, PythonDir: *pyDir, Meta: meta,
+		ChooseAttempt: *attempt < 0, Auto: *auto, TokensPerStep: *tokensPerStep, FlopsEvery: flops, PythonDir: *pyDir, Meta: meta,
 		Agent: acfg, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
 	if acfg.GPU != nil {
 		acfg.GPU.Close() // the agent Launch started has closed it already; Close is idempotent
