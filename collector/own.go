@@ -74,9 +74,11 @@ func (o *ownLive) observe(r *tps.StepRecord) {
 // (moving averages: the training thread's time in tpsprof's hooks, its
 // share of the step, the package's threads' CPU).
 type LiveCost struct {
-	PerStepUs    float64 `json:"per_step_us"`
-	StepFraction float64 `json:"step_fraction"`
-	CPUPerStepUs float64 `json:"cpu_per_step_us"`
+	PerStepUs float64 `json:"per_step_us"`
+	// StepFraction is absent above 1 (the cost then lies mostly outside
+	// the steps' measured spans: no share of them).
+	StepFraction *float64 `json:"step_fraction,omitempty"`
+	CPUPerStepUs float64  `json:"cpu_per_step_us"`
 }
 
 // LiveMemory is the fullest rank's device memory over the last steps.
@@ -91,7 +93,10 @@ type LiveMemory struct {
 func (o *ownLive) live() (*LiveCost, *LiveMemory) {
 	var c *LiveCost
 	if o.durNs > 0 {
-		c = &LiveCost{PerStepUs: o.captureNs / 1e3, StepFraction: o.captureNs / o.durNs, CPUPerStepUs: o.cpuNs / 1e3}
+		c = &LiveCost{PerStepUs: o.captureNs / 1e3, CPUPerStepUs: o.cpuNs / 1e3}
+		if f := o.captureNs / o.durNs; f <= 1 {
+			c.StepFraction = &f
+		}
 	}
 	m := o.cur
 	if fuller(o.prev, m) {

@@ -63,7 +63,7 @@ func TestLiveCostAndMemory(t *testing.T) {
 	}
 	lj := byJob["mem"]
 	cc, m := lj.CaptureCost, lj.Memory
-	if cc == nil || math.Abs(cc.PerStepUs-200) > 1e-6 || math.Abs(cc.StepFraction-0.002) > 1e-9 || math.Abs(cc.CPUPerStepUs-500) > 1e-6 {
+	if cc == nil || math.Abs(cc.PerStepUs-200) > 1e-6 || cc.StepFraction == nil || math.Abs(*cc.StepFraction-0.002) > 1e-9 || math.Abs(cc.CPUPerStepUs-500) > 1e-6 {
 		t.Errorf("capture cost %+v, want 200 µs a step, 0.2%%, CPU 500 µs", cc)
 	}
 	if m == nil || m.Rank != 0 || m.PeakReservedBytes != 60<<30 || m.CapacityBytes != 80<<30 || m.Headroom == nil || math.Abs(*m.Headroom-0.25) > 1e-9 {

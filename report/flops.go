@@ -34,6 +34,9 @@ type CountedFLOPs struct {
 	// Partial counts samples left out: not every rank counted them, or
 	// they had no tokens.
 	Partial int `json:"partial,omitempty"`
+	// Slowdown is what counting cost: the samples' mean step time over
+	// the steady steps' mean (0: not known).
+	Slowdown float64 `json:"slowdown,omitempty"`
 }
 
 // countedGapFlag is the distance from the analytic FLOPs above which the
@@ -48,6 +51,7 @@ type flopSample struct {
 	recompute         bool
 	seen              bool // its cluster row was read
 	tokens, world     int64
+	stepNs            int64
 	analytic          float64
 	reportedEveryRank bool
 }
@@ -110,7 +114,7 @@ func (a *flopsAcc) row(c *tps.ClusterStep) {
 		return
 	}
 	if s := a.samples[[2]int64{c.Attempt, c.Step}]; s != nil {
-		s.seen, s.tokens, s.world, s.analytic = true, c.Tokens, c.WorldSize, c.FLOPs
+		s.seen, s.tokens, s.world, s.analytic, s.stepNs = true, c.Tokens, c.WorldSize, c.FLOPs, c.StepTimeNs
 		s.reportedEveryRank = c.RanksReported >= c.WorldSize
 	}
 }
@@ -118,12 +122,13 @@ func (a *flopsAcc) row(c *tps.ClusterStep) {
 // result compares the count with the model (cfg: the run's analytic
 // FLOPs, when known) and gives MFU and HFU from it at the run's
 // throughput tokPerS for world GPUs of the given peak.
-func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error, tokPerS float64, world int64) *CountedFLOPs {
+// steadyStepNs is the steady steps' mean step time, for the slowdown.
+func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error, tokPerS float64, world int64, steadyStepNs float64) *CountedFLOPs {
 	if a == nil {
 		return nil
 	}
 	out := &CountedFLOPs{}
-	var flops, tokens, analytic float64
+	var flops, tokens, analytic, stepNs float64
 	allAnalytic := true
 	for _, s := range a.samples {
 		if !s.seen || s.tokens <= 0 || s.ranks < s.world || !s.reportedEveryRank {
@@ -134,6 +139,7 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 		flops += s.flops
 		tokens += float64(s.tokens)
 		analytic += s.analytic
+		stepNs += float64(s.stepNs)
 		allAnalytic = allAnalytic && s.analytic > 0
 		out.Recompute = out.Recompute || s.recompute
 	}
@@ -142,6 +148,9 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 		return out
 	}
 	out.PerToken = flops / tokens
+	if steadyStepNs > 0 && stepNs > 0 {
+		out.Slowdown = stepNs / float64(out.Samples) / steadyStepNs
+	}
 	// the analytic FLOPs of the same steps (their cluster rows'), as
 	// hardware FLOPs where the count recomputed activations (the model's
 	// recompute setting gives the ratio; without one, no comparison)

@@ -70,6 +70,9 @@ func TestCountedFLOPs(t *testing.T) {
 			if gap := c.counted/analytic - 1; f.Gap == nil || math.Abs(*f.Gap-gap) > 1e-9 || f.Flagged != c.flagged {
 				t.Errorf("gap %v flagged %v; want %.4f, %v", f.Gap, f.Flagged, gap, c.flagged)
 			}
+			if math.Abs(f.Slowdown-3) > 1e-9 {
+				t.Errorf("slowdown %v: the counted steps took 3 s against 1 s", f.Slowdown)
+			}
 			if f.MFU != nil || f.HFU != nil || !strings.Contains(f.Unknown, "peak") {
 				t.Errorf("no GPU: MFU %v HFU %v, unknown %q", f.MFU, f.HFU, f.Unknown)
 			}

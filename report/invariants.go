@@ -84,6 +84,24 @@ func Invariants(r *Report) []string {
 	for _, e := range r.Episodes {
 		frac("episode cost fraction", e.CostFraction)
 	}
+	if c := r.CaptureCost; c != nil && c.StepFraction != nil {
+		frac("capture cost share", *c.StepFraction)
+	}
+	if f := r.CountedFLOPs; f != nil {
+		if f.MFU != nil {
+			frac("MFU from counted FLOPs", *f.MFU)
+		}
+		if f.HFU != nil {
+			frac("HFU from counted FLOPs", *f.HFU)
+		}
+	}
+	if m := r.Memory; m != nil {
+		for _, x := range m.Fullest {
+			if x.Headroom != nil {
+				frac(fmt.Sprintf("rank %d memory headroom", x.Rank), *x.Headroom)
+			}
+		}
+	}
 	if b, err := json.Marshal(r); err != nil {
 		bad = append(bad, "the report does not encode as JSON: "+err.Error())
 	} else if nonNumber.Match(b) {

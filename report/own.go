@@ -12,9 +12,11 @@ import (
 type CaptureCost struct {
 	Rows int64 `json:"rows"`
 	// PerStepNs is the training thread's time in tpsprof's code, a mean
-	// over the rows; StepFraction that time over the rows' step time.
-	PerStepNs    float64 `json:"per_step_ns"`
-	StepFraction float64 `json:"step_fraction"`
+	// over the rows; StepFraction that time over the rows' step time
+	// (absent above 1: the cost then lies mostly outside the steps'
+	// measured spans, finishing them, and is no share of them).
+	PerStepNs    float64  `json:"per_step_ns"`
+	StepFraction *float64 `json:"step_fraction,omitempty"`
 	// CPUPerStepNs is the CPU time of the package's own threads (sender,
 	// poller), a mean over the rows: off the training thread, on the
 	// host's cores.
@@ -84,8 +86,10 @@ func (a *ownAcc) result(nodes map[int64]string, top int) (*CaptureCost, *Memory)
 	var cost *CaptureCost
 	if a.rows > 0 && a.durNs > 0 {
 		n := float64(a.rows)
-		cost = &CaptureCost{Rows: a.rows, PerStepNs: float64(a.captureNs) / n,
-			StepFraction: float64(a.captureNs) / float64(a.durNs), CPUPerStepNs: float64(a.cpuNs) / n}
+		cost = &CaptureCost{Rows: a.rows, PerStepNs: float64(a.captureNs) / n, CPUPerStepNs: float64(a.cpuNs) / n}
+		if f := float64(a.captureNs) / float64(a.durNs); f <= 1 {
+			cost.StepFraction = &f
+		}
 	}
 	if len(a.mem) == 0 {
 		return cost, nil

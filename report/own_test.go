@@ -94,7 +94,7 @@ func TestCaptureCostAndMemory(t *testing.T) {
 			t.Fatalf("%s: no capture cost", src)
 		}
 		near := func(got, want float64) bool { return math.Abs(got-want) <= 1e-9*want }
-		if c.Rows != int64(n) || !near(c.PerStepNs, capSum/n) || !near(c.CPUPerStepNs, cpuSum/n) || !near(c.StepFraction, capSum/durSum) {
+		if c.Rows != int64(n) || !near(c.PerStepNs, capSum/n) || !near(c.CPUPerStepNs, cpuSum/n) || c.StepFraction == nil || !near(*c.StepFraction, capSum/durSum) {
 			t.Errorf("%s: cost %+v; want %v rows, %.1f ns a step, CPU %.1f ns, fraction %.6f", src, *c, n, capSum/n, cpuSum/n, capSum/durSum)
 		}
 		m := rep.Memory

@@ -554,7 +554,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 			cfg, _ = rep.Meta.AccumulatorConfig(int(rep.Summary.WorldSize), "")
 			peak, peakErr = rep.Meta.Peak("")
 		}
-		rep.CountedFLOPs = flops.result(cfg, peak, peakErr, rep.Summary.AggregateTPS, rep.Summary.WorldSize)
+		rep.CountedFLOPs = flops.result(cfg, peak, peakErr, rep.Summary.AggregateTPS, rep.Summary.WorldSize, rep.Summary.StepTimeS.Mean*1e9)
 	}
 	if padTok > 0 && realTok <= padTok {
 		rep.Padding = &Padding{RealTokens: realTok, PaddedTokens: padTok, RealFraction: float64(realTok) / float64(padTok)}

@@ -166,6 +166,9 @@ func (r *Report) Lines() []Line {
 		if f.Samples == 0 {
 			line = f.Unknown
 		}
+		if f.Slowdown > 0 {
+			line += fmt.Sprintf(", steps %.1f× as long while counted, left out of the figures", f.Slowdown)
+		}
 		if f.Recompute {
 			line += ", activations recomputed: hardware FLOPs"
 		}
@@ -190,8 +193,12 @@ func (r *Report) Lines() []Line {
 		}
 	}
 	if c := r.CaptureCost; c != nil {
-		row("capture cost", "%s a step on the training thread (%s of step time), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
-			usText(c.PerStepNs), pct(c.StepFraction), usText(c.CPUPerStepNs), c.Rows)
+		share := "more than the steps' own time: mostly outside their spans"
+		if c.StepFraction != nil {
+			share = pct(*c.StepFraction) + " of step time"
+		}
+		row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
+			usText(c.PerStepNs), share, usText(c.CPUPerStepNs), c.Rows)
 	}
 	if m := r.Memory; m != nil && len(m.Fullest) > 0 {
 		f := m.Fullest[0]
