@@ -55,7 +55,7 @@ func TestProfiledStepsLeftOut(t *testing.T) {
 	}
 	var b bytes.Buffer
 	WriteText(&b, rep)
-	if !strings.Contains(b.String(), "4 profiled (slowed by the profiler) left out of the figures") {
+	if !strings.Contains(b.String(), "4 profiled or FLOP-counted (slowed by the profiler or counter) left out of the figures") {
 		t.Errorf("the text does not say so:\n%s", b.String())
 	}
 }

@@ -429,7 +429,7 @@ func incompleteText(s tps.Summary) string {
 	if s.ProfiledLeftOut > 0 {
 		s2 := s
 		s2.ProfiledLeftOut = 0
-		return incompleteText(s2) + fmt.Sprintf(", %d profiled (slowed by the profiler) left out of the figures", s.ProfiledLeftOut)
+		return incompleteText(s2) + fmt.Sprintf(", %d profiled or FLOP-counted (slowed by the profiler or counter) left out of the figures", s.ProfiledLeftOut)
 	}
 	switch {
 	case s.IncompleteSteps == 0:

@@ -35,10 +35,13 @@ import torch.nn as nn
 import tpsprof.torch as tt
 
 
+DEVICE = torch.device("cpu")
+
+
 def make(dim, layers, vocab, seq, batch, steps):
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=dim, nhead=4, dim_feedforward=4 * dim, batch_first=True)
-    model = nn.Sequential(nn.Embedding(vocab, dim), nn.TransformerEncoder(layer, num_layers=layers), nn.Linear(dim, vocab))
+    model = nn.Sequential(nn.Embedding(vocab, dim), nn.TransformerEncoder(layer, num_layers=layers), nn.Linear(dim, vocab)).to(DEVICE)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = torch.randint(0, vocab, (steps * batch, seq + 1))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data[:, :-1], data[:, 1:]), batch_size=batch)
@@ -50,10 +53,14 @@ def run_block(model, opt, it, n, vocab):
     for _ in range(n):
         t = time.perf_counter_ns()
         x, y = next(it)
+        if DEVICE.type == "cuda":
+            x, y = x.to(DEVICE, non_blocking=True), y.to(DEVICE, non_blocking=True)
         loss = nn.functional.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()  # the step's GPU time in the host's clock
         times.append(time.perf_counter_ns() - t)
     return times
 
@@ -98,7 +105,10 @@ def main():
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--device", default="cpu", help="cpu or cuda (each step synchronised to be timed)")
     a = p.parse_args()
+    global DEVICE
+    DEVICE = torch.device(a.device)
     torch.set_num_threads(1)  # steadier timings on a shared machine
     big = compare(a, a.dim, a.layers, a.vocab, a.seq, a.batch, a.blocks, a.per_block)
     tiny = compare(a, 8, 1, 16, 4, 1, 200, 10)  # a near-empty step: the per-step cost itself

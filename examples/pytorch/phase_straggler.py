@@ -143,6 +143,7 @@ def main():
                    help="comma-separated, of " + ",".join(PHASES))
     p.add_argument("--stop", required=True, help="the job ends once this file exists")
     p.add_argument("--max-steps", type=int, default=5000)
+    p.add_argument("--device", default="cpu", help="cpu, or cuda: the ranks share the GPU (gloo moves CUDA tensors)")
     p.add_argument("--truth", required=True, help="folder for the job's own measurements")
     a = p.parse_args()
     if not a.phases or any(x not in PHASES for x in a.phases):
@@ -164,7 +165,9 @@ def main():
             fully_shard(layer)
         fully_shard(model)
     else:
-        model = torch.nn.parallel.DistributedDataParallel(Net(plan), bucket_cap_mb=1)
+        dev = torch.device(a.device)
+        ids = [dev.index or 0] if dev.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(Net(plan).to(dev), device_ids=ids, bucket_cap_mb=1)
         # DDP's own all-reduce, with the job's clock at the rank's arrival
         # at each bucket's
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -186,7 +189,7 @@ def main():
     while step < end:
         plan.step, plan.extra_ns, plan.arrivals = step, 0, []
         t0 = time.time_ns()
-        x = next(it)
+        x = next(it).to(a.device)
         plan.delay("host")
         loss = model(x).square().mean()
         loss.backward()

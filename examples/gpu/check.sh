@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# The GPU check: what tpsprof measures on one NVIDIA GPU, each figure beside
+# the job's own truth, PASS or FAIL. About 4-5 minutes on one H100/H200.
+#
+#   CGO_CFLAGS=-Wno-deprecated-declarations go build -trimpath -ldflags "-s -w" -o .dev/gpu/tpsprof ./cmd/tpsprof
+#   BIN=.dev/gpu/tpsprof bash examples/gpu/check.sh                          # there
+#   BIN=... bash examples/gpu/check.sh --tiny --cpu                          # a dry run on CPU
+#
+# 1. a ~0.95 B Llama (transformers, random init, bf16) under DDP over NCCL
+#    with one instrument() call: step time against CUDA-event periods, the
+#    FLOPs PyTorch counted against the job's own FlopCounterMode count and
+#    the analytic model of its config.json, the allocator's peak, the
+#    capture's own cost, MFU from both FLOP counts;
+# 2. two ranks sharing the GPU (gloo with CUDA tensors), rank 1 late in its
+#    forward: `tpsprof trace` names it;
+# 3. the Hugging Face Trainer callback (hf_train.py): every step measured;
+# 4. zero-code (launch --auto) compiled DDP: every step measured;
+# 5. the cost benchmark on CUDA (bench_torch.py --device cuda).
+# Everything it writes goes under $OUT (default: a new temporary folder);
+# the last line says how many checks failed.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+BIN=${BIN:-.dev/gpu/tpsprof}
+PY=${PY:-python3}
+OUT=${OUT:-$(mktemp -d)}
+TINY="" CPU="" DEV=cuda
+for a in "$@"; do
+	case $a in
+	--tiny) TINY=--tiny ;;
+	--cpu) CPU=--cpu DEV=cpu ;;
+	*) echo "usage: $0 [--tiny] [--cpu]" >&2; exit 2 ;;
+	esac
+done
+[ -x "$BIN" ] || { echo "no tpsprof binary at $BIN (BIN=...)" >&2; exit 2; }
+mkdir -p "$OUT/home"
+export HOME=$OUT/home # the collector writes its NATS token under HOME for launch to read
+export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
+NATS=nats://127.0.0.1:4222
+failed=0
+echo "== tpsprof GPU check, $(date -u +%FT%TZ), output in $OUT"
+$PY - <<'PY' || true
+import torch
+print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(no GPU)")
+PY
+"$BIN" collector --out "$OUT/data" --http 127.0.0.1:0 >"$OUT/collector.log" 2>&1 &
+COL=$!
+trap 'kill -INT $COL 2>/dev/null; wait $COL 2>/dev/null' EXIT
+for _ in $(seq 50); do [ -s "$HOME/.config/tpsprof/nats-token" ] && break; sleep 0.2; done
+launch() { "$BIN" launch --nats $NATS "$@"; }
+TORCHRUN=($PY -m torch.distributed.run)
+# torchrun's rendezvous: --standalone (a TCP store on a free port), or with
+# RDZV_FILE_DIR set a file store there (where TCP stores cannot connect,
+# e.g. a chroot without its own network namespace)
+rdzv() {
+	if [ -n "${RDZV_FILE_DIR:-}" ]; then
+		echo "--rdzv_backend c10d --rdzv_endpoint $(mktemp -u -p "$RDZV_FILE_DIR") --rdzv_conf store_type=file"
+	else
+		echo --standalone
+	fi
+}
+
+echo "== 1. Llama, DDP, instrument()"
+SEQ=2048
+[ -n "$TINY" ] && SEQ=64
+$PY examples/gpu/check.py config --truth "$OUT/llama" $TINY
+TPSPROF_FLOPS_EVERY=5 launch --job gpu-llama --hf-config "$OUT/llama/config.json" --seq $SEQ -- \
+	"${TORCHRUN[@]}" $(rdzv) --nproc_per_node 1 examples/gpu/check.py llama --truth "$OUT/llama" $TINY $CPU >"$OUT/llama.log" 2>&1 ||
+	{ echo "FAIL: the Llama job (see $OUT/llama.log)"; failed=$((failed + 1)); }
+
+echo "== 2. two ranks on one GPU, rank 1 slow: tpsprof trace"
+mkdir -p "$OUT/capture"
+launch --job gpu-capture -- "${TORCHRUN[@]}" $(rdzv) --nproc_per_node 2 examples/pytorch/phase_straggler.py --device $DEV --slow-rank 1 \
+	--delay-ms 50 --phases forward --per-phase 100000 --stop "$OUT/capture/stop" --truth "$OUT/capture" \
+	>"$OUT/capture.log" 2>&1 &
+JOB=$!
+sleep 25
+"$BIN" trace gpu-capture --nats $NATS --steps 2 --quiet >"$OUT/trace.txt" 2>&1
+touch "$OUT/capture/stop"
+wait $JOB || { echo "FAIL: the capture job (see $OUT/capture.log)"; failed=$((failed + 1)); }
+$PY examples/gpu/check.py verify-capture --trace "$OUT/trace.txt" --slow-rank 1 || failed=$((failed + 1))
+
+echo "== 3. Hugging Face Trainer callback"
+launch --job gpu-hf -- $PY examples/pytorch/hf_train.py --out "$OUT/hf" --truth "$OUT/hf-truth" --steps 20 \
+	>"$OUT/hf.log" 2>&1 || { echo "FAIL: the Trainer job (see $OUT/hf.log)"; failed=$((failed + 1)); }
+
+echo "== 4. zero-code compiled DDP"
+launch --auto --job gpu-compile -- "${TORCHRUN[@]}" $(rdzv) --nproc_per_node 1 examples/gpu/check.py llama --truth "$OUT/compile" --tiny \
+	--compile --steps 12 $CPU >"$OUT/compile.log" 2>&1 ||
+	{ echo "FAIL: the compiled job (see $OUT/compile.log)"; failed=$((failed + 1)); }
+
+echo "== 5. the cost benchmark"
+launch --job gpu-bench -- $PY examples/pytorch/bench_torch.py --device $DEV >"$OUT/bench.json" 2>"$OUT/bench.log" ||
+	{ echo "FAIL: the benchmark (see $OUT/bench.log)"; failed=$((failed + 1)); }
+
+kill -INT $COL 2>/dev/null
+wait $COL 2>/dev/null
+trap - EXIT
+echo "== verdicts"
+"$BIN" report --json --no-plots "$OUT/data/gpu-llama" >"$OUT/llama-report.json" 2>"$OUT/llama-report.log"
+$PY examples/gpu/check.py verify-llama --truth "$OUT/llama" --report "$OUT/llama-report.json" || failed=$((failed + 1))
+for job in gpu-hf:20 gpu-compile:12; do
+	"$BIN" report --json --no-plots --warmup 0 "$OUT/data/${job%%:*}" >"$OUT/${job%%:*}.json" 2>/dev/null
+	$PY examples/gpu/check.py verify-steps --report "$OUT/${job%%:*}.json" --steps "${job##*:}" --name "${job%%:*}" ||
+		failed=$((failed + 1))
+done
+$PY examples/gpu/check.py verify-bench --bench "$OUT/bench.json" || failed=$((failed + 1))
+"$BIN" report --no-plots "$OUT/data/gpu-llama" | head -40
+echo "== $failed check(s) failed; everything is under $OUT"
+[ $failed -eq 0 ]
