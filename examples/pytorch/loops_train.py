@@ -55,6 +55,29 @@ class LM(nn.Module):
         return self.head(x + self.body(x))
 
 
+class SlowFile:
+    """A file whose writes take their share of `seconds` (a slow or remote
+    file system), the last of it on close: what torch.save writes into."""
+
+    def __init__(self, path, seconds):
+        self.f = open(path, "wb")
+        self.seconds = seconds
+
+    def write(self, b):
+        time.sleep(self.seconds / 4 / 64)  # a quarter spread over the writes
+        return self.f.write(b)
+
+    def flush(self):
+        self.f.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        time.sleep(self.seconds * 3 / 4)  # the rest as the file closes (its data reaching the disk)
+        self.f.close()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=12)
@@ -65,6 +88,11 @@ def main():
     p.add_argument("--skip-every", type=int, default=5, help="every Nth iteration skips its optimizer steps (0: never)")
     p.add_argument("--eval-every", type=int, default=4, help="evaluate after every Nth iteration (0: never)")
     p.add_argument("--eval-batches", type=int, default=3)
+    p.add_argument("--eval-break", action="store_true",
+                   help="evaluate as loops often do: enumerate a longer eval loader and break after --eval-batches "
+                        "(its last fetch never evaluated), then a barrier")
+    p.add_argument("--ckpt-slow", type=float, default=0.0,
+                   help="seconds each checkpoint's file takes to write (a file object whose writes sleep)")
     p.add_argument("--ckpt-every", type=int, default=6, help="checkpoint after every Nth iteration (0: never)")
     p.add_argument("--save", help="at the end, save the optimizers' state here (for --resume)")
     p.add_argument("--resume", help="load the optimizers' state saved by --save")
@@ -103,7 +131,8 @@ def main():
             return s[:, :-1].contiguous(), s[:, 1:].contiguous()  # (inputs, targets)
 
     loader = torch.utils.data.DataLoader(Slow(args.iters, args.data_sleep), batch_size=None)
-    eval_loader = torch.utils.data.DataLoader(Slow(args.eval_batches, 0.0), batch_size=None)
+    eval_loader = torch.utils.data.DataLoader(Slow(args.eval_batches * (3 if args.eval_break else 1), 0.01),
+                                              batch_size=None)
     prof = None
     if not args.auto:
         import tpsprof.torch
@@ -141,14 +170,22 @@ def main():
             e0 = time.time_ns()
             model.eval()
             with torch.no_grad():
-                for eids, elabels in eval_loader:
+                for k, (eids, elabels) in enumerate(eval_loader):
+                    if args.eval_break and k == args.eval_batches:
+                        break  # this batch was fetched, never evaluated
                     loss_fn(model(eids).reshape(-1, args.vocab), elabels.reshape(-1))
             model.train()
+            if args.eval_break:
+                dist.barrier()
             out.write(json.dumps({"event": "eval", "rank": rank, "start_ns": e0, "end_ns": time.time_ns()}) + "\n")
         if args.ckpt_every and i % args.ckpt_every == 0:
             c0 = time.time_ns()
-            torch.save({"model": model.state_dict(), "body": opt_body.state_dict(), "emb": opt_emb.state_dict()},
-                       os.path.join(ckpt_dir, "step%d.pt" % i))
+            state = {"model": model.state_dict(), "body": opt_body.state_dict(), "emb": opt_emb.state_dict()}
+            if args.ckpt_slow:
+                with SlowFile(os.path.join(ckpt_dir, "step%d.pt" % i), args.ckpt_slow) as f:
+                    torch.save(state, f)
+            else:
+                torch.save(state, os.path.join(ckpt_dir, "step%d.pt" % i))
             out.write(json.dumps({"event": "checkpoint_save", "rank": rank, "start_ns": c0,
                                   "end_ns": time.time_ns()}) + "\n")
     if args.save:

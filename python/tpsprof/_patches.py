@@ -63,7 +63,7 @@ class LoaderIter:
             return next(self._it)
         g.fetch = True
         try:
-            opened = prof._data_enter()
+            opened = prof._data_enter(id(self._it))
             t = time.perf_counter_ns()
             try:
                 item = next(self._it)

@@ -281,6 +281,8 @@ class TorchProfiler:
         self._optimizers = []
         self._side = {}  # eval / checkpoint_save / checkpoint_restore -> [wall start, wall end] not yet sent
         self._eval_open = False
+        self._eval_since = False  # an evaluation forward ran since the last training forward
+        self._last_end_wall = None  # wall ns the last training step ended (its last optimizer step)
         self._closed = False
         self._in_rollout = False
         self._poller = None
@@ -713,12 +715,28 @@ class TorchProfiler:
         else:
             got[0], got[1] = min(got[0], start), max(got[1], end)
 
-    def _flush_side(self):
+    def _flush_side(self, resumed=None):
+        """Sends the evaluation and checkpoint events noted since the last
+        step, as training resumes (resumed: the wall time the new step
+        began; None at close). The whole gap between the two steps is
+        theirs: the first begins where the last step ended (an evaluation's
+        loader fetches before its first forward), each lasts until the
+        next begins, the last until training resumes (the barrier after an
+        evaluation, a checkpoint file closing after torch.save returned)."""
         if not self._side:
             return
         side, self._side = self._side, {}
         step = self.step_number
-        for kind, (a, b) in sorted(side.items(), key=lambda kv: kv[1][0]):
+        spans = sorted([kind, a, b] for kind, (a, b) in side.items())
+        spans.sort(key=lambda x: x[1])
+        last = self._last_end_wall
+        if last is not None and last <= spans[0][1]:
+            spans[0][1] = last
+        for i, x in enumerate(spans):
+            nxt = spans[i + 1][1] if i + 1 < len(spans) else resumed
+            if nxt is not None and nxt >= x[2]:
+                x[2] = nxt
+        for kind, a, b in spans:
             self._sender.put(lambda kind=kind, a=a, b=b: self.client.event(
                 kind, start_unix_ns=a, end_unix_ns=max(b, a), step=None if step is None else max(step - 1, 0)))
 
@@ -1035,6 +1053,7 @@ class TorchProfiler:
                 if st is None or not st.trained:
                     self._side_event("eval", start, now)
                     self._eval_open = True
+                    self._eval_since = True
                 return
             st = self._open()
             if st.optim_open is not None:
@@ -1043,7 +1062,8 @@ class TorchProfiler:
                 st.optim_open = None
                 st.closure = True
             if not st.trained:
-                self._flush_side()
+                self._flush_side(st.wall0)
+                self._eval_since = False
             if st.bare is not None:
                 self._split_batch(st, inputs)
             elif kwargs is not None:
@@ -1176,8 +1196,8 @@ class TorchProfiler:
             if self.step_number is None and not self._first_step_given:
                 self.step_number = max(_optimizer_step(o) for o in self._optimizers or [opt])
             if self._cur is None:
-                self._flush_side()
                 self._cur = self._begin()
+                self._flush_side(self._cur.wall0)
             self._cur.optim_open = self._mark()
             if self._poller is not None:
                 self._poller.sweep()
@@ -1196,15 +1216,19 @@ class TorchProfiler:
                 st.optim.append((st.optim_open, end))
                 st.optim_open = None
                 st.end_at = end
+                # where the step's record will say it ended (its wall start
+                # plus its marks' span, on CPU; the host's clock on a GPU)
+                self._last_end_wall = st.wall0 + (end - st.t0) if not st.cuda else time.time_ns()
             # the iteration may step other optimizers yet: it ends at the
             # next iteration's first activity (or close)
             st.optimized = True
         except Exception:
             self._err()
 
-    def _data_enter(self):
-        """Called as ``next`` starts: opens a step if none is open. Returns
-        whether it did (undone if the iterator turns out to be exhausted)."""
+    def _data_enter(self, src=None):
+        """Called as ``next`` starts (src: which iterator): opens a step if
+        none is open. Returns whether it did (undone if the iterator turns
+        out to be exhausted)."""
         if self.off:
             return False
         try:
@@ -1214,9 +1238,17 @@ class TorchProfiler:
                     # after a backward: the next micro-batch, or the first
                     # fetch of the next iteration if this one's step is skipped
                     return (self._mark(), time.time_ns())
-                return False
-            self._settle_step()
+                if not (self._eval_since and not st.trained and src is not None and st.src is not None and src != st.src):
+                    return False
+                # an evaluation broke out of its loader after a fetch it
+                # never evaluated: that fetch's step was evaluation's, and
+                # training's begins at this fetch of another loader
+                self._side_event("eval", st.wall0, st.wall0)  # (the gap rule extends it: _flush_side)
+                self._discard()
+            else:
+                self._settle_step()
             self._cur = self._begin()
+            self._cur.src = src
             return True
         except Exception:
             self._err()
@@ -1488,7 +1520,9 @@ class TorchProfiler:
         self._closed = True
         try:
             self._settle_step()
-            self._flush_side()
+            # the last evaluation or checkpoint lasts until the job closes
+            # (a checkpoint file still closing after torch.save returned)
+            self._flush_side(time.time_ns())
         except Exception:
             self._err()
         for h in self._hooks:
