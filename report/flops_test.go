@@ -24,12 +24,19 @@ func TestCountedFLOPs(t *testing.T) {
 		name    string
 		counted float64 // a rank's FLOPs per token of its share
 		flagged bool
-	}{{"close", 6.1e9, false}, {"far", 7.0e9, true}} {
+		peak    bool // the run metadata names a peak (no model): MFU from the count
+	}{{"close", 6.1e9, false, false}, {"far", 7.0e9, true, false}, {"peak", 6.1e9, false, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			root := t.TempDir()
 			const job, world, steps = "fl", 4, int64(60)
 			const s, tokens, analytic = int64(1e9), int64(4000), 6.0e9 // analytic FLOPs a token
-			w, _ := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, trace.WriterOptions{WriterID: "f"})
+			copt := trace.WriterOptions{WriterID: "f"}
+			if c.peak {
+				copt.Metadata = func() map[string]string {
+					return map[string]string{trace.MetaRun: `{"job":"fl","peak_tflops":10}`} // 1e13 FLOP/s a GPU
+				}
+			}
+			w, _ := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, copt)
 			rw, _ := trace.NewPartWriter[tps.StepRecord](root, job, trace.RankSteps, trace.WriterOptions{WriterID: "f"})
 			ew, _ := trace.NewPartWriter[tps.Event](root, job, trace.Events, trace.WriterOptions{WriterID: "f"})
 			sampled := map[int64]bool{20: true, 40: true}
@@ -73,7 +80,10 @@ func TestCountedFLOPs(t *testing.T) {
 			if math.Abs(f.Slowdown-3) > 1e-9 {
 				t.Errorf("slowdown %v: the counted steps took 3 s against 1 s", f.Slowdown)
 			}
-			if f.MFU != nil || f.HFU != nil || !strings.Contains(f.Unknown, "peak") {
+			// 6.1e9 FLOPs a token × 4,000 tokens/s over 4 GPUs of 1e13 FLOP/s: 61%
+			if want := c.counted * 4000 / (4 * 1e13); c.peak && (f.MFU == nil || f.HFU == nil || math.Abs(*f.MFU-want) > 1e-9 || *f.HFU != *f.MFU) {
+				t.Errorf("peak known: MFU %v HFU %v from the count, want %.4f (%s)", f.MFU, f.HFU, want, f.Unknown)
+			} else if !c.peak && (f.MFU != nil || f.HFU != nil || !strings.Contains(f.Unknown, "peak")) {
 				t.Errorf("no GPU: MFU %v HFU %v, unknown %q", f.MFU, f.HFU, f.Unknown)
 			}
 			// the sampled steps (3 s each) are out of the figures: 4,000
@@ -88,6 +98,9 @@ func TestCountedFLOPs(t *testing.T) {
 			want := "FLOPs counted  " + flopsText(c.counted) + " a token on 2 sampled steps"
 			if !strings.Contains(text, want) || strings.Contains(text, "more than 5% apart") != c.flagged {
 				t.Errorf("the text lacks %q or flags wrongly (%v):\n%s", want, c.flagged, text)
+			}
+			if c.peak && !strings.Contains(text, "MFU / HFU  61.0% / 61.0% from the FLOPs PyTorch counted") {
+				t.Errorf("the MFU line does not give the counted MFU:\n%s", text)
 			}
 		})
 	}

@@ -89,7 +89,16 @@ func (r *Report) Lines() []Line {
 			tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
 	}
 	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
-	row("MFU / HFU", "%s", mfuText(s))
+	if f := r.CountedFLOPs; s.MFU == nil && f != nil && f.HFU != nil {
+		// no analytic model: PyTorch's own count gives them
+		m := "n/a (activations recomputed)"
+		if f.MFU != nil {
+			m = pct(*f.MFU)
+		}
+		row("MFU / HFU", "%s / %s from the FLOPs PyTorch counted (no model in the run metadata)", m, pct(*f.HFU))
+	} else {
+		row("MFU / HFU", "%s", mfuText(s))
+	}
 	if s.MFU != nil {
 		dt := mfu.BF16
 		if r.Meta != nil && r.Meta.DType != "" {
