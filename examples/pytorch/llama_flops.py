@@ -1,5 +1,5 @@
-"""A plain training loop over a Hugging Face Llama (random initialisation
-from a config.json, nothing downloaded) with nothing declared to tpsprof:
+"""A plain training loop over a Hugging Face Llama, or GPT-2 with --gpt2
+(random initialisation from a config.json, nothing downloaded) with nothing declared to tpsprof:
 run it under ``tpsprof launch --auto`` and the package counts the tokens
 from the loader and, on sampled steps, the FLOPs PyTorch's FlopCounterMode
 counts (torch >= 2.1). The report compares them with the analytic FLOPs
@@ -19,7 +19,7 @@ import os
 
 import torch
 import torch.distributed as dist
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
 
 def main():
@@ -29,14 +29,20 @@ def main():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--checkpointing", action="store_true")
+    p.add_argument("--gpt2", action="store_true", help="the config is GPT-2's (n_embd, n_layer, n_head)")
     a = p.parse_args()
     distributed = "RANK" in os.environ
     if distributed:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     with open(a.config) as f:
-        cfg = LlamaConfig(**json.load(f))
-    model = LlamaForCausalLM(cfg)
+        keys = json.load(f)
+    if a.gpt2:
+        cfg = GPT2Config(**keys)
+        model = GPT2LMHeadModel(cfg)
+    else:
+        cfg = LlamaConfig(**keys)
+        model = LlamaForCausalLM(cfg)
     if a.checkpointing:
         model.gradient_checkpointing_enable()
     model.train()

@@ -13,8 +13,8 @@ import (
 	"github.com/tpsprof/tpsprof/tps"
 )
 
-// A plain loop over a Hugging Face Llama (2-rank DDP over gloo, current
-// PyTorch) under launch --auto, with nothing declared but the model's
+// A plain loop over a Hugging Face Llama, and GPT-2 (2-rank DDP over
+// gloo, current PyTorch) under launch --auto, with nothing declared but the model's
 // config.json: PyTorch's FlopCounterMode counts the sampled steps (every
 // 3rd here), and the report's FLOPs a token are the analytic model's of
 // the same config within 3% (docs/flops.md's formulas against PyTorch's own
@@ -79,6 +79,35 @@ func TestModernTorchCountedFLOPs(t *testing.T) {
 	if perToken[true] <= perToken[false] {
 		t.Errorf("checkpointing counted %.4g a token, not more than without (%.4g)", perToken[true], perToken[false])
 	}
+
+	// GPT-2's shape (learned positions, a two-matrix GELU MLP, the head
+	// tied to the embedding), declared as the model: the count matches it
+	gpt := []byte(`{"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 128}`)
+	gptPath := filepath.Join(t.TempDir(), "gpt2.json")
+	if err := os.WriteFile(gptPath, gpt, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gm := mfu.Model{Layers: 2, Hidden: 64, Heads: 4, HeadDim: 16, FFN: 256, Vocab: 512, Tied: true, Seq: seq}
+	t.Run("gpt2", func(t *testing.T) {
+		dir, log := launchTorch(t, "flops-gpt2", true, torchrun(py, 2, script, "--gpt2", "--config", gptPath, "--steps", "12", "--seq", strconv.Itoa(seq)),
+			func(c *launch.Config) {
+				c.Meta = tps.RunMeta{Model: &gm, Seq: seq}
+				every := int64(3)
+				c.FlopsEvery = &every
+			})
+		rep, err := report.Analyze(dir, report.Options{Warmup: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := rep.CountedFLOPs
+		if f == nil || f.Samples != 4 {
+			t.Fatalf("counted FLOPs %+v\n%s", f, log)
+		}
+		t.Logf("gpt2: %.4g FLOPs a token counted, analytic %v, gap %v", f.PerToken, deref(f.AnalyticPerToken), deref(f.Gap))
+		if f.Gap == nil || math.Abs(*f.Gap) > 0.03 || f.Recompute {
+			t.Errorf("counted %.4g a token against the analytic %v: want within 3%%", f.PerToken, deref(f.AnalyticPerToken))
+		}
+	})
 }
 
 func deref(p *float64) any {
