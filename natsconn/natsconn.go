@@ -194,7 +194,7 @@ func StartEmbeddedAuth(host string, port int, storeDir string, auth Auth) (*Embe
 		return nil, fmt.Errorf("natsconn: embedded server: %w", err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
+	if !s.ReadyForConnections(30 * time.Second) { // (10 s ran out once on a 2-core CI machine under load)
 		s.Shutdown()
 		return nil, fmt.Errorf("natsconn: embedded server on %s:%d did not start", host, port)
 	}
