@@ -416,8 +416,9 @@ class LoopTest(unittest.TestCase):
         # fits between the first step's start and the last one's end (a
         # step's share may not fit its own span: finishing it after its
         # last optimizer step, the sender holding the GIL meanwhile)
+        # (the last one's holds the profiler's close, after it)
         span = rows[-1]["end_unix_ns"] - rows[0]["start_unix_ns"]
-        self.assertLess(sum(r["capture_ns"] for r in rows), span)
+        self.assertLess(sum(r["capture_ns"] for r in rows[:-1]), span)
         # the sender's CPU time, summed over the run, is somewhere
         self.assertGreater(sum(r.get("capture_cpu_ns", 0) for r in rows), 0)
         self.assertEqual(prof.errors, 0)

@@ -727,8 +727,7 @@ class TorchProfiler:
             return
         side, self._side = self._side, {}
         step = self.step_number
-        spans = sorted([kind, a, b] for kind, (a, b) in side.items())
-        spans.sort(key=lambda x: x[1])
+        spans = sorted(([kind, a, b] for kind, (a, b) in side.items()), key=lambda x: x[1])
         last = self._last_end_wall
         if last is not None and last <= spans[0][1]:
             spans[0][1] = last
