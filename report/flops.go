@@ -31,8 +31,8 @@ type CountedFLOPs struct {
 	MFU     *float64 `json:"mfu,omitempty"`
 	HFU     *float64 `json:"hfu,omitempty"`
 	Unknown string   `json:"unknown,omitempty"`
-	// Partial counts samples left out: not every rank counted them, or
-	// they had no tokens.
+	// Partial counts samples left out: not every rank counted them, they
+	// had no tokens, or they held a generation phase.
 	Partial int `json:"partial,omitempty"`
 	// Slowdown is what counting cost: the samples' mean step time over
 	// the steady steps' mean (0: not known).
@@ -49,6 +49,7 @@ type flopSample struct {
 	flops             float64
 	ranks             int64
 	recompute         bool
+	generation        bool
 	seen              bool // its cluster row was read
 	tokens, world     int64
 	stepNs            int64
@@ -92,6 +93,7 @@ func newFlopsAcc(events []tps.Event) *flopsAcc {
 		s.flops += f.FLOPs
 		s.ranks++
 		s.recompute = s.recompute || f.Recompute
+		s.generation = s.generation || f.Generation
 	}
 	return a
 }
@@ -131,7 +133,7 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 	var flops, tokens, analytic, stepNs float64
 	allAnalytic := true
 	for _, s := range a.samples {
-		if !s.seen || s.tokens <= 0 || s.ranks < s.world || !s.reportedEveryRank {
+		if !s.seen || s.tokens <= 0 || s.ranks < s.world || !s.reportedEveryRank || s.generation {
 			out.Partial++
 			continue
 		}

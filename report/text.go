@@ -198,7 +198,7 @@ func (r *Report) Lines() []Line {
 			row("MFU counted", "n/a: %s", f.Unknown)
 		}
 		if f.Partial > 0 {
-			row("FLOPs samples", "%d left out: not every rank counted them, or no tokens", f.Partial)
+			row("FLOPs samples", "%d left out: not every rank counted them, no tokens, or a generation phase", f.Partial)
 		}
 	}
 	if c := r.CaptureCost; c != nil {

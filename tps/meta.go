@@ -44,6 +44,10 @@ const (
 type FlopCount struct {
 	FLOPs     float64 `json:"flops"`
 	Recompute bool    `json:"recompute,omitempty"`
+	// Generation: the step had a generation phase (RL rollouts), whose
+	// forwards the count holds beside the update's: no FLOPs a trained
+	// token (the step is still left out of the figures).
+	Generation bool `json:"generation,omitempty"`
 }
 
 // MaxCountedFLOPs bounds one rank's step (1e21: a thousand H100-hours).

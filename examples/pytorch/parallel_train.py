@@ -183,7 +183,7 @@ def main():
     out.close()
     prof.close()
     print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d, topology %s" % (
-        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops), prof.topology), flush=True)
+        rank, prof.steps, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops), prof.topology), flush=True)
     dist.destroy_process_group()
 
 
@@ -254,7 +254,7 @@ def run_pp(args, model, loader, rank):
     out.close()
     prof.close()
     print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d" % (
-        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops)), flush=True)
+        rank, prof.steps, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops)), flush=True)
     dist.destroy_process_group()
 
 
@@ -342,7 +342,7 @@ def run_pipelining(args, model, loader, rank):
     out.close()
     prof.close()
     print("rank %d: %d steps sent, %d dropped, %d errors, c10d ops hooked: %d, topology %s" % (
-        rank, prof.sent, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops), prof.topology), flush=True)
+        rank, prof.steps, prof.dropped, prof.errors, len(tpsprof.torch._c10d.ops), prof.topology), flush=True)
     dist.destroy_process_group()
 
 

@@ -139,7 +139,7 @@ def train_torch(args):
         opt.zero_grad(set_to_none=True)
     prof.close()
     print("tpsprof: rank %s attempt %d: %d steps sent, %d dropped, %d errors" % (
-        os.environ.get("RANK", "0"), prof.client.attempt, prof.sent, prof.dropped, prof.errors))
+        os.environ.get("RANK", "0"), prof.client.attempt, prof.steps, prof.dropped, prof.errors))
     if distributed:
         dist.destroy_process_group()
 

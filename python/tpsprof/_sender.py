@@ -149,7 +149,12 @@ class Poller:
     def __init__(self, interval=0.0002):
         self.interval = interval
         self._cv = threading.Condition()
-        self._items = []
+        self._items = []  # in flight, taken by the thread (under _cv)
+        # handed over by the training thread without a lock (an append is
+        # atomic); the thread is woken only when it sleeps with nothing to
+        # check (_idle), not at every collective
+        self._new = collections.deque()
+        self._idle = False
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="tpsprof-comm", daemon=True)
         self._thread.start()
@@ -165,19 +170,27 @@ class Poller:
             return 0
 
     def watch(self, cell: list, works: list) -> None:
-        with self._cv:
-            self._items.append((cell, works))
-            self._cv.notify()
+        self._new.append((cell, works))
+        if self._idle:  # (set before the thread last looked at _new: no wake-up is lost)
+            with self._cv:
+                self._cv.notify()
 
     def _run(self):
+        new = self._new
         while True:
             with self._cv:
-                while not self._items and not self._stop:
+                while True:
+                    self._idle = True
+                    if self._items or new or self._stop:
+                        break
                     self._cv.wait()
+                self._idle = False
                 if self._stop:
                     return
                 items = self._items
                 self._items = []
+                while new:
+                    items.append(new.popleft())
             left = settle(items, time.perf_counter_ns())
             if left:
                 with self._cv:
@@ -189,8 +202,10 @@ class Poller:
         phase boundaries: on a loaded machine this thread may be scheduled
         (or get the GIL) long after a work completed, and a completion the
         training thread has already seen is not later than now."""
+        if not self._items and not self._new:
+            return  # nothing in flight (the common case at a phase boundary)
         with self._cv:
-            items = list(self._items)
+            items = list(self._items) + list(self._new)
         if items:
             settle(items, time.perf_counter_ns())
 

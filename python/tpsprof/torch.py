@@ -560,7 +560,8 @@ class TorchProfiler:
         if not send:
             return
         c, n, a, b = self.client, st.number, st.wall0, time.time_ns()
-        detail = '{"flops":%d%s}' % (total, ',"recompute":true' if self._recompute else "")
+        detail = '{"flops":%d%s%s}' % (total, ',"recompute":true' if self._recompute else "",
+                                       ',"generation":true' if st.rollout is not None else "")
         self._sender.put(lambda: c.event("flop_count", start_unix_ns=a, end_unix_ns=b, step=n, detail=detail))
 
     # -- on-demand capture (tpsprof trace) ---------------------------------
