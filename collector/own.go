@@ -20,25 +20,13 @@ type memSeen struct {
 	set                   bool
 }
 
-// headroom is 1 − reserved ÷ capacity (2 where no capacity is known:
-// after every rank with one).
-func (m memSeen) headroom() float64 {
-	if m.capacity <= 0 || m.resv > m.capacity {
-		return 2
-	}
-	return 1 - float64(m.resv)/float64(m.capacity)
-}
-
-// fuller says whether a is fuller than b (less headroom, then a larger
-// reserved peak).
+// fuller says whether a is fuller than b (tps.MemFuller; any record
+// beats none).
 func fuller(a, b memSeen) bool {
 	if !b.set {
 		return a.set
 	}
-	if ha, hb := a.headroom(), b.headroom(); ha != hb {
-		return ha < hb
-	}
-	return a.resv > b.resv
+	return a.set && tps.MemFuller(a.resv, a.capacity, b.resv, b.capacity) < 0
 }
 
 func (o *ownLive) observe(r *tps.StepRecord) {
@@ -106,7 +94,7 @@ func (o *ownLive) live() (*LiveCost, *LiveMemory) {
 		return c, nil
 	}
 	lm := &LiveMemory{Rank: m.rank, PeakAllocatedBytes: m.alloc, PeakReservedBytes: m.resv, CapacityBytes: m.capacity}
-	if h := m.headroom(); h <= 1 {
+	if h, ok := tps.MemHeadroom(m.resv, m.capacity); ok {
 		lm.Headroom = &h
 	}
 	return c, lm

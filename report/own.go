@@ -3,6 +3,8 @@ package report
 import (
 	"fmt"
 	"slices"
+
+	"github.com/tpsprof/tpsprof/tps"
 )
 
 // CaptureCost is what measuring cost the training processes, by the
@@ -96,35 +98,15 @@ func (a *ownAcc) result(nodes map[int64]string, top int) (*CaptureCost, *Memory)
 	}
 	all := make([]RankMemory, 0, len(a.mem))
 	for r, m := range a.mem {
-		if m.CapacityBytes > 0 {
-			// a capacity below the peak (a record's own inconsistency) is
-			// no headroom to print: left out
-			if h := 1 - float64(m.PeakReservedBytes)/float64(m.CapacityBytes); h >= 0 && h <= 1 {
-				m.Headroom = &h
-			}
+		if h, ok := tps.MemHeadroom(m.PeakReservedBytes, m.CapacityBytes); ok {
+			m.Headroom = &h
 		}
 		m.Node = nodes[r]
 		all = append(all, *m)
 	}
 	slices.SortFunc(all, func(x, y RankMemory) int {
-		hx, hy := 2.0, 2.0 // no headroom known: after those with one
-		if x.Headroom != nil {
-			hx = *x.Headroom
-		}
-		if y.Headroom != nil {
-			hy = *y.Headroom
-		}
-		switch {
-		case hx != hy:
-			if hx < hy {
-				return -1
-			}
-			return 1
-		case x.PeakReservedBytes != y.PeakReservedBytes:
-			if x.PeakReservedBytes > y.PeakReservedBytes {
-				return -1
-			}
-			return 1
+		if c := tps.MemFuller(x.PeakReservedBytes, x.CapacityBytes, y.PeakReservedBytes, y.CapacityBytes); c != 0 {
+			return c
 		}
 		return int(x.Rank - y.Rank)
 	})

@@ -207,7 +207,7 @@ func (r *Report) Lines() []Line {
 			share = pct(*c.StepFraction) + " of step time"
 		}
 		row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
-			usText(c.PerStepNs), share, usText(c.CPUPerStepNs), c.Rows)
+			secs(c.PerStepNs/1e9), share, secs(c.CPUPerStepNs/1e9), c.Rows)
 	}
 	if m := r.Memory; m != nil && len(m.Fullest) > 0 {
 		f := m.Fullest[0]
@@ -511,14 +511,6 @@ func BreakdownText(b Breakdown) string {
 		parts = append(parts, p.Label+" "+v)
 	}
 	return strings.Join(parts, " | ")
-}
-
-// usText writes ns as µs (ms from 10 ms up).
-func usText(ns float64) string {
-	if ns >= 1e7 {
-		return fmt.Sprintf("%.1f ms", ns/1e6)
-	}
-	return fmt.Sprintf("%.0f µs", ns/1e3)
 }
 
 // flopsText writes a FLOP count with an SI prefix ("6.19 GFLOP").

@@ -109,3 +109,40 @@ func (s *GPUSample) Validate() error {
 func (s *GPUSample) CheckClock(now time.Time, tolerance time.Duration) error {
 	return checkFuture("unix_ns", s.UnixNs, now, tolerance)
 }
+
+// MemHeadroom is the device memory left at a peak: 1 − reserved ÷
+// capacity, false where it is unknown (no capacity, or a capacity below
+// the peak: a record's own inconsistency).
+func MemHeadroom(reserved, capacity int64) (float64, bool) {
+	if capacity <= 0 || reserved < 0 || reserved > capacity {
+		return 0, false
+	}
+	return 1 - float64(reserved)/float64(capacity), true
+}
+
+// MemFuller orders two ranks' memory peaks, fullest first: less headroom,
+// then (or where none is known, after those with one) the larger reserved
+// peak. It returns a negative number when a is fuller, as slices.SortFunc
+// takes.
+func MemFuller(aReserved, aCapacity, bReserved, bCapacity int64) int {
+	ha, oka := MemHeadroom(aReserved, aCapacity)
+	hb, okb := MemHeadroom(bReserved, bCapacity)
+	switch {
+	case oka != okb:
+		if oka {
+			return -1
+		}
+		return 1
+	case oka && ha != hb:
+		if ha < hb {
+			return -1
+		}
+		return 1
+	case aReserved != bReserved:
+		if aReserved > bReserved {
+			return -1
+		}
+		return 1
+	}
+	return 0
+}

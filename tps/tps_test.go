@@ -626,3 +626,31 @@ func TestGPUSampleOptionalFields(t *testing.T) {
 		t.Errorf("negative gpm_tensor_pct: %v", err)
 	}
 }
+
+// Headroom is known only with a capacity at or above the peak; the
+// fullest is the one with the least headroom, those with none after, by
+// their reserved peak.
+func TestMemHeadroomOrder(t *testing.T) {
+	if h, ok := MemHeadroom(60<<30, 80<<30); !ok || h != 0.25 {
+		t.Errorf("60 of 80 GiB: %v %v", h, ok)
+	}
+	for _, c := range [][2]int64{{1, 0}, {81 << 30, 80 << 30}, {-1, 80}} {
+		if _, ok := MemHeadroom(c[0], c[1]); ok {
+			t.Errorf("%v: a headroom", c)
+		}
+	}
+	for _, c := range []struct {
+		a, b [2]int64
+		want int
+	}{
+		{[2]int64{70, 80}, [2]int64{10, 20}, -1}, // 12.5% left against 50%
+		{[2]int64{10, 20}, [2]int64{70, 80}, 1},
+		{[2]int64{10, 20}, [2]int64{90, 0}, -1}, // a known headroom first
+		{[2]int64{90, 0}, [2]int64{50, 0}, -1},  // none known: the larger peak
+		{[2]int64{50, 100}, [2]int64{50, 100}, 0},
+	} {
+		if got := MemFuller(c.a[0], c.a[1], c.b[0], c.b[1]); got != c.want {
+			t.Errorf("MemFuller(%v, %v) = %d, want %d", c.a, c.b, got, c.want)
+		}
+	}
+}

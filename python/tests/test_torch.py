@@ -8,6 +8,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 import unittest
 
 import torch
@@ -42,6 +43,16 @@ class Sink:
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 self.lines.append(json.loads(line))
+
+    def records(self, n, timeout=2.0):
+        """The step records received (not events nor metadata), once there
+        are n of them or timeout seconds went by."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = [x for x in self.lines if "type" not in x]
+            if len(rows) >= n or time.monotonic() > deadline:
+                return rows
+            threading.Event().wait(0.01)
 
 
 class CountTokensTest(unittest.TestCase):
@@ -234,12 +245,7 @@ class CudaEventPathTest(unittest.TestCase):
                 del torch._C._cuda_memoryStats
             else:
                 torch._C._cuda_memoryStats = raw
-        import time
-        for _ in range(100):
-            rows = [r for r in self.sink.lines if "type" not in r]
-            if len(rows) == 3:
-                break
-            time.sleep(0.01)
+        rows = self.sink.records(3)
         got = [(r["mem_peak_allocated_bytes"], r["mem_peak_reserved_bytes"], r["mem_capacity_bytes"]) for r in rows]
         self.assertEqual(got, [((i + 1) << 30, (i + 2) << 30, 80 << 30) for i in range(3)])
         self.assertEqual(len(resets), 3)
@@ -404,11 +410,7 @@ class LoopTest(unittest.TestCase):
             model(seq).sum().backward()
             opt.step()
         prof.close()
-        for _ in range(100):
-            rows = [x for x in sink.lines if "type" not in x]
-            if len(rows) == 4:
-                break
-            threading.Event().wait(0.02)
+        rows = sink.records(4)
         self.assertEqual(len(rows), 4)
         for r in rows:
             self.assertGreaterEqual(r["capture_ns"], 3_000_000, r)
@@ -841,10 +843,7 @@ class FlopCountTest(unittest.TestCase):
             y.sum().backward()
             opt.step()
         prof.close()
-        for _ in range(100):
-            if len([r for r in sink.lines if "type" not in r]) == 6:
-                break
-            threading.Event().wait(0.02)
+        sink.records(6)  # (the events go before their steps' records)
         self.assertEqual(prof.errors, 0)
         return [dict(json.loads(e["detail"]), step=e["step"]) for e in sink.lines
                 if e.get("type") == "event" and e["kind"] == "flop_count"]

@@ -517,7 +517,7 @@ class TorchProfiler:
         if self._flops_every:
             k = self._flops_begun
             self._flops_begun += 1
-            if self._tracing is None and (k == FLOPS_FIRST or (k > FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0)):
+            if self._tracing is None and k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
                 self._count_flops(st)
         return st
 
