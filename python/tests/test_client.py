@@ -154,3 +154,51 @@ class ControlTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class TrackersTest(unittest.TestCase):
+    """tpsprof's figures for the job's own trackers (docs/trackers.md)."""
+
+    def test_figures_of_a_record(self):
+        from tpsprof import _trackers
+        step, row = _trackers.figures({"step": 7, "duration_ns": 200_000_000, "tokens": 1000,
+                                       "exposed_comm_ns": 50_000_000, "data_wait_ns": 30_000_000,
+                                       "ckpt_ns": 20_000_000, "mem_peak_allocated_bytes": 3 << 30})
+        self.assertEqual(step, 7)
+        self.assertAlmostEqual(row["tpsprof/tokens_per_s"], 5000.0)
+        self.assertAlmostEqual(row["tpsprof/step_time_s"], 0.2)
+        self.assertAlmostEqual(row["tpsprof/share/compute"], 0.5)
+        self.assertAlmostEqual(row["tpsprof/share/exposed_comm"], 0.25)
+        self.assertAlmostEqual(row["tpsprof/share/data_stall"], 0.15)
+        self.assertAlmostEqual(row["tpsprof/share/checkpoint"], 0.1)
+        self.assertEqual(row["tpsprof/share/bubble"], 0.0)
+        self.assertAlmostEqual(row["tpsprof/mem_peak_allocated_gib"], 3.0)
+        # no tokens: no throughput (unknown, not zero); blocking parts past
+        # the step are scaled to it, never a share above 1
+        _, row = _trackers.figures({"step": 1, "duration_ns": 100, "tokens": 0,
+                                    "exposed_comm_ns": 100, "data_wait_ns": 100})
+        self.assertNotIn("tpsprof/tokens_per_s", row)
+        self.assertAlmostEqual(sum(v for k, v in row.items() if k.startswith("tpsprof/share/")), 1.0)
+        self.assertEqual(row["tpsprof/share/compute"], 0.0)
+        self.assertIsNone(_trackers.figures({"step": 1, "duration_ns": 0}))
+
+    def test_no_tracker_nothing_imported_no_thread(self):
+        import subprocess
+        import sys
+        code = (
+            "import sys, threading, tpsprof\n"
+            "p = tpsprof.Profiler(job='j', rank=0, world_size=1, socket_path='/nonexistent/x.sock')\n"
+            "for s in range(5):\n"
+            "    p.start(s); p.end(100)\n"
+            "p.close(timeout=0.1)\n"
+            "mods = [m for m in ('wandb', 'mlflow', 'tensorboard', 'torch.utils.tensorboard', 'tensorboardX') if m in sys.modules]\n"
+            "threads = [t.name for t in threading.enumerate() if t.name.startswith('tpsprof-trackers')]\n"
+            "print(mods, threads, p.trackers is not None)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+        env.pop("TPSPROF_TRACKERS", None)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.stdout.strip(), "[] [] True", out.stderr)
+        env["TPSPROF_TRACKERS"] = "0"
+        out = subprocess.run([sys.executable, "-c", code.replace("p.trackers is not None", "p.trackers is None")],
+                             env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.stdout.strip(), "[] [] True", out.stderr)

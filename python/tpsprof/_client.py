@@ -31,7 +31,7 @@ import stat
 import tempfile
 import time
 
-from . import _rollout
+from . import _rollout, _trackers
 
 __all__ = ["Profiler", "TPSProf", "PHASES", "default_socket", "env_attempt"]
 
@@ -118,6 +118,9 @@ class Profiler:
         self._rollout = None
         self.on_control = None  # called with each line the agent writes (a capture request)
         self._ctl = b""
+        # the job's W&B, TensorBoard and MLflow runs get each sent step's
+        # figures (docs/trackers.md); None with TPSPROF_TRACKERS=0
+        self.trackers = _trackers.from_env(self.rank)
 
     # -- timing -----------------------------------------------------------
     def start(self, step):
@@ -240,6 +243,8 @@ class Profiler:
                 gen["gen_ns"] = min(gen["gen_ns"], dur)
                 rec.update({k: v for k, v in gen.items() if v > 0})
             self._send(rec)
+            if self.trackers is not None:
+                self.trackers.add(rec)
             if rollout is not None and rollout.requests:
                 ev = {"type": "event", "job": self.job, "attempt": self.attempt, "kind": "rollout",
                       "rank": self.rank, "step": int(step), "start_unix_ns": int(start_unix_ns),
@@ -419,6 +424,8 @@ class Profiler:
     def close(self, timeout=2.0):
         """Tries to write what is pending for up to ``timeout`` seconds, then disconnects."""
         deadline = time.monotonic() + timeout
+        if self.trackers is not None:
+            self.trackers.close(max(timeout, 1.0))
         while self._pending and self._sock is not None and time.monotonic() < deadline:
             if not self._flush():
                 break

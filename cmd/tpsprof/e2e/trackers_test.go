@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
+
+// A 2-rank DDP job (torchrun, gloo, current PyTorch) under tpsprof launch
+// that logs its loss to its own tracker, created on rank 0 the usual way:
+// a W&B run in offline mode (wandb.log with W&B counting the steps), a
+// TensorBoard SummaryWriter, an MLflow run on a local file store. tpsprof
+// is told nothing. Each run is read back with the tracker's own code
+// (testdata/read_trackers.py: wandb's record definitions, tensorboard's
+// EventAccumulator, the MLflow client) and every step's tpsprof/ figures
+// must equal rank 0's row of that step: tokens ÷ step time, step time and
+// the shares, for every step the job ran.
+func TestTrackersCarryFigures(t *testing.T) {
+	py := modernTorchPython(t)
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "trackers_train.py")
+	reader := filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "read_trackers.py")
+	const steps = 40
+	for _, kind := range []string{"tensorboard", "mlflow", "wandb"} {
+		t.Run(kind, func(t *testing.T) {
+			if out, err := exec.Command(py, "-c", "import "+kind).CombinedOutput(); err != nil {
+				t.Fatalf("%s is not importable by %s (bash .ci/sid-chroot installs it; .ci/run does): %v\n%s", kind, py, err, tail(out))
+			}
+			out := t.TempDir()
+			dir, log := launchTorch(t, "trk-"+kind, false, torchrun(py, 2, script, "--tracker", kind, "--out", out,
+				"--steps", fmt.Sprint(steps), "--sleep", "0.01"))
+			rows := map[int64]tps.StepRecord{}
+			for _, r := range rankRows(t, dir) {
+				if r.Rank == 0 {
+					rows[r.Step] = r
+				}
+			}
+			if len(rows) != steps {
+				t.Fatalf("%d rows of rank 0, the job ran %d steps\n%s", len(rows), steps, log)
+			}
+			raw, err := exec.Command(py, reader, kind, out).Output()
+			if err != nil {
+				t.Fatalf("reading the %s run back: %v\n%s", kind, err, raw)
+			}
+			var got struct {
+				Rows [][]json.RawMessage `json:"rows"`
+			}
+			if err := json.Unmarshal(raw, &got); err != nil {
+				t.Fatal(err)
+			}
+			seen := map[int64]bool{}
+			for _, row := range got.Rows {
+				var step int64
+				var fig map[string]float64
+				if err := json.Unmarshal(row[0], &step); err != nil {
+					t.Fatal(err)
+				}
+				if err := json.Unmarshal(row[1], &fig); err != nil {
+					t.Fatal(err)
+				}
+				r, ok := rows[step]
+				if !ok {
+					t.Errorf("tpsprof/ figures at step %d: the job ran no such step", step)
+					continue
+				}
+				if seen[step] {
+					t.Errorf("step %d logged twice", step)
+				}
+				seen[step] = true
+				dur := float64(r.DurationNs)
+				want := map[string]float64{
+					"tpsprof/step_time_s":        dur / 1e9,
+					"tpsprof/tokens_per_s":       float64(r.Tokens) / (dur / 1e9),
+					"tpsprof/share/compute":      float64(r.ComputeNs()) / dur,
+					"tpsprof/share/exposed_comm": float64(r.ExposedCommNs) / dur,
+					"tpsprof/share/data_stall":   float64(r.DataWaitNs) / dur,
+					"tpsprof/share/bubble":       float64(r.PPWaitNs) / dur,
+					"tpsprof/share/checkpoint":   float64(r.CkptNs) / dur,
+				}
+				if r.Tokens <= 0 {
+					t.Fatalf("step %d: no tokens counted (the job feeds token ids to its model)", step)
+				}
+				for k, w := range want {
+					g, ok := fig[k]
+					// TensorBoard keeps 32-bit floats
+					if !ok || math.Abs(g-w) > 1e-6*math.Abs(w)+1e-7 {
+						t.Errorf("step %d: %s = %v (present %v), rank 0's row gives %v", step, k, g, ok, w)
+					}
+				}
+				var sum float64
+				for k, v := range fig {
+					if len(k) > len("tpsprof/share/") && k[:len("tpsprof/share/")] == "tpsprof/share/" {
+						sum += v
+					}
+				}
+				if math.Abs(sum-1) > 1e-5 {
+					t.Errorf("step %d: shares add up to %v", step, sum)
+				}
+			}
+			if len(seen) != steps {
+				t.Errorf("%s run has tpsprof/ figures for %d of the job's %d steps", kind, len(seen), steps)
+			}
+			t.Logf("%s: %d steps, each equal to rank 0's row", kind, len(seen))
+		})
+	}
+}
