@@ -47,6 +47,13 @@ const (
 	// EnvFlopsEvery is the steps between the Python package's FLOP counts
 	// (launch --flops-every; 0: none).
 	EnvFlopsEvery = "TPSPROF_FLOPS_EVERY"
+	// EnvTensorBoard is a folder the Python package writes TensorBoard
+	// event files of tpsprof's per-step figures into (one run a rank:
+	// DIR/rank<N>), beside the trackers the job has active.
+	EnvTensorBoard = "TPSPROF_TENSORBOARD"
+	// EnvTrackers "0" keeps the Python package's figures out of the job's
+	// W&B, TensorBoard and MLflow runs (docs/trackers.md).
+	EnvTrackers = "TPSPROF_TRACKERS"
 )
 
 // JoinWindow is how recently an attempt that is still running must have
@@ -77,6 +84,10 @@ type Config struct {
 	// counts the FLOPs of the third step, then every FlopsEvery steps (0:
 	// never; the package's default when nil).
 	FlopsEvery *int64
+	// TensorBoard, when set, is exported as EnvTensorBoard (made absolute);
+	// NoTrackers exports EnvTrackers=0.
+	TensorBoard string
+	NoTrackers  bool
 	// PythonDir is where the tpsprof Python package is extracted to be put
 	// on PYTHONPATH (default: the user's cache directory); "-" leaves
 	// PYTHONPATH alone.
@@ -186,6 +197,16 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	}
 	if cfg.TokensPerStep > 0 {
 		cmd.Env = append(cmd.Env, EnvTokensPerStep+"="+strconv.FormatInt(cfg.TokensPerStep, 10))
+	}
+	if cfg.TensorBoard != "" {
+		dir, err := filepath.Abs(cfg.TensorBoard)
+		if err != nil {
+			return 0, fmt.Errorf("--tensorboard %s: %w", cfg.TensorBoard, err)
+		}
+		cmd.Env = append(cmd.Env, EnvTensorBoard+"="+dir)
+	}
+	if cfg.NoTrackers {
+		cmd.Env = append(cmd.Env, EnvTrackers+"=0")
 	}
 	cmd.Env = append(cmd.Env, pyEnv...)
 	cmd.Env = append(cmd.Env, cfg.Env...)

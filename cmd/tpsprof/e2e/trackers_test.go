@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/tpsprof/tpsprof/launch"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -19,30 +20,50 @@ import (
 // (testdata/read_trackers.py: wandb's record definitions, tensorboard's
 // EventAccumulator, the MLflow client) and every step's tpsprof/ figures
 // must equal rank 0's row of that step: tokens ÷ step time, step time and
-// the shares, for every step the job ran.
+// the shares, for every step the job ran. Under launch --tensorboard DIR
+// each rank writes event files of its own, the job having no tracker.
 func TestTrackersCarryFigures(t *testing.T) {
 	py := modernTorchPython(t)
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "trackers_train.py")
 	reader := filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "read_trackers.py")
 	const steps = 40
-	for _, kind := range []string{"tensorboard", "mlflow", "wandb"} {
-		t.Run(kind, func(t *testing.T) {
+	cases := []struct {
+		name, tracker string
+		rank          int64
+	}{
+		{"tensorboard", "tensorboard", 0}, {"mlflow", "mlflow", 0}, {"wandb", "wandb", 0},
+		// tpsprof launch --tensorboard DIR: event files of each rank's own,
+		// with no tracker in the job (rank 1's read back)
+		{"launch-tensorboard", "none", 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			kind := c.tracker
+			if kind == "none" {
+				kind = "tensorboard"
+			}
 			if out, err := exec.Command(py, "-c", "import "+kind).CombinedOutput(); err != nil {
 				t.Fatalf("%s is not importable by %s (bash .ci/sid-chroot installs it; .ci/run does): %v\n%s", kind, py, err, tail(out))
 			}
 			out := t.TempDir()
-			dir, log := launchTorch(t, "trk-"+kind, false, torchrun(py, 2, script, "--tracker", kind, "--out", out,
-				"--steps", fmt.Sprint(steps), "--sleep", "0.01"))
+			read := out
+			var opts []func(*launch.Config)
+			if c.tracker == "none" {
+				opts = append(opts, func(cfg *launch.Config) { cfg.TensorBoard = out })
+				read = filepath.Join(out, fmt.Sprintf("rank%d", c.rank))
+			}
+			dir, log := launchTorch(t, "trk-"+c.name, false, torchrun(py, 2, script, "--tracker", c.tracker, "--out", out,
+				"--steps", fmt.Sprint(steps), "--sleep", "0.01"), opts...)
 			rows := map[int64]tps.StepRecord{}
 			for _, r := range rankRows(t, dir) {
-				if r.Rank == 0 {
+				if r.Rank == c.rank {
 					rows[r.Step] = r
 				}
 			}
 			if len(rows) != steps {
-				t.Fatalf("%d rows of rank 0, the job ran %d steps\n%s", len(rows), steps, log)
+				t.Fatalf("%d rows of rank %d, the job ran %d steps\n%s", len(rows), c.rank, steps, log)
 			}
-			raw, err := exec.Command(py, reader, kind, out).Output()
+			raw, err := exec.Command(py, reader, kind, read).Output()
 			if err != nil {
 				t.Fatalf("reading the %s run back: %v\n%s", kind, err, raw)
 			}
@@ -88,7 +109,7 @@ func TestTrackersCarryFigures(t *testing.T) {
 					g, ok := fig[k]
 					// TensorBoard keeps 32-bit floats
 					if !ok || math.Abs(g-w) > 1e-6*math.Abs(w)+1e-7 {
-						t.Errorf("step %d: %s = %v (present %v), rank 0's row gives %v", step, k, g, ok, w)
+						t.Errorf("step %d: %s = %v (present %v), rank %d's row gives %v", step, k, g, ok, c.rank, w)
 					}
 				}
 				var sum float64
@@ -104,7 +125,7 @@ func TestTrackersCarryFigures(t *testing.T) {
 			if len(seen) != steps {
 				t.Errorf("%s run has tpsprof/ figures for %d of the job's %d steps", kind, len(seen), steps)
 			}
-			t.Logf("%s: %d steps, each equal to rank 0's row", kind, len(seen))
+			t.Logf("%s: %d steps, each equal to rank %d's row", c.name, len(seen), c.rank)
 		})
 	}
 }

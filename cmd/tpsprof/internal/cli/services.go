@@ -382,6 +382,8 @@ restart count to the attempt inside the ranks.
 	auto := fs.Bool("auto", false, "zero-code capture: instrument the Python training script without changing it")
 	flopsEvery := fs.Int64("flops-every", -1, "steps between FLOP counts by PyTorch's FlopCounterMode (torch >= 2.1): the third step is counted, then every N; the counted steps are left out of the figures; 0 for none (default: the package's, 1000)")
 	tokensPerStep := fs.Int64("tokens-per-step", 0, "tokens each rank trains a step (micro-batches × sequence length, over gradient accumulation), for loops whose tokens no DataLoader or model input shows; the job's own tokens= or add_tokens win")
+	tensorboard := fs.String("tensorboard", "", "also write each rank's per-step figures as TensorBoard event files into DIR/rank<N> (the job's own W&B, TensorBoard and MLflow runs get them anyway: docs/trackers.md)")
+	noTrackers := fs.Bool("no-trackers", false, "keep tpsprof's figures out of the job's W&B, TensorBoard and MLflow runs")
 	pyDir := fs.String("python-dir", "", "where the Python package is unpacked for PYTHONPATH (default: the user cache dir; - for none)")
 	socket := fs.String("socket", client.DefaultSocket(), "intake socket of the node's agent")
 	var topo tps.Topology
@@ -474,6 +476,7 @@ restart count to the attempt inside the ranks.
 	}
 	code, err := launch.Run(context.Background(), launch.Config{Job: *job, Attempt: max(*attempt, 0),
 		ChooseAttempt: *attempt < 0, Auto: *auto, TokensPerStep: *tokensPerStep, FlopsEvery: flops, PythonDir: *pyDir, Meta: meta,
+		TensorBoard: *tensorboard, NoTrackers: *noTrackers,
 		Agent: acfg, Command: args[dash+1:], Stdout: stdout, Stderr: stderr})
 	if acfg.GPU != nil {
 		acfg.GPU.Close() // the agent Launch started has closed it already; Close is idempotent
