@@ -286,6 +286,20 @@ func truncateDetail(s string) string {
 	return s
 }
 
+// PackageDir extracts the tpsprof Python package the binary carries under
+// root (default: the user's cache directory) and returns the folder to put
+// on PYTHONPATH.
+func PackageDir(root string) (string, error) {
+	if root == "" {
+		if c, err := os.UserCacheDir(); err == nil {
+			root = filepath.Join(c, "tpsprof")
+		} else {
+			root = filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d", os.Getuid()))
+		}
+	}
+	return python.Extract(root)
+}
+
 // pythonEnv puts the tpsprof Python package (extracted from the binary) on
 // PYTHONPATH, and with Auto its zero-code boot folder too.
 func pythonEnv(cfg Config) ([]string, error) {
@@ -295,15 +309,7 @@ func pythonEnv(cfg Config) ([]string, error) {
 		}
 		return nil, nil
 	}
-	root := cfg.PythonDir
-	if root == "" {
-		if c, err := os.UserCacheDir(); err == nil {
-			root = filepath.Join(c, "tpsprof")
-		} else {
-			root = filepath.Join(os.TempDir(), fmt.Sprintf("tpsprof-%d", os.Getuid()))
-		}
-	}
-	dir, err := python.Extract(root)
+	dir, err := PackageDir(cfg.PythonDir)
 	if err != nil {
 		return nil, err
 	}

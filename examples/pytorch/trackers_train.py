@@ -46,6 +46,11 @@ class Tracker:
             mlflow.set_experiment("tpsprof-test")
             self.run = mlflow.start_run()
 
+        if self.kind in ("wandb", "mlflow"):  # for tpsprof report --wandb/--mlflow RUN_ID afterwards
+            rid = self.run.id if kind == "wandb" else self.run.info.run_id
+            with open(os.path.join(out, "run_id"), "w") as f:
+                f.write(rid)
+
     def log(self, step, loss):
         if self.kind == "wandb":
             import wandb

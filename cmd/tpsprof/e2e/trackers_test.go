@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/tpsprof/tpsprof/cmd/tpsprof/internal/cli"
+	"github.com/tpsprof/tpsprof/report"
 
 	"github.com/tpsprof/tpsprof/launch"
 	"github.com/tpsprof/tpsprof/tps"
@@ -126,6 +132,105 @@ func TestTrackersCarryFigures(t *testing.T) {
 				t.Errorf("%s run has tpsprof/ figures for %d of the job's %d steps", kind, len(seen), steps)
 			}
 			t.Logf("%s: %d steps, each equal to rank %d's row", c.name, len(seen), c.rank)
+			if c.tracker != "none" {
+				reportInto(t, py, reader, kind, dir, out)
+			}
 		})
 	}
+}
+
+// reportInto runs tpsprof report JOB_DIR --<kind> into the job's own run
+// (TensorBoard: a folder beside it) and reads the run back: every
+// whole-run figure equal to the report's, the report's text and plots
+// there.
+func reportInto(t *testing.T, py, reader, kind, jobDir, out string) {
+	t.Helper()
+	t.Setenv("XDG_CACHE_HOME", t.TempDir()) // the package extracted where the Python can read it
+	rep, err := report.Analyze(jobDir, report.Options{Warmup: tps.AutoWarmup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := rep.TrackerFigures()
+	if want[report.TrackerPrefix+"aggregate_tps"] <= 0 || want[report.TrackerPrefix+"share/compute"] <= 0 {
+		t.Fatalf("the report's figures lack the headline or the breakdown: %v", want)
+	}
+	read := out
+	args := []string{"report", jobDir, "--plots", filepath.Join(t.TempDir(), "plots"), "--python", py}
+	switch kind {
+	case "tensorboard":
+		read = filepath.Join(out, "report")
+		args = append(args, "--tensorboard", read)
+	case "mlflow", "wandb":
+		id, err := os.ReadFile(filepath.Join(out, "run_id"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kind == "mlflow" {
+			t.Setenv("MLFLOW_TRACKING_URI", "file://"+out)
+			t.Setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+			args = append(args, "--mlflow", string(id))
+		} else {
+			t.Setenv("WANDB_MODE", "offline")
+			t.Setenv("WANDB_DIR", out)
+			args = append(args, "--wandb", string(id), "--wandb-project", "tpsprof-test")
+		}
+	}
+	var o, e bytes.Buffer
+	if rc := cli.Main(args, &o, &e); rc != 0 {
+		t.Fatalf("tpsprof %s: exit %d\n%s\n%s", strings.Join(args, " "), rc, o.String(), e.String())
+	}
+	raw, err := exec.Command(py, reader, kind, read).Output()
+	if err != nil {
+		t.Fatalf("reading the %s run back: %v\n%s", kind, err, raw)
+	}
+	var got struct {
+		Rows  [][]json.RawMessage `json:"rows"`
+		Extra map[string]any      `json:"extra"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	figs := map[string]float64{}
+	if kind == "wandb" {
+		for k, v := range got.Extra["summary"].(map[string]any) {
+			// (a plot's entry is an object: its width and size come back as
+			// nested keys, not figures)
+			rest, ok := strings.CutPrefix(k, report.TrackerPrefix)
+			if f, num := v.(float64); ok && num && (!strings.Contains(rest, "/") || strings.HasPrefix(rest, "share/")) {
+				figs[k] = f
+			}
+		}
+	} else {
+		for _, row := range got.Rows {
+			var fig map[string]float64
+			if err := json.Unmarshal(row[1], &fig); err != nil {
+				t.Fatal(err)
+			}
+			for k, v := range fig {
+				if strings.HasPrefix(k, report.TrackerPrefix) {
+					figs[k] = v
+				}
+			}
+		}
+	}
+	for k, w := range want {
+		g, ok := figs[k]
+		if !ok || math.Abs(g-w) > 1e-6*math.Abs(w)+1e-7 {
+			t.Errorf("report into %s: %s = %v (present %v), the report's %v", kind, k, g, ok, w)
+		}
+	}
+	if len(figs) != len(want) {
+		t.Errorf("report into %s: %d figures, the report has %d", kind, len(figs), len(want))
+	}
+	switch kind {
+	case "tensorboard":
+		if got.Extra["images"].(float64) < 3 || got.Extra["texts"].(float64) < 1 {
+			t.Errorf("report into TensorBoard: %v images and texts, want the plots and the report's text", got.Extra)
+		}
+	case "mlflow":
+		if got.Extra["artifacts"].(float64) < 4 {
+			t.Errorf("report into MLflow: %v artifacts under tpsprof/, want the plots and report.md", got.Extra["artifacts"])
+		}
+	}
+	t.Logf("report into %s: %d figures equal to the report's (%s)", kind, len(figs), strings.TrimSpace(o.String()[strings.LastIndex(strings.TrimSpace(o.String()), "\n")+1:]))
 }

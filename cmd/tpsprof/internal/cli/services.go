@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -602,10 +603,16 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	since := fs.String("since", "", "report only steps ending at or after this time (RFC 3339, or a duration before now: 2h)")
 	until := fs.String("until", "", "report only steps starting at or before this time (RFC 3339, or a duration before now)")
 	rankSrc := fs.String("rank-source", "auto", "per-rank figures from rank_steps (steps), from rank_windows (windows: one row per rank and 100 steps, for very long runs) or auto (windows past 50 million rank rows)")
+	var into trackerTarget
+	fs.StringVar(&into.tensorboard, "tensorboard", "", "also write the whole-run figures, the report as text and its plots into TensorBoard event files in DIR (docs/trackers.md)")
+	fs.StringVar(&into.mlflow, "mlflow", "", "also write them into this existing MLflow run (RUN_ID; the store from $MLFLOW_TRACKING_URI)")
+	fs.StringVar(&into.wandb, "wandb", "", "also write them into this W&B run (RUN_ID, resumed; offline with WANDB_MODE=offline)")
+	fs.StringVar(&into.wandbProject, "wandb-project", os.Getenv("WANDB_PROJECT"), "the W&B run's project (default $WANDB_PROJECT)")
+	fs.StringVar(&into.python, "python", envOr("TPSPROF_PYTHON", "python3"), "the Python that has the tracker's package, for --tensorboard, --mlflow and --wandb (default $TPSPROF_PYTHON, else python3)")
 	// job folders may come before, between or after the flags
 	var dirs, rest []string
 	for _, a := range args {
-		if !strings.HasPrefix(a, "-") && (len(rest) == 0 || !needsValue(rest[len(rest)-1])) {
+		if !strings.HasPrefix(a, "-") && (len(rest) == 0 || !needsValue(fs.FlagSet, rest[len(rest)-1])) {
 			dirs = append(dirs, a)
 		} else {
 			rest = append(rest, a)
@@ -663,6 +670,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	}
 	if *compare && opt.Select.Active() {
 		return usageErr(stderr, cmd, "a selection (--steps, --last, --attempt, --since, --until) applies to one job's report, not to --compare")
+	}
+	if n := into.count(); n > 1 || (n == 1 && *compare) {
+		return usageErr(stderr, cmd, "--tensorboard, --mlflow and --wandb: one at a time, for one job's report")
 	}
 	if isTerminal(stderr) {
 		opt.Progress = progressPrinter(stderr)
@@ -732,15 +742,15 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		report.WriteText(stdout, rep)
 	}
 	if *noPlots {
-		return exitOK
+		return into.write(rep, nil, stdout, stderr)
 	}
 	dir := *plots
 	if dir == "" {
 		dir = filepath.Join(dirs[0], "report")
 	}
 	figs, err := pd.Figures(rep)
+	var paths []string
 	if err == nil {
-		var paths []string
 		paths, err = report.SaveFigures(figs, dir)
 		if err == nil && !*asJSON && !*asMD {
 			fmt.Fprintf(stdout, "\n%d plots written to %s\n", len(paths), dir)
@@ -759,7 +769,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		failErr(stderr, "report", err)
 		return exitError
 	}
-	return exitOK
+	return into.write(rep, paths, stdout, stderr)
 }
 
 // writeHTMLFile writes a page under a temporary name and renames it into
@@ -785,16 +795,25 @@ func writeHTMLFile(path string, write func(io.Writer) error) error {
 }
 
 // needsValue reports whether a flag takes the next argument as its value.
-func needsValue(flagArg string) bool {
+func needsValue(fs *flag.FlagSet, flagArg string) bool {
 	name := strings.TrimLeft(flagArg, "-")
 	if strings.Contains(name, "=") {
 		return false
 	}
-	switch name {
-	case "plots", "warmup", "train-tokens", "gpu-hour-usd", "html", "steps", "last", "attempt", "since", "until", "rank-source":
-		return true
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
 	}
-	return false
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
+}
+
+// envOr is the environment variable's value, or def where it is unset.
+func envOr(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
 }
 
 func isTerminal(w io.Writer) bool {
