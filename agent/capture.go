@@ -64,6 +64,7 @@ type captureState struct {
 // to nothing else), dropped once no connection carries the job.
 type capSub struct {
 	sub     atomic.Pointer[nats.Subscription]
+	figs    atomic.Pointer[nats.Subscription] // the job's cluster figures, for its rank 0
 	created time.Time
 	uid     int64 // the user whose rank's record made it
 }
@@ -109,8 +110,57 @@ func (a *Agent) watchCaptures(job string, uid int64) {
 		return
 	}
 	s.sub.Store(sub)
+	// the job's cluster figures, for its rank 0's tracker run: a user
+	// without the permission still gets captures
+	figs, err := a.nc.Subscribe(wire.FiguresSubject(job), func(m *nats.Msg) { a.handleFigures(job, m) })
+	if err != nil {
+		a.log.Warn("capture", "cluster figures: subscribe failed (captures work; rank 0 logs no cluster figures)", "job", job, "err", err)
+	} else {
+		s.figs.Store(figs)
+	}
 	if v, ok := a.capSubs.Load(job); !ok || v != s {
 		sub.Unsubscribe() // forgotten meanwhile
+		if figs != nil {
+			figs.Unsubscribe()
+		}
+	}
+}
+
+// handleFigures hands a job's cluster figures, checked and written anew,
+// to the job's rank 0 on this node (latest attempt) as one line
+// {"type":"cluster",...}; a forged or broken message is counted, never
+// passed on.
+func (a *Agent) handleFigures(job string, m *nats.Msg) {
+	f, err := wire.DecodeClusterFigures(job, m.Data)
+	if err != nil {
+		a.reject("figures:invalid")
+		return
+	}
+	line, err := json.Marshal(struct {
+		Type string `json:"type"`
+		wire.ClusterFigures
+	}{"cluster", f})
+	if err != nil {
+		return
+	}
+	line = append(line, '\n')
+	var to net.Conn
+	var attempt int64 = -1
+	a.mu.Lock()
+	for c, info := range a.conns {
+		if s := info.rank.Load(); s != nil && s.job == job && s.rank == 0 && s.attempt > attempt {
+			to, attempt = c, s.attempt
+		}
+	}
+	a.mu.Unlock()
+	if to == nil {
+		return // rank 0 runs on another node
+	}
+	// outside any lock; net.Conn writes are safe beside the reader and
+	// beside a capture request's (one Write each)
+	to.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if _, err := to.Write(line); err != nil {
+		a.reject("figures:write")
 	}
 }
 
@@ -133,6 +183,9 @@ func (a *Agent) forgetCaptures() {
 			}
 			a.capUIDMu.Unlock()
 			if sub := s.sub.Load(); sub != nil {
+				sub.Unsubscribe()
+			}
+			if sub := s.figs.Load(); sub != nil {
 				sub.Unsubscribe()
 			}
 		}

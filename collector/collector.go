@@ -140,11 +140,19 @@ type Config struct {
 	// AutoCaptureTimeout (default 1 minute). Off by default.
 	AutoCapture                          bool
 	AutoCaptureEvery, AutoCaptureTimeout time.Duration
+	// FiguresEvery is how often each job's cluster figures, when a step
+	// closed since the last time, are published on wire.FiguresSubject for
+	// rank 0 to log into the job's tracker run (default 5 s; negative:
+	// never).
+	FiguresEvery time.Duration
 }
 
 func (c *Config) defaults() error {
 	if c.OutDir == "" {
 		return errors.New("collector: no output directory")
+	}
+	if c.FiguresEvery == 0 {
+		c.FiguresEvery = 5 * time.Second
 	}
 	if c.AutoCaptureEvery <= 0 {
 		c.AutoCaptureEvery = 10 * time.Minute
@@ -424,6 +432,10 @@ func New(cfg Config) (*Collector, error) {
 	c.wg.Add(2)
 	go c.loop()
 	go c.closer()
+	if c.cfg.FiguresEvery > 0 {
+		c.wg.Add(1)
+		go c.publishFigures()
+	}
 	return c, nil
 }
 

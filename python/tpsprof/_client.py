@@ -292,11 +292,12 @@ class Profiler:
             self.dropped += 1
 
     def poll_control(self):
-        """Reads what the agent wrote on the connection (capture requests),
+        """Reads what the agent wrote on the connection (capture requests;
+        on rank 0 the job's cluster figures, for the trackers),
         without blocking, and hands each line to ``on_control``; one system
         call. Never raises."""
         s = self._sock
-        if s is None or self.on_control is None:
+        if s is None or (self.on_control is None and self.trackers is None):
             return
         try:
             data = s.recv(65536)
@@ -315,7 +316,12 @@ class Profiler:
         for line in lines:
             try:
                 obj = json.loads(line)
-                if isinstance(obj, dict):
+                if not isinstance(obj, dict):
+                    continue
+                if obj.get("type") == "cluster":  # the job's cluster figures (rank 0)
+                    if self.trackers is not None:
+                        self.trackers.cluster(obj)
+                elif self.on_control is not None:
                     self.on_control(obj)
             except Exception:
                 pass

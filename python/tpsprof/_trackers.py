@@ -17,7 +17,12 @@ shares of ``tpsprof/share/{compute,exposed_comm,data_stall,bubble,
 checkpoint}`` (adding up to 1; on one rank, time blocked in a collective
 waiting for slower peers is part of exposed communication), plus
 ``tpsprof/mem_peak_allocated_gib`` on CUDA ranks, at the job's step
-numbers. W&B's own step counter belongs to the job, so tpsprof's rows ride
+numbers. On rank 0, the cluster figures the collector publishes every few
+seconds (through the node's agent): ``tpsprof/cluster/tokens_per_s``,
+``mfu``, ``hfu``, ``share/<part>`` (waiting for slower peers apart from
+exposed communication) over the last ``window_steps`` closed steps,
+``straggler_episodes_open`` and ``stragglers``, at the cluster step they
+stand at. W&B's own step counter belongs to the job, so tpsprof's rows ride
 on the job's own ``wandb.log`` calls, one queued row (oldest first) per
 call that commits, against the x-axis ``tpsprof/step``.
 """
@@ -151,6 +156,38 @@ class Trackers:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="tpsprof-trackers", daemon=True)
                 self._thread.start()
+
+    def cluster(self, msg):
+        """(Sender thread, rank 0.) The job's cluster figures the collector
+        published (through the agent): tpsprof/cluster/* at the cluster
+        step they stand at."""
+        try:
+            if self.rank != 0:
+                return
+            step = int(msg["step"])
+            row = {}
+            for k in ("tps", "mfu", "hfu"):
+                v = msg.get(k)
+                if isinstance(v, (int, float)):
+                    row[PREFIX + "cluster/" + ("tokens_per_s" if k == "tps" else k)] = float(v)
+            for k, v in (msg.get("shares") or {}).items():
+                if isinstance(v, (int, float)):
+                    row[PREFIX + "cluster/share/" + str(k)[:40]] = float(v)
+            for k in ("window_steps", "straggler_episodes_open", "stragglers"):
+                v = msg.get(k)
+                if isinstance(v, int):
+                    row[PREFIX + "cluster/" + k] = v
+            if not row:
+                return
+            got = (step, row)
+            if len(self._rows) >= MAX_ROWS:
+                self._rows.popleft()
+                self.dropped += 1
+            self._rows.append(got)
+            if self._wandb_run is not None:
+                self._wandb_queue(got)
+        except Exception:
+            pass
 
     # -- the trackers' thread ---------------------------------------------
     def _run(self):

@@ -130,7 +130,8 @@ func TestLaunchExitCodeAndSignals(t *testing.T) {
 }
 
 func collectorOn(url, out string) (*collector.Collector, error) {
-	return collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: url}, Grace: time.Second})
+	// cluster figures for rank 0 every 300 ms: a test job lasts seconds
+	return collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: url}, Grace: time.Second, FiguresEvery: 300 * time.Millisecond})
 }
 
 // launch --auto chains the site's own sitecustomize as Python would run

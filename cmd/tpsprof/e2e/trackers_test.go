@@ -16,6 +16,7 @@ import (
 
 	"github.com/tpsprof/tpsprof/launch"
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // A 2-rank DDP job (torchrun, gloo, current PyTorch) under tpsprof launch
@@ -80,6 +81,7 @@ func TestTrackersCarryFigures(t *testing.T) {
 				t.Fatal(err)
 			}
 			seen := map[int64]bool{}
+			cluster := map[int64]map[string]float64{}
 			for _, row := range got.Rows {
 				var step int64
 				var fig map[string]float64
@@ -88,6 +90,18 @@ func TestTrackersCarryFigures(t *testing.T) {
 				}
 				if err := json.Unmarshal(row[1], &fig); err != nil {
 					t.Fatal(err)
+				}
+				for k, v := range fig {
+					if strings.HasPrefix(k, "tpsprof/cluster/") {
+						if cluster[step] == nil {
+							cluster[step] = map[string]float64{}
+						}
+						cluster[step][k] = v
+						delete(fig, k)
+					}
+				}
+				if len(fig) == 0 {
+					continue // the cluster's figures alone (a W&B row of its own)
 				}
 				r, ok := rows[step]
 				if !ok {
@@ -132,6 +146,9 @@ func TestTrackersCarryFigures(t *testing.T) {
 				t.Errorf("%s run has tpsprof/ figures for %d of the job's %d steps", kind, len(seen), steps)
 			}
 			t.Logf("%s: %d steps, each equal to rank %d's row", c.name, len(seen), c.rank)
+			if c.tracker != "none" {
+				clusterFiguresMatch(t, dir, cluster)
+			}
 			if c.tracker != "none" {
 				reportInto(t, py, reader, kind, dir, out)
 			}
@@ -233,4 +250,50 @@ func reportInto(t *testing.T, py, reader, kind, jobDir, out string) {
 		}
 	}
 	t.Logf("report into %s: %d figures equal to the report's (%s)", kind, len(figs), strings.TrimSpace(o.String()[strings.LastIndex(strings.TrimSpace(o.String()), "\n")+1:]))
+}
+
+// clusterFiguresMatch holds rank 0's tpsprof/cluster/* figures (published by
+// the collector, handed on by the agent) to the job's cluster rows: the
+// throughput at step S over its window equals the cluster rows' tokens
+// over their step time for steps S-window+1 .. S; the shares add up to 1.
+func clusterFiguresMatch(t *testing.T, dir string, cluster map[int64]map[string]float64) {
+	t.Helper()
+	if len(cluster) == 0 {
+		t.Errorf("no tpsprof/cluster/ figures: the collector publishes them every 300 ms here")
+		return
+	}
+	rows, err := trace.ReadAll[tps.ClusterStep](filepath.Join(dir, trace.ClusterSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byStep := map[int64]tps.ClusterStep{}
+	for _, r := range rows {
+		byStep[r.Step] = r
+	}
+	for step, fig := range cluster {
+		k := int64(fig["tpsprof/cluster/window_steps"])
+		var tokens, ns float64
+		for s := step - k + 1; s <= step; s++ {
+			r, ok := byStep[s]
+			if !ok {
+				t.Fatalf("cluster figures at step %d over %d steps: no cluster row %d", step, k, s)
+			}
+			tokens += float64(r.Tokens)
+			ns += float64(r.StepTimeNs)
+		}
+		want := tokens / (ns / 1e9)
+		if g := fig["tpsprof/cluster/tokens_per_s"]; k < 1 || math.Abs(g-want) > 1e-6*want {
+			t.Errorf("step %d: cluster tokens/s %v over %d steps, the cluster rows give %v", step, g, k, want)
+		}
+		var sum float64
+		for name, v := range fig {
+			if strings.HasPrefix(name, "tpsprof/cluster/share/") {
+				sum += v
+			}
+		}
+		if math.Abs(sum-1) > 1e-5 {
+			t.Errorf("step %d: cluster shares add up to %v", step, sum)
+		}
+	}
+	t.Logf("%d cluster figures rows, each equal to the cluster rows' tokens ÷ time", len(cluster))
 }
