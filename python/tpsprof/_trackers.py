@@ -83,6 +83,8 @@ class Trackers:
         self.interval = interval
         self.tensorboard_dir = tensorboard_dir
         self._rows = collections.deque()
+        self._raw = collections.deque(maxlen=MAX_ROWS)  # records while no tracker is known
+        self._active = False  # a tracker was found: rows are computed as records come
         self.dropped = 0  # rows lost to a full queue
         self.errors = {}  # tracker -> calls that raised
         self._gone = set()  # trackers left alone after failing
@@ -105,23 +107,40 @@ class Trackers:
 
     # -- the sender thread ------------------------------------------------
     def add(self, rec):
-        """Queues the figures of one sent step record."""
+        """Queues the figures of one sent step record. Until a tracker is
+        found, the record itself is kept (the last MAX_ROWS), its figures
+        computed only once one is: a process that logs to no tracker pays
+        an append."""
         try:
-            got = figures(rec)
-            if got is None:
-                return
-            if len(self._rows) >= MAX_ROWS:
-                self._rows.popleft()
-                self.dropped += 1
-            self._rows.append(got)
-            if self._wandb_run is not None:
-                self._wandb_queue(got)
+            if self._active:
+                got = figures(rec)
+                if got is None:
+                    return
+                if len(self._rows) >= MAX_ROWS:
+                    self._rows.popleft()
+                    self.dropped += 1
+                self._rows.append(got)
+                if self._wandb_run is not None:
+                    self._wandb_queue(got)
+            else:
+                self._raw.append(rec)
             now = time.monotonic()
             if now >= self._next_look:
                 self._next_look = now + self.interval
                 self._look()
         except Exception:
             pass
+
+    def _activate(self):
+        """A tracker was found: the records kept so far become rows."""
+        if self._active:
+            return
+        raw, self._raw = self._raw, collections.deque(maxlen=MAX_ROWS)
+        for rec in raw:
+            got = figures(rec)
+            if got is not None:
+                self._rows.append(got)
+        self._active = True
 
     def _look(self):
         """Finds trackers that appeared (a lookup by name each second)."""
@@ -130,6 +149,7 @@ class Trackers:
         run = getattr(w, "run", None) if w is not None else None
         if run is not None and run is not self._wandb_run and "wandb" not in self._gone:
             try:
+                self._activate()
                 self._wandb_attach(w, run)
                 for r in list(self._rows):  # the rows the thread has not taken yet
                     self._wandb_queue(r)
@@ -142,6 +162,7 @@ class Trackers:
                 self._tb_patched.add(name)
                 self._tb_watch(cls)
         if self._thread is None and (self.tensorboard_dir or self._tb_patched or "mlflow" in mods):
+            self._activate()
             self._start()
 
     def _wandb_queue(self, row):
@@ -162,7 +183,7 @@ class Trackers:
         published (through the agent): tpsprof/cluster/* at the cluster
         step they stand at."""
         try:
-            if self.rank != 0:
+            if self.rank != 0 or not self._active:
                 return
             step = int(msg["step"])
             row = {}

@@ -124,3 +124,62 @@ func BenchmarkTorchStepOverhead(b *testing.B) {
 		b.ReportMetric(res.Tiny.SelfUs, "self_measured_us/step")
 	}
 }
+
+// trackersBench times what the trackers add to a sent step record on the
+// sender thread of a process that logs to no tracker (the package looks
+// them up by name, never imports them): Profiler.send_step with the
+// trackers against the same calls with them off, in alternating blocks of
+// one process. It prints the two costs, and the tracker modules and
+// threads the process ended with (none expected).
+const trackersBench = `
+import json, sys, threading, time
+import tpsprof
+from tpsprof import _trackers
+p = tpsprof.Profiler(job="b", rank=0, world_size=1, socket_path="/nonexistent/x.sock")
+t = _trackers.Trackers(0)
+def block(tr, n=4000):
+    p.trackers = tr
+    t0 = time.perf_counter_ns()
+    for s in range(n):
+        p.send_step(s, 1, 20_000_000, 4096, {"fwd": 5_000_000, "bwd": 9_000_000, "exposed_comm": 1_000_000})
+    return (time.perf_counter_ns() - t0) / n
+off, on = [], []
+for _ in range(10):
+    off.append(block(None)); on.append(block(t))
+off.sort(); on.sort()
+mods = [m for m in ("wandb", "mlflow", "tensorboard", "torch.utils.tensorboard", "tensorboardX") if m in sys.modules]
+threads = [x.name for x in threading.enumerate() if x.name.startswith("tpsprof-trackers")]
+print(json.dumps({"off_ns": off[len(off)//2], "on_ns": on[len(on)//2], "modules": mods, "threads": threads}))
+`
+
+// BenchmarkTrackersNoTracker: the trackers' cost per step record where
+// the job logs to no tracker, as a ratio against the record's own cost
+// (the same send_step with trackers off), on the sender thread (the
+// training thread does not run it). Fails if a tracker module was
+// imported or a thread started.
+func BenchmarkTrackersNoTracker(b *testing.B) {
+	_, file, _, _ := runtime.Caller(0)
+	pkg := filepath.Join(filepath.Dir(file), "..", "..", "..", "python")
+	for i := 0; i < b.N; i++ {
+		cmd := exec.Command("python3", "-c", trackersBench)
+		cmd.Env = append(os.Environ(), "PYTHONPATH="+pkg)
+		out, err := cmd.Output()
+		if err != nil {
+			b.Fatalf("%v\n%s", err, out)
+		}
+		var res struct {
+			OffNs, OnNs float64
+			Modules     []string
+			Threads     []string
+		}
+		if err := json.Unmarshal([]byte(strings.NewReplacer(`"off_ns"`, `"OffNs"`, `"on_ns"`, `"OnNs"`).Replace(string(out))), &res); err != nil {
+			b.Fatalf("%v: %s", err, out)
+		}
+		if len(res.Modules)+len(res.Threads) > 0 {
+			b.Fatalf("no tracker in the process, yet modules %v and threads %v", res.Modules, res.Threads)
+		}
+		b.ReportMetric(res.OffNs/1e3, "record_us")
+		b.ReportMetric((res.OnNs-res.OffNs)/1e3, "trackers_us")
+		b.ReportMetric(res.OnNs/res.OffNs, "ratio")
+	}
+}
