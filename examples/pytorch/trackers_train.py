@@ -85,6 +85,7 @@ def main():
     vocab, seq, batch = 256, 32, 4
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Embedding(vocab, 64), nn.Linear(64, vocab)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    torch.manual_seed(1 + rank)  # each replica its own batches
     tracker = Tracker(a.tracker, a.out) if rank == 0 else None
     prof = tpsprof.torch.instrument(model, opt)
     for step in range(a.steps):
