@@ -116,12 +116,7 @@ class Trackers:
                 got = figures(rec)
                 if got is None:
                     return
-                if len(self._rows) >= MAX_ROWS:
-                    self._rows.popleft()
-                    self.dropped += 1
-                self._rows.append(got)
-                if self._wandb_run is not None:
-                    self._wandb_queue(got)
+                self._queue(got)
             else:
                 self._raw.append(rec)
             now = time.monotonic()
@@ -164,6 +159,19 @@ class Trackers:
         if self._thread is None and (self.tensorboard_dir or self._tb_patched or "mlflow" in mods):
             self._activate()
             self._start()
+        elif self._thread is None:
+            self._rows.clear()  # W&B's alone: no thread takes them
+
+    def _queue(self, got):
+        """A row for the trackers found: the thread's (TensorBoard, MLflow)
+        when it runs, W&B's when a run is attached."""
+        if self._thread is not None:
+            if len(self._rows) >= MAX_ROWS:
+                self._rows.popleft()
+                self.dropped += 1
+            self._rows.append(got)
+        if self._wandb_run is not None:
+            self._wandb_queue(got)
 
     def _wandb_queue(self, row):
         q = self._wandb_rows
@@ -200,13 +208,7 @@ class Trackers:
                     row[PREFIX + "cluster/" + k] = v
             if not row:
                 return
-            got = (step, row)
-            if len(self._rows) >= MAX_ROWS:
-                self._rows.popleft()
-                self.dropped += 1
-            self._rows.append(got)
-            if self._wandb_run is not None:
-                self._wandb_queue(got)
+            self._queue((step, row))
         except Exception:
             pass
 
