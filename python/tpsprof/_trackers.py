@@ -37,6 +37,7 @@ __all__ = ["Trackers", "figures", "from_env"]
 
 PREFIX = "tpsprof/"
 MAX_ROWS = 4096  # rows held for the trackers; the oldest go past this (counted)
+WANDB_LAG = 64  # rows waiting for the job's wandb.log calls past which only the newest goes in
 _TB_MODULES = ("torch.utils.tensorboard.writer", "tensorboardX.writer")
 
 
@@ -86,6 +87,7 @@ class Trackers:
         self._raw = collections.deque(maxlen=MAX_ROWS)  # records while no tracker is known
         self._active = False  # a tracker was found: rows are computed as records come
         self.dropped = 0  # rows lost to a full queue
+        self.thinned = 0  # W&B rows left out for a job that logs less often than once a step
         self.errors = {}  # tracker -> calls that raised
         self._gone = set()  # trackers left alone after failing
         self._next_look = 0.0
@@ -253,7 +255,14 @@ class Trackers:
                 me._wandb_explicit = True
             if commit is not False and rows and isinstance(data, dict):
                 try:
-                    n, fig = rows.popleft()
+                    if len(rows) > WANDB_LAG:
+                        # the job logs less often than tpsprof has rows: the
+                        # newest goes in, the older ones are dropped (counted)
+                        n, fig = rows.pop()
+                        me.thinned += len(rows)
+                        rows.clear()
+                    else:
+                        n, fig = rows.popleft()
                     data = dict(data)
                     for k, v in fig.items():
                         data.setdefault(k, v)
