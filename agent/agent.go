@@ -473,6 +473,10 @@ func (a *Agent) SubmitMeta(m tps.RunMeta) error {
 		a.reject("meta:token_source")
 		return fmt.Errorf("agent: run metadata: unknown token source %.40q", m.TokenSource)
 	}
+	if err := m.CheckUnmeasured(); err != nil {
+		a.reject("meta:unmeasured")
+		return fmt.Errorf("agent: run metadata: %w", err)
+	}
 	a.metas.Add(1)
 	a.pub.setMeta(m)
 	return nil

@@ -460,6 +460,10 @@ func (c *Collector) handleMeta(m message) {
 		c.log.Warn("meta", "bad topology in run metadata", "job", meta.Job, "err", err)
 		return
 	}
+	if err := meta.CheckUnmeasured(); err != nil {
+		c.reject("meta:unmeasured", 1)
+		return
+	}
 	c.n.metaUpdates.Add(1)
 	t := tally{now: time.Now()}
 	c.withJob(meta.Job, &t, func(j *job) { j.st.setMeta(meta, &t) })

@@ -64,6 +64,11 @@ func (r *Report) Lines() []Line {
 		if src, ok := tps.TokenSourceText(m.TokenSource); ok {
 			row("tokens from", "%s", src)
 		}
+		for _, k := range slices.Sorted(maps.Keys(m.Unmeasured)) {
+			if what, ok := tps.UnmeasuredText(k); ok {
+				row("not measured", "%s: %s", what, m.Unmeasured[k])
+			}
+		}
 	}
 	if s.CompleteNote != "" {
 		row("note", "%s", s.CompleteNote)

@@ -167,6 +167,44 @@ type RunMeta struct {
 	// TokenSource says what counted the job's tokens (a key of
 	// TokenSourceText), as the Python package sends it once it knows.
 	TokenSource string `json:"token_source,omitempty"`
+	// Unmeasured are the measures the Python package could not take in
+	// this job (its torch lacks the hook, the model is compiled…), by a
+	// key of UnmeasuredText, each with why: the report says so instead of
+	// showing a silent zero.
+	Unmeasured map[string]string `json:"unmeasured,omitempty"`
+}
+
+// unmeasured are the measures RunMeta.Unmeasured can name, with the words
+// the report says them in.
+var unmeasured = map[string]string{
+	"counted_flops": "FLOPs counted by PyTorch",
+	"communication": "communication",
+	"backward":      "the backward pass",
+	"memory":        "device memory",
+}
+
+// UnmeasuredText is the report's words for a measure key; false for a
+// key no measure has.
+func UnmeasuredText(key string) (string, bool) {
+	t, ok := unmeasured[key]
+	return t, ok
+}
+
+// MaxUnmeasuredWhy bounds the reason given for a measure not taken.
+const MaxUnmeasuredWhy = 200
+
+// CheckUnmeasured rejects unknown measures and reasons that are too long
+// or not printable.
+func (m *RunMeta) CheckUnmeasured() error {
+	for k, why := range m.Unmeasured {
+		if _, ok := unmeasured[k]; !ok {
+			return fmt.Errorf("unmeasured: unknown measure %.40q", k)
+		}
+		if len(why) > MaxUnmeasuredWhy || !printable(why) {
+			return fmt.Errorf("unmeasured %s: the reason must be printable and at most %d bytes", k, MaxUnmeasuredWhy)
+		}
+	}
+	return nil
 }
 
 // tokenSources are what can count a job's tokens, by the key RunMeta's
@@ -220,6 +258,12 @@ func (m *RunMeta) Merge(o RunMeta) {
 	}
 	if o.GPUHourUSD > 0 {
 		m.GPUHourUSD = o.GPUHourUSD
+	}
+	for k, why := range o.Unmeasured { // each measure said once, as it is found
+		if m.Unmeasured == nil {
+			m.Unmeasured = map[string]string{}
+		}
+		m.Unmeasured[k] = why
 	}
 }
 

@@ -303,6 +303,7 @@ class TorchProfiler:
         # FLOPs counted by PyTorch on sampled steps (torch >= 2.1)
         self._flops_every = _flops_every_env()
         self._flops_begun = 0  # steps begun, for the sample schedule
+        self._said_unmeasured = set()  # measures said to be missing (run metadata)
         self._recompute = False  # an activation checkpoint ran in the counted step
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
         # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
@@ -532,15 +533,21 @@ class TorchProfiler:
             from torch.utils.flop_counter import FlopCounterMode
         except Exception:
             self._flops_every = 0  # PyTorch 1.13: no counter
+            self._unmeasured("counted_flops", "torch %s has no torch.utils.flop_counter.FlopCounterMode (2.1 and later)"
+                             % torch.__version__)
             return
-        if _patches.compiled_models(m for m, _ in self._models.values()) or _job_profiler_running():
+        if _patches.compiled_models(m for m, _ in self._models.values()):
+            self._unmeasured("counted_flops", "the model is compiled (a dispatch mode around compiled code recompiles it)")
+            return
+        if _job_profiler_running():
             return
         try:
             _patches.install_checkpoint_probe()
             mode = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
             mode.__enter__()
-        except Exception:
+        except Exception as e:
             self._flops_every = 0  # a counter that will not start: not tried again
+            self._unmeasured("counted_flops", "FlopCounterMode did not start on torch %s (%s)" % (torch.__version__, type(e).__name__))
             self._err()
             return
         self._recompute = False
@@ -993,6 +1000,15 @@ class TorchProfiler:
         if st.fwd_fetches:
             return "forward"
         return "loader" if st.fetches else "none"
+
+    def _unmeasured(self, key, why):
+        """Rank 0 says, once, that a measure (a key of the report's
+        tps.UnmeasuredText) could not be taken in this job, and why: the
+        report prints it instead of a silent zero."""
+        if self.client.rank != 0 or key in self._said_unmeasured:
+            return
+        self._said_unmeasured.add(key)
+        self._sender.put(lambda: self.client.meta(unmeasured={key: why[:200]}))
 
     def _say_source(self, src):
         """(On the sender thread.) Rank 0 sends what counted the tokens in

@@ -250,6 +250,21 @@ func TestIdenticalBatchesWarned(t *testing.T) {
 	if !slices.ContainsFunc(rep.Notes, func(n string) bool { return strings.Contains(n, "identical batches") }) {
 		t.Errorf("the report does not say it: notes %q", rep.Notes)
 	}
+	// A measure the job's torch cannot take is said, with why: torch 1.13
+	// has no FlopCounterMode (the third step is the one counted on 2.x)
+	var text bytes.Buffer
+	report.WriteText(&text, rep)
+	why := ""
+	if rep.Meta != nil {
+		why = rep.Meta.Unmeasured["counted_flops"]
+	}
+	if torchMajor(py) < 2 {
+		if !strings.Contains(why, "FlopCounterMode") || !strings.Contains(text.String(), "not measured") {
+			t.Errorf("torch 1.13: counted FLOPs missing without a word (meta %q)\n%s", why, text.String())
+		}
+	} else if why != "" || strings.Contains(text.String(), "not measured") {
+		t.Errorf("current torch counts FLOPs, yet the report says %q", why)
+	}
 }
 
 // torchrun --max_restarts 1: rank 0 dies at step 4 of attempt 0; the
