@@ -168,15 +168,15 @@ class Trackers:
         """A row for the trackers found: the thread's (TensorBoard, MLflow)
         when it runs, W&B's when a run is attached."""
         if self._thread is not None:
-            if len(self._rows) >= MAX_ROWS:
-                self._rows.popleft()
-                self.dropped += 1
-            self._rows.append(got)
+            self._push(self._rows, got)
         if self._wandb_run is not None:
             self._wandb_queue(got)
 
     def _wandb_queue(self, row):
-        q = self._wandb_rows
+        self._push(self._wandb_rows, row)
+
+    def _push(self, q, row):
+        """Appends row to q, the oldest going past MAX_ROWS (counted)."""
         if len(q) >= MAX_ROWS:
             q.popleft()
             self.dropped += 1
@@ -310,10 +310,7 @@ class Trackers:
         if not writers:
             if self._tb_patched:  # the job has a writer class: its first add_scalar will say which
                 for r in rows:
-                    if len(self._tb_backlog) >= MAX_ROWS:
-                        self._tb_backlog.popleft()
-                        self.dropped += 1
-                    self._tb_backlog.append(r)
+                    self._push(self._tb_backlog, r)
             return
         if self._tb_backlog:
             rows = list(self._tb_backlog) + rows
@@ -358,6 +355,8 @@ class Trackers:
         mlflow = sys.modules.get("mlflow")
         if mlflow is None:
             return None
+        if os.environ.get("MLFLOW_RUN_ID"):
+            return os.environ["MLFLOW_RUN_ID"]
         run = None
         try:
             stack = mlflow.tracking.fluent._active_run_stack

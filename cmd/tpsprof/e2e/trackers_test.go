@@ -142,7 +142,7 @@ func TestTrackersCarryFigures(t *testing.T) {
 				}
 				var sum float64
 				for k, v := range fig {
-					if len(k) > len("tpsprof/share/") && k[:len("tpsprof/share/")] == "tpsprof/share/" {
+					if strings.HasPrefix(k, "tpsprof/share/") {
 						sum += v
 					}
 				}
