@@ -361,10 +361,21 @@ func Run(ctx context.Context, nc *nats.Conn, o Options) (*View, error) {
 			}
 			v.Kept = append(v.Kept, filepath.Join(dir, name))
 		}
+		// the ranks' reports as analysed, so the capture can be merged
+		// again (capture.Merge) without the ranks
+		if b, err := json.Marshal(reports); err == nil {
+			if err := safefs.CreateNew(keep, ReportsFile, b); err != nil {
+				return v, fmt.Errorf("capture: keep reports: %w", err)
+			}
+		}
 		slices.Sort(v.Kept)
 	}
 	return v, nil
 }
+
+// ReportsFile is the kept capture's file of the ranks' reports (a JSON
+// array of Report, as Merge takes them).
+const ReportsFile = "reports.json"
 
 // Probe asks the agents which ranks of job they serve (waiting at most
 // wait for their answers).

@@ -142,7 +142,30 @@ func TestDurableDiskFullLosesNothing(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after the disk had room again: %d of 200 steps, %d of %d rank rows; stats %+v", len(steps), len(ranks), 200*world, c.Stats())
+			var missing []int64
+			for s := int64(0); s < 200; s++ {
+				for r := int64(0); r < world; r++ {
+					if ranks[[2]int64{s, r}] == 0 && len(missing) < 40 {
+						missing = append(missing, s*10+r)
+					}
+				}
+			}
+			_, rerr := trace.ReadAll[tps.StepRecord](filepath.Join(out, "full", trace.RankSteps))
+			files, _ := trace.PartFiles(filepath.Join(out, "full", trace.RankSteps))
+			for _, f := range files {
+				rows, err := trace.ReadFile[tps.StepRecord](f)
+				lo, hi := int64(-1), int64(-1)
+				for i, r := range rows {
+					if i == 0 || r.Step < lo {
+						lo = r.Step
+					}
+					hi = max(hi, r.Step)
+				}
+				fi, _ := os.Stat(f)
+				t.Logf("part %s: %d rows, steps %d-%d, err %v, mod %v", filepath.Base(f), len(rows), lo, hi, err, fi.ModTime().Format("15:04:05.000"))
+			}
+			t.Logf("read error: %v", rerr)
+			t.Fatalf("after the disk had room again: %d of 200 steps, %d of %d rank rows (missing step*10+rank: %v); stats %+v", len(steps), len(ranks), 200*world, missing, c.Stats())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -456,19 +456,7 @@ func (d *durableSource) resetJob(j *job) {
 	}
 	j.evicted = true // handlers wait for the fresh job (lockJob)
 	items, redo := j.st.led.unacked, j.st.led.redo
-	// The steps it closed (and counted) whose rows its messages fed:
-	// closed again by the fresh job, not counted again.
-	reclose := map[stepKey]bool{}
-	for k := range j.st.led.reclose {
-		reclose[k] = true
-	}
-	for _, it := range items {
-		for _, k := range it.steps {
-			if _, closed := j.st.closed.seen[k]; closed || j.st.closed.forgotten(k) {
-				reclose[k] = true
-			}
-		}
-	}
+	reclose := j.st.closedAndCounted(items)
 	j.st.led.unacked, j.st.pending, j.rankBuf = nil, nil, nil
 	j.st.release()
 	j.mu.Unlock()

@@ -692,13 +692,17 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	}
 	// Records of a step arrive together: admit remembers the last open
 	// step rather than hashing its key for every record.
+	// Whether its row is on disk is asked before admit: admitting a late
+	// record of a step closed before a restart marks its row as written
+	// (it is written now, once), and asking after would drop it.
+	onDisk := s.led.rankOnDisk(k, r.Rank)
 	st, how := s.admit(k, r.WorldSize, func(yield func(int64) bool) { yield(r.Rank) }, 1, t)
 	switch how {
 	case admitLate:
-		return k, false, !s.led.rankOnDisk(k, r.Rank)
+		return k, false, !onDisk
 	case admitStale:
 		s.warnRerun(r, t)
-		return k, false, !s.led.rankOnDisk(k, r.Rank)
+		return k, false, !onDisk
 	case admitDuplicate:
 		s.warnRerun(r, t)
 		return k, false, false
@@ -723,7 +727,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	}
 	// A rank row already written before a restart is aggregated again
 	// (its step's cluster row was not written) but not written twice.
-	return k, true, !s.led.rankOnDisk(k, r.Rank)
+	return k, true, !onDisk
 }
 
 // addPartial merges a node partial (aggregator role). It returns the step's

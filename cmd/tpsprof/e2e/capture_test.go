@@ -189,6 +189,18 @@ func captureRun(t *testing.T, py string) {
 	if len(v.Kept) != 8 {
 		t.Fatalf("kept %d traces, want 8: %v", len(v.Kept), v.Kept)
 	}
+	// beside them the ranks' reports, merged again to the same verdict
+	b, err := os.ReadFile(filepath.Join(filepath.Dir(v.Kept[0]), capture.ReportsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reports []capture.Report
+	if err := json.Unmarshal(b, &reports); err != nil {
+		t.Fatal(err)
+	}
+	if again := capture.Merge(v.ID, v.Job, reports); len(reports) != 8 || again.Culprit == nil || again.Culprit.Rank != v.Culprit.Rank || again.Culprit.OthersWaitUs != v.Culprit.OthersWaitUs {
+		t.Errorf("the kept reports (%d) merge to %+v, the capture said %+v", len(reports), again.Culprit, v.Culprit)
+	}
 	for _, p := range v.Kept {
 		r, err := kineto.AnalyzeFile(p)
 		if err != nil {

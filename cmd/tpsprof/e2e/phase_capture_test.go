@@ -134,7 +134,9 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 			}
 		}
 		t0 := time.Now()
-		v, err := capture.Run(ctx, nc, capture.Options{Job: job, Steps: 1, AtStep: at, Timeout: time.Minute, ProbeWait: 300 * time.Millisecond})
+		// TPSPROF_PHASE_KEEP=DIR keeps each capture's traces and reports
+		// (and the job's truth file at the end) for study
+		v, err := capture.Run(ctx, nc, capture.Options{Job: job, Steps: 1, AtStep: at, Timeout: time.Minute, ProbeWait: 300 * time.Millisecond, KeepDir: os.Getenv("TPSPROF_PHASE_KEEP")})
 		if err != nil {
 			if strings.Contains(err.Error(), "already past") {
 				continue
@@ -149,6 +151,11 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 		results = append(results, result{p, at, v})
 	}
 	j.end()
+	if keep := os.Getenv("TPSPROF_PHASE_KEEP"); keep != "" {
+		if b, err := os.ReadFile(truth); err == nil {
+			os.WriteFile(filepath.Join(keep, "truth-"+strings.Join(extra, "")+".jsonl"), b, 0o644)
+		}
+	}
 
 	// By the job's own clocks (one node, one clock), at each step's bucket
 	// all-reduces: the rank that held them back the most (its arrival

@@ -224,6 +224,6 @@ func printCapture(w io.Writer, v *capture.View) {
 		fmt.Fprintln(w, "note:", n)
 	}
 	if len(v.Kept) > 0 {
-		fmt.Fprintf(w, "traces kept: %d files in %s\n", len(v.Kept), filepath.Dir(v.Kept[0]))
+		fmt.Fprintf(w, "traces kept: %d files in %s (with the ranks' analysed reports, %s)\n", len(v.Kept), filepath.Dir(v.Kept[0]), capture.ReportsFile)
 	}
 }
