@@ -1,8 +1,12 @@
 package capture
 
 import (
+	"encoding/json"
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -330,5 +334,68 @@ func TestMissingRankWithholdsTheVerdict(t *testing.T) {
 	v.withholdForMissing()
 	if v.Culprit != nil || !strings.Contains(v.Verdict, "not established: ranks 3 sent no trace") || !strings.Contains(v.Verdict, "name rank 1") {
 		t.Errorf("culprit %+v, verdict %q", v.Culprit, v.Verdict)
+	}
+}
+
+// Real FSDP2 captures (testdata/fsdp2/README.md): rank 3 late by 120 ms
+// in one phase. Paired by their ends within 2 ms, 3 of these 10 named no
+// rank and the waits read 85-130 ms; paired by their place in the
+// group's order, each names rank 3 and the phase, the others' wait
+// within 20% of the delay, no call left out.
+func TestMergeFSDP2Captures(t *testing.T) {
+	files, _ := filepath.Glob(filepath.Join("testdata", "fsdp2", "step*.reports.json"))
+	if len(files) != 10 {
+		t.Fatalf("%d captures in testdata/fsdp2, want 10", len(files))
+	}
+	phases := []string{"data fetch", "forward", "backward", "optimizer", "host code"}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var reps []Report
+		if err := json.Unmarshal(b, &reps); err != nil {
+			t.Fatal(err)
+		}
+		v := Merge("c", "phases", reps)
+		if len(v.Steps) != 1 {
+			t.Fatalf("%s: steps %v", f, v.Steps)
+		}
+		want := phases[(v.Steps[0]/8)%5]
+		if v.Culprit == nil || v.Culprit.Rank != 3 || v.Records == nil || v.Records.Phase != want {
+			t.Errorf("%s: culprit %+v, records %+v: want rank 3 in its %s (%s)", f, v.Culprit, v.Records, want, v.Verdict)
+			continue
+		}
+		if w := v.Culprit.OthersWaitUs / 1e3; math.Abs(w/120-1) > 0.2 {
+			t.Errorf("%s: the others waited %.1f ms, the delay was 120 ms", f, w)
+		}
+		if len(v.Notes) > 0 || v.Culprit.WaitDoubt != "" || len(v.Collectives) != 12 {
+			t.Errorf("%s: %d collectives matched (want 12), notes %v %q", f, len(v.Collectives), v.Notes, v.Culprit.WaitDoubt)
+		}
+	}
+}
+
+// Two ranks whose traces hold the same sequence of calls pair them by
+// place even where the ends of neighbouring calls interleave between the
+// ranks; a sequence that differs (a trace lost a call) falls back to
+// pairing by ends and leaves the lost one out.
+func TestPairCallsByOrder(t *testing.T) {
+	ms := int64(1_000_000)
+	a := []call{{"all_gather", 0, 10 * ms}, {"all_gather", 11 * ms, 14 * ms}, {"all_reduce", 15 * ms, 30 * ms}}
+	b := []call{{"all_gather", 0, 13 * ms}, {"all_gather", 13 * ms, 17 * ms}, {"all_reduce", 18 * ms, 31 * ms}}
+	if p := pairCalls(a, b, 0); len(p) != 3 || p[0] != [2]int{0, 0} || p[1] != [2]int{1, 1} || p[2] != [2]int{2, 2} {
+		t.Errorf("same sequence: pairs %v", p)
+	}
+	if p := matchCalls(a, b, 0); len(p) == 3 {
+		t.Errorf("by ends within 2 ms these pair all three (%v): the test shows nothing", p)
+	}
+	if p := pairCalls(a[1:], b, 0); len(p) != 2 || !slices.Contains(p, [2]int{1, 2}) {
+		t.Errorf("a lost its first call: pairs %v, want two, the all-reduces among them", p)
+	}
+	// one call's ends beyond orderTolNs apart: not trusted by place
+	far := slices.Clone(b)
+	far[1].end = 80 * ms
+	if p := pairCalls(a, far, 0); len(p) == 3 {
+		t.Errorf("ends 66 ms apart paired by place: %v", p)
 	}
 }

@@ -568,3 +568,24 @@ func TestH200Traces(t *testing.T) {
 			fast.Steps[0].CommUs/1e3, slow.Steps[0].CommUs/1e3)
 	}
 }
+
+// A real FSDP2 step over gloo (testdata/README.md): its 4 reduce-scatters
+// run as gloo all-reduces. Every call gets the issue time of the c10d
+// operator that issued it; the reduce-scatters' all-reduces had none (and
+// their arrivals read gloo's thread starting, late on a busy host).
+func TestFSDP2GlooIssues(t *testing.T) {
+	r, err := AnalyzeFileWith(filepath.Join("testdata", "fsdp2-gloo-rank3.step6.pt.trace.json.gz"), Options{Calls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, c := range r.Calls {
+		kinds[c.Kind]++
+		if c.IssueNs <= 0 || c.IssueNs > c.StartNs || c.StartNs-c.IssueNs > 50_000_000 {
+			t.Errorf("%s at %d: issued at %d", c.Kind, c.StartNs, c.IssueNs)
+		}
+	}
+	if len(r.Calls) != 12 || kinds["all_gather"] != 8 || kinds["all_reduce"] != 4 {
+		t.Errorf("calls by kind %v, want 8 all-gathers and 4 all-reduces", kinds)
+	}
+}

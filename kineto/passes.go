@@ -184,11 +184,22 @@ func (a *analyzer) result() (*Result, error) {
 // group runs its operations in the order they were issued), when that
 // operator started before it; a trace that lost an operation at its end
 // (the profiler stopped first) pairs the earlier ones all the same.
+//
+// gloo runs a reduce-scatter of one tensor (c10d's _reduce_scatter_base_,
+// FSDP2's gradient reduction) as an all-reduce: in a trace with no gloo
+// reduce-scatter, c10d's reduce-scatters issue its all-reduces (before,
+// FSDP2's reductions on gloo had no issue time, and their arrivals were
+// gloo's thread starting, late on a busy host).
 func (a *analyzer) pairIssues(calls []Call) {
 	sort.SliceStable(a.issues, func(i, j int) bool { return a.issues[i].at < a.issues[j].at })
+	glooRS := slices.ContainsFunc(calls, func(c Call) bool { return c.Kind == "reduce_scatter" })
 	byKind := map[string][]int64{}
 	for _, is := range a.issues {
-		byKind[collKinds[is.kind]] = append(byKind[collKinds[is.kind]], is.at)
+		k := collKinds[is.kind]
+		if k == "reduce_scatter" && !glooRS {
+			k = "all_reduce"
+		}
+		byKind[k] = append(byKind[k], is.at)
 	}
 	next := map[string]int{}
 	for i := range calls {
