@@ -79,13 +79,6 @@ func (r *asyncWriter[T]) table() string { return r.name }
 // counts are the writes that failed and the rows they lost.
 func (r *asyncWriter[T]) counts() (errs, lost int64) { return r.errors.Load(), r.lost.Load() }
 
-// backlog is how many commands wait or run.
-func (r *asyncWriter[T]) backlog() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.queue) + r.busy
-}
-
 // waitBelow waits until at most n commands wait or run (or the writer is
 // closed). Never call it holding a job's lock.
 func (r *asyncWriter[T]) waitBelow(n int) {

@@ -341,9 +341,6 @@ func (a *StepAccumulator) reset(job string, attempt, step, world int64, cfg Accu
 // Key returns what the accumulator aggregates.
 func (a *StepAccumulator) Key() (job string, attempt, step int64) { return a.job, a.attempt, a.step }
 
-// Reported is the number of distinct ranks added so far.
-func (a *StepAccumulator) Reported() int64 { return a.reported }
-
 // Full reports whether every rank of the world has reported.
 func (a *StepAccumulator) Full() bool { return a.reported == a.world }
 

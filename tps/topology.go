@@ -128,22 +128,3 @@ func (t Topology) Fill(r *StepRecord) {
 	set(&r.CPRank, c.CP)
 	set(&r.EPRank, c.EP)
 }
-
-// CheckRecord verifies a record against the topology: same world size and, for
-// each coordinate the record gives, a value in range.
-func (t Topology) CheckRecord(r *StepRecord) error {
-	n := t.normalized()
-	if int64(n.WorldSize()) != r.WorldSize {
-		return fieldErr("world_size", r.WorldSize, ReasonInvalid, "the job's topology (%s) has %d ranks", n, n.WorldSize())
-	}
-	for _, c := range []struct {
-		name string
-		v    *int32
-		size int
-	}{{"dp_rank", r.DPRank, n.DP}, {"tp_rank", r.TPRank, n.TP}, {"pp_rank", r.PPRank, n.PP}, {"cp_rank", r.CPRank, n.CP}, {"ep_rank", r.EPRank, n.EP}} {
-		if c.v != nil && int(*c.v) >= c.size {
-			return fieldErr(c.name, *c.v, ReasonOutOfRange, "the job's topology has size %d in this dimension", c.size)
-		}
-	}
-	return nil
-}
