@@ -430,6 +430,7 @@ func (a *Agent) prepareCapture(n TraceNote, r *kineto.Result, s *kineto.StepStat
 		return func(*tps.StepRecord) { a.captureReport(n.Capture, rep) }
 	}
 	rep.Device, rep.Figures, rep.CallsDropped = r.Device, *s, r.CallsDropped
+	rep.ProcessGroups = max(r.ProcessGroups, min(max(n.ProcessGroups, 0), maxProcessGroups))
 	for _, call := range r.Calls {
 		if call.Step != n.Step {
 			continue
@@ -581,3 +582,6 @@ func (c *capWriter) Write(p []byte) (int, error) {
 	c.left -= int64(len(p))
 	return c.w.Write(p)
 }
+
+// maxProcessGroups bounds the process groups a trace note may claim.
+const maxProcessGroups = 1 << 16

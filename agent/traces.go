@@ -37,6 +37,9 @@ type TraceNote struct {
 	Capture   string           `json:"capture,omitempty"`
 	Coords    map[string]int64 `json:"coords,omitempty"`
 	WorldSize int64            `json:"world_size,omitempty"`
+	// ProcessGroups is how many process groups the rank belongs to, as
+	// the package counted them (a CPU trace does not name each call's).
+	ProcessGroups int `json:"process_groups,omitempty"`
 }
 
 // SubmitTrace queues a trace for analysis off the training process. The

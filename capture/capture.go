@@ -156,13 +156,16 @@ type Report struct {
 	Step  int64  `json:"step"`
 	Why   string `json:"why,omitempty"`
 	// traced:
-	Device       string           `json:"device,omitempty"`
-	Figures      kineto.StepStats `json:"figures"`
-	Calls        []kineto.Call    `json:"calls,omitempty"`
-	CallsDropped int64            `json:"calls_dropped,omitempty"`
-	Coords       map[string]int64 `json:"coords,omitempty"`
-	Chunks       int              `json:"chunks,omitempty"` // kept trace pieces that follow
-	TraceBytes   int64            `json:"trace_bytes,omitempty"`
+	Device  string           `json:"device,omitempty"`
+	Figures kineto.StepStats `json:"figures"`
+	Calls   []kineto.Call    `json:"calls,omitempty"`
+	// ProcessGroups is how many process groups the rank's trace says the
+	// job had (0: not said).
+	ProcessGroups int              `json:"process_groups,omitempty"`
+	CallsDropped  int64            `json:"calls_dropped,omitempty"`
+	Coords        map[string]int64 `json:"coords,omitempty"`
+	Chunks        int              `json:"chunks,omitempty"` // kept trace pieces that follow
+	TraceBytes    int64            `json:"trace_bytes,omitempty"`
 	// Record is the rank's own step record of the step, when the agent
 	// held it for the trace's figures: what the verdict is checked against.
 	Record *RecordFigures `json:"record,omitempty"`

@@ -34,6 +34,9 @@ type View struct {
 	// Missing are the targeted ranks that sent nothing, with why.
 	Missing []Missing `json:"missing,omitempty"`
 	Notes   []string  `json:"notes,omitempty"`
+	// GroupsUnnamed is how many process groups the job has where its
+	// traces do not name each call's (0: named, or only one).
+	GroupsUnnamed int `json:"groups_unnamed,omitempty"`
 	// Kept lists the traces written on request.
 	Kept []string `json:"kept,omitempty"`
 }
@@ -583,6 +586,10 @@ func Merge(id, job string, results []Report) *View {
 			v.Notes = append(v.Notes, fmt.Sprintf("rank %d shares no collective with the others in some step: its clock is not aligned there and it is left out of those arrivals", rk))
 		}
 	}
+	if n := unnamedGroups(results); n > 1 {
+		v.Notes = append(v.Notes, fmt.Sprintf("the traces count %d process groups and do not name the group of each call (PyTorch's CPU traces do not): calls of different groups are paired as one group's, so a wait in one group may be read against another's", n))
+		v.GroupsUnnamed = n
+	}
 	if unmatched > 0 {
 		v.Notes = append(v.Notes, fmt.Sprintf("%d calls matched no call of their group's first rank (a trace lacks some calls, or the ranks issued different collectives): left out", unmatched))
 	}
@@ -621,6 +628,8 @@ func Merge(id, job string, results []Report) *View {
 		}
 		if unmatched > 0 {
 			cu.WaitDoubt = fmt.Sprintf("%d calls lost in matching: the others' wait leaves theirs out", unmatched)
+		} else if v.GroupsUnnamed > 0 {
+			cu.WaitDoubt = fmt.Sprintf("%d process groups not told apart in the traces: the others' wait may count one group's calls against another's", v.GroupsUnnamed)
 		}
 		v.Culprit = cu
 	}
@@ -790,4 +799,25 @@ func bestOffset(a, b [][]call) (int64, int) {
 	}
 	slices.Sort(ds)
 	return ds[len(ds)/2], bestN
+}
+
+// unnamedGroups is how many process groups the traces say the job has,
+// where that is more than one and no call names its group (0 otherwise).
+func unnamedGroups(results []Report) int {
+	n := 0
+	for _, r := range results {
+		if r.State != StateTraced {
+			continue
+		}
+		for _, c := range r.Calls {
+			if c.Group != "" {
+				return 0
+			}
+		}
+		n = max(n, r.ProcessGroups)
+	}
+	if n < 2 {
+		return 0
+	}
+	return n
 }

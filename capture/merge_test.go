@@ -399,3 +399,39 @@ func TestPairCallsByOrder(t *testing.T) {
 		t.Errorf("ends 66 ms apart paired by place: %v", p)
 	}
 }
+
+// Traces that say the job has several process groups but name no call's
+// group (PyTorch's CPU traces): the merge cannot tell the groups apart,
+// and says so, with a doubt on the wait. One group, or named calls: silent.
+func TestMergeSaysGroupsUnnamed(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "fsdp2", "step6.reports.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps []Report
+	if err := json.Unmarshal(b, &reps); err != nil {
+		t.Fatal(err)
+	}
+	for i := range reps {
+		reps[i].ProcessGroups = 3
+	}
+	v := Merge("c", "j", reps)
+	if v.GroupsUnnamed != 3 || len(v.Notes) != 1 || !strings.Contains(v.Notes[0], "3 process groups") || v.Culprit == nil || v.Culprit.WaitDoubt == "" {
+		t.Errorf("3 groups, none named: unnamed %d, notes %v, culprit %+v", v.GroupsUnnamed, v.Notes, v.Culprit)
+	}
+	for i := range reps {
+		reps[i].ProcessGroups = 1
+	}
+	if v := Merge("c", "j", reps); v.GroupsUnnamed != 0 || len(v.Notes) != 0 {
+		t.Errorf("one group: unnamed %d, notes %v", v.GroupsUnnamed, v.Notes)
+	}
+	for i := range reps {
+		reps[i].ProcessGroups = 3
+		for k := range reps[i].Calls {
+			reps[i].Calls[k].Group = "0"
+		}
+	}
+	if v := Merge("c", "j", reps); v.GroupsUnnamed != 0 || len(v.Notes) != 0 {
+		t.Errorf("groups named: unnamed %d, notes %v", v.GroupsUnnamed, v.Notes)
+	}
+}

@@ -42,7 +42,10 @@ type Result struct {
 	File      string `json:"file,omitempty"`
 	Rank      *int64 `json:"rank"`       // null when the trace does not say
 	WorldSize *int64 `json:"world_size"` // null when the trace does not say
-	Backend   string `json:"backend,omitempty"`
+	// ProcessGroups is how many process groups the job had made when the
+	// trace was taken (distributedInfo's pg_count; 0: not said).
+	ProcessGroups int    `json:"process_groups,omitempty"`
+	Backend       string `json:"backend,omitempty"`
 	// Device is "gpu" when the trace has GPU events, else "cpu" (CPU-side
 	// figures: see the package documentation).
 	Device string      `json:"device"`
@@ -284,14 +287,17 @@ type rawEvent struct {
 
 func (a *analyzer) info(b []byte) error {
 	var di struct {
-		Backend   string `json:"backend"`
-		Rank      *int64 `json:"rank"`
-		WorldSize *int64 `json:"world_size"`
+		Backend   string            `json:"backend"`
+		Rank      *int64            `json:"rank"`
+		WorldSize *int64            `json:"world_size"`
+		PGCount   int               `json:"pg_count"`
+		PGConfig  []json.RawMessage `json:"pg_config"`
 	}
 	if err := json.Unmarshal(b, &di); err != nil {
 		return fmt.Errorf("kineto: distributedInfo: %w", err)
 	}
 	a.res.Backend, a.res.Rank, a.res.WorldSize = di.Backend, di.Rank, di.WorldSize
+	a.res.ProcessGroups = max(di.PGCount, len(di.PGConfig), 0)
 	return nil
 }
 

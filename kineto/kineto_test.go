@@ -589,3 +589,21 @@ func TestFSDP2GlooIssues(t *testing.T) {
 		t.Errorf("calls by kind %v, want 8 all-gathers and 4 all-reduces", kinds)
 	}
 }
+
+// A real CPU trace of a job with three process groups (testdata/README.md):
+// the count is read from distributedInfo, and no call names its group
+// (what tells the capture's merge that it cannot tell them apart).
+func TestProcessGroupsCounted(t *testing.T) {
+	r, err := AnalyzeFileWith(filepath.Join("testdata", "pairgroups-gloo-rank2.step10.pt.trace.json.gz"), Options{Calls: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ProcessGroups != 3 || len(r.Calls) != 5 {
+		t.Fatalf("process groups %d, calls %d: want 3 and 5 (the pair's all-reduce and four buckets)", r.ProcessGroups, len(r.Calls))
+	}
+	for _, c := range r.Calls {
+		if c.Group != "" {
+			t.Errorf("a call names its group %q: the test's premise is gone (the merge can then tell groups apart)", c.Group)
+		}
+	}
+}

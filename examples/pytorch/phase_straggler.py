@@ -29,6 +29,10 @@ step: the step (as tpsprof numbers it), the phase and the extra time it
 spent there on its own clock (0 on the other ranks), and its arrivals at
 the step's bucket all-reduces (a DDP communication hook around DDP's own
 all-reduce: the ranks of one node share the clock; none with --fsdp2).
+With --pair-groups each step also begins with an all-reduce in the rank's
+pair's process group (a second group kind), its arrival logged too; the
+slow rank's optimizer delay, the one phase before it, then makes its pair
+partner wait there instead of at the buckets.
 """
 
 import argparse
@@ -138,6 +142,10 @@ def main():
                    help="compute through the delay instead of sleeping (with more ranks than cores it slows the others too)")
     p.add_argument("--fsdp2", action="store_true",
                    help="FSDP2 (fully_shard on each layer and the root) instead of DDP; no arrivals are logged")
+    p.add_argument("--pair-groups", action="store_true",
+                   help="also a second kind of process group: ranks in pairs (0,1), (2,3), ... each reduce a "
+                        "small tensor in their pair's group at the start of every step, before its batch "
+                        "(a tensor-parallel group's per-step reduction); its arrivals are logged")
     p.add_argument("--per-phase", type=int, default=20, help="steps before the slow phase changes")
     p.add_argument("--phases", type=lambda s: tuple(s.split(",")), default=PHASES,
                    help="comma-separated, of " + ",".join(PHASES))
@@ -153,6 +161,13 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     plan = Plan(a, rank)
+    pair = None
+    if a.pair_groups:
+        world = dist.get_world_size()
+        for r in range(0, world - 1, 2):  # every rank creates every group, in the same order
+            g = dist.new_group([r, r + 1])
+            if rank in (r, r + 1):
+                pair = g
     torch.manual_seed(0)
     # 4 MiB of fp32 gradients in 1 MiB buckets: four all-reduces a step,
     # fired as backward reaches each bucket
@@ -189,6 +204,10 @@ def main():
     while step < end:
         plan.step, plan.extra_ns, plan.arrivals = step, 0, []
         t0 = time.time_ns()
+        pair_arrive = []
+        if pair is not None:
+            pair_arrive.append(time.time_ns())
+            dist.all_reduce(torch.ones(16), group=pair)
         x = next(it).to(a.device)
         plan.delay("host")
         loss = model(x).square().mean()
@@ -196,7 +215,7 @@ def main():
         opt.step()
         opt.zero_grad()
         out.write(json.dumps({"rank": rank, "step": step, "phase": plan.phase(), "extra_ns": plan.extra_ns,
-                              "arrive_unix_ns": plan.arrivals, "start_unix_ns": t0, "end_unix_ns": time.time_ns()}) + "\n")
+                              "arrive_unix_ns": plan.arrivals, "pair_arrive_unix_ns": pair_arrive, "start_unix_ns": t0, "end_unix_ns": time.time_ns()}) + "\n")
         out.flush()
         # every rank stops after the same step, without a collective of its
         # own between steps (it would be where the others wait): rank 0

@@ -819,6 +819,23 @@ class EarlyImportedCollectiveTest(unittest.TestCase):
             torch.distributed.destroy_process_group()
 
 
+class ProcessGroupsCountedTest(unittest.TestCase):
+    """The package counts the process groups a rank belongs to (a capture's
+    trace note carries it: CPU traces do not name each call's group)."""
+
+    def test_counted(self):
+        from tpsprof._client import process_groups
+        d = tempfile.mkdtemp()
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        try:
+            self.assertEqual(process_groups(), 1)
+            torch.distributed.new_group([0])
+            self.assertEqual(process_groups(), 2)
+        finally:
+            torch.distributed.destroy_process_group()
+        self.assertEqual(process_groups(), 0)
+
+
 class FlopCountTest(unittest.TestCase):
     """Sampled steps counted by PyTorch's FlopCounterMode (torch >= 2.1):
     a flop_count event with the step's FLOPs, exact for linear layers

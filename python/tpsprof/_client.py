@@ -275,6 +275,9 @@ class Profiler:
                 note.update(capture=str(capture), world_size=self.world_size)
                 if self._coords:
                     note["coords"] = self._coords
+                groups = process_groups()
+                if groups:
+                    note["process_groups"] = groups
             self._send(note)
         except Exception:
             self.dropped += 1
@@ -489,3 +492,21 @@ def _own_socket(path, warned):
             sys.stderr.write("tpsprof: %s belongs to uid %d, not to you: not sending records there\n" % (path, st.st_uid))
         return False
     return True
+
+
+def process_groups():
+    """How many process groups this process belongs to (0: unknown, or
+    torch.distributed not loaded). A CPU trace does not say which group
+    each collective was of; the capture's merge says so where there are
+    several. Never imports torch."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    if c10d is None:
+        return 0
+    try:
+        world = getattr(c10d, "_world", None)
+        pgs = getattr(world, "pg_map", None) if world is not None else None
+        if pgs is None:
+            pgs = getattr(c10d, "_pg_map", None)
+        return len(pgs) if pgs is not None else 0
+    except Exception:
+        return 0
