@@ -242,17 +242,17 @@ wait:
 	return code, nil
 }
 
-// SecretEnv are the variables that carry NATS secrets. Ranks write to the
+// secretEnv are the variables that carry NATS secrets. Ranks write to the
 // node's agent over its socket and need none of them; with one, any rank
 // (and whatever it runs) could forge records into any job or delete the
 // durable stream, so launch keeps them out of the command's environment.
-var SecretEnv = []string{"TPSPROF_NATS_TOKEN", "TPSPROF_NATS_PASSWORD"}
+var secretEnv = []string{"TPSPROF_NATS_TOKEN", "TPSPROF_NATS_PASSWORD"}
 
-// rankEnviron is env without SecretEnv.
+// rankEnviron is env without secretEnv.
 func rankEnviron(env []string) []string {
 	return slices.DeleteFunc(env, func(kv string) bool {
 		name, _, _ := strings.Cut(kv, "=")
-		return slices.Contains(SecretEnv, name)
+		return slices.Contains(secretEnv, name)
 	})
 }
 

@@ -41,8 +41,8 @@ const (
 	RankWindows = "rank_windows"
 )
 
-// Tables are the table names, each a folder of a job.
-var Tables = []string{RankSteps, ClusterSteps, GPUSamples, Events, RankWindows}
+// tables are the table names, each a folder of a job.
+var tables = []string{RankSteps, ClusterSteps, GPUSamples, Events, RankWindows}
 
 // Metadata keys.
 const (
@@ -444,7 +444,7 @@ func checkPart(f *os.File, r io.ReaderAt, path string) (*parquet.File, error) {
 	// A part of another table (a rank_steps part copied into
 	// cluster_steps) would decode into zeros and defaults: skip it, named.
 	if table, ok := pf.Lookup(MetaTable); ok && table != "" {
-		if dir := filepath.Base(filepath.Dir(path)); slices.Contains(Tables, dir) && dir != table {
+		if dir := filepath.Base(filepath.Dir(path)); slices.Contains(tables, dir) && dir != table {
 			return nil, fmt.Errorf("trace: %s: %w: a %s part in the %s folder", path, errUnreadable, table, dir)
 		}
 	}
