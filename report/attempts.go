@@ -35,16 +35,8 @@ func (a *AttemptRow) Outcome() string {
 	return fmt.Sprintf("crashed (exit %d)", *a.ExitCode)
 }
 
-// attemptRows builds the table from steps sorted by (attempt, step).
-func attemptRows(steps []tps.ClusterStep, warm []bool, events []tps.Event) []AttemptRow {
-	a := newAttemptsAcc(events)
-	for i := range steps {
-		a.add(&steps[i], warm[i])
-	}
-	return a.result()
-}
-
-// attemptsAcc is attemptRows fed the steps in order.
+// attemptsAcc is the attempts table of steps fed in order (attemptRows,
+// in the tests, feeds them all at once).
 type attemptsAcc struct {
 	launched     map[int64]bool
 	exit         map[int64]int64

@@ -62,20 +62,8 @@ const (
 	BadLaunchFailed = "launch_failed"
 )
 
-// ComputeGoodput analyses steps (sorted by attempt, step) with the warm-up
-// mask and the run's events.
-func ComputeGoodput(steps []tps.ClusterStep, warm []bool, events []tps.Event) Goodput {
-	if len(steps) == 0 {
-		return Goodput{BadputS: map[string]float64{}}
-	}
-	a := newGoodputAcc(spineOf(steps), events)
-	for i := range steps {
-		a.add(&steps[i], warm[i], i+1 == len(steps) || steps[i+1].Attempt != steps[i].Attempt)
-	}
-	return a.result()
-}
-
-// goodputAcc is ComputeGoodput fed the steps in order.
+// goodputAcc is the goodput of steps fed in order (the report feeds it in its
+// pass; computeGoodput, in the tests, all at once).
 type goodputAcc struct {
 	g           Goodput
 	resumeAfter map[int64]int64 // attempt → step the next attempt resumed from

@@ -34,7 +34,7 @@ func TestGoodputPartsAddUp(t *testing.T) {
 		end = start + 2*s
 	}
 	ev := []tps.Event{{Kind: tps.EventEval, StartUnixNs: steps[4].EndUnixNs, EndUnixNs: steps[4].EndUnixNs + 2*s}}
-	g := ComputeGoodput(steps, make([]bool, len(steps)), ev)
+	g := computeGoodput(steps, make([]bool, len(steps)), ev)
 	sum := g.ProductiveS
 	for _, v := range g.BadputS {
 		sum += v
@@ -75,7 +75,7 @@ func TestGoodputUnmonitoredAndBetweenLaunches(t *testing.T) {
 	for i := int64(10); i < 13; i++ {
 		steps = append(steps, tps.ClusterStep{Attempt: 1, Step: i, StartUnixNs: relaunch + (i-9)*s, EndUnixNs: relaunch + (i-8)*s, StepTimeNs: s, Tokens: 100})
 	}
-	g := ComputeGoodput(steps, make([]bool, len(steps)), ev)
+	g := computeGoodput(steps, make([]bool, len(steps)), ev)
 	if g.UnmonitoredSteps != 3 || math.Abs(g.UnmonitoredS-3) > 1e-9 || g.BadputS[BadIdle] != 0 {
 		t.Errorf("unmonitored %g s over %d steps, idle %g s; want 3 s, 3 steps, no idle", g.UnmonitoredS, g.UnmonitoredSteps, g.BadputS[BadIdle])
 	}
