@@ -392,6 +392,27 @@ func TestPairCallsByOrder(t *testing.T) {
 	if p := pairCalls(a[1:], b, 0); len(p) != 2 || !slices.Contains(p, [2]int{1, 2}) {
 		t.Errorf("a lost its first call: pairs %v, want two, the all-reduces among them", p)
 	}
+	// a trace that lost its first call, its ends 5 ms off the other's (a
+	// loaded host): nothing pairs by ends within 2 ms; by place, shifted
+	// by the lost call, both do
+	lost := []call{{"all_gather", 20 * ms, 22 * ms}, {"all_reduce", 25 * ms, 45 * ms}}
+	full := []call{{"all_gather", 0, 10 * ms}, {"all_gather", 15 * ms, 17 * ms}, {"all_reduce", 24 * ms, 40 * ms}}
+	if p := matchCalls(lost, full, 0); len(p) != 0 {
+		t.Errorf("by ends: %v (the case wants none)", p)
+	}
+	if p := pairCalls(lost, full, 0); len(p) != 2 || p[0] != [2]int{0, 1} || p[1] != [2]int{1, 2} {
+		t.Errorf("lost first call, ends 5 ms off: pairs %v, want [[0 1] [1 2]]", p)
+	}
+	// a run of one kind with a call lost: two shifts fit alike (their ends
+	// agree as well, the clocks' offset unknown), so not by place; by
+	// ends on the aligned clocks
+	run := []call{{"all_reduce", 0, 10 * ms}, {"all_reduce", 10 * ms, 20 * ms}, {"all_reduce", 20 * ms, 30 * ms}}
+	if ps, _ := orderPairs(run[:2], run); ps != nil {
+		t.Errorf("run of one kind, last call lost: paired by place %v", ps)
+	}
+	if p := pairCalls(run[:2], run, 0); len(p) != 2 || p[0] != [2]int{0, 0} || p[1] != [2]int{1, 1} {
+		t.Errorf("run of one kind, last call lost: pairs %v", p)
+	}
 	// one call's ends beyond orderTolNs apart: not trusted by place
 	far := slices.Clone(b)
 	far[1].end = 80 * ms
