@@ -94,7 +94,7 @@ def main():
         opt.zero_grad()
     if prof is None and args.instrument == "auto":
         import tpsprof.torch
-        prof = tpsprof.torch._ACTIVE
+        prof = tpsprof.torch.active()
     watched = 0 if prof is None else len(prof._models)
     if prof is not None:
         prof.close()  # records are sent by a thread of the package: counted once it drained

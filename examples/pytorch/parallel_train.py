@@ -82,7 +82,7 @@ def instrument(args, model, opt, loader):
     """tpsprof.torch.instrument, or in zero-code mode the profiler the
     first optimizer made (nothing to call)."""
     if args.auto:
-        prof = tpsprof.torch._ACTIVE
+        prof = tpsprof.torch.active()
         if prof is None:
             raise SystemExit("--auto: no zero-code profiler (run under tpsprof launch --auto)")
         return prof

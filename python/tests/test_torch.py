@@ -583,6 +583,23 @@ class TraceDiskFullTest(unittest.TestCase):
         self.assertEqual(prof.errors, 0)
 
 
+class NoImportCycleTest(unittest.TestCase):
+    """The patches and zero-code mode read the active profiler from
+    tpsprof._active, not tpsprof.torch: only the package's entry points
+    (zero-code mode, which makes the profiler; hf; lightning) import it.
+    _patches and tpsprof.torch imported each other."""
+
+    def test_patches_do_not_import_torch_module(self):
+        import ast
+        import tpsprof
+        pkg = os.path.dirname(tpsprof.__file__)
+        for name in ("_patches.py", "_c10d.py", "_sender.py", "_steps.py", "_tokens.py", "_active.py"):
+            tree = ast.parse(open(os.path.join(pkg, name)).read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module is None:
+                    self.assertNotIn("torch", [a.name for a in node.names], name + " imports tpsprof.torch")
+
+
 class ModuleStateTest(unittest.TestCase):
     """The package keeps no module-global state beyond the active-profiler
     handle (and the c10d kernels' registration, which torch.library needs
@@ -590,8 +607,8 @@ class ModuleStateTest(unittest.TestCase):
     pipeline stage, re-entry guards) is its own, and two profilers one
     after the other share nothing."""
 
-    MODULES = ("torch", "_patches", "_tokens", "_topology", "_sender", "_steps", "_c10d", "_auto", "_client")
-    ALLOWED = {("torch", "_ACTIVE"), ("_c10d", "_lib"), ("_c10d", "ops"), ("_c10d", "installed"),
+    MODULES = ("torch", "_active", "_patches", "_tokens", "_topology", "_sender", "_steps", "_c10d", "_auto", "_client")
+    ALLOWED = {("_active", "profiler"), ("_c10d", "_lib"), ("_c10d", "ops"), ("_c10d", "installed"),
                ("_c10d", "_lock"), ("_auto", "_lock"),
                # weak references to what torch.compile returned: zero-code mode may meet a
                # model compiled before any profiler exists (process-wide by nature)

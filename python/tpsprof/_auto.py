@@ -26,6 +26,8 @@ import os
 import sys
 import threading
 
+from . import _active
+
 __all__ = ["arm", "install", "profiler"]
 
 _lock = threading.Lock()  # one profiler made, whichever thread makes the first optimizer
@@ -34,17 +36,16 @@ _lock = threading.Lock()  # one profiler made, whichever thread makes the first 
 def profiler():
     """The profiler of this process (tpsprof.torch's active one; None before
     the first optimizer)."""
-    from . import torch as tt
-    return tt._ACTIVE
+    return _active.profiler
 
 
 def _ensure(optimizer):
     """The active profiler, made (with its root finder) at the first optimizer."""
     from . import torch as tt
-    prof = tt._ACTIVE
+    prof = _active.profiler
     if prof is None:
         with _lock:
-            prof = tt._ACTIVE
+            prof = _active.profiler
             if prof is None:
                 prof = tt.TorchProfiler()
                 _Roots(prof).start(optimizer)
@@ -179,7 +180,7 @@ def install():
 
     def loader_iter(self):
         it = dl_iter(self)
-        return it if tt._ACTIVE is None else tt._patches.LoaderIter(None, it)
+        return it if _active.profiler is None else tt._patches.LoaderIter(None, it)
     dl.__iter__ = loader_iter
 
     ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)

@@ -3,7 +3,7 @@
 Each patch is installed once per process and marked on what it replaced
 (``_tpsprof`` on the wrapper, ``_tpsprof_sub`` on a loader class), so
 installing again finds it there; none keeps state of its own: at each call
-it reports to the active profiler (``tpsprof.torch._ACTIVE``, the one
+it reports to the active profiler (``tpsprof._active.profiler``, the one
 module-global handle) and does nothing more when there is none. What each
 patch measures: docs/capture.md.
 
@@ -30,14 +30,15 @@ import torch
 import torch.distributed as dist
 
 from . import _c10d
-from . import torch as _tt  # the active profiler, read at each call
+from . import _active  # the active profiler, read at each call
+
+def _current():
+    """The active profiler, or None (what the c10d kernels ask at each call)."""
+    return _active.profiler
+
 
 __all__ = ["LoaderIter", "wrapped_loader_class", "watch_in_class", "loss_of", "install_checkpoints", "install_loss",
            "patch_compile", "install_pipelining", "install_collectives", "ddp_comm_hook"]
-
-
-def _active():
-    return _tt._ACTIVE
 
 
 class LoaderIter:
@@ -52,7 +53,7 @@ class LoaderIter:
 
     @_c10d.skip_dynamo
     def __next__(self):
-        prof = _tt._ACTIVE if self._prof is None else self._prof
+        prof = _active.profiler if self._prof is None else self._prof
         if prof is None:
             return next(self._it)
         g = prof._tls
@@ -104,7 +105,7 @@ def watch_in_class(cls, loader, prof):
     if not getattr(orig, "_tpsprof", False):
         def __iter__(self):
             it = orig(self)
-            prof = _tt._ACTIVE
+            prof = _active.profiler
             return LoaderIter(prof, it) if prof is not None and self in prof._watched_loaders else it
         __iter__._tpsprof = True
         cls.__iter__ = __iter__
@@ -131,7 +132,7 @@ def side_call(kind, fn):
     steps: an iteration whose optimizer has stepped ends before it, and a
     step opened by a fetch but not yet training does not count its time."""
     def call(*args, **kwargs):
-        prof = _tt._ACTIVE
+        prof = _active.profiler
         if prof is None or prof.off or prof._tls.side:
             return fn(*args, **kwargs)
         g = prof._tls
@@ -199,7 +200,7 @@ def install_loss():
         return
 
     def backward(self, *args, **kwargs):
-        prof = _tt._ACTIVE
+        prof = _active.profiler
         if prof is None or prof.off:
             return inner(self, *args, **kwargs)
         return prof._backward(inner, self, args, kwargs)
@@ -225,7 +226,7 @@ def wrap_scale(cls):
     def scale(self, outputs):
         out = inner(self, outputs)
         try:
-            prof = _tt._ACTIVE
+            prof = _active.profiler
             if prof is not None and isinstance(out, torch.Tensor) and out is not outputs and out.numel() == 1:
                 sc = getattr(self, "_scale", None)
                 if sc is not None:
@@ -281,7 +282,7 @@ def install_checkpoint_probe():
     cp._tpsprof_probe = True
 
     def note():
-        prof = _tt._ACTIVE
+        prof = _active.profiler
         if prof is not None:
             prof._recompute = True
     for name in ("_checkpoint_impl", "_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant"):
@@ -323,7 +324,7 @@ def patch_compile():
         return
 
     def compile(model=None, *args, **kwargs):
-        prof = _tt._ACTIVE
+        prof = _active.profiler
         moved = False
         if prof is not None and isinstance(model, torch.nn.Module):
             try:
@@ -366,7 +367,7 @@ def install_pipelining():
             continue
 
         def wrapped(self, *args, _inner=step, **kwargs):
-            prof = _tt._ACTIVE
+            prof = _active.profiler
             if prof is not None and prof._pp_stage is None:
                 st = getattr(self, "_stage", None)
                 if st is None:
@@ -385,11 +386,11 @@ def install_collectives():
     none is active."""
     if not dist.is_available():
         return
-    if _c10d.install(_active):
+    if _c10d.install(_current):
         return  # PyTorch 2: every collective passes through the dispatcher
     from torch.distributed import distributed_c10d as c10d
     # waiting on an isend's or irecv's work is waiting for the other stage
-    _c10d._patch_wait(_active)
+    _c10d._patch_wait(_current)
     wrapped = {}  # id(original) -> (original, wrapper)
     for name in _c10d.COLLECTIVES:
         fn = getattr(c10d, name, None) or getattr(dist, name, None)
@@ -463,7 +464,7 @@ def wrap_collective(fn, name):
     p2p, recv, always_async = name in _P2P, name in _P2P_RECV, name in _P2P_ASYNC or name == "batch_isend_irecv"
 
     def collective(*args, **kwargs):
-        prof = _tt._ACTIVE
+        prof = _active.profiler
         if prof is None or prof._tls.comm:
             return fn(*args, **kwargs)
         g = prof._tls

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Uni
 
 import torch
 
-from . import _c10d, _client, _patches, _rollout
+from . import _active, _c10d, _client, _patches, _rollout
 from ._c10d import COLLECTIVES
 from ._sender import Poller, Sender
 from ._steps import Step, mean_loss, phases, totals
@@ -51,9 +51,9 @@ _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callbac
 __all__ = ["instrument", "TorchProfiler", "active", "count_tokens", "packed_seq_sq", "job_topology", "mesh_topology",
            "COLLECTIVES"]
 
-# The profiler the patches report to (tpsprof._patches, tpsprof._c10d); one
-# per process. The module's only state: everything else is the profiler's.
-_ACTIVE = None
+# The profiler the patches report to (tpsprof._patches, tpsprof._c10d), one
+# per process, is kept in tpsprof._active: the package's only state, all else
+# is the profiler's.
 _MAX_ERRORS = 100
 # The first steps send a fingerprint of their first host batch: the agent
 # warns when ranks counted as separate replicas trained on identical ones.
@@ -62,7 +62,7 @@ FINGERPRINT_STEPS = 8
 
 def active() -> "Optional[TorchProfiler]":
     """The profiler of this process (the last made and not closed), or None."""
-    return _ACTIVE
+    return _active.profiler
 
 
 # tokens=: a batch's tokens (an int, or real and padded)
@@ -136,7 +136,7 @@ def _watch_own_profilers() -> None:
 
         def watched_start(self, *args, **kwargs):
             if not getattr(self, "_tpsprof_own", False):
-                prof = _ACTIVE
+                prof = _active.profiler
                 if prof is not None and prof._tracing is not None:
                     prof._yield_trace()
             r = start(self, *args, **kwargs)
@@ -235,7 +235,6 @@ class TorchProfiler:
     def __init__(self, tokens: Optional[TokenFn] = None, ignore_index: int = -100, first_step: Optional[int] = None,
                  device: Any = None, trace_every: Optional[int] = None, count_fetches: bool = True,
                  **client_options: Any) -> None:
-        global _ACTIVE
         self.client = _client.Profiler(**client_options)
         if trace_every is None:
             try:
@@ -314,7 +313,7 @@ class TorchProfiler:
         _patches.install_checkpoints()
         _patches.install_pipelining()
         _watch_own_profilers()
-        _ACTIVE = self
+        _active.profiler = self
         atexit.register(self.close)
 
     # -- what is watched ---------------------------------------------------
@@ -1530,7 +1529,6 @@ class TorchProfiler:
     # -- end ----------------------------------------------------------------
     def close(self, timeout: float = 2.0) -> None:
         """Sends what is pending (waiting for the GPU once) and disconnects."""
-        global _ACTIVE
         if self._closed:
             return
         self._closed = True
@@ -1558,8 +1556,8 @@ class TorchProfiler:
             except Exception:
                 pass
         self._zero_grad_of.clear()
-        if _ACTIVE is self:
-            _ACTIVE = None
+        if _active.profiler is self:
+            _active.profiler = None
         # the sender first: it gives the poller a moment to see the last
         # collectives end before it sends the last steps
         done = self._sender.close(timeout)
@@ -1715,7 +1713,7 @@ def _timed_forward(call):
             # inner forward at once, nothing added to the graph
             inner = self._tpsprof_inner_forward
             return type(self).forward(self, *args, **kwargs) if inner is None else inner(*args, **kwargs)
-        prof = _ACTIVE
+        prof = _active.profiler
         if prof is None or prof._models.get(id(self), (None,))[0] is not self:
             return call(self, args, kwargs)  # closed, or a copy of a watched module
         prof._fwd_pre(self, args, kwargs)
@@ -1727,7 +1725,7 @@ def _timed_forward(call):
 
 def _noted_zero_grad(call):
     def zero_grad(self, *args, **kwargs):
-        prof = _ACTIVE
+        prof = _active.profiler
         if prof is not None and prof._zero_grad_of.get(id(self)) is self:
             prof._zero_grad()
         return call(self, args, kwargs)
