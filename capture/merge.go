@@ -586,7 +586,7 @@ func Merge(id, job string, results []Report) *View {
 			v.Notes = append(v.Notes, fmt.Sprintf("rank %d shares no collective with the others in some step: its clock is not aligned there and it is left out of those arrivals", rk))
 		}
 	}
-	if n := unnamedGroups(results); n > 1 {
+	if n := unnamedGroups(results); n > 0 {
 		v.Notes = append(v.Notes, fmt.Sprintf("the traces count %d process groups and do not name the group of each call (PyTorch's CPU traces do not): calls of different groups are paired as one group's, so a wait in one group may be read against another's", n))
 		v.GroupsUnnamed = n
 	}

@@ -156,7 +156,7 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 		}
 		t0 := time.Now()
 		// TPSPROF_PHASE_KEEP=DIR keeps each capture's traces and reports
-		// (and the job's truth file at the end) for study
+		// (and the job's truth files at the end) for study
 		v, err := capture.Run(ctx, nc, capture.Options{Job: job, Steps: 1, AtStep: at, Timeout: time.Minute, ProbeWait: 300 * time.Millisecond, KeepDir: os.Getenv("TPSPROF_PHASE_KEEP")})
 		if err != nil {
 			if strings.Contains(err.Error(), "already past") {
@@ -187,8 +187,12 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 	}
 	j.end()
 	if keep := os.Getenv("TPSPROF_PHASE_KEEP"); keep != "" {
-		if b, err := os.ReadFile(truth); err == nil {
-			os.WriteFile(filepath.Join(keep, "truth-"+strings.Join(extra, "")+".jsonl"), b, 0o644)
+		// (truth is the job's folder of truth.<rank>.jsonl files)
+		files, _ := filepath.Glob(filepath.Join(truth, "truth.*.jsonl"))
+		for _, f := range files {
+			if b, err := os.ReadFile(f); err == nil {
+				os.WriteFile(filepath.Join(keep, strings.Join(extra, "")+filepath.Base(f)), b, 0o644)
+			}
 		}
 	}
 
