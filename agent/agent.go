@@ -183,7 +183,7 @@ func (c *Config) defaults() error {
 // Stats are the agent's counters since start.
 type Stats struct {
 	Connections    int64            `json:"connections"`
-	Lines          int64            `json:"lines"`
+	Lines          int64            `json:"lines"`            // lines handled, counted after their outcome
 	Records        int64            `json:"records"`          // step records accepted
 	Events         int64            `json:"events"`           //
 	Metas          int64            `json:"metas"`            //

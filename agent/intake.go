@@ -130,8 +130,8 @@ func (a *Agent) serve(c net.Conn) {
 	for {
 		line, err := r.ReadSlice('\n')
 		if limit != nil && len(line) > 0 && !limit.Allow() {
-			a.lines.Add(1)
 			a.reject("line:rate_limited")
+			a.lines.Add(1)
 			a.log.Warn("rate", "a rank sends more lines than the per-connection limit; dropping", "limit_per_s", a.cfg.MaxLinesPerSec)
 			if errors.Is(err, bufio.ErrBufferFull) && !discardLine(r) {
 				return
@@ -142,8 +142,8 @@ func (a *Agent) serve(c net.Conn) {
 			continue
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
-			a.lines.Add(1)
 			a.reject("line:oversized")
+			a.lines.Add(1)
 			a.log.Warn("oversized", "intake line over the cap; skipped", "cap_bytes", a.cfg.MaxLineBytes)
 			if !discardLine(r) {
 				return
@@ -235,7 +235,9 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 	if len(line) == 0 {
 		return false
 	}
-	a.lines.Add(1)
+	// counted once its outcome is: whoever sees Lines reach n sees the
+	// records and refusals of those n lines
+	defer a.lines.Add(1)
 	if line[0] != '{' {
 		a.reject("line:not_json_object")
 		a.log.Warn("json", "intake line is not a JSON object", "prefix", prefix(line))
