@@ -3,7 +3,6 @@ package report
 import (
 	"cmp"
 	"fmt"
-	"math"
 	"slices"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -147,56 +146,6 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 			return err
 		}
 		lo = end
-	}
-	return nil
-}
-
-// clusterPass is every figure the report takes from the cluster rows
-// alone, fed the rows in order.
-type clusterPass struct {
-	sp     *spine
-	sum    *tps.Summarizer
-	brk    breakdownAcc
-	gen    generationAcc
-	wait   waitAcc
-	good   *goodputAcc
-	att    *attemptsAcc
-	energy *energyPass // nil: no GPU samples to join
-	crit   *critExcess // and the spine's critical ranks; nil unless rank_steps is read
-	plot   []plotStep  // what the plots draw of each step; nil: no plots
-	flops  *flopsAcc   // the steps PyTorch counted; nil: none
-}
-
-func (p *clusterPass) add(off int, rows []tps.ClusterStep) error {
-	sp := p.sp
-	for j := range rows {
-		c, i := &rows[j], off+j
-		warm, skip := sp.warm(i), sp.skip(i)
-		p.sum.Add(c, warm)
-		if p.plot != nil {
-			p.plot = append(p.plot, plotStepOf(c))
-		}
-		p.good.add(c, warm, sp.lastOfAttempt(i))
-		p.att.add(c, warm)
-		p.flops.row(c)
-		if p.crit != nil {
-			sp.slowest[i] = int32(min(max(c.SlowestRank, math.MinInt32), math.MaxInt32))
-			if !warm && c.StepTimeNs > 0 && c.SlowestRank >= 0 {
-				p.crit.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs))
-			}
-		}
-		if skip || c.StepTimeNs <= 0 {
-			continue
-		}
-		p.brk.add(c)
-		p.gen.add(c)
-		p.wait.add(c)
-		if p.energy != nil && c.EndUnixNs > 0 {
-			p.energy.addStep(c)
-		}
-	}
-	if p.energy != nil {
-		return p.energy.chunkDone()
 	}
 	return nil
 }

@@ -42,21 +42,34 @@ func partsOf(dir string) []string {
 	return files
 }
 
-// stepPass reads rank_steps (the selected row groups, a few columns) for
-// the per-rank compute medians, nodes, the heatmap, the episode windows,
-// the critical rank's excess and padding.
-func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace.Range, sp *spine,
-	heat *heatGrid, wins *windows, nodes map[int64]string, crit *critExcess) (med map[int64]float64, realTok, padTok int64, err error) {
+// rankSink is what both rank passes feed: the nodes, the heatmap, the
+// episode windows, the critical rank's own figures, padding, and each
+// rank's median compute (the capture's cost and memory go to rep.own).
+type rankSink struct {
+	world           int64 // the summary's world size
+	nodes           map[int64]string
+	heat            *heatGrid
+	wins            *windows
+	crit            *critExcess // nil: not computed (rank_windows)
+	med             map[int64]float64
+	realTok, padTok int64
+}
+
+// stepPass reads rank_steps (the selected row groups, a few columns) into
+// k: the per-rank compute medians, nodes, the heatmap, the episode
+// windows, the critical rank's excess and padding.
+func (a *analysis) stepPass(k *rankSink) error {
+	rep, sp, heat, wins, nodes, crit := a.rep, a.sp, k.heat, k.wins, k.nodes, k.crit
 	// Per rank, by index: a map access per row (medians, nodes) was a
 	// tenth of the pass. Ranks past the declared world go to the map.
-	world := max(rep.Summary.WorldSize, 0)
+	world := max(k.world, 0)
 	byRank := make([]*tps.Median, min(world, 1<<20))
 	named := make([]bool, len(byRank))
 	medians := map[int64]*tps.Median{}
-	keep := medianKeepFor(rep.Summary.WorldSize)
+	keep := medianKeepFor(k.world)
 	var done int64
 	kc := keyCursor{ks: &sp.keys}
-	pruned, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), rankColumns, "node", ranges, func(c *trace.Columns) error {
+	pruned, err := trace.EachColumnsIn(filepath.Join(a.dir, trace.RankSteps), rankColumns, "node", a.ranges, func(c *trace.Columns) error {
 		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
 		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
 		tokens, padded, fwd, bwd, optim := c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11], c.Int64[12]
@@ -105,8 +118,8 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			// measured forward, backward and optimizer
 			wins.add(si, r, comp+float64(data[i]), float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]))
 			if pad := padded[i]; pad > 0 {
-				realTok += tokens[i]
-				padTok += pad
+				k.realTok += tokens[i]
+				k.padTok += pad
 			}
 			var m *tps.Median
 			if inRange {
@@ -121,25 +134,25 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 			m.Add(comp)
 		}
 		done += int64(c.Rows)
-		if opt.Progress != nil {
-			opt.Progress(done, total)
+		if a.opt.Progress != nil {
+			a.opt.Progress(done, a.rankTotal)
 		}
 		return nil
 	}, rep.read)
 	rep.RankRowsSkipped = pruned.Rows
 	if err = rep.tolerate(err); err != nil {
-		return nil, 0, 0, err
+		return err
 	}
 	for r, m := range byRank {
 		if m != nil {
 			medians[int64(r)] = m
 		}
 	}
-	med = make(map[int64]float64, len(medians))
+	k.med = make(map[int64]float64, len(medians))
 	for r, m := range medians {
-		med[r] = m.Value()
+		k.med[r] = m.Value()
 	}
-	return med, realTok, padTok, nil
+	return nil
 }
 
 // windowPass reads rank_windows instead: per rank, the merged compute
@@ -148,8 +161,8 @@ func (rep *Report) stepPass(dir string, opt Options, total int64, ranges []trace
 // Rows of a window holding a warm-up step (or no selected step) are left
 // out, so figures cover whole windows; rows of one key are merged by the
 // sums they add to, which is what Merge does.
-func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat *heatGrid, wins *windows,
-	nodes map[int64]string) (med map[int64]float64, realTok, padTok int64, err error) {
+func (a *analysis) windowPass(k *rankSink) error {
+	rep, sp, heat, wins, nodes := a.rep, a.sp, k.heat, k.wins, k.nodes
 	sketches := map[int64]*tps.Sketch{}
 	var scratch tps.Sketch
 	// the window's steps in the (sorted) selection: walked once for the
@@ -158,7 +171,7 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 	lastKey, si, in, anyWarm := [3]int64{-1, -1, -1}, -1, false, false
 	// the columns the pass takes, decoded column by column: parquet-go's
 	// rows rebuilt all 45 of a window's columns through reflection
-	_, err = trace.EachColumnsStrs(filepath.Join(dir, trace.RankWindows), windowColumns, []string{"node", "compute_sketch"}, windowRanges(ranges), func(c *trace.Columns) error {
+	_, err := trace.EachColumnsStrs(filepath.Join(a.dir, trace.RankWindows), windowColumns, []string{"node", "compute_sketch"}, windowRanges(a.ranges), func(c *trace.Columns) error {
 		attempt, rank, first, last, steps := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4]
 		compute, data, fwd, bwd, optim, padded, tokPadded := c.Int64[5], c.Int64[6], c.Int64[7], c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11]
 		capture, captureCPU, dur := c.Int64[12], c.Int64[13], c.Int64[14]
@@ -202,8 +215,8 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 			own := float64(compute[i] + data[i])
 			wins.addN(si, r, own, float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]), int32(steps[i]))
 			if padded[i] > 0 {
-				realTok += tokPadded[i]
-				padTok += padded[i]
+				k.realTok += tokPadded[i]
+				k.padTok += padded[i]
 			}
 			// the sketch's JSON read in place (SketchFromJSON does not keep
 			// it; the string is valid during this call: trace.Volatile)
@@ -225,13 +238,13 @@ func (rep *Report) windowPass(dir string, ranges []trace.Range, sp *spine, heat 
 		return nil
 	}, rep.read, trace.Volatile("compute_sketch"))
 	if err = rep.tolerate(err); err != nil {
-		return nil, 0, 0, err
+		return err
 	}
-	med = make(map[int64]float64, len(sketches))
+	k.med = make(map[int64]float64, len(sketches))
 	for r, sk := range sketches {
-		med[r] = sk.Quantile(0.5)
+		k.med[r] = sk.Quantile(0.5)
 	}
-	return med, realTok, padTok, nil
+	return nil
 }
 
 // windowColumns are the int64 columns of rank_windows the report reads

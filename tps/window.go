@@ -371,6 +371,9 @@ func NewSummarizer(opt WindowOptions, anyComplete bool, steps int) *Summarizer {
 	return sm
 }
 
+// WorldSize is the largest world size of the steps added so far.
+func (sm *Summarizer) WorldSize() int64 { return sm.s.WorldSize }
+
 // Add takes the next step and whether it is warm-up.
 func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 	s := &sm.s

@@ -1,0 +1,409 @@
+package report
+
+import (
+	"cmp"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// analysis is one report being made: the job folder opened once, and
+// what each stage leaves the next. Its stages, in order:
+//
+//	openJob      the folder, the byte meter, the parts' footers
+//	readSteps    the cluster steps: held, or a spine read in chunks
+//	readEvents   events, metadata, clock offsets, the warm-up mask
+//	clusterPass  every stepFigure fed the cluster rows once
+//	rankPass     rank_steps or rank_windows into one rankSink
+//	finish       the figures written, then what joins them all
+type analysis struct {
+	dir, clusterDir string
+	opt             Options
+	plots           bool
+	rep             *Report
+	pd              *Plots
+	footers         *trace.Footers
+
+	// readSteps
+	steps    []tps.ClusterStep // the rows, when held (nil: streamed)
+	sp       *spine
+	src      clusterSource
+	selected *selectedSteps // nil: no selection
+	ranges   []trace.Range  // a selection's row groups (nil: all)
+
+	// readEvents
+	events   []tps.Event
+	profiled map[[2]int64]bool
+	flops    *flopsAcc
+	wopt     tps.WindowOptions
+
+	// clusterPass
+	rankSrc   string
+	rankTotal int64 // rank rows to read (progress)
+	summary   *summaryFigure
+	energy    *energyPass // nil: no GPU samples
+	gpu       *gpuSeries
+	figures   []stepFigure
+
+	// rankPass
+	ranks *rankSink
+}
+
+func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
+	a, err := openJob(dir, opt, plots)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer a.close()
+	for _, stage := range []func() error{a.readSteps, a.readEvents, a.clusterPass, a.rankPass, a.finish} {
+		if err := stage(); err != nil {
+			return nil, nil, err
+		}
+	}
+	return a.rep, a.pd, nil
+}
+
+// openJob opens the job folder dir: its reads metered (BytesRead), each
+// part's footer read once.
+func openJob(dir string, opt Options, plots bool) (*analysis, error) {
+	if opt.TopStragglers <= 0 {
+		opt.TopStragglers = 5
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("report: %s is not a job folder of Parquet traces", dir)
+	}
+	a := &analysis{dir: dir, clusterDir: filepath.Join(dir, trace.ClusterSteps), opt: opt, plots: plots, pd: &Plots{}, footers: &trace.Footers{}}
+	rep := &Report{Job: filepath.Base(dir), Dir: dir, Events: map[string]int64{}, meter: &trace.Meter{}}
+	rep.read = trace.All(trace.Metered(rep.meter), trace.Reuse(a.footers))
+	for _, t := range []string{trace.ClusterSteps, trace.RankSteps, trace.RankWindows, trace.Events, trace.GPUSamples} {
+		rep.BytesInTables += trace.TableBytes(filepath.Join(dir, t))
+	}
+	a.rep = rep
+	return a, nil
+}
+
+func (a *analysis) close() {
+	a.rep.BytesRead = a.rep.meter.Bytes()
+	a.footers.Close()
+}
+
+// readSteps reads the steps: held (a selection, or a run of one chunk),
+// or a spine of them with their rows read in chunks (see cluster.go).
+func (a *analysis) readSteps() error {
+	rep, opt, read := a.rep, a.opt, a.rep.read
+	var err error
+	jumps, back := 0, 0.0
+	switch {
+	case opt.Select.Active():
+		a.selected, err = readSelected(a.clusterDir, opt.Select, opt.Warmup, read)
+		if a.selected != nil {
+			a.steps = a.selected.steps
+		}
+	case opt.chunk <= 0 && trace.RowCount(a.clusterDir, read) <= int64(clusterChunk):
+		// one chunk: read once
+		a.steps, err = trace.ReadAll[tps.ClusterStep](a.clusterDir, read)
+	default:
+		a.sp, jumps, back, err = readSpine(a.clusterDir, []trace.ReadOption{read})
+		if a.sp != nil {
+			a.src = newStreamedRows(a.clusterDir, a.sp, cmp.Or(opt.chunk, clusterChunk), []trace.ReadOption{read})
+		}
+	}
+	if err = rep.tolerate(err); err != nil {
+		return err
+	}
+	if a.sp == nil {
+		if a.selected != nil {
+			jumps, back = a.selected.jumps, a.selected.back
+		} else {
+			tps.SortSteps(a.steps)
+			jumps, back = unstepClocks(a.steps)
+		}
+		a.sp, a.src = spineOf(a.steps), heldRows(a.steps)
+	}
+	if err := a.noSteps(); err != nil {
+		return err
+	}
+	n := a.sp.len()
+	if open := a.openParts(); open > 0 {
+		rep.Running = true
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", n, open))
+	}
+	if sel := a.selected; sel != nil {
+		if n == 0 {
+			return fmt.Errorf("report: the selection (%s) holds none of the job's %d cluster steps", opt.Select, sel.of)
+		}
+		rep.Selection = opt.Select.String()
+		rep.Notes = append(rep.Notes, fmt.Sprintf("a selection: %s (%d of %d cluster steps, read from the row groups that hold them); elapsed time runs from its first step's start to its last step's end", opt.Select, n, sel.of))
+		a.ranges = a.sp.ranges(0, n)
+	}
+	if jumps > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the job's clock stepped back %d time(s), by up to %s: the steps after each jump are placed after the one before it (their durations are the ranks' own)", jumps, dur(back)))
+	}
+	return nil
+}
+
+func (a *analysis) openParts() int {
+	return trace.OpenParts(a.clusterDir) + trace.OpenParts(filepath.Join(a.dir, trace.RankSteps))
+}
+
+// noSteps says why a job without steps has no report.
+func (a *analysis) noSteps() error {
+	if a.sp.len() > 0 || (a.selected != nil && a.selected.of > 0) {
+		return nil
+	}
+	if a.openParts() > 0 {
+		return fmt.Errorf("report: job %s is running and none of its parts is finalised yet: the collector finalises them every part age (default 1 min), when an attempt ends and when the job has been quiet for 10 s; try again shortly", a.rep.Job)
+	}
+	if jobs, _ := Jobs(a.dir); len(jobs) > 0 {
+		return fmt.Errorf("report: %s is a collector's output folder, not a job's: give one of its %d job folders (tpsprof report %s lists them)", a.dir, len(jobs), a.dir)
+	}
+	return fmt.Errorf("report: no cluster steps under %s", a.clusterDir)
+}
+
+// readEvents reads the run metadata, the clock offsets and the events,
+// and marks the warm-up, profiled and FLOP-counted steps in the spine.
+func (a *analysis) readEvents() error {
+	rep, pd := a.rep, a.pd
+	rep.Meta = readMeta(a.clusterDir)
+	rep.ClockOffsetsNs = readClockOffsets(a.clusterDir)
+	if err := trace.Each(filepath.Join(a.dir, trace.Events), func(rows []tps.Event) error {
+		for _, e := range rows {
+			rep.Events[e.Kind]++
+			a.events = append(a.events, e)
+			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(pd.events) < 10000 {
+				pd.events = append(pd.events, e)
+			}
+		}
+		return nil
+	}, rep.read); rep.tolerate(err) != nil {
+		return err
+	}
+	if rep.Selection != "" {
+		lo, hi := a.sp.span()
+		a.events = selectEvents(a.events, lo, hi, a.opt.Select)
+		pd.events = selectEvents(pd.events, lo, hi, a.opt.Select)
+		clear(rep.Events)
+		for _, e := range a.events {
+			rep.Events[e.Kind]++
+		}
+	}
+	// What the ranks showed against the declared layout (identical batches
+	// on separate replicas: tokens counted more than once), said first.
+	seenWarn := map[string]bool{}
+	for _, e := range a.events {
+		if e.Kind == tps.EventTopologyWarning && len(seenWarn) < 3 && !seenWarn[e.Detail] {
+			seenWarn[e.Detail] = true
+			rep.Notes = append(rep.Notes, fmt.Sprintf("layout contradicted (node %s, attempt %d): %s", e.Node, e.Attempt, e.Detail))
+		}
+	}
+	if err := a.markSteps(); err != nil {
+		return err
+	}
+	alignEvents(a.events, rep.ClockOffsetsNs, nil)
+	alignEvents(pd.events, rep.ClockOffsetsNs, nil)
+	return nil
+}
+
+// markSteps marks the warm-up in the spine, and the steps out of the
+// statistics as the events name them.
+func (a *analysis) markSteps() error {
+	// Steps a rank profiled (the agent analysed its trace) ran slower
+	// under the profiler: out of the statistics, in wall TPS and goodput.
+	a.profiled = map[[2]int64]bool{}
+	for _, e := range a.events {
+		if e.Kind == tps.EventTraceAnalysis && len(a.profiled) < 1<<20 {
+			a.profiled[[2]int64{e.Attempt, e.Step}] = true
+		}
+	}
+	// Steps PyTorch counted the FLOPs of ran under its counter: likewise.
+	a.flops = newFlopsAcc(a.events)
+	a.flops.sampled(a.profiled)
+	var selWarm map[[2]int64]bool
+	var threshold float64
+	if a.selected != nil {
+		// The warm-up is the whole run's: a window that starts mid-attempt
+		// has none of its own.
+		selWarm, threshold = a.selected.warm, a.selected.threshold
+	}
+	threshold, err := a.sp.markWarm(a.opt.Warmup, threshold, selWarm, a.profiled)
+	if err != nil {
+		return err
+	}
+	a.wopt = tps.WindowOptions{Warmup: a.opt.Warmup, Profiled: a.profiled, Threshold: threshold}
+	return nil
+}
+
+// clusterPass feeds every figure of the cluster rows (stepFigures) the
+// steps once. What the per-rank figures come from decides whether it
+// keeps the critical rank of each step.
+func (a *analysis) clusterPass() error {
+	rep, sp := a.rep, a.sp
+	if a.selected == nil {
+		a.rankTotal = trace.RowCount(filepath.Join(a.dir, trace.RankSteps), rep.read)
+	} else {
+		// the selection's rank rows as the cluster rows count them: the
+		// parts' footers are read once, by the pass
+		for _, c := range a.steps {
+			a.rankTotal += max(c.RanksReported, 0)
+		}
+	}
+	var err error
+	if a.rankSrc, err = rankSource(a.dir, a.opt.RankSource, a.rankTotal); err != nil {
+		return err
+	}
+	a.ranks = &rankSink{nodes: map[int64]string{}}
+	if a.rankSrc == trace.RankSteps {
+		a.ranks.crit = newCritExcess()
+	}
+	lo, hi := sp.span()
+	a.gpu = newGPUSeries(lo, hi)
+	a.gpu.offsets = rep.ClockOffsetsNs
+	if len(partsOf(filepath.Join(a.dir, trace.GPUSamples))) > 0 {
+		limit := [2]int64{math.MinInt64, math.MaxInt64}
+		if a.selected != nil {
+			// samples within a minute of the selection's steps (the plots and
+			// the episodes' causes join samples near their steps)
+			margin := int64(60e9) + largestOffset(rep.ClockOffsetsNs)
+			limit = [2]int64{lo - margin, hi + margin}
+		}
+		a.energy = newEnergyPass(a.dir, []trace.ReadOption{rep.read}, limit, rep.ClockOffsetsNs, a.gpu, cmp.Or(a.opt.energyChunk, clusterChunk))
+	}
+	a.summary = &summaryFigure{sum: tps.NewSummarizer(a.wopt, sp.anyComplete(), sp.len())}
+	a.figures = a.stepFigures()
+	if err := a.src.each(0, sp.len(), func(off int, rows []tps.ClusterStep) error {
+		return feed(sp, a.figures, off, rows)
+	}); err != nil {
+		return err
+	}
+	for _, f := range a.figures {
+		if c, ok := f.(chunkedFigure); ok {
+			if err := c.passDone(a); err != nil {
+				return err
+			}
+		}
+	}
+	rep.TablesRead = append(rep.TablesRead, trace.ClusterSteps, trace.Events)
+	return nil
+}
+
+// rankPass reads rank_steps or rank_windows into one rankSink: per-rank
+// compute medians, nodes, the heatmap, the episode windows, the critical
+// rank's own figures, padding, the capture's cost and memory; then the
+// figures of ranks alone (stragglers, nodes, episodes).
+func (a *analysis) rankPass() error {
+	rep, k := a.rep, a.ranks
+	k.world = a.summary.sum.WorldSize()
+	k.heat = newHeatGrid(a.sp.len(), int(k.world))
+	minWin := 0 // episode windows hold whole rank windows when those are read
+	if a.rankSrc == trace.RankWindows {
+		minWin = tps.RankWindowSteps
+	}
+	k.wins = newWindows(a.sp, k.world, minWin)
+	switch a.rankSrc {
+	case trace.RankWindows:
+		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
+		if err := a.windowPass(k); err != nil {
+			return err
+		}
+		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
+	default:
+		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
+		if err := a.stepPass(k); err != nil {
+			return err
+		}
+	}
+	top := a.opt.TopStragglers
+	scores := tps.ScoreMedians(k.med, k.nodes)
+	rep.Nodes = tps.NodeScores(scores)
+	rep.NodeCount = len(rep.Nodes)
+	if rep.NodeCount <= 1 {
+		rep.Nodes = nil // one node is not a straggler among nodes: its ranks are
+	}
+	rep.Stragglers = scores[:min(len(scores), top)]
+	rep.Nodes = rep.Nodes[:min(len(rep.Nodes), top)]
+	a.pd.heat, a.pd.nodeOf = k.heat, k.nodes
+	var err error
+	if rep.Episodes, err = k.wins.episodes(a.sp, k.nodes, a.src); err != nil {
+		return err
+	}
+	if rep.Episodes == nil {
+		rep.Episodes = []StragglerEpisode{}
+	}
+	rep.EpisodeWindow = k.wins.size
+	rep.CaptureCost, rep.Memory = rep.own.result(k.nodes, top)
+	if k.padTok > 0 && k.realTok <= k.padTok {
+		rep.Padding = &Padding{RealTokens: k.realTok, PaddedTokens: k.padTok, RealFraction: float64(k.realTok) / float64(k.padTok)}
+	}
+	return nil
+}
+
+// finish writes every step figure, then what joins them: the traces, the
+// GPU series, the episodes' causes and captures, cost and time to train.
+func (a *analysis) finish() error {
+	if err := a.realign(); err != nil {
+		return err
+	}
+	for _, f := range a.figures {
+		if err := f.write(a); err != nil {
+			return err
+		}
+	}
+	rep := a.rep
+	var err error
+	if rep.Traces, err = summarizeTraces(a.dir, a.events, rep.read); err != nil {
+		return err
+	}
+	if rep.GPUSamples > 0 {
+		a.pd.gpu = a.gpu
+	}
+	rep.episodeCauses(a.gpu)
+	rep.episodeCaptures(a.events)
+	a.cost()
+	return nil
+}
+
+// realign places the events that named no node by the nodes the rank
+// pass found; when that moves any (events sent past an agent, on a node
+// whose clock is off), the figures of the events' times are fed the
+// steps again.
+func (a *analysis) realign() error {
+	nodes := a.ranks.nodes
+	alignEvents(a.pd.events, a.rep.ClockOffsetsNs, nodes)
+	if alignEvents(a.events, a.rep.ClockOffsetsNs, nodes) == 0 {
+		return nil
+	}
+	var again []stepFigure
+	for i, f := range a.figures {
+		if e, ok := f.(eventFigure); ok {
+			a.figures[i] = e.again(a)
+			again = append(again, a.figures[i])
+		}
+	}
+	return a.src.each(0, a.sp.len(), func(off int, rows []tps.ClusterStep) error {
+		return feed(a.sp, again, off, rows)
+	})
+}
+
+// cost sets the cost per million tokens and the time to train.
+func (a *analysis) cost() {
+	rep, s := a.rep, a.rep.Summary
+	price := a.opt.GPUHourUSD
+	if price <= 0 && rep.Meta != nil {
+		price = rep.Meta.GPUHourUSD
+	}
+	if price > 0 && s.WallTPS > 0 && s.WorldSize > 0 {
+		if c, err := tps.CostPerMillionTokens(s.WallTPS, int(s.WorldSize), price); err == nil {
+			rep.CostPerMTok = &c
+		}
+	}
+	if a.opt.TrainTokens > 0 && s.WallTPS > 0 {
+		if d, err := tps.TimeToTrain(a.opt.TrainTokens, s.WallTPS); err == nil {
+			x := d.Seconds()
+			rep.TimeToTrainS = &x
+		}
+	}
+}
