@@ -33,7 +33,7 @@ func TestStragglerEpisodeMidRun(t *testing.T) {
 			}
 			return 1e9
 		})
-	rep, err := Analyze(filepath.Join(root, "late"), Options{Warmup: 0})
+	rep, err := analyzeChecked(filepath.Join(root, "late"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestPadding(t *testing.T) {
 	}
 	ranks.Close()
 	cluster.Close()
-	rep, err := Analyze(filepath.Join(root, "pad"), Options{Warmup: 0})
+	rep, err := analyzeChecked(filepath.Join(root, "pad"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestStragglerEpisodeCauses(t *testing.T) {
 	}
 	ranks.Close()
 	cluster.Close()
-	rep, err := Analyze(filepath.Join(root, "why"), Options{Warmup: 0})
+	rep, err := analyzeChecked(filepath.Join(root, "why"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +207,7 @@ func TestEpisodesOneNodeByRank(t *testing.T) {
 			}
 			return 1e9
 		})
-	rep, err := Analyze(filepath.Join(root, "one"), Options{Warmup: 0})
+	rep, err := analyzeChecked(filepath.Join(root, "one"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,7 +63,7 @@ func TestCountedFLOPs(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			rep, err := Analyze(filepath.Join(root, job), Options{Warmup: 0})
+			rep, err := analyzeChecked(filepath.Join(root, job), Options{Warmup: 0})
 			if err != nil {
 				t.Fatal(err)
 			}

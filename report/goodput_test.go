@@ -182,7 +182,7 @@ func TestGoodputShortRunNamed(t *testing.T) {
 	cluster.Write(rows)
 	cluster.Close()
 	events.Close()
-	rep, err := Analyze(filepath.Join(root, "short"), Options{Warmup: 1})
+	rep, err := analyzeChecked(filepath.Join(root, "short"), Options{Warmup: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestGoodputShortRunNamed(t *testing.T) {
 		}
 	}
 	att := int64(1)
-	only, err := Analyze(filepath.Join(root, "short"), Options{Warmup: 1, Select: Selection{Attempt: &att}})
+	only, err := analyzeChecked(filepath.Join(root, "short"), Options{Warmup: 1, Select: Selection{Attempt: &att}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -65,7 +65,7 @@ func TestLyingFootersSkipped(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	rep, err := Analyze(dir, Options{Warmup: 1})
+	rep, err := analyzeChecked(dir, Options{Warmup: 1})
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatalf("the report stopped at a lying footer: %v", err)
@@ -109,7 +109,7 @@ func TestHostileWindowSketches(t *testing.T) {
 	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	if _, err := Analyze(dir, Options{Warmup: 1, RankSource: RankSourceWindows}); err != nil {
+	if _, err := analyzeChecked(dir, Options{Warmup: 1, RankSource: RankSourceWindows}); err != nil {
 		t.Logf("report: %v", err) // an error is an answer; a panic or 12 GB is not
 	}
 	runtime.ReadMemStats(&after)

@@ -63,7 +63,7 @@ func openInBrowser(t *testing.T, page string) (dom, console, shot string) {
 // clean. The screenshot is kept in the test's temporary folder.
 func TestHTMLReportInBrowser(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, pd, err := AnalyzeWithPlots(g.dir, Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := analyzeWithPlotsChecked(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,11 +109,11 @@ func TestHTMLReportInBrowser(t *testing.T) {
 func TestCompareHTMLInBrowser(t *testing.T) {
 	a := generate(t, t.TempDir(), 60, 50)
 	b := generate(t, t.TempDir(), 40, 30)
-	ra, err := Analyze(a.dir, Options{Warmup: tps.AutoWarmup})
+	ra, err := analyzeChecked(a.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := Analyze(b.dir, Options{Warmup: tps.AutoWarmup})
+	rb, err := analyzeChecked(b.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,6 @@ import (
 //
 //	TPSPROF_LONG_STEPS=1562500 go test -run '^$' -bench LongRun -benchtime 1x -timeout 30m ./report/
 func BenchmarkReportLongRun(b *testing.B) {
-	noStreamCheck(b)
 	steps := 156_250
 	if v, err := strconv.Atoi(os.Getenv("TPSPROF_LONG_STEPS")); err == nil && v >= 1000 {
 		steps = v
@@ -154,7 +153,6 @@ func heapPeak(fn func()) uint64 {
 //
 //	go test -run '^$' -bench StreamedVsHeld -benchtime 3x ./report/
 func BenchmarkReportStreamedVsHeld(b *testing.B) {
-	noStreamCheck(b)
 	dir, err := tracetest.Write(b.TempDir(), "parts", tracetest.Run{World: 2, Steps: 200_000, Jitter: true, ClusterRowsPerPart: 600})
 	if err != nil {
 		b.Fatal(err)

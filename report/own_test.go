@@ -24,7 +24,7 @@ func TestCaptureCostAndMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	// an older run first: no such columns in its parts
-	rep, err := Analyze(dir, Options{Warmup: 0})
+	rep, err := analyzeChecked(dir, Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestCaptureCostAndMemory(t *testing.T) {
 
 	n := float64(len(rows))
 	for _, src := range []string{RankSourceSteps, RankSourceWindows} {
-		rep, err := Analyze(dir, Options{Warmup: 0, RankSource: src})
+		rep, err := analyzeChecked(dir, Options{Warmup: 0, RankSource: src})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -42,7 +42,7 @@ func TestProfiledStepsLeftOut(t *testing.T) {
 	ew.Write(evs)
 	cw.Close()
 	ew.Close()
-	rep, err := Analyze(dir, Options{Warmup: 0})
+	rep, err := analyzeChecked(dir, Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestClockSteppedBack(t *testing.T) {
 		at += s
 	}
 	cw.Close()
-	rep, err := Analyze(filepath.Join(root, "jump"), Options{Warmup: 0})
+	rep, err := analyzeChecked(filepath.Join(root, "jump"), Options{Warmup: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

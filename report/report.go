@@ -268,42 +268,14 @@ type Plots struct {
 // the report's result.
 func Analyze(dir string, opt Options) (*Report, error) {
 	rep, _, err := analyze(dir, opt, false)
-	if err == nil {
-		crossCheck(dir, opt, rep)
-	}
 	return rep, err
 }
-
-// crossCheck hands checkStreamed, when set, rep and the report of dir
-// streamed three steps at a time (the energy join 50 steady steps at a
-// time), its values past two in files.
-func crossCheck(dir string, opt Options, rep *Report) {
-	if checkStreamed == nil {
-		return
-	}
-	opt.chunk, opt.energyChunk = 3, 50
-	old := tps.ValuesInMemory
-	tps.ValuesInMemory = 2 // and the step times and TPS in files
-	streamed, _, err := analyze(dir, opt, false)
-	tps.ValuesInMemory = old
-	checkStreamed(dir, rep, streamed, err)
-}
-
-// checkStreamed, when set (by this package's tests), is handed every
-// Analyze's (and AnalyzeWithPlots') report and the same report with the
-// cluster rows streamed in chunks of three steps.
-var checkStreamed func(dir string, held, streamed *Report, err error)
 
 // AnalyzeWithPlots is Analyze, and what the report's figures draw
 // (Plots.Figures): 120 B a step more (plotStep), the plots drawing every
 // step.
 func AnalyzeWithPlots(dir string, opt Options) (*Report, *Plots, error) {
-	rep, pd, err := analyze(dir, opt, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	crossCheck(dir, opt, rep)
-	return rep, pd, nil
+	return analyze(dir, opt, true)
 }
 
 // fitSums is ordinary least squares of y on x from the sums over n

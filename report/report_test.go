@@ -124,7 +124,7 @@ func generate(t testing.TB, root string, steps0, steps1 int) genTrace {
 
 func TestKnownAnswers(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, pd, err := AnalyzeWithPlots(g.dir, Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := analyzeWithPlotsChecked(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestKnownAnswers(t *testing.T) {
 
 func TestGoldenSummaries(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, err := Analyze(g.dir, Options{Warmup: tps.AutoWarmup, TrainTokens: 1e12})
+	rep, err := analyzeChecked(g.dir, Options{Warmup: tps.AutoWarmup, TrainTokens: 1e12})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +223,7 @@ func lineDiff(want, got string) string {
 
 func TestPlots(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	rep, pd, err := AnalyzeWithPlots(g.dir, Options{Warmup: tps.AutoWarmup})
+	rep, pd, err := analyzeWithPlotsChecked(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,10 +281,10 @@ func TestPlots(t *testing.T) {
 }
 
 func TestAnalyzeErrors(t *testing.T) {
-	if _, err := Analyze(filepath.Join(t.TempDir(), "nope"), Options{}); err == nil {
+	if _, err := analyzeChecked(filepath.Join(t.TempDir(), "nope"), Options{}); err == nil {
 		t.Error("missing folder accepted")
 	}
-	if _, err := Analyze(t.TempDir(), Options{}); err == nil || !strings.Contains(err.Error(), "no cluster steps") {
+	if _, err := analyzeChecked(t.TempDir(), Options{}); err == nil || !strings.Contains(err.Error(), "no cluster steps") {
 		t.Errorf("empty folder: %v", err)
 	}
 }
@@ -294,7 +294,6 @@ func TestAnalyzeErrors(t *testing.T) {
 //
 //	go test -run '^$' -bench Report10M -benchtime 1x ./report/
 func BenchmarkReport10M(b *testing.B) {
-	noStreamCheck(b)
 	root := b.TempDir()
 	dir := generateLarge(b, root, 64, 156_250)
 	// The report's own peak: the live heap sampled every 100 ms while it
@@ -322,7 +321,7 @@ func BenchmarkReport10M(b *testing.B) {
 	}()
 	b.ResetTimer()
 	for b.Loop() {
-		rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
+		rep, err := analyzeChecked(dir, Options{Warmup: tps.AutoWarmup})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -366,11 +365,11 @@ func TestMedianKeepBounded(t *testing.T) {
 // in JSON), never 0.
 func TestGoldenCompare(t *testing.T) {
 	g := generate(t, t.TempDir(), 60, 50)
-	a, err := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	a, err := analyzeChecked(g.dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := Analyze(g.dir, Options{Warmup: tps.AutoWarmup})
+	b, _ := analyzeChecked(g.dir, Options{Warmup: tps.AutoWarmup})
 	b.Job = "gen-b"
 	b.Summary.WorldSize *= 2
 	b.Summary.Tokens *= 2

@@ -53,7 +53,7 @@ func TestSelection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Analyze(dir, Options{Warmup: 0, Select: Selection{Attempt: &one, StepFrom: from, StepTo: to}})
+	rep, err := analyzeChecked(dir, Options{Warmup: 0, Select: Selection{Attempt: &one, StepFrom: from, StepTo: to}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,22 +69,22 @@ func TestSelection(t *testing.T) {
 	if g := rep.Goodput; g.ElapsedS != 20 || g.BadputS[BadRestart] != 0 {
 		t.Errorf("elapsed %g s, restart %g: want the selection's 20 s", g.ElapsedS, g.BadputS[BadRestart])
 	}
-	rep, pd, err := AnalyzeWithPlots(dir, Options{Warmup: 0, Select: Selection{Last: 5}})
+	rep, pd, err := analyzeWithPlotsChecked(dir, Options{Warmup: 0, Select: Selection{Last: 5}})
 	if err != nil || rep.Summary.Steps != 5 || pd.steps[0].Attempt != 1 || pd.steps[0].Step != 95 {
 		t.Errorf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, pd.steps[0])
 	}
 	// the warm-up is the whole run's: a window from mid-attempt has none
-	rep, err = Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
+	rep, err = analyzeChecked(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
 	if err != nil || rep.Summary.WarmupSteps != 0 || rep.Summary.SteadySteps != 5 {
 		t.Errorf("--last 5 with the automatic warm-up: %v, %d warm-up steps", err, rep.Summary.WarmupSteps)
 	}
 	since := time.Unix(0, t0+195*s) // 195 s in: attempt 1's steps ending from then, 84 to 99 (the slow window took 10 s more)
-	rep, err = Analyze(dir, Options{Warmup: 0, Select: Selection{Since: since}})
+	rep, err = analyzeChecked(dir, Options{Warmup: 0, Select: Selection{Since: since}})
 	if err != nil || rep.Summary.Steps != 16 {
 		t.Errorf("--since: %v, %d steps", err, rep.Summary.Steps)
 	}
 	big := int64(500)
-	if _, err := Analyze(dir, Options{Select: Selection{StepFrom: &big}}); err == nil || !strings.Contains(err.Error(), "holds none of the job's 200 cluster steps") {
+	if _, err := analyzeChecked(dir, Options{Select: Selection{StepFrom: &big}}); err == nil || !strings.Contains(err.Error(), "holds none of the job's 200 cluster steps") {
 		t.Errorf("an empty selection: %v", err)
 	}
 	for _, bad := range []string{"5", "9:3", ":", "a:b", "-1:4"} {
@@ -139,7 +139,7 @@ func TestSelectionReadsItsShare(t *testing.T) {
 	data -= footers
 	from, to := int64(steps/2), int64(steps/2+steps/100-1)
 	for _, sel := range []Selection{{Last: steps / 100}, {StepFrom: &from, StepTo: &to}} {
-		rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup, Select: sel})
+		rep, err := analyzeChecked(dir, Options{Warmup: tps.AutoWarmup, Select: sel})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +156,7 @@ func TestSelectionReadsItsShare(t *testing.T) {
 			t.Errorf("%s: read %d B besides the footers, of %d: want at most 2%%", sel, read, data)
 		}
 	}
-	rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
+	rep, err := analyzeChecked(dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestSelectionFromRankWindows(t *testing.T) {
 	if err := ww.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Analyze(dir, Options{Warmup: 0, RankSource: RankSourceWindows, Select: Selection{Last: 250}})
+	rep, err := analyzeChecked(dir, Options{Warmup: 0, RankSource: RankSourceWindows, Select: Selection{Last: 250}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,12 +224,12 @@ func TestSelectionRowsOutOfOrder(t *testing.T) {
 	w.Close()
 	rw.Close()
 	dir := filepath.Join(root, "o")
-	rep, pd, err := AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
+	rep, pd, err := analyzeWithPlotsChecked(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{Last: 5}})
 	if err != nil || rep.Summary.Steps != 5 || pd.steps[0].Step != 195 {
 		t.Fatalf("--last 5: %v, %d steps from %+v", err, rep.Summary.Steps, pd.steps)
 	}
 	from, to := int64(0), int64(9)
-	rep, pd, err = AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{StepFrom: &from, StepTo: &to}})
+	rep, pd, err = analyzeWithPlotsChecked(dir, Options{Warmup: tps.AutoWarmup, Select: Selection{StepFrom: &from, StepTo: &to}})
 	if err != nil || rep.Summary.Steps != 10 || rep.Summary.WarmupSteps != 1 || pd.steps[0].Step != 0 {
 		t.Errorf("--steps 0:9: %v, %d steps, %d warm-up", err, rep.Summary.Steps, rep.Summary.WarmupSteps)
 	}

@@ -16,11 +16,13 @@ import (
 	"github.com/tpsprof/tpsprof/trace/tracetest"
 )
 
-// Every Analyze in this package's tests is run a second time with the
-// cluster rows streamed three steps at a time, and the two reports must
-// be the same, byte for byte in JSON, but for the bytes read (the
-// streamed one reads the spine, then the rows, then the episodes' rows
-// again). Every fixture of every test is so a case of the streamed pass.
+// Every report this package's tests make (analyzeChecked) is made a
+// second time with the cluster rows streamed three steps at a time, and
+// the two must be the same, byte for byte in JSON, but for the bytes read
+// (the streamed one reads the spine, then the rows, then the episodes'
+// rows again); and it must hold the invariants (what people read first
+// is true). Every fixture of every test is so a case of the streamed
+// pass. The findings fail the run (TestMain).
 var (
 	streamMu    sync.Mutex
 	streamDiffs []string
@@ -28,23 +30,6 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	checkStreamed = func(dir string, held, streamed *Report, err error) {
-		streamMu.Lock()
-		defer streamMu.Unlock()
-		streamRuns++
-		// every report the tests make holds the invariants (what people
-		// read first is true), held and streamed alike
-		for _, v := range Invariants(held) {
-			streamDiffs = append(streamDiffs, fmt.Sprintf("%s: invariant: %s", dir, v))
-		}
-		if err != nil {
-			streamDiffs = append(streamDiffs, fmt.Sprintf("%s: streamed: %v", dir, err))
-			return
-		}
-		if d := reportDiff(held, streamed); d != "" {
-			streamDiffs = append(streamDiffs, fmt.Sprintf("%s: held and streamed reports differ:\n%s", dir, d))
-		}
-	}
 	code := m.Run()
 	if len(streamDiffs) > 0 {
 		fmt.Fprintf(os.Stderr, "FAIL: %d findings over %d reports (streamed reports that differ from the held ones, invariants that do not hold):\n%s\n", len(streamDiffs), streamRuns, strings.Join(streamDiffs, "\n"))
@@ -53,12 +38,23 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// noStreamCheck turns the second, streamed run off for a benchmark (it
-// would time both).
-func noStreamCheck(b testing.TB) {
-	f := checkStreamed
-	checkStreamed = nil
-	b.Cleanup(func() { checkStreamed = f })
+// checkStreamed records what differs between held, the report of dir,
+// and streamed, the same report streamed (err its error), and the
+// invariants held does not hold.
+func checkStreamed(dir string, held, streamed *Report, err error) {
+	streamMu.Lock()
+	defer streamMu.Unlock()
+	streamRuns++
+	for _, v := range Invariants(held) {
+		streamDiffs = append(streamDiffs, fmt.Sprintf("%s: invariant: %s", dir, v))
+	}
+	if err != nil {
+		streamDiffs = append(streamDiffs, fmt.Sprintf("%s: streamed: %v", dir, err))
+		return
+	}
+	if d := reportDiff(held, streamed); d != "" {
+		streamDiffs = append(streamDiffs, fmt.Sprintf("%s: held and streamed reports differ:\n%s", dir, d))
+	}
 }
 
 // reportDiff is the lines that differ between two reports' JSON, bytes
@@ -87,7 +83,6 @@ func reportJSON(r *Report) string {
 // what the plots draw are those of the run held whole (the peak heaps are
 // logged; BenchmarkReportLongRun measures memory).
 func TestStreamedReportEqualsInMemory(t *testing.T) {
-	noStreamCheck(t)
 	root := t.TempDir()
 	dir, err := tracetest.Write(root, "s", tracetest.Run{World: 4, Steps: 10_000, Jitter: true, ClusterRowsPerGroup: 1000, Attempts: 2})
 	if err != nil {
@@ -176,7 +171,7 @@ func TestEventsAlignedWithoutTheirNode(t *testing.T) {
 			}
 		}
 		dir := filepath.Join(root, "j")
-		held, err := Analyze(dir, Options{Warmup: 0})
+		held, err := analyzeChecked(dir, Options{Warmup: 0})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,7 +223,7 @@ func TestStreamedRowsOutOfOrder(t *testing.T) {
 		}
 	}
 	dir := filepath.Join(root, "o")
-	held, _, err := AnalyzeWithPlots(dir, Options{Warmup: tps.AutoWarmup})
+	held, _, err := analyzeWithPlotsChecked(dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,7 +276,7 @@ func TestEnergyJoinStreamed(t *testing.T) {
 	if err := gw.Close(); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
+	rep, err := analyzeChecked(dir, Options{Warmup: tps.AutoWarmup})
 	if err != nil {
 		t.Fatal(err)
 	}
