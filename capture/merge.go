@@ -382,24 +382,76 @@ const minLeadNs = 50_000
 // their own time origins and nodes with skewed clocks compare, and a call
 // one trace lacks is left out without shifting the others.
 func Merge(id, job string, results []Report) *View {
-	v := &View{ID: id, Job: job}
-	byRank := map[int64][]Report{}
-	for _, r := range results {
-		if r.State != StateTraced {
-			continue
+	m := newMerger(id, job, results)
+	if len(m.ranks) == 0 {
+		return m.v
+	}
+	m.sequences()
+	for _, step := range m.v.Steps {
+		gs := m.groupsOf(step)
+		offset := m.align(step, gs)
+		for _, g := range gs {
+			m.match(step, g, offset)
 		}
-		byRank[r.Rank] = append(byRank[r.Rank], r)
+		for rk, spans := range m.waits {
+			m.rank(rk).WaitUs += float64(BlockedNs(spans)) / 1e3
+		}
+		clear(m.waits)
+		if step == m.v.Steps[0] {
+			for rk, off := range offset {
+				m.rank(rk).OffsetUs = float64(off) / 1e3
+			}
+		}
 	}
-	ranks := make([]int64, 0, len(byRank))
-	for r := range byRank {
-		ranks = append(ranks, r)
+	m.notes(results)
+	m.attribute()
+	v := m.v
+	v.verdict(recordsCritical(m.byRank, m.ranks), m.unmatched, m.unaligned)
+	for i := range v.Ranks {
+		r := &v.Ranks[i]
+		r.TransferUs = max(r.CommUs-r.WaitUs, 0)
 	}
-	slices.Sort(ranks)
+	v.trimCollectives()
+	return v
+}
+
+// merger is one Merge: the ranks' traced steps, each rank's calls per
+// step and process group, and what matching them found.
+type merger struct {
+	v      *View
+	byRank map[int64][]Report
+	ranks  []int64       // sorted
+	idx    map[int64]int // rank → its place in v.Ranks
+	seqs   map[seqKey][]call
+	groups map[int64]map[string]bool // per step
+	waits  map[int64][][2]int64      // a step's [arrival, last arrival] spans per rank
+
+	unmatched int
+	unaligned map[int64]bool
+}
+
+type seqKey struct {
+	rank, step int64
+	group      string
+}
+
+// newMerger takes the traced reports, and sums each rank's figures.
+func newMerger(id, job string, results []Report) *merger {
+	m := &merger{v: &View{ID: id, Job: job}, byRank: map[int64][]Report{}, idx: map[int64]int{},
+		seqs: map[seqKey][]call{}, groups: map[int64]map[string]bool{}, waits: map[int64][][2]int64{}, unaligned: map[int64]bool{}}
+	for _, r := range results {
+		if r.State == StateTraced {
+			m.byRank[r.Rank] = append(m.byRank[r.Rank], r)
+		}
+	}
+	for r := range m.byRank {
+		m.ranks = append(m.ranks, r)
+	}
+	slices.Sort(m.ranks)
 	steps := map[int64]bool{}
-	idx := map[int64]int{}
-	for _, rk := range ranks {
+	for _, rk := range m.ranks {
 		rv := RankView{Rank: rk}
-		for _, r := range byRank[rk] {
+		for _, r := range m.byRank[rk] {
 			rv.Node, rv.Device = r.Node, r.Device
 			rv.Steps++
 			steps[r.Step] = true
@@ -410,179 +462,192 @@ func Merge(id, job string, results []Report) *View {
 			rv.ExposedCommUs += f.ExposedCommUs
 			rv.IdleUs += f.IdleUs
 		}
-		rv.Record = meanRecord(byRank[rk])
-		idx[rk] = len(v.Ranks)
-		v.Ranks = append(v.Ranks, rv)
+		rv.Record = meanRecord(m.byRank[rk])
+		m.idx[rk] = len(m.v.Ranks)
+		m.v.Ranks = append(m.v.Ranks, rv)
 	}
 	for s := range steps {
-		v.Steps = append(v.Steps, s)
+		m.v.Steps = append(m.v.Steps, s)
 	}
-	slices.Sort(v.Steps)
-	if len(ranks) == 0 {
-		return v
-	}
+	slices.Sort(m.v.Steps)
+	return m
+}
 
-	// each rank's calls per step and process group, in order of their ends
-	type seqKey struct {
-		rank, step int64
-		group      string
-	}
-	seqs := map[seqKey][]call{}
-	groups := map[int64]map[string]bool{} // per step
-	for _, rk := range ranks {
-		for _, r := range byRank[rk] {
+func (m *merger) rank(rk int64) *RankView { return &m.v.Ranks[m.idx[rk]] }
+
+// sequences sorts each rank's calls per step and process group in issue
+// order: every rank of a group issues its collectives in the same order
+// (their ends may not be: DDP's buckets overlap).
+func (m *merger) sequences() {
+	for _, rk := range m.ranks {
+		for _, r := range m.byRank[rk] {
 			for _, c := range r.Calls {
 				k := seqKey{rk, r.Step, c.Group}
 				arrive := c.StartNs
 				if c.IssueNs > 0 && c.IssueNs <= c.StartNs {
 					arrive = c.IssueNs // the rank's own call, not gloo's thread starting
 				}
-				seqs[k] = append(seqs[k], call{c.Kind, arrive, c.EndNs})
-				if groups[r.Step] == nil {
-					groups[r.Step] = map[string]bool{}
+				m.seqs[k] = append(m.seqs[k], call{c.Kind, arrive, c.EndNs})
+				if m.groups[r.Step] == nil {
+					m.groups[r.Step] = map[string]bool{}
 				}
-				groups[r.Step][c.Group] = true
+				m.groups[r.Step][c.Group] = true
 			}
 		}
 	}
-	for _, s := range seqs {
-		// issue order: every rank of a group issues its collectives in the
-		// same order (their ends may not be: DDP's buckets overlap)
+	for _, s := range m.seqs {
 		slices.SortFunc(s, func(a, b call) int { return cmp.Or(cmp.Compare(a.start, b.start), cmp.Compare(a.end, b.end)) })
 	}
-	unmatched, unaligned := 0, map[int64]bool{}
-	waits := map[int64][][2]int64{} // a step's [arrival, last arrival] spans per rank
-	for _, step := range v.Steps {
-		var gs []string
-		for g := range groups[step] {
-			gs = append(gs, g)
+}
+
+func (m *merger) groupsOf(step int64) []string {
+	var gs []string
+	for g := range m.groups[step] {
+		gs = append(gs, g)
+	}
+	slices.Sort(gs)
+	return gs
+}
+
+// align is each rank's clock offset within the step (each rank's trace of
+// a step may have its own time origin): against the lowest rank with
+// calls, through another rank where the two share no process group. A
+// rank that shares no call with an aligned one has none.
+func (m *merger) align(step int64, gs []string) map[int64]int64 {
+	offset := map[int64]int64{}
+	for _, rk := range m.ranks {
+		if m.hasCalls(rk, step, gs) {
+			offset[rk] = 0
+			break
 		}
-		slices.Sort(gs)
-		// Clock offsets within the step (each rank's trace of a step may
-		// have its own time origin): against the lowest rank, through
-		// another rank where the two share no process group.
-		offset := map[int64]int64{}
-		for _, rk := range ranks {
-			for _, g := range gs {
-				if len(seqs[seqKey{rk, step, g}]) > 0 {
-					offset[rk] = 0
-					break
-				}
-			}
+	}
+	for changed := true; changed; {
+		changed = false
+		for _, rk := range m.ranks {
 			if _, ok := offset[rk]; ok {
-				break
-			}
-		}
-		for changed := true; changed; {
-			changed = false
-			for _, rk := range ranks {
-				if _, ok := offset[rk]; ok {
-					continue
-				}
-				for _, o := range ranks {
-					off, ok := offset[o]
-					if !ok {
-						continue
-					}
-					var a, b [][]call
-					for _, g := range gs {
-						if x, y := seqs[seqKey{rk, step, g}], seqs[seqKey{o, step, g}]; len(x) > 0 && len(y) > 0 {
-							a, b = append(a, x), append(b, y)
-						}
-					}
-					if d, n := bestOffset(a, b); n > 0 {
-						offset[rk] = d + off
-						changed = true
-						break
-					}
-				}
-			}
-		}
-		// Per group, each rank's calls matched to the reference rank's
-		// (the group's lowest) in order, by their aligned ends.
-		for _, g := range gs {
-			var ref int64 = -1
-			for _, rk := range ranks {
-				if _, ok := offset[rk]; ok && len(seqs[seqKey{rk, step, g}]) > 0 {
-					ref = rk
-					break
-				}
-			}
-			if ref < 0 {
 				continue
 			}
-			base := seqs[seqKey{ref, step, g}]
-			type arr struct {
-				rank int64
-				t    int64
-				kind string
-			}
-			arrivals := make([][]arr, len(base))
-			for i, c := range base {
-				arrivals[i] = []arr{{ref, c.start - offset[ref], c.kind}}
-			}
-			for _, rk := range ranks {
-				mine := seqs[seqKey{rk, step, g}]
-				if rk == ref || len(mine) == 0 {
-					continue
-				}
-				off, ok := offset[rk]
+			for _, o := range m.ranks {
+				off, ok := offset[o]
 				if !ok {
-					unaligned[rk] = true
 					continue
 				}
-				pairs := pairCalls(mine, base, off-offset[ref])
-				unmatched += len(mine) - len(pairs)
-				for _, p := range pairs {
-					arrivals[p[1]] = append(arrivals[p[1]], arr{rk, mine[p[0]].start - off, mine[p[0]].kind})
+				if d, n := bestOffset(m.shared(rk, o, step, gs)); n > 0 {
+					offset[rk] = d + off
+					changed = true
+					break
 				}
-			}
-			for i, as := range arrivals {
-				if len(as) < 2 {
-					continue // one rank's call: nothing to compare
-				}
-				c := Collective{Step: step, Group: g, Seq: i, Kind: as[0].kind}
-				slices.SortFunc(as, func(a, b arr) int { return cmp.Compare(a.rank, b.rank) })
-				first, last, second := as[0].t, as[0], int64(-1<<63)
-				for _, a := range as {
-					first = min(first, a.t)
-					if a.t > last.t {
-						last = a
-					}
-				}
-				for _, a := range as {
-					if a.rank != last.rank {
-						second = max(second, a.t)
-					}
-				}
-				for _, a := range as {
-					c.Ranks = append(c.Ranks, a.rank)
-					c.ArrivalUs = append(c.ArrivalUs, float64(a.t-first)/1e3)
-					waits[a.rank] = append(waits[a.rank], [2]int64{a.t, last.t})
-				}
-				c.Last, c.firstNs = last.rank, first
-				c.SpreadUs = float64(last.t-first) / 1e3
-				c.HeldBackUs = float64(last.t-second) / 1e3
-				if last.t-second >= minLeadNs {
-					rv := &v.Ranks[idx[last.rank]]
-					rv.LastArrivals++
-					rv.HeldBackUs += c.HeldBackUs
-				}
-				v.Collectives = append(v.Collectives, c)
-			}
-		}
-		for rk, spans := range waits {
-			v.Ranks[idx[rk]].WaitUs += float64(BlockedNs(spans)) / 1e3
-		}
-		clear(waits)
-		for _, rk := range ranks {
-			if off, ok := offset[rk]; ok && step == v.Steps[0] {
-				v.Ranks[idx[rk]].OffsetUs = float64(off) / 1e3
 			}
 		}
 	}
-	for _, rk := range ranks {
-		if unaligned[rk] {
+	return offset
+}
+
+func (m *merger) hasCalls(rk, step int64, gs []string) bool {
+	for _, g := range gs {
+		if len(m.seqs[seqKey{rk, step, g}]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// shared is the call sequences of the groups both ranks have calls in.
+func (m *merger) shared(rk, o, step int64, gs []string) (a, b [][]call) {
+	for _, g := range gs {
+		if x, y := m.seqs[seqKey{rk, step, g}], m.seqs[seqKey{o, step, g}]; len(x) > 0 && len(y) > 0 {
+			a, b = append(a, x), append(b, y)
+		}
+	}
+	return a, b
+}
+
+// arrival is a rank's arrival at a collective, on the reference clock.
+type arrival struct {
+	rank int64
+	t    int64
+	kind string
+}
+
+// match pairs each rank's calls of group g in step with the reference
+// rank's (the group's lowest aligned one) and adds the collectives seen
+// by at least two ranks.
+func (m *merger) match(step int64, g string, offset map[int64]int64) {
+	var ref int64 = -1
+	for _, rk := range m.ranks {
+		if _, ok := offset[rk]; ok && len(m.seqs[seqKey{rk, step, g}]) > 0 {
+			ref = rk
+			break
+		}
+	}
+	if ref < 0 {
+		return
+	}
+	base := m.seqs[seqKey{ref, step, g}]
+	arrivals := make([][]arrival, len(base))
+	for i, c := range base {
+		arrivals[i] = []arrival{{ref, c.start - offset[ref], c.kind}}
+	}
+	for _, rk := range m.ranks {
+		mine := m.seqs[seqKey{rk, step, g}]
+		if rk == ref || len(mine) == 0 {
+			continue
+		}
+		off, ok := offset[rk]
+		if !ok {
+			m.unaligned[rk] = true
+			continue
+		}
+		pairs := pairCalls(mine, base, off-offset[ref])
+		m.unmatched += len(mine) - len(pairs)
+		for _, p := range pairs {
+			arrivals[p[1]] = append(arrivals[p[1]], arrival{rk, mine[p[0]].start - off, mine[p[0]].kind})
+		}
+	}
+	for i, as := range arrivals {
+		if len(as) >= 2 { // one rank's call: nothing to compare
+			m.collective(Collective{Step: step, Group: g, Seq: i, Kind: as[0].kind}, as)
+		}
+	}
+}
+
+// collective adds c, the arrivals as at it: who came last, by how much,
+// and each rank's wait.
+func (m *merger) collective(c Collective, as []arrival) {
+	slices.SortFunc(as, func(a, b arrival) int { return cmp.Compare(a.rank, b.rank) })
+	first, last, second := as[0].t, as[0], int64(-1<<63)
+	for _, a := range as {
+		first = min(first, a.t)
+		if a.t > last.t {
+			last = a
+		}
+	}
+	for _, a := range as {
+		if a.rank != last.rank {
+			second = max(second, a.t)
+		}
+	}
+	for _, a := range as {
+		c.Ranks = append(c.Ranks, a.rank)
+		c.ArrivalUs = append(c.ArrivalUs, float64(a.t-first)/1e3)
+		m.waits[a.rank] = append(m.waits[a.rank], [2]int64{a.t, last.t})
+	}
+	c.Last, c.firstNs = last.rank, first
+	c.SpreadUs = float64(last.t-first) / 1e3
+	c.HeldBackUs = float64(last.t-second) / 1e3
+	if last.t-second >= minLeadNs {
+		rv := m.rank(last.rank)
+		rv.LastArrivals++
+		rv.HeldBackUs += c.HeldBackUs
+	}
+	m.v.Collectives = append(m.v.Collectives, c)
+}
+
+// notes says what the matching could not do.
+func (m *merger) notes(results []Report) {
+	v := m.v
+	for _, rk := range m.ranks {
+		if m.unaligned[rk] {
 			v.Notes = append(v.Notes, fmt.Sprintf("rank %d shares no collective with the others in some step: its clock is not aligned there and it is left out of those arrivals", rk))
 		}
 	}
@@ -590,11 +655,17 @@ func Merge(id, job string, results []Report) *View {
 		v.Notes = append(v.Notes, fmt.Sprintf("the traces count %d process groups and do not name the group of each call (PyTorch's CPU traces do not): calls of different groups are paired as one group's, so a wait in one group may be read against another's", n))
 		v.GroupsUnnamed = n
 	}
-	if unmatched > 0 {
-		v.Notes = append(v.Notes, fmt.Sprintf("%d calls matched no call of their group's first rank (a trace lacks some calls, or the ranks issued different collectives): left out", unmatched))
+	if m.unmatched > 0 {
+		v.Notes = append(v.Notes, fmt.Sprintf("%d calls matched no call of their group's first rank (a trace lacks some calls, or the ranks issued different collectives): left out", m.unmatched))
 	}
+}
 
-	// the culprit: the rank that held the collectives back the longest
+// attribute names the culprit, the rank that held the collectives back
+// the longest, and the others' wait for it: per other rank and step, its
+// waits at those collectives, the spans of asynchronous ones overlapping
+// (BlockedNs), summed over the steps, averaged over the others.
+func (m *merger) attribute() {
+	v := m.v
 	var best *RankView
 	for i := range v.Ranks {
 		r := &v.Ranks[i]
@@ -602,51 +673,50 @@ func Merge(id, job string, results []Report) *View {
 			best = r
 		}
 	}
-	if best != nil {
-		cu := &Culprit{Rank: best.Rank, Node: best.Node, LastArrivals: best.LastArrivals, Collectives: len(v.Collectives), HeldBackUs: best.HeldBackUs}
-		// per other rank and step: its waits at those collectives, the
-		// spans of asynchronous ones overlapping (BlockedNs); summed over
-		// the steps, averaged over the others
-		spans := map[[2]int64][][2]int64{} // (rank, step) -> spans, ns
-		for _, c := range v.Collectives {
-			if c.Last != best.Rank || c.HeldBackUs*1e3 < minLeadNs {
-				continue
-			}
-			for i, rk := range c.Ranks {
-				if rk != best.Rank {
-					k := [2]int64{rk, c.Step}
-					spans[k] = append(spans[k], [2]int64{c.firstNs + int64(c.ArrivalUs[i]*1e3), c.firstNs + int64(c.SpreadUs*1e3)})
-				}
+	if best == nil {
+		return
+	}
+	cu := &Culprit{Rank: best.Rank, Node: best.Node, LastArrivals: best.LastArrivals, Collectives: len(v.Collectives), HeldBackUs: best.HeldBackUs}
+	spans := map[[2]int64][][2]int64{} // (rank, step) -> spans, ns
+	for _, c := range v.Collectives {
+		if c.Last != best.Rank || c.HeldBackUs*1e3 < minLeadNs {
+			continue
+		}
+		for i, rk := range c.Ranks {
+			if rk != best.Rank {
+				k := [2]int64{rk, c.Step}
+				spans[k] = append(spans[k], [2]int64{c.firstNs + int64(c.ArrivalUs[i]*1e3), c.firstNs + int64(c.SpreadUs*1e3)})
 			}
 		}
-		var wait int64
-		for _, sp := range spans {
-			wait += BlockedNs(sp)
-		}
-		if len(spans) > 0 {
-			cu.OthersWaitUs = float64(wait) / 1e3 / float64(len(v.Ranks)-1)
-		}
-		if unmatched > 0 {
-			cu.WaitDoubt = fmt.Sprintf("%d calls lost in matching: the others' wait leaves theirs out", unmatched)
-		} else if v.GroupsUnnamed > 0 {
-			cu.WaitDoubt = fmt.Sprintf("%d process groups not told apart in the traces: the others' wait may count one group's calls against another's", v.GroupsUnnamed)
-		}
-		v.Culprit = cu
 	}
-	v.verdict(recordsCritical(byRank, ranks), unmatched, unaligned)
-	for i := range v.Ranks {
-		r := &v.Ranks[i]
-		r.TransferUs = max(r.CommUs-r.WaitUs, 0)
+	var wait int64
+	for _, sp := range spans {
+		wait += BlockedNs(sp)
 	}
-	if n := len(v.Collectives); n > MaxViewCollectives {
-		slices.SortStableFunc(v.Collectives, func(a, b Collective) int { return cmp.Compare(b.SpreadUs, a.SpreadUs) })
-		v.Collectives = v.Collectives[:MaxViewCollectives]
-		slices.SortStableFunc(v.Collectives, func(a, b Collective) int {
-			return cmp.Or(cmp.Compare(a.Step, b.Step), cmp.Compare(a.Group, b.Group), cmp.Compare(a.Seq, b.Seq))
-		})
-		v.Notes = append(v.Notes, fmt.Sprintf("%d matched calls; the %d with the longest waits are listed (the figures count them all)", n, MaxViewCollectives))
+	if len(spans) > 0 {
+		cu.OthersWaitUs = float64(wait) / 1e3 / float64(len(v.Ranks)-1)
 	}
-	return v
+	if m.unmatched > 0 {
+		cu.WaitDoubt = fmt.Sprintf("%d calls lost in matching: the others' wait leaves theirs out", m.unmatched)
+	} else if v.GroupsUnnamed > 0 {
+		cu.WaitDoubt = fmt.Sprintf("%d process groups not told apart in the traces: the others' wait may count one group's calls against another's", v.GroupsUnnamed)
+	}
+	v.Culprit = cu
+}
+
+// trimCollectives keeps the MaxViewCollectives calls with the longest
+// waits (the figures count them all).
+func (v *View) trimCollectives() {
+	n := len(v.Collectives)
+	if n <= MaxViewCollectives {
+		return
+	}
+	slices.SortStableFunc(v.Collectives, func(a, b Collective) int { return cmp.Compare(b.SpreadUs, a.SpreadUs) })
+	v.Collectives = v.Collectives[:MaxViewCollectives]
+	slices.SortStableFunc(v.Collectives, func(a, b Collective) int {
+		return cmp.Or(cmp.Compare(a.Step, b.Step), cmp.Compare(a.Group, b.Group), cmp.Compare(a.Seq, b.Seq))
+	})
+	v.Notes = append(v.Notes, fmt.Sprintf("%d matched calls; the %d with the longest waits are listed (the figures count them all)", n, MaxViewCollectives))
 }
 
 type call struct {

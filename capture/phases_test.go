@@ -4,12 +4,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/tpsprof/tpsprof/kineto"
 )
 
 // The capture's phases, each from hand-built answers: the probe's, the
@@ -179,5 +183,55 @@ func TestGatheringPhase(t *testing.T) {
 	g.run(ctx, make(chan *nats.Msg))
 	if !g.timedOut {
 		t.Error("run did not end with its context")
+	}
+}
+
+// The merge's phases from hand-built calls: rank 2 shares no group with
+// rank 0 and its trace's clock starts 5 ms later; align finds its offset
+// through rank 1, match pairs its calls, and attribute names rank 2,
+// which arrives 3 ms after the others at each of group b's calls.
+func TestMergePhases(t *testing.T) {
+	calls := func(group string, ends []int64, shift, late int64) []kineto.Call {
+		var cs []kineto.Call
+		for _, e := range ends {
+			cs = append(cs, kineto.Call{Group: group, Kind: "all_reduce", StartNs: e - 4e6 + shift + late, EndNs: e + shift})
+		}
+		return cs
+	}
+	a := []int64{10e6, 30e6, 50e6}
+	b := []int64{20e6, 40e6, 60e6}
+	rep := func(rank int64, cs ...[]kineto.Call) Report {
+		return Report{Rank: rank, State: StateTraced, Step: 7, Node: "n", Calls: slices.Concat(cs...)}
+	}
+	results := []Report{
+		rep(0, calls("a", a, 0, 0)),
+		rep(1, calls("a", a, 1e6, 0), calls("b", b, 1e6, 0)),
+		rep(2, calls("b", b, -5e6, 3e6)),
+	}
+	m := newMerger("c", "j", results)
+	m.sequences()
+	gs := m.groupsOf(7)
+	if !slices.Equal(gs, []string{"a", "b"}) {
+		t.Fatalf("groups %v", gs)
+	}
+	off := m.align(7, gs)
+	if off[0] != 0 || off[1] != 1e6 || off[2] != -5e6 {
+		t.Fatalf("offsets %v: want 0, 1 ms, -5 ms", off)
+	}
+	for _, g := range gs {
+		m.match(7, g, off)
+	}
+	if m.unmatched != 0 || len(m.v.Collectives) != 6 {
+		t.Fatalf("%d unmatched, %d collectives: want 0 and 6", m.unmatched, len(m.v.Collectives))
+	}
+	m.attribute()
+	cu := m.v.Culprit
+	if cu == nil || cu.Rank != 2 || cu.LastArrivals != 3 || math.Abs(cu.HeldBackUs-9000) > 1 {
+		t.Fatalf("culprit %+v: want rank 2, last at 3 calls, 9 ms held back", cu)
+	}
+	// the others' wait averaged over the two other ranks: rank 1 waited
+	// 3 ms at each of 3 calls, rank 0 shares none
+	if math.Abs(cu.OthersWaitUs-4500) > 1 {
+		t.Errorf("others' wait %.1f µs, want 4500", cu.OthersWaitUs)
 	}
 }
