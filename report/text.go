@@ -49,60 +49,81 @@ type Line struct {
 // (which show some of them as tables of their own instead). A report
 // without steady steps ends at the warm-up, with a line keyed "".
 func (r *Report) Lines() []Line {
+	l := &lines{}
+	l.head(r)
+	if r.Summary.SteadySteps == 0 {
+		return append(l.out, Line{"", "no steady steps to summarise"})
+	}
+	for _, section := range []func(*lines, *Report){(*lines).rates, (*lines).breakdown, (*lines).goodput, (*lines).traces,
+		(*lines).flops, (*lines).own, (*lines).stragglers, (*lines).tail} {
+		section(l, r)
+	}
+	return l.out
+}
+
+// lines builds Lines, a section at a time.
+type lines struct{ out []Line }
+
+func (l *lines) row(k, format string, a ...any) {
+	l.out = append(l.out, Line{k, fmt.Sprintf(format, a...)})
+}
+
+// head adds the run, its notes, the steps and what was read.
+func (l *lines) head(r *Report) {
 	s := r.Summary
-	var out []Line
-	row := func(k, format string, a ...any) { out = append(out, Line{k, fmt.Sprintf(format, a...)}) }
 	for _, n := range r.Notes {
-		row("note", "%s", n)
+		l.row("note", "%s", n)
 	}
 	if m := r.Meta; m != nil {
 		model := m.ModelPreset
 		if model == "" && m.Model != nil {
 			model = "custom model"
 		}
-		row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
+		l.row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
 		if src, ok := tps.TokenSourceText(m.TokenSource); ok {
-			row("tokens from", "%s", src)
+			l.row("tokens from", "%s", src)
 		}
 		for _, k := range slices.Sorted(maps.Keys(m.Unmeasured)) {
 			if what, ok := tps.UnmeasuredText(k); ok {
-				row("not measured", "%s: %s", what, m.Unmeasured[k])
+				l.row("not measured", "%s: %s", what, m.Unmeasured[k])
 			}
 		}
 	}
 	if s.CompleteNote != "" {
-		row("note", "%s", s.CompleteNote)
+		l.row("note", "%s", s.CompleteNote)
 	}
 	if c := ClockOffsetsText(r.ClockOffsetsNs); c != "" {
-		row("clock offsets", "%s", c)
+		l.row("clock offsets", "%s", c)
 	}
-	row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
+	l.row("steps", "%d (%d warm-up excluded, %d steady, %s, %d attempts)", s.Steps, s.WarmupSteps, s.SteadySteps, incompleteText(s), s.Attempts)
 	if len(r.TablesRead) > 0 {
-		row("read", "%s (%d rank rows%s; %s of %s)", strings.Join(r.TablesRead, ", "), r.RankRows, windowsText(r), sizeText(r.BytesRead), sizeText(r.BytesInTables))
+		l.row("read", "%s (%d rank rows%s; %s of %s)", strings.Join(r.TablesRead, ", "), r.RankRows, windowsText(r), sizeText(r.BytesRead), sizeText(r.BytesInTables))
 	}
 	if s.WarmupSteps > 0 && s.WarmupRule != "" {
-		row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)
+		l.row("warm-up", "%d steps excluded: %s", s.WarmupSteps, s.WarmupRule)
 	}
-	if s.SteadySteps == 0 {
-		return append(out, Line{"", "no steady steps to summarise"})
-	}
-	row("TPS", "%s", headlineText(s))
+}
+
+// rates adds throughput, step time, MFU and HFU.
+func (l *lines) rates(r *Report) {
+	s := r.Summary
+	l.row("TPS", "%s", headlineText(s))
 	if s.TPSUnknown == "" {
-		row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
-		row("wall TPS", "%s", wallText(s))
-		row("step TPS", "p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s: the steps' own rates, not the run's throughput",
+		l.row("TPS per GPU", "%s tokens/s", tps.SI(s.TPSPerGPU))
+		l.row("wall TPS", "%s", wallText(s))
+		l.row("step TPS", "p50 %s  p95 %s  p99 %s  (min %s, max %s) tokens/s: the steps' own rates, not the run's throughput",
 			tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
 	}
-	row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
+	l.row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
 	if f := r.CountedFLOPs; s.MFU == nil && f != nil && f.HFU != nil {
 		// no analytic model: PyTorch's own count gives them
 		m := "n/a (activations recomputed)"
 		if f.MFU != nil {
 			m = pct(*f.MFU)
 		}
-		row("MFU / HFU", "%s / %s from the FLOPs PyTorch counted (no model in the run metadata)", m, pct(*f.HFU))
+		l.row("MFU / HFU", "%s / %s from the FLOPs PyTorch counted (no model in the run metadata)", m, pct(*f.HFU))
 	} else {
-		row("MFU / HFU", "%s", mfuText(s))
+		l.row("MFU / HFU", "%s", mfuText(s))
 	}
 	if s.MFU != nil {
 		dt := mfu.BF16
@@ -111,9 +132,14 @@ func (r *Report) Lines() []Line {
 				dt = d
 			}
 		}
-		row("peak convention", "%s", mfu.PeakConvention(dt))
+		l.row("peak convention", "%s", mfu.PeakConvention(dt))
 	}
-	row("time breakdown", "%s", BreakdownText(r.Breakdown))
+}
+
+// breakdown adds where the time went: the breakdown, the waiting, communication, generation.
+func (l *lines) breakdown(r *Report) {
+	s := r.Summary
+	l.row("time breakdown", "%s", BreakdownText(r.Breakdown))
 	if len(r.WaitCharged) > 0 {
 		var parts []string
 		for _, w := range r.WaitCharged {
@@ -123,57 +149,69 @@ func (r *Report) Lines() []Line {
 			}
 			parts = append(parts, p+")")
 		}
-		row("waiting caused by", "%s", strings.Join(parts, "; "))
+		l.row("waiting caused by", "%s", strings.Join(parts, "; "))
 	}
 	if b := r.Breakdown; b.CommOverlap > 0 {
-		row("comm overlap", "%s of communication hidden behind compute (worst rank-step: %s of its step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
+		l.row("comm overlap", "%s of communication hidden behind compute (worst rank-step: %s of its step time exposed)", pct(b.CommOverlap), pct(s.CommFractionMax))
 	}
 	if f := r.CommFit; f.Slope != 0 && !f.Related() {
-		row("TPS vs comm", "no relation found between step TPS and exposed communication (R² %.2f)", f.R2)
+		l.row("TPS vs comm", "no relation found between step TPS and exposed communication (R² %.2f)", f.R2)
 	} else if f.Related() {
-		row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", tps.SI(-f.Slope/100), f.R2)
+		l.row("TPS vs comm", "each point of exposed communication costs %s tokens/s (least squares, R² %.2f)", tps.SI(-f.Slope/100), f.R2)
 	}
-	for _, l := range generationLines(r) {
-		row(l[0], "%s", l[1])
+	for _, g := range generationLines(r) {
+		l.row(g[0], "%s", g[1])
 	}
+}
+
+// goodput adds goodput, badput, restarts and the attempts.
+func (l *lines) goodput(r *Report) {
 	if g := r.Goodput; g.ElapsedS > 0 {
 		var bad []string
 		for _, k := range slices.Sorted(maps.Keys(g.BadputS)) {
 			bad = append(bad, fmt.Sprintf("%s %s", k, pct(g.BadputS[k]/g.ElapsedS)))
 		}
-		row("goodput", "%s of %.0fs elapsed; badput: %s", pct(g.Goodput), g.ElapsedS, strings.Join(bad, ", "))
+		l.row("goodput", "%s of %.0fs elapsed; badput: %s", pct(g.Goodput), g.ElapsedS, strings.Join(bad, ", "))
 		if nc := g.NotCountedText(); nc != "" {
-			row("not counted", "%s", nc)
+			l.row("not counted", "%s", nc)
 		}
 		if g.Restarts > 0 {
-			row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
+			l.row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
 		}
 		if g.FailedLaunches > 0 {
-			row("failed launches", "%s before their first step (badput launch_failed: %s)", plural(g.FailedLaunches, "launch ended", "launches ended"), dur(g.BadputS[BadLaunchFailed]))
+			l.row("failed launches", "%s before their first step (badput launch_failed: %s)", plural(g.FailedLaunches, "launch ended", "launches ended"), dur(g.BadputS[BadLaunchFailed]))
 		}
 	}
 	if crashed := slices.ContainsFunc(r.Attempts, func(a AttemptRow) bool { return a.ExitCode != nil && *a.ExitCode != 0 }); len(r.Attempts) > 1 || crashed {
-		for _, l := range attemptLines(r.Attempts) {
-			row("attempt", "%s", l)
+		for _, a := range attemptLines(r.Attempts) {
+			l.row("attempt", "%s", a)
 		}
 	}
+}
+
+// traces adds what the profiled steps' traces showed.
+func (l *lines) traces(r *Report) {
 	if t := r.Traces; t != nil {
 		line := fmt.Sprintf("%d profiled rank-steps (%s timeline): comm %.2f ms, exposed %.2f ms, overlap %s per step",
 			t.Profiled, t.Device, t.CommUs/1e3, t.ExposedCommUs/1e3, pctPtr(t.OverlapPct))
 		if t.EventTimedExposedUs != nil {
 			line += fmt.Sprintf("; event-timed on the same steps: comm %.2f ms, exposed %.2f ms", *t.EventTimedCommUs/1e3, *t.EventTimedExposedUs/1e3)
 		}
-		row("from traces", "%s", line)
+		l.row("from traces", "%s", line)
 		var cs []string
 		for _, c := range t.Collectives {
 			cs = append(cs, fmt.Sprintf("%s ×%d %.2f ms", c.Kind, c.Count, c.TimeUs/1e3))
 		}
 		if len(cs) > 0 {
-			row("collectives", "%s (over the profiled steps)", strings.Join(cs, ", "))
+			l.row("collectives", "%s (over the profiled steps)", strings.Join(cs, ", "))
 		}
 	}
+}
+
+// flops adds padding and the FLOPs PyTorch counted.
+func (l *lines) flops(r *Report) {
 	if p := r.Padding; p != nil {
-		row("padding", "real tokens are %s of the padded batch (%s on padding); TPS and MFU count real tokens", pct(p.RealFraction), pct(1-p.RealFraction))
+		l.row("padding", "real tokens are %s of the padded batch (%s on padding); TPS and MFU count real tokens", pct(p.RealFraction), pct(1-p.RealFraction))
 	}
 	if f := r.CountedFLOPs; f != nil {
 		line := fmt.Sprintf("%s a token on %d sampled steps (PyTorch's FlopCounterMode)", flopsText(f.PerToken), f.Samples)
@@ -192,26 +230,31 @@ func (r *Report) Lines() []Line {
 				line += fmt.Sprintf(", more than %.0f%% apart: the model in the run metadata may not be the job's", 100*countedGapFlag)
 			}
 		}
-		row("FLOPs counted", "%s", line)
+		l.row("FLOPs counted", "%s", line)
 		if f.HFU != nil {
 			m := "n/a with recomputation"
 			if f.MFU != nil {
 				m = pct(*f.MFU)
 			}
-			row("MFU counted", "%s, HFU %s (from the counted FLOPs at the run's TPS)", m, pct(*f.HFU))
+			l.row("MFU counted", "%s, HFU %s (from the counted FLOPs at the run's TPS)", m, pct(*f.HFU))
 		} else if f.Samples > 0 && f.Unknown != "" {
-			row("MFU counted", "n/a: %s", f.Unknown)
+			l.row("MFU counted", "n/a: %s", f.Unknown)
 		}
 		if f.Partial > 0 {
-			row("FLOPs samples", "%d left out: not every rank counted them, no tokens, or a generation phase", f.Partial)
+			l.row("FLOPs samples", "%d left out: not every rank counted them, no tokens, or a generation phase", f.Partial)
 		}
 	}
+}
+
+// own adds the capture's own cost, device memory, token mismatches.
+func (l *lines) own(r *Report) {
+	s := r.Summary
 	if c := r.CaptureCost; c != nil {
 		share := "more than the steps' own time: mostly outside their spans"
 		if c.StepFraction != nil {
 			share = pct(*c.StepFraction) + " of step time"
 		}
-		row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
+		l.row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
 			secs(c.PerStepNs/1e9), share, secs(c.CPUPerStepNs/1e9), c.Rows)
 	}
 	if m := r.Memory; m != nil && len(m.Fullest) > 0 {
@@ -220,26 +263,30 @@ func (r *Report) Lines() []Line {
 		if f.Headroom != nil {
 			line += fmt.Sprintf(" of %s: headroom %s", gib(f.CapacityBytes), pct(*f.Headroom))
 		}
-		row("device memory", "%s (the fullest of %d ranks)", line, m.Ranks)
+		l.row("device memory", "%s (the fullest of %d ranks)", line, m.Ranks)
 	}
 	if s.TokenMismatch > 0 {
-		row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
+		l.row("token mismatch", "%d replica-steps whose ranks disagreed on tokens (counted once, from the lowest rank)", s.TokenMismatch)
 	}
+}
+
+// stragglers adds straggler ranks, nodes and episodes.
+func (l *lines) stragglers(r *Report) {
 	kind, flagged := r.flaggedStragglers()
 	if len(flagged) > 0 {
 		var names []string
 		for _, f := range flagged {
 			names = append(names, fmt.Sprintf("%s (%.2f)", f.name, f.score))
 		}
-		row("straggler "+kind+"s", "%s (whole-run median)", strings.Join(names, ", "))
+		l.row("straggler "+kind+"s", "%s (whole-run median)", strings.Join(names, ", "))
 	} else {
-		row("straggler "+kind+"s", "none below %.2f over the whole run", tps.StragglerThreshold)
+		l.row("straggler "+kind+"s", "none below %.2f over the whole run", tps.StragglerThreshold)
 	}
 	if len(r.Episodes) == 0 {
-		row("straggler episodes", "none (windows of %d steps)", r.EpisodeWindow)
+		l.row("straggler episodes", "none (windows of %d steps)", r.EpisodeWindow)
 	}
 	for _, e := range r.Episodes {
-		row("straggler episode", "%s", episodeText(e, r.EpisodeWindow))
+		l.row("straggler episode", "%s", episodeText(e, r.EpisodeWindow))
 	}
 	var ranks []string
 	for _, x := range r.Stragglers {
@@ -249,13 +296,18 @@ func (r *Report) Lines() []Line {
 		}
 		ranks = append(ranks, fmt.Sprintf("%d@%s %.2f%s", x.Rank, orDash(x.Node), x.Score, mark))
 	}
-	row("slowest ranks", "%s  (score = fastest median compute / rank's; ! below 0.75)", strings.Join(ranks, ", "))
+	l.row("slowest ranks", "%s  (score = fastest median compute / rank's; ! below 0.75)", strings.Join(ranks, ", "))
+}
+
+// tail adds events, energy, cost and time to train.
+func (l *lines) tail(r *Report) {
+	s := r.Summary
 	if len(r.Events) > 0 {
 		var ev []string
 		for _, k := range sortedKeys(r.Events) {
 			ev = append(ev, fmt.Sprintf("%s %d", k, r.Events[k]))
 		}
-		row("events", "%s", strings.Join(ev, ", "))
+		l.row("events", "%s", strings.Join(ev, ", "))
 	}
 	if e := r.Energy; e != nil {
 		src := "joined live"
@@ -263,20 +315,19 @@ func (r *Report) Lines() []Line {
 			src = "from the GPUs' energy counters"
 		}
 		if s.TPSUnknown != "" {
-			row("energy", "tokens/J %s; %.0f W and %.0f MHz SM clock per GPU on average over %d steady steps (%s)", s.TPSUnknown, e.PowerWMean, e.SMClockMHzMean, e.Steps, src)
+			l.row("energy", "tokens/J %s; %.0f W and %.0f MHz SM clock per GPU on average over %d steady steps (%s)", s.TPSUnknown, e.PowerWMean, e.SMClockMHzMean, e.Steps, src)
 		} else {
-			row("energy", "%.2f tokens/J (%.3f J/token) over %d steady steps (%s), %.0f W and %.0f MHz SM clock per GPU on average, %d steady steps throttled",
+			l.row("energy", "%.2f tokens/J (%.3f J/token) over %d steady steps (%s), %.0f W and %.0f MHz SM clock per GPU on average, %d steady steps throttled",
 				e.TokensPerJoule, e.JoulesPerToken, e.Steps, src, e.PowerWMean, e.SMClockMHzMean, e.ThrottledSteps)
 		}
 	}
 	if r.CostPerMTok != nil {
-		row("cost", "$%.4f per million tokens at wall TPS", *r.CostPerMTok)
+		l.row("cost", "$%.4f per million tokens at wall TPS", *r.CostPerMTok)
 	}
 	if r.TimeToTrainS != nil {
 		d := time.Duration(*r.TimeToTrainS * 1e9)
-		row("time to train", "%.1f days at wall TPS", d.Hours()/24)
+		l.row("time to train", "%.1f days at wall TPS", d.Hours()/24)
 	}
-	return out
 }
 
 // WriteText prints the report as a readable summary.
