@@ -188,6 +188,17 @@ func (r *StepRecord) Normalize() {
 // Validate checks a record on its own (not against a topology or a clock) and
 // returns a *FieldError naming the first bad field. Call Normalize first.
 func (r *StepRecord) Validate() error {
+	for _, check := range [...]func() error{r.validateIdentity, r.validateTimes, r.validateCounts, r.validateMeasures} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateIdentity checks whose step it is: job, attempt and step, then
+// the rank.
+func (r *StepRecord) validateIdentity() error {
 	if r.Job == "" {
 		return fieldErr("job", r.Job, ReasonMissing, "required")
 	}
@@ -206,6 +217,11 @@ func (r *StepRecord) Validate() error {
 	if r.Step > MaxStep {
 		return fieldErr("step", r.Step, ReasonOutOfRange, "above the limit of %d", MaxStep)
 	}
+	return r.validateRank()
+}
+
+// validateRank checks the rank, its coordinates, node and GPU.
+func (r *StepRecord) validateRank() error {
 	if r.WorldSize <= 0 {
 		return fieldErr("world_size", r.WorldSize, ReasonMissing, "required, at least 1")
 	}
@@ -229,6 +245,11 @@ func (r *StepRecord) Validate() error {
 	if len(r.GPUUUID) > MaxStringLen || !printable(r.GPUUUID) {
 		return fieldErr("gpu_uuid", truncate(r.GPUUUID, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
 	}
+	return nil
+}
+
+// validateTimes checks the step's period and duration.
+func (r *StepRecord) validateTimes() error {
 	if r.StartUnixNs == 0 {
 		return fieldErr("start_unix_ns", r.StartUnixNs, ReasonMissing, "required")
 	}
@@ -250,6 +271,12 @@ func (r *StepRecord) Validate() error {
 	if r.DurationNs > MaxStepNs {
 		return fieldErr("duration_ns", r.DurationNs, ReasonOutOfRange, "longer than 24h")
 	}
+	return nil
+}
+
+// validateCounts checks what the step counted: tokens and bytes, then
+// the generation phase, memory, sequences and samples.
+func (r *StepRecord) validateCounts() error {
 	if r.Tokens < 0 {
 		return fieldErr("tokens", r.Tokens, ReasonNegative, "must not be negative")
 	}
@@ -269,6 +296,12 @@ func (r *StepRecord) Validate() error {
 	if r.Bytes < 0 || r.Bytes > MaxTokens*64 {
 		return fieldErr("bytes", r.Bytes, ReasonOutOfRange, "must lie between 0 and %d", MaxTokens*64)
 	}
+	return r.validateGeneration()
+}
+
+// validateGeneration checks the generation phase's figures and memory,
+// then the sequences.
+func (r *StepRecord) validateGeneration() error {
 	if r.GenNs < 0 || r.GenNs > r.DurationNs {
 		return fieldErr("gen_ns", r.GenNs, ReasonOutOfRange, "must lie between 0 and the step's duration_ns=%d", r.DurationNs)
 	}
@@ -291,6 +324,11 @@ func (r *StepRecord) Validate() error {
 			return fieldErr(m.name, m.v, ReasonOutOfRange, "must lie between 0 and %d (1 PiB)", MaxMemBytes)
 		}
 	}
+	return r.validateSequences()
+}
+
+// validateSequences checks the sequences' and samples' counts.
+func (r *StepRecord) validateSequences() error {
 	if r.SeqSqSum < 0 {
 		return fieldErr("seq_sq_sum", r.SeqSqSum, ReasonNegative, "must not be negative")
 	}
@@ -301,6 +339,11 @@ func (r *StepRecord) Validate() error {
 	if r.Samples < 0 {
 		return fieldErr("samples", r.Samples, ReasonNegative, "must not be negative")
 	}
+	return nil
+}
+
+// validateMeasures checks the step's measured times and FLOPs.
+func (r *StepRecord) validateMeasures() error {
 	// Phases that block the step are parts of its wall time; the others
 	// (compute phases, total comm with its overlapped part, trace figures)
 	// only need to be sane.
