@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 
 	"fmt"
 	"io"
@@ -54,173 +55,230 @@ type mfuJSON struct {
 	CostPerMTokUSD     *float64 `json:"cost_per_million_tokens_usd,omitempty"`
 }
 
+// mfuFlags are the mfu command's flags, and which were given.
+type mfuFlags struct {
+	preset, hfConfig, gpuName, dtype, recompute, attention *string
+	ints                                                   map[string]*int // shape flags by name
+	gated, tied, asJSON, listGPUs                          *bool
+	gpus                                                   *int
+	params, tps, batchTok, peakTF, trainTok, usd, target   quantity
+	stepTime                                               seconds
+	set                                                    map[string]bool
+}
+
 func runMFU(args []string, stdout, stderr io.Writer) int {
 	const cmd = "mfu"
 	fs := newFlagSet(cmd, "mfu (--model PRESET | --hf-config FILE | shape flags | --params N) [throughput] [--gpus N --gpu NAME | --peak-tflops X] [flags]", mfuExamples, stderr)
-	var (
-		preset    = fs.String("model", "", "model preset: "+strings.Join(mfu.PresetNames(), ", "))
-		hfConfig  = fs.String("hf-config", "", "Hugging Face config.json of the model (Llama, Mistral/Mixtral, Qwen, Gemma 2/3, DeepSeek-V2/V3 and Kimi K2 keys)")
-		params    quantity
-		layers    = fs.Int("layers", 0, "transformer layers")
-		hidden    = fs.Int("hidden", 0, "hidden size")
-		heads     = fs.Int("heads", 0, "attention heads")
-		kvHeads   = fs.Int("kv-heads", 0, "key/value heads (GQA; default: heads)")
-		headDim   = fs.Int("head-dim", 0, "head dimension (default: hidden/heads)")
-		ffn       = fs.Int("ffn", 0, "FFN (intermediate) size")
-		gated     = fs.Bool("gated", false, "gated FFN with three matrices (SwiGLU)")
-		vocab     = fs.Int("vocab", 0, "vocabulary size")
-		tied      = fs.Bool("tied", false, "input embedding and output projection share weights")
-		experts   = fs.Int("experts", 0, "routed experts (MoE)")
-		topK      = fs.Int("top-k", 0, "experts per token (MoE)")
-		shared    = fs.Int("shared-experts", 0, "always-active shared experts (MoE)")
-		moeFFN    = fs.Int("moe-ffn", 0, "expert FFN size (MoE; default: --ffn)")
-		denseL    = fs.Int("dense-layers", 0, "leading layers with a dense FFN (MoE)")
-		seq       = fs.Int("seq", 0, "training sequence length (sets the attention term)")
-		tpsFlag   quantity
-		stepTime  seconds
-		batchTok  quantity
-		gpus      = fs.Int("gpus", 0, "GPUs in the whole job (world size)")
-		gpuName   = fs.String("gpu", "", "GPU model: a table key (h100-sxm) or the name NVML reports (\"NVIDIA H100 80GB HBM3\")")
-		peakTF    quantity
-		dtypeFlag = fs.String("dtype", "bf16", "training dtype: fp32, tf32, bf16, fp16, fp8, fp4")
-		recompute = fs.String("recompute", "none", "activation recompute, for HFU: none, selective, full")
-		attention = fs.String("attention", "full", "causal-attention FLOPs convention: full (PaLM, Megatron) or causal (halved)")
-		trainTok  quantity
-		usd       quantity
-		target    quantity
-		asJSON    = fs.Bool("json", false, "print one JSON object instead of the table")
-		listGPUs  = fs.Bool("list-gpus", false, "print the peak table with sources and exit")
-	)
-	fs.Var(&params, "params", "bare parameter count instead of a shape (e.g. 540B); with --layers --heads --head-dim --seq it gets the attention term")
-	fs.Var(&tpsFlag, "tps", "cluster training throughput in tokens/s, counted once per data-parallel replica (e.g. 1.2M)")
-	fs.Var(&stepTime, "step-time", "seconds per optimizer step (e.g. 2.5s, 850ms), with --batch-tokens")
-	fs.Var(&batchTok, "batch-tokens", "tokens per optimizer step, whole job (global batch × sequence length)")
-	fs.Var(&peakTF, "peak-tflops", "dense peak TFLOP/s of one GPU at --dtype; overrides the table")
-	fs.Var(&trainTok, "train-tokens", "token budget, for the time to train (e.g. 15T)")
-	fs.Var(&usd, "gpu-hour-usd", "price of one GPU-hour in USD, for the cost per million tokens")
-	fs.Var((*fraction)(&target), "mfu", "target MFU, a fraction (0.4) or a percentage (40%): print the tokens/s it means")
+	f := mfuFlagsOf(fs)
 	if code, ok := parseFlags(fs, args, stderr); !ok {
 		return code
 	}
-	set := setFlags(fs)
-	if *listGPUs {
-		return printGPUTable(stdout, *asJSON)
+	f.set = setFlags(fs)
+	if *f.listGPUs {
+		return printGPUTable(stdout, *f.asJSON)
 	}
+	out, err := f.figures()
+	if err != nil {
+		return usageErr(stderr, cmd, "%s", err)
+	}
+	if *f.asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(out); err != nil {
+			failErr(stderr, "mfu", err)
+			return exitError
+		}
+		return exitOK
+	}
+	printMFUTable(stdout, *out, float64(f.trainTok), float64(f.usd))
+	return exitOK
+}
 
-	// Model: preset or config file, then shape flags on top.
+func mfuFlagsOf(fs *flagSet) *mfuFlags {
+	f := &mfuFlags{
+		preset:    fs.String("model", "", "model preset: "+strings.Join(mfu.PresetNames(), ", ")),
+		hfConfig:  fs.String("hf-config", "", "Hugging Face config.json of the model (Llama, Mistral/Mixtral, Qwen, Gemma 2/3, DeepSeek-V2/V3 and Kimi K2 keys)"),
+		ints:      map[string]*int{},
+		gpus:      fs.Int("gpus", 0, "GPUs in the whole job (world size)"),
+		gpuName:   fs.String("gpu", "", "GPU model: a table key (h100-sxm) or the name NVML reports (\"NVIDIA H100 80GB HBM3\")"),
+		dtype:     fs.String("dtype", "bf16", "training dtype: fp32, tf32, bf16, fp16, fp8, fp4"),
+		recompute: fs.String("recompute", "none", "activation recompute, for HFU: none, selective, full"),
+		attention: fs.String("attention", "full", "causal-attention FLOPs convention: full (PaLM, Megatron) or causal (halved)"),
+		asJSON:    fs.Bool("json", false, "print one JSON object instead of the table"),
+		listGPUs:  fs.Bool("list-gpus", false, "print the peak table with sources and exit"),
+	}
+	for _, x := range []struct{ name, usage string }{
+		{"layers", "transformer layers"}, {"hidden", "hidden size"}, {"heads", "attention heads"},
+		{"kv-heads", "key/value heads (GQA; default: heads)"}, {"head-dim", "head dimension (default: hidden/heads)"},
+		{"ffn", "FFN (intermediate) size"},
+	} {
+		f.ints[x.name] = fs.Int(x.name, 0, x.usage)
+	}
+	f.gated = fs.Bool("gated", false, "gated FFN with three matrices (SwiGLU)")
+	f.ints["vocab"] = fs.Int("vocab", 0, "vocabulary size")
+	f.tied = fs.Bool("tied", false, "input embedding and output projection share weights")
+	for _, x := range []struct{ name, usage string }{
+		{"experts", "routed experts (MoE)"}, {"top-k", "experts per token (MoE)"}, {"shared-experts", "always-active shared experts (MoE)"},
+		{"moe-ffn", "expert FFN size (MoE; default: --ffn)"}, {"dense-layers", "leading layers with a dense FFN (MoE)"},
+		{"seq", "training sequence length (sets the attention term)"},
+	} {
+		f.ints[x.name] = fs.Int(x.name, 0, x.usage)
+	}
+	fs.Var(&f.params, "params", "bare parameter count instead of a shape (e.g. 540B); with --layers --heads --head-dim --seq it gets the attention term")
+	fs.Var(&f.tps, "tps", "cluster training throughput in tokens/s, counted once per data-parallel replica (e.g. 1.2M)")
+	fs.Var(&f.stepTime, "step-time", "seconds per optimizer step (e.g. 2.5s, 850ms), with --batch-tokens")
+	fs.Var(&f.batchTok, "batch-tokens", "tokens per optimizer step, whole job (global batch × sequence length)")
+	fs.Var(&f.peakTF, "peak-tflops", "dense peak TFLOP/s of one GPU at --dtype; overrides the table")
+	fs.Var(&f.trainTok, "train-tokens", "token budget, for the time to train (e.g. 15T)")
+	fs.Var(&f.usd, "gpu-hour-usd", "price of one GPU-hour in USD, for the cost per million tokens")
+	fs.Var((*fraction)(&f.target), "mfu", "target MFU, a fraction (0.4) or a percentage (40%): print the tokens/s it means")
+	return f
+}
+
+// base is the model of --model or --hf-config (the zero Model: neither).
+func (f *mfuFlags) base() (mfu.Model, error) {
 	var m mfu.Model
+	set := f.set
 	switch {
 	case set["model"] && set["hf-config"]:
-		return usageErr(stderr, cmd, "--model and --hf-config both given: choose one")
+		return m, errors.New("--model and --hf-config both given: choose one")
 	case set["model"]:
-		p, err := mfu.Preset(*preset)
+		p, err := mfu.Preset(*f.preset)
 		if err != nil {
-			return usageErr(stderr, cmd, "%v", err)
+			return m, err
 		}
 		m = p
 	case set["hf-config"]:
-		data, err := os.ReadFile(*hfConfig)
+		data, err := os.ReadFile(*f.hfConfig)
 		if err != nil {
-			return usageErr(stderr, cmd, "read --hf-config: %v", err)
+			return m, fmt.Errorf("read --hf-config: %v", err)
 		}
-		c, err := mfu.FromHFConfig(data)
-		if err != nil {
-			return usageErr(stderr, cmd, "%s: %v", *hfConfig, err)
+		if m, err = mfu.FromHFConfig(data); err != nil {
+			return m, fmt.Errorf("%s: %v", *f.hfConfig, err)
 		}
-		m = c
 	}
+	return m, nil
+}
+
+// model is the model: a preset or config file, then shape flags on top.
+func (f *mfuFlags) model() (mfu.Model, error) {
+	m, err := f.base()
+	if err != nil {
+		return m, err
+	}
+	set := f.set
 	if set["params"] {
 		if m.HasShape() || set["hidden"] || set["ffn"] || set["vocab"] {
-			return usageErr(stderr, cmd, "--params replaces the shape: drop --model/--hf-config/--hidden/--ffn/--vocab, or drop --params")
+			return m, errors.New("--params replaces the shape: drop --model/--hf-config/--hidden/--ffn/--vocab, or drop --params")
 		}
-		m.Params = float64(params)
+		m.Params = float64(f.params)
 	}
-	intFlags := map[string]*int{"layers": &m.Layers, "hidden": &m.Hidden, "heads": &m.Heads, "kv-heads": &m.KVHeads, "head-dim": &m.HeadDim,
+	fields := map[string]*int{"layers": &m.Layers, "hidden": &m.Hidden, "heads": &m.Heads, "kv-heads": &m.KVHeads, "head-dim": &m.HeadDim,
 		"ffn": &m.FFN, "vocab": &m.Vocab, "experts": &m.Experts, "top-k": &m.TopK, "shared-experts": &m.SharedExperts,
 		"moe-ffn": &m.MoEFFN, "dense-layers": &m.DenseLayers, "seq": &m.Seq}
-	intVals := map[string]*int{"layers": layers, "hidden": hidden, "heads": heads, "kv-heads": kvHeads, "head-dim": headDim,
-		"ffn": ffn, "vocab": vocab, "experts": experts, "top-k": topK, "shared-experts": shared,
-		"moe-ffn": moeFFN, "dense-layers": denseL, "seq": seq}
-	for name, dst := range intFlags {
+	for name, dst := range fields {
 		if set[name] {
-			*dst = *intVals[name]
+			*dst = *f.ints[name]
 		}
 	}
 	if set["gated"] {
-		m.Gated = *gated
+		m.Gated = *f.gated
 	}
 	if set["tied"] {
-		m.Tied = *tied
+		m.Tied = *f.tied
 	}
 	if m.HasShape() && m.Seq == 0 {
-		return usageErr(stderr, cmd, "--seq is required: the training sequence length sets the attention FLOPs (a config's max_position_embeddings is the model's limit, not the training length)")
+		return m, errors.New("--seq is required: the training sequence length sets the attention FLOPs (a config's max_position_embeddings is the model's limit, not the training length)")
 	}
-	att := mfu.Attention(*attention)
-	rc := mfu.Recompute(*recompute)
-	counts, err := m.Count(att, rc)
-	if err != nil {
-		return usageErr(stderr, cmd, "%v", err)
-	}
-	dt, err := mfu.ParseDType(*dtypeFlag)
-	if err != nil {
-		return usageErr(stderr, cmd, "%v", err)
-	}
+	return m, nil
+}
 
-	// Throughput: --tps, or --step-time with --batch-tokens, or --mfu.
-	var tokensPerSec float64
+// throughput is tokens/s from --tps, or --step-time with --batch-tokens
+// (0: none given; --mfu asks for it).
+func (f *mfuFlags) throughput() (float64, error) {
+	set := f.set
 	switch {
 	case set["tps"] && (set["step-time"] || set["batch-tokens"]):
-		return usageErr(stderr, cmd, "--tps and --step-time/--batch-tokens both given: give one throughput")
+		return 0, errors.New("--tps and --step-time/--batch-tokens both given: give one throughput")
 	case set["mfu"] && (set["tps"] || set["step-time"]):
-		return usageErr(stderr, cmd, "--mfu asks for the throughput; drop --tps/--step-time")
+		return 0, errors.New("--mfu asks for the throughput; drop --tps/--step-time")
 	case set["step-time"] != set["batch-tokens"]:
-		return usageErr(stderr, cmd, "--step-time and --batch-tokens go together")
+		return 0, errors.New("--step-time and --batch-tokens go together")
 	case set["tps"]:
-		if tpsFlag <= 0 || math.IsInf(float64(tpsFlag), 0) {
-			return usageErr(stderr, cmd, "--tps %v must be positive", float64(tpsFlag))
+		if f.tps <= 0 || math.IsInf(float64(f.tps), 0) {
+			return 0, fmt.Errorf("--tps %v must be positive", float64(f.tps))
 		}
-		tokensPerSec = float64(tpsFlag)
+		return float64(f.tps), nil
 	case set["step-time"]:
-		if stepTime <= 0 || batchTok <= 0 {
-			return usageErr(stderr, cmd, "--step-time and --batch-tokens must be positive")
+		if f.stepTime <= 0 || f.batchTok <= 0 {
+			return 0, errors.New("--step-time and --batch-tokens must be positive")
 		}
-		tokensPerSec = float64(batchTok) / time.Duration(stepTime).Seconds()
+		return float64(f.batchTok) / time.Duration(f.stepTime).Seconds(), nil
 	}
-	needHW := tokensPerSec > 0 || set["mfu"]
-	if needHW && *gpus <= 0 {
-		return usageErr(stderr, cmd, "--gpus is required with a throughput or --mfu (the whole job's GPU count)")
-	}
-	var peak float64
-	var gpuKey *string
-	if set["peak-tflops"] {
-		if peakTF <= 0 {
-			return usageErr(stderr, cmd, "--peak-tflops must be positive")
-		}
-		peak = float64(peakTF) * 1e12
-		s := "custom"
-		gpuKey = &s
-	} else if set["gpu"] {
-		g, err := mfu.LookupGPU(*gpuName)
-		if err != nil {
-			return usageErr(stderr, cmd, "%v", err)
-		}
-		if peak, err = g.Peak(dt); err != nil {
-			return usageErr(stderr, cmd, "%v", err)
-		}
-		gpuKey = &g.Key
-	} else if needHW {
-		return usageErr(stderr, cmd, "give --gpu NAME or --peak-tflops X for the GPU's dense peak")
-	}
-	if set["mfu"] {
-		if tokensPerSec, err = mfu.TokensPerSecForMFU(m, att, float64(target), *gpus, peak); err != nil {
-			return usageErr(stderr, cmd, "%v", err)
-		}
-	}
-	if (set["train-tokens"] || set["gpu-hour-usd"]) && tokensPerSec == 0 {
-		return usageErr(stderr, cmd, "--train-tokens and --gpu-hour-usd need a throughput (--tps, --step-time with --batch-tokens, or --mfu)")
-	}
+	return 0, nil
+}
 
-	out := mfuJSON{
+// peak is one GPU's dense peak FLOP/s at dt and the GPU's key (0 and nil
+// when neither --gpu nor --peak-tflops is given and none is needed).
+func (f *mfuFlags) peak(dt mfu.DType, needHW bool) (float64, *string, error) {
+	if needHW && *f.gpus <= 0 {
+		return 0, nil, errors.New("--gpus is required with a throughput or --mfu (the whole job's GPU count)")
+	}
+	switch {
+	case f.set["peak-tflops"]:
+		if f.peakTF <= 0 {
+			return 0, nil, errors.New("--peak-tflops must be positive")
+		}
+		s := "custom"
+		return float64(f.peakTF) * 1e12, &s, nil
+	case f.set["gpu"]:
+		g, err := mfu.LookupGPU(*f.gpuName)
+		if err != nil {
+			return 0, nil, err
+		}
+		peak, err := g.Peak(dt)
+		if err != nil {
+			return 0, nil, err
+		}
+		return peak, &g.Key, nil
+	case needHW:
+		return 0, nil, errors.New("give --gpu NAME or --peak-tflops X for the GPU's dense peak")
+	}
+	return 0, nil, nil
+}
+
+// figures is what the command prints, from the flags.
+func (f *mfuFlags) figures() (*mfuJSON, error) {
+	m, err := f.model()
+	if err != nil {
+		return nil, err
+	}
+	att, rc := mfu.Attention(*f.attention), mfu.Recompute(*f.recompute)
+	counts, err := m.Count(att, rc)
+	if err != nil {
+		return nil, err
+	}
+	dt, err := mfu.ParseDType(*f.dtype)
+	if err != nil {
+		return nil, err
+	}
+	tokensPerSec, err := f.throughput()
+	if err != nil {
+		return nil, err
+	}
+	peak, gpuKey, err := f.peak(dt, tokensPerSec > 0 || f.set["mfu"])
+	if err != nil {
+		return nil, err
+	}
+	if f.set["mfu"] {
+		if tokensPerSec, err = mfu.TokensPerSecForMFU(m, att, float64(f.target), *f.gpus, peak); err != nil {
+			return nil, err
+		}
+	}
+	if err := f.needsThroughput(tokensPerSec); err != nil {
+		return nil, err
+	}
+	out := &mfuJSON{
 		Model: describeModel(m), ParamsTotal: counts.ParamsTotal, ParamsActive: counts.ParamsActive,
 		FLOPsPerToken: counts.FLOPsPerToken, HWFLOPsPerToken: counts.HWFLOPsPerToken,
 		DenseFLOPsPerToken: counts.DenseFLOPsPerToken, AttnFLOPsPerToken: counts.AttentionFLOPsPerToken,
@@ -230,44 +288,46 @@ func runMFU(args []string, stdout, stderr io.Writer) int {
 		p := peak / 1e12
 		out.PeakTFLOPS = &p
 	}
-	if *gpus > 0 {
-		out.GPUs = gpus
+	if *f.gpus > 0 {
+		out.GPUs = f.gpus
 	}
 	if tokensPerSec > 0 {
-		r, err := mfu.Compute(mfu.Inputs{Model: m, Attention: att, Recompute: rc, TokensPerSec: tokensPerSec, GPUs: *gpus, PeakFLOPS: peak})
+		r, err := mfu.Compute(mfu.Inputs{Model: m, Attention: att, Recompute: rc, TokensPerSec: tokensPerSec, GPUs: *f.gpus, PeakFLOPS: peak})
 		if err != nil {
-			return usageErr(stderr, cmd, "%v", err)
+			return nil, err
 		}
 		out.TokensPerSec, out.TokensPerSecPerGPU = &r.TokensPerSec, &r.TokensPerSecPerGPU
 		out.TFLOPSPerGPU, out.HWTFLOPSPerGPU = &r.TFLOPSPerGPU, &r.HWTFLOPSPerGPU
 		out.MFU, out.HFU = &r.MFU, &r.HFU
 	}
-	if set["train-tokens"] {
-		d, err := tps.TimeToTrain(float64(trainTok), tokensPerSec)
+	return out, f.budget(out, tokensPerSec)
+}
+
+func (f *mfuFlags) needsThroughput(tokensPerSec float64) error {
+	if (f.set["train-tokens"] || f.set["gpu-hour-usd"]) && tokensPerSec == 0 {
+		return errors.New("--train-tokens and --gpu-hour-usd need a throughput (--tps, --step-time with --batch-tokens, or --mfu)")
+	}
+	return nil
+}
+
+// budget adds the time to train and the cost per million tokens.
+func (f *mfuFlags) budget(out *mfuJSON, tokensPerSec float64) error {
+	if f.set["train-tokens"] {
+		d, err := tps.TimeToTrain(float64(f.trainTok), tokensPerSec)
 		if err != nil {
-			return usageErr(stderr, cmd, "%v", err)
+			return err
 		}
 		s := d.Seconds()
 		out.TimeToTrainS = &s
 	}
-	if set["gpu-hour-usd"] {
-		c, err := tps.CostPerMillionTokens(tokensPerSec, *gpus, float64(usd))
+	if f.set["gpu-hour-usd"] {
+		c, err := tps.CostPerMillionTokens(tokensPerSec, *f.gpus, float64(f.usd))
 		if err != nil {
-			return usageErr(stderr, cmd, "%v", err)
+			return err
 		}
 		out.CostPerMTokUSD = &c
 	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(out); err != nil {
-			failErr(stderr, "mfu", err)
-			return exitError
-		}
-		return exitOK
-	}
-	printMFUTable(stdout, out, float64(trainTok), float64(usd))
-	return exitOK
+	return nil
 }
 
 func describeModel(m mfu.Model) string {
