@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,16 @@ import (
 	"github.com/tpsprof/tpsprof/tps"
 )
 
+// reportFlags are the report command's flags.
+type reportFlags struct {
+	asJSON, asMD, compare, noPlots           *bool
+	plots, htmlOut, steps, since, until, src *string
+	warmup, last                             *int
+	attempt                                  *int64
+	train, price                             quantity
+	into                                     trackerTarget
+}
+
 func runReport(args []string, stdout, stderr io.Writer) int {
 	const cmd = "report"
 	fs := newFlagSet(cmd, "report [flags] JOB_DIR   |   report --compare JOB_DIR_A JOB_DIR_B", `  tpsprof report traces/llama-8b                 # summary, plus report.html and plots in traces/llama-8b/report/
@@ -24,28 +35,7 @@ func runReport(args []string, stdout, stderr io.Writer) int {
   tpsprof report --attempt 3 --steps 50000:60000 traces/llama-8b
   tpsprof report --since 2h traces/llama-8b       # steps of the last two hours
 `, stderr)
-	asJSON := fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)")
-	asMD := fs.Bool("markdown", false, "print the report as Markdown")
-	compare := fs.Bool("compare", false, "compare two job folders side by side")
-	plots := fs.String("plots", "", "folder for the plots (PNG and SVG); default JOB_DIR/report")
-	noPlots := fs.Bool("no-plots", false, "do not draw plots (nor the HTML report)")
-	htmlOut := fs.String("html", "", "where to write the HTML report, one self-contained file to open or share (default PLOTS/report.html; with --compare, only when given)")
-	warmup := fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)")
-	var train, price quantity
-	fs.Var(&train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
-	fs.Var(&price, "gpu-hour-usd", "price of a GPU-hour (overrides the run metadata)")
-	stepsSel := fs.String("steps", "", "report only steps A:B (inclusive; A: or :B for open ends)")
-	last := fs.Int("last", 0, "report only the last N steps")
-	attempt := fs.Int64("attempt", -1, "report only this attempt (-1: all)")
-	since := fs.String("since", "", "report only steps ending at or after this time (RFC 3339, or a duration before now: 2h)")
-	until := fs.String("until", "", "report only steps starting at or before this time (RFC 3339, or a duration before now)")
-	rankSrc := fs.String("rank-source", "auto", "per-rank figures from rank_steps (steps), from rank_windows (windows: one row per rank and 100 steps, for very long runs) or auto (windows past 50 million rank rows)")
-	var into trackerTarget
-	fs.StringVar(&into.tensorboard, "tensorboard", "", "also write the whole-run figures, the report as text and its plots into TensorBoard event files in DIR (docs/trackers.md)")
-	fs.StringVar(&into.mlflow, "mlflow", "", "also write them into this existing MLflow run (RUN_ID; the store from $MLFLOW_TRACKING_URI)")
-	fs.StringVar(&into.wandb, "wandb", "", "also write them into this W&B run (RUN_ID, resumed; offline with WANDB_MODE=offline)")
-	fs.StringVar(&into.wandbProject, "wandb-project", os.Getenv("WANDB_PROJECT"), "the W&B run's project (default $WANDB_PROJECT)")
-	fs.StringVar(&into.python, "python", envOr("TPSPROF_PYTHON", "python3"), "the Python that has the tracker's package, for --tensorboard, --mlflow and --wandb (default $TPSPROF_PYTHON, else python3)")
+	f := reportFlagsOf(fs)
 	// job folders may come before, between or after the flags
 	var dirs, rest []string
 	for _, a := range args {
@@ -58,86 +48,156 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if code, ok := parseFlags(fs, rest, stderr); !ok {
 		return code
 	}
-	if *asJSON && *asMD {
-		return usageErr(stderr, cmd, "--json and --markdown both given: choose one")
+	opt, err := f.options(dirs)
+	if err != nil {
+		return usageErr(stderr, cmd, "%s", err)
+	}
+	if isTerminal(stderr) {
+		opt.Progress = progressPrinter(stderr)
+	}
+	if !*f.compare && !report.IsJobDir(dirs[0]) {
+		if jobs, err := report.Jobs(dirs[0]); err == nil && len(jobs) > 0 {
+			listJobs(stdout, dirs[0], jobs, *f.asJSON)
+			return exitOK
+		}
+	}
+	reps, pd, err := f.analyze(dirs, opt, stderr)
+	if err == nil {
+		if *f.compare {
+			err = f.writeCompare(reps[0], reps[1], stdout, stderr)
+		} else {
+			return f.writeOne(reps[0], pd, dirs[0], stdout, stderr)
+		}
+	}
+	if err != nil {
+		failErr(stderr, "report", err)
+		return exitError
+	}
+	return exitOK
+}
+
+func reportFlagsOf(fs *flagSet) *reportFlags {
+	f := &reportFlags{
+		asJSON:  fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)"),
+		asMD:    fs.Bool("markdown", false, "print the report as Markdown"),
+		compare: fs.Bool("compare", false, "compare two job folders side by side"),
+		plots:   fs.String("plots", "", "folder for the plots (PNG and SVG); default JOB_DIR/report"),
+		noPlots: fs.Bool("no-plots", false, "do not draw plots (nor the HTML report)"),
+		htmlOut: fs.String("html", "", "where to write the HTML report, one self-contained file to open or share (default PLOTS/report.html; with --compare, only when given)"),
+		warmup:  fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)"),
+	}
+	fs.Var(&f.train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
+	fs.Var(&f.price, "gpu-hour-usd", "price of a GPU-hour (overrides the run metadata)")
+	f.steps = fs.String("steps", "", "report only steps A:B (inclusive; A: or :B for open ends)")
+	f.last = fs.Int("last", 0, "report only the last N steps")
+	f.attempt = fs.Int64("attempt", -1, "report only this attempt (-1: all)")
+	f.since = fs.String("since", "", "report only steps ending at or after this time (RFC 3339, or a duration before now: 2h)")
+	f.until = fs.String("until", "", "report only steps starting at or before this time (RFC 3339, or a duration before now)")
+	f.src = fs.String("rank-source", "auto", "per-rank figures from rank_steps (steps), from rank_windows (windows: one row per rank and 100 steps, for very long runs) or auto (windows past 50 million rank rows)")
+	into := &f.into
+	fs.StringVar(&into.tensorboard, "tensorboard", "", "also write the whole-run figures, the report as text and its plots into TensorBoard event files in DIR (docs/trackers.md)")
+	fs.StringVar(&into.mlflow, "mlflow", "", "also write them into this existing MLflow run (RUN_ID; the store from $MLFLOW_TRACKING_URI)")
+	fs.StringVar(&into.wandb, "wandb", "", "also write them into this W&B run (RUN_ID, resumed; offline with WANDB_MODE=offline)")
+	fs.StringVar(&into.wandbProject, "wandb-project", os.Getenv("WANDB_PROJECT"), "the W&B run's project (default $WANDB_PROJECT)")
+	fs.StringVar(&into.python, "python", envOr("TPSPROF_PYTHON", "python3"), "the Python that has the tracker's package, for --tensorboard, --mlflow and --wandb (default $TPSPROF_PYTHON, else python3)")
+	return f
+}
+
+// options checks the flags against each other and the job folders given,
+// and makes the analysis' options.
+func (f *reportFlags) options(dirs []string) (report.Options, error) {
+	opt := report.Options{Warmup: *f.warmup, TrainTokens: float64(f.train), GPUHourUSD: float64(f.price)}
+	if *f.asJSON && *f.asMD {
+		return opt, errors.New("--json and --markdown both given: choose one")
 	}
 	want := 1
-	if *compare {
+	if *f.compare {
 		want = 2
 	}
 	if len(dirs) != want {
-		return usageErr(stderr, cmd, "give %d job folder(s) (OUT/JOB), got %d", want, len(dirs))
+		return opt, fmt.Errorf("give %d job folder(s) (OUT/JOB), got %d", want, len(dirs))
 	}
-	opt := report.Options{Warmup: *warmup, TrainTokens: float64(train), GPUHourUSD: float64(price)}
-	switch *rankSrc {
+	switch *f.src {
 	case "auto":
 	case "steps":
 		opt.RankSource = report.RankSourceSteps
 	case "windows":
 		opt.RankSource = report.RankSourceWindows
 	default:
-		return usageErr(stderr, cmd, "--rank-source %q: want auto, steps or windows", *rankSrc)
+		return opt, fmt.Errorf("--rank-source %q: want auto, steps or windows", *f.src)
 	}
-	if *stepsSel != "" {
-		from, to, err := report.ParseSteps(*stepsSel)
+	var err error
+	if opt.Select, err = f.selection(); err != nil {
+		return opt, err
+	}
+	if *f.compare && opt.Select.Active() {
+		return opt, errors.New("a selection (--steps, --last, --attempt, --since, --until) applies to one job's report, not to --compare")
+	}
+	if n := f.into.count(); n > 1 || (n == 1 && *f.compare) {
+		return opt, errors.New("--tensorboard, --mlflow and --wandb: one at a time, for one job's report")
+	}
+	return opt, nil
+}
+
+// selection is the part of the run the flags select.
+func (f *reportFlags) selection() (report.Selection, error) {
+	var sel report.Selection
+	if *f.steps != "" {
+		from, to, err := report.ParseSteps(*f.steps)
 		if err != nil {
-			return usageErr(stderr, cmd, "--steps: %v", err)
+			return sel, fmt.Errorf("--steps: %v", err)
 		}
-		opt.Select.StepFrom, opt.Select.StepTo = from, to
+		sel.StepFrom, sel.StepTo = from, to
 	}
-	if *last < 0 {
-		return usageErr(stderr, cmd, "--last %d: give a positive number of steps", *last)
+	if *f.last < 0 {
+		return sel, fmt.Errorf("--last %d: give a positive number of steps", *f.last)
 	}
-	opt.Select.Last = *last
-	if *attempt >= 0 {
-		opt.Select.Attempt = attempt
+	sel.Last = *f.last
+	if *f.attempt >= 0 {
+		sel.Attempt = f.attempt
 	}
 	for _, t := range []struct {
 		name, v string
 		dst     *time.Time
-	}{{"since", *since, &opt.Select.Since}, {"until", *until, &opt.Select.Until}} {
+	}{{"since", *f.since, &sel.Since}, {"until", *f.until, &sel.Until}} {
 		if t.v == "" {
 			continue
 		}
 		v, err := report.ParseTime(t.v, time.Now())
 		if err != nil {
-			return usageErr(stderr, cmd, "--%s: %v", t.name, err)
+			return sel, fmt.Errorf("--%s: %v", t.name, err)
 		}
 		*t.dst = v
 	}
-	if *compare && opt.Select.Active() {
-		return usageErr(stderr, cmd, "a selection (--steps, --last, --attempt, --since, --until) applies to one job's report, not to --compare")
+	return sel, nil
+}
+
+// listJobs prints the jobs of a collector's output folder given instead
+// of a job's.
+func listJobs(stdout io.Writer, dir string, jobs []report.JobInfo, asJSON bool) {
+	if asJSON {
+		printJSON(stdout, jobs)
+		return
 	}
-	if n := into.count(); n > 1 || (n == 1 && *compare) {
-		return usageErr(stderr, cmd, "--tensorboard, --mlflow and --wandb: one at a time, for one job's report")
-	}
-	if isTerminal(stderr) {
-		opt.Progress = progressPrinter(stderr)
-	}
-	if !*compare && !report.IsJobDir(dirs[0]) {
-		if jobs, err := report.Jobs(dirs[0]); err == nil && len(jobs) > 0 {
-			if *asJSON {
-				printJSON(stdout, jobs)
-				return exitOK
-			}
-			fmt.Fprintf(stdout, "%s is a collector's output folder with %d job(s), most recent first:\n", dirs[0], len(jobs))
-			for _, j := range jobs {
-				state := "finished"
-				if j.OpenParts > 0 {
-					state = "running"
-				}
-				fmt.Fprintf(stdout, "  %-32s %s, %d cluster part(s), last written %s\n", j.Name, state, j.Parts, j.Modified.Format("2006-01-02 15:04:05"))
-			}
-			fmt.Fprintf(stdout, "report one with: tpsprof report %s\n", filepath.Join(dirs[0], jobs[0].Name))
-			return exitOK
+	fmt.Fprintf(stdout, "%s is a collector's output folder with %d job(s), most recent first:\n", dir, len(jobs))
+	for _, j := range jobs {
+		state := "finished"
+		if j.OpenParts > 0 {
+			state = "running"
 		}
+		fmt.Fprintf(stdout, "  %-32s %s, %d cluster part(s), last written %s\n", j.Name, state, j.Parts, j.Modified.Format("2006-01-02 15:04:05"))
 	}
+	fmt.Fprintf(stdout, "report one with: tpsprof report %s\n", filepath.Join(dir, jobs[0].Name))
+}
+
+// analyze reports each job folder; the first one's plots when drawn.
+func (f *reportFlags) analyze(dirs []string, opt report.Options, stderr io.Writer) ([]*report.Report, *report.Plots, error) {
 	var reps []*report.Report
-	var pd *report.Plots // the first job's, when plots are drawn
+	var pd *report.Plots
 	for _, d := range dirs {
 		var rep *report.Report
 		var err error
-		if !*noPlots && !*compare && len(reps) == 0 {
+		if !*f.noPlots && !*f.compare && len(reps) == 0 {
 			rep, pd, err = report.AnalyzeWithPlots(d, opt)
 		} else {
 			rep, err = report.Analyze(d, opt)
@@ -146,67 +206,84 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprint(stderr, "\r\033[K")
 		}
 		if err != nil {
-			failErr(stderr, "report", err)
-			return exitError
+			return nil, nil, err
 		}
 		reps = append(reps, rep)
 	}
-	if *compare {
-		switch {
-		case *asJSON:
-			printJSON(stdout, report.Compare(reps[0], reps[1]))
-		case *asMD:
-			report.WriteCompareMarkdown(stdout, reps[0], reps[1])
-		default:
-			report.WriteCompare(stdout, reps[0], reps[1])
-		}
-		if *htmlOut != "" {
-			if err := writeHTMLFile(*htmlOut, func(w io.Writer) error { return report.WriteCompareHTML(w, reps[0], reps[1]) }); err != nil {
-				failErr(stderr, "report", err)
-				return exitError
-			}
-			fmt.Fprintf(stderr, "HTML comparison written to %s\n", *htmlOut)
-		}
-		return exitOK
-	}
-	rep := reps[0]
+	return reps, pd, nil
+}
+
+// writeCompare prints the comparison of a and b, and its page when asked.
+func (f *reportFlags) writeCompare(a, b *report.Report, stdout, stderr io.Writer) error {
 	switch {
-	case *asJSON:
+	case *f.asJSON:
+		printJSON(stdout, report.Compare(a, b))
+	case *f.asMD:
+		report.WriteCompareMarkdown(stdout, a, b)
+	default:
+		report.WriteCompare(stdout, a, b)
+	}
+	if *f.htmlOut == "" {
+		return nil
+	}
+	if err := writeHTMLFile(*f.htmlOut, func(w io.Writer) error { return report.WriteCompareHTML(w, a, b) }); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "HTML comparison written to %s\n", *f.htmlOut)
+	return nil
+}
+
+// writeOne prints a job's report, draws its plots and page, and writes it
+// into a tracker when asked.
+func (f *reportFlags) writeOne(rep *report.Report, pd *report.Plots, jobDir string, stdout, stderr io.Writer) int {
+	switch {
+	case *f.asJSON:
 		printJSON(stdout, rep)
-	case *asMD:
+	case *f.asMD:
 		report.WriteMarkdown(stdout, rep)
 	default:
 		report.WriteText(stdout, rep)
 	}
-	if *noPlots {
-		return into.write(rep, nil, stdout, stderr)
+	if *f.noPlots {
+		return f.into.write(rep, nil, stdout, stderr)
 	}
-	dir := *plots
-	if dir == "" {
-		dir = filepath.Join(dirs[0], "report")
-	}
-	figs, err := pd.Figures(rep)
-	var paths []string
-	if err == nil {
-		paths, err = report.SaveFigures(figs, dir)
-		if err == nil && !*asJSON && !*asMD {
-			fmt.Fprintf(stdout, "\n%d plots written to %s\n", len(paths), dir)
-		}
-	}
-	if err == nil {
-		page := *htmlOut
-		if page == "" {
-			page = filepath.Join(dir, "report.html")
-		}
-		if err = writeHTMLFile(page, func(w io.Writer) error { return report.WriteHTML(w, rep, figs) }); err == nil && !*asJSON && !*asMD {
-			fmt.Fprintf(stdout, "HTML report (one file, open it in a browser): %s\n", page)
-		}
-	}
+	paths, err := f.drawPlots(rep, pd, jobDir, stdout)
 	if err != nil {
 		failErr(stderr, "report", err)
 		return exitError
 	}
-	return into.write(rep, paths, stdout, stderr)
+	return f.into.write(rep, paths, stdout, stderr)
+}
+
+// drawPlots saves the figures and the HTML page.
+func (f *reportFlags) drawPlots(rep *report.Report, pd *report.Plots, jobDir string, stdout io.Writer) ([]string, error) {
+	text := !*f.asJSON && !*f.asMD
+	dir := *f.plots
+	if dir == "" {
+		dir = filepath.Join(jobDir, "report")
+	}
+	figs, err := pd.Figures(rep)
+	if err != nil {
+		return nil, err
+	}
+	paths, err := report.SaveFigures(figs, dir)
+	if err != nil {
+		return nil, err
+	}
+	if text {
+		fmt.Fprintf(stdout, "\n%d plots written to %s\n", len(paths), dir)
+	}
+	page := *f.htmlOut
+	if page == "" {
+		page = filepath.Join(dir, "report.html")
+	}
+	if err := writeHTMLFile(page, func(w io.Writer) error { return report.WriteHTML(w, rep, figs) }); err != nil {
+		return nil, err
+	}
+	if text {
+		fmt.Fprintf(stdout, "HTML report (one file, open it in a browser): %s\n", page)
+	}
+	return paths, nil
 }
 
 // writeHTMLFile writes a page under a temporary name and renames it into
