@@ -88,220 +88,285 @@ type Result struct {
 
 // Run simulates the job and returns once every record is in Parquet.
 func Run(ctx context.Context, cfg Config) (Result, error) {
-	began := time.Now()
-	world := cfg.Topology.WorldSize()
-	if err := cfg.Topology.Validate(world); err != nil {
+	d := &run{cfg: cfg, began: time.Now(), clock: &simClock{}}
+	defer d.close()
+	for _, stage := range []func() error{d.check, d.startServices, d.startAgents, d.startRanks} {
+		if err := stage(); err != nil {
+			return Result{}, err
+		}
+	}
+	if err := d.simulate(ctx); err != nil {
 		return Result{}, err
 	}
-	if cfg.Steps <= 0 || cfg.GPUsPerNode <= 0 || cfg.MicroBatches <= 0 {
-		return Result{}, fmt.Errorf("demo: steps, GPUs per node and micro-batches must be positive")
+	return d.drain()
+}
+
+// run is one demo: its services, agents and ranks, and what was sent.
+type run struct {
+	cfg      Config
+	began    time.Time
+	world    int
+	gpu      mfu.GPU
+	flops    float64 // model FLOPs a token
+	peak     float64
+	progress io.Writer
+	closers  []func() // run last first
+
+	nopts   natsconn.Options
+	col     *collector.Collector
+	writers []*collector.Collector
+	agents  []*agent.Agent
+	clock   *simClock
+	stepNow atomic.Int64 // the step being simulated, for the GPUs' straggler state
+	clients []*client.Client
+	recs    []*tps.Recorder
+	sent    int64
+	now     time.Time // the simulated clock
+}
+
+func (d *run) close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
 	}
-	if world%cfg.GPUsPerNode != 0 {
-		return Result{}, fmt.Errorf("demo: world size %d is not a multiple of %d GPUs per node", world, cfg.GPUsPerNode)
+}
+
+func (d *run) onClose(f func()) { d.closers = append(d.closers, f) }
+
+// check validates the configuration and looks the model and GPU up.
+func (d *run) check() error {
+	cfg := &d.cfg
+	d.world = cfg.Topology.WorldSize()
+	if err := cfg.Topology.Validate(d.world); err != nil {
+		return err
+	}
+	if cfg.Steps <= 0 || cfg.GPUsPerNode <= 0 || cfg.MicroBatches <= 0 {
+		return fmt.Errorf("demo: steps, GPUs per node and micro-batches must be positive")
+	}
+	if d.world%cfg.GPUsPerNode != 0 {
+		return fmt.Errorf("demo: world size %d is not a multiple of %d GPUs per node", d.world, cfg.GPUsPerNode)
 	}
 	if !tps.ValidJobID(cfg.Job) {
-		return Result{}, fmt.Errorf("demo: invalid job id %q", cfg.Job)
+		return fmt.Errorf("demo: invalid job id %q", cfg.Job)
 	}
 	model, err := mfu.Preset(cfg.Model)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	counts, err := model.Count(mfu.AttentionFull, mfu.RecomputeNone)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
-	gpu, err := mfu.LookupGPU(cfg.GPU)
-	if err != nil {
-		return Result{}, err
+	if d.gpu, err = mfu.LookupGPU(cfg.GPU); err != nil {
+		return err
 	}
-	peak, _ := gpu.Peak(mfu.BF16)
+	d.flops = counts.FLOPsPerToken
+	d.peak, _ = d.gpu.Peak(mfu.BF16)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	progress := cfg.Progress
-	if progress == nil {
-		progress = io.Discard
+	d.progress = cfg.Progress
+	if d.progress == nil {
+		d.progress = io.Discard
 	}
+	return nil
+}
 
+// startServices starts the embedded NATS server, the collector (and with
+// Split its rank writers) and the live page.
+func (d *run) startServices() error {
+	cfg := d.cfg
 	// The demo's server, like the collector's, requires a token: a random
 	// one, known only to this process.
 	tok := make([]byte, 16)
 	crand.Read(tok)
-	nopts := natsconn.Options{Token: hex.EncodeToString(tok)}
-	srv, err := natsconn.StartEmbeddedAuth("127.0.0.1", -1, "", natsconn.Auth{Token: nopts.Token})
+	d.nopts = natsconn.Options{Token: hex.EncodeToString(tok)}
+	srv, err := natsconn.StartEmbeddedAuth("127.0.0.1", -1, "", natsconn.Auth{Token: d.nopts.Token})
 	if err != nil {
-		return Result{}, err
+		return err
 	}
-	nopts.URL = srv.URL()
-	defer srv.Shutdown()
-	fmt.Fprintf(progress, "embedded NATS at %s\n", srv.URL())
-	ccfg := collector.Config{OutDir: cfg.Out, NATS: nopts, Grace: 5 * time.Second,
+	d.nopts.URL = srv.URL()
+	d.onClose(srv.Shutdown)
+	fmt.Fprintf(d.progress, "embedded NATS at %s\n", srv.URL())
+	ccfg := collector.Config{OutDir: cfg.Out, NATS: d.nopts, Grace: 5 * time.Second,
 		Live: cfg.Live, LiveInterval: 2 * time.Second, Logger: cfg.Logger}
-	var writers []*collector.Collector
 	if cfg.Split {
 		ccfg.Role = collector.RoleAggregator
 		for i := range 2 {
-			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: nopts, Role: collector.RoleRankWriter,
+			w, err := collector.New(collector.Config{OutDir: cfg.Out, NATS: d.nopts, Role: collector.RoleRankWriter,
 				Logger: cfg.Logger, Writer: trace.WriterOptions{WriterID: fmt.Sprintf("rank-writer-%d", i)}})
 			if err != nil {
-				return Result{}, err
+				return err
 			}
-			defer w.Close()
-			writers = append(writers, w)
+			d.onClose(func() { w.Close() })
+			d.writers = append(d.writers, w)
 		}
-		fmt.Fprintf(progress, "split roles: one aggregator of node partials, %d rank writers in a queue group\n", len(writers))
+		fmt.Fprintf(d.progress, "split roles: one aggregator of node partials, %d rank writers in a queue group\n", len(d.writers))
 	}
-	col, err := collector.New(ccfg)
-	if err != nil {
-		return Result{}, err
+	if d.col, err = collector.New(ccfg); err != nil {
+		return err
 	}
-	defer col.Close()
+	d.onClose(func() { d.col.Close() })
 	if cfg.HTTP != "" {
 		ln, err := net.Listen("tcp", cfg.HTTP)
 		if err != nil {
-			return Result{}, fmt.Errorf("demo: live page: %w", err)
+			return fmt.Errorf("demo: live page: %w", err)
 		}
-		hs, lim := collector.NewHTTPServer(col.Handler(), ln, 0)
+		hs, lim := collector.NewHTTPServer(d.col.Handler(), ln, 0)
 		go hs.Serve(lim)
-		defer hs.Close()
-		fmt.Fprintf(progress, "live page: http://%s/ (metrics at /metrics)\n", ln.Addr())
+		d.onClose(func() { hs.Close() })
+		fmt.Fprintf(d.progress, "live page: http://%s/ (metrics at /metrics)\n", ln.Addr())
 	}
+	return nil
+}
 
+// startAgents starts one agent a simulated node, each with its simulated
+// GPUs and clock, and tells them the job, as `tpsprof launch` does.
+func (d *run) startAgents() error {
+	cfg := d.cfg
 	sockDir, err := os.MkdirTemp("", "tpsprof-demo-")
 	if err != nil {
-		return Result{}, err
+		return err
 	}
-	defer os.RemoveAll(sockDir)
-	nodes := world / cfg.GPUsPerNode
-	agents := make([]*agent.Agent, nodes)
-	clock := &simClock{}
-	var stepNow atomic.Int64 // the step being simulated, for the GPUs' straggler state
-	for n := range agents {
-		slow := func() bool { return n == cfg.StragglerNode && stepNow.Load() >= int64(cfg.Steps/5) }
-		nodeClock := clock.Now
+	d.onClose(func() { os.RemoveAll(sockDir) })
+	nodes := d.world / cfg.GPUsPerNode
+	d.agents = make([]*agent.Agent, nodes)
+	for n := range d.agents {
+		slow := func() bool { return n == cfg.StragglerNode && d.stepNow.Load() >= int64(cfg.Steps/5) }
+		nodeClock := d.clock.Now
 		if n == cfg.SkewNode {
-			nodeClock = func() time.Time { return clock.Now().Add(cfg.Skew) }
+			nodeClock = func() time.Time { return d.clock.Now().Add(cfg.Skew) }
 		}
 		a, err := agent.Start(agent.Config{Socket: filepath.Join(sockDir, fmt.Sprintf("node-%d.sock", n)),
-			NATS: nopts, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
+			NATS: d.nopts, Node: fmt.Sprintf("node-%d", n), FlushInterval: 50 * time.Millisecond, Logger: cfg.Logger,
 			Partials: cfg.Split,
-			GPU:      newSimGPUs(n, cfg.GPUsPerNode, clock, slow, cfg.Seed), GPUInterval: -1, Clock: nodeClock}) // sampled once per simulated step, below
+			GPU:      newSimGPUs(n, cfg.GPUsPerNode, d.clock, slow, cfg.Seed), GPUInterval: -1, Clock: nodeClock}) // sampled once per simulated step, below
 		if err != nil {
-			return Result{}, err
+			return err
 		}
-		defer a.Close()
-		agents[n] = a
+		d.onClose(func() { a.Close() })
+		d.agents[n] = a
 	}
-	fmt.Fprintf(progress, "%d agents on %d simulated nodes, %d ranks (%s), %s on %s\n", nodes, nodes, world, cfg.Topology, cfg.Model, gpu.Name)
+	fmt.Fprintf(d.progress, "%d agents on %d simulated nodes, %d ranks (%s), %s on %s\n", nodes, nodes, d.world, cfg.Topology, cfg.Model, d.gpu.Name)
 	meta := tps.RunMeta{Job: cfg.Job, Topology: cfg.Topology, MicroBatches: cfg.MicroBatches, ModelPreset: cfg.Model,
 		GPU: cfg.GPU, DType: "bf16", GPUHourUSD: 2.5}
 	// As `tpsprof launch` does on every node: each agent learns the job (and
 	// so publishes its GPU samples for it from the first step on).
-	for _, a := range agents {
+	for _, a := range d.agents {
 		if err := a.SubmitMeta(meta); err != nil {
-			return Result{}, err
+			return err
 		}
 		a.Flush(5 * time.Second)
 	}
-	if err := col.Sync(5 * time.Second); err != nil {
-		return Result{}, err
-	}
+	return d.col.Sync(5 * time.Second)
+}
 
-	clients := make([]*client.Client, world)
-	recs := make([]*tps.Recorder, world)
-	for r := 0; r < world; r++ {
+// startRanks makes each rank's client (to its node's agent) and recorder.
+func (d *run) startRanks() error {
+	cfg := d.cfg
+	d.clients = make([]*client.Client, d.world)
+	d.recs = make([]*tps.Recorder, d.world)
+	for r := 0; r < d.world; r++ {
 		node := r / cfg.GPUsPerNode
-		clients[r] = client.New(agents[node].Socket(), client.Options{Queue: 8192})
+		d.clients[r] = client.New(d.agents[node].Socket(), client.Options{Queue: 8192})
 		lr := int32(r % cfg.GPUsPerNode)
-		recs[r], err = tps.NewRecorder(tps.RecorderConfig{Job: cfg.Job, Rank: int64(r), WorldSize: int64(world),
-			Topology: cfg.Topology, LocalRank: &lr}, clients[r])
+		var err error
+		d.recs[r], err = tps.NewRecorder(tps.RecorderConfig{Job: cfg.Job, Rank: int64(r), WorldSize: int64(d.world),
+			Topology: cfg.Topology, LocalRank: &lr}, d.clients[r])
 		if err != nil {
-			return Result{}, err
+			return err
 		}
 	}
+	return nil
+}
 
-	// The step model. Compute per rank is the FLOPs of its share at 50%
-	// kernel efficiency; the bubble follows the 1F1B formula.
-	sim := newSim(cfg, counts.FLOPsPerToken, peak, world)
-	simStart := time.Now().Add(-time.Duration(float64(cfg.Steps)*sim.nominalStep*1.6*1e9) - time.Minute)
-	now := simStart
-	clock.Set(now)
+// simulate runs the steps. Compute per rank is the FLOPs of its share at
+// 50% kernel efficiency; the bubble follows the 1F1B formula.
+func (d *run) simulate(ctx context.Context) error {
+	cfg := d.cfg
+	sim := newSim(cfg, d.flops, d.peak, d.world)
+	d.now = time.Now().Add(-time.Duration(float64(cfg.Steps)*sim.nominalStep*1.6*1e9) - time.Minute)
+	d.clock.Set(d.now)
 	tick := time.NewTicker(max(cfg.StepInterval, time.Millisecond))
 	defer tick.Stop()
-	sent := int64(0)
 	for s := 0; s < cfg.Steps; s++ {
 		if err := ctx.Err(); err != nil {
-			return Result{}, err
+			return err
 		}
-		step := sim.step(s)
-		stepNow.Store(int64(s))
-		for _, a := range agents { // each node's sampler reads its GPUs at the step's start
-			a.SampleGPUs()
-		}
-		for r := 0; r < world; r++ {
-			p := step.ranks[r]
-			start := now.Add(p.offset)
-			if r/cfg.GPUsPerNode == cfg.SkewNode {
-				start = start.Add(cfg.Skew)
-			}
-			if err := recs[r].Record(int64(s), start, start.Add(p.duration), sim.replicaTokens, p.phases); err != nil {
-				return Result{}, fmt.Errorf("demo: rank %d step %d: %w", r, s, err)
-			}
-			sent++
-		}
-		if step.ckpt > 0 {
-			clients[0].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventCheckpointSave, Step: int64(s), Rank: 0,
-				StartUnixNs: now.Add(step.wall - step.ckpt).UnixNano(), EndUnixNs: now.Add(step.wall).UnixNano()})
-		}
-		now = now.Add(step.wall + step.gapAfter)
-		clock.Set(now)
-		if step.gapAfter > time.Second {
-			// the last rank reports the evaluation, on its node's clock
-			last := world - 1
-			at := now
-			if last/cfg.GPUsPerNode == cfg.SkewNode {
-				at = at.Add(cfg.Skew)
-			}
-			clients[last].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventEval, Step: int64(s), Rank: int64(last),
-				StartUnixNs: at.Add(-step.gapAfter).UnixNano(), EndUnixNs: at.UnixNano()})
+		if err := d.step(s, sim); err != nil {
+			return err
 		}
 		if cfg.StepInterval > 0 {
 			select {
 			case <-tick.C:
 			case <-ctx.Done():
-				return Result{}, ctx.Err()
+				return ctx.Err()
 			}
 		}
 	}
-	var dropped int64
-	for _, c := range clients {
-		c.Close(10 * time.Second)
-		_, d, _ := c.Counts()
-		dropped += d
-	}
-	// Wait until the agents have read everything the clients wrote.
-	var lines int64
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		lines = 0
-		for _, a := range agents {
-			lines += a.Stats().Records
-		}
-		if lines >= sent-dropped || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	clock.Set(now.Add(time.Millisecond)) // a last reading after the last step
-	for _, a := range agents {
+	return nil
+}
+
+// step sends step s of every rank, and its checkpoint and evaluation.
+func (d *run) step(s int, sim *sim) error {
+	cfg := d.cfg
+	step := sim.step(s)
+	d.stepNow.Store(int64(s))
+	for _, a := range d.agents { // each node's sampler reads its GPUs at the step's start
 		a.SampleGPUs()
 	}
-	for _, a := range agents {
+	for r := 0; r < d.world; r++ {
+		p := step.ranks[r]
+		start := d.now.Add(p.offset)
+		if r/cfg.GPUsPerNode == cfg.SkewNode {
+			start = start.Add(cfg.Skew)
+		}
+		if err := d.recs[r].Record(int64(s), start, start.Add(p.duration), sim.replicaTokens, p.phases); err != nil {
+			return fmt.Errorf("demo: rank %d step %d: %w", r, s, err)
+		}
+		d.sent++
+	}
+	if step.ckpt > 0 {
+		d.clients[0].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventCheckpointSave, Step: int64(s), Rank: 0,
+			StartUnixNs: d.now.Add(step.wall - step.ckpt).UnixNano(), EndUnixNs: d.now.Add(step.wall).UnixNano()})
+	}
+	d.now = d.now.Add(step.wall + step.gapAfter)
+	d.clock.Set(d.now)
+	if step.gapAfter > time.Second {
+		// the last rank reports the evaluation, on its node's clock
+		last := d.world - 1
+		at := d.now
+		if last/cfg.GPUsPerNode == cfg.SkewNode {
+			at = at.Add(cfg.Skew)
+		}
+		d.clients[last].SendEvent(tps.Event{Job: cfg.Job, Kind: tps.EventEval, Step: int64(s), Rank: int64(last),
+			StartUnixNs: at.Add(-step.gapAfter).UnixNano(), EndUnixNs: at.UnixNano()})
+	}
+	return nil
+}
+
+// drain closes the clients, waits for the agents to read everything they
+// wrote, flushes the agents and syncs and closes the collectors.
+func (d *run) drain() (Result, error) {
+	var dropped int64
+	for _, c := range d.clients {
+		c.Close(10 * time.Second)
+		_, n, _ := c.Counts()
+		dropped += n
+	}
+	// Wait until the agents have read everything the clients wrote.
+	for deadline := time.Now().Add(30 * time.Second); d.agentRecords() < d.sent-dropped && !time.Now().After(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	d.clock.Set(d.now.Add(time.Millisecond)) // a last reading after the last step
+	for _, a := range d.agents {
+		a.SampleGPUs()
+	}
+	for _, a := range d.agents {
 		if err := a.Flush(10 * time.Second); err != nil {
 			return Result{}, err
 		}
 	}
-	for _, w := range writers {
+	for _, w := range d.writers {
 		if err := w.Sync(30 * time.Second); err != nil {
 			return Result{}, err
 		}
@@ -309,20 +374,28 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			return Result{}, err
 		}
 	}
-	if err := col.Sync(30 * time.Second); err != nil {
+	if err := d.col.Sync(30 * time.Second); err != nil {
 		return Result{}, err
 	}
-	if err := col.Close(); err != nil {
+	if err := d.col.Close(); err != nil {
 		return Result{}, err
 	}
-	res := Result{JobDir: filepath.Join(cfg.Out, cfg.Job), Stats: col.Stats(), Records: sent, Dropped: dropped, Duration: time.Since(began)}
-	for _, w := range writers {
+	res := Result{JobDir: filepath.Join(d.cfg.Out, d.cfg.Job), Stats: d.col.Stats(), Records: d.sent, Dropped: dropped, Duration: time.Since(d.began)}
+	for _, w := range d.writers {
 		res.RowsWritten += w.Stats().Records
 	}
-	if !cfg.Split {
+	if !d.cfg.Split {
 		res.RowsWritten = res.Stats.Records + res.Stats.Late
 	}
 	return res, nil
+}
+
+func (d *run) agentRecords() int64 {
+	var n int64
+	for _, a := range d.agents {
+		n += a.Stats().Records
+	}
+	return n
 }
 
 type rankStep struct {
