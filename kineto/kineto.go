@@ -344,42 +344,7 @@ func (a *analyzer) event(b []byte) error {
 	}
 	e := &a.ev
 	*e = rawEvent{corr: -1}
-	err := fields(b, func(k, v []byte) error {
-		switch string(k) {
-		case "ph":
-			e.ph = unquote(v)
-		case "cat":
-			e.cat = unquote(v)
-		case "name":
-			e.name = unquote(v)
-		case "ts":
-			e.ts, e.hasTs = microsToNs(v)
-		case "dur":
-			e.dur, _ = microsToNs(v)
-		case "args":
-			if len(v) > 0 && v[0] == '{' {
-				return fields(v, func(k, v []byte) error {
-					switch string(k) {
-					case "correlation":
-						e.corr, _ = atoi(v)
-					case "stream":
-						e.stream = true
-					case "Collective name":
-						e.collName = unquote(v)
-					case "In msg nelems", "In msg size":
-						e.nelems, _ = atoi(v)
-					case "dtype":
-						e.dtype = unquote(v)
-					case "Process Group Name":
-						e.group = unquote(v)
-					}
-					return nil
-				})
-			}
-		}
-		return nil
-	})
-	if err != nil {
+	if err := fields(b, e.field); err != nil {
 		return fmt.Errorf("%w (event %d)", err, a.events)
 	}
 	if !e.hasTs || (len(e.ph) > 0 && string(e.ph) != "X") {
@@ -399,43 +364,122 @@ func (a *analyzer) event(b []byte) error {
 		sp = span{ceilMicro(sp.start), floorMicro(sp.end)}
 		sp.end = max(sp.end, sp.start)
 	}
+	return a.take(e, sp)
+}
+
+// field takes one of an event's fields.
+func (e *rawEvent) field(k, v []byte) error {
+	switch string(k) {
+	case "ph":
+		e.ph = unquote(v)
+	case "cat":
+		e.cat = unquote(v)
+	case "name":
+		e.name = unquote(v)
+	case "ts":
+		e.ts, e.hasTs = microsToNs(v)
+	case "dur":
+		e.dur, _ = microsToNs(v)
+	case "args":
+		if len(v) > 0 && v[0] == '{' {
+			return fields(v, e.arg)
+		}
+	}
+	return nil
+}
+
+// arg takes one of an event's args.
+func (e *rawEvent) arg(k, v []byte) error {
+	switch string(k) {
+	case "correlation":
+		e.corr, _ = atoi(v)
+	case "stream":
+		e.stream = true
+	case "Collective name":
+		e.collName = unquote(v)
+	case "In msg nelems", "In msg size":
+		e.nelems, _ = atoi(v)
+	case "dtype":
+		e.dtype = unquote(v)
+	case "Process Group Name":
+		e.group = unquote(v)
+	}
+	return nil
+}
+
+func isDeviceCat(cat string) bool {
+	switch cat {
+	case "kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset":
+		return true
+	}
+	return false
+}
+
+func isRuntimeCat(cat string) bool {
+	switch cat {
+	case "cuda_runtime", "cuda_driver", "Runtime", "Driver":
+		return true
+	}
+	return false
+}
+
+// isCPUOp is whether cat is a CPU operator's (or none, as older traces).
+func isCPUOp(cat string) bool { return cat == "cpu_op" || cat == "" }
+
+// take keeps what the analysis uses of a complete event over sp.
+func (a *analyzer) take(e *rawEvent, sp span) error {
 	cat := string(e.cat)
 	switch {
-	case cat == "kernel" || cat == "gpu_memcpy" || cat == "gpu_memset" || cat == "Kernel" || cat == "Memcpy" || cat == "Memset":
-		cls := classify(cat, e.name)
-		if cls == other {
-			return nil
-		}
-		g := gpuEvent{span: sp, corr: e.corr, cls: cls, kind: kindGPU}
-		if cls == comm {
-			g.coll = collective(e.collName, e.name)
-			g.bytes = e.nelems * dtypeSize(e.dtype)
-			g.group = a.group(e.group)
-		}
-		a.gpu++
-		return a.sp.add(g)
-	case cat == "cuda_runtime" || cat == "cuda_driver" || cat == "Runtime" || cat == "Driver":
+	case isDeviceCat(cat):
+		return a.device(e, cat, sp)
+	case isRuntimeCat(cat):
 		if e.corr >= 0 {
 			a.launches++
 			return a.sp.add(gpuEvent{span: span{e.ts, e.ts}, corr: e.corr, kind: kindLaunch})
 		}
-	case bytes.HasPrefix(e.name, []byte("ProfilerStep#")) && (cat == "user_annotation" || cat == "cpu_op" || cat == ""):
-		n, ok := atoi(e.name[len("ProfilerStep#"):])
-		if ok {
+	case isStepMark(e.name, cat):
+		if n, ok := atoi(e.name[len("ProfilerStep#"):]); ok {
 			a.steps = append(a.steps, stepSpan{n: n, span: sp})
 		}
-	case a.opt.Calls && bytes.HasPrefix(e.name, []byte("c10d::")) && (cat == "cpu_op" || cat == ""):
-		if k := collective(nil, e.name[len("c10d::"):]); k != 8 && len(a.issues) < MaxCalls {
-			a.issues = append(a.issues, issue{e.ts, k})
-		}
+	case a.opt.Calls && bytes.HasPrefix(e.name, []byte("c10d::")) && isCPUOp(cat):
+		a.issue(e)
 	case bytes.HasPrefix(e.name, []byte("gloo:")):
 		return a.sp.add(gpuEvent{span: sp, corr: -1, cls: comm, coll: collective(e.collName, e.name[5:]),
 			bytes: e.nelems * dtypeSize(e.dtype), group: a.group(e.group), kind: kindCPU})
-	case a.gpu == 0 && bytes.HasPrefix(e.name, []byte("aten::")) && (cat == "cpu_op" || cat == ""):
+	case a.gpu == 0 && bytes.HasPrefix(e.name, []byte("aten::")) && isCPUOp(cat):
 		// kept until the trace proves to be a GPU trace
 		return a.sp.add(gpuEvent{span: sp, corr: -1, cls: compute, kind: kindCPU})
 	}
 	return nil
+}
+
+// isStepMark is whether an event is a step's ProfilerStep#N annotation.
+func isStepMark(name []byte, cat string) bool {
+	return bytes.HasPrefix(name, []byte("ProfilerStep#")) && (cat == "user_annotation" || isCPUOp(cat))
+}
+
+// issue keeps when the rank's thread issued a collective (c10d's
+// operator), for pairIssues.
+func (a *analyzer) issue(e *rawEvent) {
+	if k := collective(nil, e.name[len("c10d::"):]); k != 8 && len(a.issues) < MaxCalls {
+		a.issues = append(a.issues, issue{e.ts, k})
+	}
+}
+
+// device keeps a kernel, copy or set as HTA classifies it.
+func (a *analyzer) device(e *rawEvent, cat string, sp span) error {
+	cls := classify(cat, e.name)
+	if cls == other {
+		return nil
+	}
+	g := gpuEvent{span: sp, corr: e.corr, cls: cls, kind: kindGPU}
+	if cls == comm {
+		g.coll = collective(e.collName, e.name)
+		g.bytes = e.nelems * dtypeSize(e.dtype)
+		g.group = a.group(e.group)
+	}
+	a.gpu++
+	return a.sp.add(g)
 }
 
 func (a *analyzer) group(name []byte) uint16 {

@@ -18,152 +18,212 @@ import (
 // intervals is the sum of its parts in disjoint windows, so the totals are
 // exact.
 func (a *analyzer) result() (*Result, error) {
-	r := a.res
+	sort.Slice(a.steps, func(i, j int) bool { return a.steps[i].start < a.steps[j].start })
+	p, err := a.newPasses()
+	if err != nil {
+		return nil, err
+	}
+	if err := a.sp.each(p.count); err != nil {
+		return nil, err
+	}
+	p.stepBuf = make([][]gpuEvent, len(a.steps))
+	p.winBuf = make([][]gpuEvent, len(p.bounds)+1)
+	p.r.Steps = make([]StepStats, len(a.steps))
+	if err := a.sp.each(p.reduce); err != nil {
+		return nil, err
+	}
+	return p.finish(), nil
+}
+
+// passes are result's two passes over the spilled records: the first
+// counts each step's and window's records, the second buffers and reduces
+// them.
+type passes struct {
+	a        *analyzer
+	r        Result
+	cpu      bool
+	want     uint8
+	own      *owners
+	byLaunch bool
+	bounds   []int64 // the distinct step boundaries
+	stepN    []int   // records of each step
+	winN     []int   // records of each window
+	stepBuf  [][]gpuEvent
+	winBuf   [][]gpuEvent
+	held     int
+	t        totals
+}
+
+func (a *analyzer) newPasses() (*passes, error) {
+	p := &passes{a: a, r: a.res, cpu: a.gpu == 0, want: kindGPU}
+	r := &p.r
 	r.Events = a.events
 	r.GPUEvents = a.gpu
-	sort.Slice(a.steps, func(i, j int) bool { return a.steps[i].start < a.steps[j].start })
-	cpu := a.gpu == 0
-	want := kindGPU
-	// A GPU trace takes its kernels, and the gloo operations of its CPU
-	// threads: collectives gloo runs on CUDA tensors launch no kernel, and
-	// read 0 communication before (2 ranks sharing an H200, DDP over gloo).
-	takes := func(e gpuEvent) bool { return e.kind == want || want == kindGPU && e.kind == kindCPU && e.cls == comm }
 	r.Device = "gpu"
-	if cpu {
-		want = kindCPU
+	if p.cpu {
+		p.want = kindCPU
 		r.Device = "cpu"
 		r.Notes = append(r.Notes, "no GPU events: CPU-side figures (communication = gloo collectives on their threads, computation = aten operators)")
 	}
 	if r.Rank == nil {
 		r.Notes = append(r.Notes, "no distributedInfo: rank and world size unknown")
 	}
-	// Which step each event belongs to: the step whose span holds its
-	// launch (the runtime call with its correlation id); in a trace
-	// without runtime calls, the step its start falls in. A kernel whose
-	// launch is not in the trace was launched before it began (as HTA, it
-	// belongs to no step).
-	own, err := a.launchOwners()
-	if err != nil {
+	var err error
+	if p.own, err = a.launchOwners(); err != nil {
 		return nil, err
 	}
-	byLaunch := a.launches > 0
-	stepOf := func(e gpuEvent) int32 {
-		if byLaunch && e.corr >= 0 {
-			return own.lookup(e.corr)
-		}
-		return int32(a.stepAt(e.start))
-	}
+	p.byLaunch = a.launches > 0
 	// Windows: between consecutive distinct step boundaries, plus before
 	// the first and after the last.
-	var bounds []int64
 	for _, st := range a.steps {
-		bounds = append(bounds, st.start, st.end)
+		p.bounds = append(p.bounds, st.start, st.end)
 	}
-	slices.Sort(bounds)
-	bounds = slices.Compact(bounds)
-	window := func(t int64) int { return sort.Search(len(bounds), func(i int) bool { return bounds[i] > t }) }
-	clip := func(s span, w int) span {
-		if w > 0 {
-			s.start = max(s.start, bounds[w-1])
-		}
-		if w < len(bounds) {
-			s.end = min(s.end, bounds[w])
-		}
-		return s
-	}
+	slices.Sort(p.bounds)
+	p.bounds = slices.Compact(p.bounds)
+	p.stepN = make([]int, len(a.steps))
+	p.winN = make([]int, len(p.bounds)+1)
+	p.t = totals{lastStep: int32(len(a.steps) - 1), first: 1<<63 - 1, last: -1 << 63, coll: map[collKey]*collAcc{}}
+	return p, nil
+}
 
-	stepN := make([]int, len(a.steps))
-	winN := make([]int, len(bounds)+1)
-	err = a.sp.each(func(e gpuEvent) {
-		if !takes(e) {
-			return
-		}
-		if i := stepOf(e); i >= 0 {
-			stepN[i]++
-		}
-		if e.end > e.start {
-			for w := window(e.start); w <= window(e.end-1); w++ {
-				winN[w]++
-			}
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
+// takes is whether the figures take e. A GPU trace takes its kernels, and
+// the gloo operations of its CPU threads: collectives gloo runs on CUDA
+// tensors launch no kernel, and read 0 communication before (2 ranks
+// sharing an H200, DDP over gloo).
+func (p *passes) takes(e gpuEvent) bool {
+	return e.kind == p.want || p.want == kindGPU && e.kind == kindCPU && e.cls == comm
+}
 
-	stepBuf := make([][]gpuEvent, len(a.steps))
-	winBuf := make([][]gpuEvent, len(bounds)+1)
-	r.Steps = make([]StepStats, len(a.steps))
-	held := 0
-	t := totals{lastStep: int32(len(a.steps) - 1), first: 1<<63 - 1, last: -1 << 63, coll: map[collKey]*collAcc{}}
-	err = a.sp.each(func(e gpuEvent) {
-		if !takes(e) {
-			return
-		}
-		e.step = stepOf(e)
-		if e.cls == comm {
-			t.collective(e)
-			if a.opt.Calls {
-				// every call, also outside steps, for pairIssues; those
-				// outside (step -1) are dropped after
-				if len(r.Calls) < 2*MaxCalls {
-					step := int64(-1)
-					if e.step >= 0 {
-						step = a.steps[e.step].n
-					}
-					r.Calls = append(r.Calls, Call{Step: step, Group: a.groupOf[e.group], Kind: collKinds[e.coll],
-						StartNs: e.start, EndNs: e.end, Bytes: e.bytes})
-				} else if e.step >= 0 {
-					r.CallsDropped++
-				}
-			}
-		}
-		if i := e.step; i >= 0 {
-			stepBuf[i] = append(stepBuf[i], e)
-			held++
-			if len(stepBuf[i]) == stepN[i] {
-				r.Steps[i] = stats(stepBuf[i], a.steps[i].span, cpu)
-				held -= len(stepBuf[i])
-				stepBuf[i] = nil
-			}
-		}
-		if e.end > e.start {
-			for w := window(e.start); w <= window(e.end-1); w++ {
-				c := e
-				c.span = clip(e.span, w)
-				winBuf[w] = append(winBuf[w], c)
-				held++
-				if len(winBuf[w]) == winN[w] {
-					t.add(winBuf[w])
-					held -= len(winBuf[w])
-					winBuf[w] = nil
-				}
-			}
-		}
-		a.maxHeld = max(a.maxHeld, held)
-	})
-	if err != nil {
-		return nil, err
+// stepOf is the step e belongs to: the step whose span holds its launch
+// (the runtime call with its correlation id); in a trace without runtime
+// calls, the step its start falls in. A kernel whose launch is not in the
+// trace was launched before it began (as HTA, it belongs to no step).
+func (p *passes) stepOf(e gpuEvent) int32 {
+	if p.byLaunch && e.corr >= 0 {
+		return p.own.lookup(e.corr)
 	}
+	return int32(p.a.stepAt(e.start))
+}
+
+func (p *passes) window(t int64) int {
+	return sort.Search(len(p.bounds), func(i int) bool { return p.bounds[i] > t })
+}
+
+// clip is s within window w.
+func (p *passes) clip(s span, w int) span {
+	if w > 0 {
+		s.start = max(s.start, p.bounds[w-1])
+	}
+	if w < len(p.bounds) {
+		s.end = min(s.end, p.bounds[w])
+	}
+	return s
+}
+
+// count is the first pass.
+func (p *passes) count(e gpuEvent) {
+	if !p.takes(e) {
+		return
+	}
+	if i := p.stepOf(e); i >= 0 {
+		p.stepN[i]++
+	}
+	if e.end > e.start {
+		for w := p.window(e.start); w <= p.window(e.end-1); w++ {
+			p.winN[w]++
+		}
+	}
+}
+
+// reduce is the second pass: a step's (and a window's) records are
+// reduced once it holds all of them.
+func (p *passes) reduce(e gpuEvent) {
+	if !p.takes(e) {
+		return
+	}
+	a := p.a
+	e.step = p.stepOf(e)
+	if e.cls == comm {
+		p.t.collective(e)
+		p.call(e)
+	}
+	if i := e.step; i >= 0 {
+		p.stepBuf[i] = append(p.stepBuf[i], e)
+		p.held++
+		if len(p.stepBuf[i]) == p.stepN[i] {
+			p.r.Steps[i] = stats(p.stepBuf[i], a.steps[i].span, p.cpu)
+			p.held -= len(p.stepBuf[i])
+			p.stepBuf[i] = nil
+		}
+	}
+	if e.end > e.start {
+		for w := p.window(e.start); w <= p.window(e.end-1); w++ {
+			c := e
+			c.span = p.clip(e.span, w)
+			p.winBuf[w] = append(p.winBuf[w], c)
+			p.held++
+			if len(p.winBuf[w]) == p.winN[w] {
+				p.t.add(p.winBuf[w])
+				p.held -= len(p.winBuf[w])
+				p.winBuf[w] = nil
+			}
+		}
+	}
+	a.maxHeld = max(a.maxHeld, p.held)
+}
+
+// call keeps a collective call: every call, also outside steps, for
+// pairIssues; those outside (step -1) are dropped after.
+func (p *passes) call(e gpuEvent) {
+	a, r := p.a, &p.r
+	if !a.opt.Calls {
+		return
+	}
+	if len(r.Calls) < 2*MaxCalls {
+		step := int64(-1)
+		if e.step >= 0 {
+			step = a.steps[e.step].n
+		}
+		r.Calls = append(r.Calls, Call{Step: step, Group: a.groupOf[e.group], Kind: collKinds[e.coll],
+			StartNs: e.start, EndNs: e.end, Bytes: e.bytes})
+	} else if e.step >= 0 {
+		r.CallsDropped++
+	}
+}
+
+// finish completes the steps without records, the totals and the calls.
+func (p *passes) finish() *Result {
+	a, r, t := p.a, &p.r, &p.t
 	for i, st := range a.steps {
-		if stepN[i] == 0 {
-			r.Steps[i] = stats(nil, st.span, cpu)
+		if p.stepN[i] == 0 {
+			r.Steps[i] = stats(nil, st.span, p.cpu)
 		}
 		r.Steps[i].Step = st.n
 	}
-	if !cpu {
+	if !p.cpu {
 		gpuWindows(r.Steps, a.steps)
 	}
 	r.Total = t.stats()
 	r.CommOverlapPct = r.Total.OverlapPct
 	if len(a.steps) > 0 && t.htaComm > 0 {
-		p := 100 * float64(t.htaOver) / float64(t.htaComm)
-		r.HTAOverlapPct = &p
+		x := 100 * float64(t.htaOver) / float64(t.htaComm)
+		r.HTAOverlapPct = &x
 	}
 	r.Collectives = t.collectives(a.groupOf)
+	p.finishCalls()
+	if len(r.Steps) == 0 {
+		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
+	}
+	return r
+}
+
+// finishCalls sorts the calls, pairs their issues (CPU traces), drops
+// those outside steps and bounds them.
+func (p *passes) finishCalls() {
+	r := &p.r
 	sort.SliceStable(r.Calls, func(i, j int) bool { return r.Calls[i].StartNs < r.Calls[j].StartNs })
-	if cpu {
-		a.pairIssues(r.Calls)
+	if p.cpu {
+		p.a.pairIssues(r.Calls)
 	}
 	r.Calls = slices.DeleteFunc(r.Calls, func(c Call) bool { return c.Step < 0 })
 	if len(r.Calls) > MaxCalls {
@@ -173,10 +233,6 @@ func (a *analyzer) result() (*Result, error) {
 	if len(r.Calls) == 0 {
 		r.Calls = nil
 	}
-	if len(r.Steps) == 0 {
-		r.Notes = append(r.Notes, "no ProfilerStep#N annotations: totals only")
-	}
-	return &r, nil
 }
 
 // pairIssues sets each gloo call's issue time: per kind, the k-th c10d
