@@ -122,9 +122,28 @@ func (m Model) withDefaults() Model {
 
 // Validate checks that the model is complete and consistent.
 func (m Model) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrBadModel, fmt.Sprintf(format, args...))
+	if err := m.validateFields(); err != nil {
+		return err
 	}
+	if !m.HasShape() {
+		return m.validateParams()
+	}
+	if m.Params > 0 {
+		return badModel("give either a shape or --params, not both (params=%g with hidden=%d)", m.Params, m.Hidden)
+	}
+	d := m.withDefaults()
+	if err := d.validateRequired(); err != nil {
+		return err
+	}
+	return d.validateConsistent()
+}
+
+func badModel(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrBadModel, fmt.Sprintf(format, args...))
+}
+
+// validateFields bounds every field.
+func (m Model) validateFields() error {
 	for _, f := range []struct {
 		name string
 		v    int
@@ -134,61 +153,76 @@ func (m Model) Validate() error {
 		{"q-lora-rank", m.QLoRARank}, {"kv-lora-rank", m.KVLoRARank}, {"qk-nope-head-dim", m.QKNopeDim}, {"qk-rope-head-dim", m.QKRopeDim},
 		{"v-head-dim", m.VHeadDim}, {"mtp-layers", m.MTPLayers}, {"sliding-window", m.Window}, {"window-layers", m.WindowLayers}} {
 		if f.v < 0 {
-			return bad("%s=%d must not be negative", f.name, f.v)
+			return badModel("%s=%d must not be negative", f.name, f.v)
 		}
 		if f.v > 1<<30 {
-			return bad("%s=%d is absurdly large", f.name, f.v)
+			return badModel("%s=%d is absurdly large", f.name, f.v)
 		}
 	}
 	if math.IsNaN(m.Params) || math.IsInf(m.Params, 0) || m.Params < 0 {
-		return bad("params=%g must be a positive number", m.Params)
+		return badModel("params=%g must be a positive number", m.Params)
 	}
-	if !m.HasShape() {
-		if m.Params <= 0 {
-			return bad("give a preset, a config file, a shape (--layers --hidden --heads --ffn --vocab) or --params")
-		}
-		if m.Layers > 0 || m.Heads > 0 || m.HeadDim > 0 {
-			if m.Layers == 0 || m.Heads == 0 || m.HeadDim == 0 {
-				return bad("with --params, the attention term needs all of --layers, --heads and --head-dim (or none of them)")
-			}
-		}
-		return nil
+	return nil
+}
+
+// validateParams checks a model given by its parameter count alone.
+func (m Model) validateParams() error {
+	if m.Params <= 0 {
+		return badModel("give a preset, a config file, a shape (--layers --hidden --heads --ffn --vocab) or --params")
 	}
-	if m.Params > 0 {
-		return bad("give either a shape or --params, not both (params=%g with hidden=%d)", m.Params, m.Hidden)
+	if (m.Layers > 0 || m.Heads > 0 || m.HeadDim > 0) && (m.Layers == 0 || m.Heads == 0 || m.HeadDim == 0) {
+		return badModel("with --params, the attention term needs all of --layers, --heads and --head-dim (or none of them)")
 	}
-	d := m.withDefaults()
+	return nil
+}
+
+// validateRequired checks that a shape (with its defaults) has what every
+// count needs, and the attention's dimensions.
+func (m Model) validateRequired() error {
 	switch {
-	case d.Layers == 0:
-		return bad("layers is required with a shape")
-	case d.Heads == 0:
-		return bad("heads is required with a shape")
-	case d.FFN == 0 && d.MoEFFN == 0:
-		return bad("ffn is required with a shape")
-	case d.Vocab == 0:
-		return bad("vocab is required with a shape")
-	case d.HeadDim == 0 && d.KVLoRARank == 0:
-		return bad("head-dim is zero: hidden=%d over heads=%d", d.Hidden, d.Heads)
-	case d.KVLoRARank > 0 && (d.QKNopeDim+d.QKRopeDim == 0 || d.VHeadDim == 0):
-		return bad("multi-head latent attention needs qk-nope-head-dim, qk-rope-head-dim and v-head-dim")
-	case d.KVLoRARank == 0 && (d.QLoRARank > 0 || d.QKNopeDim > 0 || d.QKRopeDim > 0 || d.VHeadDim > 0):
-		return bad("q-lora-rank and the qk/v head dims of latent attention need kv-lora-rank")
-	case d.WindowLayers > d.Layers:
-		return bad("window-layers=%d exceeds layers=%d", d.WindowLayers, d.Layers)
-	case d.WindowLayers > 0 && d.Window == 0:
-		return bad("window-layers needs sliding-window")
-	case d.MTPLayers > 16:
-		return bad("mtp-layers=%d: at most 16", d.MTPLayers)
-	case d.KVLoRARank == 0 && (d.KVHeads > d.Heads || d.Heads%d.KVHeads != 0):
-		return bad("kv-heads=%d must divide heads=%d", d.KVHeads, d.Heads)
-	case d.Experts == 0 && (d.TopK > 0 || d.SharedExperts > 0 || d.DenseLayers > 0):
-		return bad("top-k, shared-experts and dense-layers need --experts")
-	case d.Experts > 0 && d.TopK > d.Experts:
-		return bad("top-k=%d exceeds experts=%d", d.TopK, d.Experts)
-	case d.DenseLayers > d.Layers:
-		return bad("dense-layers=%d exceeds layers=%d", d.DenseLayers, d.Layers)
-	case d.DenseLayers > 0 && d.FFN == 0:
-		return bad("dense-layers need the dense ffn size")
+	case m.Layers == 0:
+		return badModel("layers is required with a shape")
+	case m.Heads == 0:
+		return badModel("heads is required with a shape")
+	case m.FFN == 0 && m.MoEFFN == 0:
+		return badModel("ffn is required with a shape")
+	case m.Vocab == 0:
+		return badModel("vocab is required with a shape")
+	case m.HeadDim == 0 && m.KVLoRARank == 0:
+		return badModel("head-dim is zero: hidden=%d over heads=%d", m.Hidden, m.Heads)
+	case m.KVLoRARank > 0 && (m.QKNopeDim+m.QKRopeDim == 0 || m.VHeadDim == 0):
+		return badModel("multi-head latent attention needs qk-nope-head-dim, qk-rope-head-dim and v-head-dim")
+	case m.KVLoRARank == 0 && (m.QLoRARank > 0 || m.QKNopeDim > 0 || m.QKRopeDim > 0 || m.VHeadDim > 0):
+		return badModel("q-lora-rank and the qk/v head dims of latent attention need kv-lora-rank")
+	}
+	return nil
+}
+
+// validateConsistent checks a complete shape's parts against each other.
+func (m Model) validateConsistent() error {
+	switch {
+	case m.WindowLayers > m.Layers:
+		return badModel("window-layers=%d exceeds layers=%d", m.WindowLayers, m.Layers)
+	case m.WindowLayers > 0 && m.Window == 0:
+		return badModel("window-layers needs sliding-window")
+	case m.MTPLayers > 16:
+		return badModel("mtp-layers=%d: at most 16", m.MTPLayers)
+	case m.KVLoRARank == 0 && (m.KVHeads > m.Heads || m.Heads%m.KVHeads != 0):
+		return badModel("kv-heads=%d must divide heads=%d", m.KVHeads, m.Heads)
+	}
+	return m.validateExperts()
+}
+
+func (m Model) validateExperts() error {
+	switch {
+	case m.Experts == 0 && (m.TopK > 0 || m.SharedExperts > 0 || m.DenseLayers > 0):
+		return badModel("top-k, shared-experts and dense-layers need --experts")
+	case m.Experts > 0 && m.TopK > m.Experts:
+		return badModel("top-k=%d exceeds experts=%d", m.TopK, m.Experts)
+	case m.DenseLayers > m.Layers:
+		return badModel("dense-layers=%d exceeds layers=%d", m.DenseLayers, m.Layers)
+	case m.DenseLayers > 0 && m.FFN == 0:
+		return badModel("dense-layers need the dense ffn size")
 	}
 	return nil
 }
