@@ -522,6 +522,23 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 		return c
 	}
 	s := &a.sums
+	a.period(&c, ctx)
+	flops, known := a.replicas(&c)
+	a.shares(&c)
+	a.generation(&c)
+	if s.NLoss > 0 {
+		c.LossMean = s.SumLoss / float64(s.NLoss)
+	}
+	if known {
+		c.FLOPs = flops
+	}
+	a.utilisation(&c)
+	return c
+}
+
+// period sets the step's start, end and step time (ResultIn).
+func (a *StepAccumulator) period(c *ClusterStep, ctx StepContext) {
+	s := &a.sums
 	c.StartUnixNs, c.EndUnixNs = s.Min[mStart], s.Max[mEnd]
 	if ctx.ClockOffsetNs != nil && len(a.nodes) > 0 {
 		c.StartUnixNs, c.EndUnixNs = math.MaxInt64, math.MinInt64
@@ -546,11 +563,15 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 			c.StepTimeNs = d
 		}
 	}
+}
+
+// replicas sums the replicas' tokens, bytes and FLOPs (known: every
+// replica's FLOPs are).
+func (a *StepAccumulator) replicas(c *ClusterStep) (flops float64, known bool) {
 	// FLOPs: a replica's own figure (reported, or from its Σ document
 	// length²), else its tokens × the model's FLOPs per token; a replica
 	// with neither leaves the step's FLOPs unknown (0).
-	var flops float64
-	known := true
+	known = true
 	for i := range a.replicaTokens {
 		if a.replicaSeen[i/64]&(1<<(i%64)) == 0 {
 			continue
@@ -574,6 +595,13 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 	for _, w := range a.mismatched {
 		c.TokenMismatchReplicas += int64(bits.OnesCount64(w))
 	}
+	return flops, known
+}
+
+// shares sets the step's TPS and the shares of its time: waiting,
+// communication, bubble, data and checkpoints.
+func (a *StepAccumulator) shares(c *ClusterStep) {
+	s := &a.sums
 	n := float64(a.reported)
 	D := float64(c.StepTimeNs)
 	if D > 0 {
@@ -611,6 +639,13 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 	if D > 0 && c.Bytes > 0 {
 		c.BytesPerSecond = float64(c.Bytes) / (D / 1e9)
 	}
+}
+
+// generation sets the step's generation phase (RL rollouts).
+func (a *StepAccumulator) generation(c *ClusterStep) {
+	s := &a.sums
+	n := float64(a.reported)
+	D := float64(c.StepTimeNs)
 	if s.GenRanks > 0 && D > 0 {
 		c.GenNsMax = s.Max[mGen]
 		c.GenRequests, c.GenPromptTokens, c.GenOutputTokens = int64(s.Sum[mGenReqs]), int64(s.Sum[mGenPrompt]), int64(s.Sum[mGenOutput])
@@ -621,12 +656,11 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 			c.GenTotalTPS = float64(c.GenOutputTokens+c.GenPromptTokens) / sec
 		}
 	}
-	if s.NLoss > 0 {
-		c.LossMean = s.SumLoss / float64(s.NLoss)
-	}
-	if known {
-		c.FLOPs = flops
-	}
+}
+
+// utilisation sets MFU and HFU, or why they are unknown.
+func (a *StepAccumulator) utilisation(c *ClusterStep) {
+	D := float64(c.StepTimeNs)
 	c.MFUUnknown = a.cfg.MFUUnknown
 	if c.MFUUnknown == "" && a.reported < a.world {
 		// The missing ranks' work is not known: MFU over the whole job's
@@ -655,7 +689,6 @@ func (a *StepAccumulator) ResultIn(ctx StepContext) ClusterStep {
 	} else if c.MFUUnknown == "" && c.FLOPs > 0 {
 		c.MFUUnknown = "no GPU peak known for this job"
 	}
-	return c
 }
 
 // MaxClockSlackNs is how far before a step's end (beyond twice its slowest
