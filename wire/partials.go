@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -151,31 +152,12 @@ func EncodePartials(ps []tps.Partial) []byte { return AppendPartials(nil, ps) }
 // validated: StepAccumulator.AddPartial checks ranks and replicas.
 func DecodePartials(data []byte) ([]tps.Partial, error) {
 	if len(data) > 0 && data[0] == '[' {
-		var p []tps.Partial
-		if err := json.Unmarshal(data, &p); err != nil {
-			return nil, fmt.Errorf("wire: partials: %w", err)
-		}
-		if len(p) > MaxPartials {
-			return nil, fmt.Errorf("%w: %d partials (limit %d)", ErrTooLarge, len(p), MaxPartials)
-		}
-		return p, nil
+		return decodePartialsJSON(data)
 	}
-	if len(data) < len(partialMagic) {
-		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
+	lay, err := partialsLayoutOf(data)
+	if err != nil {
+		return nil, err
 	}
-	var v2, v3, v4 bool
-	switch [4]byte(data[:4]) {
-	case partialMagic:
-		v2, v3, v4 = true, true, true
-	case partialMagic3:
-		v2, v3 = true, true
-	case partialMagic2:
-		v2 = true
-	case partialMagic1:
-	default:
-		return nil, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
-	}
-
 	d := decoder{b: data[4:]}
 	n := d.uvarint()
 	if d.err != nil {
@@ -187,7 +169,7 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 	// A partial takes at least 108 bytes in layouts 1-3 (18 numbers, 11
 	// of them 8 bytes), 28 in layout 4.
 	least := uint64(108)
-	if v4 {
+	if lay.v4 {
 		least = 28
 	}
 	if n*least > uint64(len(d.b)) {
@@ -195,78 +177,139 @@ func DecodePartials(data []byte) ([]tps.Partial, error) {
 	}
 	out := make([]tps.Partial, n)
 	for i := range out {
-		p := &out[i]
-		p.Job = d.string(64)
-		p.Attempt, p.Step, p.WorldSize = d.varint(), d.varint(), d.varint()
-		nr := d.uvarint()
-		// Each rank takes at least one byte.
-		if d.err == nil && (nr > tps.MaxWorldSize || nr > uint64(len(d.b))) {
-			return nil, fmt.Errorf("partial %d: %w: %d ranks", i, ErrTooLarge, nr)
-		}
-		p.Ranks = make([]int64, nr)
-		prev := int64(-1)
-		for k := range p.Ranks {
-			gap := d.uvarint()
-			if d.err == nil && (gap == 0 || gap > tps.MaxWorldSize) {
-				return nil, fmt.Errorf("wire: partial %d: ranks not sorted and distinct, or out of range", i)
-			}
-			prev += int64(gap)
-			p.Ranks[k] = prev
-		}
-		nx := d.uvarint()
-		// A replica has at least one rank, and takes at least 12 bytes.
-		if d.err == nil && (nx > nr || nx*12 > uint64(len(d.b))) {
-			return nil, fmt.Errorf("wire: partial %d: %d replicas for %d ranks", i, nx, nr)
-		}
-		p.Replicas = make([]tps.ReplicaPart, nx)
-		for k := range p.Replicas {
-			x := &p.Replicas[k]
-			x.Replica, x.Tokens = d.varint(), d.varint()
-			x.FLOPs = d.float()
-			x.LowestRank = d.varint()
-			switch m := d.byte(); m {
-			case 0, 1:
-				x.Mismatch = m == 1
-			default:
-				if d.err == nil {
-					d.err = fmt.Errorf("mismatch flag %d", m)
-				}
-			}
-			if v2 {
-				x.Bytes = d.varint()
-			}
-			if v4 {
-				x.SeqSqSum = d.varint()
-			}
-		}
-		if v4 {
-			d.keptSums(p)
-		} else {
-			d.legacySums(p, v2)
-		}
-		if v3 {
-			nn := d.uvarint()
-			// A node span takes at least five bytes.
-			if d.err == nil && (nn > maxPartialNodes || nn > nr || nn*5 > uint64(len(d.b))) {
-				return nil, fmt.Errorf("wire: partial %d: %d node spans for %d ranks", i, nn, nr)
-			}
-			if nn > 0 && d.err == nil {
-				p.Nodes = make([]tps.NodeSpan, nn)
-				for k := range p.Nodes {
-					n := &p.Nodes[k]
-					n.Node = d.string(tps.MaxStringLen)
-					n.MinStartNs, n.MaxEndNs, n.Ranks, n.LowestRank = d.varint(), d.varint(), d.varint(), d.varint()
-				}
-			}
-		}
-		if d.err != nil {
-			return nil, fmt.Errorf("wire: partial %d: %w", i, d.err)
+		if err := d.partial(&out[i], lay); err != nil {
+			return nil, fmt.Errorf("wire: partial %d: %w", i, err)
 		}
 	}
 	if len(d.b) != 0 {
 		return nil, fmt.Errorf("wire: %d bytes after the last partial", len(d.b))
 	}
 	return out, nil
+}
+
+// decodePartialsJSON decodes partials as agents before the binary layout
+// sent them.
+func decodePartialsJSON(data []byte) ([]tps.Partial, error) {
+	var p []tps.Partial
+	if err := json.Unmarshal(data, &p); err != nil {
+		return nil, fmt.Errorf("wire: partials: %w", err)
+	}
+	if len(p) > MaxPartials {
+		return nil, fmt.Errorf("%w: %d partials (limit %d)", ErrTooLarge, len(p), MaxPartials)
+	}
+	return p, nil
+}
+
+// partialsLayout is what a version of the binary layout holds: bytes
+// (2), node spans (3), the kept sums and document lengths (4).
+type partialsLayout struct{ v2, v3, v4 bool }
+
+func partialsLayoutOf(data []byte) (partialsLayout, error) {
+	if len(data) >= len(partialMagic) {
+		switch [4]byte(data[:4]) {
+		case partialMagic:
+			return partialsLayout{true, true, true}, nil
+		case partialMagic3:
+			return partialsLayout{true, true, false}, nil
+		case partialMagic2:
+			return partialsLayout{true, false, false}, nil
+		case partialMagic1:
+			return partialsLayout{}, nil
+		}
+	}
+	return partialsLayout{}, fmt.Errorf("wire: partials: not a partials message (bad magic or version)")
+}
+
+// partial decodes one partial into p.
+func (d *decoder) partial(p *tps.Partial, lay partialsLayout) error {
+	p.Job = d.string(64)
+	p.Attempt, p.Step, p.WorldSize = d.varint(), d.varint(), d.varint()
+	if err := d.partialRanks(p); err != nil {
+		return err
+	}
+	if err := d.replicaParts(p, lay); err != nil {
+		return err
+	}
+	if lay.v4 {
+		d.keptSums(p)
+	} else {
+		d.legacySums(p, lay.v2)
+	}
+	if lay.v3 {
+		if err := d.nodeSpans(p); err != nil {
+			return err
+		}
+	}
+	return d.err
+}
+
+// partialRanks decodes the partial's ranks, sorted and distinct, as gaps.
+func (d *decoder) partialRanks(p *tps.Partial) error {
+	nr := d.uvarint()
+	// Each rank takes at least one byte.
+	if d.err == nil && (nr > tps.MaxWorldSize || nr > uint64(len(d.b))) {
+		return fmt.Errorf("%w: %d ranks", ErrTooLarge, nr)
+	}
+	p.Ranks = make([]int64, nr)
+	prev := int64(-1)
+	for k := range p.Ranks {
+		gap := d.uvarint()
+		if d.err == nil && (gap == 0 || gap > tps.MaxWorldSize) {
+			return errors.New("ranks not sorted and distinct, or out of range")
+		}
+		prev += int64(gap)
+		p.Ranks[k] = prev
+	}
+	return nil
+}
+
+// replicaParts decodes the partial's replicas.
+func (d *decoder) replicaParts(p *tps.Partial, lay partialsLayout) error {
+	nx, nr := d.uvarint(), uint64(len(p.Ranks))
+	// A replica has at least one rank, and takes at least 12 bytes.
+	if d.err == nil && (nx > nr || nx*12 > uint64(len(d.b))) {
+		return fmt.Errorf("%d replicas for %d ranks", nx, nr)
+	}
+	p.Replicas = make([]tps.ReplicaPart, nx)
+	for k := range p.Replicas {
+		x := &p.Replicas[k]
+		x.Replica, x.Tokens = d.varint(), d.varint()
+		x.FLOPs = d.float()
+		x.LowestRank = d.varint()
+		switch m := d.byte(); m {
+		case 0, 1:
+			x.Mismatch = m == 1
+		default:
+			if d.err == nil {
+				d.err = fmt.Errorf("mismatch flag %d", m)
+			}
+		}
+		if lay.v2 {
+			x.Bytes = d.varint()
+		}
+		if lay.v4 {
+			x.SeqSqSum = d.varint()
+		}
+	}
+	return nil
+}
+
+// nodeSpans decodes the partial's node spans (layout 3 on).
+func (d *decoder) nodeSpans(p *tps.Partial) error {
+	nn, nr := d.uvarint(), uint64(len(p.Ranks))
+	// A node span takes at least five bytes.
+	if d.err == nil && (nn > maxPartialNodes || nn > nr || nn*5 > uint64(len(d.b))) {
+		return fmt.Errorf("%d node spans for %d ranks", nn, nr)
+	}
+	if nn > 0 && d.err == nil {
+		p.Nodes = make([]tps.NodeSpan, nn)
+		for k := range p.Nodes {
+			n := &p.Nodes[k]
+			n.Node = d.string(tps.MaxStringLen)
+			n.MinStartNs, n.MaxEndNs, n.Ranks, n.LowestRank = d.varint(), d.varint(), d.varint(), d.varint()
+		}
+	}
+	return nil
 }
 
 // keptSums reads layout 4's sums into p.
