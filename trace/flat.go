@@ -50,35 +50,52 @@ func flatLayoutOf[T any](pf *parquet.File) ([]flatField, bool) {
 			name = f.Name
 		}
 		optional := strings.Contains(","+opts+",", ",optional,")
-		fk, ptr := f.Type.Kind(), false
-		if fk == reflect.Pointer {
-			fk, ptr = f.Type.Elem().Kind(), true
-		}
-		switch {
-		case !ptr && (fk == reflect.Int64 || fk == reflect.Int32 || fk == reflect.Float64 || fk == reflect.String),
-			ptr && optional && (fk == reflect.Int64 || fk == reflect.Float64):
-		default:
+		fk, ptr, ok := flatKind(f.Type, optional)
+		if !ok {
 			return nil, false
 		}
 		leaf, ok := pf.Schema().Lookup(name)
 		if !ok {
 			continue
 		}
-		if leaf.MaxRepetitionLevel > 0 || leaf.MaxDefinitionLevel > 1 || (leaf.MaxDefinitionLevel == 1) != optional {
-			return nil, false
-		}
-		kind := leaf.Node.Type().Kind()
-		switch {
-		case fk == reflect.Int64 && kind == parquet.Int64 && optional == ptr,
-			fk == reflect.Int32 && kind == parquet.Int32 && !optional,
-			fk == reflect.Float64 && kind == parquet.Double && optional == ptr,
-			fk == reflect.String && kind == parquet.ByteArray && !ptr:
-		default:
+		if !flatLeafFits(leaf, fk, ptr, optional) {
 			return nil, false
 		}
 		out = append(out, flatField{col: leaf.ColumnIndex, off: f.Offset, kind: fk, ptr: ptr})
 	}
 	return out, true
+}
+
+// flatKind is the kind a field of type t is read as, and whether through
+// a pointer (an optional *int64 or *float64); ok false: not a flat field.
+func flatKind(t reflect.Type, optional bool) (fk reflect.Kind, ptr, ok bool) {
+	fk = t.Kind()
+	if fk == reflect.Pointer {
+		fk, ptr = t.Elem().Kind(), true
+	}
+	switch {
+	case !ptr && (fk == reflect.Int64 || fk == reflect.Int32 || fk == reflect.Float64 || fk == reflect.String),
+		ptr && optional && (fk == reflect.Int64 || fk == reflect.Float64):
+		return fk, ptr, true
+	}
+	return fk, ptr, false
+}
+
+// flatLeafFits is whether a part's column can be read straight into a
+// field of kind fk.
+func flatLeafFits(leaf parquet.LeafColumn, fk reflect.Kind, ptr, optional bool) bool {
+	if leaf.MaxRepetitionLevel > 0 || leaf.MaxDefinitionLevel > 1 || (leaf.MaxDefinitionLevel == 1) != optional {
+		return false
+	}
+	kind := leaf.Node.Type().Kind()
+	switch {
+	case fk == reflect.Int64 && kind == parquet.Int64 && optional == ptr,
+		fk == reflect.Int32 && kind == parquet.Int32 && !optional,
+		fk == reflect.Float64 && kind == parquet.Double && optional == ptr,
+		fk == reflect.String && kind == parquet.ByteArray && !ptr:
+		return true
+	}
+	return false
 }
 
 // flatScratch holds a worker's decoded columns between row groups: fresh
@@ -110,42 +127,9 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 	if sc == nil {
 		sc = &flatScratch{}
 	}
-	for len(sc.i64) < len(layout) {
-		sc.i64, sc.i32, sc.f64, sc.str, sc.valid = append(sc.i64, nil), append(sc.i32, nil), append(sc.f64, nil), append(sc.str, nil), append(sc.valid, nil)
-	}
-	i64, i32, f64, str, valid := sc.i64, sc.i32, sc.f64, sc.str, sc.valid
+	sc.grow(len(layout))
 	for k, f := range layout {
-		n := 0
-		switch {
-		case f.ptr && f.kind == reflect.Int64:
-			// the values stay the rows': fresh for every group
-			if i64[k], valid[k], err = readOptionalChunk(chunks[f.col], make([]int64, 0, len(dst)), valid[k][:0], (*encoding.Values).Int64, parquet.Value.Int64); err == nil {
-				n = len(valid[k])
-			}
-		case f.ptr && f.kind == reflect.Float64:
-			if f64[k], valid[k], err = readOptionalChunk(chunks[f.col], make([]float64, 0, len(dst)), valid[k][:0], (*encoding.Values).Double, parquet.Value.Double); err == nil {
-				n = len(valid[k])
-			}
-		case f.kind == reflect.Int64:
-			if i64[k], err = readInt64Chunk(chunks[f.col], slices.Grow(i64[k][:0], len(dst))); err == nil {
-				n = len(i64[k])
-			}
-		case f.kind == reflect.Int32:
-			if i32[k], err = readRequiredChunk(chunks[f.col], slices.Grow(i32[k][:0], len(dst)), (*encoding.Values).Int32); err == nil {
-				n = len(i32[k])
-			}
-		case f.kind == reflect.Float64:
-			if f64[k], err = readFloat64Chunk(chunks[f.col], slices.Grow(f64[k][:0], len(dst))); err == nil {
-				n = len(f64[k])
-			}
-		case f.kind == reflect.String:
-			str[k], err = readStringChunk(chunks[f.col], str[k][:0]) // nulls of an optional one read as ""
-			n = len(str[k])
-		}
-		if err == nil && n != len(dst) {
-			err = fmt.Errorf("%d values for %d rows", n, len(dst))
-		}
-		if err != nil {
+		if err := sc.decode(k, f, chunks[f.col], len(dst)); err != nil {
 			return fmt.Errorf("trace: read %s: %w: column %d: %v", path, errUnreadable, f.col, err)
 		}
 	}
@@ -155,41 +139,89 @@ func readGroupFlat[T any](rg parquet.RowGroup, layout []flatField, dst []T, path
 	for lo := 0; lo < len(dst); lo += block {
 		hi := min(lo+block, len(dst))
 		for k, f := range layout {
-			switch {
-			case f.ptr && f.kind == reflect.Int64:
-				for i, ok := range valid[k][lo:hi] {
-					if ok {
-						*(**int64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = &i64[k][next[k]]
-						next[k]++
-					}
-				}
-			case f.ptr && f.kind == reflect.Float64:
-				for i, ok := range valid[k][lo:hi] {
-					if ok {
-						*(**float64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = &f64[k][next[k]]
-						next[k]++
-					}
-				}
-			case f.kind == reflect.Int32:
-				for i, v := range i32[k][lo:hi] {
-					*(*int32)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
-				}
-			case f.kind == reflect.Int64:
-				for i, v := range i64[k][lo:hi] {
-					*(*int64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
-				}
-			case f.kind == reflect.Float64:
-				for i, v := range f64[k][lo:hi] {
-					*(*float64)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
-				}
-			case f.kind == reflect.String:
-				for i, v := range str[k][lo:hi] {
-					if v != "" { // dst is zero: an empty string needs no store
-						*(*string)(unsafe.Add(base, uintptr(lo+i)*size+f.off)) = v
-					}
-				}
-			}
+			sc.fill(base, size, lo, hi, k, f, &next[k])
 		}
 	}
 	return nil
+}
+
+func (sc *flatScratch) grow(n int) {
+	for len(sc.i64) < n {
+		sc.i64, sc.i32, sc.f64, sc.str, sc.valid = append(sc.i64, nil), append(sc.i32, nil), append(sc.f64, nil), append(sc.str, nil), append(sc.valid, nil)
+	}
+}
+
+// decode reads field k's column chunk of a group of rows rows.
+func (sc *flatScratch) decode(k int, f flatField, chunk parquet.ColumnChunk, rows int) (err error) {
+	n := 0
+	switch {
+	case f.ptr && f.kind == reflect.Int64:
+		// the values stay the rows': fresh for every group
+		if sc.i64[k], sc.valid[k], err = readOptionalChunk(chunk, make([]int64, 0, rows), sc.valid[k][:0], (*encoding.Values).Int64, parquet.Value.Int64); err == nil {
+			n = len(sc.valid[k])
+		}
+	case f.ptr && f.kind == reflect.Float64:
+		if sc.f64[k], sc.valid[k], err = readOptionalChunk(chunk, make([]float64, 0, rows), sc.valid[k][:0], (*encoding.Values).Double, parquet.Value.Double); err == nil {
+			n = len(sc.valid[k])
+		}
+	case f.kind == reflect.Int64:
+		if sc.i64[k], err = readInt64Chunk(chunk, slices.Grow(sc.i64[k][:0], rows)); err == nil {
+			n = len(sc.i64[k])
+		}
+	case f.kind == reflect.Int32:
+		if sc.i32[k], err = readRequiredChunk(chunk, slices.Grow(sc.i32[k][:0], rows), (*encoding.Values).Int32); err == nil {
+			n = len(sc.i32[k])
+		}
+	case f.kind == reflect.Float64:
+		if sc.f64[k], err = readFloat64Chunk(chunk, slices.Grow(sc.f64[k][:0], rows)); err == nil {
+			n = len(sc.f64[k])
+		}
+	case f.kind == reflect.String:
+		sc.str[k], err = readStringChunk(chunk, sc.str[k][:0]) // nulls of an optional one read as ""
+		n = len(sc.str[k])
+	}
+	if err == nil && n != rows {
+		err = fmt.Errorf("%d values for %d rows", n, rows)
+	}
+	return err
+}
+
+// fill stores field k of rows [lo, hi) of the rows at base (each size
+// bytes; zero before), an optional field's values from *next on.
+func (sc *flatScratch) fill(base unsafe.Pointer, size uintptr, lo, hi, k int, f flatField, next *int) {
+	at := func(i int) unsafe.Pointer { return unsafe.Add(base, uintptr(lo+i)*size+f.off) }
+	switch {
+	case f.ptr && f.kind == reflect.Int64:
+		for i, ok := range sc.valid[k][lo:hi] {
+			if ok {
+				*(**int64)(at(i)) = &sc.i64[k][*next]
+				*next++
+			}
+		}
+	case f.ptr && f.kind == reflect.Float64:
+		for i, ok := range sc.valid[k][lo:hi] {
+			if ok {
+				*(**float64)(at(i)) = &sc.f64[k][*next]
+				*next++
+			}
+		}
+	case f.kind == reflect.Int32:
+		for i, v := range sc.i32[k][lo:hi] {
+			*(*int32)(at(i)) = v
+		}
+	case f.kind == reflect.Int64:
+		for i, v := range sc.i64[k][lo:hi] {
+			*(*int64)(at(i)) = v
+		}
+	case f.kind == reflect.Float64:
+		for i, v := range sc.f64[k][lo:hi] {
+			*(*float64)(at(i)) = v
+		}
+	case f.kind == reflect.String:
+		for i, v := range sc.str[k][lo:hi] {
+			if v != "" { // dst is zero: an empty string needs no store
+				*(*string)(at(i)) = v
+			}
+		}
+	}
 }
