@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -62,77 +63,21 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	if err := trace.CheckCodec(*codec); err != nil {
 		return usageErr(stderr, cmd, "--parquet-codec: %v", err)
 	}
-	part, parts := 0, 0
-	if *partition != "" {
-		i, n, ok := strings.Cut(*partition, "/")
-		a, errA := strconv.Atoi(i)
-		b, errB := strconv.Atoi(n)
-		if !ok || errA != nil || errB != nil || b < 1 || a < 0 || a >= b {
-			return usageErr(stderr, cmd, "--partition %q: want I/N with 0 <= I < N, e.g. 0/4", *partition)
-		}
-		if *durable && b > 1 {
-			return usageErr(stderr, cmd, "--partition does not combine with --durable")
-		}
-		part, parts = a, b
+	part, parts, err := parsePartition(*partition, *durable)
+	if err != nil {
+		return usageErr(stderr, cmd, "%s", err)
 	}
 	log := newLogger(stderr, *verbose)
-	var meta *tps.RunMeta
-	if *metaFile != "" {
-		b, err := os.ReadFile(*metaFile)
-		if err != nil {
-			return usageErr(stderr, cmd, "read --meta: %v", err)
-		}
-		var m tps.RunMeta
-		if err := json.Unmarshal(b, &m); err != nil {
-			return usageErr(stderr, cmd, "--meta %s: %v", *metaFile, err)
-		}
-		meta = &m
+	meta, err := readMetaFile(*metaFile)
+	if err != nil {
+		return usageErr(stderr, cmd, "%s", err)
 	}
 	if no.URL == "" {
-		host, port, err := splitHostPort(*listen)
-		if err != nil {
-			return usageErr(stderr, cmd, "--listen: %v", err)
+		shutdown, code, ok := embeddedNATS(&no, *listen, *out, *durable, *noAuth, stdout, stderr)
+		if !ok {
+			return code
 		}
-		store := ""
-		if *durable {
-			store = filepath.Join(*out, ".jetstream")
-		}
-		// The embedded server requires the collector's credentials, or a
-		// token of the user's own: without, any local user (or anyone on
-		// the network with --listen 0.0.0.0) could read every record,
-		// forge records and delete the durable stream.
-		auth := natsconn.Auth{User: no.User, Password: no.Password, Token: no.Token}
-		tokenPath := ""
-		if auth.User == "" && auth.Token == "" && !*noAuth {
-			tok, path, err := natsconn.EnsureToken()
-			if err != nil {
-				failErr(stderr, "collector", fmt.Errorf("%w (or give TPSPROF_NATS_TOKEN, or --nats-no-auth)", err))
-				return exitError
-			}
-			auth.Token, no.Token, tokenPath = tok, tok, path
-		}
-		if *noAuth {
-			where := "any user of this machine"
-			if !natsconn.IsLoopback(host) {
-				where = "anyone who reaches " + *listen
-			}
-			fmt.Fprintf(stderr, "tpsprof collector: warning: --nats-no-auth: %s can read every record, forge records and delete the stream\n", where)
-		}
-		srv, err := natsconn.StartEmbeddedAuth(host, port, store, auth)
-		if err != nil {
-			failErr(stderr, "collector", err)
-			return exitError
-		}
-		defer srv.Shutdown()
-		no.URL = srv.URL()
-		urls, local := natsconn.AgentURLs(host, srv.Server().Addr().(*net.TCPAddr).Port)
-		fmt.Fprintf(stdout, "embedded NATS server listening on %s; agents connect with: --nats %s\n", *listen, strings.Join(urls, " (or) "))
-		if tokenPath != "" {
-			fmt.Fprintf(stdout, "  it requires the token in %s: agents of this user read it there (a shared home included); elsewhere give it as TPSPROF_NATS_TOKEN\n", tokenPath)
-		}
-		if local {
-			fmt.Fprintf(stdout, "  (this machine only: give --listen 0.0.0.0:%d for agents on other nodes)\n", srv.Server().Addr().(*net.TCPAddr).Port)
-		}
+		defer shutdown()
 	}
 	cfg := collector.Config{OutDir: *out, NATS: no, Grace: *grace, Meta: meta, Logger: log, Durable: *durable, Role: collector.Role(*role),
 		Partition: part, Partitions: parts}
@@ -168,7 +113,98 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	<-ctx.Done()
 	fmt.Fprintln(stdout, "stopping: closing open steps and finalising Parquet parts")
 	err = c.Close()
-	st := c.Stats()
+	printStopped(stdout, c.Stats())
+	if err != nil {
+		failErr(stderr, "collector", err)
+		return exitError
+	}
+	return exitOK
+}
+
+// parsePartition reads --partition I/N (0, 0 when not given).
+func parsePartition(s string, durable bool) (part, parts int, err error) {
+	if s == "" {
+		return 0, 0, nil
+	}
+	i, n, ok := strings.Cut(s, "/")
+	a, errA := strconv.Atoi(i)
+	b, errB := strconv.Atoi(n)
+	if !ok || errA != nil || errB != nil || b < 1 || a < 0 || a >= b {
+		return 0, 0, fmt.Errorf("--partition %q: want I/N with 0 <= I < N, e.g. 0/4", s)
+	}
+	if durable && b > 1 {
+		return 0, 0, errors.New("--partition does not combine with --durable")
+	}
+	return a, b, nil
+}
+
+// readMetaFile reads --meta (nil when not given).
+func readMetaFile(path string) (*tps.RunMeta, error) {
+	if path == "" {
+		return nil, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read --meta: %v", err)
+	}
+	var m tps.RunMeta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("--meta %s: %v", path, err)
+	}
+	return &m, nil
+}
+
+// embeddedNATS starts the collector's embedded server on listen and sets
+// no's URL (and token) to it; ok false: the exit code.
+func embeddedNATS(no *natsconn.Options, listen, out string, durable, noAuth bool, stdout, stderr io.Writer) (shutdown func(), code int, ok bool) {
+	host, port, err := splitHostPort(listen)
+	if err != nil {
+		return nil, usageErr(stderr, "collector", "--listen: %v", err), false
+	}
+	store := ""
+	if durable {
+		store = filepath.Join(out, ".jetstream")
+	}
+	// The embedded server requires the collector's credentials, or a
+	// token of the user's own: without, any local user (or anyone on
+	// the network with --listen 0.0.0.0) could read every record,
+	// forge records and delete the durable stream.
+	auth := natsconn.Auth{User: no.User, Password: no.Password, Token: no.Token}
+	tokenPath := ""
+	if auth.User == "" && auth.Token == "" && !noAuth {
+		tok, path, err := natsconn.EnsureToken()
+		if err != nil {
+			failErr(stderr, "collector", fmt.Errorf("%w (or give TPSPROF_NATS_TOKEN, or --nats-no-auth)", err))
+			return nil, exitError, false
+		}
+		auth.Token, no.Token, tokenPath = tok, tok, path
+	}
+	if noAuth {
+		where := "any user of this machine"
+		if !natsconn.IsLoopback(host) {
+			where = "anyone who reaches " + listen
+		}
+		fmt.Fprintf(stderr, "tpsprof collector: warning: --nats-no-auth: %s can read every record, forge records and delete the stream\n", where)
+	}
+	srv, err := natsconn.StartEmbeddedAuth(host, port, store, auth)
+	if err != nil {
+		failErr(stderr, "collector", err)
+		return nil, exitError, false
+	}
+	no.URL = srv.URL()
+	urls, local := natsconn.AgentURLs(host, srv.Server().Addr().(*net.TCPAddr).Port)
+	fmt.Fprintf(stdout, "embedded NATS server listening on %s; agents connect with: --nats %s\n", listen, strings.Join(urls, " (or) "))
+	if tokenPath != "" {
+		fmt.Fprintf(stdout, "  it requires the token in %s: agents of this user read it there (a shared home included); elsewhere give it as TPSPROF_NATS_TOKEN\n", tokenPath)
+	}
+	if local {
+		fmt.Fprintf(stdout, "  (this machine only: give --listen 0.0.0.0:%d for agents on other nodes)\n", srv.Server().Addr().(*net.TCPAddr).Port)
+	}
+	return srv.Shutdown, exitOK, true
+}
+
+// printStopped prints what a stopped collector did.
+func printStopped(stdout io.Writer, st collector.Stats) {
 	fmt.Fprintf(stdout, "stopped: %d records accepted (%d duplicate, %d late), %d steps closed (%d incomplete), %d jobs; %d rows lost, %d write errors, %d slow-consumer drops\n",
 		st.Records, st.Duplicates, st.Late, st.StepsClosed, st.Incomplete, st.Jobs, st.RowsLost, st.WriteErrors, st.SlowConsumer)
 	if len(st.Rejected) > 0 {
@@ -178,9 +214,4 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "rejected: %s\n", strings.Join(parts, ", "))
 	}
-	if err != nil {
-		failErr(stderr, "collector", err)
-		return exitError
-	}
-	return exitOK
 }
