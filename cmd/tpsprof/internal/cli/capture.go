@@ -3,6 +3,7 @@ package cli
 import (
 	"cmp"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -58,38 +59,15 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 		return code
 	}
 	natsClientSecrets(&no)
-	if job == "" {
-		return usageErr(stderr, cmd, "no job: tpsprof trace JOB (see --help)")
-	}
-	if !tps.ValidJobID(job) {
-		return usageErr(stderr, cmd, "job %q: give 1-64 characters of [A-Za-z0-9_-]", job)
-	}
-	if *steps < 1 || *steps > capture.MaxSteps {
-		return usageErr(stderr, cmd, "--steps %d: give 1 to %d", *steps, capture.MaxSteps)
-	}
-	if *timeout <= 0 {
-		return usageErr(stderr, cmd, "--timeout must be positive")
-	}
-	var rl []int64
-	if *ranks != "" {
-		var err error
-		if rl, err = parseRanks(*ranks); err != nil {
-			return usageErr(stderr, cmd, "--ranks: %v", err)
-		}
-	}
-	if n := btoi(*ranks != "") + btoi(*node != "") + btoi(*straggler); n > 1 {
-		return usageErr(stderr, cmd, "--ranks, --node and --straggler: choose one")
+	rl, err := checkTraceFlags(job, *steps, *timeout, *ranks, *node, *straggler)
+	if err != nil {
+		return usageErr(stderr, cmd, "%s", err)
 	}
 	if no.URL == "" {
 		no.URL = "nats://127.0.0.1:4222"
 	}
 	no.Name = "tpsprof-trace"
-	var dialErr atomic.Pointer[error]
-	nc, err := natsconn.Connect(no, nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
-		if err != nil {
-			dialErr.Store(&err)
-		}
-	}))
+	nc, err := connectNATS(no)
 	if err != nil {
 		fmt.Fprintf(stderr, "tpsprof trace: %v\n", err)
 		return exitError
@@ -97,27 +75,10 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 	defer nc.Close()
 	ctx, cancel := signalContext()
 	defer cancel()
-	// a NATS server that is not there: said now, not as "no agent"
-	if err := nc.FlushTimeout(5 * time.Second); err != nil {
-		why := nc.LastError()
-		if p := dialErr.Load(); why == nil && p != nil {
-			why = *p
-		}
-		if why == nil {
-			why = err
-		}
-		fmt.Fprintf(stderr, "tpsprof trace: NATS at %s: %s (give the collector's with --nats)\n", natsconn.Redacted(no.URL), natsconn.Cause(why))
-		return exitError
-	}
 	if *straggler {
-		msg, err := nc.Request(wire.StragglerSubject(job), nil, 5*time.Second)
+		rep, err := askStraggler(nc, job)
 		if err != nil {
-			fmt.Fprintf(stderr, "tpsprof trace: --straggler: no collector answered (%v)\n", err)
-			return exitError
-		}
-		var rep collector.StragglerReply
-		if err := json.Unmarshal(msg.Data, &rep); err != nil || rep.Err != "" || len(rep.Ranks) == 0 {
-			fmt.Fprintf(stderr, "tpsprof trace: --straggler: %s\n", cmp.Or(rep.Err, "the collector's answer is not understood"))
+			fmt.Fprintf(stderr, "tpsprof trace: --straggler: %v\n", err)
 			return exitError
 		}
 		rl = rep.Ranks
@@ -147,6 +108,73 @@ package (tpsprof.torch.instrument, the Trainer callback or launch --auto) with a
 		return exitError
 	}
 	return exitOK
+}
+
+// checkTraceFlags checks trace's flags and reads --ranks.
+func checkTraceFlags(job string, steps int64, timeout time.Duration, ranks, node string, straggler bool) ([]int64, error) {
+	if job == "" {
+		return nil, errors.New("no job: tpsprof trace JOB (see --help)")
+	}
+	if !tps.ValidJobID(job) {
+		return nil, fmt.Errorf("job %q: give 1-64 characters of [A-Za-z0-9_-]", job)
+	}
+	if steps < 1 || steps > capture.MaxSteps {
+		return nil, fmt.Errorf("--steps %d: give 1 to %d", steps, capture.MaxSteps)
+	}
+	if timeout <= 0 {
+		return nil, errors.New("--timeout must be positive")
+	}
+	var rl []int64
+	if ranks != "" {
+		var err error
+		if rl, err = parseRanks(ranks); err != nil {
+			return nil, fmt.Errorf("--ranks: %v", err)
+		}
+	}
+	if n := btoi(ranks != "") + btoi(node != "") + btoi(straggler); n > 1 {
+		return nil, errors.New("--ranks, --node and --straggler: choose one")
+	}
+	return rl, nil
+}
+
+// connectNATS connects to no's server, and says now, not as "no agent",
+// when no server is there.
+func connectNATS(no natsconn.Options) (*nats.Conn, error) {
+	var dialErr atomic.Pointer[error]
+	nc, err := natsconn.Connect(no, nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+		if err != nil {
+			dialErr.Store(&err)
+		}
+	}))
+	if err != nil {
+		return nil, err
+	}
+	if err := nc.FlushTimeout(5 * time.Second); err != nil {
+		why := nc.LastError()
+		if p := dialErr.Load(); why == nil && p != nil {
+			why = *p
+		}
+		if why == nil {
+			why = err
+		}
+		nc.Close()
+		return nil, fmt.Errorf("NATS at %s: %s (give the collector's with --nats)", natsconn.Redacted(no.URL), natsconn.Cause(why))
+	}
+	return nc, nil
+}
+
+// askStraggler asks the collector for the ranks of the job's worst open
+// straggler episode and the fastest rank.
+func askStraggler(nc *nats.Conn, job string) (collector.StragglerReply, error) {
+	var rep collector.StragglerReply
+	msg, err := nc.Request(wire.StragglerSubject(job), nil, 5*time.Second)
+	if err != nil {
+		return rep, fmt.Errorf("no collector answered (%v)", err)
+	}
+	if err := json.Unmarshal(msg.Data, &rep); err != nil || rep.Err != "" || len(rep.Ranks) == 0 {
+		return rep, errors.New(cmp.Or(rep.Err, "the collector's answer is not understood"))
+	}
+	return rep, nil
 }
 
 // parseRanks reads "0-7,31".
