@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"os"
 
@@ -71,55 +73,11 @@ restart count to the attempt inside the ranks.
 	if dash >= len(args)-1 {
 		return usageErr(stderr, cmd, "no command: put it after --")
 	}
-	if !tps.ValidJobID(*job) {
-		return usageErr(stderr, cmd, "--job %q: give 1-64 characters of [A-Za-z0-9_-]", *job)
-	}
-	if topo != (tps.Topology{}) {
-		if err := topo.Validate(0); err != nil {
-			return usageErr(stderr, cmd, "%v", err)
-		}
-	}
-	if *model != "" && *hfConfig != "" {
-		return usageErr(stderr, cmd, "--model and --hf-config both given: choose one")
-	}
-	if *seq < 0 {
-		return usageErr(stderr, cmd, "--seq %d must not be negative", *seq)
-	}
-	var flops *int64
-	if *flopsEvery >= 0 {
-		flops = flopsEvery
-	} else if *flopsEvery != -1 {
-		return usageErr(stderr, cmd, "--flops-every %d: give 0 (never) or the steps between counts", *flopsEvery)
-	}
-	if *tokensPerStep < 0 || *tokensPerStep > tps.MaxTokens {
-		return usageErr(stderr, cmd, "--tokens-per-step %d: give the tokens one rank trains a step, 1 to %d", *tokensPerStep, tps.MaxTokens)
-	}
-	if *attention != "" && *attention != "full" && *attention != "causal" {
-		return usageErr(stderr, cmd, "--attention %q: want full or causal", *attention)
-	}
-	meta := tps.RunMeta{Topology: topo, MicroBatches: *micro, ModelPreset: *model, Seq: *seq, Attention: *attention, GPU: *gpu, DType: *dtype, GPUHourUSD: *price}
-	if *hfConfig != "" {
-		b, err := os.ReadFile(*hfConfig)
-		if err != nil {
-			return usageErr(stderr, cmd, "--hf-config: %v", err)
-		}
-		m, err := mfu.FromHFConfig(b)
-		if err != nil {
-			return usageErr(stderr, cmd, "--hf-config %s: %v", *hfConfig, err)
-		}
-		if *seq == 0 {
-			return usageErr(stderr, cmd, "--hf-config needs --seq: config.json gives the model's context limit, not the length it is trained at")
-		}
-		meta.Model = &m
-	}
-	if meta.Model != nil || meta.ModelPreset != "" {
-		model, _, err := meta.ResolvedModel()
-		if err == nil {
-			_, err = model.Count(mfu.Attention(meta.Attention), mfu.RecomputeNone)
-		}
-		if err != nil {
-			return usageErr(stderr, cmd, "%v", err)
-		}
+	lf := launchFlags{job: *job, topo: topo, micro: *micro, model: *model, hfConfig: *hfConfig, seq: *seq, attention: *attention,
+		gpu: *gpu, dtype: *dtype, price: *price, flopsEvery: *flopsEvery, tokensPerStep: *tokensPerStep, attempt: *attempt}
+	flops, meta, err := lf.check()
+	if err != nil {
+		return usageErr(stderr, cmd, "%s", err)
 	}
 	log := newLogger(stderr, false)
 	acfg := agent.Config{Socket: *socket, NATS: no, Logger: log}
@@ -127,9 +85,6 @@ restart count to the attempt inside the ranks.
 		acfg.GPU = r // used only if launch starts its own agent
 	} else {
 		log.Debug("GPU telemetry off", "why", err)
-	}
-	if *attempt < -1 {
-		return usageErr(stderr, cmd, "--attempt %d: give 0 or more", *attempt)
 	}
 	code, err := launch.Run(context.Background(), launch.Config{Job: *job, Attempt: max(*attempt, 0),
 		ChooseAttempt: *attempt < 0, Auto: *auto, TokensPerStep: *tokensPerStep, FlopsEvery: flops, PythonDir: *pyDir, Meta: meta,
@@ -142,4 +97,82 @@ restart count to the attempt inside the ranks.
 		failErr(stderr, "launch", err)
 	}
 	return code
+}
+
+// launchFlags are launch's flags that describe the job.
+type launchFlags struct {
+	job, model, hfConfig, attention, gpu, dtype string
+	topo                                        tps.Topology
+	micro, seq                                  int
+	price                                       float64
+	flopsEvery, tokensPerStep, attempt          int64
+}
+
+// check checks the flags and makes the run metadata (and --flops-every:
+// nil for the package's default).
+func (f launchFlags) check() (*int64, tps.RunMeta, error) {
+	var meta tps.RunMeta
+	if !tps.ValidJobID(f.job) {
+		return nil, meta, fmt.Errorf("--job %q: give 1-64 characters of [A-Za-z0-9_-]", f.job)
+	}
+	if f.topo != (tps.Topology{}) {
+		if err := f.topo.Validate(0); err != nil {
+			return nil, meta, err
+		}
+	}
+	if f.model != "" && f.hfConfig != "" {
+		return nil, meta, errors.New("--model and --hf-config both given: choose one")
+	}
+	if f.seq < 0 {
+		return nil, meta, fmt.Errorf("--seq %d must not be negative", f.seq)
+	}
+	var flops *int64
+	if f.flopsEvery >= 0 {
+		flops = &f.flopsEvery
+	} else if f.flopsEvery != -1 {
+		return nil, meta, fmt.Errorf("--flops-every %d: give 0 (never) or the steps between counts", f.flopsEvery)
+	}
+	if f.tokensPerStep < 0 || f.tokensPerStep > tps.MaxTokens {
+		return nil, meta, fmt.Errorf("--tokens-per-step %d: give the tokens one rank trains a step, 1 to %d", f.tokensPerStep, tps.MaxTokens)
+	}
+	if f.attention != "" && f.attention != "full" && f.attention != "causal" {
+		return nil, meta, fmt.Errorf("--attention %q: want full or causal", f.attention)
+	}
+	meta, err := f.meta()
+	if err != nil {
+		return nil, meta, err
+	}
+	if f.attempt < -1 {
+		return nil, meta, fmt.Errorf("--attempt %d: give 0 or more", f.attempt)
+	}
+	return flops, meta, nil
+}
+
+// meta is the run metadata the flags give, its model checked.
+func (f launchFlags) meta() (tps.RunMeta, error) {
+	meta := tps.RunMeta{Topology: f.topo, MicroBatches: f.micro, ModelPreset: f.model, Seq: f.seq, Attention: f.attention, GPU: f.gpu, DType: f.dtype, GPUHourUSD: f.price}
+	if f.hfConfig != "" {
+		b, err := os.ReadFile(f.hfConfig)
+		if err != nil {
+			return meta, fmt.Errorf("--hf-config: %v", err)
+		}
+		m, err := mfu.FromHFConfig(b)
+		if err != nil {
+			return meta, fmt.Errorf("--hf-config %s: %v", f.hfConfig, err)
+		}
+		if f.seq == 0 {
+			return meta, errors.New("--hf-config needs --seq: config.json gives the model's context limit, not the length it is trained at")
+		}
+		meta.Model = &m
+	}
+	if meta.Model != nil || meta.ModelPreset != "" {
+		model, _, err := meta.ResolvedModel()
+		if err == nil {
+			_, err = model.Count(mfu.Attention(meta.Attention), mfu.RecomputeNone)
+		}
+		if err != nil {
+			return meta, err
+		}
+	}
+	return meta, nil
 }
