@@ -70,41 +70,59 @@ func textRow(name, a, b string) CompareRow {
 // Compare puts two reports side by side.
 func Compare(a, b *Report) Comparison {
 	c := Comparison{A: a.Job, B: b.Job}
-	sa, sb := a.Summary, b.Summary
-	meta := func(r *Report) tps.RunMeta {
-		if r.Meta != nil {
-			return *r.Meta
-		}
-		return tps.RunMeta{}
+	c.Shape = compareShape(a, b)
+	c.Rows = compareRates(a, b)
+	c.compareText(a, b)
+	c.Rows = append(c.Rows, compareGeneration(a, b)...)
+	c.notes(a, b)
+	return c
+}
+
+func metaOf(r *Report) tps.RunMeta {
+	if r.Meta != nil {
+		return *r.Meta
 	}
-	ma, mb := meta(a), meta(b)
-	model := func(m tps.RunMeta) string {
-		if m.ModelPreset == "" && m.Model != nil {
-			return "custom model"
-		}
-		return m.ModelPreset
+	return tps.RunMeta{}
+}
+
+func modelName(m tps.RunMeta) string {
+	if m.ModelPreset == "" && m.Model != nil {
+		return "custom model"
 	}
-	topo := func(m tps.RunMeta) string {
-		if m.Topology == (tps.Topology{}) {
-			return ""
-		}
-		return m.Topology.String()
+	return m.ModelPreset
+}
+
+func topologyText(m tps.RunMeta) string {
+	if m.Topology == (tps.Topology{}) {
+		return ""
 	}
-	perStep := func(s tps.Summary) *float64 {
-		return known(float64(s.Tokens)/float64(s.SteadySteps), s.SteadySteps > 0)
-	}
-	steady := func(s tps.Summary) bool { return s.SteadySteps > 0 }
-	c.Shape = []CompareRow{
-		textRow("topology", topo(ma), topo(mb)),
+	return m.Topology.String()
+}
+
+func tokensPerStep(s tps.Summary) *float64 {
+	return known(float64(s.Tokens)/float64(s.SteadySteps), s.SteadySteps > 0)
+}
+
+// compareShape is what the runs are: layout, model, GPU, steps.
+func compareShape(a, b *Report) []CompareRow {
+	sa, sb, ma, mb := a.Summary, b.Summary, metaOf(a), metaOf(b)
+	return []CompareRow{
+		textRow("topology", topologyText(ma), topologyText(mb)),
 		valueRow("ranks", "count", num(float64(sa.WorldSize)), num(float64(sb.WorldSize))),
-		textRow("model", model(ma), model(mb)),
+		textRow("model", modelName(ma), modelName(mb)),
 		textRow("GPU", ma.GPU, mb.GPU),
 		textRow("dtype", ma.DType, mb.DType),
-		valueRow("tokens per step", "tokens", perStep(sa), perStep(sb)),
+		valueRow("tokens per step", "tokens", tokensPerStep(sa), tokensPerStep(sb)),
 		valueRow("steady steps", "count", num(float64(sa.SteadySteps)), num(float64(sb.SteadySteps))),
 	}
+}
+
+// compareRates is throughput, utilisation, the breakdown and goodput.
+func compareRates(a, b *Report) []CompareRow {
+	sa, sb := a.Summary, b.Summary
+	steady := func(s tps.Summary) bool { return s.SteadySteps > 0 }
 	frac := func(v float64, r *Report) *float64 { return known(v, steady(r.Summary)) }
-	c.Rows = []CompareRow{
+	rows := []CompareRow{
 		valueRow("TPS (tokens ÷ step time)", "tokens/s", known(sa.AggregateTPS, hasTPS(sa)), known(sb.AggregateTPS, hasTPS(sb))),
 		valueRow("TPS per GPU", "tokens/s", known(sa.TPSPerGPU, hasTPS(sa)), known(sb.TPSPerGPU, hasTPS(sb))),
 		valueRow("wall TPS", "tokens/s", known(sa.WallTPS, hasTPS(sa) && sa.WallTPS > 0), known(sb.WallTPS, hasTPS(sb) && sb.WallTPS > 0)),
@@ -114,34 +132,48 @@ func Compare(a, b *Report) Comparison {
 		valueRow("HFU", "fraction", sa.HFU, sb.HFU),
 	}
 	for _, part := range tps.ShareParts {
-		c.Rows = append(c.Rows, valueRow(part.Label, "fraction", frac(*part.Of(&a.Breakdown.Shares), a), frac(*part.Of(&b.Breakdown.Shares), b)))
+		rows = append(rows, valueRow(part.Label, "fraction", frac(*part.Of(&a.Breakdown.Shares), a), frac(*part.Of(&b.Breakdown.Shares), b)))
 	}
-	c.Rows = append(c.Rows,
+	return append(rows,
 		valueRow("goodput", "fraction", known(a.Goodput.Goodput, a.Goodput.ElapsedS > 0), known(b.Goodput.Goodput, b.Goodput.ElapsedS > 0)),
 		textRow("worst straggler", worstNode(a), worstNode(b)))
-	// Throughput in text, and the generation phase, when the runs have them.
-	text := func(r *Report) (bps, tpb *float64) {
-		if r.Text == nil {
-			return nil, nil
-		}
-		return num(r.Text.BytesPerSecond), num(r.Text.TokensPerByte)
+}
+
+func textRates(r *Report) (bps, tpb *float64) {
+	if r.Text == nil {
+		return nil, nil
 	}
-	ba, ta := text(a)
-	bb, tb := text(b)
+	return num(r.Text.BytesPerSecond), num(r.Text.TokensPerByte)
+}
+
+// compareText adds throughput in text when the runs have it, and says
+// when a token is not the same unit in both.
+func (c *Comparison) compareText(a, b *Report) {
+	ma, mb := metaOf(a), metaOf(b)
+	ba, ta := textRates(a)
+	bb, tb := textRates(b)
 	if ba != nil || bb != nil {
 		c.Rows = append(c.Rows, valueRow("text bytes/s", "bytes/s", ba, bb), valueRow("tokens per byte", "ratio", ta, tb))
 	}
-	if ta != nil && tb != nil && math.Abs(*ta-*tb) > 0.02*math.Max(*ta, *tb) || ma.Tokenizer != mb.Tokenizer && ma.Tokenizer != "" && mb.Tokenizer != "" {
-		what := "their tokenizers differ"
-		if ta != nil && tb != nil {
-			what = fmt.Sprintf("their tokenizers differ (%.3f and %.3f tokens per byte of text)", *ta, *tb)
-		}
-		if ba != nil && bb != nil {
-			c.Notes = append(c.Notes, fmt.Sprintf("%s: a token is not the same unit in both, so TPS does not compare; text bytes/s does (%s against %s bytes/s, %+.1f%%)",
-				what, tps.SI(*ba), tps.SI(*bb), 100*(*bb-*ba) / *ba))
-		} else {
-			c.Notes = append(c.Notes, what+": TPS does not compare; report bytes (prof.end(bytes=...)) to compare by text bytes/s")
-		}
+	if !(ta != nil && tb != nil && math.Abs(*ta-*tb) > 0.02*math.Max(*ta, *tb) || ma.Tokenizer != mb.Tokenizer && ma.Tokenizer != "" && mb.Tokenizer != "") {
+		return
+	}
+	what := "their tokenizers differ"
+	if ta != nil && tb != nil {
+		what = fmt.Sprintf("their tokenizers differ (%.3f and %.3f tokens per byte of text)", *ta, *tb)
+	}
+	if ba != nil && bb != nil {
+		c.Notes = append(c.Notes, fmt.Sprintf("%s: a token is not the same unit in both, so TPS does not compare; text bytes/s does (%s against %s bytes/s, %+.1f%%)",
+			what, tps.SI(*ba), tps.SI(*bb), 100*(*bb-*ba) / *ba))
+	} else {
+		c.Notes = append(c.Notes, what+": TPS does not compare; report bytes (prof.end(bytes=...)) to compare by text bytes/s")
+	}
+}
+
+// compareGeneration is the generation phase's rows, when a run has one.
+func compareGeneration(a, b *Report) []CompareRow {
+	if a.Generation == nil && b.Generation == nil {
+		return nil
 	}
 	gen := func(r *Report, f func(g *Generation) float64) *float64 {
 		if r.Generation == nil {
@@ -149,25 +181,28 @@ func Compare(a, b *Report) Comparison {
 		}
 		return num(f(r.Generation))
 	}
-	if a.Generation != nil || b.Generation != nil {
-		c.Rows = append(c.Rows,
-			valueRow("generation TPS (output)", "tokens/s", gen(a, func(g *Generation) float64 { return g.OutputTPS }), gen(b, func(g *Generation) float64 { return g.OutputTPS })),
-			valueRow("generation share of step", "fraction", gen(a, func(g *Generation) float64 { return g.GenShare }), gen(b, func(g *Generation) float64 { return g.GenShare })),
-			valueRow("training share of step", "fraction", gen(a, func(g *Generation) float64 { return g.TrainingShare }), gen(b, func(g *Generation) float64 { return g.TrainingShare })))
-		lat := func(r *Report, l func(g *Generation) *Latency) *float64 {
-			if r.Generation == nil || l(r.Generation) == nil {
-				return nil
-			}
-			return num(l(r.Generation).P95)
+	lat := func(r *Report, l func(g *Generation) *Latency) *float64 {
+		if r.Generation == nil || l(r.Generation) == nil {
+			return nil
 		}
-		c.Rows = append(c.Rows,
-			valueRow("time to first token p95", "s", lat(a, func(g *Generation) *Latency { return g.TTFT }), lat(b, func(g *Generation) *Latency { return g.TTFT })),
-			valueRow("inter-token latency p95", "s", lat(a, func(g *Generation) *Latency { return g.ITL }), lat(b, func(g *Generation) *Latency { return g.ITL })))
+		return num(l(r.Generation).P95)
 	}
+	return []CompareRow{
+		valueRow("generation TPS (output)", "tokens/s", gen(a, func(g *Generation) float64 { return g.OutputTPS }), gen(b, func(g *Generation) float64 { return g.OutputTPS })),
+		valueRow("generation share of step", "fraction", gen(a, func(g *Generation) float64 { return g.GenShare }), gen(b, func(g *Generation) float64 { return g.GenShare })),
+		valueRow("training share of step", "fraction", gen(a, func(g *Generation) float64 { return g.TrainingShare }), gen(b, func(g *Generation) float64 { return g.TrainingShare })),
+		valueRow("time to first token p95", "s", lat(a, func(g *Generation) *Latency { return g.TTFT }), lat(b, func(g *Generation) *Latency { return g.TTFT })),
+		valueRow("inter-token latency p95", "s", lat(a, func(g *Generation) *Latency { return g.ITL }), lat(b, func(g *Generation) *Latency { return g.ITL })),
+	}
+}
+
+// notes says what does not compare.
+func (c *Comparison) notes(a, b *Report) {
+	sa, sb, ma, mb := a.Summary, b.Summary, metaOf(a), metaOf(b)
 	if sa.WorldSize != sb.WorldSize {
 		c.Notes = append(c.Notes, fmt.Sprintf("the runs have different world sizes (%d and %d ranks): compare TPS per GPU and MFU, not TPS", sa.WorldSize, sb.WorldSize))
 	}
-	if pa, pb := perStep(sa), perStep(sb); pa != nil && pb != nil && math.Abs(*pa-*pb) > 0.01*math.Max(*pa, *pb) {
+	if pa, pb := tokensPerStep(sa), tokensPerStep(sb); pa != nil && pb != nil && math.Abs(*pa-*pb) > 0.01*math.Max(*pa, *pb) {
 		c.Notes = append(c.Notes, fmt.Sprintf("the runs train different tokens per step (%s and %s): step time is not comparable, TPS is", tps.SI(*pa), tps.SI(*pb)))
 	}
 	if ma.ModelPreset != mb.ModelPreset || (ma.Model == nil) != (mb.Model == nil) {
@@ -181,7 +216,6 @@ func Compare(a, b *Report) Comparison {
 			c.Notes = append(c.Notes, fmt.Sprintf("MFU of %s is unknown: %s", x.job, x.s.MFUUnknown))
 		}
 	}
-	return c
 }
 
 func worstNode(r *Report) string {
