@@ -21,98 +21,127 @@ import (
 // to clamp: the tests run it over every report they make (the demo, the
 // generated traces, the real PyTorch jobs).
 func Invariants(r *Report) []string {
-	var bad []string
-	frac := func(name string, v float64) {
-		if math.IsNaN(v) || v < 0 || v > 1 {
-			bad = append(bad, fmt.Sprintf("%s = %v, outside [0, 1]", name, v))
-		}
+	var v violations
+	v.summary(r)
+	if s := r.Summary; s.MFU != nil {
+		v.frac("MFU", *s.MFU)
+		v.frac("HFU", *s.HFU)
 	}
+	v.goodput(r.Goodput)
+	v.fractions(r)
+	v.printed(r)
+	return v.bad
+}
+
+// violations are what Invariants found.
+type violations struct{ bad []string }
+
+func (v *violations) add(s string) { v.bad = append(v.bad, s) }
+
+// frac checks a fraction.
+func (v *violations) frac(name string, x float64) {
+	if math.IsNaN(x) || x < 0 || x > 1 {
+		v.add(fmt.Sprintf("%s = %v, outside [0, 1]", name, x))
+	}
+}
+
+// summary checks the breakdown and the headline.
+func (v *violations) summary(r *Report) {
 	s := r.Summary
-	if s.SteadySteps > 0 {
-		var sum float64
-		for _, p := range tps.ShareParts {
-			v := *p.Of(&r.Breakdown.Shares)
-			frac("breakdown "+p.Key, v)
-			sum += v
-		}
-		if math.Abs(sum-1) > 1e-3 {
-			bad = append(bad, fmt.Sprintf("breakdown parts add up to %.4f, not 1", sum))
-		}
-		frac("breakdown comm_overlap", r.Breakdown.CommOverlap)
-		frac("worst step's exposed communication", s.CommFractionMax)
-		if s.TPSUnknown == "" {
-			secs := s.StepTimeS.Mean * float64(s.SteadySteps)
-			if want := float64(s.Tokens) / secs; secs <= 0 || math.Abs(s.AggregateTPS-want) > 0.005*want {
-				bad = append(bad, fmt.Sprintf("headline %v tokens/s is not tokens ÷ step time (%d / %.6g s = %v)", s.AggregateTPS, s.Tokens, secs, want))
-			}
-			if s.Tokens <= 0 {
-				bad = append(bad, "a throughput without tokens")
-			}
-		} else if s.AggregateTPS != 0 || s.WallTPS != 0 || s.TPSPerGPU != 0 {
-			bad = append(bad, "throughput figures beside "+s.TPSUnknown)
-		}
+	if s.SteadySteps <= 0 {
+		return
 	}
-	if s.MFU != nil {
-		frac("MFU", *s.MFU)
-		frac("HFU", *s.HFU)
+	var sum float64
+	for _, p := range tps.ShareParts {
+		x := *p.Of(&r.Breakdown.Shares)
+		v.frac("breakdown "+p.Key, x)
+		sum += x
 	}
-	if g := r.Goodput; g.ElapsedS > 0 {
-		frac("goodput", g.Goodput)
-		parts := g.ProductiveS + g.UnmonitoredS
-		keys := make([]string, 0, len(g.BadputS))
-		for k := range g.BadputS {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			v := g.BadputS[k]
-			frac("badput "+k+" share", v/g.ElapsedS)
-			parts += v
-		}
-		if math.Abs(parts-g.ElapsedS) > max(1e-3, 1e-6*g.ElapsedS) {
-			bad = append(bad, fmt.Sprintf("goodput parts add up to %.3f s, elapsed %.3f s", parts, g.ElapsedS))
-		}
+	if math.Abs(sum-1) > 1e-3 {
+		v.add(fmt.Sprintf("breakdown parts add up to %.4f, not 1", sum))
 	}
+	v.frac("breakdown comm_overlap", r.Breakdown.CommOverlap)
+	v.frac("worst step's exposed communication", s.CommFractionMax)
+	if s.TPSUnknown == "" {
+		secs := s.StepTimeS.Mean * float64(s.SteadySteps)
+		if want := float64(s.Tokens) / secs; secs <= 0 || math.Abs(s.AggregateTPS-want) > 0.005*want {
+			v.add(fmt.Sprintf("headline %v tokens/s is not tokens ÷ step time (%d / %.6g s = %v)", s.AggregateTPS, s.Tokens, secs, want))
+		}
+		if s.Tokens <= 0 {
+			v.add("a throughput without tokens")
+		}
+	} else if s.AggregateTPS != 0 || s.WallTPS != 0 || s.TPSPerGPU != 0 {
+		v.add("throughput figures beside " + s.TPSUnknown)
+	}
+}
+
+// goodput checks goodput and its parts.
+func (v *violations) goodput(g Goodput) {
+	if g.ElapsedS <= 0 {
+		return
+	}
+	v.frac("goodput", g.Goodput)
+	parts := g.ProductiveS + g.UnmonitoredS
+	keys := make([]string, 0, len(g.BadputS))
+	for k := range g.BadputS {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		x := g.BadputS[k]
+		v.frac("badput "+k+" share", x/g.ElapsedS)
+		parts += x
+	}
+	if math.Abs(parts-g.ElapsedS) > max(1e-3, 1e-6*g.ElapsedS) {
+		v.add(fmt.Sprintf("goodput parts add up to %.3f s, elapsed %.3f s", parts, g.ElapsedS))
+	}
+}
+
+// fractions checks the other fractions.
+func (v *violations) fractions(r *Report) {
 	if p := r.Padding; p != nil {
-		frac("padding real fraction", p.RealFraction)
+		v.frac("padding real fraction", p.RealFraction)
 	}
 	if g := r.Generation; g != nil {
-		frac("generation share", g.GenShare)
-		frac("training share", g.TrainingShare)
-		frac("waiting share", g.WaitingShare)
+		v.frac("generation share", g.GenShare)
+		v.frac("training share", g.TrainingShare)
+		v.frac("waiting share", g.WaitingShare)
 	}
 	for _, e := range r.Episodes {
-		frac("episode cost fraction", e.CostFraction)
+		v.frac("episode cost fraction", e.CostFraction)
 	}
 	if c := r.CaptureCost; c != nil && c.StepFraction != nil {
-		frac("capture cost share", *c.StepFraction)
+		v.frac("capture cost share", *c.StepFraction)
 	}
 	if f := r.CountedFLOPs; f != nil {
 		if f.MFU != nil {
-			frac("MFU from counted FLOPs", *f.MFU)
+			v.frac("MFU from counted FLOPs", *f.MFU)
 		}
 		if f.HFU != nil {
-			frac("HFU from counted FLOPs", *f.HFU)
+			v.frac("HFU from counted FLOPs", *f.HFU)
 		}
 	}
 	if m := r.Memory; m != nil {
 		for _, x := range m.Fullest {
 			if x.Headroom != nil {
-				frac(fmt.Sprintf("rank %d memory headroom", x.Rank), *x.Headroom)
+				v.frac(fmt.Sprintf("rank %d memory headroom", x.Rank), *x.Headroom)
 			}
 		}
 	}
+}
+
+// printed checks that no figure prints as not a number.
+func (v *violations) printed(r *Report) {
 	if b, err := json.Marshal(r); err != nil {
-		bad = append(bad, "the report does not encode as JSON: "+err.Error())
+		v.add("the report does not encode as JSON: " + err.Error())
 	} else if nonNumber.Match(b) {
-		bad = append(bad, "the JSON holds NaN or Inf")
+		v.add("the JSON holds NaN or Inf")
 	}
 	var text bytes.Buffer
 	WriteText(&text, r)
 	if m := nonNumber.Find(text.Bytes()); m != nil {
-		bad = append(bad, fmt.Sprintf("the text holds %q", m))
+		v.add(fmt.Sprintf("the text holds %q", m))
 	}
-	return bad
 }
 
 // nonNumber is how a figure that is not a number prints (fmt's NaN,
