@@ -54,7 +54,6 @@ type htmlPage struct {
 
 // WriteHTML writes the report of one job with its figures (Plots.Figures).
 func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
-	s := rep.Summary
 	p := htmlPage{Title: "tpsprof report: " + rep.Job, Generated: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Notes: rep.Notes}
 	if rep.Summary.CompleteNote != "" {
 		p.Notes = append(p.Notes, rep.Summary.CompleteNote)
@@ -63,10 +62,23 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		p.Notes = append(p.Notes, "clock offsets: "+c)
 	}
 	p.Subtitle = runLine(rep)
-	if s.SteadySteps == 0 {
+	if rep.Summary.SteadySteps == 0 {
 		p.Notes = append(p.Notes, "no steady steps to summarise")
 		return renderHTML(w, p)
 	}
+	p.cards(rep)
+	p.breakdownTables(rep)
+	p.detailTables(rep)
+	if err := p.figures(figs); err != nil {
+		return err
+	}
+	p.Glossary = glossary
+	return renderHTML(w, p)
+}
+
+// cards are the page's headline figures.
+func (p *htmlPage) cards(rep *Report) {
+	s := rep.Summary
 	mfuValue, mfuNote, mfuBad := "unknown", s.MFUUnknown, true
 	if s.MFU != nil {
 		mfuValue, mfuBad = fmt.Sprintf("%.1f%%", 100**s.MFU), false
@@ -89,7 +101,10 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 	if kind, flagged := rep.flaggedStragglers(); len(flagged) > 0 {
 		p.Cards = append(p.Cards, htmlCard{Label: "slowest " + kind, Value: flagged[0].name, Note: fmt.Sprintf("computes at %.0f%% of the fastest rank's pace", 100*flagged[0].score), Bad: true})
 	}
+}
 
+// breakdownTables are where step time goes, the figures and generation.
+func (p *htmlPage) breakdownTables(rep *Report) {
 	b := rep.Breakdown
 	bt := htmlTable{Title: "Where step time goes", Intro: "Each part's time (mean over ranks) over the steady steps' step time: the parts add up to 100%.",
 		Head: []string{"category", "share of step time"}}
@@ -128,6 +143,11 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		p.Cards = append(p.Cards, htmlCard{Label: "generation", Value: tps.SI(g.OutputTPS) + " tokens/s", Note: fmt.Sprintf("generated; %s of step time generating", pct(g.GenShare))})
 	}
 
+}
+
+// detailTables are goodput, the episodes, the slowest ranks and the
+// collectives.
+func (p *htmlPage) detailTables(rep *Report) {
 	if g := rep.Goodput; g.ElapsedS > 0 {
 		t := htmlTable{Title: "Goodput", Intro: fmt.Sprintf("Of %s elapsed, %s went to steps that count. Restarts: %d, steps redone: %d.%s", dur(g.ElapsedS), pct(g.Goodput), g.Restarts, g.RedoneSteps, notCounted(g)),
 			Head: []string{"time lost to", "seconds", "share"}}
@@ -165,6 +185,10 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		}
 		p.Tables = append(p.Tables, t)
 	}
+}
+
+// figures inlines the plots.
+func (p *htmlPage) figures(figs []Figure) error {
 	for _, f := range figs {
 		var b bytes.Buffer
 		if f.Name == "rank_heatmap" {
@@ -182,8 +206,7 @@ func WriteHTML(w io.Writer, rep *Report, figs []Figure) error {
 		}
 		p.Figures = append(p.Figures, htmlFigure{Name: f.Name, Caption: f.Caption, SVG: template.HTML(b.String()), MaxWidthPx: int(f.W.Points() * 4 / 3)})
 	}
-	p.Glossary = glossary
-	return renderHTML(w, p)
+	return nil
 }
 
 // WriteCompareHTML writes the comparison of two runs.
