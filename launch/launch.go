@@ -114,24 +114,8 @@ func FormatTopology(t tps.Topology) string {
 // the command. It returns the command's exit code (128+signal when killed
 // by one).
 func Run(ctx context.Context, cfg Config) (int, error) {
-	if !tps.ValidJobID(cfg.Job) {
-		return 2, fmt.Errorf("launch: invalid job id %q (1-64 characters of [A-Za-z0-9_-])", cfg.Job)
-	}
-	if len(cfg.Command) == 0 {
-		return 2, errors.New("launch: no command")
-	}
-	if cfg.Attempt < 0 {
-		return 2, fmt.Errorf("launch: attempt %d is negative", cfg.Attempt)
-	}
-	if cfg.TokensPerStep < 0 || cfg.TokensPerStep > tps.MaxTokens {
-		return 2, fmt.Errorf("launch: tokens per step %d: give 1 to %d", cfg.TokensPerStep, tps.MaxTokens)
-	}
-	if cfg.Agent.Socket == "" {
-		cfg.Agent.Socket = client.DefaultSocket()
-	}
-	cfg.Meta.Job = cfg.Job
-	if cfg.Stderr == nil {
-		cfg.Stderr = io.Discard
+	if err := cfg.check(); err != nil {
+		return 2, err
 	}
 	if cfg.ChooseAttempt {
 		a, note := ChooseAttempt(cfg.Agent.NATS, cfg.Job, time.Now())
@@ -142,47 +126,103 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	if err != nil {
 		fmt.Fprintf(cfg.Stderr, "tpsprof launch: the Python package is not on PYTHONPATH: %v\n", err)
 	}
+	ag, code, err := nodeAgent(cfg)
+	if err != nil {
+		return code, err
+	}
+	defer ag.stop()
+	cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
+	cmd.Stdin = os.Stdin
+	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
+	if cmd.Env, err = cfg.rankEnv(ag.node, pyEnv); err != nil {
+		return 0, err
+	}
+	// Signals go to the command, which decides how to stop; we wait for it.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 30 * time.Second
 
-	// Use the node's agent if one serves the socket, else run our own.
-	var send func(tps.Event)
-	var node string
-	var stop func()
+	start := time.Now()
+	ag.send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptStart, Node: ag.node, Rank: -1,
+		StartUnixNs: start.UnixNano(), Detail: truncateDetail(fmt.Sprint(cfg.Command))})
+	if err := cmd.Start(); err != nil {
+		ag.send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: ag.node, Rank: -1,
+			StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: 127, Detail: truncateDetail(err.Error())})
+		return 127, fmt.Errorf("launch: %w", err)
+	}
+	code = exitCode(cmd, waitForwarding(cmd))
+	ag.send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: ag.node, Rank: -1,
+		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code)})
+	return code, nil
+}
+
+// check checks the configuration and fills in its defaults.
+func (cfg *Config) check() error {
+	if !tps.ValidJobID(cfg.Job) {
+		return fmt.Errorf("launch: invalid job id %q (1-64 characters of [A-Za-z0-9_-])", cfg.Job)
+	}
+	if len(cfg.Command) == 0 {
+		return errors.New("launch: no command")
+	}
+	if cfg.Attempt < 0 {
+		return fmt.Errorf("launch: attempt %d is negative", cfg.Attempt)
+	}
+	if cfg.TokensPerStep < 0 || cfg.TokensPerStep > tps.MaxTokens {
+		return fmt.Errorf("launch: tokens per step %d: give 1 to %d", cfg.TokensPerStep, tps.MaxTokens)
+	}
+	if cfg.Agent.Socket == "" {
+		cfg.Agent.Socket = client.DefaultSocket()
+	}
+	cfg.Meta.Job = cfg.Job
+	if cfg.Stderr == nil {
+		cfg.Stderr = io.Discard
+	}
+	return nil
+}
+
+// launchAgent is the agent the launch writes its events to: the node's,
+// or one of its own.
+type launchAgent struct {
+	send func(tps.Event)
+	stop func()
+	node string
+}
+
+// nodeAgent uses the node's agent if one serves the socket, else starts
+// one in process; on an error, the exit code.
+func nodeAgent(cfg Config) (launchAgent, int, error) {
+	hasMeta := cfg.Meta.Topology != (tps.Topology{}) || cfg.Meta.ModelPreset != "" || cfg.Meta.Model != nil
 	if err := client.CheckSocket(cfg.Agent.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return 2, fmt.Errorf("launch: %w", err)
+		return launchAgent{}, 2, fmt.Errorf("launch: %w", err)
 	}
 	if c, err := net.DialTimeout("unix", cfg.Agent.Socket, 200*time.Millisecond); err == nil {
 		c.Close()
 		cl := client.New(cfg.Agent.Socket, client.Options{})
-		if cfg.Meta.Topology != (tps.Topology{}) || cfg.Meta.ModelPreset != "" || cfg.Meta.Model != nil {
+		if hasMeta {
 			cl.SendMeta(cfg.Meta)
 		}
-		send = cl.SendEvent
-		stop = func() { cl.Close(5 * time.Second) }
-		node, _ = os.Hostname()
-	} else {
-		if cfg.Agent.NATS.URL == "" {
-			return 2, fmt.Errorf("launch: no agent serves %s and no NATS URL was given to start one (run a collector and pass its URL)", cfg.Agent.Socket)
-		}
-		a, err := agent.Start(cfg.Agent)
-		if err != nil {
-			return 1, err
-		}
-		if cfg.Meta.Topology != (tps.Topology{}) || cfg.Meta.ModelPreset != "" || cfg.Meta.Model != nil {
-			if err := a.SubmitMeta(cfg.Meta); err != nil {
-				a.Close()
-				return 2, err
-			}
-		}
-		send = func(e tps.Event) { _ = a.SubmitEvent(e) }
-		stop = func() { a.Close() }
-		node = a.Node()
+		node, _ := os.Hostname()
+		return launchAgent{send: cl.SendEvent, stop: func() { cl.Close(5 * time.Second) }, node: node}, 0, nil
 	}
-	defer stop()
+	if cfg.Agent.NATS.URL == "" {
+		return launchAgent{}, 2, fmt.Errorf("launch: no agent serves %s and no NATS URL was given to start one (run a collector and pass its URL)", cfg.Agent.Socket)
+	}
+	a, err := agent.Start(cfg.Agent)
+	if err != nil {
+		return launchAgent{}, 1, err
+	}
+	if hasMeta {
+		if err := a.SubmitMeta(cfg.Meta); err != nil {
+			a.Close()
+			return launchAgent{}, 2, err
+		}
+	}
+	return launchAgent{send: func(e tps.Event) { _ = a.SubmitEvent(e) }, stop: func() { a.Close() }, node: a.Node()}, 0, nil
+}
 
-	cmd := exec.CommandContext(ctx, cfg.Command[0], cfg.Command[1:]...)
-	cmd.Stdin = os.Stdin
-	cmd.Stdout, cmd.Stderr = cfg.Stdout, cfg.Stderr
-	cmd.Env = append(rankEnviron(os.Environ()),
+// rankEnv is the command's environment: the launch's, less its secrets,
+// and what a rank needs.
+func (cfg Config) rankEnv(node string, pyEnv []string) ([]string, error) {
+	env := append(rankEnviron(os.Environ()),
 		EnvSocket+"="+cfg.Agent.Socket,
 		EnvJob+"="+cfg.Job,
 		EnvAttempt+"="+strconv.FormatInt(cfg.Attempt, 10),
@@ -190,56 +230,44 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 		agent.EnvTraceDir+"="+traceDir(cfg.Agent),
 	)
 	if cfg.Meta.Topology != (tps.Topology{}) {
-		cmd.Env = append(cmd.Env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
+		env = append(env, EnvTopology+"="+FormatTopology(cfg.Meta.Topology))
 	}
 	if cfg.FlopsEvery != nil {
-		cmd.Env = append(cmd.Env, EnvFlopsEvery+"="+strconv.FormatInt(max(*cfg.FlopsEvery, 0), 10))
+		env = append(env, EnvFlopsEvery+"="+strconv.FormatInt(max(*cfg.FlopsEvery, 0), 10))
 	}
 	if cfg.TokensPerStep > 0 {
-		cmd.Env = append(cmd.Env, EnvTokensPerStep+"="+strconv.FormatInt(cfg.TokensPerStep, 10))
+		env = append(env, EnvTokensPerStep+"="+strconv.FormatInt(cfg.TokensPerStep, 10))
 	}
 	if cfg.TensorBoard != "" {
 		dir, err := filepath.Abs(cfg.TensorBoard)
 		if err != nil {
-			return 0, fmt.Errorf("--tensorboard %s: %w", cfg.TensorBoard, err)
+			return nil, fmt.Errorf("--tensorboard %s: %w", cfg.TensorBoard, err)
 		}
-		cmd.Env = append(cmd.Env, EnvTensorBoard+"="+dir)
+		env = append(env, EnvTensorBoard+"="+dir)
 	}
 	if cfg.NoTrackers {
-		cmd.Env = append(cmd.Env, EnvTrackers+"=0")
+		env = append(env, EnvTrackers+"=0")
 	}
-	cmd.Env = append(cmd.Env, pyEnv...)
-	cmd.Env = append(cmd.Env, cfg.Env...)
-	// Signals go to the command, which decides how to stop; we wait for it.
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = 30 * time.Second
+	env = append(env, pyEnv...)
+	return append(env, cfg.Env...), nil
+}
 
-	start := time.Now()
-	send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptStart, Node: node, Rank: -1,
-		StartUnixNs: start.UnixNano(), Detail: truncateDetail(fmt.Sprint(cfg.Command))})
-	if err := cmd.Start(); err != nil {
-		send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: node, Rank: -1,
-			StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: 127, Detail: truncateDetail(err.Error())})
-		return 127, fmt.Errorf("launch: %w", err)
-	}
+// waitForwarding waits for the started command, forwarding SIGINT and
+// SIGTERM to it.
+func waitForwarding(cmd *exec.Cmd) error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
-wait:
 	for {
 		select {
 		case s := <-sigs:
 			cmd.Process.Signal(s)
-		case err = <-waitErr:
-			break wait
+		case err := <-waitErr:
+			return err
 		}
 	}
-	code := exitCode(cmd, err)
-	send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: node, Rank: -1,
-		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code)})
-	return code, nil
 }
 
 // secretEnv are the variables that carry NATS secrets. Ranks write to the
