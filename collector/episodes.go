@@ -77,37 +77,7 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	last := steps[len(steps)-1]
 	fastest, best := j.bestOwn()
 	j.bestSeen = best
-	flagged := map[string]*LiveEpisode{}
-	worst := map[string]int{} // the slowest rank of each flagged node
-	// With one node, episodes are its ranks' (each with its own start):
-	// the node itself is no straggler among nodes.
-	byRank := j.oneNode()
-	if best > 0 {
-		for r, v := range j.ownEWMA {
-			if v <= 0 || best/v >= tps.StragglerThreshold || !j.keepsSlow(r) {
-				continue
-			}
-			node := ""
-			if r < len(j.rankNode) {
-				node = j.rankNode[r]
-			}
-			key := node
-			if key == "" || byRank {
-				key = fmt.Sprintf("rank %d", r)
-			}
-			e := flagged[key]
-			if e == nil {
-				e = &LiveEpisode{Node: cmp.Or(node, key), Score: 1}
-				flagged[key] = e
-			}
-			if best/v < e.Score {
-				e.Score, worst[key] = best/v, r
-			}
-			if len(e.Ranks) < 64 {
-				e.Ranks = append(e.Ranks, int64(r))
-			}
-		}
-	}
+	flagged, worst := j.flaggedNow(best)
 	for key, f := range flagged {
 		f.Cause = j.liveCause(worst[key], fastest)
 		if r := worst[key]; r >= 0 && r < len(j.ownEWMA) {
@@ -121,52 +91,97 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 			e.whatIf(steps)
 			continue
 		}
-		// a slowdown that dips above the threshold for less than a
-		// window of steps goes on as the same episode; it ends at its
-		// ranks' last slow step
-		end := last.Step
-		if e.Attempt == last.Attempt {
-			lastSlow := int64(-1)
-			for _, r := range e.Ranks {
-				if r < int64(len(j.slowLast)) {
-					lastSlow = max(lastSlow, j.slowLast[r])
-				}
-			}
-			if lastSlow >= e.StartStep {
-				if last.Step-lastSlow < episodeQuietSteps {
-					continue
-				}
-				end = lastSlow
-			}
-		}
-		e.EndStep = &end
-		j.episodesEnded++
-		j.episodes = append(j.episodes, *e)
-		if len(j.episodes) > maxEpisodes {
-			j.episodes = j.episodes[len(j.episodes)-maxEpisodes:]
-		}
-		delete(j.openEpisodes, key)
+		j.maybeEnd(key, e, last)
 	}
 	for key, f := range flagged {
-		if _, ok := j.openEpisodes[key]; ok {
+		if _, ok := j.openEpisodes[key]; !ok {
+			j.openEpisode(cfg, t, key, f, steps, last)
+		}
+	}
+}
+
+// flaggedNow is the episodes the ranks' moving averages flag now, by node
+// (by rank with one node), and the slowest rank of each.
+func (j *jobState) flaggedNow(best float64) (map[string]*LiveEpisode, map[string]int) {
+	flagged := map[string]*LiveEpisode{}
+	worst := map[string]int{}
+	if best <= 0 {
+		return flagged, worst
+	}
+	// With one node, episodes are its ranks' (each with its own start):
+	// the node itself is no straggler among nodes.
+	byRank := j.oneNode()
+	for r, v := range j.ownEWMA {
+		if v <= 0 || best/v >= tps.StragglerThreshold || !j.keepsSlow(r) {
 			continue
 		}
-		if j.openEpisodes == nil {
-			j.openEpisodes = map[string]*LiveEpisode{}
+		node := ""
+		if r < len(j.rankNode) {
+			node = j.rankNode[r]
 		}
-		f.Attempt, f.StartStep, f.WorstScore = last.Attempt, last.Step, f.Score
-		// where its slowest ranks' run of slow steps began, not where the
-		// moving average crossed the threshold
-		for _, r := range f.Ranks {
-			if r < int64(len(j.slowSince)) && j.slowSince[r] >= 0 && j.slowSince[r] < f.StartStep {
-				f.StartStep = j.slowSince[r]
+		key := node
+		if key == "" || byRank {
+			key = fmt.Sprintf("rank %d", r)
+		}
+		e := flagged[key]
+		if e == nil {
+			e = &LiveEpisode{Node: cmp.Or(node, key), Score: 1}
+			flagged[key] = e
+		}
+		if best/v < e.Score {
+			e.Score, worst[key] = best/v, r
+		}
+		if len(e.Ranks) < 64 {
+			e.Ranks = append(e.Ranks, int64(r))
+		}
+	}
+	return flagged, worst
+}
+
+// maybeEnd ends open episode e, no longer flagged, at its ranks' last
+// slow step; a slowdown that dips above the threshold for less than a
+// window of steps goes on as the same episode.
+func (j *jobState) maybeEnd(key string, e *LiveEpisode, last tps.ClusterStep) {
+	end := last.Step
+	if e.Attempt == last.Attempt {
+		lastSlow := int64(-1)
+		for _, r := range e.Ranks {
+			if r < int64(len(j.slowLast)) {
+				lastSlow = max(lastSlow, j.slowLast[r])
 			}
 		}
-		f.counted = stepKey{f.Attempt, f.StartStep - 1}
-		f.whatIf(steps)
-		j.openEpisodes[key] = f
-		j.askCapture(cfg, t, f, key)
+		if lastSlow >= e.StartStep {
+			if last.Step-lastSlow < episodeQuietSteps {
+				return
+			}
+			end = lastSlow
+		}
 	}
+	e.EndStep = &end
+	j.episodesEnded++
+	j.episodes = append(j.episodes, *e)
+	if len(j.episodes) > maxEpisodes {
+		j.episodes = j.episodes[len(j.episodes)-maxEpisodes:]
+	}
+	delete(j.openEpisodes, key)
+}
+
+// openEpisode opens episode f, newly flagged, where its slowest ranks' run of
+// slow steps began (not where the moving average crossed the threshold).
+func (j *jobState) openEpisode(cfg *Config, t *tally, key string, f *LiveEpisode, steps []tps.ClusterStep, last tps.ClusterStep) {
+	if j.openEpisodes == nil {
+		j.openEpisodes = map[string]*LiveEpisode{}
+	}
+	f.Attempt, f.StartStep, f.WorstScore = last.Attempt, last.Step, f.Score
+	for _, r := range f.Ranks {
+		if r < int64(len(j.slowSince)) && j.slowSince[r] >= 0 && j.slowSince[r] < f.StartStep {
+			f.StartStep = j.slowSince[r]
+		}
+	}
+	f.counted = stepKey{f.Attempt, f.StartStep - 1}
+	f.whatIf(steps)
+	j.openEpisodes[key] = f
+	j.askCapture(cfg, t, f, key)
 }
 
 // whatIf updates the episode's TPS during and had it kept pace over the
