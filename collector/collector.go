@@ -154,48 +154,49 @@ func (c *Config) defaults() error {
 	if c.FiguresEvery == 0 {
 		c.FiguresEvery = 5 * time.Second
 	}
-	if c.AutoCaptureEvery <= 0 {
-		c.AutoCaptureEvery = 10 * time.Minute
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&c.AutoCaptureEvery, 10 * time.Minute}, {&c.AutoCaptureTimeout, time.Minute}, {&c.Grace, 30 * time.Second},
+		{&c.QuietAfter, 10 * time.Second}, {&c.EvictAfter, 10 * time.Minute}, {&c.ClockTolerance, 10 * time.Minute},
+		{&c.RecordClockTolerance, max(24*time.Hour, c.ClockTolerance)}, {&c.StreamMaxAge, 7 * 24 * time.Hour},
+		{&c.Writer.PartAge, time.Minute}, {&c.GPUJoinWait, 5 * time.Second}, {&c.StaleAfter, 5 * time.Minute},
+		{&c.LiveInterval, 5 * time.Second}} {
+		orDefault(d.v, d.def)
 	}
-	if c.AutoCaptureTimeout <= 0 {
-		c.AutoCaptureTimeout = time.Minute
-	}
-	if c.Grace <= 0 {
-		c.Grace = 30 * time.Second
-	}
-	if c.MaxOpenSteps <= 0 {
-		c.MaxOpenSteps = 256
-	}
-	if c.QuietAfter <= 0 {
-		c.QuietAfter = 10 * time.Second
-	}
-	if c.MaxJobs <= 0 {
-		c.MaxJobs = 1024
-	}
+	orDefault(&c.MaxOpenSteps, 256)
+	orDefault(&c.MaxJobs, 1024)
 	if c.MaxStateBytes <= 0 {
-		c.MaxStateBytes = DefaultMaxStateBytes()
+		c.MaxStateBytes = DefaultMaxStateBytes() // reads the machine's memory: only when needed
 	}
-	if c.EvictAfter <= 0 {
-		c.EvictAfter = 10 * time.Minute
-	}
-	if c.ClockTolerance <= 0 {
-		c.ClockTolerance = 10 * time.Minute
-	}
-	if c.RecordClockTolerance <= 0 {
-		c.RecordClockTolerance = max(24*time.Hour, c.ClockTolerance)
-	}
-	if c.StreamMaxAge <= 0 {
-		c.StreamMaxAge = 7 * 24 * time.Hour
-	}
-	if c.StreamMaxBytes <= 0 {
-		c.StreamMaxBytes = 8 << 30
-	}
-	if c.Writer.PartAge <= 0 {
-		c.Writer.PartAge = time.Minute
-	}
+	orDefault(&c.StreamMaxBytes, 8<<30)
 	if err := trace.CheckCodec(c.Writer.Codec); err != nil {
 		return fmt.Errorf("collector: %w", err)
 	}
+	if err := c.checkRole(); err != nil {
+		return err
+	}
+	switch {
+	case c.MetaWait == 0:
+		c.MetaWait = defaultMetaWait
+	case c.MetaWait < 0:
+		c.MetaWait = 0
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// orDefault sets *v to def when it is not above zero.
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
+}
+
+// checkRole checks the role and partition.
+func (c *Config) checkRole() error {
 	if c.Partitions < 0 || (c.Partitions > 0 && (c.Partition < 0 || c.Partition >= c.Partitions)) || (c.Partitions == 0 && c.Partition != 0) {
 		return fmt.Errorf("collector: partition %d of %d: want 0 <= partition < partitions", c.Partition, c.Partitions)
 	}
@@ -206,24 +207,6 @@ func (c *Config) defaults() error {
 	c.Role = role
 	if c.Partitions > 1 && c.Durable {
 		return errors.New("collector: partitions do not combine with durable mode")
-	}
-	if c.GPUJoinWait <= 0 {
-		c.GPUJoinWait = 5 * time.Second
-	}
-	if c.StaleAfter <= 0 {
-		c.StaleAfter = 5 * time.Minute
-	}
-	switch {
-	case c.MetaWait == 0:
-		c.MetaWait = defaultMetaWait
-	case c.MetaWait < 0:
-		c.MetaWait = 0
-	}
-	if c.LiveInterval <= 0 {
-		c.LiveInterval = 5 * time.Second
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
 }
