@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tpsprof/tpsprof/client"
+	"github.com/tpsprof/tpsprof/internal/dflt"
 	"github.com/tpsprof/tpsprof/internal/ratelog"
 	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/natsconn"
@@ -120,53 +121,27 @@ func (c *Config) defaults() error {
 		}
 		c.Node = h
 	}
-	if c.BatchRecords <= 0 {
-		c.BatchRecords = 1024
-	}
-	if c.FlushInterval <= 0 {
-		c.FlushInterval = 100 * time.Millisecond
-	}
-	if c.BufferBytes <= 0 {
-		c.BufferBytes = 64 << 20
-	}
-	if c.MaxLineBytes <= 0 {
-		c.MaxLineBytes = 64 << 10
-	}
-	if c.CaptureGap == 0 {
-		c.CaptureGap = 5 * time.Second
-	}
-	if c.MaxLinesPerSec == 0 {
-		c.MaxLinesPerSec = 10000
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = 30 * time.Minute
-	}
-	if c.TraceMaxEvents <= 0 {
-		c.TraceMaxEvents = DefaultTraceMaxEvents
-	}
-	if c.ForgetAfter <= 0 {
-		c.ForgetAfter = time.Hour
-	}
-	if c.MaxConnections <= 0 {
-		c.MaxConnections = MaxConnections
-	}
-	if c.ClockTolerance <= 0 {
-		c.ClockTolerance = 10 * time.Minute
-	}
-	if c.MetaInterval <= 0 {
-		c.MetaInterval = 10 * time.Second
+	dflt.Positive(&c.BatchRecords, 1024)
+	dflt.Positive(&c.BufferBytes, 64<<20)
+	dflt.Positive(&c.MaxLineBytes, 64<<10)
+	dflt.Zero(&c.MaxLinesPerSec, 10000) // negative: no limit
+	dflt.Positive(&c.TraceMaxEvents, DefaultTraceMaxEvents)
+	dflt.Positive(&c.MaxConnections, MaxConnections)
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+		set func(*time.Duration, time.Duration)
+	}{{&c.FlushInterval, 100 * time.Millisecond, dflt.Positive[time.Duration]}, {&c.CaptureGap, 5 * time.Second, dflt.Zero[time.Duration]},
+		{&c.IdleTimeout, 30 * time.Minute, dflt.Positive[time.Duration]}, {&c.ForgetAfter, time.Hour, dflt.Positive[time.Duration]},
+		{&c.ClockTolerance, 10 * time.Minute, dflt.Positive[time.Duration]}, {&c.MetaInterval, 10 * time.Second, dflt.Positive[time.Duration]},
+		{&c.GPUInterval, time.Second, dflt.Zero[time.Duration]}, {&c.ResubscribeGrace, 2 * time.Second, dflt.Positive[time.Duration]}} {
+		d.set(d.v, d.def)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.GPUInterval == 0 {
-		c.GPUInterval = time.Second
-	}
 	if c.Clock == nil {
 		c.Clock = time.Now
-	}
-	if c.ResubscribeGrace <= 0 {
-		c.ResubscribeGrace = 2 * time.Second
 	}
 	if c.GPU != nil && c.GPUUUIDs == nil {
 		c.GPUUUIDs = map[int32]string{}

@@ -209,94 +209,24 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: err.Error()})
 		return
 	}
-	type target struct {
-		c    net.Conn
-		seen *rankSeen
-		info *connInfo
-	}
-	// the job's ranks on this node, latest attempt only
-	var ts []target
-	var attempt int64 = -1
-	a.mu.Lock()
-	for c, info := range a.conns {
-		s := info.rank.Load()
-		if s == nil || s.job != req.Job || !req.Targets(a.cfg.Node, s.rank) {
-			continue
-		}
-		if s.attempt > attempt {
-			attempt, ts = s.attempt, ts[:0]
-		}
-		if s.attempt == attempt {
-			ts = append(ts, target{c, s, info})
-		}
-	}
-	a.mu.Unlock()
+	ts := a.captureTargets(req)
 	if len(ts) == 0 {
 		return // another agent's ranks, or an unknown job: the others answer
-	}
-	state := func(t target) capture.RankState {
-		s, step := t.seen, t.info.step.Load()
-		rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: step}
-		if d := float64(t.info.at.Load()-s.firstAt) / 1e9; d > 0 && step > s.firstStep {
-			rs.StepsPerSec = float64(step-s.firstStep) / d
-		}
-		return rs
 	}
 	ack := capture.Ack{Node: a.cfg.Node}
 	if req.Op == "probe" {
 		for _, t := range ts {
-			ack.Ranks = append(ack.Ranks, state(t))
+			ack.Ranks = append(ack.Ranks, t.state())
 		}
 		a.respond(m, ack)
 		return
 	}
-	// A start must be reachable: within MaxStepsAhead of the ranks, and,
-	// at their pace, within its timeout (one start at step 2^40 with a 1 h
-	// timeout held every other capture of the job for the hour).
-	var latest int64
-	var pace float64
-	for _, t := range ts {
-		rs := state(t)
-		latest, pace = max(latest, rs.Step), max(pace, rs.StepsPerSec)
-	}
-	why := ""
-	switch ahead := req.AtStep - latest; {
-	case ahead > capture.MaxStepsAhead:
-		why = fmt.Sprintf("capture: step %d is more than %d steps past where the job's ranks are (%d)", req.AtStep, capture.MaxStepsAhead, latest)
-	case pace > 0 && float64(ahead)/pace > float64(req.TimeoutMs)/1e3:
-		why = fmt.Sprintf("capture: the job's ranks, at step %d and %.2f steps/s, reach step %d in about %.0f s, past the capture's %d s timeout", latest, pace, req.AtStep, float64(ahead)/pace, req.TimeoutMs/1000)
-	}
-	if why != "" {
+	if why := unreachable(req, ts); why != "" {
 		a.reject("capture:invalid")
 		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: why})
 		return
 	}
-	now := time.Now()
-	a.captureMu.Lock()
-	for id, c := range a.captures {
-		if now.After(c.until) {
-			a.endCapture(id, c.until)
-		}
-	}
-	var busy string
-	for id, c := range a.captures {
-		if c.req.Job == req.Job && id != req.ID {
-			busy = fmt.Sprintf("capture %s of job %s is in progress on node %s; one at a time per job", id, req.Job, a.cfg.Node)
-		}
-	}
-	if end, ok := a.capEnded[req.Job]; ok && busy == "" && now.Sub(end) < a.cfg.CaptureGap {
-		busy = fmt.Sprintf("the last capture of job %s on node %s ended %s ago; the next may start %s after it",
-			req.Job, a.cfg.Node, now.Sub(end).Round(time.Millisecond), a.cfg.CaptureGap)
-	}
-	live := &liveCapture{req: req, until: now.Add(time.Duration(req.TimeoutMs) * time.Millisecond), ranks: map[int64]int64{}}
-	if busy == "" {
-		for _, t := range ts {
-			live.ranks[t.seen.rank] = 0
-		}
-		a.captures[req.ID] = live
-	}
-	a.captureMu.Unlock()
-	if busy != "" {
+	if busy := a.startCapture(req, ts); busy != "" {
 		a.reject("capture:busy")
 		a.respond(m, capture.Ack{Node: a.cfg.Node, Err: busy})
 		return
@@ -312,9 +242,99 @@ func (a *Agent) handleCapture(m *nats.Msg) {
 				Why: "the request could not be written to the rank's connection: " + err.Error()})
 			continue
 		}
-		ack.Ranks = append(ack.Ranks, state(t))
+		ack.Ranks = append(ack.Ranks, t.state())
 	}
 	a.respond(m, ack)
+}
+
+// captureTarget is a rank's connection a capture request goes to.
+type captureTarget struct {
+	c    net.Conn
+	seen *rankSeen
+	info *connInfo
+}
+
+// state is what the agent knows of the rank: where it is, at what pace.
+func (t captureTarget) state() capture.RankState {
+	s, step := t.seen, t.info.step.Load()
+	rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: step}
+	if d := float64(t.info.at.Load()-s.firstAt) / 1e9; d > 0 && step > s.firstStep {
+		rs.StepsPerSec = float64(step-s.firstStep) / d
+	}
+	return rs
+}
+
+// captureTargets is the request's job's ranks on this node, of its latest
+// attempt only.
+func (a *Agent) captureTargets(req capture.Request) []captureTarget {
+	var ts []captureTarget
+	var attempt int64 = -1
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for c, info := range a.conns {
+		s := info.rank.Load()
+		if s == nil || s.job != req.Job || !req.Targets(a.cfg.Node, s.rank) {
+			continue
+		}
+		if s.attempt > attempt {
+			attempt, ts = s.attempt, ts[:0]
+		}
+		if s.attempt == attempt {
+			ts = append(ts, captureTarget{c, s, info})
+		}
+	}
+	return ts
+}
+
+// unreachable says why a start cannot be reached ("" when it can): it
+// must be within MaxStepsAhead of the ranks, and, at their pace, within
+// its timeout (one start at step 2^40 with a 1 h timeout held every other
+// capture of the job for the hour).
+func unreachable(req capture.Request, ts []captureTarget) string {
+	var latest int64
+	var pace float64
+	for _, t := range ts {
+		rs := t.state()
+		latest, pace = max(latest, rs.Step), max(pace, rs.StepsPerSec)
+	}
+	switch ahead := req.AtStep - latest; {
+	case ahead > capture.MaxStepsAhead:
+		return fmt.Sprintf("capture: step %d is more than %d steps past where the job's ranks are (%d)", req.AtStep, capture.MaxStepsAhead, latest)
+	case pace > 0 && float64(ahead)/pace > float64(req.TimeoutMs)/1e3:
+		return fmt.Sprintf("capture: the job's ranks, at step %d and %.2f steps/s, reach step %d in about %.0f s, past the capture's %d s timeout", latest, pace, req.AtStep, float64(ahead)/pace, req.TimeoutMs/1000)
+	}
+	return ""
+}
+
+// startCapture registers the capture, or says why the job is busy: one
+// capture at a time per job, and CaptureGap between them.
+func (a *Agent) startCapture(req capture.Request, ts []captureTarget) (busy string) {
+	now := time.Now()
+	a.captureMu.Lock()
+	defer a.captureMu.Unlock()
+	for id, c := range a.captures {
+		if now.After(c.until) {
+			a.endCapture(id, c.until)
+		}
+	}
+	for id, c := range a.captures {
+		if c.req.Job == req.Job && id != req.ID {
+			busy = fmt.Sprintf("capture %s of job %s is in progress on node %s; one at a time per job", id, req.Job, a.cfg.Node)
+		}
+	}
+	if end, ok := a.capEnded[req.Job]; ok && busy == "" && now.Sub(end) < a.cfg.CaptureGap {
+		busy = fmt.Sprintf("the last capture of job %s on node %s ended %s ago; the next may start %s after it",
+			req.Job, a.cfg.Node, now.Sub(end).Round(time.Millisecond), a.cfg.CaptureGap)
+	}
+	if busy != "" {
+		return busy
+	}
+	live := &liveCapture{req: req, until: now.Add(time.Duration(req.TimeoutMs) * time.Millisecond), ranks: map[int64]int64{}}
+	for _, t := range ts {
+		live.ranks[t.seen.rank] = 0
+	}
+	a.captures[req.ID] = live
+	return ""
 }
 
 // endCapture forgets capture id, ended at end; captureMu held.

@@ -262,26 +262,7 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 	}
 	switch kind {
 	case "step":
-		var sl stepLine
-		if err := json.Unmarshal(line, &sl); err != nil {
-			a.reject("line:json")
-			a.log.Warn("json", "step line does not decode", "err", err)
-			return false
-		}
-		r := sl.StepRecord
-		// a record claims its job for the connection's user only once it
-		// is valid: junk lines squat nothing
-		if !a.ownerAllows(info, r.Job) || a.checkStep(&r) != nil || !a.ownerClaim(info, r.Job) { // counted inside
-			return false
-		}
-		a.queueStep(r)
-		if sl.BatchFP != "" {
-			a.checkBatches(&r, sl.BatchFP)
-		}
-		if info != nil && info.saw(&r) {
-			a.watchCaptures(r.Job, info.uid)
-		}
-		return true
+		return a.stepLineFrom(line, info)
 	case "event":
 		var e tps.Event
 		if err := json.Unmarshal(line, &e); err != nil {
@@ -304,29 +285,58 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 		}
 		return a.ownerAllows(info, s.Job) && a.captureStateLine(s) == nil
 	case "meta":
-		var m metaLine
-		if err := json.Unmarshal(line, &m); err != nil {
-			a.reject("line:json")
-			return false
-		}
-		if !a.ownerAllows(info, m.Job) {
-			return false
-		}
-		if len(m.HFConfig) > 0 && m.Model == nil && m.ModelPreset == "" {
-			model, err := mfu.FromHFConfig(m.HFConfig)
-			if err != nil {
-				a.reject("meta:hf_config")
-				a.log.Warn("meta:hf_config", "run metadata: model config not understood", "err", err)
-				return false
-			}
-			m.Model = &model
-		}
-		return a.SubmitMeta(m.RunMeta) == nil
+		return a.metaLineFrom(line, info)
 	default:
 		a.reject("line:unknown_type")
 		a.log.Warn("type", "intake line of unknown type", "type", prefix([]byte(kind)))
 		return false
 	}
+}
+
+// stepLineFrom takes a step line; a record claims its job for the
+// connection's user only once it is valid: junk lines squat nothing.
+func (a *Agent) stepLineFrom(line []byte, info *connInfo) bool {
+	var sl stepLine
+	if err := json.Unmarshal(line, &sl); err != nil {
+		a.reject("line:json")
+		a.log.Warn("json", "step line does not decode", "err", err)
+		return false
+	}
+	r := sl.StepRecord
+	if !a.ownerAllows(info, r.Job) || a.checkStep(&r) != nil || !a.ownerClaim(info, r.Job) { // counted inside
+		return false
+	}
+	a.queueStep(r)
+	if sl.BatchFP != "" {
+		a.checkBatches(&r, sl.BatchFP)
+	}
+	if info != nil && info.saw(&r) {
+		a.watchCaptures(r.Job, info.uid)
+	}
+	return true
+}
+
+// metaLineFrom takes a run metadata line, its model from a Hugging Face
+// config when it gives one.
+func (a *Agent) metaLineFrom(line []byte, info *connInfo) bool {
+	var m metaLine
+	if err := json.Unmarshal(line, &m); err != nil {
+		a.reject("line:json")
+		return false
+	}
+	if !a.ownerAllows(info, m.Job) {
+		return false
+	}
+	if len(m.HFConfig) > 0 && m.Model == nil && m.ModelPreset == "" {
+		model, err := mfu.FromHFConfig(m.HFConfig)
+		if err != nil {
+			a.reject("meta:hf_config")
+			a.log.Warn("meta:hf_config", "run metadata: model config not understood", "err", err)
+			return false
+		}
+		m.Model = &model
+	}
+	return a.SubmitMeta(m.RunMeta) == nil
 }
 
 // stepLine is a step line: the record, and for a job's first steps a

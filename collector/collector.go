@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tpsprof/tpsprof/internal/dflt"
 	"github.com/tpsprof/tpsprof/internal/ratelog"
 	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
@@ -162,14 +163,14 @@ func (c *Config) defaults() error {
 		{&c.RecordClockTolerance, max(24*time.Hour, c.ClockTolerance)}, {&c.StreamMaxAge, 7 * 24 * time.Hour},
 		{&c.Writer.PartAge, time.Minute}, {&c.GPUJoinWait, 5 * time.Second}, {&c.StaleAfter, 5 * time.Minute},
 		{&c.LiveInterval, 5 * time.Second}} {
-		orDefault(d.v, d.def)
+		dflt.Positive(d.v, d.def)
 	}
-	orDefault(&c.MaxOpenSteps, 256)
-	orDefault(&c.MaxJobs, 1024)
+	dflt.Positive(&c.MaxOpenSteps, 256)
+	dflt.Positive(&c.MaxJobs, 1024)
 	if c.MaxStateBytes <= 0 {
 		c.MaxStateBytes = DefaultMaxStateBytes() // reads the machine's memory: only when needed
 	}
-	orDefault(&c.StreamMaxBytes, 8<<30)
+	dflt.Positive(&c.StreamMaxBytes, 8<<30)
 	if err := trace.CheckCodec(c.Writer.Codec); err != nil {
 		return fmt.Errorf("collector: %w", err)
 	}
@@ -186,13 +187,6 @@ func (c *Config) defaults() error {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return nil
-}
-
-// orDefault sets *v to def when it is not above zero.
-func orDefault[T int | int64 | time.Duration](v *T, def T) {
-	if *v <= 0 {
-		*v = def
-	}
 }
 
 // checkRole checks the role and partition.
