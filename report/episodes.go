@@ -258,15 +258,33 @@ func (w *windows) excess(win, slow, fast int) EpisodeExcess {
 // when. Their steps' figures (TPS during and without, GPU hours lost) are
 // then taken from the steps' rows, read again from src.
 func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource) ([]StragglerEpisode, error) {
-	type cell struct {
-		win    int
-		score  float64
-		excess float64 // ns: the rank's mean own time over the fastest's
-		parts  EpisodeExcess
+	groups, order := runsOf(w.flaggedCells(), nodes)
+	var out []StragglerEpisode
+	for _, k := range order {
+		out = append(out, w.episode(sp, k, groups[k], nodes))
 	}
-	nw := len(w.first)
-	perRank := map[int64][]cell{} // flagged windows, in order
-	for win := 0; win < nw; win++ {
+	if err := w.fill(out, src); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b StragglerEpisode) int {
+		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node), cmp.Compare(a.Ranks[0], b.Ranks[0]))
+	})
+	return out, nil
+}
+
+// episodeCell is a rank's flagged window.
+type episodeCell struct {
+	win    int
+	score  float64
+	excess float64 // ns: the rank's mean own time over the fastest's
+	parts  EpisodeExcess
+}
+
+// flaggedCells is each rank's windows below the straggler threshold
+// against the window's fastest rank, in order.
+func (w *windows) flaggedCells() map[int64][]episodeCell {
+	perRank := map[int64][]episodeCell{}
+	for win := range w.first {
 		best, fastest := math.Inf(1), -1
 		for r := 0; r < w.world; r++ {
 			if n := w.n[win*w.world+r]; n > 0 && w.sum[win*w.world+r]/float64(n) < best {
@@ -283,21 +301,31 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 			}
 			mean := w.sum[win*w.world+r] / float64(n)
 			if score := best / mean; score < tps.StragglerThreshold {
-				perRank[int64(r)] = append(perRank[int64(r)], cell{win, score, mean - best, w.excess(win, r, fastest)})
+				perRank[int64(r)] = append(perRank[int64(r)], episodeCell{win, score, mean - best, w.excess(win, r, fastest)})
 			}
 		}
 	}
-	// each rank's runs, grouped by node and span
-	type span struct {
-		key      string
-		from, to int
-	}
-	type group struct {
-		ranks []int64
-		cells []cell // the ranks' flagged windows
-	}
-	groups := map[span]*group{}
-	var order []span
+	return perRank
+}
+
+// episodeSpan is a run of flagged windows of a node (or rank).
+type episodeSpan struct {
+	key      string
+	from, to int
+}
+
+// episodeGroup is the ranks whose runs span the same windows, and their
+// flagged windows.
+type episodeGroup struct {
+	ranks []int64
+	cells []episodeCell
+}
+
+// runsOf groups each rank's runs (windows at most two apart) by node and
+// span, in the order first seen.
+func runsOf(perRank map[int64][]episodeCell, nodes map[int64]string) (map[episodeSpan]*episodeGroup, []episodeSpan) {
+	groups := map[episodeSpan]*episodeGroup{}
+	var order []episodeSpan
 	for _, r := range slices.Sorted(maps.Keys(perRank)) {
 		cs := perRank[r]
 		for i := 0; i < len(cs); {
@@ -305,10 +333,10 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 			for j+1 < len(cs) && cs[j+1].win-cs[j].win <= 2 {
 				j++
 			}
-			k := span{nodeLabel(nodes[r], r), cs[i].win, cs[j].win}
+			k := episodeSpan{nodeLabel(nodes[r], r), cs[i].win, cs[j].win}
 			g := groups[k]
 			if g == nil {
-				g = &group{}
+				g = &episodeGroup{}
 				groups[k] = g
 				order = append(order, k)
 			}
@@ -319,73 +347,69 @@ func (w *windows) episodes(sp *spine, nodes map[int64]string, src clusterSource)
 			i = j + 1
 		}
 	}
-	// the window each steady step is in, and the last step of a window
-	end := func(win int) int {
-		if win+1 < nw {
-			last := w.first[win+1] - 1
-			for last > w.first[win] && w.of(last) < 0 {
-				last--
-			}
-			return last
-		}
-		last := sp.len() - 1
-		for last > 0 && w.of(last) < 0 {
+	return groups, order
+}
+
+// lastOf is the last steady step of window win.
+func (w *windows) lastOf(sp *spine, win int) int {
+	if win+1 < len(w.first) {
+		last := w.first[win+1] - 1
+		for last > w.first[win] && w.of(last) < 0 {
 			last--
 		}
 		return last
 	}
-	var out []StragglerEpisode
-	for _, k := range order {
-		g := groups[k]
-		e := StragglerEpisode{WorstScore: 1, Ranks: g.ranks}
-		if nodes[g.ranks[0]] != "" {
-			e.Node = k.key
-		}
-		// per window, the slowest of the group's ranks: what the others wait for
-		slowest := make(map[int]cell, k.to-k.from+1)
-		var sumScore float64
-		for _, c := range g.cells {
-			e.WorstScore = min(e.WorstScore, c.score)
-			sumScore += c.score
-			if s, ok := slowest[c.win]; !ok || c.excess > s.excess {
-				slowest[c.win] = c
-			}
-		}
-		e.MeanScore = sumScore / float64(len(g.cells))
-		a, b := w.first[k.from], end(k.to)
-		ka, kb := sp.key(a), sp.key(b)
-		e.StartAttempt, e.StartStep = ka[0], ka[1]
-		e.EndAttempt, e.EndStep = kb[0], kb[1]
-		e.Ongoing = k.to == nw-1
-		e.a, e.b = a, b
-		e.excess = make([]float64, nw)
-		for i := a; i <= b; i++ {
-			win := w.of(i)
-			if win < 0 {
-				continue
-			}
-			p := slowest[win].parts // zero in a window the run went on over
-			e.Excess.DataMs += p.DataMs
-			e.Excess.ComputeMs += p.ComputeMs
-			e.Excess.HostMs += p.HostMs
-			e.Excess.HostKnown = e.Excess.HostKnown || p.HostKnown
-			e.Steps++
-			e.excess[win] = slowest[win].excess
-		}
-		if e.Steps > 0 {
-			e.Excess.DataMs /= float64(e.Steps)
-			e.Excess.ComputeMs /= float64(e.Steps)
-			e.Excess.HostMs /= float64(e.Steps)
-		}
-		out = append(out, e)
+	last := sp.len() - 1
+	for last > 0 && w.of(last) < 0 {
+		last--
 	}
-	if err := w.fill(out, src); err != nil {
-		return nil, err
+	return last
+}
+
+// episode is the group's episode over span k: its scores, steps, and per
+// window the slowest of its ranks' excess (what the others wait for).
+func (w *windows) episode(sp *spine, k episodeSpan, g *episodeGroup, nodes map[int64]string) StragglerEpisode {
+	nw := len(w.first)
+	e := StragglerEpisode{WorstScore: 1, Ranks: g.ranks}
+	if nodes[g.ranks[0]] != "" {
+		e.Node = k.key
 	}
-	slices.SortFunc(out, func(a, b StragglerEpisode) int {
-		return cmp.Or(cmp.Compare(a.StartAttempt, b.StartAttempt), cmp.Compare(a.StartStep, b.StartStep), cmp.Compare(a.Node, b.Node), cmp.Compare(a.Ranks[0], b.Ranks[0]))
-	})
-	return out, nil
+	slowest := make(map[int]episodeCell, k.to-k.from+1)
+	var sumScore float64
+	for _, c := range g.cells {
+		e.WorstScore = min(e.WorstScore, c.score)
+		sumScore += c.score
+		if s, ok := slowest[c.win]; !ok || c.excess > s.excess {
+			slowest[c.win] = c
+		}
+	}
+	e.MeanScore = sumScore / float64(len(g.cells))
+	a, b := w.first[k.from], w.lastOf(sp, k.to)
+	ka, kb := sp.key(a), sp.key(b)
+	e.StartAttempt, e.StartStep = ka[0], ka[1]
+	e.EndAttempt, e.EndStep = kb[0], kb[1]
+	e.Ongoing = k.to == nw-1
+	e.a, e.b = a, b
+	e.excess = make([]float64, nw)
+	for i := a; i <= b; i++ {
+		win := w.of(i)
+		if win < 0 {
+			continue
+		}
+		p := slowest[win].parts // zero in a window the run went on over
+		e.Excess.DataMs += p.DataMs
+		e.Excess.ComputeMs += p.ComputeMs
+		e.Excess.HostMs += p.HostMs
+		e.Excess.HostKnown = e.Excess.HostKnown || p.HostKnown
+		e.Steps++
+		e.excess[win] = slowest[win].excess
+	}
+	if e.Steps > 0 {
+		e.Excess.DataMs /= float64(e.Steps)
+		e.Excess.ComputeMs /= float64(e.Steps)
+		e.Excess.HostMs /= float64(e.Steps)
+	}
+	return e
 }
 
 // fill takes the episodes' steps' figures from their rows, in one pass
