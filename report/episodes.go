@@ -476,68 +476,94 @@ func (w *windows) fill(eps []StragglerEpisode, src clusterSource) error {
 func (rep *Report) episodeCauses(g *gpuSeries) {
 	for i := range rep.Episodes {
 		e := &rep.Episodes[i]
-		x := e.Excess
-		switch {
-		case x.DataMs > 0 && x.DataMs >= x.ComputeMs && x.DataMs >= x.HostMs:
-			e.Cause = fmt.Sprintf("waiting for data: %.1f ms a step more than the fastest rank (compute %+.1f ms, host %+.1f ms): the input pipeline of the node's ranks (loader workers, storage, a slow shard)", x.DataMs, x.ComputeMs, x.HostMs)
-			continue
-		case x.HostKnown && x.HostMs > 0 && x.HostMs >= x.ComputeMs:
-			e.Cause = fmt.Sprintf("host time outside forward, backward and optimizer: %.1f ms a step more than the fastest rank (compute %+.1f ms, data %+.1f ms): launch gaps, CPU contention or Python on the node", x.HostMs, x.ComputeMs, x.DataMs)
+		if c := ownCause(e.Excess); c != "" {
+			e.Cause = c
 			continue
 		}
 		e.Cause = "slow compute on the node's ranks (no GPU samples of the node to say why)"
-		n := g.nodes[e.Node]
-		if rep.GPUSamples == 0 || n == nil || len(g.nodes) < 2 {
+		if rep.GPUSamples == 0 || g.nodes[e.Node] == nil || len(g.nodes) < 2 {
 			continue
 		}
-		lo, hi := int((e.from-g.t0)/g.width)/g.nodeBin, int((e.to-g.t0)/g.width)/g.nodeBin
-		lo, hi = max(lo, 0), min(hi, len(n.n)-1)
-		var clk, pw, k, oclk, ok, tmp, kt, otmp, okt float64
-		var reasons int64
-		for b := lo; b <= hi; b++ {
-			if n.n[b] > 0 {
-				clk += n.clock[b]
-				pw += n.power[b]
-				k += float64(n.n[b])
-				reasons |= n.reasons[b]
-			}
-			tmp += n.temp[b]
-			kt += float64(n.nTemp[b])
-			for name, o := range g.nodes {
-				if name != e.Node && o.n[b] > 0 {
-					oclk += o.clock[b]
-					ok += float64(o.n[b])
-				}
-				if name != e.Node {
-					otmp += o.temp[b]
-					okt += float64(o.nTemp[b])
-				}
-			}
-		}
-		if k == 0 || ok == 0 {
-			continue
-		}
-		clk, pw, oclk = clk/k, pw/k, oclk/ok
-		// the temperature beside the clocks, when both sides report one
-		hot := ""
-		if kt > 0 && okt > 0 {
-			hot = fmt.Sprintf(", %.0f °C against %.0f °C", tmp/kt, otmp/okt)
-		}
-		var why []string
-		for _, t := range tps.ThrottleReasons {
-			if reasons&t.Bit != 0 {
-				why = append(why, t.Name)
-			}
-		}
-		switch {
-		case clk < 0.95*oclk && len(why) > 0:
-			e.Cause = fmt.Sprintf("GPU clocks throttled: %.0f MHz against %.0f MHz on the other nodes (%s), %.0f W%s", clk, oclk, strings.Join(why, ", "), pw, hot)
-		case clk < 0.95*oclk:
-			e.Cause = fmt.Sprintf("GPU clocks low: %.0f MHz against %.0f MHz on the other nodes, %.0f W%s, no throttle reason given", clk, oclk, pw, hot)
-		case len(why) > 0:
-			e.Cause = fmt.Sprintf("throttle reasons on the node (%s) with clocks near the others' (%.0f against %.0f MHz%s)", strings.Join(why, ", "), clk, oclk, hot)
-		default:
-			e.Cause = fmt.Sprintf("slow compute with normal GPU clocks (%.0f MHz, others %.0f MHz%s): the kernels, the input or the host (launch gaps, CPU contention)", clk, oclk, hot)
+		if c := g.nodeAgainstOthers(e.Node, e.from, e.to).cause(); c != "" {
+			e.Cause = c
 		}
 	}
+}
+
+// ownCause names the cause when the largest part of the slow rank's
+// excess is waiting for data or host time ("" when it is compute).
+func ownCause(x EpisodeExcess) string {
+	switch {
+	case x.DataMs > 0 && x.DataMs >= x.ComputeMs && x.DataMs >= x.HostMs:
+		return fmt.Sprintf("waiting for data: %.1f ms a step more than the fastest rank (compute %+.1f ms, host %+.1f ms): the input pipeline of the node's ranks (loader workers, storage, a slow shard)", x.DataMs, x.ComputeMs, x.HostMs)
+	case x.HostKnown && x.HostMs > 0 && x.HostMs >= x.ComputeMs:
+		return fmt.Sprintf("host time outside forward, backward and optimizer: %.1f ms a step more than the fastest rank (compute %+.1f ms, data %+.1f ms): launch gaps, CPU contention or Python on the node", x.HostMs, x.ComputeMs, x.DataMs)
+	}
+	return ""
+}
+
+// gpuEvidence is a node's GPU samples against the other nodes' over the
+// same time.
+type gpuEvidence struct {
+	clk, pw, k, oclk, ok, tmp, kt, otmp, okt float64
+	reasons                                  int64
+}
+
+// nodeAgainstOthers sums node's samples and the others' over [from, to].
+func (g *gpuSeries) nodeAgainstOthers(node string, from, to int64) gpuEvidence {
+	n := g.nodes[node]
+	lo, hi := int((from-g.t0)/g.width)/g.nodeBin, int((to-g.t0)/g.width)/g.nodeBin
+	lo, hi = max(lo, 0), min(hi, len(n.n)-1)
+	var x gpuEvidence
+	for b := lo; b <= hi; b++ {
+		if n.n[b] > 0 {
+			x.clk += n.clock[b]
+			x.pw += n.power[b]
+			x.k += float64(n.n[b])
+			x.reasons |= n.reasons[b]
+		}
+		x.tmp += n.temp[b]
+		x.kt += float64(n.nTemp[b])
+		for name, o := range g.nodes {
+			if name == node {
+				continue
+			}
+			if o.n[b] > 0 {
+				x.oclk += o.clock[b]
+				x.ok += float64(o.n[b])
+			}
+			x.otmp += o.temp[b]
+			x.okt += float64(o.nTemp[b])
+		}
+	}
+	return x
+}
+
+// cause reads the evidence: clocks throttled or low, throttle reasons,
+// or normal clocks ("" when either side has no samples).
+func (x gpuEvidence) cause() string {
+	if x.k == 0 || x.ok == 0 {
+		return ""
+	}
+	clk, pw, oclk := x.clk/x.k, x.pw/x.k, x.oclk/x.ok
+	// the temperature beside the clocks, when both sides report one
+	hot := ""
+	if x.kt > 0 && x.okt > 0 {
+		hot = fmt.Sprintf(", %.0f °C against %.0f °C", x.tmp/x.kt, x.otmp/x.okt)
+	}
+	var why []string
+	for _, t := range tps.ThrottleReasons {
+		if x.reasons&t.Bit != 0 {
+			why = append(why, t.Name)
+		}
+	}
+	switch {
+	case clk < 0.95*oclk && len(why) > 0:
+		return fmt.Sprintf("GPU clocks throttled: %.0f MHz against %.0f MHz on the other nodes (%s), %.0f W%s", clk, oclk, strings.Join(why, ", "), pw, hot)
+	case clk < 0.95*oclk:
+		return fmt.Sprintf("GPU clocks low: %.0f MHz against %.0f MHz on the other nodes, %.0f W%s, no throttle reason given", clk, oclk, pw, hot)
+	case len(why) > 0:
+		return fmt.Sprintf("throttle reasons on the node (%s) with clocks near the others' (%.0f against %.0f MHz%s)", strings.Join(why, ", "), clk, oclk, hot)
+	}
+	return fmt.Sprintf("slow compute with normal GPU clocks (%.0f MHz, others %.0f MHz%s): the kernels, the input or the host (launch gaps, CPU contention)", clk, oclk, hot)
 }
