@@ -637,24 +637,38 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		return nil, err
 	}
 	c := readOptions(opts)
-	files = c.parts(files)
-	type part struct {
-		path   string
-		op     *openedPart
-		flat   []flatField // nil: read through parquet-go's rows
-		groups []parquet.RowGroup
-		off    []int // where each row group's rows go
-		rows   int
-		err    error
-	}
-	parts := make([]*part, 0, len(files))
 	var bad UnreadableParts
+	parts, total, err := planRead[T](c.parts(files), c, &bad)
 	defer func() {
 		for _, p := range parts {
 			p.op.close()
 		}
 	}()
-	total := 0
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, total)
+	populate(out)
+	decodeAll(out, parts)
+	return keepRead(out, parts, &bad)
+}
+
+// readPart is a part ReadAll reads: its row groups, where each one's rows
+// go, and its error.
+type readPart struct {
+	path   string
+	op     *openedPart
+	flat   []flatField // nil: read through parquet-go's rows
+	groups []parquet.RowGroup
+	off    []int // where each row group's rows go
+	rows   int
+	err    error
+}
+
+// planRead opens the parts and places their row groups (those the ranges
+// select) in one slice of total rows; unreadable parts go to bad. The
+// parts are returned, to be closed, also with an error.
+func planRead[T any](files []string, c *readConfig, bad *UnreadableParts) (parts []*readPart, total int, err error) {
 	for _, path := range files {
 		op, err := openPart(path, c)
 		if err == nil {
@@ -664,41 +678,43 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 		}
 		if err != nil {
 			if !bad.add(path, err) {
-				return nil, err
+				return parts, 0, err
 			}
 			continue
 		}
-		pf := op.pf
-		p := &part{path: path, op: op}
-		if layout, ok := flatLayoutOf[T](pf); ok && !c.rowsOnly {
+		p := &readPart{path: path, op: op}
+		parts = append(parts, p)
+		if layout, ok := flatLayoutOf[T](op.pf); ok && !c.rowsOnly {
 			p.flat = layout
 		}
-		for g, rg := range pf.RowGroups() {
+		for g, rg := range op.pf.RowGroups() {
 			n := rg.NumRows()
-			if len(c.ranges) > 0 && !overlaps(pf, g, c.ranges) {
+			if len(c.ranges) > 0 && !overlaps(op.pf, g, c.ranges) {
 				continue
 			}
 			if n < 0 || int64(total)+n > 1<<31 {
-				op.close()
-				return nil, fmt.Errorf("trace: %s: %d rows: too many to hold in memory (use Each)", path, n)
+				return parts, 0, fmt.Errorf("trace: %s: %d rows: too many to hold in memory (use Each)", path, n)
 			}
 			p.groups = append(p.groups, rg)
 			p.off = append(p.off, total+p.rows)
 			p.rows += int(n)
 		}
 		total += p.rows
-		parts = append(parts, p)
 	}
-	out := make([]T, total)
-	populate(out)
+	return parts, total, nil
+}
+
+// decodeAll decodes every part's row groups into their places in out, in
+// parallel (up to GOMAXPROCS, at most 8); a group's error goes to its part.
+func decodeAll[T any](out []T, parts []*readPart) {
 	type task struct {
-		p *part
+		p *readPart
 		g int
 	}
 	tasks := make(chan task)
 	var wg sync.WaitGroup
 	var mu sync.Mutex // guards each part's err
-	for range min(runtime.GOMAXPROCS(0), max(total/65536, 1), 8) {
+	for range min(runtime.GOMAXPROCS(0), max(len(out)/65536, 1), 8) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -729,14 +745,14 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 	}
 	close(tasks)
 	wg.Wait()
-	failed := false
-	for _, p := range parts {
-		failed = failed || p.err != nil
-	}
-	if !failed {
+}
+
+// keepRead drops a part that failed half-way whole, named in bad, as Each
+// skips it.
+func keepRead[T any](out []T, parts []*readPart, bad *UnreadableParts) ([]T, error) {
+	if !slices.ContainsFunc(parts, func(p *readPart) bool { return p.err != nil }) {
 		return out, bad.err()
 	}
-	// A part that failed half-way is dropped whole, named, as Each skips it.
 	kept := out[:0]
 	for _, p := range parts {
 		start := 0
