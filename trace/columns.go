@@ -191,27 +191,9 @@ func columnsOfFile(path string, c *readConfig, int64Cols, strCols []string, rang
 	}
 	defer p.close()
 	pf := p.pf
-	idx := make([]int, len(int64Cols))
-	for i, name := range int64Cols {
-		name, optional := strings.CutPrefix(name, "?")
-		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
-		if !ok && optional {
-			idx[i] = -1 // a part written before the column existed: zeros
-			continue
-		}
-		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
-			return fmt.Errorf("trace: %s: %w: no required int64 column %q", path, errUnreadable, name)
-		}
-		idx[i] = leaf.ColumnIndex
-	}
-	strIdx, volatile := make([]int, len(strCols)), make([]bool, len(strCols))
-	for i, name := range strCols {
-		volatile[i] = c.volatile[name]
-		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
-		if !ok || leaf.Node.Type().Kind() != parquet.ByteArray || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
-			return fmt.Errorf("trace: %s: %w: no required string column %q", path, errUnreadable, name)
-		}
-		strIdx[i] = leaf.ColumnIndex
+	idx, strIdx, volatile, err := columnIndexes(pf, path, c, int64Cols, strCols)
+	if err != nil {
+		return err
 	}
 	for g, rg := range pf.RowGroups() {
 		rows := int(rg.NumRows())
@@ -224,34 +206,64 @@ func columnsOfFile(path string, c *readConfig, int64Cols, strCols []string, rang
 		if cols == nil {
 			return errStopped
 		}
-		ok := false
-		defer func() {
-			if !ok {
-				back(cols)
-			}
-		}()
 		if err := decodeGroup(rg.ColumnChunks(), idx, strIdx, volatile, rows, cols); err != nil {
-			name := ""
-			var ce *columnError
-			if errors.As(err, &ce) {
-				if ce.col < len(int64Cols) {
-					name = int64Cols[ce.col]
-				} else if k := ce.col - len(int64Cols); k < len(strCols) {
-					name = strCols[k]
-				}
-			}
-			return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, name, err)
+			back(cols)
+			return fmt.Errorf("trace: %s: %w: column %s: %v", path, errUnreadable, columnName(err, int64Cols, strCols), err)
 		}
 		cols.Rows = rows
 		if len(cols.Str) > 0 {
 			cols.Strings = cols.Str[0]
 		}
-		ok = true
 		if !give(cols) {
 			return errStopped
 		}
 	}
 	return nil
+}
+
+// columnIndexes looks the columns asked for up in the part's schema: a
+// required int64 column ("?name": optional, -1 when the part lacks it),
+// a required string column.
+func columnIndexes(pf *parquet.File, path string, c *readConfig, int64Cols, strCols []string) (idx, strIdx []int, volatile []bool, err error) {
+	idx = make([]int, len(int64Cols))
+	for i, name := range int64Cols {
+		name, optional := strings.CutPrefix(name, "?")
+		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
+		if !ok && optional {
+			idx[i] = -1 // a part written before the column existed: zeros
+			continue
+		}
+		if !ok || leaf.Node.Type().Kind() != parquet.Int64 || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
+			return nil, nil, nil, fmt.Errorf("trace: %s: %w: no required int64 column %q", path, errUnreadable, name)
+		}
+		idx[i] = leaf.ColumnIndex
+	}
+	strIdx, volatile = make([]int, len(strCols)), make([]bool, len(strCols))
+	for i, name := range strCols {
+		volatile[i] = c.volatile[name]
+		leaf, ok := pf.Schema().Lookup(strings.Split(name, ".")...)
+		if !ok || leaf.Node.Type().Kind() != parquet.ByteArray || leaf.MaxDefinitionLevel > 0 || leaf.MaxRepetitionLevel > 0 {
+			return nil, nil, nil, fmt.Errorf("trace: %s: %w: no required string column %q", path, errUnreadable, name)
+		}
+		strIdx[i] = leaf.ColumnIndex
+	}
+	return idx, strIdx, volatile, nil
+}
+
+// columnName names the column a decoding error is of ("" when it names
+// none).
+func columnName(err error, int64Cols, strCols []string) string {
+	var ce *columnError
+	if !errors.As(err, &ce) {
+		return ""
+	}
+	if ce.col < len(int64Cols) {
+		return int64Cols[ce.col]
+	}
+	if k := ce.col - len(int64Cols); k < len(strCols) {
+		return strCols[k]
+	}
+	return ""
 }
 
 // columnError is a column's decoding failure; col indexes the int64
