@@ -3,6 +3,7 @@ package capture
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -329,6 +330,7 @@ func (v *View) verdict(rc *RecordsCritical, unmatched int, unaligned map[int64]b
 			// the cause must explain the others' wait, as the capture
 			// measured it a step
 			rc.explain(c.OthersWaitUs * 1e3 / float64(len(v.Steps)))
+			c.doubtAgainst(rc, len(v.Steps))
 		}
 		v.Verdict = fmt.Sprintf("rank %d, agreed by the step records: its own time (compute and data wait) %.1f ms a step more than the other ranks' mean; %s", c.Rank, rc.ExcessUs/1e3, rc.cause())
 	case c != nil:
@@ -337,6 +339,28 @@ func (v *View) verdict(rc *RecordsCritical, unmatched int, unaligned map[int64]b
 		v.Culprit = nil // never a confident wrong rank
 	default:
 		v.Verdict = fmt.Sprintf("the collectives' arrivals name no rank; the same steps' own records name rank %d (own time %.1f ms a step more than the other ranks' mean)", rc.Rank, rc.ExcessUs/1e3)
+	}
+}
+
+// waitRecordsTol is how far the others' wait a step, as the traces give
+// it, may lie from the culprit's own excess by its step records before
+// the wait is said to be in doubt.
+const waitRecordsTol = 0.25
+
+// doubtAgainst says the others' wait is in doubt (WaitDoubt, when nothing
+// else put it there) where the culprit's own step records do not bear it
+// out: in a synchronous step the others wait about as long as the late
+// rank's own time exceeds theirs. On a loaded host the profiler's and
+// gloo's threads run late (an FSDP2 capture on a busy 2-core machine read
+// 183 ms against a 120 ms delay, its records 116 ms).
+func (c *Culprit) doubtAgainst(rc *RecordsCritical, steps int) {
+	if c.WaitDoubt != "" || rc.ExcessUs <= 0 || steps <= 0 {
+		return
+	}
+	w := c.OthersWaitUs / float64(steps)
+	if off := w/rc.ExcessUs - 1; math.Abs(off) > waitRecordsTol {
+		c.WaitDoubt = fmt.Sprintf("the others' wait from the traces (%.1f ms a step) and rank %d's own excess by its step records (%.1f ms a step) differ by %+.0f%%: the traced threads ran late (a busy host), or the records' clocks and the profiler's disagree",
+			w/1e3, c.Rank, rc.ExcessUs/1e3, 100*off)
 	}
 }
 

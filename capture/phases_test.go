@@ -235,3 +235,25 @@ func TestMergePhases(t *testing.T) {
 		t.Errorf("others' wait %.1f µs, want 4500", cu.OthersWaitUs)
 	}
 }
+
+// A wait the step records do not bear out is said to be in doubt: the
+// FSDP2 capture of a CI run read 183.3 ms where rank 3's records gave
+// 115.7 ms (its delay was 120 ms); one within 25% is not.
+func TestWaitDoubtFromRecords(t *testing.T) {
+	for _, c := range []struct {
+		waitUs, excessUs float64
+		doubt            bool
+	}{{183.3e3, 115.7e3, true}, {126.4e3, 120e3, false}, {126.4e3, 80.5e3, true}, {90e3, 120e3, false}, {80e3, 120e3, true}} {
+		v := &View{Steps: []int64{34}, Culprit: &Culprit{Rank: 3, OthersWaitUs: c.waitUs}}
+		v.verdict(&RecordsCritical{Rank: 3, ExcessUs: c.excessUs}, 0, nil)
+		if got := v.Culprit.WaitDoubt != ""; got != c.doubt {
+			t.Errorf("wait %.1f ms against records' %.1f ms: doubt %q, want one: %v", c.waitUs/1e3, c.excessUs/1e3, v.Culprit.WaitDoubt, c.doubt)
+		}
+	}
+	// calls lost in matching say so first
+	v := &View{Steps: []int64{1}, Culprit: &Culprit{Rank: 3, OthersWaitUs: 200e3, WaitDoubt: "2 calls lost in matching"}}
+	v.verdict(&RecordsCritical{Rank: 3, ExcessUs: 100e3}, 2, nil)
+	if v.Culprit.WaitDoubt != "2 calls lost in matching" {
+		t.Errorf("doubt %q", v.Culprit.WaitDoubt)
+	}
+}

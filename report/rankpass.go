@@ -55,104 +55,158 @@ type rankSink struct {
 	realTok, padTok int64
 }
 
+// rankCols are the columns of rank_steps the report reads (with node).
+var (
+	rankCols     trace.Cols
+	rcAttempt    = rankCols.Col("attempt")
+	rcStep       = rankCols.Col("step")
+	rcRank       = rankCols.Col("rank")
+	rcDuration   = rankCols.Col("duration_ns")
+	rcExposed    = rankCols.Col("exposed_comm_ns")
+	rcData       = rankCols.Col("data_wait_ns")
+	rcPP         = rankCols.Col("pp_wait_ns")
+	rcCkpt       = rankCols.Col("ckpt_ns")
+	rcTokens     = rankCols.Col("tokens")
+	rcPadded     = rankCols.Col("padded_tokens")
+	rcFwd        = rankCols.Col("fwd_ns")
+	rcBwd        = rankCols.Col("bwd_ns")
+	rcOptim      = rankCols.Col("optim_ns")
+	rcCapture    = rankCols.Col("?capture_ns")
+	rcCaptureCPU = rankCols.Col("?capture_cpu_ns")
+	rcMemAlloc   = rankCols.Col("?mem_peak_allocated_bytes")
+	rcMemResv    = rankCols.Col("?mem_peak_reserved_bytes")
+	rcMemCap     = rankCols.Col("?mem_capacity_bytes")
+)
+
 // stepPass reads rank_steps (the selected row groups, a few columns) into
 // k: the per-rank compute medians, nodes, the heatmap, the episode
 // windows, the critical rank's excess and padding.
 func (a *analysis) stepPass(k *rankSink) error {
-	rep, sp, heat, wins, nodes, crit := a.rep, a.sp, k.heat, k.wins, k.nodes, k.crit
-	// Per rank, by index: a map access per row (medians, nodes) was a
-	// tenth of the pass. Ranks past the declared world go to the map.
-	world := max(k.world, 0)
-	byRank := make([]*tps.Median, min(world, 1<<20))
-	named := make([]bool, len(byRank))
-	medians := map[int64]*tps.Median{}
-	keep := medianKeepFor(k.world)
+	p := newStepRows(a, k)
 	var done int64
-	kc := keyCursor{ks: &sp.keys}
-	pruned, err := trace.EachColumnsIn(filepath.Join(a.dir, trace.RankSteps), rankColumns, "node", a.ranges, func(c *trace.Columns) error {
-		attempt, step, rank := c.Int64[0], c.Int64[1], c.Int64[2]
-		dur, exposed, data, pp, ckpt := c.Int64[3], c.Int64[4], c.Int64[5], c.Int64[6], c.Int64[7]
-		tokens, padded, fwd, bwd, optim := c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11], c.Int64[12]
-		capture, captureCPU, memAlloc, memResv, memCap := c.Int64[13], c.Int64[14], c.Int64[15], c.Int64[16], c.Int64[17]
-		lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
-		for i := range c.Rows {
-			rep.RankRows++
-			// Rows come grouped by step, mostly in the steps' order: look
-			// the step up when it changes (the next one first).
-			if k := [2]int64{attempt[i], step[i]}; k != lastKey {
-				lastKey = k
-				if n := si + 1; ok && n < sp.len() && kc.at(n) == k {
-					si = n
-				} else {
-					si, ok = sp.stepAt(k)
-				}
-				hc = heat.col(si)
-			}
-			if !ok {
-				continue
-			}
-			r := rank[i]
-			// compute as tps.StepRecord.ComputeNs, without building a record
-			ci := dur[i] - exposed[i] - data[i] - pp[i] - ckpt[i]
-			comp := float64(max(ci, 0))
-			heat.addCol(hc, r, comp)
-			inRange := r >= 0 && r < int64(len(byRank))
-			if n := c.Strings[i]; n != "" && (!inRange || !named[r]) && nodes[r] == "" {
-				nodes[r] = n
-				if inRange {
-					named[r] = true
-				}
-			}
-			warm := sp.warm(si)
-			if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
-				// what the critical rank had more of than the mean rank
-				crit.addOwn(c.Strings[i], r, comp, float64(data[i]))
-			}
-			rep.own.addMem(r, memAlloc[i], memResv[i], memCap[i])
-			if warm {
-				continue
-			}
-			rep.own.addCost(1, capture[i], captureCPU[i], dur[i])
-			// its own time (what the others wait for in a synchronous step:
-			// compute and waiting for data), and of it the data wait and the
-			// measured forward, backward and optimizer
-			wins.add(si, r, comp+float64(data[i]), float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]))
-			if pad := padded[i]; pad > 0 {
-				k.realTok += tokens[i]
-				k.padTok += pad
-			}
-			var m *tps.Median
-			if inRange {
-				if m = byRank[r]; m == nil {
-					m = &tps.Median{Keep: keep}
-					byRank[r] = m
-				}
-			} else if m = medians[r]; m == nil {
-				m = &tps.Median{Keep: keep}
-				medians[r] = m
-			}
-			m.Add(comp)
-		}
+	pruned, err := trace.EachColumnsIn(filepath.Join(a.dir, trace.RankSteps), rankCols.Names(), "node", a.ranges, func(c *trace.Columns) error {
+		p.group(c)
 		done += int64(c.Rows)
 		if a.opt.Progress != nil {
 			a.opt.Progress(done, a.rankTotal)
 		}
 		return nil
-	}, rep.read)
-	rep.RankRowsSkipped = pruned.Rows
-	if err = rep.tolerate(err); err != nil {
+	}, a.rep.read)
+	a.rep.RankRowsSkipped = pruned.Rows
+	if err = a.rep.tolerate(err); err != nil {
 		return err
 	}
-	for r, m := range byRank {
-		if m != nil {
-			medians[int64(r)] = m
+	k.med = p.medians()
+	return nil
+}
+
+// stepRows is the step pass over rank_steps' rows.
+type stepRows struct {
+	rep *Report
+	sp  *spine
+	k   *rankSink
+	// Per rank, by index: a map access per row (medians, nodes) was a
+	// tenth of the pass. Ranks past the declared world go to the map.
+	byRank []*tps.Median
+	named  []bool
+	others map[int64]*tps.Median
+	keep   int
+	kc     keyCursor
+}
+
+func newStepRows(a *analysis, k *rankSink) *stepRows {
+	n := min(max(k.world, 0), 1<<20)
+	return &stepRows{rep: a.rep, sp: a.sp, k: k, byRank: make([]*tps.Median, n), named: make([]bool, n),
+		others: map[int64]*tps.Median{}, keep: medianKeepFor(k.world), kc: keyCursor{ks: &a.sp.keys}}
+}
+
+// group takes a row group's rows. Rows come grouped by step, mostly in
+// the steps' order: the step is looked up when it changes (the next one
+// first).
+func (p *stepRows) group(c *trace.Columns) {
+	sp := p.sp
+	attempt, step := c.Col(rcAttempt), c.Col(rcStep)
+	lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
+	for i := range c.Rows {
+		p.rep.RankRows++
+		if k := [2]int64{attempt[i], step[i]}; k != lastKey {
+			lastKey = k
+			if n := si + 1; ok && n < sp.len() && p.kc.at(n) == k {
+				si = n
+			} else {
+				si, ok = sp.stepAt(k)
+			}
+			hc = p.k.heat.col(si)
+		}
+		if ok {
+			p.row(c, i, si, hc)
 		}
 	}
-	k.med = make(map[int64]float64, len(medians))
-	for r, m := range medians {
-		k.med[r] = m.Value()
+}
+
+// row takes row i of c, of spine step si (heatmap column hc).
+func (p *stepRows) row(c *trace.Columns, i, si, hc int) {
+	sp, k := p.sp, p.k
+	r, dur, data := c.Col(rcRank)[i], c.Col(rcDuration)[i], c.Col(rcData)[i]
+	// compute as tps.StepRecord.ComputeNs, without building a record
+	ci := dur - c.Col(rcExposed)[i] - data - c.Col(rcPP)[i] - c.Col(rcCkpt)[i]
+	comp := float64(max(ci, 0))
+	k.heat.addCol(hc, r, comp)
+	inRange := r >= 0 && r < int64(len(p.byRank))
+	if n := c.Strings[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
+		k.nodes[r] = n
+		if inRange {
+			p.named[r] = true
+		}
 	}
-	return nil
+	warm := sp.warm(si)
+	if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
+		// what the critical rank had more of than the mean rank
+		k.crit.addOwn(c.Strings[i], r, comp, float64(data))
+	}
+	p.rep.own.addMem(r, c.Col(rcMemAlloc)[i], c.Col(rcMemResv)[i], c.Col(rcMemCap)[i])
+	if warm {
+		return
+	}
+	p.rep.own.addCost(1, c.Col(rcCapture)[i], c.Col(rcCaptureCPU)[i], dur)
+	// its own time (what the others wait for in a synchronous step:
+	// compute and waiting for data), and of it the data wait and the
+	// measured forward, backward and optimizer
+	k.wins.add(si, r, comp+float64(data), float64(data), float64(c.Col(rcFwd)[i]+c.Col(rcBwd)[i]+c.Col(rcOptim)[i]))
+	if pad := c.Col(rcPadded)[i]; pad > 0 {
+		k.realTok += c.Col(rcTokens)[i]
+		k.padTok += pad
+	}
+	p.median(r, inRange).Add(comp)
+}
+
+// median is rank r's median accumulator.
+func (p *stepRows) median(r int64, inRange bool) *tps.Median {
+	var m *tps.Median
+	if inRange {
+		if m = p.byRank[r]; m == nil {
+			m = &tps.Median{Keep: p.keep}
+			p.byRank[r] = m
+		}
+	} else if m = p.others[r]; m == nil {
+		m = &tps.Median{Keep: p.keep}
+		p.others[r] = m
+	}
+	return m
+}
+
+// medians are each rank's median compute.
+func (p *stepRows) medians() map[int64]float64 {
+	for r, m := range p.byRank {
+		if m != nil {
+			p.others[int64(r)] = m
+		}
+	}
+	med := make(map[int64]float64, len(p.others))
+	for r, m := range p.others {
+		med[r] = m.Value()
+	}
+	return med
 }
 
 // windowPass reads rank_windows instead: per rank, the merged compute
@@ -162,97 +216,141 @@ func (a *analysis) stepPass(k *rankSink) error {
 // out, so figures cover whole windows; rows of one key are merged by the
 // sums they add to, which is what Merge does.
 func (a *analysis) windowPass(k *rankSink) error {
-	rep, sp, heat, wins, nodes := a.rep, a.sp, k.heat, k.wins, k.nodes
-	sketches := map[int64]*tps.Sketch{}
-	var scratch tps.Sketch
-	// the window's steps in the (sorted) selection: walked once for the
-	// window's ranks, which come together (a lookup per step of every
-	// window row was most of a 100 M-row report)
-	lastKey, si, in, anyWarm := [3]int64{-1, -1, -1}, -1, false, false
+	p := &windowRows{rep: a.rep, sp: a.sp, k: k, sketches: map[int64]*tps.Sketch{}, lastKey: [3]int64{-1, -1, -1}, si: -1}
 	// the columns the pass takes, decoded column by column: parquet-go's
 	// rows rebuilt all 45 of a window's columns through reflection
-	_, err := trace.EachColumnsStrs(filepath.Join(a.dir, trace.RankWindows), windowColumns, []string{"node", "compute_sketch"}, windowRanges(a.ranges), func(c *trace.Columns) error {
-		attempt, rank, first, last, steps := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3], c.Int64[4]
-		compute, data, fwd, bwd, optim, padded, tokPadded := c.Int64[5], c.Int64[6], c.Int64[7], c.Int64[8], c.Int64[9], c.Int64[10], c.Int64[11]
-		capture, captureCPU, dur := c.Int64[12], c.Int64[13], c.Int64[14]
-		memAlloc, memResv, memCap := c.Int64[15], c.Int64[16], c.Int64[17]
-		node, sketch := c.Str[0], c.Str[1]
+	_, err := trace.EachColumnsStrs(filepath.Join(a.dir, trace.RankWindows), windowCols.Names(), []string{"node", "compute_sketch"}, windowRanges(a.ranges), func(c *trace.Columns) error {
 		for i := range c.Rows {
-			rep.RankWindows++
-			if k := [3]int64{attempt[i], first[i], last[i]}; k != lastKey {
-				lastKey = k
-				si, in, anyWarm = -1, false, false
-				kc := keyCursor{ks: &sp.keys}
-				for j := sp.firstStepFrom([2]int64{k[0], k[1]}); j < sp.len(); j++ {
-					if k := kc.at(j); k[0] != attempt[i] || k[1] > last[i] {
-						break
-					}
-					in = true
-					if sp.warm(j) {
-						anyWarm = true
-						break
-					}
-					if si < 0 {
-						si = j
-					}
-				}
-			}
-			if !in {
-				continue // outside the selection
-			}
-			if anyWarm || si < 0 || steps[i] <= 0 {
-				rep.RankWindowsLeft++
-				continue
-			}
-			rep.RankRows += steps[i]
-			r, n := rank[i], float64(steps[i])
-			if node[i] != "" && nodes[r] == "" {
-				nodes[r] = node[i]
-			}
-			heat.add(si, r, float64(compute[i])/n)
-			rep.own.addCost(steps[i], capture[i], captureCPU[i], dur[i])
-			rep.own.addMem(r, memAlloc[i], memResv[i], memCap[i])
-			own := float64(compute[i] + data[i])
-			wins.addN(si, r, own, float64(data[i]), float64(fwd[i]+bwd[i]+optim[i]), int32(steps[i]))
-			if padded[i] > 0 {
-				k.realTok += tokPadded[i]
-				k.padTok += padded[i]
-			}
-			// the sketch's JSON read in place (SketchFromJSON does not keep
-			// it; the string is valid during this call: trace.Volatile)
-			ok, err := tps.SketchFromJSON(unsafe.Slice(unsafe.StringData(sketch[i]), len(sketch[i])), &scratch)
-			if err != nil {
-				return fmt.Errorf("report: rank window %d of rank %d: %w", tps.WindowOf(first[i]), r, err)
-			}
-			if !ok {
-				continue
-			}
-			if m := sketches[r]; m == nil {
-				sk := scratch
-				sk.Bins = slices.Clone(scratch.Bins) // scratch is decoded into again
-				sketches[r] = &sk
-			} else {
-				m.Merge(&scratch)
+			if err := p.row(c, i); err != nil {
+				return err
 			}
 		}
 		return nil
-	}, rep.read, trace.Volatile("compute_sketch"))
-	if err = rep.tolerate(err); err != nil {
+	}, a.rep.read, trace.Volatile("compute_sketch"))
+	if err = a.rep.tolerate(err); err != nil {
 		return err
 	}
-	k.med = make(map[int64]float64, len(sketches))
-	for r, sk := range sketches {
+	k.med = make(map[int64]float64, len(p.sketches))
+	for r, sk := range p.sketches {
 		k.med[r] = sk.Quantile(0.5)
 	}
 	return nil
 }
 
-// windowColumns are the int64 columns of rank_windows the report reads
+// windowRows is the window pass over rank_windows' rows.
+type windowRows struct {
+	rep      *Report
+	sp       *spine
+	k        *rankSink
+	sketches map[int64]*tps.Sketch
+	scratch  tps.Sketch
+	// the window's steps in the (sorted) selection: walked once for the
+	// window's ranks, which come together (a lookup per step of every
+	// window row was most of a 100 M-row report)
+	lastKey     [3]int64
+	si          int
+	in, anyWarm bool
+}
+
+// window finds the steps of window key (attempt, first step, last step):
+// its first steady step, whether any is selected, whether one is warm.
+func (p *windowRows) window(key [3]int64) {
+	sp := p.sp
+	p.lastKey = key
+	p.si, p.in, p.anyWarm = -1, false, false
+	kc := keyCursor{ks: &sp.keys}
+	for j := sp.firstStepFrom([2]int64{key[0], key[1]}); j < sp.len(); j++ {
+		if k := kc.at(j); k[0] != key[0] || k[1] > key[2] {
+			break
+		}
+		p.in = true
+		if sp.warm(j) {
+			p.anyWarm = true
+			return
+		}
+		if p.si < 0 {
+			p.si = j
+		}
+	}
+}
+
+// row takes row i of c.
+func (p *windowRows) row(c *trace.Columns, i int) error {
+	rep, k := p.rep, p.k
+	first, steps := c.Col(wcFirst)[i], c.Col(wcSteps)[i]
+	p.rep.RankWindows++
+	if key := [3]int64{c.Col(wcAttempt)[i], first, c.Col(wcLast)[i]}; key != p.lastKey {
+		p.window(key)
+	}
+	if !p.in {
+		return nil // outside the selection
+	}
+	if p.anyWarm || p.si < 0 || steps <= 0 {
+		rep.RankWindowsLeft++
+		return nil
+	}
+	rep.RankRows += steps
+	r, n := c.Col(wcRank)[i], float64(steps)
+	if node := c.Str[0][i]; node != "" && k.nodes[r] == "" {
+		k.nodes[r] = node
+	}
+	compute, data := c.Col(wcCompute)[i], c.Col(wcData)[i]
+	k.heat.add(p.si, r, float64(compute)/n)
+	rep.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcDuration)[i])
+	rep.own.addMem(r, c.Col(wcMemAlloc)[i], c.Col(wcMemResv)[i], c.Col(wcMemCap)[i])
+	work := c.Col(wcFwd)[i] + c.Col(wcBwd)[i] + c.Col(wcOptim)[i]
+	k.wins.addN(p.si, r, float64(compute+data), float64(data), float64(work), int32(steps))
+	if padded := c.Col(wcPadded)[i]; padded > 0 {
+		k.realTok += c.Col(wcTokPadded)[i]
+		k.padTok += padded
+	}
+	return p.sketch(r, first, c.Str[1][i])
+}
+
+// sketch merges the row's compute sketch into rank r's: its JSON read in
+// place (SketchFromJSON does not keep it; the string is valid during this
+// call: trace.Volatile).
+func (p *windowRows) sketch(r, first int64, js string) error {
+	ok, err := tps.SketchFromJSON(unsafe.Slice(unsafe.StringData(js), len(js)), &p.scratch)
+	if err != nil {
+		return fmt.Errorf("report: rank window %d of rank %d: %w", tps.WindowOf(first), r, err)
+	}
+	if !ok {
+		return nil
+	}
+	if m := p.sketches[r]; m == nil {
+		sk := p.scratch
+		sk.Bins = slices.Clone(p.scratch.Bins) // scratch is decoded into again
+		p.sketches[r] = &sk
+	} else {
+		m.Merge(&p.scratch)
+	}
+	return nil
+}
+
+// windowCols are the int64 columns of rank_windows the report reads
 // (with node and compute_sketch).
-var windowColumns = []string{"attempt", "rank", "first_step", "last_step", "steps",
-	"compute_ns.sum", "data_wait_ns.sum", "fwd_ns.sum", "bwd_ns.sum", "optim_ns.sum", "padded_tokens", "tokens_padded",
-	"?capture_ns.sum", "?capture_cpu_ns.sum", "duration_ns.sum",
-	"?mem_peak_allocated_bytes.max", "?mem_peak_reserved_bytes.max", "?mem_capacity_bytes.max"}
+var (
+	windowCols   trace.Cols
+	wcAttempt    = windowCols.Col("attempt")
+	wcRank       = windowCols.Col("rank")
+	wcFirst      = windowCols.Col("first_step")
+	wcLast       = windowCols.Col("last_step")
+	wcSteps      = windowCols.Col("steps")
+	wcCompute    = windowCols.Col("compute_ns.sum")
+	wcData       = windowCols.Col("data_wait_ns.sum")
+	wcFwd        = windowCols.Col("fwd_ns.sum")
+	wcBwd        = windowCols.Col("bwd_ns.sum")
+	wcOptim      = windowCols.Col("optim_ns.sum")
+	wcPadded     = windowCols.Col("padded_tokens")
+	wcTokPadded  = windowCols.Col("tokens_padded")
+	wcCapture    = windowCols.Col("?capture_ns.sum")
+	wcCaptureCPU = windowCols.Col("?capture_cpu_ns.sum")
+	wcDuration   = windowCols.Col("duration_ns.sum")
+	wcMemAlloc   = windowCols.Col("?mem_peak_allocated_bytes.max")
+	wcMemResv    = windowCols.Col("?mem_peak_reserved_bytes.max")
+	wcMemCap     = windowCols.Col("?mem_capacity_bytes.max")
+)
 
 // windowRanges bound the rank_windows row groups that can hold windows of
 // the selected steps (ranges: attempt and step, as spine.ranges gives;

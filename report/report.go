@@ -552,12 +552,6 @@ func medianKeepFor(world int64) int {
 	return int(min(max(medianBudget/max(world, 1), 64), 1024))
 }
 
-// rankColumns are the int64 columns of rank_steps the report reads (with
-// node): decoding these columns alone, page by page, is several times
-// faster than reading whole records (BENCHMARKS.md).
-var rankColumns = []string{"attempt", "step", "rank", "duration_ns", "exposed_comm_ns", "data_wait_ns", "pp_wait_ns", "ckpt_ns", "tokens", "padded_tokens", "fwd_ns", "bwd_ns", "optim_ns",
-	"?capture_ns", "?capture_cpu_ns", "?mem_peak_allocated_bytes", "?mem_peak_reserved_bytes", "?mem_capacity_bytes"}
-
 // heatGrid is the per-rank compute time over steps, binned to at most
 // 400 step columns and 512 rank rows.
 type heatGrid struct {

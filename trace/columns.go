@@ -27,6 +27,27 @@ type Columns struct {
 	arenas [][]byte // per string column, for the Volatile ones
 }
 
+// Cols names the int64 columns a pass reads, each once: Col gives a
+// column's handle, by which Columns.Col reads it, so a pass never reads
+// a column by its position in a list. Names holds them in order for
+// EachColumns and its kin ("?name": optional, as they take).
+type Cols struct{ names []string }
+
+// Col is a column's handle in its Cols.
+type Col int
+
+// Col adds the column name and returns its handle.
+func (s *Cols) Col(name string) Col {
+	s.names = append(s.names, name)
+	return Col(len(s.names) - 1)
+}
+
+// Names are the columns, in the order they were added.
+func (s *Cols) Names() []string { return s.names }
+
+// Col is the values of column h in this row group.
+func (c *Columns) Col(h Col) []int64 { return c.Int64[h] }
+
 // EachColumns streams required int64 columns (and at most one required
 // string column, strCol, "" for none) of every part of a table folder
 // through fn, one row group at a time, decoding pages straight into
