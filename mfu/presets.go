@@ -104,51 +104,7 @@ func FromHFConfig(data []byte) (Model, error) {
 			m.FFN = *c.NInner
 		}
 	} else {
-		m.Hidden, m.Layers, m.Heads, m.KVHeads, m.HeadDim = c.HiddenSize, c.Layers, c.Heads, c.KVHeads, c.HeadDim
-		m.FFN, m.Vocab = c.Intermediate, c.Vocab
-		if c.Tied != nil {
-			m.Tied = *c.Tied
-		}
-		// Llama, Mistral and Qwen FFNs are gated (SwiGLU) whatever hidden_act says.
-		switch {
-		case strings.Contains(strings.ToLower(c.HiddenAct), "glu"):
-			m.Gated = true
-		case slices.Contains([]string{"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "olmo", "olmo2", "deepseek_v2", "deepseek_v3", "kimi_k2"}, c.ModelType):
-			m.Gated = true
-		case c.HiddenAct == "silu":
-			m.Gated = true
-		}
-		experts := max(c.LocalExperts, c.NumExperts, c.RoutedExperts)
-		if c.KVLoRARank > 0 {
-			m.QLoRARank, m.KVLoRARank, m.QKNopeDim, m.QKRopeDim, m.VHeadDim = c.QLoRARank, c.KVLoRARank, c.QKNopeDim, c.QKRopeDim, c.VHeadDim
-			m.KVHeads, m.HeadDim = 0, 0
-			m.Gated = true
-		}
-		m.MTPLayers = c.NextNLayers
-		m.Window, m.WindowLayers = windowOf(c)
-		if c.RoutedExperts > 0 {
-			// DeepSeek: n_shared_experts of the routed experts' width, the
-			// first first_k_dense_replace layers dense (intermediate_size)
-			m.Experts, m.TopK, m.MoEFFN = c.RoutedExperts, c.ExpertsPerTok, c.MoEIntermediate
-			m.SharedExperts, m.DenseLayers = c.SharedExperts, c.FirstKDense
-			if m.DenseLayers == 0 {
-				m.FFN = 0
-			}
-		} else if experts > 0 {
-			m.Experts, m.TopK = experts, c.ExpertsPerTok
-			m.MoEFFN = c.MoEIntermediate
-			if m.MoEFFN == 0 {
-				m.MoEFFN = c.Intermediate
-			}
-			if c.SharedIntermed > 0 && m.MoEFFN > 0 {
-				// A shared expert of its own width counts as that many expert widths.
-				m.SharedExperts = (c.SharedIntermed + m.MoEFFN/2) / m.MoEFFN
-			}
-			if c.MoEIntermediate > 0 {
-				// Qwen MoE: every layer is sparse; intermediate_size is unused.
-				m.FFN = 0
-			}
-		}
+		c.shape(&m)
 	}
 	if m.Hidden == 0 || m.Layers == 0 || m.Heads == 0 || m.Vocab == 0 {
 		return Model{}, fmt.Errorf("%w: config.json lacks hidden_size, num_hidden_layers, num_attention_heads or vocab_size", ErrBadModel)
@@ -157,6 +113,62 @@ func FromHFConfig(data []byte) (Model, error) {
 		return Model{}, err
 	}
 	return m, nil
+}
+
+// shape reads a Llama-style config's shape into m: attention (latent
+// attention too), FFN, experts, multi-token prediction and windows.
+func (c hfConfig) shape(m *Model) {
+	m.Hidden, m.Layers, m.Heads, m.KVHeads, m.HeadDim = c.HiddenSize, c.Layers, c.Heads, c.KVHeads, c.HeadDim
+	m.FFN, m.Vocab = c.Intermediate, c.Vocab
+	if c.Tied != nil {
+		m.Tied = *c.Tied
+	}
+	m.Gated = c.gated()
+	if c.KVLoRARank > 0 {
+		m.QLoRARank, m.KVLoRARank, m.QKNopeDim, m.QKRopeDim, m.VHeadDim = c.QLoRARank, c.KVLoRARank, c.QKNopeDim, c.QKRopeDim, c.VHeadDim
+		m.KVHeads, m.HeadDim = 0, 0
+		m.Gated = true
+	}
+	m.MTPLayers = c.NextNLayers
+	m.Window, m.WindowLayers = windowOf(c)
+	c.experts(m)
+}
+
+// gated is whether the FFN is gated: Llama, Mistral and Qwen FFNs are
+// (SwiGLU) whatever hidden_act says.
+func (c hfConfig) gated() bool {
+	return strings.Contains(strings.ToLower(c.HiddenAct), "glu") ||
+		slices.Contains([]string{"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3", "gemma3_text", "olmo", "olmo2", "deepseek_v2", "deepseek_v3", "kimi_k2"}, c.ModelType) ||
+		c.HiddenAct == "silu"
+}
+
+// experts reads the experts of a mixture-of-experts config into m.
+func (c hfConfig) experts(m *Model) {
+	experts := max(c.LocalExperts, c.NumExperts, c.RoutedExperts)
+	switch {
+	case c.RoutedExperts > 0:
+		// DeepSeek: n_shared_experts of the routed experts' width, the
+		// first first_k_dense_replace layers dense (intermediate_size)
+		m.Experts, m.TopK, m.MoEFFN = c.RoutedExperts, c.ExpertsPerTok, c.MoEIntermediate
+		m.SharedExperts, m.DenseLayers = c.SharedExperts, c.FirstKDense
+		if m.DenseLayers == 0 {
+			m.FFN = 0
+		}
+	case experts > 0:
+		m.Experts, m.TopK = experts, c.ExpertsPerTok
+		m.MoEFFN = c.MoEIntermediate
+		if m.MoEFFN == 0 {
+			m.MoEFFN = c.Intermediate
+		}
+		if c.SharedIntermed > 0 && m.MoEFFN > 0 {
+			// A shared expert of its own width counts as that many expert widths.
+			m.SharedExperts = (c.SharedIntermed + m.MoEFFN/2) / m.MoEFFN
+		}
+		if c.MoEIntermediate > 0 {
+			// Qwen MoE: every layer is sparse; intermediate_size is unused.
+			m.FFN = 0
+		}
+	}
 }
 
 // windowOf reads which layers use a sliding window: layer_types when the

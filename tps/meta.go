@@ -92,16 +92,34 @@ func (e *Event) Validate() error {
 // rollout event, its decoded detail (the zero value for other kinds), so
 // that the detail is parsed once.
 func (e *Event) ValidateRollout() (RolloutDetail, error) {
-	var d RolloutDetail
+	if err := e.validateText(); err != nil {
+		return RolloutDetail{}, err
+	}
+	d, err := e.validateDetail()
+	if err != nil {
+		return d, err
+	}
+	return d, e.validatePlace()
+}
+
+// validateText checks the event's job, kind, name and node.
+func (e *Event) validateText() error {
 	if !ValidJobID(e.Job) {
-		return d, fieldErr("job", truncate(e.Job, 80), ReasonInvalid, "must be 1-64 characters of [A-Za-z0-9_-]")
+		return fieldErr("job", truncate(e.Job, 80), ReasonInvalid, "must be 1-64 characters of [A-Za-z0-9_-]")
 	}
 	if e.Kind == "" || len(e.Kind) > 64 || !printable(e.Kind) {
-		return d, fieldErr("kind", truncate(e.Kind, 80), ReasonInvalid, "must be 1-64 printable characters")
+		return fieldErr("kind", truncate(e.Kind, 80), ReasonInvalid, "must be 1-64 printable characters")
 	}
 	if len(e.Name) > MaxStringLen || !printable(e.Name) {
-		return d, fieldErr("name", truncate(e.Name, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+		return fieldErr("name", truncate(e.Name, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
 	}
+	return nil
+}
+
+// validateDetail checks the detail, and decodes a rollout's (the zero
+// value for other kinds).
+func (e *Event) validateDetail() (RolloutDetail, error) {
+	var d RolloutDetail
 	maxDetail := 4 * MaxStringLen
 	if e.Kind == EventRollout {
 		maxDetail = MaxRolloutDetail // two sketches
@@ -109,39 +127,44 @@ func (e *Event) ValidateRollout() (RolloutDetail, error) {
 	if len(e.Detail) > maxDetail || !printable(e.Detail) {
 		return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "must be at most %d printable characters", maxDetail)
 	}
-	if e.Kind == EventRollout {
-		var err error
-		if d, err = ParseRollout(e.Detail); err != nil {
-			return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
-		}
+	var err error
+	switch e.Kind {
+	case EventRollout:
+		d, err = ParseRollout(e.Detail)
+	case EventFlopCount:
+		_, err = ParseFlopCount(e.Detail)
 	}
-	if e.Kind == EventFlopCount {
-		if _, err := ParseFlopCount(e.Detail); err != nil {
-			return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
-		}
+	if err != nil {
+		return d, fieldErr("detail", truncate(e.Detail, 80), ReasonInvalid, "%v", err)
 	}
+	return d, nil
+}
+
+// validatePlace checks the event's node, attempt, step and period (an end
+// left out is its start).
+func (e *Event) validatePlace() error {
 	if len(e.Node) > MaxStringLen || !printable(e.Node) {
-		return d, fieldErr("node", truncate(e.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
+		return fieldErr("node", truncate(e.Node, 80), ReasonInvalid, "must be at most %d printable characters", MaxStringLen)
 	}
 	if e.Attempt < 0 {
-		return d, fieldErr("attempt", e.Attempt, ReasonNegative, "must not be negative")
+		return fieldErr("attempt", e.Attempt, ReasonNegative, "must not be negative")
 	}
 	if e.Attempt > MaxAttempt {
-		return d, fieldErr("attempt", e.Attempt, ReasonOutOfRange, "above the limit of %d", MaxAttempt)
+		return fieldErr("attempt", e.Attempt, ReasonOutOfRange, "above the limit of %d", MaxAttempt)
 	}
 	if e.Step < 0 || e.Step > MaxStep {
-		return d, fieldErr("step", e.Step, ReasonOutOfRange, "must be 0 to %d", MaxStep)
+		return fieldErr("step", e.Step, ReasonOutOfRange, "must be 0 to %d", MaxStep)
 	}
 	if e.StartUnixNs < MinUnixNs {
-		return d, fieldErr("start_unix_ns", e.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
+		return fieldErr("start_unix_ns", e.StartUnixNs, ReasonOutOfRange, "before 2000-01-01: not a Unix time in nanoseconds")
 	}
 	if e.EndUnixNs == 0 {
 		e.EndUnixNs = e.StartUnixNs
 	}
 	if e.EndUnixNs < e.StartUnixNs {
-		return d, fieldErr("end_unix_ns", e.EndUnixNs, ReasonOutOfRange, "before start_unix_ns=%d", e.StartUnixNs)
+		return fieldErr("end_unix_ns", e.EndUnixNs, ReasonOutOfRange, "before start_unix_ns=%d", e.StartUnixNs)
 	}
-	return d, nil
+	return nil
 }
 
 // RunMeta describes a job: topology, model, hardware and price. It comes from
