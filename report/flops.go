@@ -130,34 +130,20 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 		return nil
 	}
 	out := &CountedFLOPs{}
-	var flops, tokens, analytic, stepNs float64
-	allAnalytic := true
-	for _, s := range a.samples {
-		if !s.seen || s.tokens <= 0 || s.ranks < s.world || !s.reportedEveryRank || s.generation {
-			out.Partial++
-			continue
-		}
-		out.Samples++
-		flops += s.flops
-		tokens += float64(s.tokens)
-		analytic += s.analytic
-		stepNs += float64(s.stepNs)
-		allAnalytic = allAnalytic && s.analytic > 0
-		out.Recompute = out.Recompute || s.recompute
-	}
+	sum := a.sum(out)
 	if out.Samples == 0 {
 		out.Unknown = "no sampled step was counted by every rank"
 		return out
 	}
-	out.PerToken = flops / tokens
-	if steadyStepNs > 0 && stepNs > 0 {
-		out.Slowdown = stepNs / float64(out.Samples) / steadyStepNs
+	out.PerToken = sum.flops / sum.tokens
+	if steadyStepNs > 0 && sum.stepNs > 0 {
+		out.Slowdown = sum.stepNs / float64(out.Samples) / steadyStepNs
 	}
 	// the analytic FLOPs of the same steps (their cluster rows'), as
 	// hardware FLOPs where the count recomputed activations (the model's
 	// recompute setting gives the ratio; without one, no comparison)
-	if allAnalytic && (!out.Recompute || (cfg.FLOPsPerToken > 0 && cfg.HWFLOPsPerToken > cfg.FLOPsPerToken)) {
-		an := analytic / tokens
+	if sum.allAnalytic && (!out.Recompute || (cfg.FLOPsPerToken > 0 && cfg.HWFLOPsPerToken > cfg.FLOPsPerToken)) {
+		an := sum.analytic / sum.tokens
 		if out.Recompute {
 			an *= cfg.HWFLOPsPerToken / cfg.FLOPsPerToken
 		}
@@ -165,6 +151,40 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 		out.AnalyticPerToken, out.Gap = &an, &gap
 		out.Flagged = math.Abs(gap) > countedGapFlag
 	}
+	out.utilisation(peak, peakErr, tokPerS, world)
+	return out
+}
+
+// flopsSum sums the samples counted by every rank.
+type flopsSum struct {
+	flops, tokens, analytic, stepNs float64
+	allAnalytic                     bool
+}
+
+// sum sums the samples every rank counted, and counts them (and the
+// others, Partial) into out.
+func (a *flopsAcc) sum(out *CountedFLOPs) flopsSum {
+	x := flopsSum{allAnalytic: true}
+	for _, s := range a.samples {
+		if !s.seen || s.tokens <= 0 || s.ranks < s.world || !s.reportedEveryRank || s.generation {
+			out.Partial++
+			continue
+		}
+		out.Samples++
+		x.flops += s.flops
+		x.tokens += float64(s.tokens)
+		x.analytic += s.analytic
+		x.stepNs += float64(s.stepNs)
+		x.allAnalytic = x.allAnalytic && s.analytic > 0
+		out.Recompute = out.Recompute || s.recompute
+	}
+	return x
+}
+
+// utilisation sets HFU (and MFU without recomputation) from the count at
+// the run's throughput tokPerS over world GPUs of the given peak, or why
+// not.
+func (out *CountedFLOPs) utilisation(peak float64, peakErr error, tokPerS float64, world int64) {
 	switch {
 	case peakErr != nil:
 		out.Unknown = "no GPU peak: " + peakErr.Error()
@@ -174,7 +194,7 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 		h := out.PerToken * tokPerS / (float64(world) * peak)
 		if h > 1 {
 			out.Unknown = fmt.Sprintf("the count gives %.0f%% of the GPUs' peak: impossible, not shown", 100*h)
-			break
+			return
 		}
 		out.HFU = &h
 		if !out.Recompute {
@@ -182,5 +202,4 @@ func (a *flopsAcc) result(cfg tps.AccumulatorConfig, peak float64, peakErr error
 			out.MFU = &m
 		}
 	}
-	return out
 }

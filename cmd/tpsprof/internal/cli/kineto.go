@@ -35,26 +35,7 @@ files: one error line each, exit 1. See docs/kineto.md.
 	htaRound := fs.Bool("hta-rounding", false, "round events to whole microseconds as Holistic Trace Analysis does (to reproduce its figures)")
 	maxEvents := fs.Int64("max-events", agent.DefaultTraceMaxEvents, "analyse no trace with more events in a step than this (the analysis holds a step's events, about 270 B each), as the agent does; 0: no bound")
 	maxBytes := fs.Int64("max-bytes", agent.MaxTraceUncompressedBytes, "read no more than this of a trace once uncompressed (a small gzip can unpack to gigabytes), as the agent does; 0: no bound")
-	// Files and flags may come in any order (shells expand globs first).
-	var files, flags []string
-	for i := 0; i < len(args); i++ {
-		a := args[i]
-		switch {
-		case a == "--":
-			files = append(files, args[i+1:]...)
-			i = len(args)
-		case len(a) > 1 && a[0] == '-':
-			flags = append(flags, a)
-			// a flag that takes a value (not a bool, no "=") takes the next word
-			name := strings.TrimLeft(a, "-")
-			if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") && !isBoolFlag(f) && i+1 < len(args) {
-				flags = append(flags, args[i+1])
-				i++
-			}
-		default:
-			files = append(files, a)
-		}
-	}
+	files, flags := splitFilesAndFlags(fs.FlagSet, args)
 	if code, ok := parseFlags(fs, flags, stderr); !ok {
 		return code
 	}
@@ -73,16 +54,7 @@ files: one error line each, exit 1. See docs/kineto.md.
 		results = append(results, r)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		var v any = results
-		if len(files) == 1 && len(results) == 1 {
-			v = results[0]
-		}
-		if results == nil {
-			v = []*kineto.Result{}
-		}
-		if err := enc.Encode(v); err != nil {
+		if err := printKinetoJSON(stdout, results, len(files)); err != nil {
 			failErr(stderr, "kineto", err)
 			return exitError
 		}
@@ -98,6 +70,43 @@ files: one error line each, exit 1. See docs/kineto.md.
 		return exitError
 	}
 	return exitOK
+}
+
+// splitFilesAndFlags takes the files and the flags of args, in any order
+// (shells expand globs first): a flag that takes a value (not a bool, no
+// "=") takes the next word; everything after "--" is a file.
+func splitFilesAndFlags(fs *flag.FlagSet, args []string) (files, flags []string) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--":
+			return append(files, args[i+1:]...), flags
+		case len(a) > 1 && a[0] == '-':
+			flags = append(flags, a)
+			name := strings.TrimLeft(a, "-")
+			if f := fs.Lookup(name); f != nil && !strings.Contains(name, "=") && !isBoolFlag(f) && i+1 < len(args) {
+				flags = append(flags, args[i+1])
+				i++
+			}
+		default:
+			files = append(files, a)
+		}
+	}
+	return files, flags
+}
+
+// printKinetoJSON prints one object for one file given, else an array.
+func printKinetoJSON(w io.Writer, results []*kineto.Result, files int) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	var v any = results
+	if files == 1 && len(results) == 1 {
+		v = results[0]
+	}
+	if results == nil {
+		v = []*kineto.Result{}
+	}
+	return enc.Encode(v)
 }
 
 func pct(p *float64) string {
