@@ -273,33 +273,54 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 		return out, err
 	}
 	if warmup >= 0 || s.nearAttemptStart(keep) {
-		var times *tps.Values
-		if warmup < 0 {
-			// the automatic rule compares them with every step's time
-			if !byTime {
-				if terr := s.readTimes(dir, opts); terr != nil {
-					return nil, terr
-				}
-			}
-			times = &s.times
-			var terr error
-			if out.threshold, terr = tps.WarmupThresholdOfValues(times, warmup); terr != nil {
-				return nil, terr
-			}
-		}
-		k := 0 // the kept steps rise, as warm does
-		werr := eachWarm(&s.ks, times, tps.WarmupRule{Warmup: warmup, Threshold: out.threshold}, func(i int) {
-			for k < len(keep) && keep[k] < i {
-				k++
-			}
-			if k < len(keep) && keep[k] == i {
-				out.warm[s.ks.key(i)] = true
-			}
-		})
-		if werr != nil {
-			return nil, werr
+		if err := s.markWarm(dir, opts, keep, warmup, out); err != nil {
+			return nil, err
 		}
 	} // else no kept step can be warm-up
+	rerr := s.readKept(dir, opts, keep, out)
+	if rerr != nil && !trace.IsUnreadable(rerr) {
+		return nil, rerr
+	}
+	err = cmp.Or(err, rerr)
+	tps.SortSteps(out.steps)
+	if !byTime {
+		n, back := unstepClocks(out.steps)
+		out.jumps, out.back = n, back
+	}
+	return out, err
+}
+
+// markWarm marks the kept steps that are warm-up in out.warm (the
+// automatic rule compares them with every step's time).
+func (s *selector) markWarm(dir string, opts []trace.ReadOption, keep []int, warmup int, out *selectedSteps) error {
+	var times *tps.Values
+	if warmup < 0 {
+		if !s.byTime {
+			if err := s.readTimes(dir, opts); err != nil {
+				return err
+			}
+		}
+		times = &s.times
+		var err error
+		if out.threshold, err = tps.WarmupThresholdOfValues(times, warmup); err != nil {
+			return err
+		}
+	}
+	k := 0 // the kept steps rise, as warm does
+	return eachWarm(&s.ks, times, tps.WarmupRule{Warmup: warmup, Threshold: out.threshold}, func(i int) {
+		for k < len(keep) && keep[k] < i {
+			k++
+		}
+		if k < len(keep) && keep[k] == i {
+			out.warm[s.ks.key(i)] = true
+		}
+	})
+}
+
+// readKept reads the whole rows of the kept steps, from the row groups
+// whose statistics can hold them, into out.steps (placed after the run's
+// clock jumps when selected by time).
+func (s *selector) readKept(dir string, opts []trace.ReadOption, keep []int, out *selectedSteps) error {
 	want := make(map[[2]int64]int, len(keep))
 	kc := keyCursor{ks: &s.ks}
 	first, lastKey := kc.at(keep[0]), kc.at(keep[len(keep)-1])
@@ -310,29 +331,22 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 		lo, hi = min(lo, k[1]), max(hi, k[1])
 	}
 	ranges := []trace.Range{{Column: "attempt", Min: first[0], Max: lastKey[0]}, {Column: "step", Min: lo, Max: hi}}
-	full, rerr := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(ranges...))...)
-	if rerr != nil && !trace.IsUnreadable(rerr) {
-		return nil, rerr
+	full, err := trace.ReadAll[tps.ClusterStep](dir, append(opts, trace.Within(ranges...))...)
+	if err != nil && !trace.IsUnreadable(err) {
+		return err
 	}
-	err = cmp.Or(err, rerr)
 	out.steps = make([]tps.ClusterStep, 0, len(keep))
 	for _, c := range full {
 		j, ok := want[[2]int64{c.Attempt, c.Step}]
 		if !ok {
 			continue
 		}
-		if byTime {
-			// as placed after the run's clock jumps
+		if s.byTime {
 			c.StartUnixNs, c.EndUnixNs = s.times0[j], s.times1[j]
 		}
 		out.steps = append(out.steps, c)
 	}
-	tps.SortSteps(out.steps)
-	if !byTime {
-		n, back := unstepClocks(out.steps)
-		out.jumps, out.back = n, back
-	}
-	return out, err
+	return err
 }
 
 // selector takes a run's steps in order and keeps those a selection
