@@ -31,90 +31,18 @@ type TraceSummary struct {
 // summarizeTraces reads the trace_analysis events and the same steps' rank
 // rows. It returns nil when no step was profiled.
 func summarizeTraces(dir string, events []tps.Event, opts ...trace.ReadOption) (*TraceSummary, error) {
-	type key struct{ attempt, step, rank int64 }
-	keys := map[key]bool{}
-	var s TraceSummary
-	var overlapSum float64
-	var overlapN int
-	coll := map[string]*tps.TraceCollective{}
+	t := traceSums{keys: map[traceKey]bool{}, coll: map[string]*tps.TraceCollective{}}
 	for _, e := range events {
-		if e.Kind != tps.EventTraceAnalysis {
-			continue
-		}
-		var f tps.TraceFigures
-		if json.Unmarshal([]byte(e.Detail), &f) != nil {
-			continue
-		}
-		k := key{e.Attempt, e.Step, e.Rank}
-		if keys[k] {
-			continue
-		}
-		keys[k] = true
-		s.Profiled++
-		switch {
-		case s.Device == "":
-			s.Device = f.Device
-		case s.Device != f.Device:
-			s.Device = "mixed"
-		}
-		s.ComputeUs += f.ComputeUs
-		s.CommUs += f.CommUs
-		s.ExposedCommUs += f.ExposedCommUs
-		if f.OverlapPct != nil {
-			overlapSum += *f.OverlapPct
-			overlapN++
-		}
-		for _, c := range f.Collectives {
-			t := coll[c.Kind]
-			if t == nil {
-				t = &tps.TraceCollective{Kind: c.Kind}
-				coll[c.Kind] = t
-			}
-			t.Count += c.Count
-			t.TimeUs += c.TimeUs
-			t.Bytes += c.Bytes
+		if e.Kind == tps.EventTraceAnalysis {
+			t.add(e)
 		}
 	}
-	if s.Profiled == 0 {
+	if t.s.Profiled == 0 {
 		return nil, nil
 	}
-	n := float64(s.Profiled)
-	s.ComputeUs /= n
-	s.CommUs /= n
-	s.ExposedCommUs /= n
-	if overlapN > 0 {
-		o := overlapSum / float64(overlapN)
-		s.OverlapPct = &o
-	}
-	for _, c := range coll {
-		s.Collectives = append(s.Collectives, *c)
-	}
-	sort.Slice(s.Collectives, func(i, j int) bool { return s.Collectives[i].TimeUs > s.Collectives[j].TimeUs })
+	s := t.summary()
 	// The rank rows of the same steps: what event timing said.
-	var comm, exposed float64
-	found := 0
-	// only the row groups that can hold the profiled steps
-	var lo, hi [2]int64
-	first := true
-	for k := range keys {
-		if first {
-			lo, hi, first = [2]int64{k.attempt, k.step}, [2]int64{k.attempt, k.step}, false
-		}
-		lo = [2]int64{min(lo[0], k.attempt), min(lo[1], k.step)}
-		hi = [2]int64{max(hi[0], k.attempt), max(hi[1], k.step)}
-	}
-	ranges := []trace.Range{{Column: "attempt", Min: lo[0], Max: hi[0]}, {Column: "step", Min: lo[1], Max: hi[1]}}
-	_, err := trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), []string{"attempt", "step", "rank", "comm_ns", "exposed_comm_ns"}, "", ranges,
-		func(c *trace.Columns) error {
-			for i := 0; i < c.Rows; i++ {
-				if keys[key{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i]}] {
-					comm += float64(c.Int64[3][i]) / 1e3
-					exposed += float64(c.Int64[4][i]) / 1e3
-					found++
-				}
-			}
-			return nil
-		}, opts...)
+	comm, exposed, found, err := t.eventTimed(dir, opts)
 	if err != nil && !trace.IsUnreadable(err) { // noted by the rank pass
 		return nil, err
 	}
@@ -123,5 +51,102 @@ func summarizeTraces(dir string, events []tps.Event, opts ...trace.ReadOption) (
 		exposed /= float64(found)
 		s.EventTimedCommUs, s.EventTimedExposedUs = &comm, &exposed
 	}
-	return &s, nil
+	return s, nil
+}
+
+type traceKey struct{ attempt, step, rank int64 }
+
+// traceSums sums the trace analyses, once per rank-step.
+type traceSums struct {
+	keys       map[traceKey]bool
+	s          TraceSummary
+	overlapSum float64
+	overlapN   int
+	coll       map[string]*tps.TraceCollective
+}
+
+func (t *traceSums) add(e tps.Event) {
+	var f tps.TraceFigures
+	if json.Unmarshal([]byte(e.Detail), &f) != nil {
+		return
+	}
+	k := traceKey{e.Attempt, e.Step, e.Rank}
+	if t.keys[k] {
+		return
+	}
+	t.keys[k] = true
+	s := &t.s
+	s.Profiled++
+	switch {
+	case s.Device == "":
+		s.Device = f.Device
+	case s.Device != f.Device:
+		s.Device = "mixed"
+	}
+	s.ComputeUs += f.ComputeUs
+	s.CommUs += f.CommUs
+	s.ExposedCommUs += f.ExposedCommUs
+	if f.OverlapPct != nil {
+		t.overlapSum += *f.OverlapPct
+		t.overlapN++
+	}
+	for _, c := range f.Collectives {
+		x := t.coll[c.Kind]
+		if x == nil {
+			x = &tps.TraceCollective{Kind: c.Kind}
+			t.coll[c.Kind] = x
+		}
+		x.Count += c.Count
+		x.TimeUs += c.TimeUs
+		x.Bytes += c.Bytes
+	}
+}
+
+// summary is the sums as means a profiled rank-step, the collectives the
+// longest first.
+func (t *traceSums) summary() *TraceSummary {
+	s := t.s
+	n := float64(s.Profiled)
+	s.ComputeUs /= n
+	s.CommUs /= n
+	s.ExposedCommUs /= n
+	if t.overlapN > 0 {
+		o := t.overlapSum / float64(t.overlapN)
+		s.OverlapPct = &o
+	}
+	for _, c := range t.coll {
+		s.Collectives = append(s.Collectives, *c)
+	}
+	sort.Slice(s.Collectives, func(i, j int) bool { return s.Collectives[i].TimeUs > s.Collectives[j].TimeUs })
+	return &s
+}
+
+// eventTimed sums the profiled rank-steps' own communication figures
+// (µs), from only the row groups that can hold them.
+func (t *traceSums) eventTimed(dir string, opts []trace.ReadOption) (comm, exposed float64, found int, err error) {
+	var lo, hi [2]int64
+	first := true
+	for k := range t.keys {
+		if first {
+			lo, hi, first = [2]int64{k.attempt, k.step}, [2]int64{k.attempt, k.step}, false
+		}
+		lo = [2]int64{min(lo[0], k.attempt), min(lo[1], k.step)}
+		hi = [2]int64{max(hi[0], k.attempt), max(hi[1], k.step)}
+	}
+	ranges := []trace.Range{{Column: "attempt", Min: lo[0], Max: hi[0]}, {Column: "step", Min: lo[1], Max: hi[1]}}
+	var cols trace.Cols
+	ca, cs, cr, cc, ce := cols.Col("attempt"), cols.Col("step"), cols.Col("rank"), cols.Col("comm_ns"), cols.Col("exposed_comm_ns")
+	_, err = trace.EachColumnsIn(filepath.Join(dir, trace.RankSteps), cols.Names(), "", ranges,
+		func(c *trace.Columns) error {
+			attempt, step, rank, cm, ex := c.Col(ca), c.Col(cs), c.Col(cr), c.Col(cc), c.Col(ce)
+			for i := 0; i < c.Rows; i++ {
+				if t.keys[traceKey{attempt[i], step[i], rank[i]}] {
+					comm += float64(cm[i]) / 1e3
+					exposed += float64(ex[i]) / 1e3
+					found++
+				}
+			}
+			return nil
+		}, opts...)
+	return comm, exposed, found, err
 }
