@@ -100,48 +100,57 @@ func DecodeGPUSamples(data []byte) ([]tps.GPUSample, error) {
 	out := make([]tps.GPUSample, n)
 	// The present values of the whole message share two allocations; each
 	// takes at least one byte, so the message length bounds them.
-	floats := make([]float64, 0, min(int(n)*7, len(d.b)/8))
-	ints := make([]int64, 0, min(int(n)*19, len(d.b)))
+	g := gpuValues{floats: make([]float64, 0, min(int(n)*7, len(d.b)/8)), ints: make([]int64, 0, min(int(n)*19, len(d.b)))}
 	for i := range out {
-		s := &out[i]
-		s.Node = d.string(tps.MaxStringLen)
-		s.UUID = d.string(tps.MaxStringLen)
-		s.Name = d.string(tps.MaxStringLen)
-		idx := d.varint()
-		if d.err == nil && (idx < math.MinInt32 || idx > math.MaxInt32) {
-			return nil, fmt.Errorf("wire: gpu sample %d: index %d out of int32 range", i, idx)
-		}
-		s.Index = int32(idx)
-		s.UnixNs = d.varint()
-		bits := d.uvarint()
-		if d.err == nil && bits >= 1<<gpuFields {
-			return nil, fmt.Errorf("wire: gpu sample %d: unknown field bits %#x", i, bits)
-		}
-		fs, is := s.OptionalFloats(), s.OptionalInts()
-		for k, p := range fs {
-			if bits&(1<<k) != 0 {
-				if len(floats) == cap(floats) {
-					floats = make([]float64, 0, 64)
-				}
-				floats = append(floats, d.float())
-				*p = &floats[len(floats)-1]
-			}
-		}
-		for k, p := range is {
-			if bits&(1<<(len(fs)+k)) != 0 {
-				if len(ints) == cap(ints) {
-					ints = make([]int64, 0, 64)
-				}
-				ints = append(ints, d.varint())
-				*p = &ints[len(ints)-1]
-			}
-		}
-		if d.err != nil {
-			return nil, fmt.Errorf("wire: gpu sample %d: %w", i, d.err)
+		if err := d.gpuSample(&out[i], &g); err != nil {
+			return nil, fmt.Errorf("wire: gpu sample %d: %w", i, err)
 		}
 	}
 	if len(d.b) != 0 {
 		return nil, fmt.Errorf("wire: %d bytes after the last gpu sample", len(d.b))
 	}
 	return out, nil
+}
+
+// gpuValues hold the present optional values of a message's samples.
+type gpuValues struct {
+	floats []float64
+	ints   []int64
+}
+
+// gpuSample decodes one sample into s, its optional values into g.
+func (d *decoder) gpuSample(s *tps.GPUSample, g *gpuValues) error {
+	s.Node = d.string(tps.MaxStringLen)
+	s.UUID = d.string(tps.MaxStringLen)
+	s.Name = d.string(tps.MaxStringLen)
+	idx := d.varint()
+	if d.err == nil && (idx < math.MinInt32 || idx > math.MaxInt32) {
+		return fmt.Errorf("index %d out of int32 range", idx)
+	}
+	s.Index = int32(idx)
+	s.UnixNs = d.varint()
+	bits := d.uvarint()
+	if d.err == nil && bits >= 1<<gpuFields {
+		return fmt.Errorf("unknown field bits %#x", bits)
+	}
+	fs, is := s.OptionalFloats(), s.OptionalInts()
+	for k, p := range fs {
+		if bits&(1<<k) != 0 {
+			if len(g.floats) == cap(g.floats) {
+				g.floats = make([]float64, 0, 64)
+			}
+			g.floats = append(g.floats, d.float())
+			*p = &g.floats[len(g.floats)-1]
+		}
+	}
+	for k, p := range is {
+		if bits&(1<<(len(fs)+k)) != 0 {
+			if len(g.ints) == cap(g.ints) {
+				g.ints = make([]int64, 0, 64)
+			}
+			g.ints = append(g.ints, d.varint())
+			*p = &g.ints[len(g.ints)-1]
+		}
+	}
+	return d.err
 }
