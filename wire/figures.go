@@ -51,25 +51,35 @@ func DecodeClusterFigures(job string, data []byte) (ClusterFigures, error) {
 	if f.Job != job {
 		return f, fmt.Errorf("wire: cluster figures of job %q on job %q's subject", f.Job, job)
 	}
+	return f, f.check()
+}
+
+// check bounds the figures: step, counts, TPS, utilisation and shares.
+func (f *ClusterFigures) check() error {
 	if f.Step < 0 || f.Step > tps.MaxStep || f.WindowSteps < 0 || f.EpisodesOpen < 0 || f.Stragglers < 0 {
-		return f, fmt.Errorf("wire: cluster figures: step %d, window %d, episodes %d, stragglers %d out of range", f.Step, f.WindowSteps, f.EpisodesOpen, f.Stragglers)
+		return fmt.Errorf("wire: cluster figures: step %d, window %d, episodes %d, stragglers %d out of range", f.Step, f.WindowSteps, f.EpisodesOpen, f.Stragglers)
 	}
 	if f.TPS != nil && (math.IsNaN(*f.TPS) || math.IsInf(*f.TPS, 0) || *f.TPS < 0) {
-		return f, fmt.Errorf("wire: cluster figures: tps %v", *f.TPS)
+		return fmt.Errorf("wire: cluster figures: tps %v", *f.TPS)
 	}
 	for _, p := range []*float64{f.MFU, f.HFU} {
 		if p != nil && !(*p >= 0 && *p <= 1) {
-			return f, fmt.Errorf("wire: cluster figures: a utilisation of %v (a fraction in [0, 1])", *p)
+			return fmt.Errorf("wire: cluster figures: a utilisation of %v (a fraction in [0, 1])", *p)
 		}
 	}
+	return f.checkShares()
+}
+
+// checkShares allows only the breakdown's parts, as fractions.
+func (f *ClusterFigures) checkShares() error {
 	known := map[string]bool{}
 	for _, p := range tps.ShareParts {
 		known[p.Key] = true
 	}
 	for k, v := range f.Shares {
 		if !known[k] || !(v >= 0 && v <= 1) {
-			return f, fmt.Errorf("wire: cluster figures: share %q = %v", k, v)
+			return fmt.Errorf("wire: cluster figures: share %q = %v", k, v)
 		}
 	}
-	return f, nil
+	return nil
 }
