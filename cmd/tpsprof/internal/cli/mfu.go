@@ -336,7 +336,7 @@ func describeModel(m mfu.Model) string {
 		name = "custom"
 	}
 	if !m.HasShape() {
-		return fmt.Sprintf("%s (%s parameters)", name, human(m.Params))
+		return fmt.Sprintf("%s (%s parameters)", name, tps.Count(m.Params))
 	}
 	ffn := "FFN"
 	if m.Gated {
@@ -369,26 +369,11 @@ func describeModel(m mfu.Model) string {
 	return s
 }
 
-// human prints a count with a B/T/M suffix.
-func human(v float64) string {
-	switch a := math.Abs(v); {
-	case a >= 1e12:
-		return fmt.Sprintf("%.2fT", v/1e12)
-	case a >= 1e9:
-		return fmt.Sprintf("%.2fB", v/1e9)
-	case a >= 1e6:
-		return fmt.Sprintf("%.2fM", v/1e6)
-	case a >= 1e3:
-		return fmt.Sprintf("%.1fk", v/1e3)
-	}
-	return fmt.Sprintf("%.3g", v)
-}
-
 func printMFUTable(w io.Writer, o mfuJSON, trainTokens, usd float64) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, format string, args ...any) { fmt.Fprintf(tw, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
 	row("model", "%s", o.Model)
-	row("parameters", "%s total, %s active", human(o.ParamsTotal), human(o.ParamsActive))
+	row("parameters", "%s total, %s active", tps.Count(o.ParamsTotal), tps.Count(o.ParamsActive))
 	row("model FLOPs/token", "%.2f GFLOP (dense %.2f + attention %.2f; attention=%s)", o.FLOPsPerToken/1e9, o.DenseFLOPsPerToken/1e9, o.AttnFLOPsPerToken/1e9, o.Attention)
 	row("hardware FLOPs/token", "%.2f GFLOP (recompute=%s)", o.HWFLOPsPerToken/1e9, o.Recompute)
 	if o.PeakTFLOPS != nil {
@@ -396,19 +381,19 @@ func printMFUTable(w io.Writer, o mfuJSON, trainTokens, usd float64) {
 		row("peak convention", "%s", mfu.PeakConvention(mfu.DType(o.DType)))
 	}
 	if o.TokensPerSec != nil {
-		row("throughput", "%s tokens/s cluster, %s tokens/s per GPU on %d GPUs", human(*o.TokensPerSec), human(*o.TokensPerSecPerGPU), *o.GPUs)
+		row("throughput", "%s tokens/s cluster, %s tokens/s per GPU on %d GPUs", tps.Count(*o.TokensPerSec), tps.Count(*o.TokensPerSecPerGPU), *o.GPUs)
 		row("TFLOP/s per GPU", "%.1f model, %.1f hardware", *o.TFLOPSPerGPU, *o.HWTFLOPSPerGPU)
 		row("MFU", "%.1f%%", 100**o.MFU)
 		row("HFU", "%.1f%%", 100**o.HFU)
 	}
 	if o.TimeToTrainS != nil {
 		d := time.Duration(*o.TimeToTrainS * 1e9)
-		row("time to train", "%s tokens in %.1f days (%s)", human(trainTokens), d.Hours()/24, d.Round(time.Minute))
+		row("time to train", "%s tokens in %.1f days (%s)", tps.Count(trainTokens), d.Hours()/24, d.Round(time.Minute))
 	}
 	if o.CostPerMTokUSD != nil {
 		row("cost", "$%.4f per million tokens at $%.2f per GPU-hour", *o.CostPerMTokUSD, usd)
 		if o.TimeToTrainS != nil {
-			row("cost to train", "$%s", human(*o.CostPerMTokUSD*trainTokens/1e6))
+			row("cost to train", "$%s", tps.Count(*o.CostPerMTokUSD*trainTokens/1e6))
 		}
 	}
 	tw.Flush()
