@@ -274,7 +274,7 @@ func (j *jobState) gpuEvidence(node string) string {
 	}
 	out := fmt.Sprintf("GPU clocks %.0f MHz against %.0f MHz on the other nodes", clk/n, oclk/on)
 	var why []string
-	for _, t := range tps.ThrottleReasons {
+	for _, t := range tps.ThrottleReasons() {
 		if reasons&t.Bit != 0 {
 			why = append(why, t.Name)
 		}

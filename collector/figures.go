@@ -60,7 +60,7 @@ func clusterFigures(id string, f *liveFigures) wire.ClusterFigures {
 		v := f.win.tps
 		out.TPS = &v
 	}
-	for _, p := range tps.ShareParts {
+	for _, p := range tps.ShareParts() {
 		out.Shares[p.Key] = *p.Of(&f.win.shares)
 	}
 	return out

@@ -184,7 +184,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 			if lj.MFU == nil {
 				lj.MFUUnknown = cmp.Or(last.MFUUnknown, f.tpsUnknown, "no model or GPU in the run metadata")
 			}
-			for _, p := range tps.ShareParts {
+			for _, p := range tps.ShareParts() {
 				lj.Breakdown[p.Key] = *p.Of(&f.shares)
 			}
 			lj.History = j.st.history.series()

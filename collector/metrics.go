@@ -123,7 +123,7 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descHFU, *w.hfu, j.st.id)
 		}
 		if w := f.win; w.steps > 0 {
-			for _, p := range tps.ShareParts {
+			for _, p := range tps.ShareParts() {
 				gauge(descShare, *p.Of(&w.shares), j.st.id, p.Key)
 			}
 			gauge(descWait, w.shares.WaitingForPeers, j.st.id)

@@ -160,7 +160,7 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 		near("/metrics TPS", v, last10)
 	}
 	shares := map[string]float64{}
-	for _, p := range tps.ShareParts {
+	for _, p := range tps.ShareParts() {
 		v, ok := metric("tpsprof_step_time_share_ratio", `job="views",part="`+p.Key+`"`)
 		if !ok {
 			t.Errorf("/metrics lacks the %s share", p.Key)
@@ -191,7 +191,7 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 		t.Errorf("the live page does not lead with %s tokens/s:\n%.4000s", tps.SI(last10), dom)
 	}
 	var bar float64
-	for _, p := range tps.ShareParts {
+	for _, p := range tps.ShareParts() {
 		x := regexp.MustCompile(`class="part-`+p.Key+`" data-share="([^"]+)"`).FindAllStringSubmatch(dom, -1)
 		if len(x) == 0 {
 			t.Errorf("the live page's bar lacks %s", p.Key)
@@ -274,7 +274,7 @@ func TestEveryViewTellsTheHeadline(t *testing.T) {
 func checkShares(t *testing.T, what string, m map[string]float64) {
 	t.Helper()
 	var sum float64
-	for _, p := range tps.ShareParts {
+	for _, p := range tps.ShareParts() {
 		v, ok := m[p.Key]
 		if !ok || v < 0 || v > 1 {
 			t.Errorf("%s: %s = %v (present %v)", what, p.Key, v, ok)

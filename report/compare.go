@@ -131,7 +131,7 @@ func compareRates(a, b *Report) []CompareRow {
 		valueRow("MFU", "fraction", sa.MFU, sb.MFU),
 		valueRow("HFU", "fraction", sa.HFU, sb.HFU),
 	}
-	for _, part := range tps.ShareParts {
+	for _, part := range tps.ShareParts() {
 		rows = append(rows, valueRow(part.Label, "fraction", frac(*part.Of(&a.Breakdown.Shares), a), frac(*part.Of(&b.Breakdown.Shares), b)))
 	}
 	return append(rows,

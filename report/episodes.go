@@ -552,7 +552,7 @@ func (x gpuEvidence) cause() string {
 		hot = fmt.Sprintf(", %.0f °C against %.0f °C", x.tmp/x.kt, x.otmp/x.okt)
 	}
 	var why []string
-	for _, t := range tps.ThrottleReasons {
+	for _, t := range tps.ThrottleReasons() {
 		if x.reasons&t.Bit != 0 {
 			why = append(why, t.Name)
 		}

@@ -108,7 +108,7 @@ func (p *htmlPage) breakdownTables(rep *Report) {
 	b := rep.Breakdown
 	bt := htmlTable{Title: "Where step time goes", Intro: "Each part's time (mean over ranks) over the steady steps' step time: the parts add up to 100%.",
 		Head: []string{"category", "share of step time"}}
-	for _, part := range tps.ShareParts {
+	for _, part := range tps.ShareParts() {
 		v := *part.Of(&b.Shares)
 		cell := pct(v)
 		if part.Key == "bubble" && b.BubbleTheoretical > 0 {

@@ -52,7 +52,7 @@ func (v *violations) summary(r *Report) {
 		return
 	}
 	var sum float64
-	for _, p := range tps.ShareParts {
+	for _, p := range tps.ShareParts() {
 		x := *p.Of(&r.Breakdown.Shares)
 		v.frac("breakdown "+p.Key, x)
 		sum += x

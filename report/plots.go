@@ -637,8 +637,8 @@ type shareCat struct {
 // plotBreakdown: shares of step time, stacked, over steps (binned to at
 // most 400 columns).
 func (rep *figures) plotBreakdown() (Figure, error) {
-	cats := make([]shareCat, 0, len(tps.ShareParts))
-	for _, part := range tps.ShareParts {
+	cats := make([]shareCat, 0, len(tps.ShareParts()))
+	for _, part := range tps.ShareParts() {
 		cats = append(cats, shareCat{part.Label, shareColors[part.Key], func(c *plotStep) float64 { return *part.Of(&c.Shares) }})
 	}
 	return rep.stackedShares(fmt.Sprintf("%s: where step time goes (mean over ranks)", rep.Job), cats,

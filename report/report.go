@@ -60,7 +60,7 @@ const (
 
 // WindowsAbove is the rank_steps size past which an automatic report reads
 // rank_windows instead (one row per rank and 100 steps).
-var WindowsAbove int64 = 50_000_000
+const WindowsAbove int64 = 50_000_000
 
 // Breakdown is where the steady steps' time went, as shares of their step
 // time (tps.ShareSum: each part's time, mean over ranks, over the steps'

@@ -558,8 +558,8 @@ func wallText(s tps.Summary) string {
 
 // BreakdownText is the time breakdown on a line, every part named.
 func BreakdownText(b Breakdown) string {
-	parts := make([]string, 0, len(tps.ShareParts))
-	for _, p := range tps.ShareParts {
+	parts := make([]string, 0, len(tps.ShareParts()))
+	for _, p := range tps.ShareParts() {
 		v := pct(*p.Of(&b.Shares))
 		if p.Key == "bubble" && b.BubbleTheoretical > 0 {
 			v += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))

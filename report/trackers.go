@@ -44,7 +44,7 @@ func (r *Report) TrackerFigures() map[string]float64 {
 		put("hfu", *s.HFU)
 	}
 	if s.SteadySteps > 0 {
-		for _, p := range tps.ShareParts {
+		for _, p := range tps.ShareParts() {
 			put("share/"+p.Key, *p.Of(&s.Breakdown))
 		}
 	}

@@ -217,9 +217,9 @@ func (a *StepAccumulator) NodeSpans() []NodeSpan { return a.nodes }
 // measures, what each one's Over says is kept (indexed as Measures); the
 // rest are figures no single measure gives.
 type stepSums struct {
-	Sum [len(Measures)]float64 `json:"-"` // Σ over ranks (OverSum)
-	Max [len(Measures)]int64   `json:"-"` // largest (OverMax)
-	Min [len(Measures)]int64   `json:"-"` // smallest (OverMin)
+	Sum [len(measures)]float64 `json:"-"` // Σ over ranks (OverSum)
+	Max [len(measures)]int64   `json:"-"` // largest (OverMax)
+	Min [len(measures)]int64   `json:"-"` // smallest (OverMin)
 
 	MaxComputeNs int64   `json:"max_compute_ns"` // the critical rank's busy time: compute + data wait
 	SlowestRank  int64   `json:"slowest_rank"`   // -1: none yet
@@ -240,13 +240,13 @@ func newStepSums() stepSums {
 
 func (s *stepSums) addRecord(r *StepRecord) {
 	for _, i := range keptSum {
-		s.Sum[i] += float64(*Measures[i].Of(r))
+		s.Sum[i] += float64(*measures[i].Of(r))
 	}
 	for _, i := range keptMax {
-		s.Max[i] = max(s.Max[i], *Measures[i].Of(r))
+		s.Max[i] = max(s.Max[i], *measures[i].Of(r))
 	}
 	for _, i := range keptMin {
-		s.Min[i] = min(s.Min[i], *Measures[i].Of(r))
+		s.Min[i] = min(s.Min[i], *measures[i].Of(r))
 	}
 	c := r.ComputeNs()
 	s.critical(c+r.DataWaitNs, r.Rank)

@@ -2,6 +2,7 @@ package tps
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
@@ -43,33 +44,39 @@ type GPUSample struct {
 	GPMDRAMBWPct     *float64 `json:"gpm_dram_bw_pct,omitempty" parquet:"gpm_dram_bw_pct,optional"`
 }
 
-// ThrottleReasons name the NVML clock event reasons (ClockEventReason
-// bits) that slow a GPU: not idle, application clocks, sync boost or
-// display settings.
-var ThrottleReasons = []struct {
+// ThrottleReason is an NVML clock event reason (a ClockEventReason bit)
+// that slows a GPU.
+type ThrottleReason struct {
 	Bit  int64
 	Name string
-}{{0x4, "software power cap"}, {0x8, "hardware slowdown"}, {0x20, "software thermal slowdown"}, {0x40, "hardware thermal slowdown"}, {0x80, "power brake"}}
+}
 
-// GPUFloatFields and GPUIntFields name the optional fields of a GPUSample
+// throttleReasons are those that slow a GPU: not idle, application
+// clocks, sync boost or display settings.
+var throttleReasons = []ThrottleReason{{0x4, "software power cap"}, {0x8, "hardware slowdown"}, {0x20, "software thermal slowdown"}, {0x40, "hardware thermal slowdown"}, {0x80, "power brake"}}
+
+// ThrottleReasons are the clock event reasons that slow a GPU (a copy).
+func ThrottleReasons() []ThrottleReason { return slices.Clone(throttleReasons) }
+
+// gpuFloatFields and gpuIntFields name the optional fields of a GPUSample
 // (their Parquet and JSON names) in the order OptionalFloats and
 // OptionalInts return them, which is also their order on the wire.
 var (
-	GPUFloatFields = [7]string{"gpu_util_pct", "mem_util_pct", "power_w", "power_limit_w", "gpm_sm_util_pct", "gpm_tensor_pct", "gpm_dram_bw_pct"}
-	GPUIntFields   = [19]string{"mem_used_bytes", "mem_total_bytes", "energy_mj", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz",
+	gpuFloatFields = [7]string{"gpu_util_pct", "mem_util_pct", "power_w", "power_limit_w", "gpm_sm_util_pct", "gpm_tensor_pct", "gpm_dram_bw_pct"}
+	gpuIntFields   = [19]string{"mem_used_bytes", "mem_total_bytes", "energy_mj", "sm_clock_mhz", "sm_clock_max_mhz", "mem_clock_mhz",
 		"mem_clock_max_mhz", "temp_c", "clock_event_reasons", "pcie_tx_bytes_per_s", "pcie_rx_bytes_per_s", "nvlink_tx_bytes",
 		"nvlink_rx_bytes", "ecc_corrected", "ecc_uncorrected", "remapped_rows_correctable", "remapped_rows_uncorrectable",
 		"xid_events", "last_xid"}
 )
 
 // OptionalFloats returns the addresses of the optional float fields, in
-// the order of GPUFloatFields.
+// the order of gpuFloatFields.
 func (s *GPUSample) OptionalFloats() [7]**float64 {
 	return [...]**float64{&s.GPUUtilPct, &s.MemUtilPct, &s.PowerW, &s.PowerLimitW, &s.GPMSMUtilPct, &s.GPMTensorPct, &s.GPMDRAMBWPct}
 }
 
 // OptionalInts returns the addresses of the optional integer fields, in
-// the order of GPUIntFields.
+// the order of gpuIntFields.
 func (s *GPUSample) OptionalInts() [19]**int64 {
 	return [...]**int64{&s.MemUsedBytes, &s.MemTotalBytes, &s.EnergyMJ, &s.SMClockMHz, &s.SMClockMaxMHz, &s.MemClockMHz,
 		&s.MemClockMaxMHz, &s.TempC, &s.ClockEventReason, &s.PCIeTxBps, &s.PCIeRxBps, &s.NVLinkTxBytes, &s.NVLinkRxBytes,
@@ -92,12 +99,12 @@ func (s *GPUSample) Validate() error {
 	}
 	for k, p := range s.OptionalFloats() {
 		if x := *p; x != nil && (math.IsNaN(*x) || math.IsInf(*x, 0) || *x < 0) {
-			return fieldErr(GPUFloatFields[k], *x, ReasonOutOfRange, "must be a finite, non-negative number")
+			return fieldErr(gpuFloatFields[k], *x, ReasonOutOfRange, "must be a finite, non-negative number")
 		}
 	}
 	for k, p := range s.OptionalInts() {
 		if x := *p; x != nil && *x < 0 {
-			return fieldErr(GPUIntFields[k], *x, ReasonNegative, "must not be negative")
+			return fieldErr(gpuIntFields[k], *x, ReasonNegative, "must not be negative")
 		}
 	}
 	return nil

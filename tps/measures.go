@@ -110,9 +110,10 @@ const (
 	WireMem
 )
 
-// Measures in wire order within each group (the step batch's layout 1:
-// reordering a group changes the wire format).
-var Measures = [...]Measure{
+// measures in wire order within each group (the step batch's layout 1:
+// reordering a group changes the wire format). Read through Measures:
+// nothing outside the package can change the table.
+var measures = [...]Measure{
 	{Name: "start_unix_ns", Field: "StartUnixNs", Unit: "ns since 1970", Wire: WireCore, Over: OverMin, Combine: "`start_unix_ns` (each node's clock offset removed)",
 		Doc: "wall-clock start of the step on the rank's host", Required: true},
 	{Name: "end_unix_ns", Field: "EndUnixNs", Unit: "ns since 1970", Wire: WireCore, Over: OverMax, Combine: "`end_unix_ns`; `step_time_ns` runs to it from the previous step's end (the critical path's period)",
@@ -171,17 +172,25 @@ var Measures = [...]Measure{
 		Doc: "optional: the device's total memory (≤ 1 PiB)"},
 }
 
+// NumMeasures is how many measures a record has.
+const NumMeasures = len(measures)
+
+// Measures is the table of measures, a copy.
+func Measures() [NumMeasures]Measure { return measures }
+
 // Of is the field of r that holds m.
 func (m *Measure) Of(r *StepRecord) *int64 {
 	return (*int64)(unsafe.Add(unsafe.Pointer(r), m.off))
 }
 
-// MeasuresIn lists the measures of a wire group, in wire order.
+// MeasuresIn lists the measures of a wire group, in wire order: copies,
+// so that nothing outside the package changes the table.
 func MeasuresIn(g WireGroup) []*Measure {
 	var out []*Measure
-	for i := range Measures {
-		if Measures[i].Wire == g {
-			out = append(out, &Measures[i])
+	for i := range measures {
+		if measures[i].Wire == g {
+			m := measures[i]
+			out = append(out, &m)
 		}
 	}
 	return out
@@ -195,15 +204,15 @@ func init() {
 	if err := bindMeasures(); err != nil {
 		panic(err)
 	}
-	for i := range Measures {
-		if Measures[i].Kind != KindOwn {
-			boundedMeasures = append(boundedMeasures, &Measures[i])
+	for i := range measures {
+		if measures[i].Kind != KindOwn {
+			boundedMeasures = append(boundedMeasures, &measures[i])
 		}
 		for _, k := range []struct {
 			bit  Over
 			list *[]int
 		}{{OverSum, &keptSum}, {OverMax, &keptMax}, {OverMin, &keptMin}} {
-			if Measures[i].Over&k.bit != 0 {
+			if measures[i].Over&k.bit != 0 {
 				*k.list = append(*k.list, i)
 			}
 		}
@@ -216,8 +225,8 @@ func init() {
 func bindMeasures() error {
 	t := reflect.TypeFor[StepRecord]()
 	seen := map[string]bool{}
-	for i := range Measures {
-		m := &Measures[i]
+	for i := range measures {
+		m := &measures[i]
 		f, ok := t.FieldByName(m.Field)
 		if !ok || f.Type.Kind() != reflect.Int64 {
 			return fmt.Errorf("tps: measure %s: no int64 field StepRecord.%s", m.Name, m.Field)
@@ -264,8 +273,8 @@ func bindWindows() error {
 		}
 	}
 	windowedMeasures = windowedMeasures[:0]
-	for i := range Measures {
-		m := &Measures[i]
+	for i := range measures {
+		m := &measures[i]
 		f, ok := spans[m.Name]
 		if ok != m.Windowed {
 			return fmt.Errorf("tps: measure %s: Windowed is %v, and RankWindow has a Span for it: %v", m.Name, m.Windowed, ok)
@@ -293,7 +302,7 @@ func (m *Measure) spanOf(w *RankWindow) *Span {
 func MeasuresMarkdown() string {
 	var b strings.Builder
 	b.WriteString("| key | unit | required | bounds | meaning | cluster row | rank_windows |\n|---|---|---|---|---|---|---|\n")
-	for _, m := range Measures {
+	for _, m := range measures {
 		req := ""
 		if m.Required {
 			req = "yes"
@@ -318,8 +327,8 @@ var keptSum, keptMax, keptMin []int
 
 // MeasureIndex is the index in Measures of the named measure, -1 if none.
 func MeasureIndex(name string) int {
-	for i := range Measures {
-		if Measures[i].Name == name {
+	for i := range measures {
+		if measures[i].Name == name {
 			return i
 		}
 	}

@@ -23,11 +23,11 @@ func TestMeasuresDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r StepRecord
-	for i := range Measures {
-		m := &Measures[i]
+	for i := range measures {
+		m := &measures[i]
 		*m.Of(&r) = int64(i + 1)
 	}
-	if r.StartUnixNs != 1 || r.MemCapacityBytes != int64(len(Measures)) || r.CkptNs == 0 || r.Bytes == 0 {
+	if r.StartUnixNs != 1 || r.MemCapacityBytes != int64(len(measures)) || r.CkptNs == 0 || r.Bytes == 0 {
 		t.Fatalf("measures bound to the wrong fields: %+v", r)
 	}
 
@@ -168,8 +168,8 @@ func TestMeasuresCombineAsDocumented(t *testing.T) {
 		if c0.MFU <= 0 || c0.GenOutputTPS <= 0 || c0.BytesPerSecond <= 0 || c0.RanksMissing != 0 {
 			t.Fatalf("the base step lacks figures: %+v", c0)
 		}
-		for i := range Measures {
-			m := &Measures[i]
+		for i := range measures {
+			m := &measures[i]
 			recs := base()
 			// move it on every rank: up, or down for a minimum
 			delta := int64(1e6)

@@ -159,13 +159,13 @@ type jsonPartial Partial
 // JSON named them (wire.DecodePartials still takes that form).
 func sumKeys(s *stepSums, each func(key string, sum *float64, ext *int64)) {
 	for _, i := range keptSum {
-		each("sum_"+Measures[i].Name, &s.Sum[i], nil)
+		each("sum_"+measures[i].Name, &s.Sum[i], nil)
 	}
 	for _, i := range keptMax {
-		each("max_"+Measures[i].Name, nil, &s.Max[i])
+		each("max_"+measures[i].Name, nil, &s.Max[i])
 	}
 	for _, i := range keptMin {
-		each("min_"+Measures[i].Name, nil, &s.Min[i])
+		each("min_"+measures[i].Name, nil, &s.Min[i])
 	}
 }
 

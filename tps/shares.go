@@ -30,8 +30,9 @@ type SharePart struct {
 	Of         func(*Shares) *float64
 }
 
-// ShareParts are the breakdown's parts in the order every view shows them.
-var ShareParts = [...]SharePart{
+// shareParts are the breakdown's parts in the order every view shows them
+// (ShareParts).
+var shareParts = [...]SharePart{
 	{"compute", "compute", func(s *Shares) *float64 { return &s.Compute }},
 	{"exposed_comm", "exposed comm", func(s *Shares) *float64 { return &s.ExposedComm }},
 	{"waiting_for_peers", "waiting for slower peers", func(s *Shares) *float64 { return &s.WaitingForPeers }},
@@ -41,11 +42,15 @@ var ShareParts = [...]SharePart{
 	{"host_other", "host/other", func(s *Shares) *float64 { return &s.Other }},
 }
 
+// ShareParts are the breakdown's parts in the order every view shows them
+// (a copy).
+func ShareParts() [len(shareParts)]SharePart { return shareParts }
+
 // Sum is the parts added up (1 for a step's or a run's shares, 0 for
 // none).
 func (s Shares) Sum() float64 {
 	var t float64
-	for _, p := range ShareParts {
+	for _, p := range shareParts {
 		t += *p.Of(&s)
 	}
 	return t
@@ -71,7 +76,7 @@ func (c *ClusterStep) Shares() Shares {
 	}
 	blocking := s.ExposedComm + s.WaitingForPeers + s.Bubble + s.DataStall + s.Checkpoint
 	if blocking > 1 {
-		for _, p := range ShareParts {
+		for _, p := range shareParts {
 			*p.Of(&s) /= blocking
 		}
 		return s
@@ -109,7 +114,7 @@ func (a *ShareSum) Add(c *ClusterStep) {
 	}
 	w := float64(c.StepTimeNs) / 1e9
 	s := c.Shares()
-	for _, p := range ShareParts {
+	for _, p := range shareParts {
 		*p.Of(&a.sum) += w * *p.Of(&s)
 	}
 	a.seconds += w
@@ -126,7 +131,7 @@ func (a *ShareSum) Shares() Shares {
 		return Shares{}
 	}
 	var s Shares
-	for _, p := range ShareParts {
+	for _, p := range shareParts {
 		*p.Of(&s) = *p.Of(&a.sum) / a.seconds
 	}
 	return s

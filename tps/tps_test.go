@@ -591,17 +591,17 @@ func TestStreamingMedianSmallReservoir(t *testing.T) {
 }
 
 // OptionalFloats and OptionalInts cover every pointer field of GPUSample,
-// in the order and with the names of GPUFloatFields and GPUIntFields (the
+// in the order and with the names of gpuFloatFields and gpuIntFields (the
 // wire layout and Validate's messages depend on it).
 func TestGPUSampleOptionalFields(t *testing.T) {
 	var s GPUSample
 	fs, is := s.OptionalFloats(), s.OptionalInts()
 	addr := map[uintptr]string{}
 	for k, p := range fs {
-		addr[reflect.ValueOf(p).Pointer()] = GPUFloatFields[k]
+		addr[reflect.ValueOf(p).Pointer()] = gpuFloatFields[k]
 	}
 	for k, p := range is {
-		addr[reflect.ValueOf(p).Pointer()] = GPUIntFields[k]
+		addr[reflect.ValueOf(p).Pointer()] = gpuIntFields[k]
 	}
 	v := reflect.ValueOf(&s).Elem()
 	n := 0

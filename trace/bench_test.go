@@ -67,7 +67,7 @@ func BenchmarkWriteRankSteps(b *testing.B) {
 			b.ReportMetric(float64(dirSize(b, dir))/benchRows, "bytes/row")
 		})
 	}
-	for _, codec := range Codecs {
+	for _, codec := range Codecs() {
 		name := "tpsprof"
 		if codec != "zstd" {
 			name += "-" + codec

@@ -160,7 +160,7 @@ func TestEachColumnsStopsAndSkips(t *testing.T) {
 // refused before anything is written.
 func TestCodecs(t *testing.T) {
 	recs := []tps.StepRecord{{Job: "j", Step: 1, Rank: 0, WorldSize: 2, Node: "a", Tokens: 5}, {Job: "j", Step: 1, Rank: 1, WorldSize: 2, Node: "b", Tokens: 5}}
-	for _, c := range Codecs {
+	for _, c := range Codecs() {
 		root := t.TempDir()
 		w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "t", Codec: c})
 		if err != nil {

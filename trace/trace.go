@@ -81,8 +81,11 @@ type WriterOptions struct {
 // pageBufferSize is each column's page buffer (see open).
 const pageBufferSize = 32 << 10
 
+// codecs are the names WriterOptions.Codec accepts (Codecs).
+var codecs = []string{"zstd", "zstd-fast", "snappy", "none"}
+
 // Codecs are the names WriterOptions.Codec accepts.
-var Codecs = []string{"zstd", "zstd-fast", "snappy", "none"}
+func Codecs() []string { return slices.Clone(codecs) }
 
 var zstdFast = zstd.Codec{Level: zstd.SpeedFastest}
 
@@ -98,7 +101,7 @@ func codec(name string) (compress.Codec, error) {
 	case "none":
 		return &parquet.Uncompressed, nil
 	}
-	return nil, fmt.Errorf("trace: unknown Parquet codec %q (%s)", name, strings.Join(Codecs, ", "))
+	return nil, fmt.Errorf("trace: unknown Parquet codec %q (%s)", name, strings.Join(codecs, ", "))
 }
 
 // CheckCodec reports whether name is a codec WriterOptions accepts.

@@ -73,7 +73,7 @@ func (f *ClusterFigures) check() error {
 // checkShares allows only the breakdown's parts, as fractions.
 func (f *ClusterFigures) checkShares() error {
 	known := map[string]bool{}
-	for _, p := range tps.ShareParts {
+	for _, p := range tps.ShareParts() {
 		known[p.Key] = true
 	}
 	for k, v := range f.Shares {

@@ -34,8 +34,9 @@ type keptMeasure struct {
 
 var kept = func() []keptMeasure {
 	var out []keptMeasure
-	for i := range tps.Measures {
-		if o := tps.Measures[i].Over; o != 0 {
+	all := tps.Measures()
+	for i := range all {
+		if o := all[i].Over; o != 0 {
 			out = append(out, keptMeasure{i, o})
 		}
 	}
@@ -381,7 +382,7 @@ func (d *decoder) whole() int64 {
 func KeptLayout() string {
 	var w []string
 	for _, k := range kept {
-		name := tps.Measures[k.i].Name
+		name := tps.Measures()[k.i].Name
 		if k.over&tps.OverSum != 0 {
 			w = append(w, "float64le(sum_"+name+")")
 		}
