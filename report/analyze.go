@@ -99,7 +99,7 @@ func (a *analysis) readSteps() error {
 	jumps, back := 0, 0.0
 	switch {
 	case opt.Select.Active():
-		a.selected, err = readSelected(a.clusterDir, opt.Select, opt.Warmup, read)
+		a.selected, err = readSelected(a.clusterDir, opt.Select, opt.Warmup, opt.valuesInMemory, read)
 		if a.selected != nil {
 			a.steps = a.selected.steps
 		}
@@ -107,7 +107,7 @@ func (a *analysis) readSteps() error {
 		// one chunk: read once
 		a.steps, err = trace.ReadAll[tps.ClusterStep](a.clusterDir, read)
 	default:
-		a.sp, jumps, back, err = readSpine(a.clusterDir, []trace.ReadOption{read})
+		a.sp, jumps, back, err = readSpine(a.clusterDir, []trace.ReadOption{read}, opt.valuesInMemory)
 		if a.sp != nil {
 			a.src = newStreamedRows(a.clusterDir, a.sp, cmp.Or(opt.chunk, clusterChunk), []trace.ReadOption{read})
 		}
@@ -272,7 +272,8 @@ func (a *analysis) clusterPass() error {
 		}
 		a.energy = newEnergyPass(a.dir, []trace.ReadOption{rep.read}, limit, rep.ClockOffsetsNs, a.gpu, cmp.Or(a.opt.energyChunk, clusterChunk))
 	}
-	a.summary = &summaryFigure{sum: tps.NewSummarizer(a.wopt, sp.anyComplete(), sp.len())}
+	// the steady steps' times and rates: in files past a limit (values)
+	a.summary = &summaryFigure{sum: tps.NewSummarizerOf(a.wopt, sp.anyComplete(), newValues(a.opt.valuesInMemory), newValues(a.opt.valuesInMemory))}
 	a.figures = a.stepFigures()
 	if err := a.src.each(0, sp.len(), func(off int, rows []tps.ClusterStep) error {
 		return feed(sp, a.figures, off, rows)

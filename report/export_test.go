@@ -24,11 +24,8 @@ func analyzeWithPlotsOr(dir string, opt Options, plots bool) (*Report, *Plots, e
 	if err != nil {
 		return nil, nil, err
 	}
-	opt.chunk, opt.energyChunk = 3, 50
-	old := tps.ValuesInMemory
-	tps.ValuesInMemory = 2
+	opt.chunk, opt.energyChunk, opt.valuesInMemory = 3, 50, 2
 	streamed, _, serr := analyze(dir, opt, false)
-	tps.ValuesInMemory = old
 	checkStreamed(dir, rep, streamed, serr)
 	return rep, pd, nil
 }

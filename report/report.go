@@ -49,6 +49,10 @@ type Options struct {
 	// energyChunk, when above 0, is how many steady steps the energy join
 	// takes at a time at least (tests; else clusterChunk)
 	energyChunk int
+	// valuesInMemory, when above 0, is how many step times and rates a
+	// series holds before it spills to a file (tests; else
+	// valuesInMemory)
+	valuesInMemory int
 }
 
 // Rank sources (Options.RankSource).

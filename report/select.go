@@ -247,14 +247,14 @@ func (r *runSteps) key(i int) [2]int64 { return [2]int64{int64(r.attempt[i]), r.
 // Over the last 1% of a long run it reads about 1% of the run's bytes
 // (TestSelectionReadsItsShare, BenchmarkReportLongRun). Of the run's steps
 // it keeps their keys as runs (spine's keys) and their step times in a
-// tps.Values: its memory is the selection's.
-func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOption) (*selectedSteps, error) {
+// values: its memory is the selection's.
+func readSelected(dir string, sel Selection, warmup, inMemory int, opts ...trace.ReadOption) (*selectedSteps, error) {
 	byTime := !sel.Since.IsZero() || !sel.Until.IsZero()
-	s := &selector{sel: sel, byTime: byTime}
+	s := &selector{sel: sel, byTime: byTime, times: values{limit: inMemory}}
 	defer s.times.Close()
 	inOrder, err := eachRunRow(dir, runColumns{times: byTime, stepTime: byTime}, opts, func() {
 		s.times.Close()
-		*s = selector{sel: sel, byTime: byTime}
+		*s = selector{sel: sel, byTime: byTime, times: values{limit: inMemory}}
 	}, func(r *runRow) { s.add(r.attempt, r.step, r.start, r.end, r.stepTime) })
 	s.sorted = inOrder
 	if err != nil && !trace.IsUnreadable(err) {
@@ -293,7 +293,7 @@ func readSelected(dir string, sel Selection, warmup int, opts ...trace.ReadOptio
 // markWarm marks the kept steps that are warm-up in out.warm (the
 // automatic rule compares them with every step's time).
 func (s *selector) markWarm(dir string, opts []trace.ReadOption, keep []int, warmup int, out *selectedSteps) error {
-	var times *tps.Values
+	var times tps.Series
 	if warmup < 0 {
 		if !s.byTime {
 			if err := s.readTimes(dir, opts); err != nil {
@@ -356,7 +356,7 @@ type selector struct {
 	byTime, sorted bool
 	ks             keys
 	un             unstepper
-	times          tps.Values // every step's time (ns), when read
+	times          values // every step's time (ns), when read
 	keep           []int      // the kept steps' indexes
 	times0, times1 []int64    // by time: their start and end, repaired
 }

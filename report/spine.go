@@ -24,9 +24,9 @@ type spine struct {
 	// from a step on; nil when the rows hold their repaired times
 	shifts []clockShift
 	lo, hi int64 // the earliest start and the latest end, repaired
-	// stepTime are the steps' times (ns, in files past
-	// tps.ValuesInMemory) until markWarm drops them
-	stepTime tps.Values
+	// stepTime are the steps' times (ns, in files past its limit) until
+	// markWarm drops them
+	stepTime values
 	// each step's critical rank, for the rank_steps pass (critExcess);
 	// nil unless it runs
 	slowest []int32
@@ -161,8 +161,10 @@ type spineBuilder struct {
 	shift  int64
 }
 
-func newSpineBuilder(capacity int, repair bool) *spineBuilder {
-	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), lo: math.MaxInt64, hi: math.MinInt64}, repair: repair}
+// newSpineBuilder builds a spine of about capacity steps, holding at
+// most inMemory step times in memory (0: valuesInMemory).
+func newSpineBuilder(capacity int, repair bool, inMemory int) *spineBuilder {
+	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), lo: math.MaxInt64, hi: math.MinInt64, stepTime: values{limit: inMemory}}, repair: repair}
 }
 
 // add takes the next step.
@@ -200,7 +202,7 @@ func (b *spineBuilder) done() *spine {
 
 // spineOf is the spine of steps held in memory (sorted, clocks repaired).
 func spineOf(steps []tps.ClusterStep) *spine {
-	b := newSpineBuilder(len(steps), false)
+	b := newSpineBuilder(len(steps), false, 0)
 	for i := range steps {
 		c := &steps[i]
 		b.add(c.Attempt, c.Step, c.StartUnixNs, c.EndUnixNs, c.StepTimeNs, c.Complete())
@@ -219,12 +221,12 @@ var errUnsorted = errors.New("cluster rows out of order")
 // order (a collector's) are taken as they are read, a row group at a
 // time; rows out of order (parts of several writers) are read whole,
 // sorted and then taken.
-func readSpine(dir string, opts []trace.ReadOption) (*spine, int, float64, error) {
+func readSpine(dir string, opts []trace.ReadOption, inMemory int) (*spine, int, float64, error) {
 	rows := trace.RowCount(dir, opts...)
-	b := newSpineBuilder(int(min(max(rows, 0), 1<<24)), true) // a footer may lie: grown past 16 Mi steps
+	b := newSpineBuilder(int(min(max(rows, 0), 1<<24)), true, inMemory) // a footer may lie: grown past 16 Mi steps
 	_, err := eachRunRow(dir, runColumns{times: true, stepTime: true, missing: true}, opts, func() {
 		b.sp.stepTime.Close()
-		b = newSpineBuilder(int(min(max(rows, 0), 1<<24)), true)
+		b = newSpineBuilder(int(min(max(rows, 0), 1<<24)), true, inMemory)
 	}, func(r *runRow) { b.add(r.attempt, r.step, r.start, r.end, r.stepTime, r.missing == 0) })
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, 0, 0, err
@@ -262,7 +264,7 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 		threshold, terr = tps.WarmupThresholdOfValues(&sp.stepTime, warmup)
 		err = cmp.Or(err, terr)
 	}
-	sp.stepTime = tps.Values{}
+	sp.stepTime = values{}
 	kc := keyCursor{ks: &sp.keys}
 	for i := range n {
 		if sp.flag[i]&flagWarm != 0 || (len(profiled) > 0 && profiled[kc.at(i)]) {
@@ -278,7 +280,7 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 // eachWarm calls warm with the index of each step of ks the rule calls
 // warm-up, their step times (ns) from times, in order (nil for a fixed
 // count).
-func eachWarm(ks *keys, times *tps.Values, rule tps.WarmupRule, warm func(i int)) error {
+func eachWarm(ks *keys, times tps.Series, rule tps.WarmupRule, warm func(i int)) error {
 	first, end := ks.attempts()
 	a, i := 0, 0
 	next := func(t int64) {

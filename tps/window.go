@@ -201,9 +201,9 @@ func WarmupThresholdOf(stepTimes []int64, warmup int) float64 {
 	return warmupThreshold(MedianMAD(times))
 }
 
-// WarmupThresholdOfValues is WarmupThresholdOf of step times held in
-// Values (as float64 ns).
-func WarmupThresholdOfValues(stepTimes *Values, warmup int) (float64, error) {
+// WarmupThresholdOfValues is WarmupThresholdOf of step times held in a
+// Series (as float64 ns).
+func WarmupThresholdOfValues(stepTimes Series, warmup int) (float64, error) {
 	if warmup >= 0 || stepTimes.Len() == 0 {
 		return math.Inf(1), nil
 	}
@@ -333,7 +333,6 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 		}
 	}
 	sm := NewSummarizer(opt, anyComplete, len(steps))
-	sm.times.hold, sm.tps.hold = true, true // the steps are held: no files
 	for i := range steps {
 		sm.Add(&steps[i], mask[i])
 	}
@@ -344,13 +343,13 @@ func Summarize(steps []ClusterStep, opt WindowOptions) Summary {
 // Summarizer is Summarize fed steps one at a time, in (attempt, step)
 // order, for a caller that does not hold them all: it keeps sums, the
 // attempts seen, and the steady steps' step times and TPS (16 bytes a
-// steady step, for exact quantiles: in files past ValuesInMemory, so that
-// its memory stays bounded).
+// steady step, for exact quantiles, in its Series: a caller's own may
+// keep them in files, so that its memory stays bounded).
 type Summarizer struct {
 	opt         WindowOptions
 	anyComplete bool
 	s           Summary
-	times, tps  Values // of the steady steps (past ValuesInMemory, in files)
+	times, tps  Series // of the steady steps
 	mostRanks   int64
 	attempts    map[int64]bool
 	lastAttempt int64
@@ -365,10 +364,14 @@ type Summarizer struct {
 // step of the run is complete (incomplete steps are then left out), and
 // how many steps it will be fed (0 when not known: a capacity hint).
 func NewSummarizer(opt WindowOptions, anyComplete bool, steps int) *Summarizer {
-	sm := &Summarizer{opt: opt, anyComplete: anyComplete, attempts: map[int64]bool{}, first: math.MaxInt64}
 	// sized once, not grown
-	sm.times.mem, sm.tps.mem = make([]float64, 0, min(steps, ValuesInMemory+1)), make([]float64, 0, min(steps, ValuesInMemory+1))
-	return sm
+	return NewSummarizerOf(opt, anyComplete, NewMemSeries(steps), NewMemSeries(steps))
+}
+
+// NewSummarizerOf is NewSummarizer keeping the steady steps' times and
+// rates in the series given (the Summarizer closes them).
+func NewSummarizerOf(opt WindowOptions, anyComplete bool, times, rates Series) *Summarizer {
+	return &Summarizer{opt: opt, anyComplete: anyComplete, attempts: map[int64]bool{}, first: math.MaxInt64, times: times, tps: rates}
 }
 
 // WorldSize is the largest world size of the steps added so far.

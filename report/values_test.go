@@ -1,4 +1,4 @@
-package tps
+package report
 
 import (
 	"fmt"
@@ -7,17 +7,16 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/tpsprof/tpsprof/tps"
 )
 
-// Values past ValuesInMemory are in a file, and their Dist and MedianMAD
+// Values past their limit are in a file, and their Dist and MedianMAD
 // (radix selection over the file) are NewDist's and MedianMAD's over the
 // same values held, bit for bit: ties, negatives, infinities, zeros, a
 // single value, sizes around the file's write block, values of one
 // exponent (the selection's first pass puts them all in one bucket).
 func TestValuesSpilledMatchHeld(t *testing.T) {
-	old := ValuesInMemory
-	ValuesInMemory = 100
-	defer func() { ValuesInMemory = old }()
 	rng := rand.New(rand.NewPCG(1, 2))
 	cases := map[string][]float64{
 		"one":  {3.5},
@@ -47,11 +46,11 @@ func TestValuesSpilledMatchHeld(t *testing.T) {
 		}(),
 	}
 	for name, xs := range cases {
-		var v Values
+		v := values{limit: 100}
 		for _, x := range xs {
 			v.Append(x)
 		}
-		if len(xs) > ValuesInMemory && v.f == nil {
+		if len(xs) > v.limit && v.f == nil {
 			t.Fatalf("%s: %d values, none in a file", name, len(xs))
 		}
 		got, err := v.Dist()
@@ -63,8 +62,8 @@ func TestValuesSpilledMatchHeld(t *testing.T) {
 			t.Fatal(err)
 		}
 		v.Close()
-		wmed, wmad := MedianMAD(xs)
-		want := NewDist(slices.Clone(xs))
+		wmed, wmad := tps.MedianMAD(xs)
+		want := tps.NewDist(slices.Clone(xs))
 		if fmt.Sprint(got) != fmt.Sprint(want) || med != wmed || mad != wmad {
 			t.Errorf("%s: spilled %+v, median %v, MAD %v; held %+v, %v, %v", name, got, med, mad, want, wmed, wmad)
 		}
@@ -74,10 +73,7 @@ func TestValuesSpilledMatchHeld(t *testing.T) {
 // A file that cannot be written (a full disk) loses nothing: the values
 // written and those buffered come back to memory and stay there.
 func TestValuesWriteFailureKeepsValues(t *testing.T) {
-	old := ValuesInMemory
-	ValuesInMemory = 10
-	defer func() { ValuesInMemory = old }()
-	var v Values
+	v := values{limit: 10}
 	var xs []float64
 	for i := range valuesBuf + 500 {
 		x := float64(i%97) + 0.25
@@ -104,7 +100,7 @@ func TestValuesWriteFailureKeepsValues(t *testing.T) {
 		t.Fatalf("%d values back of %d, or in another order", len(back), len(xs))
 	}
 	got, _ := v.Dist()
-	if want := NewDist(slices.Clone(xs)); got != want {
+	if want := tps.NewDist(slices.Clone(xs)); got != want {
 		t.Fatalf("Dist %+v, want %+v", got, want)
 	}
 }
@@ -113,14 +109,14 @@ func TestValuesWriteFailureKeepsValues(t *testing.T) {
 // run's, 64 ranks) from a file by radix selection, against NewDist over
 // them held (the baseline).
 //
-//	go test -run '^$' -bench ValuesDist ./tps/
+//	go test -run '^$' -bench ValuesDist ./report/
 func BenchmarkValuesDist(b *testing.B) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	xs := make([]float64, 1_562_500)
 	for i := range xs {
 		xs[i] = 1 + rng.NormFloat64()*0.01
 	}
-	var v Values
+	var v values
 	for _, x := range xs {
 		v.Append(x)
 	}
@@ -130,7 +126,7 @@ func BenchmarkValuesDist(b *testing.B) {
 	}
 	b.Run("held", func(b *testing.B) {
 		for b.Loop() {
-			NewDist(slices.Clone(xs))
+			tps.NewDist(slices.Clone(xs))
 		}
 	})
 	b.Run("file", func(b *testing.B) {

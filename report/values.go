@@ -1,4 +1,4 @@
-package tps
+package report
 
 import (
 	"cmp"
@@ -7,41 +7,52 @@ import (
 	"fmt"
 	"math"
 	"os"
+
+	"github.com/tpsprof/tpsprof/tps"
 )
 
-// ValuesInMemory is how many values a Values holds in memory (8 B each:
-// 2 MiB; a report holds three). Past it, it writes them to an unlinked temporary file, and its
-// quantiles come from passes over that file (radix selection): the same
-// numbers in bounded memory, so that a report's memory does not grow with
-// the run's steps.
-var ValuesInMemory = 1 << 18
+// valuesInMemory is how many values a values holds in memory by default
+// (8 B each: 2 MiB; a report holds three). Past it, it writes them to an
+// unlinked temporary file, and its quantiles come from passes over that
+// file (radix selection): the same numbers in bounded memory, so that a
+// report's memory does not grow with the run's steps (37 MB less at
+// 1.56 M steps). The report's own: tps, which does no I/O, holds its
+// series in memory (tps.Series).
+const valuesInMemory = 1 << 18
 
-// Values is a sequence of float64, in memory up to ValuesInMemory and in
-// a temporary file past it; nothing is lost when the file cannot be
-// written (a full disk): the values stay in memory. The zero Values is
-// empty and ready. Close removes the file.
-type Values struct {
+// values is a sequence of float64, in memory up to its limit and in a
+// temporary file past it; nothing is lost when the file cannot be written
+// (a full disk): the values stay in memory. It is a tps.Series. The zero
+// values is empty and ready, its limit valuesInMemory. Close removes the
+// file.
+type values struct {
+	limit   int // values held in memory at most (0: valuesInMemory)
 	mem     []float64
 	n       int
 	f       *os.File
 	buf     []byte // values not yet written to f
 	written int    // values written to f
-	// err is why the values are in memory past ValuesInMemory
-	err  error
-	hold bool // in memory, whatever their number
+	// err is why the values are in memory past the limit
+	err error
 }
+
+// newValues is values that hold at most limit in memory (0:
+// valuesInMemory).
+func newValues(limit int) *values { return &values{limit: limit} }
+
+func (v *values) inMemory() int { return cmp.Or(v.limit, valuesInMemory) }
 
 const valuesBuf = 8192 // values written at once
 
 // Len is how many values were appended.
-func (v *Values) Len() int { return v.n }
+func (v *values) Len() int { return v.n }
 
 // Append adds x at the end.
-func (v *Values) Append(x float64) {
+func (v *values) Append(x float64) {
 	v.n++
 	if v.f == nil {
 		v.mem = append(v.mem, x)
-		if len(v.mem) > ValuesInMemory && v.err == nil && !v.hold {
+		if len(v.mem) > v.inMemory() && v.err == nil {
 			v.spill()
 		}
 		return
@@ -54,7 +65,7 @@ func (v *Values) Append(x float64) {
 
 // spill moves the values held to a new temporary file; when it cannot,
 // they stay.
-func (v *Values) spill() {
+func (v *values) spill() {
 	f, err := os.CreateTemp("", "tpsprof-values-*")
 	if err != nil {
 		v.err = err
@@ -79,7 +90,7 @@ func (v *Values) spill() {
 // write writes the buffered values to the file; when it cannot, the
 // values come back to memory (read back, with the buffer's) and stay
 // there.
-func (v *Values) write() bool {
+func (v *values) write() bool {
 	if len(v.buf) == 0 {
 		return true
 	}
@@ -99,13 +110,13 @@ func (v *Values) write() bool {
 	}
 	v.mem = mem
 	v.buf, v.written = nil, 0
-	v.err = cmp.Or(rerr, fmt.Errorf("tps: values kept in memory: %w", err))
+	v.err = cmp.Or(rerr, fmt.Errorf("report: values kept in memory: %w", err))
 	return false
 }
 
 // flush writes the buffered values to the file; when it cannot, the
 // values are in memory after it.
-func (v *Values) flush() {
+func (v *values) flush() {
 	if v.f != nil {
 		v.write()
 	}
@@ -113,7 +124,7 @@ func (v *Values) flush() {
 
 // Each calls fn with the values in order, a block at a time (valid during
 // the call).
-func (v *Values) Each(fn func([]float64)) error {
+func (v *values) Each(fn func([]float64)) error {
 	v.flush()
 	if v.f == nil {
 		fn(v.mem)
@@ -123,13 +134,13 @@ func (v *Values) Each(fn func([]float64)) error {
 }
 
 // each reads the values written to the file.
-func (v *Values) each(fn func([]float64)) error {
+func (v *values) each(fn func([]float64)) error {
 	raw := make([]byte, 8*valuesBuf)
 	xs := make([]float64, valuesBuf)
 	for at := 0; at < v.written; {
 		k := min(valuesBuf, v.written-at)
 		if _, err := v.f.ReadAt(raw[:8*k], int64(at)*8); err != nil {
-			return fmt.Errorf("tps: reading values back: %w", err)
+			return fmt.Errorf("report: reading values back: %w", err)
 		}
 		for i := range k {
 			xs[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
@@ -141,18 +152,18 @@ func (v *Values) each(fn func([]float64)) error {
 }
 
 // Close removes the temporary file, if any.
-func (v *Values) Close() {
+func (v *values) Close() {
 	if v.f != nil {
 		v.f.Close()
 		v.f = nil
 	}
 }
 
-// Dist is NewDist of the values (it may reorder those in memory).
-func (v *Values) Dist() (Dist, error) {
+// Dist is tps.NewDist of the values (it may reorder those in memory).
+func (v *values) Dist() (tps.Dist, error) {
 	v.flush()
 	if v.f == nil {
-		return NewDist(v.mem), nil
+		return tps.NewDist(v.mem), nil
 	}
 	var sum float64
 	lo, hi := math.Inf(1), math.Inf(-1)
@@ -164,27 +175,27 @@ func (v *Values) Dist() (Dist, error) {
 			nan = nan || x != x
 		}
 	}); err != nil {
-		return Dist{}, err
+		return tps.Dist{}, err
 	}
 	qs := []float64{0.50, 0.90, 0.95, 0.99}
 	got, err := quantilesOf(v.each, v.n, qs)
 	if err != nil {
-		return Dist{}, err
+		return tps.Dist{}, err
 	}
 	if nan {
 		lo, hi = math.NaN(), math.NaN()
 	}
-	return Dist{Mean: sum / float64(v.n), Min: lo, Max: hi, P50: got[0], P90: got[1], P95: got[2], P99: got[3]}, nil
+	return tps.Dist{Mean: sum / float64(v.n), Min: lo, Max: hi, P50: got[0], P90: got[1], P95: got[2], P99: got[3]}, nil
 }
 
-// MedianMAD is MedianMAD of the values.
-func (v *Values) MedianMAD() (median, mad float64, err error) {
+// MedianMAD is tps.MedianMAD of the values.
+func (v *values) MedianMAD() (median, mad float64, err error) {
 	if v.n == 0 {
 		return math.NaN(), math.NaN(), nil
 	}
 	v.flush()
 	if v.f == nil {
-		median, mad = MedianMAD(v.mem)
+		median, mad = tps.MedianMAD(v.mem)
 		return median, mad, nil
 	}
 	m, err := quantilesOf(v.each, v.n, []float64{0.5})
@@ -260,7 +271,7 @@ func fromOrderKey(k uint64) float64 {
 	return math.Float64frombits(^k)
 }
 
-var errTooMany = errors.New("tps: more than 2³² values")
+var errTooMany = errors.New("report: more than 2³² values")
 
 // orderStats are the values at ranks (0-based, of the values sorted) of
 // the values each gives: four passes, each fixing 16 more bits of every
@@ -325,7 +336,7 @@ func orderStats(each func(func([]float64)) error, ranks []int) ([]float64, error
 				t.rank -= int(h[d])
 			}
 			if d == 1<<16 {
-				return nil, fmt.Errorf("tps: rank %d past the %d values read", ranks[i], count)
+				return nil, fmt.Errorf("report: rank %d past the %d values read", ranks[i], count)
 			}
 			t.prefix = t.prefix<<16 | uint64(d)
 		}
