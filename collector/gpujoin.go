@@ -1,6 +1,10 @@
 package collector
 
-import "github.com/tpsprof/tpsprof/tps"
+import (
+	"math"
+
+	"github.com/tpsprof/tpsprof/tps"
+)
 
 // maxGPUPoints bounds the samples kept per GPU (10 minutes at 1 s).
 const maxGPUPoints = 600
@@ -15,14 +19,14 @@ func (g *gpuSeries) add(s *tps.GPUSample) {
 	if n := len(g.points); n > 0 && s.UnixNs <= g.points[n-1].UnixNs {
 		return // stale or repeated
 	}
-	p := tps.GPUPoint{UnixNs: s.UnixNs, EnergyMJ: -1, TempC: -1}
+	p := tps.GPUPoint{UnixNs: s.UnixNs, EnergyMJ: -1, TempC: -1, PowerW: math.NaN()}
 	if s.TempC != nil {
 		p.TempC = float64(*s.TempC)
 	}
 	if s.EnergyMJ != nil {
 		p.EnergyMJ = *s.EnergyMJ
 	}
-	if s.PowerW != nil {
+	if s.PowerW != nil && *s.PowerW >= 0 && !math.IsInf(*s.PowerW, 0) {
 		p.PowerW = *s.PowerW
 	}
 	if s.SMClockMHz != nil {

@@ -13,10 +13,8 @@ import (
 )
 
 // maxSampleGap is the longest time between two readings of one GPU that
-// still speaks for the steps between them (samplers read every second or
-// so; across a longer gap, a sampler that stopped, the energy counter's
-// increase says how much was used but not in which step).
-const maxSampleGap = int64(10e9)
+// still speaks for the steps between them (tps.MaxReadingGap).
+const maxSampleGap = tps.MaxReadingGap
 
 // energyJoin measures the energy of the steady steps again from the whole
 // gpu_samples table, as the report reads it: each GPU's energy counter
@@ -28,14 +26,15 @@ const maxSampleGap = int64(10e9)
 // it before the row was written, which varies with arrival order and
 // load; this one does not. A step counts when every GPU's readings cover
 // its whole period; the run's tokens per joule are over those steps.
-// Where the counter is absent or went down (a reset), the mean of the two
-// readings' power stands in for the interval.
+// Between two readings the energy is tps.EnergyRate's, the rule the live
+// join integrates too: the counter's increase, or where it is absent or
+// went down (a reset) the mean of the two readings' power.
 type energyJoin struct {
 	offsets map[string]int64 // node clock offsets: samples onto the rows' clock
 	built   bool             // steps sorted (at the first reading)
 	steps   []energyStep     // steady steps by period start
 	maxEnd  []int64          // running maximum of the ends, in that order
-	gpus    map[gpuKey]*gpuReading
+	gpus    map[gpuKey]*tps.GPUPoint
 	stale   int64 // readings not after the GPU's previous one (skipped)
 }
 
@@ -52,15 +51,9 @@ type gpuKey struct {
 	index      int32
 }
 
-type gpuReading struct {
-	t      int64
-	energy int64   // mJ; -1 when absent
-	power  float64 // W; NaN when absent
-}
-
 // newEnergyJoinOf is a join with no steps yet (addStep adds them).
 func newEnergyJoinOf(offsets map[string]int64) *energyJoin {
-	return &energyJoin{offsets: offsets, gpus: map[gpuKey]*gpuReading{}}
+	return &energyJoin{offsets: offsets, gpus: map[gpuKey]*tps.GPUPoint{}}
 }
 
 // addStep takes a step that counts (before the first reading): its
@@ -88,12 +81,12 @@ func (e *energyJoin) add(s *tps.GPUSample) {
 	if len(e.steps) == 0 {
 		return
 	}
-	cur := gpuReading{t: s.UnixNs - e.offsets[s.Node], energy: -1, power: math.NaN()}
+	cur := tps.GPUPoint{UnixNs: s.UnixNs - e.offsets[s.Node], EnergyMJ: -1, PowerW: math.NaN()}
 	if s.EnergyMJ != nil && *s.EnergyMJ >= 0 {
-		cur.energy = *s.EnergyMJ
+		cur.EnergyMJ = *s.EnergyMJ
 	}
 	if s.PowerW != nil && *s.PowerW >= 0 && !math.IsInf(*s.PowerW, 0) {
-		cur.power = *s.PowerW
+		cur.PowerW = *s.PowerW
 	}
 	k := gpuKey{s.Node, s.UUID, s.Index}
 	last := e.gpus[k]
@@ -104,7 +97,7 @@ func (e *energyJoin) add(s *tps.GPUSample) {
 		e.gpus[k] = &cur
 		return
 	}
-	if cur.t <= last.t {
+	if cur.UnixNs <= last.UnixNs {
 		e.stale++
 		return
 	}
@@ -114,29 +107,16 @@ func (e *energyJoin) add(s *tps.GPUSample) {
 
 // spread gives the energy between two readings of one GPU to the steps
 // whose periods overlap them.
-func (e *energyJoin) spread(a, b gpuReading) {
-	span := b.t - a.t
-	if span > maxSampleGap {
+func (e *energyJoin) spread(a, b tps.GPUPoint) {
+	perNs, _, ok := tps.EnergyRate(a, b) // joules a nanosecond
+	if !ok {
 		return
 	}
-	var perNs float64 // joules a nanosecond
-	switch {
-	case a.energy >= 0 && b.energy >= a.energy:
-		perNs = float64(b.energy-a.energy) / 1e3 / float64(span)
-	case !math.IsNaN(a.power) && !math.IsNaN(b.power):
-		perNs = (a.power + b.power) / 2 / 1e9
-	case !math.IsNaN(a.power):
-		perNs = a.power / 1e9
-	case !math.IsNaN(b.power):
-		perNs = b.power / 1e9
-	default:
-		return
-	}
-	// the first step that may end after a.t, then on while they start before b.t
-	i, _ := slices.BinarySearch(e.maxEnd, a.t+1)
-	for ; i < len(e.steps) && e.steps[i].start < b.t; i++ {
+	// the first step that may end after a, then on while they start before b
+	i, _ := slices.BinarySearch(e.maxEnd, a.UnixNs+1)
+	for ; i < len(e.steps) && e.steps[i].start < b.UnixNs; i++ {
 		st := &e.steps[i]
-		ov := min(b.t, st.end) - max(a.t, st.start)
+		ov := min(b.UnixNs, st.end) - max(a.UnixNs, st.start)
 		if ov > 0 {
 			st.joules += perNs * float64(ov)
 			st.covered += ov

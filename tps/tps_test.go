@@ -478,6 +478,22 @@ func TestJoinGPU(t *testing.T) {
 	if _, ok := JoinGPU(nil, t0, t0+s); ok {
 		t.Error("join with no points succeeded")
 	}
+	// Without a counter, the energy between two readings is the mean of
+	// their power (EnergyRate), the rule the report's join integrates
+	// too: 100, 300 and 100 W at 0, 1 and 2 s give [0.5 s, 1.5 s] 200 J
+	// (the live join once read 300 J, the one reading inside × 1 s).
+	varying := []GPUPoint{{UnixNs: t0, EnergyMJ: -1, PowerW: 100}, {UnixNs: t0 + s, EnergyMJ: -1, PowerW: 300}, {UnixNs: t0 + 2*s, EnergyMJ: -1, PowerW: 100}}
+	if w, ok := JoinGPU(varying, t0+s/2, t0+s+s/2); !ok || w.HasEnergy || math.Abs(w.EnergyJ-200) > 1e-9 || w.PowerW != 300 {
+		t.Errorf("varying power: %+v, want 200 J over the readings' intervals (power 300 W, the reading inside)", w)
+	}
+	// a reading with no power says nothing of it; readings more than
+	// MaxReadingGap apart speak for no window between them
+	if r, _, ok := EnergyRate(GPUPoint{UnixNs: 0, EnergyMJ: -1, PowerW: math.NaN()}, GPUPoint{UnixNs: s, EnergyMJ: -1, PowerW: 400}); !ok || r != 400/1e9 {
+		t.Errorf("one power: rate %v, %v", r, ok)
+	}
+	if _, _, ok := EnergyRate(GPUPoint{UnixNs: 0, EnergyMJ: 0}, GPUPoint{UnixNs: MaxReadingGap + 1, EnergyMJ: 1}); ok {
+		t.Error("a rate across more than MaxReadingGap")
+	}
 }
 
 func TestStreamingMedian(t *testing.T) {
