@@ -149,8 +149,7 @@ func (p *stepRows) row(c *trace.Columns, i, si, hc int) {
 	sp, k := p.sp, p.k
 	r, dur, data := c.Col(rcRank)[i], c.Col(rcDuration)[i], c.Col(rcData)[i]
 	// compute as tps.StepRecord.ComputeNs, without building a record
-	ci := dur - c.Col(rcExposed)[i] - data - c.Col(rcPP)[i] - c.Col(rcCkpt)[i]
-	comp := float64(max(ci, 0))
+	comp := float64(tps.ComputeNs(dur, c.Col(rcExposed)[i], data, c.Col(rcPP)[i], c.Col(rcCkpt)[i]))
 	k.heat.addCol(hc, r, comp)
 	inRange := r >= 0 && r < int64(len(p.byRank))
 	if n := c.Strings[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {

@@ -395,11 +395,16 @@ func checkFuture(field string, ns int64, now time.Time, tolerance time.Duration)
 // the basis of straggler scores. (The starting design left checkpoints
 // in; a checkpoint step then looks like every rank straggling.)
 func (r *StepRecord) ComputeNs() int64 {
-	c := r.DurationNs - r.ExposedCommNs - r.DataWaitNs - r.PPWaitNs - r.CkptNs
-	if c < 0 {
-		return 0
-	}
-	return c
+	return ComputeNs(r.DurationNs, r.ExposedCommNs, r.DataWaitNs, r.PPWaitNs, r.CkptNs)
+}
+
+// ComputeNs is a rank's compute in a step: its duration less the time it
+// was blocked (exposed communication, data, pipeline and checkpoint
+// waits), never negative. The one compute-time formula: the records, the
+// rank windows, the live join and the report's rank pass (which reads
+// the columns without building records) all take it.
+func ComputeNs(duration, exposedComm, dataWait, ppWait, ckpt int64) int64 {
+	return max(duration-exposedComm-dataWait-ppWait-ckpt, 0)
 }
 
 func printable(s string) bool {
