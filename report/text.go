@@ -88,6 +88,9 @@ func (l *lines) head(r *Report) {
 				l.row("not measured", "%s: %s", what, m.Unmeasured[k])
 			}
 		}
+		if off := m.HooksOff(); len(off) > 0 {
+			l.row("hooks off", "%s", strings.Join(off, "; "))
+		}
 	}
 	if s.CompleteNote != "" {
 		l.row("note", "%s", s.CompleteNote)

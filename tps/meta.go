@@ -1,9 +1,13 @@
 package tps
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/mfu"
 )
@@ -195,6 +199,11 @@ type RunMeta struct {
 	// key of UnmeasuredText, each with why: the report says so instead of
 	// showing a silent zero.
 	Unmeasured map[string]string `json:"unmeasured,omitempty"`
+	// Hooks are the Python package's hook families (communication, loss,
+	// checkpoints, pipelining) and how each is hooked ("dispatcher",
+	// "functions", "on") or why it is not ("off: …"), as rank 0 installed
+	// them: the report lists those that are off.
+	Hooks map[string]string `json:"hooks,omitempty"`
 }
 
 // unmeasured are the measures RunMeta.Unmeasured can name, with the words
@@ -217,7 +226,8 @@ func UnmeasuredText(key string) (string, bool) {
 const MaxUnmeasuredWhy = 200
 
 // CheckUnmeasured rejects unknown measures and reasons that are too long
-// or not printable.
+// or not printable, and hook records that are too many, too long or not
+// printable.
 func (m *RunMeta) CheckUnmeasured() error {
 	for k, why := range m.Unmeasured {
 		if _, ok := unmeasured[k]; !ok {
@@ -227,7 +237,30 @@ func (m *RunMeta) CheckUnmeasured() error {
 			return fmt.Errorf("unmeasured %s: the reason must be printable and at most %d bytes", k, MaxUnmeasuredWhy)
 		}
 	}
+	if len(m.Hooks) > maxHookFamilies {
+		return fmt.Errorf("hooks: %d families (at most %d)", len(m.Hooks), maxHookFamilies)
+	}
+	for k, how := range m.Hooks {
+		if k == "" || len(k) > 32 || !printable(k) || len(how) > MaxUnmeasuredWhy || !printable(how) {
+			return fmt.Errorf("hooks: family %.40q: its name (1-32 bytes) and state (at most %d bytes) must be printable", k, MaxUnmeasuredWhy)
+		}
+	}
 	return nil
+}
+
+// maxHookFamilies bounds RunMeta.Hooks.
+const maxHookFamilies = 16
+
+// HooksOff are the hook families that are off, each with why, sorted.
+func (m *RunMeta) HooksOff() []string {
+	var out []string
+	for k, how := range m.Hooks {
+		if why, ok := strings.CutPrefix(how, "off"); ok {
+			out = append(out, k+": "+cmp.Or(strings.TrimSpace(strings.TrimPrefix(why, ":")), "off"))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // tokenSources are what can count a job's tokens, by the key RunMeta's
@@ -287,6 +320,9 @@ func (m *RunMeta) Merge(o RunMeta) {
 			m.Unmeasured = map[string]string{}
 		}
 		m.Unmeasured[k] = why
+	}
+	if len(o.Hooks) > 0 {
+		m.Hooks = maps.Clone(o.Hooks) // the latest install's record, whole
 	}
 }
 

@@ -987,3 +987,35 @@ class ForwardTokensTest(unittest.TestCase):
                 os.environ["TPSPROF_TOKENS_PER_STEP"] = old
         self.assertEqual([r.get("tokens") for r in recs], [4096] * 3 + [7])
         self.assertEqual(self.sources, ["per_step", "declared"])
+
+
+class HooksTest(unittest.TestCase):
+    """The hook families installed, each with how or why not; a family that
+    raises at install is recorded off, never raised; one that is live stays
+    so; the capabilities table probed once."""
+
+    def test_record(self):
+        from tpsprof import _compat, _guard
+        prof = tt.TorchProfiler(job="hooks", socket_path=os.path.join(tempfile.mkdtemp(), "none.sock"))
+        prof.close()
+        rec = _guard.installed()
+        want = "dispatcher" if _compat.has("dispatcher_collectives") else "functions"
+        self.assertEqual(rec.get("communication"), want)
+        self.assertEqual(rec.get("loss"), "on")
+
+        @_guard.install("test_family")
+        def broken():
+            raise RuntimeError("no such hook")
+        self.assertIsNone(broken())
+        self.assertEqual(_guard.off("test_family"), "RuntimeError: no such hook")
+
+        @_guard.install("test_family")
+        def fine():
+            return "on"
+        fine()
+        broken()  # a later failure does not undo a live family
+        self.assertEqual(_guard.off("test_family"), "")
+        table = _compat.table()
+        self.assertEqual(table["flop_counter"], _compat.has("flop_counter"))
+        if not table["flop_counter"]:
+            self.assertIn("FlopCounterMode", _compat.why_not("flop_counter"))

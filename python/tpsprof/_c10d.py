@@ -44,6 +44,8 @@ import time
 
 import torch
 
+from . import _compat
+
 # The torch.distributed functions wrapped on PyTorch 1.13 (before collectives
 # were dispatcher operators), whose calls are timed as communication. Object
 # collectives (all_gather_object, ...) go through these.
@@ -109,12 +111,7 @@ _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 
 def available():
     """True on PyTorch 2 and later, where collectives are dispatcher ops."""
-    try:
-        major = int(torch.__version__.split(".")[0])
-    except ValueError:
-        return False
-    return (major >= 2 and hasattr(torch, "library") and hasattr(torch._C, "_dispatch_keyset_full_after")
-            and hasattr(torch._ops.OpOverload, "redispatch"))
+    return _compat.has("dispatcher_collectives")
 
 
 def install(active):

@@ -29,7 +29,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _c10d
+from . import _c10d, _guard
 from . import _active  # the active profiler, read at each call
 
 def _current():
@@ -160,6 +160,7 @@ def side_call(kind, fn):
     return _c10d.skip_dynamo(call)
 
 
+@_guard.install("checkpoints")
 def install_checkpoints():
     """torch.save / torch.load, torch.distributed.checkpoint's save and
     load and safetensors' (what framework checkpoint calls go through)
@@ -192,6 +193,7 @@ def install_checkpoints():
             pass
 
 
+@_guard.install("loss")
 def install_loss():
     """Tensor.backward notes the loss (``loss.backward()``); a grad scaler's
     ``scale(loss)`` notes its factor so the unscaled loss is recorded."""
@@ -353,6 +355,7 @@ def patch_compile():
     torch.compile = compile
 
 
+@_guard.install("pipelining")
 def install_pipelining():
     """torch.distributed.pipelining schedules note the stage they run (its
     group size and rank are the pipeline's) on the active profiler, at
@@ -380,14 +383,17 @@ def install_pipelining():
         cls.step = _c10d.skip_dynamo(wrapped)
 
 
+@_guard.install("communication")
 def install_collectives():
     """Wraps the collectives of torch.distributed once per process; the
     wrappers report to the active profiler and cost one attribute read when
-    none is active."""
+    none is active. Says how: "dispatcher" (PyTorch 2: every collective
+    passes through the dispatcher), "functions" (the torch.distributed
+    functions wrapped), False (no torch.distributed in this build)."""
     if not dist.is_available():
-        return
+        return False
     if _c10d.install(_current):
-        return  # PyTorch 2: every collective passes through the dispatcher
+        return "dispatcher"
     from torch.distributed import distributed_c10d as c10d
     # waiting on an isend's or irecv's work is waiting for the other stage
     _c10d._patch_wait(_current)
@@ -402,6 +408,7 @@ def install_collectives():
             if getattr(mod, name, None) is fn:
                 setattr(mod, name, w)
     _rebind_imported(wrapped)
+    return "functions"
 
 
 def _rebind_imported(wrapped):

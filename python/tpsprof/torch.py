@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Uni
 
 import torch
 
-from . import _active, _c10d, _client, _patches, _rollout
+from . import _active, _c10d, _client, _compat, _guard, _patches, _rollout
 from ._c10d import COLLECTIVES
 from ._sender import Poller, Sender
 from ._steps import Step, mean_loss, phases, totals
@@ -312,6 +312,7 @@ class TorchProfiler:
         _patches.install_loss()
         _patches.install_checkpoints()
         _patches.install_pipelining()
+        self._say_hooks()
         _watch_own_profilers()
         _active.profiler = self
         atexit.register(self.close)
@@ -528,13 +529,11 @@ class TorchProfiler:
         report leaves it out of the figures. Not on PyTorch before 2.1 (no
         counter), nor for compiled models (a dispatch mode around compiled
         code recompiles it), nor beside the job's own profiler."""
-        try:
-            from torch.utils.flop_counter import FlopCounterMode
-        except Exception:
+        if not _compat.has("flop_counter"):
             self._flops_every = 0  # PyTorch 1.13: no counter
-            self._unmeasured("counted_flops", "torch %s has no torch.utils.flop_counter.FlopCounterMode (2.1 and later)"
-                             % torch.__version__)
+            self._unmeasured("counted_flops", _compat.why_not("flop_counter"))
             return
+        from torch.utils.flop_counter import FlopCounterMode
         if _patches.compiled_models(m for m, _ in self._models.values()):
             self._unmeasured("counted_flops", "the model is compiled (a dispatch mode around compiled code recompiles it)")
             return
@@ -999,6 +998,17 @@ class TorchProfiler:
         if st.fwd_fetches:
             return "forward"
         return "loader" if st.fetches else "none"
+
+    def _say_hooks(self):
+        """Rank 0 sends, once, which hook families are live and how (run
+        metadata ``hooks``); in a distributed job a communication family
+        that could not be hooked goes out as unmeasured with its reason."""
+        hooks = _guard.installed()
+        why = _guard.off("communication")
+        if why and self.client.world_size > 1:
+            self._unmeasured("communication", "no collective hook on torch %s: %s" % (torch.__version__, why))
+        if self.client.rank == 0 and hooks:
+            self._sender.put(lambda: self.client.meta(hooks={k: v[:100] for k, v in hooks.items()}))
 
     def _unmeasured(self, key, why):
         """Rank 0 says, once, that a measure (a key of the report's

@@ -265,6 +265,20 @@ func TestIdenticalBatchesWarned(t *testing.T) {
 	} else if why != "" || strings.Contains(text.String(), "not measured") {
 		t.Errorf("current torch counts FLOPs, yet the report says %q", why)
 	}
+	// Which hook families rank 0 installed, and how: collectives at their
+	// dispatcher operators on torch 2, the torch.distributed functions
+	// wrapped on 1.13; none off
+	wantComm := "dispatcher"
+	if torchMajor(py) < 2 {
+		wantComm = "functions"
+	}
+	if rep.Meta == nil || rep.Meta.Hooks["communication"] != wantComm || rep.Meta.Hooks["loss"] != "on" || len(rep.Meta.HooksOff()) > 0 {
+		var hooks map[string]string
+		if rep.Meta != nil {
+			hooks = rep.Meta.Hooks
+		}
+		t.Errorf("hooks %v: want communication %q, loss on, none off", hooks, wantComm)
+	}
 }
 
 // torchrun --max_restarts 1: rank 0 dies at step 4 of attempt 0; the
