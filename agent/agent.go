@@ -192,31 +192,17 @@ type Agent struct {
 	sampleMu                                   sync.Mutex
 	lastSample                                 time.Time
 
-	traces     chan TraceNote
-	tracesDone atomic.Int64
-	traceMu    sync.Mutex
-	waits      map[traceKey]*traceWait // records held for their step's trace figures
-	waiting    atomic.Int64            // len(waits), read without the lock
+	dialErr atomic.Pointer[error]
+	connsOf map[int64]int // uid → its open intake connections (mu)
+	batches batchCheck    // identical batches on separate replicas (batches.go)
 
-	captureMu sync.Mutex
-	captures  map[string]*liveCapture // on-demand captures in progress, by id
-	capEnded  map[string]time.Time    // job → when its last capture ended here
-	dialErr   atomic.Pointer[error]
-	capSubs   sync.Map // job → *capSub: the job's capture requests, subscribed once it has a rank here
-	capSubN   atomic.Int64
-	capUIDMu  sync.Mutex
-	capSubsOf map[int64]int // uid → capture subscriptions its ranks made (capUIDMu)
-	ownMu     sync.Mutex
-	owners    map[string]*jobOwner // job → the user whose ranks write it (owner.go)
-	connsOf   map[int64]int        // uid → its open intake connections (mu)
-	ownedBy   map[int64]int        // uid → jobs it holds in owners
-	batches   batchCheck           // identical batches on separate replicas (batches.go)
+	traceJobs       // trace analysis (traces.go)
+	captureRegistry // on-demand captures (capture.go)
+	ownership       // which user's ranks write which job (owner.go)
 
 	done      chan struct{}
 	wg        sync.WaitGroup
 	closeOnce sync.Once
-	// traceDirErr is why the trace folder was refused (nil: usable).
-	traceDirErr error
 }
 
 // natsErr is why NATS is not reachable: the connection's last error, or
@@ -240,8 +226,9 @@ func Start(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, owners: map[string]*jobOwner{}, ownedBy: map[int64]int{}, connsOf: map[int64]int{}, done: make(chan struct{}),
-		log: ratelog.New(cfg.Logger, 10*time.Second), traces: make(chan TraceNote, 64), captures: map[string]*liveCapture{}}
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, connsOf: map[int64]int{}, done: make(chan struct{}),
+		log: ratelog.New(cfg.Logger, 10*time.Second), traceJobs: traceJobs{traces: make(chan TraceNote, 64)},
+		captureRegistry: captureRegistry{captures: map[string]*liveCapture{}}, ownership: ownership{owners: map[string]*jobOwner{}, ownedBy: map[int64]int{}}}
 	// The trace folder is adopted only when it is this user's alone: in a
 	// shared /tmp another user could have made it first and planted links
 	// that a rank's trace writer would follow (docs/security.md).

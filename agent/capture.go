@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,19 @@ import (
 // writes to a training process), relays what the ranks say back, and
 // publishes each captured trace's figures and calls to the request's reply
 // subject.
+
+// captureRegistry is the agent's on-demand captures: those in progress,
+// when each job's last one ended here, and the jobs' capture
+// subscriptions, bounded per user.
+type captureRegistry struct {
+	captureMu sync.Mutex
+	captures  map[string]*liveCapture // on-demand captures in progress, by id
+	capEnded  map[string]time.Time    // job → when its last capture ended here
+	capSubs   sync.Map                // job → *capSub: the job's capture requests, subscribed once it has a rank here
+	capSubN   atomic.Int64
+	capUIDMu  sync.Mutex
+	capSubsOf map[int64]int // uid → capture subscriptions its ranks made (capUIDMu)
+}
 
 // liveCapture is a capture this agent handed to some of its ranks.
 type liveCapture struct {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"net"
+	"sync"
 	"time"
 )
 
@@ -29,6 +30,13 @@ const (
 // carries it (ForgetAfter when shorter): long enough for its ranks to
 // reconnect after a restart.
 const ownerGrace = time.Minute
+
+// ownership is which user's ranks write which job on a shared socket.
+type ownership struct {
+	ownMu   sync.Mutex
+	owners  map[string]*jobOwner // job → the user whose ranks write it
+	ownedBy map[int64]int        // uid → jobs it holds in owners
+}
 
 type jobOwner struct {
 	uid  int64

@@ -7,6 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tpsprof/tpsprof/internal/safefs"
@@ -242,6 +244,18 @@ const traceHold = 30 * time.Second
 type traceKey struct {
 	job                 string
 	attempt, step, rank int64
+}
+
+// traceJobs are the agent's trace analyses: the traces the ranks wrote,
+// queued for the analysing goroutine, and the step records held for
+// their step's trace figures.
+type traceJobs struct {
+	traces      chan TraceNote
+	tracesDone  atomic.Int64
+	traceMu     sync.Mutex
+	waits       map[traceKey]*traceWait // records held for their step's trace figures
+	waiting     atomic.Int64            // len(waits), read without the lock
+	traceDirErr error                   // why the trace folder was refused (nil: usable)
 }
 
 type traceWait struct {

@@ -15,6 +15,16 @@ type gpuSeries struct {
 	points []tps.GPUPoint
 }
 
+// gpuJoin is a job's GPU samples by GPU and the closed rows waiting for
+// them, joined as they come (joinGPU). Its job's lock guards it.
+type gpuJoin struct {
+	gpuSeries map[string]*gpuSeries // node/uuid → samples
+	nodes     map[string]struct{}   // nodes named by the job's records
+	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
+	pending   []pendingRow          // closed rows waiting for GPU samples
+	lastTPJ   float64               // the last row's tokens per joule
+}
+
 func (g *gpuSeries) add(s *tps.GPUSample) {
 	if n := len(g.points); n > 0 && s.UnixNs <= g.points[n-1].UnixNs {
 		return // stale or repeated

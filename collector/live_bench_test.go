@@ -15,7 +15,7 @@ import (
 func TestSlowRanksMatchScoreMedians(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	const world = 1000
-	j := &jobState{world: world, ownEWMA: make([]float64, world), rankNode: make([]string, world), slowRecent: bytes.Repeat([]byte{0xff}, world)} // each rank at its average for its last steps
+	j := &jobState{world: world, rankNode: make([]string, world), stragglerTrack: stragglerTrack{ownEWMA: make([]float64, world), slowRecent: bytes.Repeat([]byte{0xff}, world)}} // each rank at its average for its last steps
 	med, nodes := map[int64]float64{}, map[int64]string{}
 	for r := range world {
 		if r%97 == 5 {
@@ -51,7 +51,7 @@ func TestSlowRanksMatchScoreMedians(t *testing.T) {
 //	go test -run '^$' -bench LiveScores ./collector/
 func BenchmarkLiveScores(b *testing.B) {
 	const world = 131072
-	j := &jobState{world: world, ownEWMA: make([]float64, world), rankNode: make([]string, world), slowRecent: bytes.Repeat([]byte{0xff}, world)}
+	j := &jobState{world: world, rankNode: make([]string, world), stragglerTrack: stragglerTrack{ownEWMA: make([]float64, world), slowRecent: bytes.Repeat([]byte{0xff}, world)}}
 	for r := range world {
 		j.ownEWMA[r] = 1e9 + float64((r*7919)%1000)*1e6
 		j.rankNode[r] = fmt.Sprintf("node-%d", r/8)

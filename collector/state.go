@@ -219,25 +219,10 @@ type jobState struct {
 	history     runHistory        // the whole run, bucketed, for the live page
 	recentNext  int
 	newSinceLog bool
-	// a step closed since straggler episodes were last tracked
-	newSinceEpisodes bool
-
-	// finalising parts when an attempt ends or the job goes quiet
-	lastActive   time.Time // the last step record
-	firstRecord  time.Time // the first one: steps are held for metadata until metaWait after it
-	heldFull     bool      // a full step is held open for the metadata
-	unfinalised  bool      // rows written since the parts were last finalised
-	attemptEnded bool      // an attempt_end event since then
-	ended        bool      // the last attempt ended (attempt_end or job_end) and no record came since
 
 	clocks  clockEstimator // nodes' clock offsets from rank 0's node
 	prevKey stepKey        // the newest step closed...
 	prevEnd int64          // ...and where it ended, on the reference clock (0: none yet)
-
-	gpuSeries map[string]*gpuSeries // node/uuid → samples
-	nodes     map[string]struct{}   // nodes named by the job's records
-	gpuNodes  map[string]struct{}   // nodes that sent GPU samples
-	pending   []pendingRow          // closed rows waiting for GPU samples
 
 	// rank windows (tps.RankWindow): each rank's current one, and those
 	// complete waiting to be written
@@ -247,33 +232,19 @@ type jobState struct {
 	// led is the durable source's bookkeeping (ledger.go); nil in core mode
 	led *ledger
 
-	// live figures for metrics and the live page
-	closedSteps, incompleteSteps, tokens int64
-	stepSeconds                          float64   // Σ step time of the closed steps (tpsprof_step_seconds_total)
-	mostRanks                            int64     // the most ranks a closed step had
-	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
-	lastTPJ                              float64
-	ownEWMA                              []float64 // per rank, ns: own time (compute and data wait): the one live score (slowest ranks, stragglers, episodes)
-	dataEWMA, workEWMA                   []float64 // per rank, ns: of it, data wait, and the measured fwd+bwd+optim
-	openEpisodes                         map[string]*LiveEpisode
-	slowSince                            []int64 // per rank: first step of its current run of slow own times, -1 for none
-	slowLast                             []int64 // per rank: the last step its own time was slow, -1 for none
-	slowRecent                           []uint8 // per rank: its last 8 own times, a bit set for each slow one (newest lowest)
-	bestSeen                             float64 // the fastest own-time average at the last episode tracking
-	lastAutoCapture                      time.Time
-	episodes                             []LiveEpisode                     // closed, the last maxEpisodes
-	episodesEnded                        int64                             // closed since the job started
-	rollWin                              [rolloutWindows]tps.RolloutDetail // generation latencies of the last steps, merged per step
-	rollIdx                              int                               // the window rollout events merge into
-	rollDirty                            bool                              // merged since the live figures were published
+	finalising     // when its parts are finalised (finalise.go)
+	gpuJoin        // its GPUs' samples, joined to its rows (gpujoin.go)
+	runTotals      // what the live page and metrics show
+	stragglerTrack // stragglers and their episodes (straggling.go)
+	rolloutWindow  // generation latencies of the last steps (rollouts.go)
 }
 
 // newJobState is a job with nothing heard yet: meta (may be nil) is the
 // metadata every job starts from; led is the durable source's ledger (nil
 // in core mode).
 func newJobState(id string, lim limits, meta *tps.RunMeta, led *ledger) jobState {
-	s := jobState{id: id, lim: lim, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, gpuSeries: map[string]*gpuSeries{},
-		nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{}, closed: newStepBits(64), led: led}
+	s := jobState{id: id, lim: lim, open: map[stepKey]*openStep{}, maxClosed: map[int64]int64{}, closed: newStepBits(64), led: led,
+		gpuJoin: gpuJoin{gpuSeries: map[string]*gpuSeries{}, nodes: map[string]struct{}{}, gpuNodes: map[string]struct{}{}}}
 	if meta != nil {
 		s.meta = *meta
 		s.meta.Job = id
@@ -878,8 +849,7 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 		s.incompleteSteps++
 	}
 	s.history.add(row)
-	s.rollIdx = (s.rollIdx + 1) % rolloutWindows // the oldest latency window makes room
-	s.rollWin[s.rollIdx] = tps.RolloutDetail{}
+	s.nextRolloutStep()
 	if len(s.recent) < liveWindow {
 		s.recent = append(s.recent, row)
 	} else {
@@ -994,31 +964,6 @@ func (s *jobState) recentSteps() []tps.ClusterStep {
 	return out
 }
 
-// rolloutWindows is how many closed steps' rollout events the live
-// latency figures cover: every rank's, merged into one sketch pair per
-// step window as they arrive (a rollout event comes per rank and step:
-// merging is O(buckets), and the figures are published by the loop, not
-// per event).
-const rolloutWindows = 8
-
-// addRollout merges a rank's generation latencies into the current window.
-func (s *jobState) addRollout(d tps.RolloutDetail) {
-	w := &s.rollWin[s.rollIdx]
-	w.TTFT.Merge(&d.TTFT)
-	w.ITL.Merge(&d.ITL)
-	s.rollDirty = true
-}
-
-// rolloutSketches merges the windows: time to first token and inter-token
-// latency over the last rolloutWindows steps.
-func (s *jobState) rolloutSketches() (ttft, itl tps.Sketch) {
-	for i := range s.rollWin {
-		ttft.Merge(&s.rollWin[i].TTFT)
-		itl.Merge(&s.rollWin[i].ITL)
-	}
-	return ttft, itl
-}
-
 // liveLine is the job's line for the live output, or "" when no step
 // closed since the last one.
 func (s *jobState) liveLine(now time.Time) string {
@@ -1113,4 +1058,12 @@ func (s *jobState) takeWindows(all bool) []tps.RankWindow {
 	out := s.winsReady
 	s.winsReady = nil
 	return out
+}
+
+// runTotals are a job's running totals for metrics and the live page.
+type runTotals struct {
+	closedSteps, incompleteSteps, tokens int64
+	stepSeconds                          float64   // Σ step time of the closed steps (tpsprof_step_seconds_total)
+	mostRanks                            int64     // the most ranks a closed step had
+	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
 }
