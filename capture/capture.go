@@ -4,6 +4,11 @@
 // per collective, matched across ranks, who arrived last and how long the
 // others waited for it.
 //
+// It owns the capture's protocol (probe, choose the step, start, gather:
+// run.go, gathering.go) and the merge (align, match, attribute:
+// merge.go). It never touches a training process itself: the agents ask
+// the ranks and analyse their traces.
+//
 // The path of a capture (docs/capture.md, "On-demand capture"):
 //
 //  1. The command asks every agent, on wire.CaptureSubject(job) ("probe"),

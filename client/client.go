@@ -3,6 +3,9 @@
 // It needs the standard library and package tps only: a training binary
 // that imports it links neither NATS, Prometheus nor NVML.
 //
+// It owns the socket's writer side. It never blocks the training program:
+// records queue and are dropped, counted, when the agent is slow or gone.
+//
 //	c := client.New(client.DefaultSocket(), client.Options{})
 //	defer c.Close(2 * time.Second)
 //	rec, _ := tps.NewRecorder(tps.RecorderConfig{Job: "llama", WorldSize: 8, Rank: rank}, c)

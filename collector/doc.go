@@ -9,5 +9,11 @@
 // A record that arrives after its step closed is still written to
 // rank_steps and counted as late.
 //
+// It owns the live aggregation and the tables' writing: a job's state is
+// jobState (state.go) with its concerns as types of their own (finalising,
+// gpuJoin, stragglerTrack, rolloutWindow). It never does disk or network
+// I/O under a job's lock; the figures are package tps's, the same the
+// report computes.
+//
 // See the example of New.
 package collector

@@ -5,6 +5,9 @@
 // communication no computation kernel overlaps (exposed), the overlap
 // percentage and GPU idle time, and the collectives by kind.
 //
+// It owns the trace's reading and its figures. It never writes: a trace
+// is read once, streamed, within bounds on its bytes and events.
+//
 // Kernels are classified by name as Holistic Trace Analysis does, so the
 // figures compare: communication = NCCL/RCCL/HCCL kernels (a name starting
 // with "nccl", "rccl" or "hccl", or containing "ncclKernel"/"ncclDevKernel",

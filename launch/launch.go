@@ -2,6 +2,9 @@
 // environment (socket, job, attempt, node, topology, the Python package on
 // PYTHONPATH), an agent started in process when none serves the node, and
 // the attempt's start and end events.
+//
+// It owns the command's environment and its signals. It never measures:
+// the ranks do (the Python package, package client), through the agent.
 package launch
 
 import (

@@ -2,6 +2,9 @@
 // table of dense peak FLOP/s per accelerator and dtype, and turns throughput
 // into model and hardware FLOPs utilisation (MFU, HFU).
 //
+// It owns the FLOP formulas and the peak table, each figure with its
+// published source in the tests. It never measures and does no I/O.
+//
 // Conventions, printed by every tool that uses them:
 //
 //   - Model FLOPs per token = 6 × (matmul parameters a token touches, the

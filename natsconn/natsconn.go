@@ -1,6 +1,8 @@
 // Package natsconn connects agents and collectors to NATS with the options
 // both share (credentials, TLS, endless reconnects), and runs the embedded
 // server that is the default transport.
+// It owns connecting and the embedded server; it never decides what is
+// sent (package wire's subjects and payloads).
 package natsconn
 
 import (

@@ -1,6 +1,8 @@
 // Package python carries the tpsprof Python package inside the Go binary,
 // so that `tpsprof launch` can put it on a training command's PYTHONPATH
 // with nothing installed (see Extract).
+// It owns the embedded files and their extraction into a private folder;
+// it never runs Python.
 package python
 
 import (

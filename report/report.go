@@ -5,6 +5,13 @@
 // follows the number of ranks (a bounded sample per rank, a fixed heatmap
 // grid) and, at 57 to 125 bytes a step (120 more with plots), the number
 // of steps, not the number of rows.
+//
+// analyze.go runs it as named stages over one analysis (open the job,
+// read the steps, the events, the cluster pass, the rank pass, finish);
+// the figures of the cluster rows are stepFigures registered in one list
+// (figures.go). It owns the after-the-fact figures and their views (text,
+// Markdown, HTML, plots, trackers). It never writes into a job's tables:
+// it reads them, and writes only the plots and pages it is asked for.
 package report
 
 import (

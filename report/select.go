@@ -356,9 +356,9 @@ type selector struct {
 	byTime, sorted bool
 	ks             keys
 	un             unstepper
-	times          values // every step's time (ns), when read
-	keep           []int      // the kept steps' indexes
-	times0, times1 []int64    // by time: their start and end, repaired
+	times          values  // every step's time (ns), when read
+	keep           []int   // the kept steps' indexes
+	times0, times1 []int64 // by time: their start and end, repaired
 }
 
 func (s *selector) add(attempt, step, start, end, stepTime int64) {

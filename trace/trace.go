@@ -6,6 +6,9 @@
 // synced, and renamed to "part-….parquet" only when complete, so a crash
 // never leaves a torn file where readers look (readers, DuckDB's
 // "rank_steps/*.parquet" included, ignore the hidden names).
+//
+// It owns the tables' files and their schemas. It never aggregates:
+// figures are package tps's (live) and package report's (after the fact).
 package trace
 
 import (

@@ -6,6 +6,10 @@
 // step or second, travel as compact binary messages (varints: a fraction
 // of their JSON size and many times faster to decode); events and run
 // metadata, which are few, travel as JSON.
+//
+// It owns the encodings and their bounds (a message too large or corrupt
+// is an error, never a partial result). It never sends: natsconn
+// connects, the agent publishes, the collector subscribes.
 package wire
 
 import (

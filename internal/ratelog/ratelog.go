@@ -1,5 +1,6 @@
 // Package ratelog logs at most one line per key per interval, counting what
 // it suppressed, so a flood of bad input cannot flood the log.
+// It owns no file: it writes through the slog.Logger it is given.
 package ratelog
 
 import (

@@ -1,5 +1,6 @@
 // Package tracetest writes synthetic traces for benchmarks and tests: a
 // run's rank_steps and cluster_steps as the collector would, at any size.
+// It is for tests and benchmarks only; the product never imports it.
 package tracetest
 
 import (

@@ -1,6 +1,8 @@
 // Package cli wires tpsprof's subcommands: it parses flags and calls the
 // packages that do the work. Main is separate from package main so tests can
 // run every command in process.
+// One file per command (collector.go, agent.go, launch.go, report.go, …).
+// It owns flags and output; it never computes a figure.
 package cli
 
 import (

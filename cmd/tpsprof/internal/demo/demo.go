@@ -5,6 +5,9 @@
 // jitter, warm-up steps, one straggler node, a communication-heavy phase, a
 // checkpoint and evaluation gaps, so every part of the output has something
 // to show.
+//
+// It owns the simulation only: every figure the demo prints comes from the
+// product's own packages.
 package demo
 
 import (
