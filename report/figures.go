@@ -64,6 +64,7 @@ func (a *analysis) stepFigures() []stepFigure {
 		a.attemptsFigure(),  // the attempts table
 		&generationFigure{}, // rollouts' generation, the text rate
 		a.energyFigure(),    // the GPU samples' energy join
+		&lossFigure{},       // the training loss (loss.go)
 	}
 	figs := all[:0]
 	for _, f := range all {

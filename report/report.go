@@ -243,6 +243,9 @@ type Report struct {
 	Generation *Generation `json:"generation,omitempty"`
 	// Text is throughput in bytes of text, when ranks reported bytes.
 	Text *TextRate `json:"text,omitempty"`
+	// Loss is the training loss over the steady steps, when ranks
+	// reported one.
+	Loss *Loss `json:"loss,omitempty"`
 	// Running is true when some part of the job is still being written:
 	// the report covers what is finalised (Notes say so).
 	Running bool `json:"running"`

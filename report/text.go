@@ -118,6 +118,9 @@ func (l *lines) rates(r *Report) {
 			tps.SI(s.TPS.P50), tps.SI(s.TPS.P95), tps.SI(s.TPS.P99), tps.SI(s.TPS.Min), tps.SI(s.TPS.Max))
 	}
 	l.row("step time", "mean %.3fs  p50 %.3fs  p95 %.3fs  p99 %.3fs", s.StepTimeS.Mean, s.StepTimeS.P50, s.StepTimeS.P95, s.StepTimeS.P99)
+	if x := r.Loss; x != nil {
+		l.row("loss", "%.4g at the first steady step, %.4g at the last (mean %.4g, lowest %.4g, over %d steps)", x.First, x.Last, x.Mean, x.Lowest, x.Steps)
+	}
 	if f := r.CountedFLOPs; s.MFU == nil && f != nil && f.HFU != nil {
 		// no analytic model: PyTorch's own count gives them
 		m := "n/a (activations recomputed)"

@@ -163,6 +163,24 @@ func TestTorchDDPMeasured(t *testing.T) {
 	if w := topologyWarnings(t, dir); len(w) != 0 {
 		t.Errorf("topology warnings on a DDP job whose replicas read different data: %q", w)
 	}
+	// The report's loss is the ranks' own (loss.backward() noted it): its
+	// last steady step's is the mean of that step's rank rows, over the steady
+	// steps (on torch 2 the FLOP-counted third step is not one)
+	rep, err := report.Analyze(dir, report.Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	var n int
+	for _, r := range rows {
+		if r.Step == steps-1 && r.Loss != nil {
+			sum += *r.Loss
+			n++
+		}
+	}
+	if rep.Loss == nil || n != 2 || math.Abs(rep.Loss.Last-sum/2) > 1e-6*math.Abs(sum) || rep.Loss.Steps != int(rep.Summary.SteadySteps) {
+		t.Errorf("report loss %+v; the last step's rank rows %d, mean %v", rep.Loss, n, sum/float64(max(n, 1)))
+	}
 }
 
 // A hand-written pipeline (two stages, blocking sends and receives in
