@@ -287,6 +287,18 @@ func columnName(err error, int64Cols, strCols []string) string {
 	return ""
 }
 
+// chunkErr is column col's decoding failure (nil when it decoded n values
+// for a group of rows rows).
+func chunkErr(col, n, rows int, err error) error {
+	switch {
+	case err != nil:
+		return &columnError{col, err}
+	case n != rows:
+		return &columnError{col, fmt.Errorf("%d values for %d rows", n, rows)}
+	}
+	return nil
+}
+
 // columnError is a column's decoding failure; col indexes the int64
 // columns asked for, then the string columns.
 type columnError struct {
@@ -310,12 +322,7 @@ func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, volatile []boo
 			return
 		}
 		v, err := readInt64Chunk(chunks[idx[i]], slices.Grow(cols.Int64[i][:0], rows)) // one allocation, not a doubling series
-		switch {
-		case err != nil:
-			errs[i] = &columnError{i, err}
-		case len(v) != rows:
-			errs[i] = &columnError{i, fmt.Errorf("%d values for %d rows", len(v), rows)}
-		default:
+		if errs[i] = chunkErr(i, len(v), rows, err); errs[i] == nil {
 			cols.Int64[i] = v
 		}
 	}
@@ -343,12 +350,7 @@ func decodeGroup(chunks []parquet.ColumnChunk, idx, strIdx []int, volatile []boo
 			arena = &cols.arenas[k]
 		}
 		v, err := readStringChunkIn(chunks[si], slices.Grow(cols.Str[k][:0], rows), arena)
-		switch {
-		case err != nil:
-			errs[e] = &columnError{e, err}
-		case len(v) != rows:
-			errs[e] = &columnError{e, fmt.Errorf("%d values for %d rows", len(v), rows)}
-		default:
+		if errs[e] = chunkErr(e, len(v), rows, err); errs[e] == nil {
 			cols.Str[k] = v
 		}
 	}

@@ -643,13 +643,8 @@ class TorchProfiler:
     def _yield_trace(self):
         """The job's own profiler starts while ours traces a step: ours
         stops first, its trace dropped; a capture says so."""
-        p, rf, n, capture = self._tracing
-        self._tracing = None
-        try:
-            rf.__exit__(None, None, None)
-            p.__exit__(None, None, None)
-        except Exception:
-            pass
+        _, _, n, capture = self._tracing
+        self._stop_trace()
         if capture:
             self._capture = None
             c = self.client
@@ -660,14 +655,20 @@ class TorchProfiler:
         st, self._cur = self._cur, None
         if st is not None and st.counter is not None:
             self._end_count(st, False)
-        if self._tracing is not None:
-            p, rf, _, _ = self._tracing
-            self._tracing = None
-            try:
-                rf.__exit__(None, None, None)
-                p.__exit__(None, None, None)
-            except Exception:
-                self._err()
+        if self._tracing is not None and not self._stop_trace():
+            self._err()
+
+    def _stop_trace(self):
+        """Stops our trace of the step, its trace dropped; False when the
+        profiler would not stop."""
+        p, rf, _, _ = self._tracing
+        self._tracing = None
+        try:
+            rf.__exit__(None, None, None)
+            p.__exit__(None, None, None)
+        except Exception:
+            return False
+        return True
 
     def _settle_step(self):
         """The next iteration's first activity: an iteration whose optimizer
