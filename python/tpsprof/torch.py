@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Uni
 import torch
 
 from . import _active, _c10d, _client, _compat, _guard, _patches, _rollout
+from ._marks import Marks
 from ._c10d import COLLECTIVES
 from ._sender import Poller, Sender
 from ._steps import Step, mean_loss, phases, totals
@@ -229,8 +230,9 @@ def _job_profiler_running() -> bool:
         return False
 
 
-class TorchProfiler:
-    """Measures the steps of one rank's PyTorch loop; see :func:`instrument`."""
+class TorchProfiler(Marks):
+    """Measures the steps of one rank's PyTorch loop; see :func:`instrument`.
+    The patches and callbacks mark it through Marks (tpsprof/_marks.py)."""
 
     def __init__(self, tokens: Optional[TokenFn] = None, ignore_index: int = -100, first_step: Optional[int] = None,
                  device: Any = None, trace_every: Optional[int] = None, count_fetches: bool = True,

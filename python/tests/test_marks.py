@@ -1,0 +1,37 @@
+"""The seam between the profiler and its callers (tpsprof/_marks.py): every
+reach of the patches, callbacks, zero-code mode and the sender thread into
+the profiler is a mark or a piece of state the seam names, and the profiler
+implements every mark."""
+
+import os
+import re
+import unittest
+
+from tpsprof import _marks
+import tpsprof.torch as tt
+
+_CALLERS = ("_patches.py", "_c10d.py", "hf.py", "lightning.py", "_auto.py", "_rollout.py", "_trackers.py", "_sender.py")
+_REACH = re.compile(r"\b(?:prof|p|profiler|_active\.profiler|self\._prof|self\.prof)\.(_[A-Za-z0-9_]+)")
+
+
+class MarksTest(unittest.TestCase):
+    def test_every_reach_is_named(self):
+        marks = {n for n in vars(_marks.Marks) if n.startswith("_") and not n.startswith("__")}
+        here = os.path.join(os.path.dirname(_marks.__file__))
+        seen = set()
+        for name in _CALLERS:
+            with open(os.path.join(here, name)) as f:
+                for m in _REACH.finditer(f.read()):
+                    seen.add(m.group(1))
+                    self.assertTrue(m.group(1) in marks or m.group(1) in _marks.STATE,
+                                    "%s reaches the profiler's %s, which the seam does not name" % (name, m.group(1)))
+        self.assertGreater(len(seen), 20)  # the pattern still finds the reaches
+
+    def test_profiler_implements_every_mark(self):
+        for name, fn in vars(_marks.Marks).items():
+            if callable(fn) and name.startswith("_") and not name.startswith("__"):
+                self.assertIn(name, vars(tt.TorchProfiler), "TorchProfiler does not implement %s" % name)
+
+
+if __name__ == "__main__":
+    unittest.main()

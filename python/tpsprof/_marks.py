@@ -1,0 +1,146 @@
+"""The seam between the profiler and the code that calls into it.
+
+The patches (``_patches``, ``_c10d``), the framework callbacks (``hf``,
+``lightning``), zero-code mode (``_auto``) and the sender thread
+(``_sender``) reach the active profiler only through the marks and the
+state named here; ``tpsprof.torch.TorchProfiler`` implements ``Marks``.
+``tests/test_marks.py`` reads those modules and fails on a reach that is
+not named here, so the seam cannot grow unseen.
+
+Every mark runs on the thread that called it and never raises into the
+training process: a failure is counted (``_err``).
+"""
+
+
+class Marks:
+    """What is marked on the profiler from outside it, and by whom."""
+
+    # -- the forward, backward and loss (the forward wrapper, Tensor.backward,
+    #    the framework callbacks, zero-code mode)
+    def _fwd_pre(self, module, inputs, kwargs=None):
+        """A watched model's forward begins."""
+        raise NotImplementedError
+
+    def _fwd_post(self, module, inputs, output):
+        """It ends (output: what it returned)."""
+        raise NotImplementedError
+
+    def _backward(self, inner, t, args, kwargs):
+        """``t.backward(*args, **kwargs)`` through inner, timed."""
+        raise NotImplementedError
+
+    # -- data (loaders watched through their iterators)
+    def _data_enter(self, src=None):
+        """A fetch of the next batch begins."""
+        raise NotImplementedError
+
+    def _data_exit(self, opened, dt, batch):
+        """It returned batch after dt seconds."""
+        raise NotImplementedError
+
+    def _data_end(self, opened):
+        """The loader is exhausted."""
+        raise NotImplementedError
+
+    # -- communication (the collective wrappers and dispatcher kernels)
+    def _comm_mark(self):
+        """A collective is about to be issued: its span's start."""
+        raise NotImplementedError
+
+    def _comm_issue(self, recv=False):
+        """It is issued; the cell its span goes into."""
+        raise NotImplementedError
+
+    def _comm_started(self, cell, cpu0, work=None):
+        """The backend took it."""
+        raise NotImplementedError
+
+    def _comm_track(self, cell, work, recv=False):
+        """Its work completes later: polled or waited."""
+        raise NotImplementedError
+
+    def _comm_begin(self, sync):
+        """The host blocks on communication."""
+        raise NotImplementedError
+
+    def _comm_end(self, tok, work, cell=None):
+        """It stopped blocking."""
+        raise NotImplementedError
+
+    def _work_waited(self, work, t0):
+        """``Work.wait()`` returned, called at t0."""
+        raise NotImplementedError
+
+    def _p2p_blocked(self, cell, t0):
+        """A blocking send or receive returned: the pipeline waited."""
+        raise NotImplementedError
+
+    def _functional_issued(self, cell, out, args, recv):
+        """A functional collective is issued (out: its result)."""
+        raise NotImplementedError
+
+    def _functional_works(self, cell, works):
+        """The c10d works it made."""
+        raise NotImplementedError
+
+    def _functional_waited(self, t, t0):
+        """``wait_tensor(t)`` returned, called at t0."""
+        raise NotImplementedError
+
+    # -- steps, side events and the profiler's life
+    def _settle_step(self):
+        """The next iteration's first activity: end a stepped iteration."""
+        raise NotImplementedError
+
+    def _discard(self):
+        """Drop the open step (it was not training's)."""
+        raise NotImplementedError
+
+    def _finish(self):
+        """End the open step now."""
+        raise NotImplementedError
+
+    def _side_event(self, kind, start, end):
+        """A checkpoint or evaluation between start and end (wall ns)."""
+        raise NotImplementedError
+
+    def _unwatch_model(self, model):
+        """Take the hooks off a model about to be compiled."""
+        raise NotImplementedError
+
+    def _set_device_from(self, model):
+        """The device the steps are timed on, from the model."""
+        raise NotImplementedError
+
+    def _err(self):
+        """Count a failure of the profiler's own (past a bound it stops)."""
+        raise NotImplementedError
+
+    # -- the sender thread (records built off the training thread)
+    def _ready(self, st):
+        """Whether step st's device work is done."""
+        raise NotImplementedError
+
+    def _send_release(self, st, wait):
+        """Send step st's record (waiting for its device work)."""
+        raise NotImplementedError
+
+    def _release(self, st):
+        """Give step st's resources back."""
+        raise NotImplementedError
+
+
+# The profiler's state the same modules read or keep, each with its owner:
+STATE = {
+    "_tls": "per-thread guards of the patches (re-entry, the step's context)",
+    "_cur": "the open step",
+    "_closed": "closed: the callbacks stop marking",
+    "_scaled": "a grad scaler's scaled losses and their scales (the loss patch)",
+    "_recompute": "an activation checkpoint ran in the counted step",
+    "_pp_stage": "the pipeline stage a schedule runs (pipelining patch)",
+    "_watched_loaders": "loaders watched through their class's iterator",
+    "_count_fetches": "False: batches come through add_batch (Lightning)",
+    "_optimizers": "the watched optimizers (zero-code mode's model choice)",
+    "_roots": "the forward's owner in zero-code mode",
+    "_sender": "the sender thread (the HF callback's metadata)",
+}
