@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"math"
-	"os"
 	"path/filepath"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -14,7 +13,7 @@ import (
 // analysis is one report being made: the job folder opened once, and
 // what each stage leaves the next. Its stages, in order:
 //
-//	openJob      the folder, the byte meter, the parts' footers
+//	openJob      the folder, once (trace.Job: its byte meter, its parts' footers)
 //	readSteps    the cluster steps: held, or a spine read in chunks
 //	readEvents   events, metadata, clock offsets, the warm-up mask
 //	clusterPass  every stepFigure fed the cluster rows once
@@ -26,7 +25,7 @@ type analysis struct {
 	plots           bool
 	rep             *Report
 	pd              *Plots
-	footers         *trace.Footers
+	job             *trace.Job
 
 	// readSteps
 	steps    []tps.ClusterStep // the rows, when held (nil: streamed)
@@ -73,22 +72,22 @@ func openJob(dir string, opt Options, plots bool) (*analysis, error) {
 	if opt.TopStragglers <= 0 {
 		opt.TopStragglers = 5
 	}
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("report: %s is not a job folder of Parquet traces", dir)
+	job, err := trace.OpenJob(dir)
+	if err != nil {
+		return nil, fmt.Errorf("report: %w", err)
 	}
-	a := &analysis{dir: dir, clusterDir: filepath.Join(dir, trace.ClusterSteps), opt: opt, plots: plots, pd: &Plots{}, footers: &trace.Footers{}}
-	rep := &Report{Job: filepath.Base(dir), Dir: dir, Events: map[string]int64{}, meter: &trace.Meter{}}
-	rep.read = trace.All(trace.Metered(rep.meter), trace.Reuse(a.footers))
+	a := &analysis{dir: dir, clusterDir: job.Table(trace.ClusterSteps), opt: opt, plots: plots, pd: &Plots{}, job: job}
+	rep := &Report{Job: filepath.Base(dir), Dir: dir, Events: map[string]int64{}, read: job.Read()}
 	for _, t := range []string{trace.ClusterSteps, trace.RankSteps, trace.RankWindows, trace.Events, trace.GPUSamples} {
-		rep.BytesInTables += trace.TableBytes(filepath.Join(dir, t))
+		rep.BytesInTables += trace.TableBytes(job.Table(t))
 	}
 	a.rep = rep
 	return a, nil
 }
 
 func (a *analysis) close() {
-	a.rep.BytesRead = a.rep.meter.Bytes()
-	a.footers.Close()
+	a.rep.BytesRead = a.job.BytesRead()
+	a.job.Close()
 }
 
 // readSteps reads the steps: held (a selection, or a run of one chunk),
@@ -147,7 +146,7 @@ func (a *analysis) readSteps() error {
 }
 
 func (a *analysis) openParts() int {
-	return trace.OpenParts(a.clusterDir) + trace.OpenParts(filepath.Join(a.dir, trace.RankSteps))
+	return trace.OpenParts(a.clusterDir) + trace.OpenParts(a.job.Table(trace.RankSteps))
 }
 
 // noSteps says why a job without steps has no report.
@@ -170,7 +169,7 @@ func (a *analysis) readEvents() error {
 	rep, pd := a.rep, a.pd
 	rep.Meta = readMeta(a.clusterDir)
 	rep.ClockOffsetsNs = readClockOffsets(a.clusterDir)
-	if err := trace.Each(filepath.Join(a.dir, trace.Events), func(rows []tps.Event) error {
+	if err := trace.Each(a.job.Table(trace.Events), func(rows []tps.Event) error {
 		for _, e := range rows {
 			rep.Events[e.Kind]++
 			a.events = append(a.events, e)
@@ -243,7 +242,7 @@ func (a *analysis) markSteps() error {
 func (a *analysis) clusterPass() error {
 	rep, sp := a.rep, a.sp
 	if a.selected == nil {
-		a.rankTotal = trace.RowCount(filepath.Join(a.dir, trace.RankSteps), rep.read)
+		a.rankTotal = trace.RowCount(a.job.Table(trace.RankSteps), rep.read)
 	} else {
 		// the selection's rank rows as the cluster rows count them: the
 		// parts' footers are read once, by the pass
@@ -262,7 +261,7 @@ func (a *analysis) clusterPass() error {
 	lo, hi := sp.span()
 	a.gpu = newGPUSeries(lo, hi)
 	a.gpu.offsets = rep.ClockOffsetsNs
-	if len(partsOf(filepath.Join(a.dir, trace.GPUSamples))) > 0 {
+	if len(partsOf(a.job.Table(trace.GPUSamples))) > 0 {
 		limit := [2]int64{math.MinInt64, math.MaxInt64}
 		if a.selected != nil {
 			// samples within a minute of the selection's steps (the plots and

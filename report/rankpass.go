@@ -84,7 +84,7 @@ var (
 func (a *analysis) stepPass(k *rankSink) error {
 	p := newStepRows(a, k)
 	var done int64
-	pruned, err := trace.EachColumnsIn(filepath.Join(a.dir, trace.RankSteps), rankCols.Names(), "node", a.ranges, func(c *trace.Columns) error {
+	pruned, err := trace.EachColumnsIn(a.job.Table(trace.RankSteps), rankCols.Names(), "node", a.ranges, func(c *trace.Columns) error {
 		p.group(c)
 		done += int64(c.Rows)
 		if a.opt.Progress != nil {
@@ -218,7 +218,7 @@ func (a *analysis) windowPass(k *rankSink) error {
 	p := &windowRows{rep: a.rep, sp: a.sp, k: k, sketches: map[int64]*tps.Sketch{}, lastKey: [3]int64{-1, -1, -1}, si: -1}
 	// the columns the pass takes, decoded column by column: parquet-go's
 	// rows rebuilt all 45 of a window's columns through reflection
-	_, err := trace.EachColumnsStrs(filepath.Join(a.dir, trace.RankWindows), windowCols.Names(), []string{"node", "compute_sketch"}, windowRanges(a.ranges), func(c *trace.Columns) error {
+	_, err := trace.EachColumnsStrs(a.job.Table(trace.RankWindows), windowCols.Names(), []string{"node", "compute_sketch"}, windowRanges(a.ranges), func(c *trace.Columns) error {
 		for i := range c.Rows {
 			if err := p.row(c, i); err != nil {
 				return err

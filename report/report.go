@@ -258,7 +258,6 @@ type Report struct {
 	CostPerMTok    *float64         `json:"cost_per_million_tokens_usd,omitempty"`
 	TimeToTrainS   *float64         `json:"time_to_train_s,omitempty"`
 
-	meter *trace.Meter // counts BytesRead
 	// read is what every read of the report takes: counted in BytesRead,
 	// each part's footer read once.
 	read trace.ReadOption
