@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"math/bits"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -294,81 +293,6 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 	}
 	t.records++
 	return true
-}
-
-// observeRank folds a rank's record at a step into its moving averages:
-// compute (the live straggler scores), and for episodes its own time
-// (compute and data wait: what the others of a synchronous step wait for)
-// with its data wait and measured forward, backward and optimizer apart,
-// which say why it is slow. It notes from which step on its own times
-// have been below the straggler threshold against the fastest average
-// (so that an episode, which opens once the average crosses it, starts
-// where the slowness began: a rank 1.4 times slower crosses ~17 steps
-// later).
-func (s *jobState) observeRank(r *tps.StepRecord) {
-	if int64(len(s.ownEWMA)) != s.world {
-		s.ownEWMA = make([]float64, s.world)
-		s.dataEWMA, s.workEWMA = make([]float64, s.world), make([]float64, s.world)
-		s.slowSince, s.slowLast = make([]int64, s.world), make([]int64, s.world)
-		s.slowRecent = make([]uint8, s.world)
-		for i := range s.slowSince {
-			s.slowSince[i], s.slowLast[i] = -1, -1
-		}
-	}
-	rank := r.Rank
-	if rank < 0 || rank >= int64(len(s.ownEWMA)) {
-		return
-	}
-	comp := float64(r.ComputeNs())
-	own := comp + float64(r.DataWaitNs)
-	first := s.ownEWMA[rank] == 0
-	for _, x := range []struct {
-		avg []float64
-		v   float64
-	}{{s.ownEWMA, own}, {s.dataEWMA, float64(r.DataWaitNs)}, {s.workEWMA, float64(r.FwdNs + r.BwdNs + r.OptimNs)}} {
-		if first {
-			x.avg[rank] = x.v
-		} else {
-			x.avg[rank] += ewmaAlpha * (x.v - x.avg[rank])
-		}
-	}
-	slow := s.bestSeen > 0 && own > 0 && s.bestSeen/own < tps.StragglerThreshold
-	s.slowRecent[rank] <<= 1
-	if slow {
-		s.slowRecent[rank] |= 1
-	}
-	switch {
-	case !slow:
-		s.slowSince[rank] = -1
-	case s.slowSince[rank] < 0 || r.Step < s.slowSince[rank]:
-		s.slowSince[rank] = r.Step
-		fallthrough
-	default:
-		s.slowLast[rank] = max(s.slowLast[rank], r.Step)
-	}
-}
-
-// episodeMinSlow of a rank's last episodeRecent own times must have been
-// slow for its moving average to open an episode: one step descheduled
-// or stalled (4.3 times its pace is enough to lift an average with
-// ewmaAlpha 0.1 over the threshold) is jitter, not a straggler.
-const episodeMinSlow, episodeRecent = 3, 5
-
-// keepsSlow says whether enough of rank r's recent own times were slow
-// for an episode.
-func (s *jobState) keepsSlow(r int) bool {
-	return r < len(s.slowRecent) && bits.OnesCount8(s.slowRecent[r]&(1<<episodeRecent-1)) >= episodeMinSlow
-}
-
-// bestOwn is the fastest rank's own-time average and that rank (-1, 0 for none).
-func (s *jobState) bestOwn() (int, float64) {
-	at, best := -1, 0.0
-	for r, v := range s.ownEWMA {
-		if v > 0 && (best == 0 || v < best) {
-			at, best = r, v
-		}
-	}
-	return at, best
 }
 
 // slowRanks returns the ranks with their score (the fastest rank's recent
@@ -691,7 +615,7 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 		return k, false, false
 	}
 	t.records++
-	s.observeRank(r)
+	s.observeRank(r, s.world)
 	s.own.observe(r)
 	if st.acc.Full() {
 		s.closeFull(k, st, t)
