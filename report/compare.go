@@ -279,10 +279,16 @@ func WriteCompare(w io.Writer, a, b *Report) error {
 		}
 	}
 	tw.Flush()
-	if len(c.Notes) > 0 {
+	return writeWithNotes(w, &sb, c.Notes, "note: ")
+}
+
+// writeWithNotes writes sb and then the notes, each after prefix on a
+// line of its own.
+func writeWithNotes(w io.Writer, sb *strings.Builder, notes []string, prefix string) error {
+	if len(notes) > 0 {
 		sb.WriteString("\n")
-		for _, n := range c.Notes {
-			sb.WriteString("note: " + n + "\n")
+		for _, n := range notes {
+			sb.WriteString(prefix + n + "\n")
 		}
 	}
 	_, err := io.WriteString(w, sb.String())
@@ -299,14 +305,7 @@ func WriteCompareMarkdown(w io.Writer, a, b *Report) error {
 			fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", r.Name, r.cell(r.A, r.TextA), r.cell(r.B, r.TextB), r.delta())
 		}
 	}
-	if len(c.Notes) > 0 {
-		sb.WriteString("\n")
-		for _, n := range c.Notes {
-			sb.WriteString("- " + n + "\n")
-		}
-	}
-	_, err := io.WriteString(w, sb.String())
-	return err
+	return writeWithNotes(w, &sb, c.Notes, "- ")
 }
 
 // hasTPS says whether the summary has a throughput (steady steps that
