@@ -321,7 +321,7 @@ func BenchmarkReport10M(b *testing.B) {
 	}()
 	b.ResetTimer()
 	for b.Loop() {
-		rep, err := analyzeChecked(dir, Options{Warmup: tps.AutoWarmup})
+		rep, err := Analyze(dir, Options{Warmup: tps.AutoWarmup})
 		if err != nil {
 			b.Fatal(err)
 		}
