@@ -381,7 +381,7 @@ func (s *jobState) fileMetadata() map[string]string {
 
 func (s *jobState) setMeta(m tps.RunMeta, t *tally) {
 	s.meta.Merge(m)
-	s.hasMeta = s.hasMeta || m.ShapesAggregation()
+	s.hasMeta = true
 	if s.world > 0 {
 		s.configure(s.world, t)
 		s.reconfigureOpen(t)

@@ -248,18 +248,6 @@ func (m *RunMeta) CheckUnmeasured() error {
 	return nil
 }
 
-// ShapesAggregation says whether the metadata carries what a job's steps
-// are aggregated under: its layout, model or hardware. The collector holds
-// a job's first steps until such metadata comes; the Python package's
-// reports alone (its hooks, the measures it could not take, what counted
-// the tokens) do not end the hold (a hooks record sent at start-up let a
-// pipeline's first step be aggregated before its layout came: 2 replicas
-// where the job had 1).
-func (m *RunMeta) ShapesAggregation() bool {
-	return m.Topology != (Topology{}) || m.MicroBatches > 0 || m.Interleave > 0 || m.ModelPreset != "" || m.Model != nil ||
-		m.Seq > 0 || m.DType != "" || m.GPU != "" || m.PeakTFLOPS > 0 || m.Attention != "" || m.Recompute != ""
-}
-
 // maxHookFamilies bounds RunMeta.Hooks.
 const maxHookFamilies = 16
 

@@ -314,7 +314,7 @@ class TorchProfiler(Marks):
         _patches.install_loss()
         _patches.install_checkpoints()
         _patches.install_pipelining()
-        self._say_hooks()
+        self._hooks_said = False  # the hooks record goes out with the first step's (_say_hooks)
         _watch_own_profilers()
         _active.profiler = self
         atexit.register(self.close)
@@ -1003,15 +1003,23 @@ class TorchProfiler(Marks):
         return "loader" if st.fetches else "none"
 
     def _say_hooks(self):
-        """Rank 0 sends, once, which hook families are live and how (run
-        metadata ``hooks``); in a distributed job a communication family
-        that could not be hooked goes out as unmeasured with its reason."""
-        hooks = _guard.installed()
+        """(On the sender thread, with the first step's record.) Rank 0
+        sends, once, which hook families are live and how (run metadata
+        ``hooks``); in a distributed job a communication family that could
+        not be hooked goes out as unmeasured with its reason. Not at
+        start-up: the layout goes out before every rank's first record, and
+        the collector holds a job's first steps until metadata comes; a
+        record of ours that came first would end the hold before a
+        pipeline's layout (2 replicas where the job had 1)."""
+        if self._hooks_said:
+            return
+        self._hooks_said = True
         why = _guard.off("communication")
         if why and self.client.world_size > 1:
             self._unmeasured("communication", "no collective hook on torch %s: %s" % (torch.__version__, why))
+        hooks = _guard.installed()
         if self.client.rank == 0 and hooks:
-            self._sender.put(lambda: self.client.meta(hooks={k: v[:100] for k, v in hooks.items()}))
+            self.client.meta(hooks={k: v[:100] for k, v in hooks.items()})
 
     def _unmeasured(self, key, why):
         """Rank 0 says, once, that a measure (a key of the report's
@@ -1025,7 +1033,9 @@ class TorchProfiler(Marks):
     def _say_source(self, src):
         """(On the sender thread.) Rank 0 sends what counted the tokens in
         the run metadata when it changes (the report says it); "none" only
-        if nothing counted any of its first steps."""
+        if nothing counted any of its first steps. The hooks record first,
+        once (_say_hooks)."""
+        self._say_hooks()
         if self.client.rank != 0 or src == self._token_source:
             return
         if src == "none" and (self._token_source is not None or self.steps < 3):
