@@ -88,7 +88,7 @@ def llama(a):
     prof = None if auto else tt.instrument(model, opt, loader)
     energy0 = nvml_energy_mj(dev) if cuda else None
     out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
-    marks = []
+    marks, losses = [], []
     for step, (x,) in enumerate(loader):
         if cuda:
             ev = torch.cuda.Event(enable_timing=True)
@@ -98,16 +98,18 @@ def llama(a):
         counting = step == 9 and not a.compile
         if counting:
             from torch.utils.flop_counter import FlopCounterMode
-            extra = {}
-            if not cuda:  # PyTorch's counter has no formula for CPU flash attention: tpsprof's (a dry run)
-                import tpsprof.torch as t2
-                extra = t2._cpu_attention_formulas()
+            # PyTorch's formulas, with grouped-query attention's heads broadcast as
+            # the kernels do (torch before 2.12 raises on those shapes; on CPU it has
+            # no flash-attention formula): what tpsprof gives its counter
+            import tpsprof.torch as t2
+            extra = t2._attention_formulas()
             fc = FlopCounterMode(display=False, custom_mapping=extra)
             fc.__enter__()
         loss = model(input_ids=x, labels=x).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        losses.append(loss.detach())  # read at the end: an item() a step would change the job's timing
         row = {"step": step, "rank": rank, "tokens": x.numel()}
         if counting:
             fc.__exit__(None, None, None)
@@ -121,7 +123,8 @@ def llama(a):
         marks.append(end)
         torch.cuda.synchronize()
         periods = [marks[i].elapsed_time(marks[i + 1]) * 1e6 for i in range(len(marks) - 1)]
-        out.write(json.dumps({"periods_ns": periods, "energy_mj": nvml_energy_mj(dev) - energy0}) + "\n")
+        out.write(json.dumps({"periods_ns": periods, "energy_mj": nvml_energy_mj(dev) - energy0,
+                              "losses": [float(v) for v in losses]}) + "\n")
     out.close()
     if prof is not None:
         prof.close()
@@ -174,6 +177,10 @@ def verify_llama(a):
         got = s["step_time_s"]["p50"] * 1e9
         v.check("step time p50 (ms)", "%.2f" % (got / 1e6), "%.2f (CUDA events, mean)" % (mean / 1e6),
                 abs(got - mean) <= 0.05 * mean)
+    if tail and tail[0].get("losses") and rep.get("loss"):
+        want = tail[0]["losses"][-1]
+        got = rep["loss"]["last"]
+        v.check("loss, last steady step", "%.6g" % got, "%.6g (the job's own)" % want, abs(got - want) <= 1e-4 * abs(want))
     tok = steps[0]["tokens"]
     c = rep.get("counted_flops") or {}
     own = [r for r in steps if "flops" in r]

@@ -5,6 +5,7 @@
 #   CGO_CFLAGS=-Wno-deprecated-declarations go build -trimpath -ldflags "-s -w" -o .dev/gpu/tpsprof ./cmd/tpsprof
 #   BIN=.dev/gpu/tpsprof bash examples/gpu/check.sh                          # there
 #   BIN=... bash examples/gpu/check.sh --tiny --cpu                          # a dry run on CPU
+#   BIN=... bash examples/gpu/check.sh --parts 1,5                           # some parts only
 #
 # 1. a ~0.95 B Llama (transformers, random init, bf16) under DDP over NCCL
 #    with one instrument() call: step time against CUDA-event periods, the
@@ -23,14 +24,17 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-.dev/gpu/tpsprof}
 PY=${PY:-python3}
 OUT=${OUT:-$(mktemp -d)}
-TINY="" CPU="" DEV=cuda
-for a in "$@"; do
-	case $a in
+TINY="" CPU="" DEV=cuda PARTS=1,2,3,4,5
+while [ $# -gt 0 ]; do
+	case $1 in
 	--tiny) TINY=--tiny ;;
 	--cpu) CPU=--cpu DEV=cpu ;;
-	*) echo "usage: $0 [--tiny] [--cpu]" >&2; exit 2 ;;
+	--parts) PARTS=${2:?--parts needs a list, e.g. 1,5}; shift ;;
+	*) echo "usage: $0 [--tiny] [--cpu] [--parts 1,2,3,4,5]" >&2; exit 2 ;;
 	esac
+	shift
 done
+part() { case ",$PARTS," in *",$1,"*) return 0 ;; esac; return 1; }
 [ -x "$BIN" ] || { echo "no tpsprof binary at $BIN (BIN=...)" >&2; exit 2; }
 mkdir -p "$OUT/home"
 export HOME=$OUT/home # the collector writes its NATS token under HOME for launch to read
@@ -59,6 +63,7 @@ rdzv() {
 	fi
 }
 
+if part 1; then
 echo "== 1. Llama, DDP, instrument()"
 SEQ=2048
 [ -n "$TINY" ] && SEQ=64
@@ -67,6 +72,9 @@ TPSPROF_FLOPS_EVERY=5 launch --job gpu-llama --hf-config "$OUT/llama/config.json
 	"${TORCHRUN[@]}" $(rdzv) --nproc_per_node 1 examples/gpu/check.py llama --truth "$OUT/llama" $TINY $CPU >"$OUT/llama.log" 2>&1 ||
 	{ echo "FAIL: the Llama job (see $OUT/llama.log)"; failed=$((failed + 1)); }
 
+fi
+
+if part 2; then
 echo "== 2. two ranks on one GPU, rank 1 slow: tpsprof trace"
 mkdir -p "$OUT/capture"
 launch --job gpu-capture -- "${TORCHRUN[@]}" $(rdzv) --nproc_per_node 2 examples/pytorch/phase_straggler.py --device $DEV --slow-rank 1 \
@@ -79,31 +87,50 @@ touch "$OUT/capture/stop"
 wait $JOB || { echo "FAIL: the capture job (see $OUT/capture.log)"; failed=$((failed + 1)); }
 $PY examples/gpu/check.py verify-capture --trace "$OUT/trace.txt" --slow-rank 1 || failed=$((failed + 1))
 
+fi
+
+if part 3; then
 echo "== 3. Hugging Face Trainer callback"
 launch --job gpu-hf -- $PY examples/pytorch/hf_train.py --out "$OUT/hf" --truth "$OUT/hf-truth" --steps 20 \
 	>"$OUT/hf.log" 2>&1 || { echo "FAIL: the Trainer job (see $OUT/hf.log)"; failed=$((failed + 1)); }
 
+fi
+
+if part 4; then
 echo "== 4. zero-code compiled DDP"
 launch --auto --job gpu-compile -- "${TORCHRUN[@]}" $(rdzv) --nproc_per_node 1 examples/gpu/check.py llama --truth "$OUT/compile" --tiny \
 	--compile --steps 12 $CPU >"$OUT/compile.log" 2>&1 ||
 	{ echo "FAIL: the compiled job (see $OUT/compile.log)"; failed=$((failed + 1)); }
 
+fi
+
+if part 5; then
 echo "== 5. the cost benchmark"
 launch --job gpu-bench -- $PY examples/pytorch/bench_torch.py --device $DEV >"$OUT/bench.json" 2>"$OUT/bench.log" ||
 	{ echo "FAIL: the benchmark (see $OUT/bench.log)"; failed=$((failed + 1)); }
+
+fi
 
 kill -INT $COL 2>/dev/null
 wait $COL 2>/dev/null
 trap - EXIT
 echo "== verdicts"
-"$BIN" report --json --no-plots "$OUT/data/gpu-llama" >"$OUT/llama-report.json" 2>"$OUT/llama-report.log"
-$PY examples/gpu/check.py verify-llama --truth "$OUT/llama" --report "$OUT/llama-report.json" || failed=$((failed + 1))
-for job in gpu-hf:20 gpu-compile:12; do
-	"$BIN" report --json --no-plots --warmup 0 "$OUT/data/${job%%:*}" >"$OUT/${job%%:*}.json" 2>/dev/null
-	$PY examples/gpu/check.py verify-steps --report "$OUT/${job%%:*}.json" --steps "${job##*:}" --name "${job%%:*}" ||
+if part 1; then
+	"$BIN" report --json --no-plots "$OUT/data/gpu-llama" >"$OUT/llama-report.json" 2>"$OUT/llama-report.log"
+	$PY examples/gpu/check.py verify-llama --truth "$OUT/llama" --report "$OUT/llama-report.json" || failed=$((failed + 1))
+fi
+for job in 3:gpu-hf:20 4:gpu-compile:12; do
+	IFS=: read -r n name steps <<<"$job"
+	part "$n" || continue
+	"$BIN" report --json --no-plots --warmup 0 "$OUT/data/$name" >"$OUT/$name.json" 2>/dev/null
+	$PY examples/gpu/check.py verify-steps --report "$OUT/$name.json" --steps "$steps" --name "$name" ||
 		failed=$((failed + 1))
 done
-$PY examples/gpu/check.py verify-bench --bench "$OUT/bench.json" || failed=$((failed + 1))
-"$BIN" report --no-plots "$OUT/data/gpu-llama" | head -40
+if part 5; then
+	$PY examples/gpu/check.py verify-bench --bench "$OUT/bench.json" || failed=$((failed + 1))
+fi
+if part 1; then
+	"$BIN" report --no-plots "$OUT/data/gpu-llama" | head -40
+fi
 echo "== $failed check(s) failed; everything is under $OUT"
 [ $failed -eq 0 ]

@@ -92,7 +92,9 @@ def compare(args, dim, layers, vocab, seq, batch, blocks, per_block):
     return {"bare_ms": mb / 1e6, "instrumented_ms": mi / 1e6, "overhead_pct": 100 * d / mb,
             "overhead_us": d / 1e3, "sender_us": sender / 1e3, "cost_us": (d + sender) / 1e3,
             "self_us": own / 1e3,
-            "pairs": len(diffs), "steps_each": len(tb), "sent": prof.sent,
+            # (TPSPROF_OWN_DETAIL=1) the training thread's cost by hook, µs a step
+            "own_by_us": {k: round(v / max(prof.steps, 1) / 1e3, 2) for k, v in sorted(prof.own_by.items())},
+            "mark_calls": prof.mark_calls, "pairs": len(diffs), "steps_each": len(tb), "sent": prof.sent,
             "dropped": prof.dropped, "errors": prof.errors}
 
 
@@ -106,13 +108,17 @@ def main():
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--device", default="cpu", help="cpu or cuda (each step synchronised to be timed)")
+    p.add_argument("--only", choices=["model", "tiny"], help="one of the two comparisons")
     a = p.parse_args()
     global DEVICE
     DEVICE = torch.device(a.device)
     torch.set_num_threads(1)  # steadier timings on a shared machine
-    big = compare(a, a.dim, a.layers, a.vocab, a.seq, a.batch, a.blocks, a.per_block)
-    tiny = compare(a, 8, 1, 16, 4, 1, 200, 10)  # a near-empty step: the per-step cost itself
-    print(json.dumps({"model_step": big, "tiny_step": tiny}))
+    out = {}
+    if a.only != "tiny":
+        out["model_step"] = compare(a, a.dim, a.layers, a.vocab, a.seq, a.batch, a.blocks, a.per_block)
+    if a.only != "model":  # a near-empty step: the per-step cost itself
+        out["tiny_step"] = compare(a, 8, 1, 16, 4, 1, 200, 10)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -121,6 +121,11 @@ class Marks:
         """Whether step st's device work is done."""
         raise NotImplementedError
 
+    def _fetch_losses(self, steps):
+        """Make the losses of steps about to be sent host values (those on
+        a device read at once, without waiting on the training's stream)."""
+        raise NotImplementedError
+
     def _send_release(self, st, wait):
         """Send step st's record (waiting for its device work)."""
         raise NotImplementedError

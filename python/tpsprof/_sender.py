@@ -72,8 +72,8 @@ class Sender:
                 deadline = time.monotonic() + 1.0
                 while time.monotonic() < deadline and any(c[1] is None for st in steps for c in st.comm):
                     time.sleep(0.001)
-            while steps:
-                st = steps[0]
+            n = 0  # the finished steps whose times are known, oldest first
+            for st in steps:
                 try:
                     ready = final or prof._ready(st)
                 except Exception:  # marks of two kinds (the device became known mid-step): drop it
@@ -81,8 +81,12 @@ class Sender:
                     prof._err()
                 if not ready:
                     break
-                steps.popleft()
-                prof._send_release(st, final)
+                n += 1
+            if n:
+                batch = [steps.popleft() for _ in range(n)]
+                prof._fetch_losses(batch)  # their losses on a GPU, in one copy
+                for st in batch:
+                    prof._send_release(st, final)
             while len(steps) > MAX_PENDING:  # times never known (a GPU far behind): the oldest go
                 prof._release(steps.popleft())
                 prof.pending_dropped += 1

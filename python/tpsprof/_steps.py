@@ -23,7 +23,7 @@ class Step:
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "fetches", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
-                 "fwd_fetches", "declared", "own", "mem", "counter", "src")
+                 "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -49,6 +49,7 @@ class Step:
         self.own = 0  # ns the training thread spent in tpsprof's hooks during the step
         self.mem = None  # (peak allocated, peak reserved, capacity) bytes: CUDA only
         self.counter = None  # PyTorch's FlopCounterMode while the step's FLOPs are counted
+        self.uncounted = None  # operators whose FLOP formula raised in the count (then none is sent)
         self.src = None  # the iterator whose fetch opened the step
         self.losses = []  # the losses whose backward ran (one-element values)
         self.gap = 0  # ns of checkpointing inside the step before its training: not the step's

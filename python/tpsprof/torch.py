@@ -177,6 +177,13 @@ FLOPS_FIRST = 2
 FLOPS_EVERY = 1000
 
 
+def _env_int(name, default, least):
+    try:
+        return max(int(os.environ.get(name, "") or default), least)
+    except ValueError:
+        return default
+
+
 def _flops_every_env() -> int:
     """TPSPROF_FLOPS_EVERY: steps between FLOP counts (0: never; absent:
     FLOPS_EVERY)."""
@@ -187,34 +194,61 @@ def _flops_every_env() -> int:
     return max(n, 0)
 
 
-def _cpu_attention_formulas() -> dict:
-    """Formulas for what PyTorch's FLOP counter has none of: the CPU
-    flash-attention kernel scaled_dot_product_attention runs on CPU (its
-    CUDA kernels have theirs). As the counter counts attention: the two
-    products q·kᵀ and p·v whatever the mask (a causal mask's zeros
-    counted), the backward twice the forward; grouped-query attention
-    counted over the query's heads."""
+def _attention_formulas() -> dict:
+    """Formulas PyTorch's FLOP counter lacks or gets wrong for attention:
+    the CPU flash-attention kernel (no formula before torch 2.5), and the
+    CUDA kernels with grouped-query attention (fewer key/value heads than
+    query heads), on whose shapes the formulas of torch before 2.12 raise
+    (a 0.95 B Llama with 16 query and 8 key/value heads, torch 2.11 on an
+    H100). PyTorch's own counts with the key and value heads broadcast to
+    the query's, as the kernels do: q·kᵀ and p·v forward (a causal mask's
+    zeros counted), five products backward (the scores recomputed)."""
     aten = torch.ops.aten
-    fwd_op = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    bwd_op = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-    if fwd_op is None or bwd_op is None:
-        return {}
     try:
-        from torch.utils.flop_counter import flop_registry
-        if fwd_op in flop_registry:
-            return {}  # PyTorch counts it itself
+        from torch.utils import flop_counter as fc
+        count, count_bwd = fc.sdpa_flop_count, fc.sdpa_backward_flop_count
     except Exception:
         return {}
 
-    def attention(q, k, v):
-        return 2 * q[0] * q[1] * q[2] * k[-2] * (q[-1] + v[-1])
+    def heads(q, kv):
+        return tuple(kv[:-3]) + (q[-3],) + tuple(kv[-2:])
 
     def fwd(q, k, v, *args, out_shape=None, **kwargs):
-        return attention(q, k, v)
+        return count(q, heads(q, k), heads(q, v))
 
     def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
-        return 2 * attention(q, k, v)
-    return {fwd_op: fwd, bwd_op: bwd}
+        return count_bwd(grad_out, q, heads(q, k), heads(q, v))
+    out = {}
+    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
+        f, b = getattr(aten, name, None), getattr(aten, name + "_backward", None)
+        if f is not None and b is not None:
+            out[f], out[b] = fwd, bwd
+    return out
+
+
+def _guarded_formulas(failed: list) -> dict:
+    """Every formula FlopCounterMode will use, each made unable to raise
+    into the job's forward or backward: a formula that raises (a shape
+    it does not know) counts 0 and names its operator in failed, and the
+    step's count is not sent. A counter that raised would end the job's
+    step (and the job) inside PyTorch's dispatch."""
+    from torch.utils.flop_counter import flop_registry, shape_wrapper
+
+    def guard(op, f):
+        def counted(*args, **kwargs):
+            try:
+                return f(*args, **kwargs)
+            except Exception as e:
+                if len(failed) < 8:
+                    failed.append("%s (%s)" % (op, type(e).__name__))
+                return 0
+        counted._get_raw = True  # f is already shape-wrapped
+        return counted
+    out = {op: guard(op, f) for op, f in flop_registry.items()}
+    for op, f in _attention_formulas().items():
+        out[op] = guard(op, shape_wrapper(f))
+    return out
 
 
 def _job_profiler_running() -> bool:
@@ -307,8 +341,18 @@ class TorchProfiler(Marks):
         self._said_unmeasured = set()  # measures said to be missing (run metadata)
         self._recompute = False  # an activation checkpoint ran in the counted step
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
+        self.own_by = {}  # (TPSPROF_OWN_DETAIL=1) ns the training thread spent, by hook
+        self._loss_stream = None  # (sender thread) where losses on a GPU are copied to the host
+        self.mark_calls = None  # on a GPU: how marks are recorded (_cuda_mark)
         # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
         self._mem_on = os.environ.get("TPSPROF_MEMORY", "1") != "0"
+        # TPSPROF_MEMORY_EVERY=n: the allocator's peak read every n steps (the
+        # peak of the n steps, on the n-th's row); reading it is the largest
+        # single cost of a step on CUDA after the marks
+        self._mem_every = _env_int("TPSPROF_MEMORY_EVERY", 1, 1)
+        self._mem_left = 0
+        if _OWN_DETAIL:
+            self._memory = _timed(self, "memory", self._memory)
         self._mem_cap = None
         _patches.install_collectives()
         _patches.install_loss()
@@ -497,8 +541,37 @@ class TorchProfiler(Marks):
         self.device = device
         self.cuda = device is not None and device.type == "cuda"
         self._mark = self._cuda_mark if self.cuda else time.perf_counter_ns
+        if self.cuda:
+            self._cuda_idx = device.index
+            self._stream_key = self._stream = None
+            self.mark_calls = "direct"
+            if _EVENT_RECORD is None or _CURRENT_STREAM is None:
+                self._mark = self._cuda_mark_slow
+                self.mark_calls = "public"
+        if _OWN_DETAIL:
+            self._mark = _timed(self, "mark", self._mark)
 
     def _cuda_mark(self):
+        """A CUDA event recorded on the current stream: the C calls that
+        torch.cuda.current_stream() and Event.record() make, less their
+        Python (device lookup, a Stream object a call: 7 marks a step made
+        them a large part of the training thread's cost on an H100). The
+        Stream object is kept while the current stream stays the same."""
+        ev = self._events.pop() if self._events else torch.cuda.Event(enable_timing=True)
+        try:
+            idx = self._cuda_idx
+            key = _CURRENT_STREAM(idx if idx is not None else _CURRENT_DEVICE())
+            if key != self._stream_key:
+                self._stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+                self._stream_key = key
+            _EVENT_RECORD(ev, self._stream)
+        except Exception:  # a torch whose calls differ: the public ones from here on
+            self._mark = self._cuda_mark_slow
+            self.mark_calls = "public (the direct calls failed)"
+            ev.record(torch.cuda.current_stream(self.device))
+        return ev
+
+    def _cuda_mark_slow(self):
         ev = self._events.pop() if self._events else torch.cuda.Event(enable_timing=True)
         ev.record(torch.cuda.current_stream(self.device))
         return ev
@@ -543,7 +616,8 @@ class TorchProfiler(Marks):
             return
         try:
             _patches.install_checkpoint_probe()
-            mode = FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas())
+            failed = []
+            mode = FlopCounterMode(display=False, custom_mapping=_guarded_formulas(failed))
             mode.__enter__()
         except Exception as e:
             self._flops_every = 0  # a counter that will not start: not tried again
@@ -552,6 +626,7 @@ class TorchProfiler(Marks):
             return
         self._recompute = False
         st.counter = mode
+        st.uncounted = failed
 
     def _end_count(self, st, send):
         """Stops step st's FLOP counter; sends the count (a flop_count
@@ -563,6 +638,12 @@ class TorchProfiler(Marks):
         except Exception:
             self._flops_every = 0
             self._err()
+            return
+        if st.uncounted:
+            # a partial count is a wrong count: none is sent, and none tried again
+            self._flops_every = 0
+            self._unmeasured("counted_flops", "PyTorch's FLOP counter on torch %s has no working formula for %s"
+                             % (torch.__version__, ", ".join(st.uncounted)))
             return
         if not send:
             return
@@ -846,7 +927,10 @@ class TorchProfiler(Marks):
             return
         st.end = st.end_at if st.end_at is not None else self._mark()
         if self.cuda and self._mem_on:
-            st.mem = self._memory()
+            if self._mem_left <= 0:
+                st.mem = self._memory()
+                self._mem_left = self._mem_every
+            self._mem_left -= 1
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
@@ -977,7 +1061,7 @@ class TorchProfiler(Marks):
         elif tokens == 0 and src in ("loader", "forward"):
             src = "none"  # batches without token ids (features, images)
         self._say_source(src)
-        loss = mean_loss(st.losses)
+        loss = mean_loss(st.losses)  # (on a GPU, read by _fetch_losses)
         self.steps += 1
         self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, ph,
                               samples=None if st.skipped else (samples or None), loss=loss,
@@ -985,6 +1069,32 @@ class TorchProfiler(Marks):
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
                               bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp,
                               capture_ns=st.own, capture_cpu_ns=self._own_cpu(), mem=st.mem)
+
+    def _fetch_losses(self, steps):
+        """(On the sender thread, the steps' ends reached.) The losses of
+        steps about to be sent, made host values: those on a GPU in one
+        copy, on a stream of this thread's own. float() of each would copy
+        on the default stream, behind the training's next steps, and spin
+        until the GPU got there (60 ms of CPU a step on an H100 with 148 ms
+        steps). The losses were computed before their steps' end events,
+        which have completed."""
+        if not self.cuda:
+            return
+        vals = [v for st in steps for v in st.losses if getattr(v, "is_cuda", False)]
+        if not vals:
+            return
+        try:
+            if self._loss_stream is None:
+                self._loss_stream = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(self._loss_stream):
+                host = torch.stack([v.reshape(()).float() for v in vals]).to("cpu", non_blocking=True)
+            self._loss_stream.synchronize()
+            got = iter(host.tolist())
+            for st in steps:
+                if st.losses:
+                    st.losses = [next(got) if getattr(v, "is_cuda", False) else v for v in st.losses]
+        except Exception:
+            self._err()
 
     def _source_of(self, st):
         """(On the sender thread.) What counts a step's tokens: a key of the
@@ -1322,9 +1432,10 @@ class TorchProfiler(Marks):
             n = self.token_fn(batch)
             real, padded = n if isinstance(n, tuple) else (n, n)
             f = Fetch(None, (lazy_int(real), lazy_int(padded), 0, None) if real is not None else None)
-        elif self.cuda:
+        elif self.cuda and not _host_batch(batch):
             # counts on the GPU are launched now, on the training
-            # stream, and read once the step is over
+            # stream, and read once the step is over (a batch still on
+            # the host, as loaders give it, is counted as on CPU: below)
             keep = batch.__class__ is torch.Tensor or self.steps < FINGERPRINT_STEPS  # (see FINGERPRINT_STEPS)
             f = Fetch(batch if keep else None, counts_now(batch, self.ignore_index))
         else:
@@ -1603,6 +1714,32 @@ for _f in (TorchProfiler._fwd_pre, TorchProfiler._fwd_post, TorchProfiler._optim
     _c10d.skip_dynamo(_f)
 
 
+# The C calls behind torch.cuda.current_stream() and Event.record()
+# (_cuda_mark): a (stream id, device index, device type) tuple since torch 2.
+_CURRENT_STREAM = getattr(torch._C, "_cuda_getCurrentStream", None)
+_CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", None)
+_EVENT_RECORD = getattr(getattr(torch._C, "_CudaEventBase", None), "record", None)
+if _CURRENT_DEVICE is None:
+    _CURRENT_STREAM = None
+
+# TPSPROF_OWN_DETAIL=1: the training thread's cost split by hook (and the
+# marks and memory reads inside them), in prof.own_by; a diagnostic for
+# the cost benchmark (bench_torch.py), off by default (a dict update a call).
+_OWN_DETAIL = os.environ.get("TPSPROF_OWN_DETAIL") == "1"
+
+
+def _timed(prof, name, fn):
+    now = time.perf_counter_ns
+
+    def timed(*args):
+        t = now()
+        try:
+            return fn(*args)
+        finally:
+            prof.own_by[name] = prof.own_by.get(name, 0) + now() - t
+    return timed
+
+
 def _owned(fn):
     """fn, a hook, with its time counted as the profiler's own (the step's
     capture_ns); a hook called inside another counts once."""
@@ -1618,6 +1755,22 @@ def _owned(fn):
         finally:
             self._own_ns += now() - g.own_t0
             g.own_t0 = 0
+
+    if _OWN_DETAIL:
+        name = fn.__name__
+
+        def hook(self, *args, **kwargs):  # noqa: F811 (the diagnostic's variant)
+            g = self._tls
+            if g.own_t0:
+                return fn(self, *args, **kwargs)
+            g.own_t0 = t = now()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                t1 = now()
+                self._own_ns += t1 - g.own_t0
+                self.own_by[name] = self.own_by.get(name, 0) + t1 - t
+                g.own_t0 = 0
     hook.__name__, hook.__qualname__, hook.__doc__, hook.__wrapped__ = fn.__name__, fn.__qualname__, fn.__doc__, fn
     return hook
 
@@ -1753,6 +1906,27 @@ def _noted_zero_grad(call):
             prof._zero_grad()
         return call(self, args, kwargs)
     return _c10d.skip_dynamo(zero_grad)
+
+
+def _host_batch(batch):
+    """Whether a batch's tensors are all on the host (its top level: a
+    tensor, or the tensors of a tuple, list or mapping); False for one
+    without tensors."""
+    if batch.__class__ is torch.Tensor:
+        return not batch.is_cuda
+    if isinstance(batch, (list, tuple)):
+        items = batch
+    elif hasattr(batch, "values") and callable(batch.values):
+        items = batch.values()
+    else:
+        return False
+    seen = False
+    for t in items:
+        if isinstance(t, torch.Tensor):
+            if t.is_cuda:
+                return False
+            seen = True
+    return seen
 
 
 def _grad_hook(t, fn):
