@@ -176,6 +176,47 @@ class CudaEventPathTest(unittest.TestCase):
     def tearDown(self):
         torch.cuda.Event, torch.cuda.current_stream = self.saved
 
+    def test_marks_through_the_c_calls(self):
+        """A mark records its event through the C calls behind
+        current_stream() and Event.record() (run on every CUDA build of
+        torch 2): the Stream object is built once while the current stream
+        stays and again when it changes; a torch whose calls raise falls
+        back to the public ones, said in mark_calls."""
+        streams, recorded, current = [], [], [(7, 0, 1)]
+
+        class FakeStream:
+            def __init__(self, stream_id, device_index, device_type):
+                self.key = (stream_id, device_index, device_type)
+                streams.append(self)
+        saved = (tt._CURRENT_STREAM, tt._CURRENT_DEVICE, tt._EVENT_RECORD, torch.cuda.Stream)
+        tt._CURRENT_STREAM = lambda idx: current[0]
+        tt._CURRENT_DEVICE = lambda: 0
+        tt._EVENT_RECORD = lambda ev, stream: recorded.append(stream.key)
+        torch.cuda.Stream = FakeStream
+        try:
+            prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
+                                    socket_path=self.sink.path)
+            self.assertEqual(prof.mark_calls, "direct")
+            for _ in range(3):
+                prof._mark()
+            current[0] = (9, 0, 1)  # the job switched streams
+            prof._mark()
+            self.assertEqual(recorded, [(7, 0, 1)] * 3 + [(9, 0, 1)])
+            self.assertEqual([st.key for st in streams], [(7, 0, 1), (9, 0, 1)])
+
+            def broken(idx):
+                raise RuntimeError("not this torch's signature")
+            tt._CURRENT_STREAM = broken
+            ev = prof._mark()  # the public calls (the fake current_stream of setUp)
+            self.assertIsInstance(ev, FakeEvent)
+            self.assertIsNotNone(ev.t)
+            self.assertIn("public", prof.mark_calls)
+            prof._mark()
+            self.assertEqual(len(recorded), 4)
+            prof.close()
+        finally:
+            tt._CURRENT_STREAM, tt._CURRENT_DEVICE, tt._EVENT_RECORD, torch.cuda.Stream = saved
+
     def test_steps_are_sent_when_their_events_are_done(self):
         prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
                                 socket_path=self.sink.path)

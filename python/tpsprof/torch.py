@@ -299,6 +299,9 @@ class TorchProfiler(Marks):
         self.step_number = first_step
         self._first_step_given = first_step is not None
         self.device = None
+        self.own_by = {}  # (TPSPROF_OWN_DETAIL=1) ns the training thread spent, by hook
+        self._loss_stream = None  # (sender thread) where losses on a GPU are copied to the host
+        self.mark_calls = None  # on a GPU: how marks are recorded (_cuda_mark)
         self._use_device(torch.device(device) if device is not None else None)
         self.errors = 0
         self.steps = 0
@@ -341,9 +344,6 @@ class TorchProfiler(Marks):
         self._said_unmeasured = set()  # measures said to be missing (run metadata)
         self._recompute = False  # an activation checkpoint ran in the counted step
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
-        self.own_by = {}  # (TPSPROF_OWN_DETAIL=1) ns the training thread spent, by hook
-        self._loss_stream = None  # (sender thread) where losses on a GPU are copied to the host
-        self.mark_calls = None  # on a GPU: how marks are recorded (_cuda_mark)
         # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
         self._mem_on = os.environ.get("TPSPROF_MEMORY", "1") != "0"
         # TPSPROF_MEMORY_EVERY=n: the allocator's peak read every n steps (the
@@ -543,7 +543,7 @@ class TorchProfiler(Marks):
         self._mark = self._cuda_mark if self.cuda else time.perf_counter_ns
         if self.cuda:
             self._cuda_idx = device.index
-            self._stream_key = self._stream = None
+            self._stream = None  # the current stream's key and Stream object (_cuda_mark)
             self.mark_calls = "direct"
             if _EVENT_RECORD is None or _CURRENT_STREAM is None:
                 self._mark = self._cuda_mark_slow
@@ -561,10 +561,11 @@ class TorchProfiler(Marks):
         try:
             idx = self._cuda_idx
             key = _CURRENT_STREAM(idx if idx is not None else _CURRENT_DEVICE())
-            if key != self._stream_key:
-                self._stream = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
-                self._stream_key = key
-            _EVENT_RECORD(ev, self._stream)
+            known = self._stream  # (key, Stream): one object, as threads mark too (autograd's)
+            if known is None or known[0] != key:
+                known = self._stream = (key, torch.cuda.Stream(stream_id=key[0], device_index=key[1],
+                                                               device_type=key[2]))
+            _EVENT_RECORD(ev, known[1])
         except Exception:  # a torch whose calls differ: the public ones from here on
             self._mark = self._cuda_mark_slow
             self.mark_calls = "public (the direct calls failed)"
