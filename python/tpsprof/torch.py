@@ -196,11 +196,11 @@ def _flops_every_env() -> int:
 
 def _attention_formulas() -> dict:
     """Formulas PyTorch's FLOP counter lacks or gets wrong for attention:
-    the CPU flash-attention kernel (no formula before torch 2.5), and the
-    CUDA kernels with grouped-query attention (fewer key/value heads than
-    query heads), on whose shapes the formulas of torch before 2.12 raise
-    (a 0.95 B Llama with 16 query and 8 key/value heads, torch 2.11 on an
-    H100). PyTorch's own counts with the key and value heads broadcast to
+    the CPU flash-attention kernel (none in torch 2.14), and the CUDA
+    kernels with grouped-query attention (fewer key/value heads than query
+    heads), on whose shapes the formulas of torch 2.11 raise (a 0.95 B
+    Llama with 16 query and 8 key/value heads on an H100; 2.14 knows
+    them). PyTorch's own counts with the key and value heads broadcast to
     the query's, as the kernels do: q·kᵀ and p·v forward (a causal mask's
     zeros counted), five products backward (the scores recomputed)."""
     aten = torch.ops.aten
