@@ -176,6 +176,36 @@ class CudaEventPathTest(unittest.TestCase):
     def tearDown(self):
         torch.cuda.Event, torch.cuda.current_stream = self.saved
 
+    def test_waited_collective_on_a_gpu(self):
+        """A collective waited on in Python on a GPU (the synchronous API,
+        FSDP2): its span ended when its future completed (an event), and
+        the wait is blocked time. Comparing two CUDA events raised, an
+        error per wait: a job waiting on 50 collectives a step turned the
+        profiler off in its second step. No work is kept either (a kept
+        work holds its output tensors)."""
+        class Future:
+            def add_done_callback(self, fn):
+                fn(self)  # NCCL's: complete as it is enqueued
+
+        class Work:
+            def get_future(self):
+                return Future()
+        prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
+                                socket_path=self.sink.path)
+        with prof.step():
+            st = prof._cur
+            for _ in range(3):
+                cell = prof._comm_issue()
+                work = Work()
+                prof._comm_track(cell, work, False)
+                prof._work_waited(work, prof._comm_mark())
+            self.assertEqual(prof.errors, 0)
+            self.assertEqual(len(st.blocked), 3)
+            self.assertEqual(len(st.comm), 3)
+            self.assertTrue(all(isinstance(c[1], FakeEvent) for c in st.comm), st.comm)
+            self.assertEqual(prof._recv_works, {})
+        prof.close()
+
     def test_marks_through_the_c_calls(self):
         """A mark records its event through the C calls behind
         current_stream() and Event.record() (run on every CUDA build of

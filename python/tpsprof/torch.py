@@ -1524,10 +1524,12 @@ class TorchProfiler(Marks):
         """Ends cell when work completes; a receive's work is remembered so
         that waiting on it counts as pipeline wait."""
         try:
-            if work is not None:
+            if work is not None and (recv or not self.cuda):
                 # waiting on the work also ends its span: some works (gloo's
                 # reduce-scatter done as an all-reduce) report completion
-                # only once waited on
+                # only once waited on. (On a GPU its future's event ends it;
+                # only a receive's is kept there, for its wait's kind: a
+                # work held keeps its output tensors alive.)
                 if len(self._recv_works) >= 4096:
                     self._recv_works.clear()
                 self._recv_works[id(work)] = (work, cell, recv)
@@ -1556,7 +1558,8 @@ class TorchProfiler(Marks):
                 return
             iv = (t0, self._mark())
             got = self._recv_works.pop(id(work), None)
-            if got is not None and (got[1][1] is None or got[1][1] > iv[1]):
+            # (host marks only: CUDA events have no order to compare)
+            if got is not None and (got[1][1] is None or (not self.cuda and got[1][1] > iv[1])):
                 # complete by the time wait() returned: a poller that saw
                 # it later (starved of a core or of the GIL) is overruled
                 got[1][1] = iv[1]
