@@ -1600,7 +1600,7 @@ class TorchProfiler(Marks):
         try:
             end = self._mark()
             got = self._fpending.pop(t.data_ptr(), None) if isinstance(t, torch.Tensor) else None
-            if got is not None and (got[0][1] is None or got[0][1] > end):
+            if got is not None and (got[0][1] is None or (not self.cuda and got[0][1] > end)):
                 got[0][1] = end  # complete by now, if the poller saw it later
             st = self._cur
             if st is not None:
