@@ -51,7 +51,9 @@ var phaseWords = map[string]string{"data": "data fetch", "forward": "forward", "
 //
 // On torch 2.x the same job under FSDP2 (--fsdp2), the same checks, its
 // truth the late rank's delay (it logs no arrivals: the others wait for
-// it in their all-gathers). Before calls were paired by their place in
+// it in their all-gathers); beside the hogs the delay is the least it was
+// late by, and a wait within 20% of its excess by its step records is
+// not counted wide. Before calls were paired by their place in
 // the group's order, 1 to 5 of 10 FSDP2 captures named no rank (6-16 of
 // 36 calls a step unmatched) and waits read 47-131 ms against 120.
 func TestTorchCaptureByPhase(t *testing.T) {
@@ -296,7 +298,20 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 			t.Errorf("%s step %d: rank %d named; by the job's own clocks rank %d held the step back by %.1f ms: %s", r.phase, r.step, culprit, tr.last, tr.heldNs/1e6, v.Verdict)
 		case culprit >= 0 && culprit == tr.last:
 			right++
-			switch off := math.Abs(wait/tr.waitUs - 1); {
+			off := math.Abs(wait/tr.waitUs - 1)
+			loadOff := off
+			if fsdp2 && !strict && v.Records != nil && v.Records.ExcessUs > tr.waitUs {
+				// FSDP2 beside CPU hogs: the delay is the least the late
+				// rank was late by; its own work slows too (its step
+				// records read 106-157 ms a step beyond the others' mean
+				// against the 120 ms delay), and a capture whose wait
+				// agrees with those records within 20% is not counted
+				// wide (the 50% bound against the delay stays). Without
+				// this, 2 of 4 runs of the build before failed the one-in-
+				// five bound on this 2-core machine, waits 144-175 ms.
+				loadOff = math.Min(off, math.Abs(wait/v.Records.ExcessUs-1))
+			}
+			switch {
 			case off > 0.2 && v.Culprit.WaitDoubt == "" && (off > 0.5 || strict && !fsdp2):
 				// (FSDP2's truth is the delay, not the job's own clock of the
 				// wait: the late rank's own work also slows on two cores, and
@@ -305,7 +320,7 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 				// A wait the capture says is in doubt, against the step
 				// records or for calls lost, counts the same.)
 				t.Errorf("%s step %d: others waited %.1f ms, %.1f ms by the job's own clocks (%s)", r.phase, r.step, wait/1e3, tr.waitUs/1e3, v.Culprit.WaitDoubt)
-			case off > 0.2:
+			case loadOff > 0.2:
 				// under load the job's clock at its hook and the profiler's
 				// at the call drift apart; a capture that lost calls in
 				// matching says its wait may be off
