@@ -435,6 +435,14 @@ func (a *Agent) SubmitMeta(m tps.RunMeta) error {
 		a.reject("meta:token_source")
 		return fmt.Errorf("agent: run metadata: unknown token source %.40q", m.TokenSource)
 	}
+	if _, ok := tps.DataSourceText(m.DataSource); m.DataSource != "" && !ok {
+		a.reject("meta:data_source")
+		return fmt.Errorf("agent: run metadata: unknown data source %.40q", m.DataSource)
+	}
+	if m.Steps != "" && m.Steps != tps.StepsLoop {
+		a.reject("meta:steps")
+		return fmt.Errorf("agent: run metadata: unknown steps %.40q", m.Steps)
+	}
 	if err := m.CheckUnmeasured(); err != nil {
 		a.reject("meta:unmeasured")
 		return fmt.Errorf("agent: run metadata: %w", err)

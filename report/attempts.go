@@ -22,6 +22,22 @@ type AttemptRow struct {
 	// ExitCode is the attempt_end event's (null: no end recorded, as for
 	// an attempt still running or killed with its launcher).
 	ExitCode *int64 `json:"exit_code"`
+	// Time accounts for the attempt's wall time from its first step's
+	// start to its last step's end: every step's step time (warm-up and
+	// incomplete steps included) and the named gaps between steps
+	// (evaluation, checkpoint, steps missing from the traces). What is
+	// left is unaccounted: a step is the loop's period, so it stays under
+	// 1% (report.Invariants).
+	Time AttemptTime `json:"time"`
+}
+
+// AttemptTime is where an attempt's wall time between its first step's
+// start and its last step's end went, s.
+type AttemptTime struct {
+	SpanS        float64 `json:"span_s"`
+	StepsS       float64 `json:"steps_s"`
+	GapsS        float64 `json:"gaps_s"` // named: evaluation, checkpoint, unmonitored steps
+	UnaccountedS float64 `json:"unaccounted_s"`
 }
 
 // Outcome says how the attempt ended.
@@ -46,6 +62,11 @@ type attemptsAcc struct {
 	mfuNs        float64
 	nMFU         int
 	from, to     int64
+	named        [][2]int64 // evaluation and checkpoint events: the gaps between steps with a name
+	first, last  int64      // the attempt's first step start, the end so far
+	prevStep     int64
+	stepsNs      int64
+	gapsNs       int64
 }
 
 func newAttemptsAcc(events []tps.Event) *attemptsAcc {
@@ -63,6 +84,10 @@ func newAttemptsAcc(events []tps.Event) *attemptsAcc {
 		switch e.Kind {
 		case tps.EventAttemptEnd, tps.EventJobEnd:
 			a.ended[e.Attempt] = max(a.ended[e.Attempt], e.EndUnixNs, e.StartUnixNs)
+		}
+		switch e.Kind {
+		case tps.EventEval, tps.EventCheckpointSave, tps.EventCheckpointRestore, tps.EventTraceStop:
+			a.named = append(a.named, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		}
 		switch e.Kind {
 		case tps.EventAttemptEnd:
@@ -97,6 +122,9 @@ func (a *attemptsAcc) flush() {
 	if c, ok := a.exit[r.Attempt]; ok {
 		r.ExitCode = &c
 	}
+	span := a.last - a.first
+	r.Time = AttemptTime{SpanS: sec(span), StepsS: sec(a.stepsNs), GapsS: sec(a.gapsNs),
+		UnaccountedS: sec(span - a.stepsNs - a.gapsNs)}
 }
 
 func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
@@ -106,8 +134,12 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 		}
 		a.out = append(a.out, AttemptRow{Attempt: c.Attempt, Launch: a.launched[c.Attempt], FirstStep: c.Step})
 		a.tok, a.ns, a.mfu, a.mfuNs, a.nMFU, a.from, a.to = 0, 0, 0, 0, 0, c.StartUnixNs, c.EndUnixNs
+		// the span begins where the first step's step time does (its
+		// slowest rank's duration back from its end)
+		a.first, a.last, a.stepsNs, a.gapsNs, a.prevStep = c.EndUnixNs-max(c.StepTimeNs, 0), c.EndUnixNs-max(c.StepTimeNs, 0), 0, 0, c.Step-1
 	}
 	r := &a.out[len(a.out)-1]
+	a.account(c)
 	r.LastStep, r.Steps = c.Step, r.Steps+1
 	a.from, a.to = min(a.from, c.StartUnixNs), max(a.to, c.EndUnixNs)
 	if warm || !c.Complete() || c.StepTimeNs <= 0 {
@@ -120,6 +152,24 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 		a.mfuNs += float64(c.StepTimeNs)
 		a.nMFU++
 	}
+}
+
+// account adds a step to its attempt's time: its step time, and the gap
+// before it where it began after the last one ended (named where an
+// evaluation or checkpoint event covers it, or where steps are missing
+// from the traces).
+func (a *attemptsAcc) account(c *tps.ClusterStep) {
+	st := max(c.StepTimeNs, 0)
+	if begin := c.EndUnixNs - st; begin > a.last {
+		if c.Step-a.prevStep > 1 {
+			a.gapsNs += begin - a.last // unmonitored: trained, not seen
+		} else {
+			a.gapsNs += overlap(a.named, a.last, begin)
+		}
+	}
+	a.stepsNs += st
+	a.last = max(a.last, c.EndUnixNs)
+	a.prevStep = c.Step
 }
 
 func (a *attemptsAcc) result() []AttemptRow {

@@ -54,6 +54,9 @@ const (
 	BadRedone     = "redone"     // steps repeated after a restart (progress lost)
 	BadEval       = "eval"       // evaluation between steps
 	BadIdle       = "idle"       // other gaps between steps
+	// BadProfiling is the profiler's stop after a traced step (trace_stop
+	// events between steps).
+	BadProfiling = "profiling"
 	// BadShutdown is an attempt's tail: from its last step's end until its
 	// launcher exited (torchrun's shutdown, or a hang after training).
 	BadShutdown = "shutdown"
@@ -71,6 +74,7 @@ type goodputAcc struct {
 	ends        map[int64]int64
 	evals       [][2]int64
 	ckpts       [][2]int64
+	traces      [][2]int64
 	launch      map[int64]bool
 	failed      [][2]int64 // launches without a step: start, end (start when none recorded), in time order
 	nextFailed  int
@@ -116,6 +120,8 @@ func newGoodputAcc(sp *spine, events []tps.Event) *goodputAcc {
 			a.evals = append(a.evals, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		case tps.EventCheckpointSave:
 			a.ckpts = append(a.ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
+		case tps.EventTraceStop:
+			a.traces = append(a.traces, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		}
 	}
 	for _, at := range attempts[1:] {
@@ -204,9 +210,11 @@ func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
 		// Between steps: evaluation, checkpoints, and the rest idle.
 		ev := overlap(a.evals, a.cursor, c.StartUnixNs)
 		ck := min(overlap(a.ckpts, a.cursor, c.StartUnixNs), gap-ev)
+		pr := min(overlap(a.traces, a.cursor, c.StartUnixNs), gap-ev-ck)
 		g.BadputS[BadEval] += sec(ev)
 		g.BadputS[BadCheckpoint] += sec(ck)
-		g.BadputS[BadIdle] += sec(gap - ev - ck)
+		g.BadputS[BadProfiling] += sec(pr)
+		g.BadputS[BadIdle] += sec(gap - ev - ck - pr)
 		a.cursor = c.StartUnixNs
 	}
 	a.n++

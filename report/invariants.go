@@ -28,6 +28,9 @@ func Invariants(r *Report) []string {
 		v.frac("HFU", *s.HFU)
 	}
 	v.goodput(r.Goodput)
+	if r.Meta != nil && r.Meta.Steps == tps.StepsLoop {
+		v.attempts(r.Attempts)
+	}
 	v.fractions(r)
 	v.printed(r)
 	return v.bad
@@ -94,6 +97,24 @@ func (v *violations) goodput(g Goodput) {
 	}
 	if math.Abs(parts-g.ElapsedS) > max(1e-3, 1e-6*g.ElapsedS) {
 		v.add(fmt.Sprintf("goodput parts add up to %.3f s, elapsed %.3f s", parts, g.ElapsedS))
+	}
+}
+
+// attempts checks that each attempt's wall time, from its first step's
+// start to its last step's end, is its steps' step time and its named
+// gaps within 1%, for a job whose producer says its steps are the loop's
+// period (tps.StepsLoop: docs/report.md). (An older producer's steps
+// left the time between them out: that time is idle badput there.)
+func (v *violations) attempts(rows []AttemptRow) {
+	for i := range rows {
+		t := rows[i].Time
+		if t.SpanS <= 0 {
+			continue
+		}
+		if math.Abs(t.UnaccountedS) > max(0.01*t.SpanS, 1e-3) {
+			v.add(fmt.Sprintf("attempt %d: Σ step time %.3f s + named gaps %.3f s leave %.3f s of its %.3f s unaccounted",
+				rows[i].Attempt, t.StepsS, t.GapsS, t.UnaccountedS, t.SpanS))
+		}
 	}
 }
 

@@ -117,3 +117,62 @@ func TestNoTokensSaid(t *testing.T) {
 		t.Errorf("JSON tps_unknown = %v", back.Summary["tps_unknown"])
 	}
 }
+
+// TestAttemptTimeInvariant: an attempt's wall time from its first step's
+// start to its last step's end is its steps' step time and its named gaps
+// (evaluation, checkpoint, the profiler's stop, steps missing from the
+// traces); where the job's producer says its steps are the loop's period
+// (tps.StepsLoop), time left over is a violation.
+func TestAttemptTimeInvariant(t *testing.T) {
+	const s = int64(1e9)
+	t0 := int64(1_700_000_000) * s
+	rows := func(gapAfter3, idleAfter6 int64) []tps.ClusterStep {
+		var out []tps.ClusterStep
+		at := t0
+		for i := int64(0); i < 10; i++ {
+			out = append(out, tps.ClusterStep{Step: i, StartUnixNs: at, EndUnixNs: at + s, StepTimeNs: s, Tokens: 100, RanksReported: 1, WorldSize: 1})
+			at += s
+			if i == 3 {
+				at += gapAfter3
+			}
+			if i == 6 {
+				at += idleAfter6
+			}
+		}
+		return out
+	}
+	events := []tps.Event{
+		{Kind: tps.EventEval, StartUnixNs: t0 + 4*s, EndUnixNs: t0 + 4*s + s/2},
+		{Kind: tps.EventCheckpointSave, StartUnixNs: t0 + 4*s + s/2, EndUnixNs: t0 + 5*s},
+	}
+	account := func(steps []tps.ClusterStep) AttemptTime {
+		a := newAttemptsAcc(events)
+		for i := range steps {
+			a.add(&steps[i], false)
+		}
+		return a.result()[0].Time
+	}
+	// an evaluation then a checkpoint fill the gap after step 3: all accounted
+	got := account(rows(s, 0))
+	if got.SpanS != 11 || got.StepsS != 10 || got.GapsS != 1 || got.UnaccountedS != 0 {
+		t.Errorf("named gap: %+v", got)
+	}
+	r := &Report{Meta: &tps.RunMeta{Steps: tps.StepsLoop}, Attempts: []AttemptRow{{Time: got}}}
+	if v := Invariants(r); len(v) != 0 {
+		t.Errorf("a sound attempt: %v", v)
+	}
+	// 0.3 s between steps 6 and 7 that nothing names: caught (2.6% of 11.3 s)
+	got = account(rows(s, 3*s/10))
+	if math.Abs(got.UnaccountedS-0.3) > 1e-9 {
+		t.Errorf("idle gap: %+v", got)
+	}
+	r.Attempts[0].Time = got
+	if v := strings.Join(Invariants(r), "; "); !strings.Contains(v, "0.300 s of its 11.300 s unaccounted") {
+		t.Errorf("an unnamed gap in a loop-period job: %q", v)
+	}
+	// an older producer's steps (steps unsaid) left the time between them out: not held to it
+	r.Meta.Steps = ""
+	if v := Invariants(r); len(v) != 0 {
+		t.Errorf("steps unsaid: %v", v)
+	}
+}

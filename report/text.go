@@ -83,6 +83,9 @@ func (l *lines) head(r *Report) {
 		if src, ok := tps.TokenSourceText(m.TokenSource); ok {
 			l.row("tokens from", "%s", src)
 		}
+		if src, ok := tps.DataSourceText(m.DataSource); ok {
+			l.row("data wait", "%s", src)
+		}
 		for _, k := range slices.Sorted(maps.Keys(m.Unmeasured)) {
 			if what, ok := tps.UnmeasuredText(k); ok {
 				l.row("not measured", "%s: %s", what, m.Unmeasured[k])

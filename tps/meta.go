@@ -38,7 +38,18 @@ const (
 	// FlopCount JSON object). The step ran under the counter, slower: it
 	// is left out of the figures as a profiled step is.
 	EventFlopCount = "flop_count"
+	// EventTraceStop is the profiler's stop after a step it traced (a
+	// tpsprof trace capture, trace_every): 0.3-1 s that is no step's, a
+	// gap between steps named as such (badput "profiling").
+	EventTraceStop = "trace_stop"
 )
+
+// StepsLoop is RunMeta.Steps of a producer whose steps are the loop's
+// period: each rank's step runs from the end of its previous step (or
+// of the gap before it) to its own end, so an attempt's steps and its
+// named gaps account for all its time (report.Invariants holds them to
+// it). The Python package sends it; tps.Recorder's steps are such too.
+const StepsLoop = "loop"
 
 // FlopCount is the Detail of a flop_count event: the FLOPs one rank's
 // step executed as PyTorch counts them (forward and backward; matrix
@@ -194,6 +205,14 @@ type RunMeta struct {
 	// TokenSource says what counted the job's tokens (a key of
 	// TokenSourceText), as the Python package sends it once it knows.
 	TokenSource string `json:"token_source,omitempty"`
+	// DataSource says what the steps' data wait is (a key of
+	// DataSourceText): a timed fetch's wait, or the time before each
+	// step's first forward when batches come from elsewhere.
+	DataSource string `json:"data_source,omitempty"`
+	// Steps says where the job's steps begin: StepsLoop, or "" (unsaid:
+	// an older producer's steps, which began at their first measured
+	// activity and left the time between steps out).
+	Steps string `json:"steps,omitempty"`
 	// Unmeasured are the measures the Python package could not take in
 	// this job (its torch lacks the hook, the model is compiled…), by a
 	// key of UnmeasuredText, each with why: the report says so instead of
@@ -274,6 +293,20 @@ var tokenSources = map[string]string{
 	"none":     "nothing: no DataLoader batch, forward input or declaration held token ids",
 }
 
+// dataSources are what a step's data wait measures, by the key RunMeta's
+// DataSource holds, with the words the report says them in.
+var dataSources = map[string]string{
+	"loader":         "the waits of the job's DataLoaders (or wrapped iterables) for each batch",
+	"before_forward": "the time from each step's start to its first forward (batches from no DataLoader, e.g. a get_batch)",
+}
+
+// DataSourceText is the report's words for a data source key; false for
+// a key no source has.
+func DataSourceText(key string) (string, bool) {
+	t, ok := dataSources[key]
+	return t, ok
+}
+
 // TokenSourceText is the report's words for a token source key; false
 // for a key no source has.
 func TokenSourceText(key string) (string, bool) {
@@ -304,7 +337,7 @@ func (m *RunMeta) Merge(o RunMeta) {
 	if o.Seq > 0 {
 		m.Seq = o.Seq
 	}
-	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}, {&m.Tokenizer, &o.Tokenizer}, {&m.TokenSource, &o.TokenSource}} {
+	for _, f := range []struct{ dst, src *string }{{&m.DType, &o.DType}, {&m.GPU, &o.GPU}, {&m.Attention, &o.Attention}, {&m.Recompute, &o.Recompute}, {&m.Tokenizer, &o.Tokenizer}, {&m.TokenSource, &o.TokenSource}, {&m.DataSource, &o.DataSource}, {&m.Steps, &o.Steps}} {
 		if *f.src != "" {
 			*f.dst = *f.src
 		}

@@ -67,6 +67,9 @@ type Recorder struct {
 	step    int64
 	start   time.Time
 	phases  [numPhases]int64
+	// where the last step ended, and whether the next one begins there
+	lastEnd time.Time
+	chained bool
 
 	sent, rejected atomic.Int64
 }
@@ -98,13 +101,30 @@ func NewRecorder(cfg RecorderConfig, sink Sink) (*Recorder, error) {
 	return r, nil
 }
 
-// Start marks the beginning of step. A Start without End of the previous
-// step discards the previous one.
+// Start marks the beginning of step. A step is the loop's period: it
+// begins where the previous step ended (its End), so the time between an
+// End and the next Start (fetching the next batch, logging) is the step's
+// and lands in its host/other share, never between steps. The first Start,
+// and one after Gap, begin at their own call. A Start without End of the
+// previous step discards the previous one (and begins at its own call).
 func (r *Recorder) Start(step int64) {
 	now := time.Now()
 	r.mu.Lock()
-	r.started, r.step, r.start = true, step, now
+	start := now
+	if r.chained && !r.started {
+		start = r.lastEnd
+	}
+	r.started, r.step, r.start, r.chained = true, step, start, false
 	r.phases = [numPhases]int64{}
+	r.mu.Unlock()
+}
+
+// Gap says the time since the last End is no step's (an evaluation, a
+// checkpoint, a pause: send its event, e.g. EventEval, so that the report
+// names it): the next Start begins at its own call.
+func (r *Recorder) Gap() {
+	r.mu.Lock()
+	r.chained = false
 	r.mu.Unlock()
 }
 
@@ -128,7 +148,7 @@ func (r *Recorder) End(tokens int64) error {
 		r.mu.Unlock()
 		return ErrNotStarted
 	}
-	r.started = false
+	r.started, r.lastEnd, r.chained = false, end, true
 	rec := r.base
 	rec.Step = r.step
 	rec.StartUnixNs = r.start.UnixNano()

@@ -349,6 +349,50 @@ func TestRecorder(t *testing.T) {
 	}
 }
 
+// TestRecorderStepIsTheLoop: a step begins where the previous one ended
+// (the time between End and the next Start is the step's), except the
+// first and one after Gap, which begin at their own Start.
+func TestRecorderStepIsTheLoop(t *testing.T) {
+	var got []StepRecord
+	r, err := NewRecorder(RecorderConfig{Job: "j", WorldSize: 1}, SinkFunc(func(s StepRecord) { got = append(got, s) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	time.Sleep(2 * time.Millisecond)
+	var ticks []time.Time
+	for i := range 4 {
+		if i == 3 {
+			r.Gap() // an evaluation between steps 2 and 3
+		}
+		time.Sleep(4 * time.Millisecond) // the loop fetching its batch, outside Start..End
+		ticks = append(ticks, time.Now())
+		r.Start(int64(i))
+		time.Sleep(time.Millisecond)
+		if err := r.End(1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(got) != 4 {
+		t.Fatalf("%d records", len(got))
+	}
+	if got[0].StartUnixNs < before.UnixNano()+int64(4*time.Millisecond) {
+		t.Errorf("the first step begins at its Start, not before: %d", got[0].StartUnixNs-before.UnixNano())
+	}
+	for i := 1; i < 4; i++ {
+		meet := got[i].StartUnixNs == got[i-1].EndUnixNs
+		if want := i != 3; meet != want {
+			t.Errorf("step %d begins at the previous end: %v, want %v", i, meet, want)
+		}
+		if i < 3 && got[i].DurationNs < int64(5*time.Millisecond) {
+			t.Errorf("step %d lasts %v: the fetch before its Start left out", i, time.Duration(got[i].DurationNs))
+		}
+	}
+	if got[3].StartUnixNs < ticks[3].UnixNano() {
+		t.Error("the step after a gap begins before its Start")
+	}
+}
+
 func TestRecorderConcurrent(t *testing.T) {
 	var n int64
 	var mu = make(chan struct{}, 1)

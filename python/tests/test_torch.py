@@ -266,8 +266,11 @@ class CudaEventPathTest(unittest.TestCase):
         threading.Event().wait(0.12)  # the sender has looked at them
         self.assertEqual(prof.steps, 0)
         self.assertEqual(prof._sender.unsent(), 3)
-        # the first two steps complete: the next boundary sends them, in order
-        for ev in events[:4]:
+        # the first two steps complete (their marks: step 0's start and end,
+        # step 1's end: a step begins where the last one ended): the next
+        # boundary sends them, in order
+        self.assertEqual(len(events), 4)
+        for ev in events[:3]:
             ev.done = True
         FakeEvent.clock = 400.0
         with prof.step():
@@ -287,7 +290,9 @@ class CudaEventPathTest(unittest.TestCase):
                 break
             time.sleep(0.01)
         got = [(r["step"], r["duration_ns"]) for r in self.sink.lines if "type" not in r]
-        self.assertEqual(got, [(0, 60_000_000), (1, 60_000_000), (2, 60_000_000), (3, 60_000_000)])
+        # the first step from its start; the others from the last one's end
+        # (40 ms between the steps is theirs; step 3 began 200 ms after 2 ended)
+        self.assertEqual(got, [(0, 60_000_000), (1, 100_000_000), (2, 100_000_000), (3, 200_000_000)])
 
     def test_memory_peaks_per_step(self):
         # The allocator's peaks are read and reset at each step's end: each
@@ -525,6 +530,74 @@ class LoopTest(unittest.TestCase):
         ck = [e for e in events if e["kind"] == "checkpoint_save"][0]
         self.assertGreaterEqual(rows[2]["start_unix_ns"], ck["end_unix_ns"])
         self.assertLessEqual(rows[1]["end_unix_ns"], [e for e in events if e["kind"] == "eval"][0]["start_unix_ns"])
+
+    def test_the_step_is_the_loop(self):
+        """A nanoGPT-style loop, batches from get_batch (no DataLoader) that
+        takes 20 ms: each step is the loop's period by the job's own clock
+        (its get_batch included, as the step's data wait), and consecutive
+        steps meet (the time between them is no one's)."""
+        sink = Sink()
+        model = torch.nn.Sequential(torch.nn.Embedding(50, 8), torch.nn.Linear(8, 50))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, [opt], job="l", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        data = torch.randint(0, 50, (4096,))
+
+        def get_batch():
+            time.sleep(0.02)
+            i = int(torch.randint(0, 4000, (1,)))
+            return data[i:i + 9].view(1, 9)
+
+        ticks, waits = [time.perf_counter_ns()], []
+        for _ in range(8):
+            t = time.perf_counter_ns()
+            seq = get_batch()
+            waits.append(time.perf_counter_ns() - t)
+            loss = torch.nn.functional.cross_entropy(model(seq[:, :-1]).reshape(-1, 50), seq[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            ticks.append(time.perf_counter_ns())
+        prof.close()
+        rows = sink.records(8)
+        self.assertEqual([r["step"] for r in rows], list(range(8)))
+        for a, b in zip(rows, rows[1:]):
+            self.assertEqual(b["start_unix_ns"], a["end_unix_ns"], "steps meet")
+        # the first step begins at its first hooked activity (its forward):
+        # from the second on, each is an iteration of the job's own clock
+        # (its end at the optimizer step, the zero_grad after it is the next one's)
+        for i in range(1, 8):
+            want = ticks[i + 1] - ticks[i]
+            self.assertLess(abs(rows[i]["duration_ns"] - want), max(3e6, 0.05 * want), (i, rows[i], want))
+            self.assertLess(abs(rows[i]["data_wait_ns"] - waits[i]), max(3e6, 0.05 * waits[i]), (i, rows[i]))
+            self.assertEqual(rows[i]["tokens"], 8)
+        metas = [x for x in sink.lines if x.get("type") == "meta" and "data_source" in x]
+        self.assertEqual([m["data_source"] for m in metas], ["before_forward"])
+        self.assertEqual(prof.errors, 0)
+
+    def test_a_gap_breaks_the_chain(self):
+        """An evaluation and a checkpoint between two steps are gaps: the
+        step after them begins after them; the others meet."""
+        d = tempfile.mkdtemp()
+
+        def body(i, seq, model, a, b):
+            model(seq).float().mean().backward()
+            a.step()
+            b.step()
+            if i == 2:
+                model.eval()
+                with torch.no_grad():
+                    model(seq)
+                model.train()
+                torch.save(model.state_dict(), os.path.join(d, "m.pt"))
+
+        prof, rows, events = self.run_loop([torch.randint(0, 50, (2, 8)) for _ in range(5)], body)
+        self.assertEqual([r["step"] for r in rows], list(range(5)))
+        ck = [e for e in events if e["kind"] == "checkpoint_save"][0]
+        for a, b in zip(rows, rows[1:]):
+            if a["step"] == 2:
+                self.assertGreaterEqual(b["start_unix_ns"], ck["end_unix_ns"])
+            else:
+                self.assertEqual(b["start_unix_ns"], a["end_unix_ns"])
 
     def test_forward_and_backward_inside_optimizer_step(self):
         """optimizer.step(closure), as Lightning and LBFGS run a step: the

@@ -23,7 +23,8 @@ class Step:
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "fetches", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
-                 "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src")
+                 "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src", "chained", "pre",
+                 "fetched", "end_shared")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -59,6 +60,15 @@ class Step:
         self.fwd_fetches = []
         self.declared = False  # add_tokens or add_batch gave its tokens
         self.closure = False  # forward and backward ran inside optimizer.step (a closure)
+        # the step begins where the rank's previous step ended (the loop's
+        # period: docs/capture.md), not at its own first hooked activity
+        self.chained = False
+        self.fetched = False  # a timed fetch (a watched loader, prof.wrap) ran in the step
+        # (start, end) marks of the time before the step's first forward
+        # when no timed fetch gave its batch (get_batch from a token array):
+        # the step's data wait
+        self.pre = None
+        self.end_shared = False  # its end mark is the next step's start (CUDA: not released with it)
 
 
 def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=()):

@@ -321,6 +321,11 @@ class TorchProfiler(Marks):
         self._eval_open = False
         self._eval_since = False  # an evaluation forward ran since the last training forward
         self._last_end_wall = None  # wall ns the last training step ended (its last optimizer step)
+        # (mark, wall ns) where the last step ended: the next step begins
+        # there (a step is the loop's period), unless a gap is claimed in
+        # between (evaluation, checkpoint, our trace's stop: _begin)
+        self._chain = None
+        self._data_source = None  # what the steps' data wait is, as last sent in the run metadata
         self._closed = False
         self._in_rollout = False
         self._poller = None
@@ -584,7 +589,18 @@ class TorchProfiler(Marks):
 
     # -- step life ----------------------------------------------------------
     def _begin(self):
-        st = Step(self._mark(), time.time_ns(), self.cuda)
+        # A step runs from the end of the rank's previous step (the loop's
+        # period): time outside hooked work (a get_batch from a token
+        # array, logging, zero_grad) is the step's, never lost between
+        # steps. Only a claimed gap breaks the chain: an evaluation or a
+        # checkpoint noted since (its events cover the time until this
+        # step's first activity: _flush_side), or our profiler's stop.
+        chain, self._chain = self._chain, None
+        if chain is not None and not self._side:
+            st = Step(chain[0], chain[1], self.cuda)
+            st.chained = True
+        else:
+            st = Step(self._mark(), time.time_ns(), self.cuda)
         if self._capture is not None and self._tracing is None:
             self._capture_step()
         elif self.trace_every and self._tracing is None:
@@ -927,6 +943,14 @@ class TorchProfiler(Marks):
         if st is None:
             return
         st.end = st.end_at if st.end_at is not None else self._mark()
+        if st.cuda:
+            # the host's time of the end mark (set with it at the last
+            # optimizer step), else now
+            wall_end = self._last_end_wall if st.end_at is not None and self._last_end_wall is not None else time.time_ns()
+            st.end_shared = True  # the next step's start mark: released with it
+        else:
+            wall_end = st.wall0 + (st.end - st.t0)
+        self._chain = (st.end, wall_end)
         if self.cuda and self._mem_on:
             if self._mem_left <= 0:
                 st.mem = self._memory()
@@ -941,7 +965,13 @@ class TorchProfiler(Marks):
         if st.counter is not None:
             self._end_count(st, True)
         if self._tracing is not None:
+            # the profiler's stop (0.3-1 s, the trace written) is not the
+            # next step's: a gap, named (trace_stop) until the next step
+            # begins (_flush_side)
+            self._chain = None
+            t0 = time.time_ns()
             self._trace_end()
+            self._side_event("trace_stop", t0, time.time_ns())
         self.step_number += 1
         # what the hooks cost up to here is this step's (finishing it
         # included); the hook we are in goes on counting for the next
@@ -1011,7 +1041,7 @@ class TorchProfiler(Marks):
         if not st.cuda:
             return
         seen = set()
-        marks = [st.t0, st.end]
+        marks = [st.t0] if st.end_shared else [st.t0, st.end]
         for iv in st.fwd + st.bwd + st.loss + st.optim + st.comm + st.blocked + st.pp_wait:
             marks.extend(iv)
         for ev in marks:
@@ -1050,7 +1080,13 @@ class TorchProfiler(Marks):
             return out
 
         # the marks as ns from the step's start; the rest is the core's (_steps)
-        ph = phases(dur, st.data_wait, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
+        data = st.data_wait
+        if st.pre is not None:
+            a, b = ns(st.pre[0]), ns(st.pre[1])
+            if a is not None and b is not None:
+                data += max(b - a - st.gap, 0)
+        data = min(data, dur)
+        ph = phases(dur, data, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
                     comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait))
         fp = None
         if self.steps < FINGERPRINT_STEPS and st.fetches:
@@ -1062,6 +1098,7 @@ class TorchProfiler(Marks):
         elif tokens == 0 and src in ("loader", "forward"):
             src = "none"  # batches without token ids (features, images)
         self._say_source(src)
+        self._say_data(st)
         loss = mean_loss(st.losses)  # (on a GPU, read by _fetch_losses)
         self.steps += 1
         self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, ph,
@@ -1129,8 +1166,26 @@ class TorchProfiler(Marks):
         if why and self.client.world_size > 1:
             self._unmeasured("communication", "no collective hook on torch %s: %s" % (torch.__version__, why))
         hooks = _guard.installed()
-        if self.client.rank == 0 and hooks:
-            self.client.meta(hooks={k: v[:100] for k, v in hooks.items()})
+        if self.client.rank == 0:
+            # steps="loop": each step runs from the end of the previous one
+            # (tps.StepsLoop; the report holds the attempts' time to it)
+            if hooks:
+                self.client.meta(hooks={k: v[:100] for k, v in hooks.items()}, steps="loop")
+            else:
+                self.client.meta(steps="loop")
+
+    def _say_data(self, st):
+        """(On the sender thread.) Rank 0 sends what its steps' data wait
+        is (run metadata data_source) when it changes: a timed fetch's wait
+        (a watched DataLoader, prof.wrap) or the time before the first
+        forward (batches from anything else)."""
+        if self.client.rank != 0:
+            return
+        src = "before_forward" if st.pre is not None else ("loader" if st.fetched else None)
+        if src is None or src == self._data_source:
+            return
+        self._data_source = src
+        self.client.meta(data_source=src)
 
     def _unmeasured(self, key, why):
         """Rank 0 says, once, that a measure (a key of the report's
@@ -1217,8 +1272,14 @@ class TorchProfiler(Marks):
                 self._split_batch(st, inputs)
             elif kwargs is not None:
                 self._forward_tokens(st, module, inputs, kwargs)
+            first = not st.trained
             st.trained = True
             st.fwd_open = self._mark()
+            if first and st.chained and not st.fetched:
+                # no timed fetch gave the batch (get_batch from a token
+                # array, tensors in a list): the time from the step's start
+                # to its first forward is its data wait
+                st.pre = (st.t0, st.fwd_open)
             if self._poller is not None:
                 self._poller.sweep()
         except Exception:
@@ -1408,7 +1469,12 @@ class TorchProfiler(Marks):
         open one it would have continued, ends without a batch (dropped)."""
         if opened and not self.off:
             try:
+                st = self._cur
                 self._discard()
+                if st is not None and st.chained and not st.trained:
+                    # an epoch's end: the next epoch's first step begins
+                    # where the last one ended (the new iterator is its time)
+                    self._chain = (st.t0, st.wall0)
             except Exception:
                 self._err()
 
@@ -1420,6 +1486,7 @@ class TorchProfiler(Marks):
             if st is None:
                 return
             st.data_wait += dt
+            st.fetched = True
             if opened.__class__ is tuple:
                 st.tail.append((opened[0], opened[1], dt, len(st.fetches)))
             if self._count_fetches:
