@@ -102,6 +102,40 @@ func TestMetaRepublishBounded(t *testing.T) {
 	}
 }
 
+// Metadata changed within metaMinGap of the last publish reaches NATS
+// when the agent closes, not only with a later drain: a one-process job of
+// a second lost its token source and steps that way.
+func TestMetaChangeSentAtClose(t *testing.T) {
+	a, nc := startWithNATS(t, Config{FlushInterval: 10 * time.Millisecond, MetaInterval: time.Hour})
+	var last atomic.Pointer[string]
+	if _, err := nc.Subscribe(wire.MetaSubject("short"), func(m *nats.Msg) {
+		s := string(m.Data)
+		last.Store(&s)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	if err := a.SubmitMeta(tps.RunMeta{Job: "short", MicroBatches: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SubmitMeta(tps.RunMeta{Job: "short", Steps: tps.StepsLoop, DataSource: "before_forward"}); err != nil {
+		t.Fatal(err)
+	}
+	a.Close()
+	nc.Flush()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		p := last.Load()
+		if p != nil && strings.Contains(*p, `"steps":"loop"`) && strings.Contains(*p, `"micro_batches":2`) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the last metadata did not reach NATS at close: %v", p)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // A token source outside tps.TokenSourceText is rejected with its count; a
 // known one merges into the job's metadata.
 func TestMetaTokenSource(t *testing.T) {

@@ -418,6 +418,20 @@ func (p *publisher) loop() {
 // reachable; what still cannot be sent is counted as dropped.
 func (p *publisher) final(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
+	// metadata changes held back by metaMinGap go now: a job that ended
+	// within a second of its last change (a one-process job of a second:
+	// its token source, its steps) lost them with the agent
+	p.mu.Lock()
+	now := time.Now()
+	for job := range p.metaDirty {
+		if m, ok := p.metas[job]; ok {
+			b, _ := json.Marshal(m)
+			p.sendMeta(job, b, now)
+		} else {
+			delete(p.metaDirty, job)
+		}
+	}
+	p.mu.Unlock()
 	for {
 		p.drain()
 		p.mu.Lock()

@@ -12,8 +12,12 @@ model's forward inputs (under launch --auto nothing is declared).
 
 The job writes its own truth to DIR/truth.RANK.jsonl, one line an
 iteration: its tokens (micro-batches × batch × block, what nanoGPT prints
-as tokens per iteration divided by the world size) and its start and end on
-its own clock.
+as tokens per iteration divided by the world size), its start and end on
+its own clock, and the time its get_batch calls before the first forward
+took (data_ns). --batch-delay makes get_batch slow (a token array read from
+a slow disk); --fetch-first fetches each iteration's batch at its top, as
+simple loops do (nanoGPT fetches the next one while the GPU works). Run
+without torchrun it is one process with no process group.
 """
 
 import argparse
@@ -53,40 +57,56 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--block", type=int, default=32)
     p.add_argument("--truth", required=True, help="folder for the job's own measurements")
+    p.add_argument("--batch-delay", type=float, default=0.0, help="seconds each get_batch call sleeps")
+    p.add_argument("--fetch-first", action="store_true", help="fetch each iteration's batch at its top")
     a = p.parse_args()
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
     torch.manual_seed(1337 + rank)
     vocab = 97
     data = torch.randint(0, vocab, (20000,), dtype=torch.long)  # the token array (train.bin)
 
     def get_batch():
+        if a.batch_delay:
+            time.sleep(a.batch_delay)
         ix = torch.randint(len(data) - a.block, (a.batch,))
         x = torch.stack([data[i:i + a.block] for i in ix])
         y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
         return x, y
 
-    model = torch.nn.parallel.DistributedDataParallel(GPT(vocab, 32, a.block))
+    model = GPT(vocab, 32, a.block)
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     os.makedirs(a.truth, exist_ok=True)
     out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
-    x, y = get_batch()
+    if not a.fetch_first:
+        x, y = get_batch()
     for it in range(a.iters):
         t0 = time.time_ns()
+        data_ns = 0
+        if a.fetch_first:
+            x, y = get_batch()
+            data_ns = time.time_ns() - t0
         for micro in range(a.accum):
-            sync = micro == a.accum - 1
+            sync = micro == a.accum - 1 or not distributed
             with contextlib.nullcontext() if sync else model.no_sync():
                 _, loss = model(x, y)
                 loss = loss / a.accum
-            x, y = get_batch()  # the next micro-batch, as nanoGPT fetches it while the GPU works
+            if not a.fetch_first or micro < a.accum - 1:
+                x, y = get_batch()  # the next micro-batch, as nanoGPT fetches it while the GPU works
             loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        out.write(json.dumps({"iter": it, "tokens": a.accum * a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns()}) + "\n")
+        out.write(json.dumps({"iter": it, "tokens": a.accum * a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns(),
+                              "data_ns": data_ns}) + "\n")
     out.close()
-    dist.destroy_process_group()
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
