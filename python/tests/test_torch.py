@@ -1034,6 +1034,80 @@ class FlopCountTest(unittest.TestCase):
         except ImportError:
             return False
 
+    def run_loop(self, body, steps=8):
+        """steps iterations of body(model, opt, x) under the default counter
+        schedule (every 2nd step from the 2nd here); returns the profiler
+        and the flop_count events."""
+        sink = Sink()
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16, bias=False), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 16, bias=False))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, [opt], job="f", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        prof._flops_every = 2
+        trained = 0
+        for x in prof.wrap([torch.randn(4, 8) for _ in range(steps)]):
+            body(model, opt, x)
+            trained += 1
+        prof.close()
+        sink.records(steps)
+        self.assertEqual(trained, steps)
+        return prof, [dict(json.loads(e["detail"]), step=e["step"]) for e in sink.lines
+                      if e.get("type") == "event" and e["kind"] == "flop_count"]
+
+    def test_inference_mode_rollout_at_the_top(self):
+        """An RL-style iteration: a rollout forward under inference_mode,
+        then the training step. The counter enters at the training forward
+        only: every step trains (torch 2.14 raised from the dispatcher
+        inside the rollout when the counter held it)."""
+        def body(model, opt, x):
+            with torch.inference_mode():
+                model(x)
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+        prof, got = self.run_loop(body)
+        self.assertEqual(prof.errors, 0)
+        if self.counter():
+            self.assertTrue(got, "no step counted")
+            for g in got:
+                self.assertEqual(g["flops"], 8192, got)
+
+    def test_inference_mode_evaluation_after_the_step(self):
+        def body(model, opt, x):
+            opt.zero_grad()
+            model(x).sum().backward()
+            opt.step()
+            with torch.inference_mode():
+                model(x)
+        prof, got = self.run_loop(body)
+        self.assertEqual(prof.errors, 0)
+        if self.counter():
+            self.assertTrue(got, "no step counted")
+            for g in got:
+                self.assertEqual(g["flops"], 8192, got)
+
+    def test_the_jobs_own_counter_is_right(self):
+        """The job's own FlopCounterMode around forward and backward reads
+        its step's FLOPs on every step (ours pushed inside it was popped by
+        its exit: it read 0); ours skips those steps, and the mode stack is
+        empty after each iteration."""
+        if not self.counter():
+            return
+        from torch.utils.flop_counter import FlopCounterMode
+        seen = []
+
+        def body(model, opt, x):
+            opt.zero_grad()
+            with FlopCounterMode(display=False) as fc:
+                model(x).sum().backward()
+            opt.step()
+            seen.append(fc.get_total_flops())
+            self.assertEqual(tt._dispatch_modes(), 0)
+        prof, got = self.run_loop(body)
+        self.assertEqual(prof.errors, 0)
+        self.assertEqual(seen, [8192] * 8)
+        self.assertEqual(got, [])
+
     def test_counted(self):
         got = self.run_steps(False)
         if not self.counter():

@@ -24,7 +24,7 @@ class Step:
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
                  "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src", "chained", "pre",
-                 "fetched", "end_shared")
+                 "fetched", "end_shared", "flops")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -69,6 +69,7 @@ class Step:
         # the step's data wait
         self.pre = None
         self.end_shared = False  # its end mark is the next step's start (CUDA: not released with it)
+        self.flops = None  # the FLOPs its counter counted (popped at its first optimizer step)
 
 
 def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=()):

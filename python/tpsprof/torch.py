@@ -251,6 +251,29 @@ def _guarded_formulas(failed: list) -> dict:
     return out
 
 
+def _dispatch_modes() -> int:
+    """How many Python dispatch modes are active on this thread (the job's
+    FlopCounterMode, a fake tensor mode...): -1 where torch cannot say."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+        return len(_get_current_dispatch_mode_stack())
+    except Exception:
+        pass
+    try:
+        return int(torch._C._len_torch_dispatch_mode())
+    except Exception:
+        return -1
+
+
+def _top_dispatch_mode():
+    """The innermost active Python dispatch mode, or None."""
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        return _get_current_dispatch_mode()
+    except Exception:
+        return None
+
+
 def _job_profiler_running() -> bool:
     """A profiler session of the job's own is on: a torch.profiler.profile
     started and not stopped, or the autograd profiler enabled (the legacy
@@ -345,7 +368,9 @@ class TorchProfiler(Marks):
         self._cpu_sent = 0
         # FLOPs counted by PyTorch on sampled steps (torch >= 2.1)
         self._flops_every = _flops_every_env()
-        self._flops_begun = 0  # steps begun, for the sample schedule
+        self._flops_begun = 0  # steps trained (a first training forward), for the sample schedule
+        self._stale_counts = []  # (counter, its dispatch mode) left on the mode stack under a mode of the job's (_end_count)
+        self._counter_top = None  # the dispatch mode the open step's counter pushed
         self._said_unmeasured = set()  # measures said to be missing (run metadata)
         self._recompute = False  # an activation checkpoint ran in the counted step
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
@@ -588,7 +613,18 @@ class TorchProfiler(Marks):
             self.off = True
 
     # -- step life ----------------------------------------------------------
+    def _drop_stale_count(self):
+        """Pops our FLOP counters left under a mode of the job's, once
+        they are on top of the mode stack again."""
+        while self._stale_counts and _top_dispatch_mode() is self._stale_counts[-1][1]:
+            try:
+                self._stale_counts.pop()[0].__exit__(None, None, None)
+            except Exception:
+                self._err()
+
     def _begin(self):
+        if self._stale_counts:
+            self._drop_stale_count()
         # A step runs from the end of the rank's previous step (the loop's
         # period): time outside hooked work (a get_batch from a token
         # array, logging, zero_grad) is the step's, never lost between
@@ -607,11 +643,7 @@ class TorchProfiler(Marks):
             n = self.step_number or 0
             if n % self.trace_every == 0 and not _job_profiler_running():
                 self._trace_start(n)  # (never beside the job's own profiler: skipped)
-        if self._flops_every:
-            k = self._flops_begun
-            self._flops_begun += 1
-            if self._tracing is None and k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
-                self._count_flops(st)
+        self._recompute = False  # (the checkpoint probe may fire before the first forward)
         return st
 
     def _count_flops(self, st):
@@ -631,24 +663,44 @@ class TorchProfiler(Marks):
             return
         if _job_profiler_running():
             return
+        if torch.is_inference_mode_enabled() or not torch.is_grad_enabled() or _dispatch_modes() != 0:
+            # not a training forward the thread controls, or the job's own
+            # dispatch mode (its FlopCounterMode) is active: ours pushed
+            # inside it would be popped by its exit (it read 0). Not counted.
+            return
         try:
             _patches.install_checkpoint_probe()
             failed = []
             mode = FlopCounterMode(display=False, custom_mapping=_guarded_formulas(failed))
             mode.__enter__()
+            # the dispatch mode it pushed (torch 2.14's FlopCounterMode
+            # pushes an inner mode of its own): what must be on top to pop it
+            self._counter_top = _top_dispatch_mode()
         except Exception as e:
             self._flops_every = 0  # a counter that will not start: not tried again
             self._unmeasured("counted_flops", "FlopCounterMode did not start on torch %s (%s)" % (torch.__version__, type(e).__name__))
             self._err()
             return
-        self._recompute = False
         st.counter = mode
         st.uncounted = failed
 
-    def _end_count(self, st, send):
-        """Stops step st's FLOP counter; sends the count (a flop_count
-        event, the step's own) when send."""
+    def _stop_count(self, st):
+        """Pops step st's FLOP counter and keeps its count (st.flops): at
+        its first optimizer step (forward and backward are over; the
+        update's element-wise work has no FLOP formula), so that no
+        inference-mode forward after the update (an evaluation) runs under
+        it, nor pops it from inside inference mode (which restores the
+        dispatch state of its entry on exit: torch 2.14 then raised from
+        its dispatcher on the next operator)."""
         mode, st.counter = st.counter, None
+        top, self._counter_top = self._counter_top, None
+        if _top_dispatch_mode() is not top:
+            # a mode the job entered after ours is still active: popping
+            # ours now would pop the job's (modes are a stack). Ours is
+            # left to the next step boundary where it is on top (_drop_stale_count);
+            # this count is not sent.
+            self._stale_counts.append((mode, top))
+            return
         try:
             mode.__exit__(None, None, None)
             total = int(mode.get_total_flops())
@@ -662,7 +714,15 @@ class TorchProfiler(Marks):
             self._unmeasured("counted_flops", "PyTorch's FLOP counter on torch %s has no working formula for %s"
                              % (torch.__version__, ", ".join(st.uncounted)))
             return
-        if not send:
+        st.flops = total
+
+    def _end_count(self, st, send):
+        """Stops step st's FLOP counter if it still runs; sends the count (a
+        flop_count event, the step's own) when send."""
+        if st.counter is not None:
+            self._stop_count(st)
+        total, st.flops = st.flops, None
+        if not send or total is None:
             return
         c, n, a, b = self.client, st.number, st.wall0, time.time_ns()
         detail = '{"flops":%d%s%s}' % (total, ',"recompute":true' if self._recompute else "",
@@ -753,7 +813,7 @@ class TorchProfiler(Marks):
     def _discard(self):
         """Drops the open step (it was not training's), and its trace."""
         st, self._cur = self._cur, None
-        if st is not None and st.counter is not None:
+        if st is not None and (st.counter is not None or st.flops is not None):
             self._end_count(st, False)
         if self._tracing is not None and not self._stop_trace():
             self._err()
@@ -962,7 +1022,7 @@ class TorchProfiler(Marks):
         if not self._topology_done:
             self._topology_done = True
             self._topology_from_mesh()
-        if st.counter is not None:
+        if st.counter is not None or st.flops is not None:
             self._end_count(st, True)
         if self._tracing is not None:
             # the profiler's stop (0.3-1 s, the trace written) is not the
@@ -1273,6 +1333,15 @@ class TorchProfiler(Marks):
             elif kwargs is not None:
                 self._forward_tokens(st, module, inputs, kwargs)
             first = not st.trained
+            if first and self._flops_every and self._tracing is None:
+                # FLOPs are counted from a step's first training forward, not
+                # where it began: the counter must not hold what the thread
+                # runs before (an inference-mode rollout, an evaluation: torch
+                # 2.14 raised from its dispatcher on inference tensors)
+                k = self._flops_begun
+                self._flops_begun += 1
+                if k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
+                    self._count_flops(st)
             st.trained = True
             st.fwd_open = self._mark()
             if first and st.chained and not st.fetched:
@@ -1408,6 +1477,8 @@ class TorchProfiler(Marks):
             if self._cur is None:
                 self._cur = self._begin()
                 self._flush_side(self._cur.wall0)
+            if self._cur.counter is not None:
+                self._stop_count(self._cur)
             self._cur.optim_open = self._mark()
             if self._poller is not None:
                 self._poller.sweep()
