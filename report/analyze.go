@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -129,7 +130,7 @@ func (a *analysis) readSteps() error {
 	n := a.sp.len()
 	if open := a.openParts(); open > 0 {
 		rep.Running = true
-		rep.Notes = append(rep.Notes, fmt.Sprintf("the job is still running: this report covers the parts finalised so far (%d cluster steps); newer steps are in %d part(s) still being written", n, open))
+		rep.runningWhy = fmt.Sprintf("%d part(s) still being written", open)
 	}
 	if sel := a.selected; sel != nil {
 		if n == 0 {
@@ -198,6 +199,15 @@ func (a *analysis) readEvents() error {
 			seenWarn[e.Detail] = true
 			rep.Notes = append(rep.Notes, fmt.Sprintf("layout contradicted (node %s, attempt %d): %s", e.Node, e.Attempt, e.Detail))
 		}
+	}
+	if !rep.Running && rep.Selection == "" {
+		if why := openAttempt(a.events, a.clusterDir, time.Now()); why != "" {
+			rep.Running, rep.runningWhy = true, why
+		}
+	}
+	if rep.Running {
+		lo, hi := a.sp.key(0), a.sp.key(a.sp.len()-1)
+		rep.Notes = append(rep.Notes, fmt.Sprintf("running: this report covers steps %d-%d, written so far (%s); newer steps are not in it", lo[1], hi[1], rep.runningWhy))
 	}
 	if err := a.markSteps(); err != nil {
 		return err

@@ -207,10 +207,14 @@ func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
 		g.excluded = append(g.excluded, [2]int64{a.cursor, c.StartUnixNs})
 		a.cursor = c.StartUnixNs
 	} else if gap := c.StartUnixNs - a.cursor; gap > 0 {
-		// Between steps: evaluation, checkpoints, and the rest idle.
-		ev := overlap(a.evals, a.cursor, c.StartUnixNs)
-		ck := min(overlap(a.ckpts, a.cursor, c.StartUnixNs), gap-ev)
-		pr := min(overlap(a.traces, a.cursor, c.StartUnixNs), gap-ev-ck)
+		// Between steps: checkpoints, evaluation, the profiler's stop, and
+		// the rest idle. Where they overlap (ranks' spans differ: the ranks
+		// that do not save wait at a barrier for the one that does, their
+		// evaluation's span running on), a checkpoint wins, then
+		// evaluation: each instant is one cause's.
+		ck := overlap(a.ckpts, a.cursor, c.StartUnixNs)
+		ev := overlap(slices.Concat(a.ckpts, a.evals), a.cursor, c.StartUnixNs) - ck
+		pr := overlap(slices.Concat(a.ckpts, a.evals, a.traces), a.cursor, c.StartUnixNs) - ck - ev
 		g.BadputS[BadEval] += sec(ev)
 		g.BadputS[BadCheckpoint] += sec(ck)
 		g.BadputS[BadProfiling] += sec(pr)

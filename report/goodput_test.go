@@ -221,3 +221,32 @@ func TestGoodputShortRunNamed(t *testing.T) {
 		t.Errorf("attempt 1: %g s in the whole run's table, --attempt 1 elapsed %g s (its table %+v); want 35", wall, only.Goodput.ElapsedS, only.Attempts)
 	}
 }
+
+// An evaluation then a checkpoint in one gap, from two ranks: rank 0
+// evaluates for 0.9 s then saves for 0.6 s; rank 1 evaluates for 0.9 s and
+// waits at the barrier while rank 0 saves, its evaluation's span running
+// on over the save. Each instant is one cause's, the checkpoint first: the
+// save 0.6 s and the evaluation 0.9 s, the profiler's stop after them 0.2 s
+// (the checkpoint read 0.3 s and the evaluation 1.2 s when the evaluation
+// took what overlapped).
+func TestGapsOfSeveralKinds(t *testing.T) {
+	const ms = int64(1e6)
+	t0 := int64(1_700_000_000) * 1000 * ms
+	steps := []tps.ClusterStep{
+		{Step: 0, StartUnixNs: t0, EndUnixNs: t0 + 1000*ms, StepTimeNs: 1000 * ms},
+		{Step: 1, StartUnixNs: t0 + 2700*ms, EndUnixNs: t0 + 3700*ms, StepTimeNs: 1000 * ms},
+	}
+	gap := t0 + 1000*ms
+	ev := []tps.Event{
+		{Kind: tps.EventEval, Rank: 0, StartUnixNs: gap, EndUnixNs: gap + 900*ms},
+		{Kind: tps.EventCheckpointSave, Rank: 0, StartUnixNs: gap + 900*ms, EndUnixNs: gap + 1500*ms},
+		{Kind: tps.EventEval, Rank: 1, StartUnixNs: gap, EndUnixNs: gap + 1500*ms},
+		{Kind: tps.EventTraceStop, Rank: 0, StartUnixNs: gap + 1500*ms, EndUnixNs: gap + 1700*ms},
+	}
+	g := computeGoodput(steps, make([]bool, 2), ev)
+	for k, want := range map[string]float64{BadCheckpoint: 0.6, BadEval: 0.9, BadProfiling: 0.2, BadIdle: 0} {
+		if math.Abs(g.BadputS[k]-want) > 1e-9 {
+			t.Errorf("%s %.3f s, want %.3f (%v)", k, g.BadputS[k], want, g.BadputS)
+		}
+	}
+}

@@ -1,11 +1,13 @@
 package report
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"time"
 
+	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
 
@@ -18,6 +20,11 @@ type JobInfo struct {
 	Parts     int       `json:"parts"`
 	OpenParts int       `json:"open_parts"`
 	Modified  time.Time `json:"modified"`
+	// Running: parts still being written, or its newest attempt recorded
+	// a start and no end while its steps were written within RunningQuiet
+	// (RunningWhy says which).
+	Running    bool   `json:"running"`
+	RunningWhy string `json:"running_why,omitempty"`
 }
 
 // IsJobDir reports whether dir holds a job's tables (cluster_steps or
@@ -53,7 +60,15 @@ func Jobs(outDir string) ([]JobInfo, error) {
 			fi, _ = os.Stat(dir)
 		}
 		files, _ := trace.PartFiles(cl)
-		out = append(out, JobInfo{Name: e.Name(), Dir: dir, Parts: len(files), OpenParts: trace.OpenParts(cl) + trace.OpenParts(filepath.Join(dir, trace.RankSteps)), Modified: fi.ModTime()})
+		j := JobInfo{Name: e.Name(), Dir: dir, Parts: len(files), OpenParts: trace.OpenParts(cl) + trace.OpenParts(filepath.Join(dir, trace.RankSteps)), Modified: fi.ModTime()}
+		if j.OpenParts > 0 {
+			j.Running, j.RunningWhy = true, fmt.Sprintf("%d part(s) still being written", j.OpenParts)
+		} else if events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events)); err == nil {
+			if why := openAttempt(events, cl, time.Now()); why != "" {
+				j.Running, j.RunningWhy = true, why
+			}
+		}
+		out = append(out, j)
 	}
 	slices.SortFunc(out, func(a, b JobInfo) int { return b.Modified.Compare(a.Modified) })
 	return out, nil

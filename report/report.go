@@ -21,9 +21,11 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"os"
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -248,7 +250,8 @@ type Report struct {
 	Loss *Loss `json:"loss,omitempty"`
 	// Running is true when some part of the job is still being written:
 	// the report covers what is finalised (Notes say so).
-	Running bool `json:"running"`
+	Running    bool `json:"running"`
+	runningWhy string
 	// ClockOffsetsNs are the nodes' clock offsets from rank 0's node that
 	// the collector removed from cluster rows (docs/report.md, "Clocks").
 	ClockOffsetsNs map[string]int64 `json:"clock_offsets_ns,omitempty"`
@@ -309,6 +312,43 @@ func fitSums(n, sx, sy, sxx, sxy, syy float64) CommFit {
 		f.R2 = r * r
 	}
 	return f
+}
+
+// RunningQuiet is how long after its newest part was written a job whose
+// last attempt recorded a start and no end is still taken as running
+// (the collector finalises parts at least every minute while steps come;
+// past this it ended without a record: a launcher killed with the job).
+const RunningQuiet = 10 * time.Minute
+
+// openAttempt says why a job is running by its events ("" when it is
+// not): its newest attempt recorded a start (attempt_start or job_start)
+// and no end, and its steps' newest part was written within RunningQuiet.
+func openAttempt(events []tps.Event, clusterDir string, now time.Time) string {
+	last, started := int64(-1), map[int64]bool{}
+	ended := map[int64]bool{}
+	for _, e := range events {
+		switch e.Kind {
+		case tps.EventAttemptStart, tps.EventJobStart:
+			started[e.Attempt] = true
+			last = max(last, e.Attempt)
+		case tps.EventAttemptEnd, tps.EventJobEnd:
+			ended[e.Attempt] = true
+		}
+	}
+	if last < 0 || ended[last] {
+		return ""
+	}
+	files, _ := trace.PartFiles(clusterDir)
+	var newest time.Time
+	for _, f := range files {
+		if fi, err := os.Stat(f); err == nil && fi.ModTime().After(newest) {
+			newest = fi.ModTime()
+		}
+	}
+	if newest.IsZero() || now.Sub(newest) > RunningQuiet {
+		return ""
+	}
+	return fmt.Sprintf("attempt %d recorded no end; its steps were last written %s ago", last, now.Sub(newest).Round(time.Second))
 }
 
 // readMeta takes the run metadata from the newest cluster_steps part.

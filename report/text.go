@@ -295,7 +295,7 @@ func (l *lines) stragglers(r *Report) {
 		l.row("straggler episodes", "none (windows of %d steps)", r.EpisodeWindow)
 	}
 	for _, e := range r.Episodes {
-		l.row("straggler episode", "%s", episodeText(e, r.EpisodeWindow))
+		l.row("straggler episode", "%s", episodeText(e, r.EpisodeWindow, r.Running))
 	}
 	var ranks []string
 	for _, x := range r.Stragglers {
@@ -404,7 +404,7 @@ func mfuText(s tps.Summary) string {
 }
 
 // episodeText is one straggler episode on a line.
-func episodeText(e StragglerEpisode, window int) string {
+func episodeText(e StragglerEpisode, window int, running bool) string {
 	who := e.Node
 	if who == "" {
 		who = fmt.Sprintf("rank %d", e.Ranks[0])
@@ -413,7 +413,10 @@ func episodeText(e StragglerEpisode, window int) string {
 	if e.StartAttempt != e.EndAttempt {
 		span = fmt.Sprintf("attempt %d step %d to attempt %d step %d", e.StartAttempt, e.StartStep, e.EndAttempt, e.EndStep)
 	}
-	if e.Ongoing {
+	switch {
+	case e.Ongoing && running:
+		span += " (ongoing at the last step written so far)"
+	case e.Ongoing:
 		span += " (to the end)"
 	}
 	cost := "cost in throughput n/a (no tokens counted)"

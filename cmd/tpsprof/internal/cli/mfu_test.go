@@ -253,7 +253,7 @@ func TestReportOutDirAndRunningJob(t *testing.T) {
 		t.Fatal(err)
 	}
 	txt, _, code = run(t, "report", "--no-plots", res.JobDir)
-	if code != 0 || !strings.Contains(txt, "the job is still running") {
+	if code != 0 || !strings.Contains(txt, "running: this report covers steps 0-19, written so far (1 part(s) still being written)") {
 		t.Errorf("running job (exit %d):\n%s", code, txt)
 	}
 	txt, _, _ = run(t, "report", out)

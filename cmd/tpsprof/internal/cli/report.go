@@ -182,8 +182,8 @@ func listJobs(stdout io.Writer, dir string, jobs []report.JobInfo, asJSON bool) 
 	fmt.Fprintf(stdout, "%s is a collector's output folder with %d job(s), most recent first:\n", dir, len(jobs))
 	for _, j := range jobs {
 		state := "finished"
-		if j.OpenParts > 0 {
-			state = "running"
+		if j.Running {
+			state = "running (" + j.RunningWhy + ")"
 		}
 		fmt.Fprintf(stdout, "  %-32s %s, %d cluster part(s), last written %s\n", j.Name, state, j.Parts, j.Modified.Format("2006-01-02 15:04:05"))
 	}
