@@ -23,6 +23,18 @@ type CaptureCost struct {
 	// poller), a mean over the rows: off the training thread, on the
 	// host's cores.
 	CPUPerStepNs float64 `json:"cpu_per_step_ns"`
+	// Profiled is the cost of the steps a profiler traced or PyTorch's
+	// FLOP counter counted (tpsprof trace, trace_every, the counter's
+	// samples: their start, stop and the trace's writing), apart from the
+	// always-on figure above, which is over the other steady rows.
+	Profiled *ProfiledCost `json:"profiled,omitempty"`
+}
+
+// ProfiledCost is what the profiled steps cost the training thread by the
+// ranks' own account: a mean over their rows.
+type ProfiledCost struct {
+	Rows      int64   `json:"rows"`
+	PerStepNs float64 `json:"per_step_ns"`
 }
 
 // RankMemory is one rank's device memory over the rows read: the peaks
@@ -49,6 +61,7 @@ type Memory struct {
 // rank pass reads rows (or rank_windows' spans).
 type ownAcc struct {
 	rows, captureNs, cpuNs, durNs int64
+	profRows, profNs              int64
 	mem                           map[int64]*RankMemory
 }
 
@@ -62,6 +75,14 @@ func (a *ownAcc) addCost(n, captureNs, cpuNs, durNs int64) {
 	a.captureNs += captureNs
 	a.cpuNs += cpuNs
 	a.durNs += durNs
+}
+
+// addProfiled takes a profiled steady row's capture figure.
+func (a *ownAcc) addProfiled(captureNs int64) {
+	if captureNs > 0 {
+		a.profRows++
+		a.profNs += captureNs
+	}
 }
 
 // addMem takes the largest figures of a rank's row (or window).
@@ -92,6 +113,12 @@ func (a *ownAcc) result(nodes map[int64]string, top int) (*CaptureCost, *Memory)
 		if f := float64(a.captureNs) / float64(a.durNs); f <= 1 {
 			cost.StepFraction = &f
 		}
+	}
+	if a.profRows > 0 {
+		if cost == nil {
+			cost = &CaptureCost{}
+		}
+		cost.Profiled = &ProfiledCost{Rows: a.profRows, PerStepNs: float64(a.profNs) / float64(a.profRows)}
 	}
 	if len(a.mem) == 0 {
 		return cost, nil

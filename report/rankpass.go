@@ -167,7 +167,12 @@ func (p *stepRows) row(c *trace.Columns, i, si, hc int) {
 	if warm {
 		return
 	}
-	p.rep.own.addCost(1, c.Col(rcCapture)[i], c.Col(rcCaptureCPU)[i], dur)
+	if sp.flag[si]&flagSkip != 0 {
+		// profiled (traced, FLOP-counted): its cost is the profiler's, apart
+		p.rep.own.addProfiled(c.Col(rcCapture)[i])
+	} else {
+		p.rep.own.addCost(1, c.Col(rcCapture)[i], c.Col(rcCaptureCPU)[i], dur)
+	}
 	// its own time (what the others wait for in a synchronous step:
 	// compute and waiting for data), and of it the data wait and the
 	// measured forward, backward and optimizer

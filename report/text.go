@@ -258,13 +258,17 @@ func (l *lines) flops(r *Report) {
 // own adds the capture's own cost, device memory, token mismatches.
 func (l *lines) own(r *Report) {
 	s := r.Summary
-	if c := r.CaptureCost; c != nil {
+	if c := r.CaptureCost; c != nil && c.Rows > 0 {
 		share := "more than the steps' own time: mostly outside their spans"
 		if c.StepFraction != nil {
 			share = pct(*c.StepFraction) + " of step time"
 		}
-		l.row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks)",
+		l.row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks; profiled steps apart)",
 			secs(c.PerStepNs/1e9), share, secs(c.CPUPerStepNs/1e9), c.Rows)
+	}
+	if c := r.CaptureCost; c != nil && c.Profiled != nil {
+		l.row("profiling cost", "%s a profiled step on the training thread (%d rank rows traced or FLOP-counted, out of the figures; the profiler's stop between steps is badput profiling)",
+			secs(c.Profiled.PerStepNs/1e9), c.Profiled.Rows)
 	}
 	if m := r.Memory; m != nil && len(m.Fullest) > 0 {
 		f := m.Fullest[0]
