@@ -104,7 +104,7 @@ func (b *batchCheck) see(r *tps.StepRecord, fp string) string {
 				how = fmt.Sprintf("dp_rank %d and %d", o.replica, replica)
 			}
 			msg = fmt.Sprintf("ranks %d and %d trained on identical batches at %d of the first steps, yet are counted as separate data-parallel replicas (%s): "+
-				"if they are tensor- or pipeline-parallel peers, declare the layout (tpsprof launch --topology, TPSPROF_TOPOLOGY, or a DeviceMesh), "+
+				"if they are tensor- or pipeline-parallel peers, declare the layout (tpsprof launch --dp/--tp/--pp/--cp/--ep, TPSPROF_TOPOLOGY, or a DeviceMesh), "+
 				"or each token is counted once per rank and TPS and MFU read too high; if they are replicas, their sampler gives them the same data",
 				p[0], p[1], j.pairs[p], how)
 		}

@@ -202,3 +202,24 @@ class TrackersTest(unittest.TestCase):
         out = subprocess.run([sys.executable, "-c", code.replace("p.trackers is not None", "p.trackers is None")],
                              env=env, capture_output=True, text=True, timeout=60)
         self.assertEqual(out.stdout.strip(), "[] [] True", out.stderr)
+
+
+class NoAgentTest(unittest.TestCase):
+    def test_said_once_and_counted(self):
+        """instrument() with no agent listening: one line on stderr at the
+        first record dropped, naming the socket and tpsprof launch; the
+        drops counted (303 records went silently before)."""
+        import contextlib
+        import io
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(), "none.sock")
+        p = tpsprof.Profiler(job="j", rank=0, world_size=1, attempt=0, socket_path=path)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            for i in range(5):
+                p.send_step(i, time.time_ns(), 1000, 10, {})
+        self.assertEqual(p.dropped, 5)
+        lines = [l for l in err.getvalue().splitlines() if l]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("no tpsprof agent at %s" % path, lines[0])
+        self.assertIn("tpsprof launch", lines[0])

@@ -111,6 +111,7 @@ class Profiler:
         self._held_bytes = 0
         self._next_try = 0.0
         self._warned = set()  # socket paths said to be another user's (said once)
+        self._said_no_agent = False  # "no agent" said (at the first record dropped for want of one)
         self._step = None
         self._t0 = 0
         self._t0_wall = 0
@@ -350,6 +351,12 @@ class Profiler:
         line = json.dumps(obj, separators=(",", ":")).encode() + b"\n"
         if self._sock is None and not self._connect():
             self.dropped += 1
+            if not self._said_no_agent:
+                # said once, at the first record dropped: a job run without
+                # its agent dropped every record silently
+                self._said_no_agent = True
+                sys.stderr.write("tpsprof: no tpsprof agent at %s: nothing is recorded (records are dropped until "
+                                 "one listens); run the job under `tpsprof launch`\n" % (self.path,))
             return
         if self._held is not None:  # batched: written as one at the batch's end
             if len(self._pending) + self._held_bytes + len(line) > self.max_pending_bytes:

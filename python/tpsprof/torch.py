@@ -1850,6 +1850,14 @@ class TorchProfiler(Marks):
     def dropped(self) -> int:
         return self.client.dropped
 
+    @property
+    def stats(self) -> dict:
+        """What the profiler did so far: records sent to the agent and
+        dropped (no agent listening, or one not reading), steps measured,
+        errors of its own, and whether it switched itself off."""
+        return {"sent": self.client.sent, "dropped": self.client.dropped, "steps": self.steps,
+                "errors": self.errors, "off": self.off}
+
 
 for _f in (TorchProfiler._fwd_pre, TorchProfiler._fwd_post, TorchProfiler._optim_pre, TorchProfiler._optim_post,
            TorchProfiler._data_enter, TorchProfiler._data_exit):
