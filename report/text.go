@@ -153,6 +153,14 @@ func (l *lines) breakdown(r *Report) {
 		var parts []string
 		for _, w := range r.WaitCharged {
 			p := fmt.Sprintf("%s %s (ranks %s, critical in %d steps", w.Node, pct(w.Share), rankList(w.Ranks), w.Steps)
+			if r.NodeCount <= 1 {
+				// one node: the ranks are who the others waited for
+				who := "rank "
+				if len(w.Ranks) > 1 {
+					who = "ranks "
+				}
+				p = fmt.Sprintf("%s%s %s (on %s, critical in %d steps", who, rankList(w.Ranks), pct(w.Share), orDash(w.Node), w.Steps)
+			}
 			if w.Cause != "" {
 				p += "; " + w.Cause
 			}
@@ -289,9 +297,9 @@ func (l *lines) stragglers(r *Report) {
 	if len(flagged) > 0 {
 		var names []string
 		for _, f := range flagged {
-			names = append(names, fmt.Sprintf("%s (%.2f)", f.name, f.score))
+			names = append(names, fmt.Sprintf("%s (%.2f, %s)", f.name, f.score, f.where))
 		}
-		l.row("straggler "+kind+"s", "%s (whole-run median)", strings.Join(names, ", "))
+		l.row("straggler "+kind+"s", "%s (own time: compute and data wait)", strings.Join(names, ", "))
 	} else {
 		l.row("straggler "+kind+"s", "none below %.2f over the whole run", tps.StragglerThreshold)
 	}
@@ -309,7 +317,7 @@ func (l *lines) stragglers(r *Report) {
 		}
 		ranks = append(ranks, fmt.Sprintf("%d@%s %.2f%s", x.Rank, orDash(x.Node), x.Score, mark))
 	}
-	l.row("slowest ranks", "%s  (score = fastest median compute / rank's; ! below 0.75)", strings.Join(ranks, ", "))
+	l.row("slowest ranks", "%s  (score = fastest median own time / rank's, own time = compute and data wait; ! below 0.75)", strings.Join(ranks, ", "))
 }
 
 // tail adds events, energy, cost and time to train.
@@ -526,23 +534,44 @@ func incompleteText(s tps.Summary) string {
 type flagged struct {
 	name  string
 	score float64
+	where string // "whole-run median", or the steps of the episode that flagged it
 }
 
 // flaggedStragglers are the whole run's stragglers, slowest first, and what
 // they are: nodes, or ranks when the ranks named one node (or none): one
 // node is no straggler among nodes (text, HTML card, --compare).
 func (r *Report) flaggedStragglers() (kind string, out []flagged) {
+	// One verdict on own time (compute and data wait): the whole run's
+	// medians, then the spans the episodes flagged (worst window score),
+	// each node or rank once. Nodes where there are several, else ranks.
+	seen := map[string]bool{}
+	add := func(name string, score float64, where string) {
+		if !seen[name] {
+			seen[name] = true
+			out = append(out, flagged{name, score, where})
+		}
+	}
 	if r.NodeCount > 1 {
 		for _, n := range r.Nodes {
 			if n.Straggler {
-				out = append(out, flagged{n.Node, n.Score})
+				add(n.Node, n.Score, "whole-run median")
+			}
+		}
+		for _, e := range r.Episodes {
+			if e.Node != "" {
+				add(e.Node, e.WorstScore, fmt.Sprintf("steps %d-%d", e.StartStep, e.EndStep))
 			}
 		}
 		return "node", out
 	}
 	for _, x := range r.Stragglers {
 		if x.Straggler {
-			out = append(out, flagged{fmt.Sprintf("rank %d", x.Rank), x.Score})
+			add(fmt.Sprintf("rank %d", x.Rank), x.Score, "whole-run median")
+		}
+	}
+	for _, e := range r.Episodes {
+		for _, rk := range e.Ranks {
+			add(fmt.Sprintf("rank %d", rk), e.WorstScore, fmt.Sprintf("steps %d-%d", e.StartStep, e.EndStep))
 		}
 	}
 	return "rank", out
