@@ -498,6 +498,51 @@ func TestLiveStragglerEpisode(t *testing.T) {
 	}
 }
 
+// A finished job's open episode is closed at its last step when its
+// attempt ends, and its straggler count reads 0: the episode read
+// "ongoing" and tpsprof_stragglers stayed 1, firing the shipped alert for a
+// job that was over.
+func TestEpisodeClosedWhenTheJobEnds(t *testing.T) {
+	c, nc := startCollector(t)
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	for _, span := range [][2]int64{{0, 20}, {20, 40}} {
+		var recs []tps.StepRecord
+		for s := span[0]; s < span[1]; s++ {
+			for r := int64(0); r < 4; r++ {
+				comp := int64(5e8)
+				if s >= 20 && r == 2 {
+					comp = 9e8
+				}
+				d := int64(1e9)
+				recs = append(recs, tps.StepRecord{Job: "fin", Step: s, Rank: r, WorldSize: 4, Tokens: 1000, Node: fmt.Sprintf("n%d", r/2),
+					StartUnixNs: t0 + s*2e9, EndUnixNs: t0 + s*2e9 + d, DurationNs: d, ExposedCommNs: d - comp})
+			}
+		}
+		publishTracked(t, c, nc, wire.StepsSubject("fin", "n0"), recs)
+	}
+	stragglers := func() int {
+		for _, j := range c.jobList() {
+			if j.st.id == "fin" {
+				return j.live.Load().stragglers
+			}
+		}
+		return -1
+	}
+	j := c.Summary().Jobs[0]
+	if len(j.StragglerEpisodes) != 1 || j.StragglerEpisodes[0].EndStep != nil || stragglers() != 1 {
+		t.Fatalf("before the end: episodes %+v, stragglers %d", j.StragglerEpisodes, stragglers())
+	}
+	ev, _ := json.Marshal(tps.Event{Job: "fin", Kind: tps.EventAttemptEnd, Rank: -1, StartUnixNs: time.Now().UnixNano(), EndUnixNs: time.Now().UnixNano()})
+	nc.Publish(wire.EventsSubject("fin"), ev)
+	nc.Flush()
+	c.Sync(5 * time.Second)
+	time.Sleep(400 * time.Millisecond)
+	j = c.Summary().Jobs[0]
+	if len(j.StragglerEpisodes) != 1 || j.StragglerEpisodes[0].EndStep == nil || *j.StragglerEpisodes[0].EndStep != 39 || stragglers() != 0 {
+		t.Errorf("after the end: episodes %+v, stragglers %d", j.StragglerEpisodes, stragglers())
+	}
+}
+
 // A rank that waits for data (its compute as the others') makes everyone
 // wait as a slow GPU would: the live episode opens on its node and says
 // why, from the moving averages; likewise a rank with host time outside its

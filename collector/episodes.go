@@ -100,6 +100,26 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 	}
 }
 
+// endEpisodes closes the open episodes at the job's last closed step: its
+// last attempt ended (an episode of a finished job read "ongoing" and its
+// straggler gauge stayed up, firing the alert for a job that was over).
+func (j *jobState) endEpisodes() {
+	if len(j.openEpisodes) == 0 || len(j.recent) == 0 {
+		return
+	}
+	end := j.lastRow().Step
+	for key, e := range j.openEpisodes {
+		last := end
+		e.EndStep = &last
+		j.episodesEnded++
+		j.episodes = append(j.episodes, *e)
+		delete(j.openEpisodes, key)
+	}
+	if len(j.episodes) > maxEpisodes {
+		j.episodes = j.episodes[len(j.episodes)-maxEpisodes:]
+	}
+}
+
 // flaggedNow is the episodes the ranks' moving averages flag now, by node
 // (by rank with one node), and the slowest rank of each.
 func (j *jobState) flaggedNow(best float64) (map[string]*LiveEpisode, map[string]int) {

@@ -426,6 +426,7 @@ func (c *Collector) handleEvent(m message) {
 		}
 		if e.Kind == tps.EventAttemptEnd || e.Kind == tps.EventJobEnd {
 			j.st.ended = true // until its next step record
+			j.st.endEpisodes()
 			t.liveChanged = true
 		}
 		if e.Kind == tps.EventRollout {
