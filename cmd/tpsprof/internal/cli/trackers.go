@@ -96,7 +96,14 @@ func (t *trackerTarget) run(p trackerPayload, stdout, stderr io.Writer) error {
 		}
 		args = append(args, "--tensorboard", dir)
 	case t.mlflow != "":
-		args = append(args, "--mlflow", t.mlflow)
+		uri := t.mlflow
+		if !strings.Contains(uri, "://") {
+			// a folder: absolute, the child's working folder is not the caller's
+			if uri, err = filepath.Abs(uri); err != nil {
+				return err
+			}
+		}
+		args = append(args, "--mlflow", uri)
 	default:
 		args = append(args, "--wandb", t.wandb)
 		if t.wandbProject != "" {
@@ -108,7 +115,12 @@ func (t *trackerTarget) run(p trackerPayload, stdout, stderr io.Writer) error {
 	if old := os.Getenv("PYTHONPATH"); old != "" {
 		path += string(os.PathListSeparator) + old
 	}
-	cmd.Env = append(os.Environ(), "PYTHONPATH="+path)
+	// `python -m` puts its working folder first on sys.path: in a shared
+	// folder another user's json.py (or tpsprof/) ran as the caller. The
+	// child works in the package's own folder (which -m then puts first:
+	// ours), with PYTHONSAFEPATH set (Python 3.11 and later add nothing).
+	cmd.Dir = pkg
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+path, "PYTHONSAFEPATH=1")
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = stderr
