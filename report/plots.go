@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 
+	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/tps"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/palette/moreland"
@@ -101,8 +102,8 @@ func (p *Plots) Figures(report *Report) ([]Figure, error) {
 // SaveFigures writes every figure as NAME.png and NAME.svg (fonts
 // embedded) into dir and returns the paths.
 func SaveFigures(figs []Figure, dir string) ([]string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("report: %w", err)
+	if err := safefs.OutputDir(dir); err != nil {
+		return nil, fmt.Errorf("report: --plots: %w", err)
 	}
 	var paths []string
 	for _, f := range figs {
@@ -181,12 +182,10 @@ func writeFigure(f Figure, ext, path string) error {
 	if err := f.Render(&b, ext, 110); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b.Bytes(), 0o644); err != nil {
-		os.Remove(tmp)
+	if err := safefs.WriteFileAtomic(path, func(f *os.File) error { _, err := f.Write(b.Bytes()); return err }); err != nil {
 		return fmt.Errorf("report: write %s: %w", path, err)
 	}
-	return os.Rename(tmp, path)
+	return nil
 }
 
 func newPlot(title, x, y string) *plot.Plot {

@@ -56,6 +56,58 @@ func CheckPrivateDir(dir string) error {
 	return nil
 }
 
+// OutputDir makes dir (parents as MkdirAll makes them, mode 0755) or
+// adopts an existing one for files a user asked for (report --plots DIR,
+// --html FILE's folder): a real folder (not a link) of the effective user
+// or root that group and others cannot write. In a folder another user can
+// write, a link planted at a file's name is followed, and what is written
+// read and changed; such a folder is refused, naming it. Files go in with
+// WriteFileAtomic, which never writes through a link.
+func OutputDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return fmt.Errorf("%s is not a folder (%s): %w; choose another path", dir, fi.Mode().Type(), ErrNotPrivate)
+	}
+	if uid, ok := owner(fi); ok && uid != os.Geteuid() && uid != 0 {
+		return fmt.Errorf("%s belongs to uid %d, not to you (uid %d): %w; choose a folder of your own", dir, uid, os.Geteuid(), ErrNotPrivate)
+	}
+	if fi.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("%s is writable by group or others (mode %04o): %w; choose a folder of your own", dir, fi.Mode().Perm(), ErrNotPrivate)
+	}
+	return nil
+}
+
+// WriteFileAtomic writes path through write: into a new file of a random
+// name beside it (O_EXCL: never a planted link), renamed into place (a
+// rename replaces the name, never follows it), so that a reader never sees
+// half of it.
+func WriteFileAtomic(path string, write func(*os.File) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*.tmp")
+	if err != nil {
+		return err
+	}
+	err = write(f)
+	if err == nil {
+		err = f.Chmod(0o644)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
+}
+
 // ErrNotRegular means a path is not a regular file (a link, a FIFO, a
 // device, a folder).
 var ErrNotRegular = errors.New("not a regular file")

@@ -108,3 +108,49 @@ func TestOpenRegular(t *testing.T) {
 		}
 	}
 }
+
+// OutputDir refuses a folder others can write or another user's; files
+// written with WriteFileAtomic never go through a link planted at the
+// name the old writers used (NAME.tmp), and a link at the final name is
+// replaced, not followed.
+func TestOutputDirAndAtomicWrite(t *testing.T) {
+	base := t.TempDir()
+	dir := filepath.Join(base, "plots")
+	if err := OutputDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(base, "victim")
+	os.WriteFile(victim, []byte("mine"), 0o600)
+	os.Symlink(victim, filepath.Join(dir, "fig.png.tmp"))
+	os.Symlink(victim, filepath.Join(dir, "fig.svg"))
+	for _, name := range []string{"fig.png", "fig.svg"} {
+		if err := WriteFileAtomic(filepath.Join(dir, name), func(f *os.File) error { _, err := f.WriteString("plot"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Lstat(filepath.Join(dir, name))
+		if err != nil || !fi.Mode().IsRegular() {
+			t.Errorf("%s: %v %v", name, fi, err)
+		}
+	}
+	if b, _ := os.ReadFile(victim); string(b) != "mine" {
+		t.Errorf("written through a planted link: %q", b)
+	}
+	os.Chmod(dir, 0o777)
+	if err := OutputDir(dir); err == nil || !strings.Contains(err.Error(), "writable by group or others") {
+		t.Errorf("a folder others can write: %v", err)
+	}
+	os.Chmod(dir, 0o755)
+	link := filepath.Join(base, "via")
+	os.Symlink(dir, link)
+	if err := OutputDir(link); err == nil || !strings.Contains(err.Error(), "not a folder") {
+		t.Errorf("a link: %v", err)
+	}
+	if os.Geteuid() == 0 {
+		other := filepath.Join(base, "theirs")
+		os.Mkdir(other, 0o755)
+		os.Chown(other, 4242, 4242)
+		if err := OutputDir(other); err == nil || !strings.Contains(err.Error(), "belongs to uid 4242") {
+			t.Errorf("another user's folder: %v", err)
+		}
+	}
+}

@@ -223,3 +223,46 @@ class NoAgentTest(unittest.TestCase):
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("no tpsprof agent at %s" % path, lines[0])
         self.assertIn("tpsprof launch", lines[0])
+
+
+class WritableFolderTest(unittest.TestCase):
+    """--tensorboard DIR: DIR and its rank folders are checked before
+    anything is written there (another user's pre-created DIR/rank0 with
+    planted links had root's files overwritten)."""
+
+    def test_checks(self):
+        base = tempfile.mkdtemp()
+        d = os.path.join(base, "tb")
+        got = _client.writable_folder(d, "rank0")
+        self.assertEqual(got, os.path.join(d, "rank0"))
+        self.assertEqual(os.stat(got).st_mode & 0o777, 0o700)
+        self.assertEqual(_client.writable_folder(d, "rank0"), got)  # an earlier run's: ours, kept
+        # a folder others can write
+        os.chmod(got, 0o777)
+        with self.assertRaisesRegex(ValueError, "rank0 is writable by group or others"):
+            _client.writable_folder(d, "rank0")
+        os.chmod(got, 0o700)
+        # a link where the rank folder goes
+        os.symlink(base, os.path.join(d, "rank1"))
+        with self.assertRaisesRegex(ValueError, "rank1 is not a folder"):
+            _client.writable_folder(d, "rank1")
+        # DIR itself a link
+        link = os.path.join(base, "via")
+        os.symlink(d, link)
+        with self.assertRaisesRegex(ValueError, "via is not a folder"):
+            _client.writable_folder(link, "rank0")
+
+    def test_another_users_rank_folder(self):
+        if os.geteuid() != 0:
+            self.skipTest("needs root to make another user's folder")  # (CI runs as root)
+        base = tempfile.mkdtemp()
+        d = os.path.join(base, "tb")
+        os.mkdir(d, 0o700)
+        planted = os.path.join(d, "rank0")
+        os.mkdir(planted, 0o755)
+        os.chown(planted, 4242, 4242)
+        with self.assertRaisesRegex(ValueError, "rank0 belongs to uid 4242"):
+            _client.writable_folder(d, "rank0")
+        os.chown(d, 4242, 4242)
+        with self.assertRaisesRegex(ValueError, "tb belongs to uid 4242"):
+            _client.writable_folder(d, "rank0")

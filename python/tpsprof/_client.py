@@ -471,6 +471,35 @@ def private_dir_problem(path):
     return None
 
 
+def writable_folder(path, sub=None):
+    """Makes ready a folder a user named for tpsprof to write into (--tensorboard
+    DIR): DIR is created (0700) where missing, else it must be a folder, not a
+    link, of this user or root that group and others cannot write; sub, a
+    folder of ours inside it (rank0), is created afresh (0700) or, from an
+    earlier run, must be this user's alike. Returns the folder to write in
+    (DIR or DIR/sub), or raises ValueError naming the component that fails:
+    in another user's folder, or one they can write, a link planted at a
+    file's name is followed, and the figures read and edited."""
+    path = os.path.abspath(path)
+    me = os.geteuid()
+    if not os.path.lexists(path):
+        os.makedirs(path, 0o700, exist_ok=True)
+    for p in [path] + ([os.path.join(path, sub)] if sub else []):
+        if p != path:
+            try:
+                os.mkdir(p, 0o700)
+            except FileExistsError:
+                pass
+        st = os.lstat(p)
+        if not stat.S_ISDIR(st.st_mode):
+            raise ValueError("%s is not a folder (a link or a file): not writing there" % p)
+        if st.st_uid not in (me, 0) or (p != path and st.st_uid != me):
+            raise ValueError("%s belongs to uid %d, not to you (uid %d): not writing there" % (p, st.st_uid, me))
+        if st.st_mode & 0o022:
+            raise ValueError("%s is writable by group or others (mode %04o): not writing there" % (p, st.st_mode & 0o7777))
+    return os.path.join(path, sub) if sub else path
+
+
 def create_private_file(path):
     """Creates path afresh (0600, never through a link: O_EXCL|O_NOFOLLOW);
     an old file of ours at that name is replaced."""

@@ -19,7 +19,8 @@ import sys
 def to_tensorboard(p, folder):
     from torch.utils.tensorboard import SummaryWriter
     from tensorboard.compat.proto.summary_pb2 import Summary
-    w = SummaryWriter(log_dir=folder)
+    from ._client import writable_folder
+    w = SummaryWriter(log_dir=writable_folder(folder))
     try:
         step = p["step"]
         for k, v in sorted(p["figures"].items()):
@@ -108,3 +109,6 @@ if __name__ == "__main__":
     except ImportError as e:
         print("tpsprof report: the tracker's package is not importable by %s: %s" % (sys.executable, e), file=sys.stderr)
         sys.exit(3)
+    except ValueError as e:  # a folder refused (writable_folder)
+        print("tpsprof report: %s" % (e,), file=sys.stderr)
+        sys.exit(4)

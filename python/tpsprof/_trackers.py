@@ -304,7 +304,15 @@ class Trackers:
                 writers.append(w)
         if self.tensorboard_dir and self._tb_own is None:
             from torch.utils.tensorboard import SummaryWriter  # what --tensorboard asks for
-            self._tb_own = SummaryWriter(log_dir=os.path.join(self.tensorboard_dir, "rank%d" % self.rank))
+            from ._client import writable_folder
+            try:
+                folder = writable_folder(self.tensorboard_dir, "rank%d" % self.rank)
+            except (OSError, ValueError) as e:
+                self.tensorboard_dir = None  # refused once, said once
+                sys.stderr.write("tpsprof: --tensorboard: %s\n" % (e,))
+                folder = None
+            if folder is not None:
+                self._tb_own = SummaryWriter(log_dir=folder)
         if self._tb_own is not None:
             writers.append(self._tb_own)
         if not writers:

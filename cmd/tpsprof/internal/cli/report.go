@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -289,23 +290,10 @@ func (f *reportFlags) drawPlots(rep *report.Report, pd *report.Plots, jobDir str
 // writeHTMLFile writes a page under a temporary name and renames it into
 // place, so a browser never opens half of one.
 func writeHTMLFile(path string, write func(io.Writer) error) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := safefs.OutputDir(filepath.Dir(path)); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	f, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	err = write(f)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, path)
+	return safefs.WriteFileAtomic(path, func(f *os.File) error { return write(f) })
 }
 
 // needsValue reports whether a flag takes the next argument as its value.
