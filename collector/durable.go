@@ -265,8 +265,12 @@ func (d *durableSource) watchStream() {
 		}
 		consumerGone := false
 		if err == nil {
-			_, err = d.js.Consumer(ctx, StreamName, d.durableConsumer().Durable)
+			var cons jetstream.Consumer
+			cons, err = d.js.Consumer(ctx, StreamName, d.durableConsumer().Durable)
 			consumerGone = errors.Is(err, jetstream.ErrConsumerNotFound)
+			if err == nil {
+				d.restoreConsumer(ctx, cons)
+			}
 		}
 		if streamGone || consumerGone {
 			what := "consumer " + d.durableConsumer().Durable
@@ -292,6 +296,54 @@ func (d *durableSource) watchStream() {
 		}
 		cancel()
 	}
+}
+
+// restoreConsumer puts the consumer's configuration back where a client
+// changed it in place (a filter that takes no records' subjects, a max ack
+// pending of 1: 0 or 32 of 80 records came until the collector restarted),
+// counted and logged as the stream's.
+func (d *durableSource) restoreConsumer(ctx context.Context, cons jetstream.Consumer) {
+	c := d.c
+	want := d.durableConsumer()
+	info := cons.CachedInfo()
+	if info == nil {
+		return
+	}
+	drift := consumerDrift(info.Config, want)
+	if drift == "" {
+		return
+	}
+	if _, err := d.js.CreateOrUpdateConsumer(ctx, StreamName, want); err != nil {
+		c.cfg.Logger.Error("durable: the consumer's configuration was changed ("+drift+") and cannot be put back; trying again", "err", err)
+		return
+	}
+	c.n.streamRecreated.Add(1)
+	c.cfg.Logger.Warn("durable: the consumer " + want.Durable + "'s configuration was changed in place (" + drift + ", by a client allowed to: see docs/security.md) and is put back")
+}
+
+// consumerDrift names what of a consumer's configuration differs from
+// what the collector made ("" when nothing does).
+func consumerDrift(have, want jetstream.ConsumerConfig) string {
+	var d []string
+	check := func(name string, differs bool) {
+		if differs {
+			d = append(d, name)
+		}
+	}
+	filters := func(c jetstream.ConsumerConfig) []string {
+		f := slices.Clone(c.FilterSubjects)
+		if c.FilterSubject != "" {
+			f = append(f, c.FilterSubject)
+		}
+		slices.Sort(f)
+		return f
+	}
+	check("filter_subjects", !slices.Equal(filters(have), filters(want)))
+	check("ack_policy", have.AckPolicy != want.AckPolicy)
+	check("ack_wait", have.AckWait != want.AckWait)
+	check("max_ack_pending", have.MaxAckPending != want.MaxAckPending)
+	check("max_deliver", have.MaxDeliver > 0 && have.MaxDeliver != want.MaxDeliver)
+	return strings.Join(d, ", ")
 }
 
 // consumerNow is the consumer consumed now (watchStream may replace it).

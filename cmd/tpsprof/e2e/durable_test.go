@@ -293,6 +293,21 @@ func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
 			return err
 		})
 	})
+	// the durable consumer changed in place (a filter that takes none of
+	// the records, one message pending at most): 0 of 80 records, or 32,
+	// until the collector restarted; it is put back as the stream is
+	t.Run("consumer changed in place", func(t *testing.T) {
+		streamAttackSurvived(t, func(ctx context.Context, js jetstream.JetStream) error {
+			cons, err := js.Consumer(ctx, collector.StreamName, collector.ConsumerName)
+			if err != nil {
+				return err
+			}
+			cfg := cons.CachedInfo().Config
+			cfg.FilterSubject, cfg.FilterSubjects, cfg.MaxAckPending = "tpsprof.elsewhere.>", nil, 1
+			_, err = js.UpdateConsumer(ctx, collector.StreamName, cfg)
+			return err
+		})
+	})
 }
 
 func streamAttackSurvived(t *testing.T, attack func(context.Context, jetstream.JetStream) error) {
