@@ -42,6 +42,7 @@ type captureRegistry struct {
 	capSubN   atomic.Int64
 	capUIDMu  sync.Mutex
 	capSubsOf map[int64]int // uid → capture subscriptions its ranks made (capUIDMu)
+	figuresAt sync.Map      // job → unix ns its cluster figures last went to its rank 0 (one a second)
 }
 
 // liveCapture is a capture this agent handed to some of its ranks.
@@ -150,6 +151,33 @@ func (a *Agent) handleFigures(job string, m *nats.Msg) {
 		a.reject("figures:invalid")
 		return
 	}
+	var to net.Conn
+	var attempt int64 = -1
+	var seen *rankSeen
+	var step int64
+	a.mu.Lock()
+	for c, info := range a.conns {
+		if s := info.rank.Load(); s != nil && s.job == job && s.rank == 0 && s.attempt > attempt {
+			to, attempt, seen, step = c, s.attempt, s, info.step.Load()
+		}
+	}
+	a.mu.Unlock()
+	if to == nil {
+		return // rank 0 runs on another node
+	}
+	if why := implausibleFigures(&f, seen.world, step); why != "" {
+		a.reject("figures:implausible")
+		a.log.Warn("figures:implausible", "cluster figures refused: "+why, "job", job)
+		return
+	}
+	// at most one a second per job: forged figures at 20,000/s filled a
+	// job's TensorBoard and took 60% more of its CPU
+	now := time.Now().UnixNano()
+	if last, ok := a.figuresAt.Load(job); ok && now-last.(int64) < int64(time.Second) {
+		a.reject("figures:rate")
+		return
+	}
+	a.figuresAt.Store(job, now)
 	line, err := json.Marshal(struct {
 		Type string `json:"type"`
 		wire.ClusterFigures
@@ -158,24 +186,38 @@ func (a *Agent) handleFigures(job string, m *nats.Msg) {
 		return
 	}
 	line = append(line, '\n')
-	var to net.Conn
-	var attempt int64 = -1
-	a.mu.Lock()
-	for c, info := range a.conns {
-		if s := info.rank.Load(); s != nil && s.job == job && s.rank == 0 && s.attempt > attempt {
-			to, attempt = c, s.attempt
-		}
-	}
-	a.mu.Unlock()
-	if to == nil {
-		return // rank 0 runs on another node
-	}
 	// outside any lock; net.Conn writes are safe beside the reader and
 	// beside a capture request's (one Write each)
 	to.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := to.Write(line); err != nil {
 		a.reject("figures:write")
 	}
+}
+
+// MaxTPSPerGPU bounds the tokens a second a cluster figure may claim per
+// GPU of the job: far above any training (an H100 trains a 125M-parameter
+// model at about 10^6), so that only forged figures exceed it.
+const MaxTPSPerGPU = 1e8
+
+// figuresStepSlack is how far a cluster figure's step may be from rank 0's
+// own last step on this node: the collector's figures trail the ranks by
+// a few steps; a step 2^40 is forged.
+const figuresStepSlack = 100_000
+
+// implausibleFigures says why cluster figures cannot be the job's (""
+// when they can be): TPS beyond its world size times MaxTPSPerGPU, counts
+// beyond its world size, a step far from rank 0's own.
+func implausibleFigures(f *wire.ClusterFigures, world, step int64) string {
+	world = max(world, 1)
+	switch {
+	case f.TPS != nil && *f.TPS > float64(world)*MaxTPSPerGPU:
+		return fmt.Sprintf("%g tokens/s from %d GPUs", *f.TPS, world)
+	case int64(f.Stragglers) > world || int64(f.EpisodesOpen) > world:
+		return fmt.Sprintf("%d stragglers and %d open episodes among %d ranks", f.Stragglers, f.EpisodesOpen, world)
+	case f.Step > step+figuresStepSlack || f.Step < step-figuresStepSlack:
+		return fmt.Sprintf("step %d, rank 0 at step %d", f.Step, step)
+	}
+	return ""
 }
 
 // forgetCaptures drops the subscriptions of jobs no connection carries
@@ -190,6 +232,7 @@ func (a *Agent) forgetCaptures() {
 		s := v.(*capSub)
 		if !carried[k.(string)] && s.created.Before(old) {
 			a.capSubs.Delete(k)
+			a.figuresAt.Delete(k)
 			a.capSubN.Add(-1)
 			a.capUIDMu.Lock()
 			if a.capSubsOf[s.uid]--; a.capSubsOf[s.uid] <= 0 {

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -241,5 +242,71 @@ func TestCaptureSilentRank(t *testing.T) {
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("the capture waited %s for a rank that never accepts", d)
+	}
+}
+
+// Cluster figures reach a job's rank 0 at most once a second, the rest
+// dropped and counted; figures the job cannot have (tokens a second beyond
+// its GPUs, more stragglers than ranks, a step far from rank 0's) are
+// refused: 600,000 forged messages at 20,000/s filled a 1,500-step job's
+// TensorBoard with 327,506 points, tokens/s = inf at step 2^40.
+func TestClusterFiguresBounded(t *testing.T) {
+	a, nc := startWithNATS(t, Config{Node: "n0"})
+	conn, err := net.Dial("unix", a.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	now := time.Now().UnixNano()
+	for step := int64(0); step < 3; step++ {
+		b, _ := json.Marshal(map[string]any{"job": "fj", "rank": 0, "world_size": 2, "step": step, "tokens": 10,
+			"start_unix_ns": now + step*1e8, "end_unix_ns": now + step*1e8 + 5e7})
+		conn.Write(append(b, '\n'))
+	}
+	var lines atomic.Int64
+	var got atomic.Pointer[string]
+	go func() {
+		sc := bufio.NewScanner(conn)
+		for sc.Scan() {
+			if s := sc.Text(); strings.Contains(s, `"type":"cluster"`) {
+				lines.Add(1)
+				got.Store(&s)
+			}
+		}
+	}()
+	publish := func(tps float64, step, stragglers int) {
+		b, _ := json.Marshal(wire.ClusterFigures{Job: "fj", Step: int64(step), TPS: &tps, Stragglers: stragglers})
+		nc.Publish(wire.FiguresSubject("fj"), b)
+	}
+	// the subscription is made once the job has a rank here: wait for the first line through
+	deadline := time.Now().Add(5 * time.Second)
+	for lines.Load() == 0 && time.Now().Before(deadline) {
+		publish(1000, 2, 0)
+		nc.Flush()
+		time.Sleep(50 * time.Millisecond)
+	}
+	if lines.Load() == 0 {
+		t.Fatal("no cluster figures reached rank 0")
+	}
+	time.Sleep(1100 * time.Millisecond)
+	start, before := time.Now(), lines.Load()
+	for i := range 2000 {
+		publish(1000+float64(i), 2, 0)
+	}
+	publish(3e8, 2, 0)  // beyond 2 GPUs × 10^8
+	publish(1000, 2, 3) // 3 stragglers among 2 ranks
+	publish(1000, 1<<40, 0)
+	nc.Flush()
+	time.Sleep(1500 * time.Millisecond)
+	secs := time.Since(start).Seconds()
+	if n := lines.Load() - before; n < 1 || float64(n) > secs+1 {
+		t.Errorf("%d cluster lines in %.1f s of 2,000 messages: want about one a second", n, secs)
+	}
+	st := a.Stats()
+	if st.Rejected["figures:rate"] < 1900 || st.Rejected["figures:implausible"] != 3 {
+		t.Errorf("rejections %v", st.Rejected)
+	}
+	if p := got.Load(); p == nil || strings.Contains(*p, "1099511627776") || strings.Contains(*p, "3e+08") {
+		t.Errorf("a forged figure passed: %v", p)
 	}
 }

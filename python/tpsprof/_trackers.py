@@ -84,6 +84,8 @@ class Trackers:
         self.interval = interval
         self.tensorboard_dir = tensorboard_dir
         self._rows = collections.deque()
+        self._cluster_row = None  # the latest cluster figures for the thread's trackers: (step, row)
+        self._wandb_cluster = None  # the latest cluster figures for the next W&B log call
         self._raw = collections.deque(maxlen=MAX_ROWS)  # records while no tracker is known
         self._active = False  # a tracker was found: rows are computed as records come
         self.dropped = 0  # rows lost to a full queue
@@ -210,7 +212,10 @@ class Trackers:
                     row[PREFIX + "cluster/" + k] = v
             if not row:
                 return
-            self._queue((step, row))
+            # the latest only, apart from the rank's rows: cluster figures
+            # (forged ones at 20,000/s) never evict the job's own rows
+            self._cluster_row = (step, row)
+            self._wandb_cluster = row
         except Exception:
             pass
 
@@ -224,6 +229,9 @@ class Trackers:
         rows = []
         while self._rows:
             rows.append(self._rows.popleft())
+        c, self._cluster_row = self._cluster_row, None
+        if c is not None and self._thread is not None:
+            rows.append(c)
         self._call("tensorboard", self._tensorboard, rows)
         self._call("mlflow", self._mlflow_log, rows)
 
@@ -265,6 +273,9 @@ class Trackers:
                         n, fig = rows.popleft()
                     data = dict(data)
                     for k, v in fig.items():
+                        data.setdefault(k, v)
+                    cl, me._wandb_cluster = me._wandb_cluster, None
+                    for k, v in (cl or {}).items():
                         data.setdefault(k, v)
                     data.setdefault(PREFIX + "step", n)
                 except Exception:
