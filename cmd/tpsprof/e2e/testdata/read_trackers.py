@@ -58,7 +58,7 @@ def wandb_file(path, pb, summary):
 
 def tensorboard_rows(d):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    rows, extra = {}, {"images": 0, "texts": 0}
+    rows, extra = {}, {"images": 0, "texts": 0, "step_points": 0}
     for run in sorted({os.path.dirname(p) for p in glob.glob(os.path.join(d, "**", "events.out.tfevents.*"), recursive=True)}):
         acc = EventAccumulator(run, size_guidance={"scalars": 0, "images": 0, "tensors": 0})
         acc.Reload()
@@ -70,6 +70,8 @@ def tensorboard_rows(d):
                 continue
             for ev in acc.Scalars(tag):
                 rows.setdefault(ev.step, {})[tag] = ev.value
+                if tag == "tpsprof/step_time_s":
+                    extra["step_points"] += 1  # once a step and writer: two if a row went twice
     return [[s, f] for s, f in sorted(rows.items())], extra
 
 
