@@ -14,7 +14,9 @@ The job writes its own truth to DIR/truth.RANK.jsonl, one line an
 iteration: its tokens (micro-batches × batch × block, what nanoGPT prints
 as tokens per iteration divided by the world size), its start and end on
 its own clock, and the time its get_batch calls before the first forward
-took (data_ns). --batch-delay makes get_batch slow (a token array read from
+took (data_ns), and the time from its previous optimizer step's return
+to its first forward (pre_ns: get_batch, zero_grad, the line written
+here). --batch-delay makes get_batch slow (a token array read from
 a slow disk); --fetch-first fetches each iteration's batch at its top, as
 simple loops do (nanoGPT fetches the next one while the GPU works). Run
 without torchrun it is one process with no process group.
@@ -86,24 +88,29 @@ def main():
     out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
     if not a.fetch_first:
         x, y = get_batch()
+    stepped = None  # when the last optimizer step returned
     for it in range(a.iters):
         t0 = time.time_ns()
         data_ns = 0
         if a.fetch_first:
             x, y = get_batch()
             data_ns = time.time_ns() - t0
+        pre_ns = None
         for micro in range(a.accum):
             sync = micro == a.accum - 1 or not distributed
             with contextlib.nullcontext() if sync else model.no_sync():
+                if micro == 0 and stepped is not None:
+                    pre_ns = time.time_ns() - stepped
                 _, loss = model(x, y)
                 loss = loss / a.accum
             if not a.fetch_first or micro < a.accum - 1:
                 x, y = get_batch()  # the next micro-batch, as nanoGPT fetches it while the GPU works
             loss.backward()
         opt.step()
+        stepped = time.time_ns()
         opt.zero_grad(set_to_none=True)
         out.write(json.dumps({"iter": it, "tokens": a.accum * a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns(),
-                              "data_ns": data_ns}) + "\n")
+                              "data_ns": data_ns, "pre_ns": pre_ns}) + "\n")
     out.close()
     if distributed:
         dist.destroy_process_group()

@@ -106,10 +106,10 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 		if r.FwdNs <= 0 || r.BwdNs <= 0 || r.OptimNs <= 0 || r.FwdNs+r.BwdNs+r.OptimNs > r.DurationNs {
 			t.Errorf("step %d: fwd %d, bwd %d, optim %d ns in a %d ns step", r.Step, r.FwdNs, r.BwdNs, r.OptimNs, r.DurationNs)
 		}
-		// Each step lies inside the job's own step: after the previous
-		// optimizer step's end, at or before this one's on_step_end.
+		// Each step is the job's own: from the previous optimizer step's
+		// end (just before its on_step_end) to this one's.
 		if prev, ok := steps[r.Step-1]; ok {
-			if r.StartUnixNs < prev.End || r.EndUnixNs > tr.End+2e6 {
+			if r.StartUnixNs < prev.End-2e6 || r.EndUnixNs > tr.End+2e6 {
 				t.Errorf("step %d: [%d, %d] outside the job's step (%d, %d]", r.Step, r.StartUnixNs, r.EndUnixNs, prev.End, tr.End)
 			}
 			period := float64(tr.End - prev.End)
@@ -124,7 +124,7 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 	}
 	ratio := got / want
 	t.Logf("steps 1-11: %.1f ms measured, %.1f ms of the job's own periods without evaluation and checkpoints (ratio %.2f)", got/1e6, want/1e6, ratio)
-	if ratio < 0.5 || ratio > 1.05 {
+	if ratio < 0.9 || ratio > 1.05 { // (a step is the loop's period: 0.98-1.00 measured)
 		t.Errorf("measured steps %.1f ms against the job's %.1f ms (ratio %.2f)", got/1e6, want/1e6, ratio)
 	}
 	events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
