@@ -1017,3 +1017,51 @@ func TestOneStalledStepIsNoEpisode(t *testing.T) {
 		t.Fatalf("rank 3 slow 3 steps of 5: episodes %+v (slowest %+v)", j.StragglerEpisodes, j.SlowestRanks)
 	}
 }
+
+// A job that declares no model but whose ranks count FLOPs with PyTorch
+// (flop_count events) has MFU live, from the count, marked as counted: in
+// the summary (mfu_source), the live line and the published figures. The
+// report had it; the live views said "MFU n/a".
+func TestLiveMFUFromCountedFLOPs(t *testing.T) {
+	c, nc := startCollector(t)
+	meta, _ := json.Marshal(tps.RunMeta{Job: "cnt", GPU: "h100-sxm"})
+	if err := nc.Publish(wire.MetaSubject("cnt"), meta); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now().Add(-time.Hour).UnixNano()
+	const perRankFLOPs, tokens, d = 3e14, 4096, int64(1e9) // 2 ranks: 6e14 / 4096 tokens, MFU 0.30 on H100s
+	for s := int64(0); s < 12; s++ {
+		if s == 4 {
+			for r := int64(0); r < 2; r++ {
+				ev, _ := json.Marshal(tps.Event{Job: "cnt", Kind: tps.EventFlopCount, Rank: r, Step: s, StartUnixNs: t0 + s*d, EndUnixNs: t0 + s*d + d,
+					Detail: fmt.Sprintf(`{"flops":%g}`, perRankFLOPs)})
+				nc.Publish(wire.EventsSubject("cnt"), ev)
+			}
+		}
+		var recs []tps.StepRecord
+		for r := int64(0); r < 2; r++ {
+			recs = append(recs, tps.StepRecord{Job: "cnt", Step: s, Rank: r, WorldSize: 2, Tokens: tokens / 2, Node: "n0",
+				StartUnixNs: t0 + s*d, EndUnixNs: t0 + s*d + d, DurationNs: d})
+		}
+		publishTracked(t, c, nc, wire.StepsSubject("cnt", "n0"), recs)
+	}
+	j := c.Summary().Jobs[0]
+	peak, _ := (&tps.RunMeta{GPU: "h100-sxm"}).Peak("")
+	want := float64(tokens) * (2 * perRankFLOPs / tokens) / (2 * peak) // TPS (4096/s) × FLOPs a token / (GPUs × peak)
+	if j.MFU == nil || math.Abs(*j.MFU-want) > 1e-9*want || j.MFUSource != "counted" {
+		t.Fatalf("live MFU %v (source %q), want %v from the count", j.MFU, j.MFUSource, want)
+	}
+	for _, jb := range c.jobList() {
+		if jb.st.id == "cnt" {
+			jb.mu.Lock()
+			line := jb.st.liveLine(time.Now())
+			jb.mu.Unlock()
+			if !strings.Contains(line, "(counted FLOPs)") {
+				t.Errorf("live line %q", line)
+			}
+			if f := clusterFigures("cnt", jb.live.Load()); !f.MFUCounted || f.MFU == nil {
+				t.Errorf("published figures %+v", f)
+			}
+		}
+	}
+}

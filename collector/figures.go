@@ -55,7 +55,7 @@ func (c *Collector) publishFigures() {
 // them.
 func clusterFigures(id string, f *liveFigures) wire.ClusterFigures {
 	out := wire.ClusterFigures{Job: id, Step: f.last.Step, WindowSteps: f.win.steps, MFU: fraction(f.win.mfu), HFU: fraction(f.win.hfu),
-		Shares: map[string]float64{}, EpisodesOpen: f.episodesOpen, Stragglers: f.stragglers}
+		Shares: map[string]float64{}, EpisodesOpen: f.episodesOpen, Stragglers: f.stragglers, MFUCounted: f.win.counted}
 	if f.win.tpsUnknown == "" && f.win.tps > 0 {
 		v := f.win.tps
 		out.TPS = &v

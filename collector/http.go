@@ -51,6 +51,10 @@ type LiveJob struct {
 	// MFU is over the same steps, each weighted by its step time.
 	MFU        *float64 `json:"mfu"`                   // null while unknown
 	MFUUnknown string   `json:"mfu_unknown,omitempty"` // why
+	// MFUSource is "counted" where MFU is from the FLOPs PyTorch counted
+	// on sampled steps (the job declares no model), as the report's
+	// counted MFU; absent for the analytic model's.
+	MFUSource string `json:"mfu_source,omitempty"`
 	// Breakdown is where the same steps' time went: every part of
 	// tps.ShareParts by its key, adding up to 1.
 	Breakdown    map[string]float64 `json:"breakdown"`
@@ -173,6 +177,9 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 			last := steps[n-1]
 			f := j.live.Load().win // as settle published it for /metrics
 			lj.LastStep, lj.WindowSteps, lj.MFU = last.Step, f.steps, f.mfu
+			if f.counted && f.mfu != nil {
+				lj.MFUSource = "counted"
+			}
 			if f.tpsUnknown == "" {
 				lj.TPS, lj.TPSPerGPU = &f.tps, &f.perGPU
 				if last.StepTimeNs > 0 {

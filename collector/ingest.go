@@ -432,6 +432,10 @@ func (c *Collector) handleEvent(m message) {
 		if e.Kind == tps.EventRollout {
 			j.st.addRollout(rollout)
 		}
+		if e.Kind == tps.EventFlopCount {
+			j.st.addCount(&e)
+			t.liveChanged = true
+		}
 		if j.out.events != nil {
 			j.out.events.write([]tps.Event{e})
 		}

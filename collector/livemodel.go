@@ -16,7 +16,10 @@ type windowFigures struct {
 	tps, perGPU float64
 	tpsUnknown  string // why there is no throughput ("": there is)
 	mfu, hfu    *float64
-	shares      tps.Shares
+	// counted: mfu and hfu are from the FLOPs PyTorch counted (the job
+	// declares no model), not the analytic model's
+	counted bool
+	shares  tps.Shares
 }
 
 // liveFigures computes the figures over the last k closed steps.
@@ -47,6 +50,10 @@ func (s *jobState) liveFigures(k int) windowFigures {
 	if mfuSec > 0 {
 		m, h := mfu/mfuSec, hfu/mfuSec
 		f.mfu, f.hfu = &m, &h
+	} else if f.tpsUnknown == "" {
+		if m, h, ok := s.countedUtilisation(f.tps, world); ok {
+			f.mfu, f.hfu, f.counted = m, h, true
+		}
 	}
 	return f
 }

@@ -16,6 +16,7 @@ import (
 var (
 	descTPS        = prometheus.NewDesc("tpsprof_cluster_tokens_per_second", "Training tokens per second of the job's last 10 closed steps: their tokens over their step time (tokens counted once per data-parallel replica); absent while they counted no token. Over any range: rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total).", []string{"job"}, nil)
 	descTPSPerGPU  = prometheus.NewDesc("tpsprof_cluster_tokens_per_second_per_gpu", "tpsprof_cluster_tokens_per_second divided by the world size.", []string{"job"}, nil)
+	descMFUCounted = prometheus.NewDesc("tpsprof_mfu_counted", "1 where tpsprof_mfu_ratio and tpsprof_hfu_ratio are from the FLOPs PyTorch counted on sampled steps (the job declares no model), 0 where from the analytic model.", []string{"job"}, nil)
 	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last 10 closed steps (each weighted by its step time); absent while it is unknown (no model or GPU, no tokens, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
 	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last 10 closed steps; absent while MFU is unknown.", []string{"job"}, nil)
 	descShare      = prometheus.NewDesc("tpsprof_step_time_share_ratio", "Where the last 10 closed steps' time went, by part (compute, exposed_comm, waiting_for_peers, bubble, data_stall, checkpoint, host_other): each part's time, mean over ranks, over their step time; the parts add up to 1.", []string{"job", "part"}, nil)
@@ -61,7 +62,7 @@ type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descShare, descWait, descStepSecs, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
-		descWorld, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRedeliv, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
+		descWorld, descMFUCounted, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRedeliv, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
 }
@@ -120,7 +121,14 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if w := f.win; w.mfu != nil {
 			gauge(descMFU, *w.mfu, j.st.id)
+		}
+		if w := f.win; w.hfu != nil {
 			gauge(descHFU, *w.hfu, j.st.id)
+			counted := 0.0
+			if w.counted {
+				counted = 1
+			}
+			gauge(descMFUCounted, counted, j.st.id)
 		}
 		if w := f.win; w.steps > 0 {
 			for _, p := range tps.ShareParts() {

@@ -231,11 +231,12 @@ type jobState struct {
 	// led is the durable source's bookkeeping (ledger.go); nil in core mode
 	led *ledger
 
-	finalising     // when its parts are finalised (finalise.go)
-	gpuJoin        // its GPUs' samples, joined to its rows (gpujoin.go)
-	runTotals      // what the live page and metrics show
-	stragglerTrack // stragglers and their episodes (straggling.go)
-	rolloutWindow  // generation latencies of the last steps (rollouts.go)
+	finalising                  // when its parts are finalised (finalise.go)
+	gpuJoin                     // its GPUs' samples, joined to its rows (gpujoin.go)
+	runTotals                   // what the live page and metrics show
+	stragglerTrack              // stragglers and their episodes (straggling.go)
+	counted        countedFLOPs // FLOPs PyTorch counted on sampled steps (counted.go)
+	rolloutWindow               // generation latencies of the last steps (rollouts.go)
 }
 
 // newJobState is a job with nothing heard yet: meta (may be nil) is the
@@ -780,6 +781,7 @@ func (s *jobState) closeStep(k stepKey, st *openStep, t *tally) {
 		s.recent[s.recentNext] = row
 		s.recentNext = (s.recentNext + 1) % liveWindow
 	}
+	s.countedRow(&row)
 	s.newSinceLog, s.newSinceEpisodes = true, true
 	s.pending = append(s.pending, pendingRow{row: row, closedAt: t.now})
 }
@@ -904,6 +906,11 @@ func (s *jobState) liveLine(now time.Time) string {
 	mfuText := "MFU n/a"
 	if f.mfu != nil {
 		mfuText = fmt.Sprintf("MFU %.1f%%", 100**f.mfu)
+		if f.counted {
+			mfuText += " (counted FLOPs)"
+		}
+	} else if f.counted && f.hfu != nil {
+		mfuText = fmt.Sprintf("HFU %.1f%% (counted FLOPs, recomputed)", 100**f.hfu)
 	} else if last.MFUUnknown != "" {
 		mfuText = "MFU n/a (" + shortReason(last.MFUUnknown) + ")"
 	} else if f.tpsUnknown != "" {

@@ -29,6 +29,9 @@ type ClusterFigures struct {
 	TPS *float64 `json:"tps,omitempty"`
 	MFU *float64 `json:"mfu,omitempty"`
 	HFU *float64 `json:"hfu,omitempty"`
+	// MFUCounted: MFU and HFU are from the FLOPs PyTorch counted (the
+	// job declares no model), not the analytic model's.
+	MFUCounted bool `json:"mfu_counted,omitempty"`
 	// Shares are where those steps' time went, by tps.ShareParts key.
 	Shares map[string]float64 `json:"shares"`
 	// EpisodesOpen are the straggler episodes open now; Stragglers the

@@ -206,6 +206,8 @@ class Trackers:
             for k, v in (msg.get("shares") or {}).items():
                 if isinstance(v, (int, float)):
                     row[PREFIX + "cluster/share/" + str(k)[:40]] = float(v)
+            if msg.get("mfu_counted") is True:
+                row[PREFIX + "cluster/mfu_counted"] = 1.0  # MFU from the FLOPs PyTorch counted
             for k in ("window_steps", "straggler_episodes_open", "stragglers"):
                 v = msg.get(k)
                 if isinstance(v, int):
