@@ -79,6 +79,9 @@ def main():
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--sleep", type=float, default=0.02, help="host time each step (s)")
     p.add_argument("--log-every", type=int, default=1, help="the job logs its loss every N steps")
+    p.add_argument("--finish-first", action="store_true",
+                   help="finish the tracker before tpsprof is closed (at exit), as jobs do")
+    p.add_argument("--auto", action="store_true", help="no tpsprof call (under tpsprof launch --auto)")
     a = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -88,7 +91,7 @@ def main():
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(1 + rank)  # each replica its own batches
     tracker = Tracker(a.tracker, a.out) if rank == 0 else None
-    prof = tpsprof.torch.instrument(model, opt)
+    prof = None if a.auto else tpsprof.torch.instrument(model, opt)
     for step in range(a.steps):
         ids = torch.randint(0, vocab, (batch, seq))
         time.sleep(a.sleep * (1 + (step % 3)))  # steps of different lengths
@@ -99,10 +102,18 @@ def main():
         opt.step()
         if tracker is not None and (step + 1) % a.log_every == 0:
             tracker.log(step, loss.item())
-    # tpsprof first: its last rows reach the run before the run ends
-    prof.close()
-    if tracker is not None:
-        tracker.finish()
+    if a.finish_first:
+        # as jobs do: the tracker ends first, tpsprof at exit (its last
+        # rows go into the run as it ends)
+        if tracker is not None:
+            tracker.finish()
+        if prof is not None:
+            prof.close()
+    else:
+        if prof is not None:
+            prof.close()
+        if tracker is not None:
+            tracker.finish()
     dist.destroy_process_group()
 
 

@@ -68,6 +68,44 @@ def figures(rec):
     return int(rec["step"]), row
 
 
+def _is_cluster(fig):
+    """Whether a row is the cluster's figures (tpsprof/cluster/*)."""
+    return any(k.startswith(PREFIX + "cluster/") for k in fig)
+
+
+def _before_close():
+    """The job is closing a tracker (SummaryWriter.close, mlflow.end_run,
+    wandb.finish, its run's finish): the active profiler's last steps are
+    sent and their rows written into it first, at most 2 s (a job that
+    closed its writer at the end lost its last rows, or got them through a
+    second, never-closed event file). Never raises."""
+    try:
+        from . import _active
+        prof = _active.profiler
+        flush = getattr(prof, "flush_for_trackers", None)
+        if flush is not None:
+            flush(2.0)
+    except Exception:
+        pass
+
+
+def _wrap_close(owner, name):
+    """owner.name (a method of a class, or a module's function) calls
+    _before_close first; once."""
+    inner = getattr(owner, name, None)
+    if inner is None or getattr(inner, "_tpsprof", False):
+        return
+
+    def close(*args, **kwargs):
+        _before_close()
+        return inner(*args, **kwargs)
+
+    close._tpsprof = True
+    close.__wrapped__ = inner
+    close.__doc__ = getattr(inner, "__doc__", None)
+    setattr(owner, name, close)
+
+
 def from_env(rank):
     """The trackers of this process, or None where TPSPROF_TRACKERS=0."""
     if os.environ.get("TPSPROF_TRACKERS", "1").strip().lower() in ("0", "off", "false", "no"):
@@ -85,7 +123,10 @@ class Trackers:
         self.tensorboard_dir = tensorboard_dir
         self._rows = collections.deque()
         self._cluster_row = None  # the latest cluster figures for the thread's trackers: (step, row)
-        self._wandb_cluster = None  # the latest cluster figures for the next W&B log call
+        self._drain_lock = threading.Lock()  # the thread's drains and a closing tracker's (drain_now)
+        # added to rows' steps: the HF Trainer numbers a step by its
+        # global_step after the update (tpsprof's step n is its n + 1)
+        self.step_offset = 0
         self._raw = collections.deque(maxlen=MAX_ROWS)  # records while no tracker is known
         self._active = False  # a tracker was found: rows are computed as records come
         self.dropped = 0  # rows lost to a full queue
@@ -120,7 +161,7 @@ class Trackers:
                 got = figures(rec)
                 if got is None:
                     return
-                self._queue(got)
+                self._queue((got[0] + self.step_offset, got[1]))
             else:
                 self._raw.append(rec)
             now = time.monotonic()
@@ -138,7 +179,7 @@ class Trackers:
         for rec in raw:
             got = figures(rec)
             if got is not None:
-                self._rows.append(got)
+                self._rows.append((got[0] + self.step_offset, got[1]))
         self._active = True
 
     def _look(self):
@@ -160,6 +201,12 @@ class Trackers:
             if cls is not None and name not in self._tb_patched:
                 self._tb_patched.add(name)
                 self._tb_watch(cls)
+        if "mlflow" in mods:
+            # the run ends with the job's last rows in it
+            _wrap_close(mods["mlflow"], "end_run")
+            fluent = mods.get("mlflow.tracking.fluent")
+            if fluent is not None:
+                _wrap_close(fluent, "end_run")  # (what `with mlflow.start_run()` calls)
         if self._thread is None and (self.tensorboard_dir or self._tb_patched or "mlflow" in mods):
             self._activate()
             self._start()
@@ -217,7 +264,14 @@ class Trackers:
             # the latest only, apart from the rank's rows: cluster figures
             # (forged ones at 20,000/s) never evict the job's own rows
             self._cluster_row = (step, row)
-            self._wandb_cluster = row
+            if self._wandb_run is not None:
+                # W&B's queue holds one cluster row at most (the latest, at its step)
+                q = self._wandb_rows
+                for i in range(len(q) - 1, -1, -1):
+                    if _is_cluster(q[i][1]):
+                        del q[i]
+                        break
+                self._wandb_queue((step, row))
         except Exception:
             pass
 
@@ -227,7 +281,19 @@ class Trackers:
             self._drain()
         self._drain()
 
+    def drain_now(self):
+        """(The job's thread, a tracker closing.) Writes the rows queued so
+        far now, W&B's as rows of their own."""
+        if not self._active:
+            return
+        self._drain()
+        self._wandb_close()
+
     def _drain(self):
+        with self._drain_lock:
+            self._drain_locked()
+
+    def _drain_locked(self):
         rows = []
         while self._rows:
             rows.append(self._rows.popleft())
@@ -276,9 +342,6 @@ class Trackers:
                     data = dict(data)
                     for k, v in fig.items():
                         data.setdefault(k, v)
-                    cl, me._wandb_cluster = me._wandb_cluster, None
-                    for k, v in (cl or {}).items():
-                        data.setdefault(k, v)
                     data.setdefault(PREFIX + "step", n)
                 except Exception:
                     pass
@@ -287,6 +350,8 @@ class Trackers:
         log._tpsprof = True
         log.__wrapped__ = inner
         run.log = log
+        _wrap_close(run, "finish")  # the job's last rows go in before the run ends
+        _wrap_close(w, "finish")
         if getattr(w, "log", None) == inner:  # wandb.log: the run's bound method
             w.log = log
         self._wandb_inner = inner
@@ -355,6 +420,7 @@ class Trackers:
         """A writer the job uses is found at its add_scalar calls (those
         made before tpsprof looked included: the method is the class's)."""
         import weakref
+        _wrap_close(cls, "close")  # the job's last rows go in before it closes
         inner = cls.add_scalar
         if getattr(inner, "_tpsprof", False):
             return

@@ -110,6 +110,7 @@ class TpsprofCallback(TrainerCallback):
                 # zero-code mode (tpsprof launch --auto) hooks everything
                 # already: only the Trainer's token count and metadata
                 self.prof, self._own = active, False
+                _trainer_steps(active)
                 if active.token_fn is None:
                     active.token_fn = self._count
                 try:
@@ -126,6 +127,7 @@ class TpsprofCallback(TrainerCallback):
                                        first_step=state.global_step, trace_every=self.trace_every,
                                        **self.client_options)
             self._own = True
+            _trainer_steps(self.prof)
         except Exception:
             self.prof = None  # never into training
 
@@ -177,3 +179,12 @@ class TpsprofCallback(TrainerCallback):
             return _tokens.sum_later(labels[..., 1:] if self._shift else labels, -100), ids.numel()
         got = _tokens.token_counts(batch)  # no input ids or labels: the automatic count
         return None if got is None else got[:2]
+
+
+def _trainer_steps(prof):
+    """Tracker rows at the Trainer's step numbers: it logs a step at its
+    global_step after the update, one past tpsprof's (rows sat one step
+    behind its train/loss: 0..29 against 1..30)."""
+    tr = getattr(getattr(prof, "client", None), "trackers", None)
+    if tr is not None:
+        tr.step_offset = 1

@@ -1850,6 +1850,23 @@ class TorchProfiler(Marks):
     def dropped(self) -> int:
         return self.client.dropped
 
+    def flush_for_trackers(self, timeout: float = 2.0) -> None:
+        """(A tracker of the job closing: SummaryWriter.close, mlflow.end_run,
+        wandb.finish.) The last step is finished (when its update ran), the
+        steps finished are sent and their rows written into the job's
+        trackers, at most timeout seconds. Never raises."""
+        try:
+            if not self._closed and threading.current_thread() is threading.main_thread():
+                self._settle_step()
+            deadline = time.monotonic() + timeout
+            while self._sender.unsent() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            tr = self.client.trackers
+            if tr is not None:
+                tr.drain_now()
+        except Exception:
+            self._err()
+
     @property
     def stats(self) -> dict:
         """What the profiler did so far: records sent to the agent and

@@ -38,14 +38,19 @@ func TestTrackersCarryFigures(t *testing.T) {
 		name, tracker string
 		rank          int64
 		logEvery      int
+		// closed: the job finishes its tracker before tpsprof is closed (at
+		// exit), under launch --auto (nothing of tpsprof's in the job): the
+		// last rows went missing, or into a second, unclosed event file
+		closed bool
 	}{
-		{"tensorboard", "tensorboard", 0, 1}, {"mlflow", "mlflow", 0, 1}, {"wandb", "wandb", 0, 1},
+		{"tensorboard", "tensorboard", 0, 1, false}, {"mlflow", "mlflow", 0, 1, false}, {"wandb", "wandb", 0, 1, false},
 		// tpsprof launch --tensorboard DIR: event files of each rank's own,
 		// with no tracker in the job (rank 1's read back)
-		{"launch-tensorboard", "none", 1, 1},
+		{"launch-tensorboard", "none", 1, 1, false},
 		// a job that logs to W&B every 10 steps: tpsprof's rows ride on
 		// those calls and keep up with the job (the newest past 64 waiting)
-		{"wandb-every-10", "wandb", 0, 10},
+		{"wandb-every-10", "wandb", 0, 10, false},
+		{"tensorboard-closed", "tensorboard", 0, 1, true}, {"mlflow-closed", "mlflow", 0, 1, true}, {"wandb-closed", "wandb", 0, 1, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -70,8 +75,11 @@ func TestTrackersCarryFigures(t *testing.T) {
 			if c.tracker == "none" {
 				sleep = "0.06" // several of the trackers' 1 s drains (each row went twice from the second on)
 			}
-			dir, log := launchTorch(t, "trk-"+c.name, false, torchrun(py, 2, script, "--tracker", c.tracker, "--out", out,
-				"--steps", fmt.Sprint(n), "--sleep", sleep, "--log-every", fmt.Sprint(c.logEvery)), opts...)
+			args := []string{script, "--tracker", c.tracker, "--out", out, "--steps", fmt.Sprint(n), "--sleep", sleep, "--log-every", fmt.Sprint(c.logEvery)}
+			if c.closed {
+				args = append(args, "--finish-first", "--auto")
+			}
+			dir, log := launchTorch(t, "trk-"+c.name, c.closed, torchrun(py, 2, args...), opts...)
 			rows := map[int64]tps.StepRecord{}
 			for _, r := range rankRows(t, dir) {
 				if r.Rank == c.rank {
@@ -87,12 +95,15 @@ func TestTrackersCarryFigures(t *testing.T) {
 			}
 			var got struct {
 				Rows  [][]json.RawMessage `json:"rows"`
-				Extra map[string]float64  `json:"extra"`
+				Extra map[string]any      `json:"extra"`
 			}
 			if err := json.Unmarshal(raw, &got); err != nil {
 				t.Fatal(err)
 			}
-			if kind == "tensorboard" && got.Extra["step_points"] != float64(n) {
+			if files, _ := filepath.Glob(filepath.Join(read, "events.out.tfevents.*")); kind == "tensorboard" && len(files) != 1 {
+				t.Errorf("%d event files in %s: want the writer's one", len(files), read)
+			}
+			if pts, _ := got.Extra["step_points"].(float64); kind == "tensorboard" && pts != float64(n) {
 				// (launch --tensorboard wrote each row twice: our writer was
 				// also taken for one of the job's)
 				t.Errorf("%v tpsprof/step_time_s points for %d steps: want each row once", got.Extra["step_points"], n)

@@ -96,14 +96,7 @@ func (t *trackerTarget) run(p trackerPayload, stdout, stderr io.Writer) error {
 		}
 		args = append(args, "--tensorboard", dir)
 	case t.mlflow != "":
-		uri := t.mlflow
-		if !strings.Contains(uri, "://") {
-			// a folder: absolute, the child's working folder is not the caller's
-			if uri, err = filepath.Abs(uri); err != nil {
-				return err
-			}
-		}
-		args = append(args, "--mlflow", uri)
+		args = append(args, "--mlflow", t.mlflow) // a run id (the tracking URI from the environment)
 	default:
 		args = append(args, "--wandb", t.wandb)
 		if t.wandbProject != "" {
@@ -119,8 +112,13 @@ func (t *trackerTarget) run(p trackerPayload, stdout, stderr io.Writer) error {
 	// folder another user's json.py (or tpsprof/) ran as the caller. The
 	// child works in the package's own folder (which -m then puts first:
 	// ours), with PYTHONSAFEPATH set (Python 3.11 and later add nothing).
+	// MLflow's default store (./mlruns) is the caller's folder: said by its
+	// URI when the environment names none.
 	cmd.Dir = pkg
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+path, "PYTHONSAFEPATH=1")
+	if wd, err := os.Getwd(); err == nil && t.mlflow != "" && os.Getenv("MLFLOW_TRACKING_URI") == "" {
+		cmd.Env = append(cmd.Env, "MLFLOW_TRACKING_URI=file://"+filepath.Join(wd, "mlruns"))
+	}
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	cmd.Stderr = stderr
