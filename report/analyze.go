@@ -161,6 +161,10 @@ func (a *analysis) noSteps() error {
 	if jobs, _ := Jobs(a.dir); len(jobs) > 0 {
 		return fmt.Errorf("report: %s is a collector's output folder, not a job's: give one of its %d job folders (tpsprof report %s lists them)", a.dir, len(jobs), a.dir)
 	}
+	if _, err := trace.RowCountChecked(a.clusterDir, a.rep.read); err != nil {
+		// parts there, none readable: say which and why, not "no steps"
+		return fmt.Errorf("report: no readable cluster steps under %s: %w", a.clusterDir, err)
+	}
 	return fmt.Errorf("report: no cluster steps under %s", a.clusterDir)
 }
 
@@ -252,7 +256,14 @@ func (a *analysis) markSteps() error {
 func (a *analysis) clusterPass() error {
 	rep, sp := a.rep, a.sp
 	if a.selected == nil {
-		a.rankTotal = trace.RowCount(a.job.Table(trace.RankSteps), rep.read)
+		// only parts that pass the footer check count towards the choice
+		// of rank source, and each left out is named (a part claiming 1e9
+		// rows switched the report to rank_windows unsaid)
+		var err error
+		a.rankTotal, err = trace.RowCountChecked(a.job.Table(trace.RankSteps), rep.read)
+		if err = rep.tolerate(err); err != nil {
+			return err
+		}
 	} else {
 		// the selection's rank rows as the cluster rows count them: the
 		// parts' footers are read once, by the pass

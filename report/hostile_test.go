@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -115,5 +116,41 @@ func TestHostileWindowSketches(t *testing.T) {
 	runtime.ReadMemStats(&after)
 	if grew := after.TotalAlloc - before.TotalAlloc; grew > 512<<20 {
 		t.Errorf("the report allocated %d MiB", grew>>20)
+	}
+}
+
+// With the default rank source, a rank_steps part whose footer claims 1e9
+// rows does not count towards the choice of rank_windows (it switched the
+// report to them unsaid): rank_steps are read, the lying part named. A job
+// whose only cluster part lies says so, not "no cluster steps".
+func TestLyingFooterAndTheRankSource(t *testing.T) {
+	dir, err := tracetest.Write(t.TempDir(), "src", tracetest.Run{World: 4, Steps: 200, RankRowsPerPart: 200, Windows: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk, _ := trace.PartFiles(filepath.Join(dir, trace.RankSteps))
+	lieRows(t, rk[1], 1e9)
+	rep, err := analyzeChecked(dir, Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.TablesRead, trace.RankSteps) || slices.Contains(rep.TablesRead, trace.RankWindows) {
+		t.Errorf("tables read %v: want rank_steps (the lying part's rows are no reason for rank_windows)", rep.TablesRead)
+	}
+	if notes := strings.Join(rep.Notes, "\n"); !strings.Contains(notes, filepath.Base(rk[1])) {
+		t.Errorf("the lying rank part is not named: %v", rep.Notes)
+	}
+
+	one, err := tracetest.Write(t.TempDir(), "one", tracetest.Run{World: 2, Steps: 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, _ := trace.PartFiles(filepath.Join(one, trace.ClusterSteps))
+	for _, p := range cl {
+		lieRows(t, p, 1e9)
+	}
+	_, err = Analyze(one, Options{})
+	if err == nil || !strings.Contains(err.Error(), "no readable cluster steps") || !strings.Contains(err.Error(), filepath.Base(cl[0])) {
+		t.Errorf("a job of lying cluster parts: %v", err)
 	}
 }

@@ -809,16 +809,28 @@ func readGroup[T any](rg parquet.RowGroup, dst []T, path string) (err error) {
 // RowCount is the rows the parts under dir hold, from their footers alone
 // (unreadable parts count 0).
 func RowCount(dir string, opts ...ReadOption) int64 {
+	n, _ := RowCountChecked(dir, opts...)
+	return n
+}
+
+// RowCountChecked is RowCount, and the parts it left out (their footer
+// check failed: a footer claiming 1e9 rows, not Parquet) with why, as an
+// UnreadableParts error (nil when none).
+func RowCountChecked(dir string, opts ...ReadOption) (int64, error) {
 	files, _ := PartFiles(dir)
 	c := readOptions(opts)
 	var n int64
+	var u UnreadableParts
 	for _, path := range c.parts(files) {
-		if p, err := openPart(path, c); err == nil {
-			n += p.pf.NumRows()
-			p.close()
+		p, err := openPart(path, c)
+		if err != nil {
+			u.add(path, err)
+			continue
 		}
+		n += p.pf.NumRows()
+		p.close()
 	}
-	return n
+	return n, u.err()
 }
 
 // RowGroupRows is the rows of each row group of the parts under dir, in
