@@ -357,6 +357,8 @@ func unreachable(req capture.Request, ts []captureTarget) string {
 	switch ahead := req.AtStep - latest; {
 	case ahead > capture.MaxStepsAhead:
 		return fmt.Sprintf("capture: step %d is more than %d steps past where the job's ranks are (%d)", req.AtStep, capture.MaxStepsAhead, latest)
+	case pace > 0 && float64(ahead)/pace > capture.MaxSecondsAhead:
+		return fmt.Sprintf("capture: the job's ranks, at step %d and %.2f steps/s, reach step %d in about %.0f s: a start at most %d s ahead is taken (one further holds every other capture of the job); ask for a nearer step", latest, pace, req.AtStep, float64(ahead)/pace, capture.MaxSecondsAhead)
 	case pace > 0 && float64(ahead)/pace > float64(req.TimeoutMs)/1e3:
 		return fmt.Sprintf("capture: the job's ranks, at step %d and %.2f steps/s, reach step %d in about %.0f s, past the capture's %d s timeout", latest, pace, req.AtStep, float64(ahead)/pace, req.TimeoutMs/1000)
 	}

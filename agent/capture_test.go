@@ -45,6 +45,7 @@ func TestCaptureThroughAgent(t *testing.T) {
 	for step := int64(0); step < 3; step++ {
 		send(map[string]any{"job": "cj", "rank": 5, "world_size": 8, "step": step, "tokens": 10,
 			"start_unix_ns": now + step*1e8, "end_unix_ns": now + step*1e8 + 5e7})
+		time.Sleep(50 * time.Millisecond) // at a pace (about 20 steps/s): the agent reads it off the arrivals
 	}
 	ask := func(req capture.Request) []capture.Ack {
 		t.Helper()
@@ -86,6 +87,12 @@ func TestCaptureThroughAgent(t *testing.T) {
 	far := capture.Request{Op: "start", ID: "far", Job: "cj", AtStep: 1 << 40, Steps: 1, Reply: nc.NewInbox(), TimeoutMs: 3_600_000}
 	if acks := ask(far); len(acks) != 1 || !strings.Contains(acks[0].Err, "steps past where the job's ranks are") {
 		t.Errorf("a start at step 2^40: %+v", acks)
+	}
+	// nor one further than a minute at the ranks' pace (3,000 steps ahead
+	// with a 10-minute timeout held the job's slot for 300 s, renewable)
+	ahead := capture.Request{Op: "start", ID: "ahead", Job: "cj", AtStep: 2 + 3000, Steps: 1, Reply: nc.NewInbox(), TimeoutMs: 600_000}
+	if acks := ask(ahead); len(acks) != 1 || !strings.Contains(acks[0].Err, "ask for a nearer step") {
+		t.Errorf("a start 3,000 steps ahead: %+v", acks)
 	}
 
 	reply := nc.NewInbox()
@@ -199,7 +206,7 @@ func TestCaptureThroughAgent(t *testing.T) {
 		t.Errorf("capture right after the last: %+v", acks)
 	}
 	st := a.Stats()
-	if st.Rejected["capture:invalid"] != 2 || st.Rejected["capture:busy"] != 2 || st.Rejected["capture:unknown"] != 1 {
+	if st.Rejected["capture:invalid"] != 3 || st.Rejected["capture:busy"] != 2 || st.Rejected["capture:unknown"] != 1 { // (invalid: a bad id, 2^40, 3,000 ahead)
 		t.Errorf("rejections %v", st.Rejected)
 	}
 }

@@ -76,7 +76,11 @@ const (
 	// MaxStepsAhead: a capture starts at most this many steps past where
 	// the job's ranks are (agents refuse a start further ahead: every other
 	// capture of the job would wait for it).
-	MaxStepsAhead   = 100_000
+	MaxStepsAhead = 100_000
+	// MaxSecondsAhead: nor further than this at the ranks' pace (a start
+	// 3,000 steps ahead with a 10-minute timeout held the job's capture
+	// slot for 300 s, and again when asked again).
+	MaxSecondsAhead = 60
 	MaxAcks         = 4096
 	MaxCaptureRanks = 1 << 16
 	MaxReportsBytes = 256 << 20
