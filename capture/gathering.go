@@ -1,9 +1,13 @@
 package capture
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -202,6 +206,28 @@ func (g *gathering) view() *View {
 	return v
 }
 
+// notATrace says why data is not a gzipped profiler trace ("" when it
+// is): a whole gzip stream (its checksum read at the end) of JSON that
+// opens as a trace does, an object or an array.
+func notATrace(data []byte) string {
+	zr, err := gzip.NewReader(bytes.NewReader(data))
+	if err != nil {
+		return "not gzip: " + err.Error()
+	}
+	var head [64]byte
+	n, err := io.ReadFull(zr, head[:])
+	if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+		return "gzip: " + err.Error()
+	}
+	if t := bytes.TrimLeft(head[:n], " \t\r\n"); len(t) == 0 || (t[0] != '{' && t[0] != '[') {
+		return "not JSON of a trace"
+	}
+	if _, err := io.Copy(io.Discard, zr); err != nil {
+		return "gzip: " + err.Error()
+	}
+	return ""
+}
+
 // keep writes the whole traces into the capture's folder (root, at dir),
 // and the ranks' reports as analysed, so the capture can be merged again
 // (Merge) without the ranks; v lists the files kept.
@@ -212,9 +238,15 @@ func (g *gathering) keep(v *View, root *os.Root, dir string) error {
 			v.Notes = append(v.Notes, fmt.Sprintf("rank %d step %d: the trace arrived incomplete (%d of %d pieces): not kept", k.rank, k.step, len(parts), n))
 			continue
 		}
+		data := slices.Concat(parts...)
+		if why := notATrace(data); why != "" {
+			// (26 bytes of text were kept as a .json.gz)
+			v.Notes = append(v.Notes, fmt.Sprintf("rank %d step %d: the trace that arrived is not one (%s): rejected, not kept", k.rank, k.step, why))
+			continue
+		}
 		// the name is made here from two numbers, never the sender's
 		name := fmt.Sprintf("rank%d.step%d.pt.trace.json.gz", k.rank, k.step)
-		if err := safefs.CreateNew(root, name, slices.Concat(parts...)); err != nil {
+		if err := safefs.CreateNew(root, name, data); err != nil {
 			return fmt.Errorf("capture: keep traces: %w", err)
 		}
 		v.Kept = append(v.Kept, filepath.Join(dir, name))

@@ -1,6 +1,8 @@
 package capture
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,7 +135,7 @@ func TestGatheringPhase(t *testing.T) {
 	g.take(reportMsg(t, traced(0, 12, 0)))                                           // outside the capture's steps
 	g.take(reportMsg(t, Report{ID: "other", Rank: 0, State: StateTraced, Step: 11})) // another capture's
 	g.take(reportMsg(t, traced(9, 10, 0)))                                           // a rank not expected
-	g.take(pieceMsg("id1", "0/10/0", []byte("trace")))
+	g.take(pieceMsg("id1", "0/10/0", gzipped(t, `{"traceEvents": []}`)))
 	g.take(pieceMsg("id1", "0/10/5", []byte("x")))   // out of order: not held
 	g.take(pieceMsg("other", "0/10/0", []byte("x"))) // another capture's
 	g.take(reportMsg(t, traced(0, 11, 0)))
@@ -255,5 +257,36 @@ func TestWaitDoubtFromRecords(t *testing.T) {
 	v.verdict(&RecordsCritical{Rank: 3, ExcessUs: 100e3}, 2, nil)
 	if v.Culprit.WaitDoubt != "2 calls lost in matching" {
 		t.Errorf("doubt %q", v.Culprit.WaitDoubt)
+	}
+}
+
+func gzipped(t *testing.T, s string) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	zw.Write([]byte(s))
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// A kept piece that does not decompress to a trace is not written (26
+// bytes of text were kept as a .json.gz): not gzip, a truncated stream,
+// gzip of something that is not a trace's JSON.
+func TestKeptPieceIsATrace(t *testing.T) {
+	good := gzipped(t, `{"traceEvents": [{"ph": "X"}]}`)
+	if why := notATrace(good); why != "" {
+		t.Errorf("a trace refused: %s", why)
+	}
+	for name, data := range map[string][]byte{
+		"text":      []byte("this is not a trace at all"),
+		"truncated": good[:len(good)-6],
+		"not json":  gzipped(t, "hello, world"),
+		"empty":     gzipped(t, ""),
+	} {
+		if why := notATrace(data); why == "" {
+			t.Errorf("%s: taken for a trace", name)
+		}
 	}
 }

@@ -96,7 +96,7 @@ func TestKeptTraceNeverFollowsALink(t *testing.T) {
 			reply(ackOf(RankState{Rank: 0, WorldSize: 1, Step: 3}), nil)
 			r, _ := json.Marshal(Report{ID: req.ID, Node: "n0", Rank: 0, State: StateTraced, Step: req.AtStep, Chunks: 1})
 			reply(r, nats.Header{"X": []string{"report"}})
-			reply([]byte("the forger's bytes"), nats.Header{HeaderChunk: []string{fmt.Sprintf("0/%d/0", req.AtStep)}, HeaderID: []string{req.ID}})
+			reply(gzipped(t, `{"the forger's": "trace"}`), nats.Header{HeaderChunk: []string{fmt.Sprintf("0/%d/0", req.AtStep)}, HeaderID: []string{req.ID}})
 		}
 	})
 	_, err := Run(context.Background(), cli, Options{Job: "job", Steps: 1, AtStep: 5, KeepDir: keepDir, Timeout: 5 * time.Second, ProbeWait: 300 * time.Millisecond})
@@ -137,7 +137,7 @@ func TestKeptTraceFolderSwapped(t *testing.T) {
 			reply(ackOf(RankState{Rank: 0, WorldSize: 1, Step: 3}), nil)
 			r, _ := json.Marshal(Report{ID: req.ID, Node: "n0", Rank: 0, State: StateTraced, Step: req.AtStep, Chunks: 1})
 			reply(r, nats.Header{"X": []string{"report"}})
-			reply([]byte("trace"), nats.Header{HeaderChunk: []string{fmt.Sprintf("0/%d/0", req.AtStep)}, HeaderID: []string{req.ID}})
+			reply(gzipped(t, `{"traceEvents": []}`), nats.Header{HeaderChunk: []string{fmt.Sprintf("0/%d/0", req.AtStep)}, HeaderID: []string{req.ID}})
 		}
 	})
 	if _, err := Run(context.Background(), cli, Options{Job: "job", Steps: 1, AtStep: 5, KeepDir: keepDir, Timeout: 5 * time.Second, ProbeWait: 300 * time.Millisecond}); err != nil {
