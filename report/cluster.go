@@ -320,16 +320,30 @@ func (a *waitAcc) result(nodeOf map[int64]string, top int) []WaitShare {
 		ranks = append(ranks, r)
 	}
 	slices.Sort(ranks)
+	// one node: the waiting is charged to each rank, not to the node (all
+	// its ranks were "waiting caused by vm 100%")
+	nodes := map[string]bool{}
+	for r, n := range nodeOf {
+		if len(nodes) > 1 {
+			break
+		}
+		nodes[nodeLabel(n, r)] = true
+	}
+	oneNode := len(nodes) <= 1
 	by := map[string]*WaitShare{}
 	for _, r := range ranks {
 		n := nodeLabel(nodeOf[r], r)
-		x := by[n]
+		key := n
+		if oneNode {
+			key = fmt.Sprintf("rank %d", r)
+		}
+		x := by[key]
 		if x == nil {
 			if len(by) >= 4096 {
 				continue
 			}
-			x = &WaitShare{Node: n}
-			by[n] = x
+			x = &WaitShare{Node: n, ByRank: oneNode}
+			by[key] = x
 		}
 		x.Steps += a.by[r].steps
 		x.WaitS += a.by[r].waitS
@@ -343,7 +357,7 @@ func (a *waitAcc) result(nodeOf map[int64]string, top int) []WaitShare {
 		out = append(out, *x)
 	}
 	slices.SortFunc(out, func(a, b WaitShare) int {
-		return cmp.Or(cmp.Compare(b.WaitS, a.WaitS), cmp.Compare(a.Node, b.Node))
+		return cmp.Or(cmp.Compare(b.WaitS, a.WaitS), cmp.Compare(a.Node, b.Node), cmp.Compare(a.Ranks[0], b.Ranks[0]))
 	})
 	return out[:min(len(out), top)]
 }

@@ -382,17 +382,19 @@ func nodeLabel(node string, rank int64) string {
 // cluster rows), each a mean over the steps it has. It keeps no figure
 // of a step.
 type critExcess struct {
-	own  map[string]*[3]float64 // node → compute ns, data wait ns, steps
-	mean map[int64]*[3]float64  // critical rank → the mean rank's, the same
+	own     map[string]*[3]float64 // node → compute ns, data wait ns, steps
+	ownRank map[int64]*[3]float64  // critical rank → the same (the waiting by rank, on one node)
+	mean    map[int64]*[3]float64  // critical rank → the mean rank's, the same
 }
 
 func newCritExcess() *critExcess {
-	return &critExcess{own: map[string]*[3]float64{}, mean: map[int64]*[3]float64{}}
+	return &critExcess{own: map[string]*[3]float64{}, ownRank: map[int64]*[3]float64{}, mean: map[int64]*[3]float64{}}
 }
 
 // addOwn takes the critical rank's row of a steady step.
 func (x *critExcess) addOwn(node string, rank int64, compute, data float64) {
 	addExcess(x.own, nodeLabel(node, rank), 4096, compute, data)
+	addExcess(x.ownRank, rank, 1<<16, compute, data)
 }
 
 // addMean takes a steady step's mean rank, by its critical rank.
@@ -431,6 +433,10 @@ func (x *critExcess) explain(ws []WaitShare, nodeOf map[int64]string) {
 	}
 	for i := range ws {
 		e, m := x.own[ws[i].Node], mean[ws[i].Node]
+		if ws[i].ByRank && len(ws[i].Ranks) == 1 {
+			// one node: the rank's own excess over the mean rank's
+			e, m = x.ownRank[ws[i].Ranks[0]], x.mean[ws[i].Ranks[0]]
+		}
 		if e == nil || e[2] == 0 || m == nil || m[2] == 0 {
 			continue
 		}
@@ -455,6 +461,9 @@ type WaitShare struct {
 	Steps int     `json:"steps"` // steady steps it was critical in
 	WaitS float64 `json:"wait_s"`
 	Share float64 `json:"share"` // of all the waiting
+	// ByRank: the job runs on one node, whose ranks are who the others
+	// waited for: the waiting is charged to Ranks[0] alone.
+	ByRank bool `json:"by_rank,omitempty"`
 }
 
 // unstepClocks repairs the timeline of steps (sorted by attempt, step)

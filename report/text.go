@@ -153,7 +153,7 @@ func (l *lines) breakdown(r *Report) {
 		var parts []string
 		for _, w := range r.WaitCharged {
 			p := fmt.Sprintf("%s %s (ranks %s, critical in %d steps", w.Node, pct(w.Share), rankList(w.Ranks), w.Steps)
-			if r.NodeCount <= 1 {
+			if w.ByRank || r.NodeCount <= 1 {
 				// one node: the ranks are who the others waited for
 				who := "rank "
 				if len(w.Ranks) > 1 {
