@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -59,7 +60,8 @@ func TestTorchTrainingLoops(t *testing.T) {
 			// evaluation breaks out of its loader (its last fetch never
 			// evaluated) and ends with a barrier; checkpoints go to a slow
 			// file that takes 3/4 of its 0.2 s closing, after torch.save
-			args := []string{script, "--iters", strconv.Itoa(iters), "--truth", truthDir, "--eval-break", "--ckpt-slow", "0.2"}
+			// an evaluation then a checkpoint in one gap after iterations 4 and 8
+			args := []string{script, "--iters", strconv.Itoa(iters), "--truth", truthDir, "--eval-break", "--ckpt-slow", "0.2", "--ckpt-every", "4"}
 			if auto {
 				args = append(args, "--auto")
 			}
@@ -149,6 +151,46 @@ func TestTorchTrainingLoops(t *testing.T) {
 					t.Errorf("%s: %.1f ms in all, the job's clock %.1f ms", kind, gotNs/1e6, wantNs/1e6)
 				}
 			}
+			// The report's badput: an evaluation then a checkpoint in one
+			// gap (after iterations 4 and 8) are each their own, within
+			// max(0.1 s, 10%) of the job's clocks (the union over ranks, a
+			// checkpoint's time first: the ranks that do not save wait for
+			// it). The checkpoint read 0.30 s against 0.61 s, the evaluation
+			// 1.19 against 0.89, when the evaluation took what overlapped.
+			// (those between steps: after the last step they are the
+			// attempt's tail, badput shutdown)
+			var lastEnd int64
+			for _, r := range rows {
+				lastEnd = max(lastEnd, r.EndUnixNs)
+			}
+			var ck, ev [][2]int64
+			for _, e := range evs["checkpoint_save"] {
+				if e.EndNs < lastEnd {
+					ck = append(ck, [2]int64{e.StartNs, e.EndNs})
+				}
+			}
+			for _, e := range evs["eval"] {
+				if e.EndNs < lastEnd {
+					ev = append(ev, [2]int64{e.StartNs, e.EndNs})
+				}
+			}
+			wantCk := unionNs(ck)
+			wantEv := unionNs(append(ev, ck...)) - wantCk
+			rep, err := report.Analyze(dir, report.Options{Warmup: 0})
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkInvariants(t, rep)
+			for _, x := range []struct {
+				cause string
+				want  float64
+			}{{report.BadCheckpoint, wantCk / 1e9}, {report.BadEval, wantEv / 1e9}} {
+				got := rep.Goodput.BadputS[x.cause]
+				t.Logf("badput %s %.3f s, the job's clocks %.3f s", x.cause, got, x.want)
+				if math.Abs(got-x.want) > max(0.1, 0.1*x.want) {
+					t.Errorf("badput %s %.3f s, the job's clocks %.3f s", x.cause, got, x.want)
+				}
+			}
 		})
 	}
 }
@@ -174,4 +216,19 @@ func TestTorchResumeNumbering(t *testing.T) {
 			}
 		}
 	}
+}
+
+// unionNs is how long the intervals cover together, ns.
+func unionNs(iv [][2]int64) float64 {
+	sort.Slice(iv, func(i, j int) bool { return iv[i][0] < iv[j][0] })
+	var total float64
+	var end int64 = math.MinInt64
+	for _, x := range iv {
+		if x[1] <= end {
+			continue
+		}
+		total += float64(x[1] - max(x[0], end))
+		end = x[1]
+	}
+	return total
 }
