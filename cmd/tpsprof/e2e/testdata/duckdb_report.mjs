@@ -18,7 +18,7 @@ const out = {
       sum(data_stall_fraction_mean * step_time_ns) / sum(step_time_ns) data_stall,
       sum(mfu * step_time_ns) filter (where coalesce(mfu_unknown, '') = '') / sum(step_time_ns) filter (where coalesce(mfu_unknown, '') = '') mfu
     from ${C} where step >= 2 and ranks_missing = 0`),
-  straggler: await one(`with m as (select rank, median(duration_ns - exposed_comm_ns - data_wait_ns - pp_wait_ns - ckpt_ns) c
+  straggler: await one(`with m as (select rank, median(duration_ns - exposed_comm_ns - pp_wait_ns - ckpt_ns) c
       from ${R} where step >= 2 group by rank)
     select rank, (select min(c) from m) / c score from m order by score, rank limit 1`),
 };
