@@ -9,6 +9,7 @@ import "github.com/tpsprof/tpsprof/tps"
 // out within two windows). O(1) per job whatever the world size.
 type ownLive struct {
 	captureNs, cpuNs, durNs float64 // ewmaAlpha moving averages; 0: none yet
+	profNs                  float64 // the same of profiled steps' capture_ns (apart: 0 none yet)
 	window                  int64
 	cur, prev               memSeen
 }
@@ -29,8 +30,17 @@ func fuller(a, b memSeen) bool {
 	return a.set && tps.MemFuller(a.resv, a.capacity, b.resv, b.capacity) < 0
 }
 
-func (o *ownLive) observe(r *tps.StepRecord) {
-	if r.CaptureNs > 0 || r.CaptureCPUNs > 0 {
+func (o *ownLive) observe(r *tps.StepRecord, profiled bool) {
+	switch {
+	case profiled && r.CaptureNs > 0:
+		// a profiled step's cost is the profiler's: apart from the always-on
+		if o.profNs == 0 {
+			o.profNs = float64(r.CaptureNs)
+		} else {
+			o.profNs += ewmaAlpha * (float64(r.CaptureNs) - o.profNs)
+		}
+	case profiled:
+	case r.CaptureNs > 0 || r.CaptureCPUNs > 0:
 		if o.durNs == 0 {
 			o.captureNs, o.cpuNs, o.durNs = float64(r.CaptureNs), float64(r.CaptureCPUNs), float64(r.DurationNs)
 		} else {
@@ -67,6 +77,9 @@ type LiveCost struct {
 	// the steps' measured spans: no share of them).
 	StepFraction *float64 `json:"step_fraction,omitempty"`
 	CPUPerStepUs float64  `json:"cpu_per_step_us"`
+	// ProfiledPerStepUs is the same of the steps a profiler traced or the
+	// FLOP counter counted, apart (absent: none seen).
+	ProfiledPerStepUs *float64 `json:"profiled_per_step_us,omitempty"`
 }
 
 // LiveMemory is the fullest rank's device memory over the last steps.
@@ -85,6 +98,13 @@ func (o *ownLive) live() (*LiveCost, *LiveMemory) {
 		if f := o.captureNs / o.durNs; f <= 1 {
 			c.StepFraction = &f
 		}
+	}
+	if o.profNs > 0 {
+		if c == nil {
+			c = &LiveCost{}
+		}
+		p := o.profNs / 1e3
+		c.ProfiledPerStepUs = &p
 	}
 	m := o.cur
 	if fuller(o.prev, m) {

@@ -34,6 +34,11 @@ func TestLiveCostAndMemory(t *testing.T) {
 			if r == 0 && s == 330 {
 				rec.MemPeakReservedBytes = 60 << 30 // this window's fullest
 			}
+			if s%50 == 25 {
+				// a step a profiler traced (its trace's figures attached):
+				// its cost (6.5 ms) is the profiler's, apart from the always-on
+				rec.CaptureNs, rec.TraceComputeNs, rec.TraceCommNs = 6_500_000, 50*ms, 10*ms
+			}
 			recs = append(recs, rec)
 		}
 		at += 110 * ms
@@ -65,6 +70,9 @@ func TestLiveCostAndMemory(t *testing.T) {
 	cc, m := lj.CaptureCost, lj.Memory
 	if cc == nil || math.Abs(cc.PerStepUs-200) > 1e-6 || cc.StepFraction == nil || math.Abs(*cc.StepFraction-0.002) > 1e-9 || math.Abs(cc.CPUPerStepUs-500) > 1e-6 {
 		t.Errorf("capture cost %+v, want 200 µs a step, 0.2%%, CPU 500 µs", cc)
+	}
+	if cc == nil || cc.ProfiledPerStepUs == nil || math.Abs(*cc.ProfiledPerStepUs-6500) > 1e-6 {
+		t.Errorf("capture cost %+v: want the traced steps' 6,500 µs apart", cc)
 	}
 	if m == nil || m.Rank != 0 || m.PeakReservedBytes != 60<<30 || m.CapacityBytes != 80<<30 || m.Headroom == nil || math.Abs(*m.Headroom-0.25) > 1e-9 {
 		t.Errorf("memory %+v, want rank 0's 60 GiB of 80 (headroom 25%%): step 5's 79 GiB is two windows back", m)

@@ -617,7 +617,10 @@ func (s *jobState) add(r *tps.StepRecord, t *tally) (k stepKey, open, keep bool)
 	}
 	t.records++
 	s.observeRank(r, s.world)
-	s.own.observe(r)
+	// a step a profiler traced (the agent attached its trace's figures)
+	// or PyTorch's FLOP counter counted ran slower: its cost is apart
+	_, counted := s.counted.samples[[2]int64{r.Attempt, r.Step}]
+	s.own.observe(r, r.TraceComputeNs > 0 || r.TraceCommNs > 0 || counted)
 	if st.acc.Full() {
 		s.closeFull(k, st, t)
 	}
