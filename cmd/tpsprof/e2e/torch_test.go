@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/kineto"
 	"github.com/tpsprof/tpsprof/launch"
 	"github.com/tpsprof/tpsprof/natsconn"
@@ -79,6 +80,14 @@ func torchMajor(py string) int {
 // returns the Parquet folder of the job once the collector has closed.
 func launchTorch(t *testing.T, job string, auto bool, cmd []string, opts ...func(*launch.Config)) (string, string) {
 	t.Helper()
+	return launchTorchThen(t, job, auto, cmd, nil, opts...)
+}
+
+// launchTorchThen is launchTorch, with live called on the collector once
+// the job ended and its rows are in, before the collector closes (its
+// live page, /metrics).
+func launchTorchThen(t *testing.T, job string, auto bool, cmd []string, live func(*collector.Collector), opts ...func(*launch.Config)) (string, string) {
+	t.Helper()
 	srv, col, out, sock := launchEnv(t)
 	var log bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -98,6 +107,9 @@ func launchTorch(t *testing.T, job string, auto bool, cmd []string, opts ...func
 	}
 	if err := col.Sync(10 * time.Second); err != nil {
 		t.Fatal(err)
+	}
+	if live != nil {
+		live(col)
 	}
 	if err := col.Close(); err != nil {
 		t.Fatal(err)
