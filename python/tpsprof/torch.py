@@ -1333,15 +1333,6 @@ class TorchProfiler(Marks):
             elif kwargs is not None:
                 self._forward_tokens(st, module, inputs, kwargs)
             first = not st.trained
-            if first and self._flops_every and self._tracing is None:
-                # FLOPs are counted from a step's first training forward, not
-                # where it began: the counter must not hold what the thread
-                # runs before (an inference-mode rollout, an evaluation: torch
-                # 2.14 raised from its dispatcher on inference tensors)
-                k = self._flops_begun
-                self._flops_begun += 1
-                if k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
-                    self._count_flops(st)
             st.trained = True
             st.fwd_open = self._mark()
             if first and st.chained and not st.fetched:
@@ -1349,6 +1340,17 @@ class TorchProfiler(Marks):
                 # array, tensors in a list): the time from the step's start
                 # to its first forward is its data wait
                 st.pre = (st.t0, st.fwd_open)
+            if first and self._flops_every and self._tracing is None:
+                # FLOPs are counted from a step's first training forward, not
+                # where it began: the counter must not hold what the thread
+                # runs before (an inference-mode rollout, an evaluation: torch
+                # 2.14 raised from its dispatcher on inference tensors). Its
+                # start (~7 ms) after the marks: in the (counted, left out)
+                # step's forward, never in its data wait
+                k = self._flops_begun
+                self._flops_begun += 1
+                if k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
+                    self._count_flops(st)
             if self._poller is not None:
                 self._poller.sweep()
         except Exception:
