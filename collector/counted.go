@@ -78,10 +78,10 @@ func (s *jobState) countedRow(row *tps.ClusterStep) {
 
 // countedUtilisation is MFU (nil with recomputation) and HFU from the
 // counted FLOPs a token at tokensPerS over world GPUs; ok is false where
-// there is no count, no peak, or tokens are not the job's (its topology
-// does not match its world size).
+// there is no count, no peak, or tokens are not the job's (its declared
+// topology does not match its world size: tokens were counted per rank).
 func (s *jobState) countedUtilisation(tokensPerS float64, world int64) (m, h *float64, ok bool) {
-	if s.counted.perToken <= 0 || tokensPerS <= 0 || world <= 0 || s.cfg.Topology.Validate(int(world)) != nil {
+	if s.counted.perToken <= 0 || tokensPerS <= 0 || world <= 0 {
 		return nil, nil, false
 	}
 	if tp := s.meta.Topology; tp != (tps.Topology{}) && tp.Validate(int(world)) != nil {

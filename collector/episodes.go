@@ -109,14 +109,7 @@ func (j *jobState) endEpisodes() {
 	}
 	end := j.lastRow().Step
 	for key, e := range j.openEpisodes {
-		last := end
-		e.EndStep = &last
-		j.episodesEnded++
-		j.episodes = append(j.episodes, *e)
-		delete(j.openEpisodes, key)
-	}
-	if len(j.episodes) > maxEpisodes {
-		j.episodes = j.episodes[len(j.episodes)-maxEpisodes:]
+		j.closeEpisode(key, e, end)
 	}
 }
 
@@ -177,6 +170,12 @@ func (j *jobState) maybeEnd(key string, e *LiveEpisode, last tps.ClusterStep) {
 			end = lastSlow
 		}
 	}
+	j.closeEpisode(key, e, end)
+}
+
+// closeEpisode ends open episode e (under key) at step end and keeps it
+// among the last maxEpisodes closed.
+func (j *jobState) closeEpisode(key string, e *LiveEpisode, end int64) {
 	e.EndStep = &end
 	j.episodesEnded++
 	j.episodes = append(j.episodes, *e)

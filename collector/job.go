@@ -108,9 +108,6 @@ func (j *job) settle(t *tally) {
 		f.win = j.st.liveFigures(LiveWindowSteps)
 	}
 	f.ended = j.st.ended
-	if f.ended {
-		f.stragglers = 0 // a finished job has none: its episodes are closed
-	}
 	ttft, itl := j.st.rolloutSketches()
 	f.ttft, f.itl = summaryOf(&ttft), summaryOf(&itl)
 	j.st.rollDirty = false

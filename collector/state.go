@@ -337,8 +337,12 @@ func (s *jobState) slowRanks(n int) []tps.RankScore {
 }
 
 // stragglers counts ranks below the straggler threshold that keep slow
-// (keepsSlow).
+// (keepsSlow); none once the job ended (its episodes are closed: the
+// gauge stayed up and the alert fired for a job that was over).
 func (s *jobState) stragglers() int {
+	if s.ended {
+		return 0
+	}
 	_, best := s.bestOwn()
 	n := 0
 	for r, v := range s.ownEWMA {

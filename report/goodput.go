@@ -118,7 +118,9 @@ func newGoodputAcc(sp *spine, events []tps.Event) *goodputAcc {
 			a.ends[e.Attempt] = max(a.ends[e.Attempt], end)
 		case tps.EventEval:
 			a.evals = append(a.evals, [2]int64{e.StartUnixNs, e.EndUnixNs})
-		case tps.EventCheckpointSave:
+		case tps.EventCheckpointSave, tps.EventCheckpointRestore:
+			// (a restore between steps is a named gap of the attempts'
+			// time too: attemptsAcc)
 			a.ckpts = append(a.ckpts, [2]int64{e.StartUnixNs, e.EndUnixNs})
 		case tps.EventTraceStop:
 			a.traces = append(a.traces, [2]int64{e.StartUnixNs, e.EndUnixNs})

@@ -324,12 +324,10 @@ const RunningQuiet = 10 * time.Minute
 // not): its newest attempt recorded a start (attempt_start or job_start)
 // and no end, and its steps' newest part was written within RunningQuiet.
 func openAttempt(events []tps.Event, clusterDir string, now time.Time) string {
-	last, started := int64(-1), map[int64]bool{}
-	ended := map[int64]bool{}
+	last, ended := int64(-1), map[int64]bool{}
 	for _, e := range events {
 		switch e.Kind {
 		case tps.EventAttemptStart, tps.EventJobStart:
-			started[e.Attempt] = true
 			last = max(last, e.Attempt)
 		case tps.EventAttemptEnd, tps.EventJobEnd:
 			ended[e.Attempt] = true

@@ -153,13 +153,8 @@ func (l *lines) breakdown(r *Report) {
 		var parts []string
 		for _, w := range r.WaitCharged {
 			p := fmt.Sprintf("%s %s (ranks %s, critical in %d steps", w.Node, pct(w.Share), rankList(w.Ranks), w.Steps)
-			if w.ByRank || r.NodeCount <= 1 {
-				// one node: the ranks are who the others waited for
-				who := "rank "
-				if len(w.Ranks) > 1 {
-					who = "ranks "
-				}
-				p = fmt.Sprintf("%s%s %s (on %s, critical in %d steps", who, rankList(w.Ranks), pct(w.Share), orDash(w.Node), w.Steps)
+			if w.ByRank { // one node: the rank is who the others waited for
+				p = fmt.Sprintf("rank %s %s (on %s, critical in %d steps", rankList(w.Ranks), pct(w.Share), orDash(w.Node), w.Steps)
 			}
 			if w.Cause != "" {
 				p += "; " + w.Cause

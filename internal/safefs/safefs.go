@@ -39,7 +39,11 @@ func PrivateDir(dir string) error {
 
 // CheckPrivateDir refuses dir unless it is a folder (not a link) of the
 // effective user that group and others cannot write.
-func CheckPrivateDir(dir string) error {
+func CheckPrivateDir(dir string) error { return checkDir(dir, false) }
+
+// checkDir refuses dir unless it is a folder (not a link) of the effective
+// user (or, with rootToo, root) that group and others cannot write.
+func checkDir(dir string, rootToo bool) error {
 	fi, err := os.Lstat(dir)
 	if err != nil {
 		return err
@@ -47,7 +51,7 @@ func CheckPrivateDir(dir string) error {
 	if !fi.IsDir() {
 		return fmt.Errorf("%s is not a folder (%s): %w; remove it or choose another path", dir, fi.Mode().Type(), ErrNotPrivate)
 	}
-	if uid, ok := owner(fi); ok && uid != os.Geteuid() {
+	if uid, ok := owner(fi); ok && uid != os.Geteuid() && (!rootToo || uid != 0) {
 		return fmt.Errorf("%s belongs to uid %d, not to you (uid %d): %w; another user may have made it to plant files; remove it or choose another path", dir, uid, os.Geteuid(), ErrNotPrivate)
 	}
 	if fi.Mode().Perm()&0o022 != 0 {
@@ -67,20 +71,7 @@ func OutputDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return err
-	}
-	if !fi.IsDir() {
-		return fmt.Errorf("%s is not a folder (%s): %w; choose another path", dir, fi.Mode().Type(), ErrNotPrivate)
-	}
-	if uid, ok := owner(fi); ok && uid != os.Geteuid() && uid != 0 {
-		return fmt.Errorf("%s belongs to uid %d, not to you (uid %d): %w; choose a folder of your own", dir, uid, os.Geteuid(), ErrNotPrivate)
-	}
-	if fi.Mode().Perm()&0o022 != 0 {
-		return fmt.Errorf("%s is writable by group or others (mode %04o): %w; choose a folder of your own", dir, fi.Mode().Perm(), ErrNotPrivate)
-	}
-	return nil
+	return checkDir(dir, true)
 }
 
 // WriteFileAtomic writes path through write: into a new file of a random

@@ -454,17 +454,18 @@ class Profiler:
 TPSProf = Profiler
 
 
-def private_dir_problem(path):
-    """None when path is a folder (not a link) of this user that group and
-    others cannot write; else why not. Only in such a folder can a file be
-    written without another user planting a link at its name first."""
+def private_dir_problem(path, root_too=False):
+    """None when path is a folder (not a link) of this user (or, with
+    root_too, root) that group and others cannot write; else why not. Only
+    in such a folder can a file be written without another user planting a
+    link at its name first."""
     try:
         st = os.lstat(path)
     except OSError as e:
         return "%s: %s" % (path, e.strerror)
     if not stat.S_ISDIR(st.st_mode):
         return "%s is not a folder" % path
-    if st.st_uid != os.geteuid():
+    if st.st_uid != os.geteuid() and not (root_too and st.st_uid == 0):
         return "%s belongs to uid %d, not to you (uid %d)" % (path, st.st_uid, os.geteuid())
     if st.st_mode & 0o022:
         return "%s is writable by group or others (mode %04o)" % (path, st.st_mode & 0o7777)
@@ -481,23 +482,19 @@ def writable_folder(path, sub=None):
     in another user's folder, or one they can write, a link planted at a
     file's name is followed, and the figures read and edited."""
     path = os.path.abspath(path)
-    me = os.geteuid()
     if not os.path.lexists(path):
         os.makedirs(path, 0o700, exist_ok=True)
-    for p in [path] + ([os.path.join(path, sub)] if sub else []):
-        if p != path:
-            try:
-                os.mkdir(p, 0o700)
-            except FileExistsError:
-                pass
-        st = os.lstat(p)
-        if not stat.S_ISDIR(st.st_mode):
-            raise ValueError("%s is not a folder (a link or a file): not writing there" % p)
-        if st.st_uid not in (me, 0) or (p != path and st.st_uid != me):
-            raise ValueError("%s belongs to uid %d, not to you (uid %d): not writing there" % (p, st.st_uid, me))
-        if st.st_mode & 0o022:
-            raise ValueError("%s is writable by group or others (mode %04o): not writing there" % (p, st.st_mode & 0o7777))
-    return os.path.join(path, sub) if sub else path
+    why = private_dir_problem(path, root_too=True)
+    if why is None and sub:
+        path = os.path.join(path, sub)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        why = private_dir_problem(path)
+    if why is not None:
+        raise ValueError(why + ": not writing there")
+    return path
 
 
 def create_private_file(path):
