@@ -1,7 +1,6 @@
 package collector
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -23,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tpsprof/tpsprof/internal/browser"
 	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -949,28 +948,11 @@ func TestCloseDrainsWhatTheClientHolds(t *testing.T) {
 // scripts ran.
 func dumpDOM(t *testing.T, url string) string {
 	t.Helper()
-	browser := ""
-	for _, b := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(b); err == nil {
-			browser = p
-			break
-		}
-	}
-	if browser == "" {
-		t.Fatal("the live-page test needs Debian's chromium package (.ci/run installs it)")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	dir := t.TempDir()
-	cmd := exec.CommandContext(ctx, browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+dir,
-		"--virtual-time-budget=5000", "--dump-dom", url)
-	cmd.Env = append(os.Environ(), "HOME="+dir)
-	out, err := cmd.Output()
+	dom, err := browser.DumpDOM(url, t.TempDir())
 	if err != nil {
-		t.Fatalf("%s: %v", browser, err)
+		t.Fatalf("the live page in a browser: %v", err)
 	}
-	return string(out)
+	return dom
 }
 
 // One stalled step (a rank descheduled for ten times its pace) lifts its

@@ -11,39 +11,36 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tpsprof/tpsprof/internal/browser"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, b := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if p, err := exec.LookPath(b); err == nil {
-			return p
-		}
+	b, err := browser.Find()
+	if err != nil {
+		t.Fatalf("the HTML report test: %v", err)
 	}
-	t.Fatal("the HTML report test needs Debian's chromium package (.ci/run installs it)")
-	return ""
+	return b
 }
 
 // openInBrowser loads a page in headless chromium and returns its DOM
 // after rendering, the console messages, and a screenshot's path.
 func openInBrowser(t *testing.T, page string) (dom, console, shot string) {
 	t.Helper()
-	browser := chromium(t)
+	bin := chromium(t)
 	dir := t.TempDir()
 	shot = filepath.Join(dir, "page.png")
 	run := func(args ...string) (string, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		defer cancel()
-		base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-			"--disable-component-update", "--disable-sync", "--user-data-dir=" + filepath.Join(dir, "profile"),
-			"--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000"}
-		cmd := exec.CommandContext(ctx, browser, append(base, args...)...)
+		base := append(browser.Args(filepath.Join(dir, "profile")), "--enable-logging=stderr", "--v=0", "--virtual-time-budget=3000")
+		cmd := exec.CommandContext(ctx, bin, append(base, args...)...)
 		cmd.Env = append(os.Environ(), "HOME="+dir)
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := cmd.Run(); err != nil {
-			t.Fatalf("%s: %v\n%s", browser, err, errb.String())
+			t.Fatalf("%s: %v\n%s", bin, err, errb.String())
 		}
 		return out.String(), errb.String()
 	}

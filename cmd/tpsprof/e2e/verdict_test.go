@@ -5,12 +5,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/collector"
+	"github.com/tpsprof/tpsprof/internal/browser"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -27,16 +30,20 @@ func grepLines(s, sub string) string {
 }
 
 // One straggler verdict on real jobs: a 4-rank job on one node whose rank
-// 2 spends 60 ms more in its forward each step, and one whose rank 2 waits
-// 60 ms more for its data (examples/pytorch/phase_straggler.py, DDP over
-// gloo, under tpsprof launch): the report's summary line, its HTML and
-// --compare name rank 2, and the waiting is charged to rank 2, not to the
-// node (it read "waiting caused by vm 100.0% (ranks 0-3)", rank 2 never
-// flagged).
+// 2 spends 60 ms more in its forward each step, and a 2-rank job whose
+// rank 1 waits 60 ms more for its data (examples/pytorch/phase_straggler.py,
+// DDP over gloo, under tpsprof launch): the report's summary line, its
+// HTML as Chromium renders it, --compare, the live page and /metrics name
+// that rank, and the waiting is charged to it, not to the node (it read
+// "waiting caused by vm 100.0% (ranks 0-3)", rank 2 never flagged).
 func TestTorchStragglerVerdict(t *testing.T) {
 	py := torchPython(t)
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "phase_straggler.py")
-	for _, phase := range []string{"forward", "data"} {
+	for _, c := range []struct {
+		phase       string
+		ranks, slow int
+	}{{"forward", 4, 2}, {"data", 2, 1}} {
+		phase, slow := c.phase, strconv.Itoa(c.slow)
 		t.Run(phase, func(t *testing.T) {
 			truth := t.TempDir()
 			// the live page's slowest ranks and /metrics, once the job's rows are in
@@ -47,7 +54,7 @@ func TestTorchStragglerVerdict(t *testing.T) {
 						jobs = append(jobs, j)
 					}
 				}
-				if len(jobs) != 1 || len(jobs[0].SlowestRanks) == 0 || jobs[0].SlowestRanks[0].Rank != 2 || jobs[0].SlowestRanks[0].Score >= tps.StragglerThreshold {
+				if len(jobs) != 1 || len(jobs[0].SlowestRanks) == 0 || jobs[0].SlowestRanks[0].Rank != int64(c.slow) || jobs[0].SlowestRanks[0].Score >= tps.StragglerThreshold {
 					t.Errorf("the live page's slowest ranks: %+v", jobs)
 				}
 				srv := httptest.NewServer(col.Handler())
@@ -63,7 +70,7 @@ func TestTorchStragglerVerdict(t *testing.T) {
 					t.Errorf("/metrics: %s", grepLines(string(b), "tpsprof_stragglers"))
 				}
 			}
-			dir, log := launchTorchThen(t, "verdict-"+phase, false, torchrun(py, 4, script, "--slow-rank", "2", "--delay-ms", "60",
+			dir, log := launchTorchThen(t, "verdict-"+phase, false, torchrun(py, c.ranks, script, "--slow-rank", slow, "--delay-ms", "60",
 				"--phases", phase, "--per-phase", "1000", "--max-steps", "40", "--stop", filepath.Join(truth, "never"), "--truth", truth), live)
 			rep, err := report.Analyze(dir, report.Options{Warmup: 2})
 			if err != nil {
@@ -77,25 +84,33 @@ func TestTorchStragglerVerdict(t *testing.T) {
 					t.Log(strings.TrimSpace(l))
 				}
 			}
-			if !regexp.MustCompile(`(?m)^  straggler ranks +rank 2 \(`).MatchString(text.String()) {
-				t.Errorf("the summary line does not name rank 2:\n%s", text.String())
+			if !regexp.MustCompile(`(?m)^  straggler ranks +rank `+slow+` \(`).MatchString(text.String()) {
+				t.Errorf("the summary line does not name rank %s:\n%s", slow, text.String())
 			}
-			if m := regexp.MustCompile(`(?m)^  waiting caused by +(.*)$`).FindStringSubmatch(text.String()); m != nil && !strings.HasPrefix(m[1], "rank 2 ") {
-				t.Errorf("the waiting is charged to %q, not to rank 2", m[1])
+			if m := regexp.MustCompile(`(?m)^  waiting caused by +(.*)$`).FindStringSubmatch(text.String()); m != nil && !strings.HasPrefix(m[1], "rank "+slow+" ") {
+				t.Errorf("the waiting is charged to %q, not to rank %s", m[1], slow)
 			}
 			var page bytes.Buffer
 			if err := report.WriteHTML(&page, rep, nil); err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(page.String(), "slowest rank") {
-				t.Error("the HTML has no card for the slowest rank")
+			file := filepath.Join(t.TempDir(), "report.html")
+			if err := os.WriteFile(file, page.Bytes(), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dom, err := browser.DumpDOM("file://"+file, t.TempDir())
+			if err != nil {
+				t.Fatalf("the HTML report in a browser: %v", err)
+			}
+			if !regexp.MustCompile(`<div class="label">slowest rank</div><div class="value">rank `+slow+`\b`).MatchString(dom) {
+				t.Errorf("the HTML's card for the slowest rank does not name rank %s:\n%s", slow, grepLines(dom, "card"))
 			}
 			var cmp bytes.Buffer
 			if err := report.WriteCompare(&cmp, rep, rep); err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(cmp.String(), "rank 2 ") {
-				t.Errorf("--compare does not name rank 2:\n%s", cmp.String())
+			if !strings.Contains(cmp.String(), "rank "+slow+" ") {
+				t.Errorf("--compare does not name rank %s:\n%s", slow, cmp.String())
 			}
 		})
 	}
