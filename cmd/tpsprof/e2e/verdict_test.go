@@ -84,7 +84,7 @@ func TestTorchStragglerVerdict(t *testing.T) {
 					t.Log(strings.TrimSpace(l))
 				}
 			}
-			if !regexp.MustCompile(`(?m)^  straggler ranks +rank `+slow+` \(`).MatchString(text.String()) {
+			if !regexp.MustCompile(`(?m)^  straggler ranks +rank ` + slow + ` \(`).MatchString(text.String()) {
 				t.Errorf("the summary line does not name rank %s:\n%s", slow, text.String())
 			}
 			if m := regexp.MustCompile(`(?m)^  waiting caused by +(.*)$`).FindStringSubmatch(text.String()); m != nil && !strings.HasPrefix(m[1], "rank "+slow+" ") {
@@ -102,7 +102,7 @@ func TestTorchStragglerVerdict(t *testing.T) {
 			if err != nil {
 				t.Fatalf("the HTML report in a browser: %v", err)
 			}
-			if !regexp.MustCompile(`<div class="label">slowest rank</div><div class="value">rank `+slow+`\b`).MatchString(dom) {
+			if !regexp.MustCompile(`<div class="label">slowest rank</div><div class="value">rank ` + slow + `\b`).MatchString(dom) {
 				t.Errorf("the HTML's card for the slowest rank does not name rank %s:\n%s", slow, grepLines(dom, "card"))
 			}
 			var cmp bytes.Buffer
