@@ -95,7 +95,11 @@ def main():
     p.add_argument("--eval-steps", type=int, default=5)
     p.add_argument("--save-steps", type=int, default=6)
     p.add_argument("--resume", metavar="CHECKPOINT", help="resume from this checkpoint folder")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="the Trainer logs every step to TensorBoard in DIR (and closes its writer at the end)")
     a = p.parse_args()
+    if a.tensorboard:
+        os.environ["TENSORBOARD_LOGGING_DIR"] = a.tensorboard  # (transformers 5 reads it; logging_dir is deprecated)
     torch.manual_seed(0)
     torch.set_num_threads(1)
     seq, vocab = 32, 128
@@ -104,7 +108,8 @@ def main():
     args = TrainingArguments(output_dir=a.out, max_steps=a.steps, per_device_train_batch_size=4,
                              gradient_accumulation_steps=2, eval_strategy="steps", eval_steps=a.eval_steps,
                              per_device_eval_batch_size=8, save_strategy="steps", save_steps=a.save_steps,
-                             logging_steps=1000, report_to="none", use_cpu=True, dataloader_num_workers=0,
+                             logging_steps=1 if a.tensorboard else 1000, report_to="tensorboard" if a.tensorboard else "none",
+                             use_cpu=True, dataloader_num_workers=0,
                              disable_tqdm=True, learning_rate=1e-3, seed=0)
     os.makedirs(a.truth, exist_ok=True)
     truth = Truth(os.path.join(a.truth, "truth.%d.jsonl" % os.getpid()))

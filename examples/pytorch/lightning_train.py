@@ -10,6 +10,9 @@ The job logs its own truth (--truth DIR, one JSON line per optimizer step):
 the step number, the tokens it trained on (the attention mask's sum over
 the micro-batches Lightning handed to training_step) and its own clock at
 the step's end; validations and checkpoints with its own clock around them.
+--tensorboard DIR logs the loss each step through Lightning's
+TensorBoardLogger, which the fit closes at its end (tpsprof's rows ride on
+its writer).
 
     tpsprof launch --job lit -- python3 examples/pytorch/lightning_train.py --out /tmp/ckpt --truth /tmp/truth
 """
@@ -29,9 +32,11 @@ import torch
 try:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import TensorBoardLogger
 except ImportError:
     import pytorch_lightning as L
     from pytorch_lightning.callbacks import ModelCheckpoint
+    from pytorch_lightning.loggers import TensorBoardLogger
 
 from tpsprof.lightning import TpsprofCallback
 
@@ -66,7 +71,9 @@ class TinyLM(L.LightningModule):
         return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), batch["labels"].reshape(-1), ignore_index=-100)
 
     def training_step(self, batch, batch_idx):
-        return self.loss(batch)
+        loss = self.loss(batch)
+        self.log("train/loss", loss)
+        return loss
 
     def validation_step(self, batch, batch_idx):
         return self.loss(batch)
@@ -126,6 +133,7 @@ def main():
     p.add_argument("--val-every", type=int, default=10, help="validate every N batches (micro-batches)")
     p.add_argument("--save-every", type=int, default=6, help="checkpoint every N optimizer steps")
     p.add_argument("--resume", metavar="CHECKPOINT", help="resume from this checkpoint file")
+    p.add_argument("--tensorboard", metavar="DIR", help="log through Lightning's TensorBoardLogger into DIR")
     a = p.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -136,7 +144,8 @@ def main():
     ckpt = ModelCheckpoint(dirpath=a.out, every_n_train_steps=a.save_every, save_top_k=-1,
                            filename="step-{step}", save_on_train_epoch_end=False)
     trainer = Measured(max_steps=a.steps, accumulate_grad_batches=2, val_check_interval=a.val_every,
-                       accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                       accelerator="cpu", devices=1, enable_progress_bar=False, log_every_n_steps=1,
+                       logger=TensorBoardLogger(a.tensorboard, name="", version="") if a.tensorboard else False,
                        enable_model_summary=False, num_sanity_val_steps=0,
                        callbacks=[truth, ckpt, TpsprofCallback()])
     trainer.truth = truth

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -59,8 +60,10 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 	if auto {
 		job += "-auto"
 	}
-	dir, log := launchTorch(t, job, auto, []string{py, c.script, "--out", ckpt, "--truth", truthDir})
+	tb := t.TempDir()
+	dir, log := launchTorch(t, job, auto, []string{py, c.script, "--out", ckpt, "--truth", truthDir, "--tensorboard", tb})
 	rows := rankRows(t, dir)
+	rowsAtJobSteps(t, py, tb, len(rows))
 	truth := readTruthLines[hfTruth](t, truthDir)
 	steps := map[int64]hfTruth{}
 	var windows []hfTruth
@@ -182,6 +185,46 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 	}
 	if !equalSteps(nums, []int64{6, 7, 8, 9, 10, 11}) {
 		t.Errorf("resumed run's steps %v, want 6-11\n%s", nums, log2)
+	}
+}
+
+// rowsAtJobSteps: the job's framework logged its loss to TensorBoard each
+// step and closed its writer at the fit's end (Lightning's logger, the
+// Trainer's on_train_end): tpsprof's rows are all in the job's one event
+// file, each once, at the steps the job logged its loss at (the HF
+// Trainer's global_step, Lightning's).
+func rowsAtJobSteps(t *testing.T, py, tb string, n int) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(tb, "events.out.tfevents.*"))
+	if len(files) != 1 {
+		t.Errorf("%d event files in %s: want the job's writer's one", len(files), tb)
+	}
+	raw, err := exec.Command(py, filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "read_trackers.py"), "tensorboard", tb).Output()
+	if err != nil {
+		t.Fatalf("reading the TensorBoard run back: %v\n%s", err, raw)
+	}
+	var got struct {
+		Rows  [][]json.RawMessage `json:"rows"`
+		Extra struct {
+			StepPoints int                `json:"step_points"`
+			JobSteps   map[string][]int64 `json:"job_steps"`
+		} `json:"extra"`
+	}
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	var ours []int64
+	for _, r := range got.Rows {
+		var s int64
+		json.Unmarshal(r[0], &s)
+		ours = append(ours, s)
+	}
+	jobs := got.Extra.JobSteps["train/loss"]
+	slices.Sort(jobs)
+	jobs = slices.Compact(jobs)
+	t.Logf("TensorBoard: tpsprof/ rows at steps %v, the job's loss at %v", ours, jobs)
+	if got.Extra.StepPoints != n || !equalSteps(ours, jobs) {
+		t.Errorf("tpsprof/ rows at steps %v (%d step-time points for %d steps), the job's loss at %v", ours, got.Extra.StepPoints, n, jobs)
 	}
 }
 

@@ -4,7 +4,8 @@ tpsprof/ series as JSON: {"rows": [[step, {name: value}], ...]}.
     read_trackers.py wandb|tensorboard|mlflow DIR
 
 "extra" says what else the run holds: W&B's summary (of the newest run in
-DIR), TensorBoard's image and text tags, MLflow's tpsprof/ artifacts.
+DIR), TensorBoard's image and text tags and the steps of the job's own
+scalars, MLflow's tpsprof/ artifacts.
 """
 
 import glob
@@ -58,7 +59,7 @@ def wandb_file(path, pb, summary):
 
 def tensorboard_rows(d):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    rows, extra = {}, {"images": 0, "texts": 0, "step_points": 0}
+    rows, extra = {}, {"images": 0, "texts": 0, "step_points": 0, "job_steps": {}}
     for run in sorted({os.path.dirname(p) for p in glob.glob(os.path.join(d, "**", "events.out.tfevents.*"), recursive=True)}):
         acc = EventAccumulator(run, size_guidance={"scalars": 0, "images": 0, "tensors": 0})
         acc.Reload()
@@ -66,7 +67,8 @@ def tensorboard_rows(d):
         extra["images"] += sum(1 for t in tags["images"] if t.startswith("tpsprof/"))
         extra["texts"] += sum(1 for t in tags["tensors"] if t.startswith("tpsprof/") and "text" in t)
         for tag in tags["scalars"]:
-            if not tag.startswith("tpsprof/"):
+            if not tag.startswith("tpsprof/"):  # the job's own series: the steps it logged them at
+                extra["job_steps"].setdefault(tag, []).extend(ev.step for ev in acc.Scalars(tag))
                 continue
             for ev in acc.Scalars(tag):
                 rows.setdefault(ev.step, {})[tag] = ev.value
