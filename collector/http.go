@@ -34,6 +34,15 @@ type LiveStep struct {
 	StepTimeS float64  `json:"step_time_s"`
 }
 
+// LiveSplit is a share of step time a measure splits out of a part of
+// the breakdown (at most the part's share; not a part of its own).
+type LiveSplit struct {
+	Name  string  `json:"name"`
+	Part  string  `json:"part"`
+	Label string  `json:"label"`
+	Share float64 `json:"share"`
+}
+
 // LiveJob is one job's current state, as /api/summary serves it.
 type LiveJob struct {
 	Job       string `json:"job"`
@@ -57,10 +66,13 @@ type LiveJob struct {
 	MFUSource string `json:"mfu_source,omitempty"`
 	// Breakdown is where the same steps' time went: every part of
 	// tps.ShareParts by its key, adding up to 1.
-	Breakdown    map[string]float64 `json:"breakdown"`
-	Steps        []LiveStep         `json:"steps"`   // the last 200 closed steps
-	History      []LiveStep         `json:"history"` // the whole run, at most 512 buckets
-	SlowestRanks []tps.RankScore    `json:"slowest_ranks"`
+	Breakdown map[string]float64 `json:"breakdown"`
+	// BreakdownSplits are the shares measures split out of a part
+	// (tps.ShareSplits: gc_ns out of compute), the measured ones.
+	BreakdownSplits []LiveSplit `json:"breakdown_splits,omitempty"`
+	Steps           []LiveStep         `json:"steps"`   // the last 200 closed steps
+	History         []LiveStep         `json:"history"` // the whole run, at most 512 buckets
+	SlowestRanks    []tps.RankScore    `json:"slowest_ranks"`
 	// StragglerEpisodes are the recent and current straggler episodes.
 	StragglerEpisodes []LiveEpisode `json:"straggler_episodes"`
 	StepsClosed       int64         `json:"steps_closed"`
@@ -193,6 +205,11 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 			}
 			for _, p := range tps.ShareParts() {
 				lj.Breakdown[p.Key] = *p.Of(&f.shares)
+			}
+			for _, sp := range tps.ShareSplits() {
+				if v, ok := f.shares.Splits[sp.Name]; ok {
+					lj.BreakdownSplits = append(lj.BreakdownSplits, LiveSplit{Name: sp.Name, Part: sp.Part, Label: sp.Label, Share: v})
+				}
 			}
 			lj.History = j.st.history.series()
 			for _, s := range steps[max(0, n-200):] {

@@ -114,6 +114,7 @@ func (p *htmlPage) breakdownTables(rep *Report) {
 		if part.Key == "bubble" && b.BubbleTheoretical > 0 {
 			cell += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
 		}
+		cell += b.SplitsText(part.Key, pct)
 		bt.Rows = append(bt.Rows, htmlRow{Cells: []string{shareWords[part.Key], cell}, Bar: v, BarCol: 1})
 	}
 	p.Tables = append(p.Tables, bt)

@@ -76,6 +76,21 @@ var (
 	rcMemAlloc   = rankCols.Col("?mem_peak_allocated_bytes")
 	rcMemResv    = rankCols.Col("?mem_peak_reserved_bytes")
 	rcMemCap     = rankCols.Col("?mem_capacity_bytes")
+	// every blocking measure (tps.BlockingMeasures), for compute
+	rcBlocking = func() []trace.Col {
+		names, core := tps.BlockingMeasures()
+		if len(names) > 8 {
+			panic("report: more blocking measures than stepRows.row holds")
+		}
+		out := make([]trace.Col, len(names))
+		for i, n := range names {
+			if !core[i] {
+				n = "?" + n // (written by newer producers only)
+			}
+			out[i] = rankCols.Col(n)
+		}
+		return out
+	}()
 )
 
 // stepPass reads rank_steps (the selected row groups, a few columns) into
@@ -149,7 +164,11 @@ func (p *stepRows) row(c *trace.Columns, i, si, hc int) {
 	sp, k := p.sp, p.k
 	r, dur, data := c.Col(rcRank)[i], c.Col(rcDuration)[i], c.Col(rcData)[i]
 	// compute as tps.StepRecord.ComputeNs, without building a record
-	comp := float64(tps.ComputeNs(dur, c.Col(rcExposed)[i], data, c.Col(rcPP)[i], c.Col(rcCkpt)[i]))
+	var blocked [8]int64
+	for j, col := range rcBlocking {
+		blocked[j] = c.Col(col)[i]
+	}
+	comp := float64(tps.ComputeNs(dur, blocked[:len(rcBlocking)]...))
 	k.heat.addCol(hc, r, comp)
 	inRange := r >= 0 && r < int64(len(p.byRank))
 	if n := c.Strings[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {

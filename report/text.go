@@ -604,6 +604,7 @@ func BreakdownText(b Breakdown) string {
 		if p.Key == "bubble" && b.BubbleTheoretical > 0 {
 			v += fmt.Sprintf(" (theory %s)", pct(b.BubbleTheoretical))
 		}
+		v += b.SplitsText(p.Key, pct)
 		parts = append(parts, p.Label+" "+v)
 	}
 	return strings.Join(parts, " | ")

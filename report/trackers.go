@@ -2,6 +2,7 @@ package report
 
 import (
 	"math"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -46,6 +47,9 @@ func (r *Report) TrackerFigures() map[string]float64 {
 	if s.SteadySteps > 0 {
 		for _, p := range tps.ShareParts() {
 			put("share/"+p.Key, *p.Of(&s.Breakdown))
+		}
+		for k, v := range s.Breakdown.Splits {
+			put("share/"+strings.TrimSuffix(k, "_ns"), v)
 		}
 	}
 	if r.Goodput.ElapsedS > 0 {

@@ -65,6 +65,10 @@ type ClusterStep struct {
 	DataStallFractionMean float64 `json:"data_stall_fraction_mean" parquet:"data_stall_fraction_mean"`
 	DataStallFractionMax  float64 `json:"data_stall_fraction_max" parquet:"data_stall_fraction_max"`
 	CkptFractionMean      float64 `json:"ckpt_fraction_mean" parquet:"ckpt_fraction_mean"`
+	// The splits of a breakdown part (Measure.Split): each the mean
+	// fraction of its measure, as the blocking parts' (bound to its
+	// measure by Measure.Column).
+	GCFractionMean float64 `json:"gc_fraction_mean" parquet:"gc_fraction_mean"`
 	ComputeNsMean         float64 `json:"compute_ns_mean" parquet:"compute_ns_mean"`
 
 	LossMean     float64 `json:"loss_mean" parquet:"loss_mean"`
@@ -631,6 +635,9 @@ func (a *StepAccumulator) shares(c *ClusterStep) {
 		c.DataStallFractionMean = s.Sum[mData] / n / mean
 		c.DataStallFractionMax = float64(s.Max[mData]) / most
 		c.CkptFractionMean = s.Sum[mCkpt] / n / mean
+		for _, i := range splitMeasures {
+			*measures[i].columnOf(c) = s.Sum[i] / n / mean
+		}
 	}
 	if s.Sum[mComm] > 0 {
 		c.CommOverlap = 1 - s.Sum[mExposed]/s.Sum[mComm]

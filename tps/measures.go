@@ -46,8 +46,17 @@ type Measure struct {
 	// carry it.
 	Doc      string
 	Required bool
+	// Max bounds a KindOwn measure from above (0: bounds of its own in
+	// Validate); MaxWords says it in words.
+	Max      int64
+	MaxWords string
+	// Split names the breakdown part (a tps.ShareParts key) whose time
+	// this measure splits out, shown as "compute 67.6% (Python GC 1.2%)"
+	// in every view (at most the part's share); Label is its words;
+	// Column the ClusterStep field of its mean fraction (OverSum).
+	Split, Label, Column string
 
-	off, winOff uintptr
+	off, winOff, colOff uintptr
 }
 
 // MeasureKind says which bounds Validate applies to a measure.
@@ -108,6 +117,9 @@ const (
 	WireGen
 	WireCost
 	WireMem
+	WireHost
+	// NumWireGroups is one past the last group.
+	NumWireGroups
 )
 
 // measures in wire order within each group (the step batch's layout 1:
@@ -165,11 +177,14 @@ var measures = [...]Measure{
 	{Name: "capture_cpu_ns", Field: "CaptureCPUNs", Unit: "ns", Kind: KindPhase, Windowed: true, Wire: WireCost, Combine: "rank rows (the report's capture cost)",
 		Doc: "optional: CPU time of the package's own threads (sender, poller) since the rank's previous record"},
 	{Name: "mem_peak_allocated_bytes", Field: "MemPeakAllocatedBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's memory per rank)",
-		Doc: "optional: peak bytes allocated by PyTorch's CUDA caching allocator during the step (≤ 1 PiB)"},
+		Doc: "optional: peak bytes allocated by PyTorch's CUDA caching allocator during the step", Max: MaxMemBytes, MaxWords: "1 PiB"},
 	{Name: "mem_peak_reserved_bytes", Field: "MemPeakReservedBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's memory per rank)",
-		Doc: "optional: peak bytes the allocator reserved from the device during the step (≤ 1 PiB)"},
+		Doc: "optional: peak bytes the allocator reserved from the device during the step", Max: MaxMemBytes, MaxWords: "1 PiB"},
 	{Name: "mem_capacity_bytes", Field: "MemCapacityBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's headroom)",
-		Doc: "optional: the device's total memory (≤ 1 PiB)"},
+		Doc: "optional: the device's total memory", Max: MaxMemBytes, MaxWords: "1 PiB"},
+	{Name: "gc_ns", Field: "GCNs", Unit: "ns", Kind: KindPhase, Wire: WireHost, Over: OverSum, Combine: "`gc_fraction_mean`: compute's split \"Python GC\" (at most compute's share)",
+		Doc: "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks); ≤ duration_ns. Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
+		Split: "compute", Label: "Python GC", Column: "GCFractionMean"},
 }
 
 // NumMeasures is how many measures a record has.
@@ -197,8 +212,26 @@ func MeasuresIn(g WireGroup) []*Measure {
 }
 
 // boundedMeasures are those whose Kind names their bounds (Validate
-// walks them for every record).
-var boundedMeasures []*Measure
+// walks them for every record); cappedMeasures those with a Max.
+var boundedMeasures, cappedMeasures []*Measure
+
+// blockingMeasures are those of KindBlocking: compute is the step's
+// duration less them (StepRecord.ComputeNs).
+var blockingMeasures []*Measure
+
+// BlockingMeasures are the names of the measures compute leaves out of a
+// rank's duration, and whether each is in every record (the core wire
+// group: a column every rank_steps file has).
+func BlockingMeasures() (names []string, core []bool) {
+	for _, m := range blockingMeasures {
+		names, core = append(names, m.Name), append(core, m.Wire == WireCore)
+	}
+	return names, core
+}
+
+// splitMeasures are the indexes of the measures that split out a
+// breakdown part's time (Measure.Split).
+var splitMeasures []int
 
 func init() {
 	if err := bindMeasures(); err != nil {
@@ -207,6 +240,15 @@ func init() {
 	for i := range measures {
 		if measures[i].Kind != KindOwn {
 			boundedMeasures = append(boundedMeasures, &measures[i])
+		}
+		if measures[i].Kind == KindBlocking {
+			blockingMeasures = append(blockingMeasures, &measures[i])
+		}
+		if measures[i].Max > 0 {
+			cappedMeasures = append(cappedMeasures, &measures[i])
+		}
+		if measures[i].Split != "" {
+			splitMeasures = append(splitMeasures, i)
 		}
 		for _, k := range []struct {
 			bit  Over
@@ -243,6 +285,9 @@ func bindMeasures() error {
 		m.off = f.Offset
 	}
 	if err := bindWindows(); err != nil {
+		return err
+	}
+	if err := bindSplits(); err != nil {
 		return err
 	}
 	identity := map[string]bool{"Attempt": true, "Step": true, "Rank": true, "WorldSize": true}
@@ -292,6 +337,60 @@ func bindWindows() error {
 	return nil
 }
 
+// bindSplits checks each split measure against the breakdown's parts and
+// binds its ClusterStep column: a float64 field whose Parquet column is
+// its name less _ns plus _fraction_mean.
+func bindSplits() error {
+	t := reflect.TypeFor[ClusterStep]()
+	for i := range measures {
+		m := &measures[i]
+		if m.Split == "" {
+			if m.Column != "" || m.Label != "" {
+				return fmt.Errorf("tps: measure %s has a column or label and splits no part", m.Name)
+			}
+			continue
+		}
+		known := false
+		for _, p := range shareParts {
+			known = known || p.Key == m.Split
+		}
+		f, ok := t.FieldByName(m.Column)
+		want := strings.TrimSuffix(m.Name, "_ns") + "_fraction_mean"
+		pq, _, _ := strings.Cut(f.Tag.Get("parquet"), ",")
+		switch {
+		case !known:
+			return fmt.Errorf("tps: measure %s splits %q, no part of the breakdown", m.Name, m.Split)
+		case m.Label == "" || m.Over&OverSum == 0:
+			return fmt.Errorf("tps: measure %s splits a part: it needs a label and OverSum", m.Name)
+		case !ok || f.Type.Kind() != reflect.Float64 || pq != want:
+			return fmt.Errorf("tps: measure %s: ClusterStep.%s is not a float64 column %s", m.Name, m.Column, want)
+		}
+		m.colOff = f.Offset
+	}
+	return nil
+}
+
+// columnOf is the ClusterStep field of a split measure's mean fraction.
+func (m *Measure) columnOf(c *ClusterStep) *float64 {
+	return (*float64)(unsafe.Add(unsafe.Pointer(c), m.colOff))
+}
+
+// ShareSplit is a measure that splits out a breakdown part's time.
+type ShareSplit struct {
+	// Name is the measure's (the key of Shares.Splits); Part the
+	// ShareParts key it splits; Label its words.
+	Name, Part, Label string
+}
+
+// ShareSplits are the splits of the breakdown's parts, in Measures order.
+func ShareSplits() []ShareSplit {
+	out := make([]ShareSplit, 0, len(splitMeasures))
+	for _, i := range splitMeasures {
+		out = append(out, ShareSplit{measures[i].Name, measures[i].Split, measures[i].Label})
+	}
+	return out
+}
+
 // spanOf is the Span of w that holds m (m.Windowed).
 func (m *Measure) spanOf(w *RankWindow) *Span {
 	return (*Span)(unsafe.Add(unsafe.Pointer(w), m.winOff))
@@ -308,6 +407,9 @@ func MeasuresMarkdown() string {
 			req = "yes"
 		}
 		bounds := map[MeasureKind]string{KindBlocking: "0 to duration_ns", KindPhase: "0 to 24 h", KindTrace: "0 to 24 h"}[m.Kind]
+		if m.Max > 0 {
+			bounds = "0 to " + m.MaxWords
+		}
 		combine := m.Combine
 		if m.Over != 0 {
 			combine = m.Over.String() + " → " + combine
@@ -358,3 +460,39 @@ var (
 	mGenPrompt = measureIndex("gen_prompt_tokens")
 	mGenOutput = measureIndex("gen_output_tokens")
 )
+
+// MeasuresPython is python/tpsprof/_measures.py: the measures' names,
+// bounds and splits as the Python package sends them, from this table
+// (TestMeasuresPython compares the file with it; -update-docs rewrites it).
+func MeasuresPython() string {
+	var b strings.Builder
+	b.WriteString(`"""The step record's measures, as tps.Measures declares them (generated from
+tps/measures.go by ` + "`go test ./tps -run TestMeasuresPython -update-docs`" + `: do not edit).
+
+MEASURES maps a measure's key to its bounds: ("blocking", None) a part of the
+step's wall time (0 to duration_ns), ("phase"|"trace", None) 0 to 24 h,
+("own", MAX) 0 to MAX, ("own", None) bounds of its own (client.send_step).
+SPLITS maps a measure that splits out a part of the breakdown to that
+part's key, its words and its tracker name.
+"""
+
+MAX_STEP_NS = ` + fmt.Sprint(MaxStepNs) + `
+
+MEASURES = {
+`)
+	kinds := map[MeasureKind]string{KindOwn: "own", KindBlocking: "blocking", KindPhase: "phase", KindTrace: "trace"}
+	for _, m := range measures {
+		hi := "None"
+		if m.Max > 0 {
+			hi = fmt.Sprint(m.Max)
+		}
+		fmt.Fprintf(&b, "    %q: (%q, %s),\n", m.Name, kinds[m.Kind], hi)
+	}
+	b.WriteString("}\n\nSPLITS = {\n")
+	for _, i := range splitMeasures {
+		m := measures[i]
+		fmt.Fprintf(&b, "    %q: (%q, %q, %q),\n", m.Name, m.Split, m.Label, "share/"+strings.TrimSuffix(m.Name, "_ns"))
+	}
+	b.WriteString("}\n")
+	return b.String()
+}

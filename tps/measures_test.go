@@ -27,7 +27,7 @@ func TestMeasuresDocumented(t *testing.T) {
 		m := &measures[i]
 		*m.Of(&r) = int64(i + 1)
 	}
-	if r.StartUnixNs != 1 || r.MemCapacityBytes != int64(len(measures)) || r.CkptNs == 0 || r.Bytes == 0 {
+	if r.StartUnixNs != 1 || r.GCNs != int64(len(measures)) || r.CkptNs == 0 || r.Bytes == 0 {
 		t.Fatalf("measures bound to the wrong fields: %+v", r)
 	}
 
@@ -229,4 +229,22 @@ func TestSeqSqFLOPsWithLateModel(t *testing.T) {
 	if got, want := a.Result().FLOPs, 4096*8e8+4*1024*1024*100.0; got != want {
 		t.Errorf("FLOPs %g, want %g", got, want)
 	}
+}
+
+// The Python package's measures (keys, bounds, splits) are this table's:
+// python/tpsprof/_measures.py is MeasuresPython's text.
+func TestMeasuresPython(t *testing.T) {
+	const path = "../python/tpsprof/_measures.py"
+	got, err := os.ReadFile(path)
+	want := MeasuresPython()
+	if err == nil && string(got) == want {
+		return
+	}
+	if *updateDocs {
+		if err := os.WriteFile(path, []byte(want), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	t.Errorf("%s is not tps.Measures' (go test ./tps -run TestMeasuresPython -update-docs): %v", path, err)
 }

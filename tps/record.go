@@ -98,6 +98,10 @@ type StepRecord struct {
 	MemPeakReservedBytes  int64 `json:"mem_peak_reserved_bytes,omitempty" parquet:"mem_peak_reserved_bytes,delta"`
 	MemCapacityBytes      int64 `json:"mem_capacity_bytes,omitempty" parquet:"mem_capacity_bytes,delta"`
 
+	// GCNs is the training thread's time in Python's garbage collector
+	// during the step (Measures: gc_ns). Zero: none, or not measured.
+	GCNs int64 `json:"gc_ns,omitempty" parquet:"gc_ns,delta"`
+
 	// FLOPs are the model FLOPs of the step for this rank's data-parallel
 	// replica, when the training code computes them itself (variable-length
 	// batches). Like Tokens, they are counted once per replica.
@@ -316,12 +320,9 @@ func (r *StepRecord) validateGeneration() error {
 	if r.GenOutputTokens > 0 && r.GenOutputTokens > r.GenNs*MaxTokensPerNs {
 		return fieldErr("gen_output_tokens", r.GenOutputTokens, ReasonOutOfRange, "more than %d per nanosecond of gen_ns=%d", MaxTokensPerNs, r.GenNs)
 	}
-	for _, m := range [...]struct {
-		name string
-		v    int64
-	}{{"mem_peak_allocated_bytes", r.MemPeakAllocatedBytes}, {"mem_peak_reserved_bytes", r.MemPeakReservedBytes}, {"mem_capacity_bytes", r.MemCapacityBytes}} {
-		if m.v < 0 || m.v > MaxMemBytes {
-			return fieldErr(m.name, m.v, ReasonOutOfRange, "must lie between 0 and %d (1 PiB)", MaxMemBytes)
+	for _, m := range cappedMeasures {
+		if v := *m.Of(r); v < 0 || v > m.Max {
+			return fieldErr(m.Name, v, ReasonOutOfRange, "must lie between 0 and %d (%s)", m.Max, m.MaxWords)
 		}
 	}
 	return r.validateSequences()
@@ -395,16 +396,25 @@ func checkFuture(field string, ns int64, now time.Time, tolerance time.Duration)
 // the basis of straggler scores. (The starting design left checkpoints
 // in; a checkpoint step then looks like every rank straggling.)
 func (r *StepRecord) ComputeNs() int64 {
-	return ComputeNs(r.DurationNs, r.ExposedCommNs, r.DataWaitNs, r.PPWaitNs, r.CkptNs)
+	d := r.DurationNs
+	for _, m := range blockingMeasures {
+		d -= *m.Of(r)
+	}
+	return max(d, 0)
 }
 
 // ComputeNs is a rank's compute in a step: its duration less the time it
-// was blocked (exposed communication, data, pipeline and checkpoint
-// waits), never negative. The one compute-time formula: the records, the
-// rank windows, the live join and the report's rank pass (which reads
-// the columns without building records) all take it.
-func ComputeNs(duration, exposedComm, dataWait, ppWait, ckpt int64) int64 {
-	return max(duration-exposedComm-dataWait-ppWait-ckpt, 0)
+// was blocked (each KindBlocking measure of Measures: exposed
+// communication, data, pipeline and checkpoint waits, Python's garbage
+// collector; BlockingMeasures names them), never negative. The one
+// compute-time formula: the records, the rank windows, the live join and
+// the report's rank pass (which reads the columns without building
+// records) all take it.
+func ComputeNs(duration int64, blocked ...int64) int64 {
+	for _, b := range blocked {
+		duration -= b
+	}
+	return max(duration, 0)
 }
 
 func printable(s string) bool {

@@ -3,6 +3,7 @@ package tps
 import (
 	"encoding/json"
 	"math"
+	"strings"
 )
 
 // Shares is where step time went: each part a share of the step time in
@@ -21,7 +22,16 @@ type Shares struct {
 	// Other is what the parts leave of the step time: host time outside
 	// the ranks' own steps.
 	Other float64 `json:"other"`
+	// Splits are the shares of step time that measures split out of a
+	// part (ShareSplits: Python GC out of compute), by measure name;
+	// each at most its part's share, and not a part of its own (the
+	// parts add up to 1 without them). Nil when none was measured.
+	Splits map[string]float64 `json:"splits,omitempty"`
 }
+
+// Split is the share split out of its part by the named measure, 0 when
+// not measured.
+func (s *Shares) Split(name string) float64 { return s.Splits[name] }
 
 // SharePart names one part of Shares, as /metrics labels it and the
 // views list it, in this order.
@@ -85,7 +95,28 @@ func (c *ClusterStep) Shares() Shares {
 	if s.Other = 1 - blocking - s.Compute; s.Other < 1e-12 {
 		s.Other = 0 // rounding, not host time
 	}
+	s.splits(c)
 	return s
+}
+
+// splits sets the step's splits, each at most its part's share.
+func (s *Shares) splits(c *ClusterStep) {
+	for _, i := range splitMeasures {
+		m := &measures[i]
+		v := unitShare(*m.columnOf(c))
+		if v <= 0 {
+			continue
+		}
+		for _, p := range shareParts {
+			if p.Key == m.Split {
+				v = min(v, *p.Of(s))
+			}
+		}
+		if s.Splits == nil {
+			s.Splits = map[string]float64{}
+		}
+		s.Splits[m.Name] = v
+	}
 }
 
 // unitShare is a fraction as a share: not a number, or below 0, is 0.
@@ -102,6 +133,7 @@ func unitShare(x float64) float64 {
 // throughput: tokens over step time. The zero value is ready.
 type ShareSum struct {
 	sum     Shares
+	splits  map[string]float64 // Σ step time × split share
 	seconds float64
 	tokens  int64
 	steps   int
@@ -116,6 +148,12 @@ func (a *ShareSum) Add(c *ClusterStep) {
 	s := c.Shares()
 	for _, p := range shareParts {
 		*p.Of(&a.sum) += w * *p.Of(&s)
+	}
+	for k, v := range s.Splits {
+		if a.splits == nil {
+			a.splits = map[string]float64{}
+		}
+		a.splits[k] += w * v
 	}
 	a.seconds += w
 	a.tokens += c.Tokens
@@ -133,6 +171,12 @@ func (a *ShareSum) Shares() Shares {
 	var s Shares
 	for _, p := range shareParts {
 		*p.Of(&s) = *p.Of(&a.sum) / a.seconds
+	}
+	for k, v := range a.splits {
+		if s.Splits == nil {
+			s.Splits = map[string]float64{}
+		}
+		s.Splits[k] = v / a.seconds
 	}
 	return s
 }
@@ -169,4 +213,20 @@ func (s Summary) MarshalJSON() ([]byte, error) {
 		}
 	}
 	return json.Marshal(out)
+}
+
+// SplitsText is what the measures split out of part, for the views'
+// breakdown: " (Python GC 1.2%)" after compute's share, with pct formatting a share; "" where
+// none was measured.
+func (s *Shares) SplitsText(part string, pct func(float64) string) string {
+	var w []string
+	for _, sp := range ShareSplits() {
+		if v, ok := s.Splits[sp.Name]; ok && sp.Part == part {
+			w = append(w, sp.Label+" "+pct(v))
+		}
+	}
+	if len(w) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(w, ", ") + ")"
 }

@@ -202,6 +202,10 @@ const (
 	// hasMem: the step's device memory follows (three varints: peak
 	// allocated, peak reserved, capacity).
 	hasMem
+	// hasHost: the step's host time splits follow (a varint: gc_ns).
+	// From hasTrace on, group g of tps.Measures has bit hasTrace << (g -
+	// tps.WireTrace): a new group is a constant there and a bit here.
+	hasHost
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -273,14 +277,21 @@ var (
 		bit      uint64
 		measures []*tps.Measure
 	}{
-		{hasTrace, tps.MeasuresIn(tps.WireTrace)},
-		{hasSeqSq, tps.MeasuresIn(tps.WireSeqSq)},
-		{hasBytes, tps.MeasuresIn(tps.WireBytes)},
-		{hasGen, tps.MeasuresIn(tps.WireGen)},
-		{hasCost, tps.MeasuresIn(tps.WireCost)},
-		{hasMem, tps.MeasuresIn(tps.WireMem)},
 	}
+	lastBit = uint64(hasTrace) << (tps.NumWireGroups - 1 - tps.WireTrace)
 )
+
+func init() {
+	if lastBit != hasHost {
+		panic("wire: tps.Measures has a wire group with no presence bit")
+	}
+	for g := tps.WireTrace; g < tps.NumWireGroups; g++ {
+		optionalGroups = append(optionalGroups, struct {
+			bit      uint64
+			measures []*tps.Measure
+		}{hasTrace << (g - tps.WireTrace), tps.MeasuresIn(g)})
+	}
+}
 
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
@@ -420,7 +431,7 @@ func DecodeSteps(data []byte, dst []tps.StepRecord) ([]tps.StepRecord, error) {
 		dst = append(dst, tps.StepRecord{})
 		r := &dst[len(dst)-1]
 		bits := d.uvarint()
-		if bits >= hasMem<<1 {
+		if bits >= lastBit<<1 {
 			return dst[:start], fmt.Errorf("wire: record %d: unknown field bits %#x", i, bits)
 		}
 		r.Job = d.string(64)

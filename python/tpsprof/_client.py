@@ -32,11 +32,26 @@ import tempfile
 import time
 
 from . import _rollout, _trackers
+from ._measures import MAX_STEP_NS, MEASURES
 
 __all__ = ["Profiler", "TPSProf", "PHASES", "default_socket", "env_attempt"]
 
 PHASES = ("data_wait", "fwd", "bwd", "optim", "comm", "exposed_comm", "pp_wait", "ckpt")
-_BLOCKING = ("data_wait", "exposed_comm", "pp_wait", "ckpt")
+
+
+def _bounded(name, v, dur):
+    """A measure's value within the bounds tps.Measures gives it
+    (_measures.MEASURES), or None to leave it out: not a measure, not
+    positive, or one whose bounds only the Go side checks."""
+    kind, hi = MEASURES.get(name, (None, None))
+    v = int(v)
+    if v <= 0 or kind is None:
+        return None
+    if kind == "blocking":
+        return min(v, dur)
+    if kind in ("phase", "trace"):
+        return min(v, MAX_STEP_NS)
+    return v if hi is not None and v <= hi else None
 
 
 def default_socket():
@@ -185,12 +200,14 @@ class Profiler:
 
     def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
                   samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None, bytes=None, rollout=None,
-                  batch_fp=None, capture_ns=None, capture_cpu_ns=None, mem=None):
+                  batch_fp=None, measures=None):
         """Sends one step measured elsewhere (tpsprof.torch). Never raises.
 
-        ``phases_ns`` maps phase names (PHASES) to nanoseconds; phases that
-        block the step (data_wait, exposed_comm, pp_wait, ckpt) are clipped
-        to the step's duration, exposed_comm to comm. ``batch_fp`` is the
+        ``phases_ns`` maps phase names (PHASES) to nanoseconds, ``measures``
+        other measures by key (``capture_ns``, ``gc_ns``, the memory peaks:
+        tps.Measures, _measures.py); each is held to its bounds there:
+        those that block the step (data_wait, exposed_comm, pp_wait, ckpt,
+        gc) clipped to the step's duration, exposed_comm to comm. ``batch_fp`` is the
         fingerprint of the step's first batch (the first steps only): the
         agent compares its ranks' (identical batches on separate replicas).
         """
@@ -207,12 +224,9 @@ class Profiler:
             rec.update(self._coords)
             if phases_ns:
                 for k, v in phases_ns.items():
-                    v = int(v)
-                    if k not in PHASES or v <= 0:
-                        continue
-                    if k in _BLOCKING:
-                        v = min(v, dur)
-                    rec[k + "_ns"] = v
+                    v = _bounded(k + "_ns", v, dur) if k in PHASES else None
+                    if v is not None:
+                        rec[k + "_ns"] = v
                 if "exposed_comm_ns" in rec:
                     rec["exposed_comm_ns"] = min(rec["exposed_comm_ns"], rec.get("comm_ns", rec["exposed_comm_ns"]))
             if loss is not None and loss == loss and abs(loss) != float("inf"):
@@ -231,14 +245,10 @@ class Profiler:
                 rec["bytes"] = int(bytes)
             if batch_fp:
                 rec["batch_fp"] = str(batch_fp)[:32]
-            if capture_ns and int(capture_ns) > 0:
-                rec["capture_ns"] = min(int(capture_ns), 86_400 * 10**9)
-            if capture_cpu_ns and int(capture_cpu_ns) > 0:
-                rec["capture_cpu_ns"] = int(capture_cpu_ns)
-            if mem:
-                for k, v in zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), mem):
-                    if v and 0 < int(v) <= 1 << 50:
-                        rec[k] = int(v)
+            for k, v in (measures or {}).items():
+                v = _bounded(k, v or 0, dur) if k not in rec else None
+                if v is not None:
+                    rec[k] = v
             if rollout is not None and (rollout.requests or rollout.ns):
                 gen = rollout.fields()
                 gen["gen_ns"] = min(gen["gen_ns"], dur)
