@@ -476,9 +476,11 @@ SPLITS maps a measure that splits out a part of the breakdown to that
 part's key, its words and its tracker name.
 """
 
+from types import MappingProxyType
+
 MAX_STEP_NS = ` + fmt.Sprint(MaxStepNs) + `
 
-MEASURES = {
+MEASURES = MappingProxyType({
 `)
 	kinds := map[MeasureKind]string{KindOwn: "own", KindBlocking: "blocking", KindPhase: "phase", KindTrace: "trace"}
 	for _, m := range measures {
@@ -488,11 +490,11 @@ MEASURES = {
 		}
 		fmt.Fprintf(&b, "    %q: (%q, %s),\n", m.Name, kinds[m.Kind], hi)
 	}
-	b.WriteString("}\n\nSPLITS = {\n")
+	b.WriteString("})\n\nSPLITS = MappingProxyType({\n")
 	for _, i := range splitMeasures {
 		m := measures[i]
 		fmt.Fprintf(&b, "    %q: (%q, %q, %q),\n", m.Name, m.Split, m.Label, "share/"+strings.TrimSuffix(m.Name, "_ns"))
 	}
-	b.WriteString("}\n")
+	b.WriteString("})\n")
 	return b.String()
 }

@@ -18,12 +18,16 @@ took (data_ns), and the time from its previous optimizer step's return
 to its first forward (pre_ns: get_batch, zero_grad, the line written
 here). --batch-delay makes get_batch slow (a token array read from
 a slow disk); --fetch-first fetches each iteration's batch at its top, as
-simple loops do (nanoGPT fetches the next one while the GPU works). Run
+simple loops do (nanoGPT fetches the next one while the GPU works).
+--gc-garbage N turns Python's automatic collection off and, after each
+iteration's backward, leaves N objects in reference cycles and collects
+them (the young generation), timing the collection on its own clock (gc_ns in the truth). Run
 without torchrun it is one process with no process group.
 """
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import time
@@ -61,7 +65,11 @@ def main():
     p.add_argument("--truth", required=True, help="folder for the job's own measurements")
     p.add_argument("--batch-delay", type=float, default=0.0, help="seconds each get_batch call sleeps")
     p.add_argument("--fetch-first", action="store_true", help="fetch each iteration's batch at its top")
+    p.add_argument("--gc-garbage", type=int, default=0, metavar="N",
+                   help="objects left in reference cycles and collected after each backward (automatic collection off)")
     a = p.parse_args()
+    if a.gc_garbage:
+        gc.disable()
 
     torch.set_num_threads(1)
     distributed = "RANK" in os.environ
@@ -96,6 +104,7 @@ def main():
             x, y = get_batch()
             data_ns = time.time_ns() - t0
         pre_ns = None
+        gc_ns = 0
         for micro in range(a.accum):
             sync = micro == a.accum - 1 or not distributed
             with contextlib.nullcontext() if sync else model.no_sync():
@@ -106,11 +115,19 @@ def main():
             if not a.fetch_first or micro < a.accum - 1:
                 x, y = get_batch()  # the next micro-batch, as nanoGPT fetches it while the GPU works
             loss.backward()
+        if a.gc_garbage:
+            junk = [{} for _ in range(a.gc_garbage)]
+            for d in junk:
+                d["self"] = d  # a cycle: only the collector frees it
+            del junk, d
+            g0 = time.perf_counter_ns()
+            gc.collect(0)  # the young generation: what the iteration left
+            gc_ns = time.perf_counter_ns() - g0
         opt.step()
         stepped = time.time_ns()
         opt.zero_grad(set_to_none=True)
         out.write(json.dumps({"iter": it, "tokens": a.accum * a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns(),
-                              "data_ns": data_ns, "pre_ns": pre_ns}) + "\n")
+                              "data_ns": data_ns, "pre_ns": pre_ns, "gc_ns": gc_ns}) + "\n")
     out.close()
     if distributed:
         dist.destroy_process_group()

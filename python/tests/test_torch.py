@@ -751,7 +751,8 @@ class ModuleStateTest(unittest.TestCase):
     pipeline stage, re-entry guards) is its own, and two profilers one
     after the other share nothing."""
 
-    MODULES = ("torch", "_active", "_patches", "_tokens", "_topology", "_sender", "_steps", "_c10d", "_auto", "_client")
+    MODULES = ("torch", "_active", "_patches", "_tokens", "_topology", "_sender", "_steps", "_c10d", "_auto", "_client",
+               "_gc", "_measures", "_trackers")
     ALLOWED = {("_active", "profiler"), ("_c10d", "_lib"), ("_c10d", "ops"), ("_c10d", "installed"),
                ("_c10d", "_lock"), ("_auto", "_lock"),
                # weak references to what torch.compile returned: zero-code mode may meet a
@@ -770,7 +771,8 @@ class ModuleStateTest(unittest.TestCase):
                 if k.startswith("__") or (name, k) in self.ALLOWED:
                     continue
                 if isinstance(v, (types.ModuleType, types.FunctionType, type, types.BuiltinFunctionType,
-                                  str, bytes, int, float, bool, tuple, frozenset, type(None))):
+                                  str, bytes, int, float, bool, tuple, frozenset, types.MappingProxyType,
+                                  type(None))):
                     continue
                 if callable(v) or type(v).__module__ == "typing":
                     continue

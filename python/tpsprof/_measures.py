@@ -8,9 +8,11 @@ SPLITS maps a measure that splits out a part of the breakdown to that
 part's key, its words and its tracker name.
 """
 
+from types import MappingProxyType
+
 MAX_STEP_NS = 86400000000000
 
-MEASURES = {
+MEASURES = MappingProxyType({
     "start_unix_ns": ("own", None),
     "end_unix_ns": ("own", None),
     "duration_ns": ("own", None),
@@ -40,8 +42,8 @@ MEASURES = {
     "mem_peak_reserved_bytes": ("own", 1125899906842624),
     "mem_capacity_bytes": ("own", 1125899906842624),
     "gc_ns": ("phase", None),
-}
+})
 
-SPLITS = {
+SPLITS = MappingProxyType({
     "gc_ns": ("compute", "Python GC", "share/gc"),
-}
+})

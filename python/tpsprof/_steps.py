@@ -24,7 +24,7 @@ class Step:
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
                  "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src", "chained", "pre",
-                 "fetched", "end_shared", "flops")
+                 "fetched", "end_shared", "flops", "gc")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -70,9 +70,10 @@ class Step:
         self.pre = None
         self.end_shared = False  # its end mark is the next step's start (CUDA: not released with it)
         self.flops = None  # the FLOPs its counter counted (popped at its first optimizer step)
+        self.gc = None  # the collector's pauses on the training thread in it: (start, end) host ns
 
 
-def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=()):
+def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=(), gc=()):
     """The phases (ns) of a step of ``dur`` ns from its intervals (ns from
     the step's start; those outside [0, dur] are cut to it).
 
@@ -80,9 +81,12 @@ def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=(
     sum, less the time blocked on collectives inside it (``blocked``). Communication is the union of the collectives' spans less the
     time blocked for another pipeline stage (which is ``pp_wait``, not
     communication); its exposed part is what no forward, loss, backward or
-    optimizer interval hides, time blocked inside them hiding nothing."""
+    optimizer interval hides, time blocked inside them hiding nothing.
+    ``gc`` are the garbage collector's pauses on the training thread (host
+    marks: CPU steps): their time is ``gc``, and no phase's own time."""
     fwd, bwd, loss, optim = clip(fwd, 0, dur), clip(bwd, 0, dur), clip(loss, 0, dur), clip(optim, 0, dur)
-    blk = clip(blocked, 0, dur)
+    pauses = clip(gc, 0, dur)
+    blk = clip(blocked, 0, dur) + pauses
 
     def own(ivs):
         # a phase's own time: less the time blocked inside it on a
@@ -92,6 +96,8 @@ def phases(dur, data_wait, fwd, bwd, loss, optim, comm=(), blocked=(), pp_wait=(
         return _total(ivs) - length(intersect(ivs, blk)) if blk else _total(ivs)
 
     out = {"data_wait": data_wait, "fwd": own(fwd), "bwd": own(bwd), "optim": own(optim)}
+    if pauses:
+        out["gc"] = length(pauses)
     pp = clip(pp_wait, 0, dur)
     if pp:
         out["pp_wait"] = length(pp)

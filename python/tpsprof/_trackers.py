@@ -15,7 +15,9 @@ alone; nothing raises into the job.
 Names: ``tpsprof/tokens_per_s``, ``tpsprof/step_time_s`` and the step's
 shares of ``tpsprof/share/{compute,exposed_comm,data_stall,bubble,
 checkpoint}`` (adding up to 1; on one rank, time blocked in a collective
-waiting for slower peers is part of exposed communication), plus
+waiting for slower peers is part of exposed communication), the splits
+tps.Measures declares (``tpsprof/share/gc``: Python's garbage collector, a
+part of compute), plus
 ``tpsprof/mem_peak_allocated_gib`` on CUDA ranks, at the job's step
 numbers. On rank 0, the cluster figures the collector publishes every few
 seconds (through the node's agent): ``tpsprof/cluster/tokens_per_s``,
@@ -32,6 +34,8 @@ import os
 import sys
 import threading
 import time
+
+from ._measures import SPLITS
 
 __all__ = ["Trackers", "figures", "from_env"]
 
@@ -62,6 +66,9 @@ def figures(rec):
     row[PREFIX + "share/compute"] = max(dur - total * scale, 0) / dur
     for k, v in blocked.items():
         row[PREFIX + "share/" + k] = v * scale / dur
+    for name, (_part, _label, key) in SPLITS.items():  # (share/gc: Python's collector, a split of compute)
+        if rec.get(name, 0) > 0:
+            row[PREFIX + key] = min(rec[name], dur) / dur
     mem = rec.get("mem_peak_allocated_bytes")
     if mem:
         row[PREFIX + "mem_peak_allocated_gib"] = mem / 2**30

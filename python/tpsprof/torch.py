@@ -41,7 +41,9 @@ import torch
 from . import _active, _c10d, _client, _compat, _guard, _patches, _rollout
 from ._marks import Marks
 from ._c10d import COLLECTIVES
+from ._gc import GCPauses
 from ._sender import Poller, Sender
+from ._intervals import clip, intersect, length
 from ._steps import Step, mean_loss, phases, totals
 from ._tokens import Fetch, count_tokens, counts_now, is_ids, lazy_int, packed_seq_sq
 from ._topology import job_topology, mesh_topology
@@ -348,6 +350,7 @@ class TorchProfiler(Marks):
         # there (a step is the loop's period), unless a gap is claimed in
         # between (evaluation, checkpoint, our trace's stop: _begin)
         self._chain = None
+        self._gc = None  # the collector's pauses on the training thread (_begin installs it)
         self._data_source = None  # what the steps' data wait is, as last sent in the run metadata
         self._closed = False
         self._in_rollout = False
@@ -632,11 +635,15 @@ class TorchProfiler(Marks):
         # checkpoint noted since (its events cover the time until this
         # step's first activity: _flush_side), or our profiler's stop.
         chain, self._chain = self._chain, None
+        if self._gc is None:
+            self._gc = GCPauses()  # (on the thread that trains)
+            self._gc.install()
         if chain is not None and not self._side:
             st = Step(chain[0], chain[1], self.cuda)
             st.chained = True
         else:
             st = Step(self._mark(), time.time_ns(), self.cuda)
+            self._gc.take()  # pauses in the gap before it are not its own
         if self._capture is not None and self._tracing is None:
             self._capture_step()
         elif self.trace_every and self._tracing is None:
@@ -1016,6 +1023,8 @@ class TorchProfiler(Marks):
                 st.mem = self._memory()
                 self._mem_left = self._mem_every
             self._mem_left -= 1
+        if self._gc is not None:
+            st.gc = self._gc.take()
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
@@ -1140,14 +1149,18 @@ class TorchProfiler(Marks):
             return out
 
         # the marks as ns from the step's start; the rest is the core's (_steps)
+        # the collector's pauses: on CPU host marks of the steps' clock,
+        # taken out of the phases they fell in; on a GPU their host time
+        pauses = [] if st.cuda or not st.gc else clip([(a - base, b - base) for a, b in st.gc], 0, dur)
         data = st.data_wait
         if st.pre is not None:
             a, b = ns(st.pre[0]), ns(st.pre[1])
             if a is not None and b is not None:
-                data += max(b - a - st.gap, 0)
+                data += max(b - a - st.gap - length(intersect([(a, b)], pauses)), 0)
         data = min(data, dur)
         ph = phases(dur, data, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
-                    comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait))
+                    comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait), gc=pauses)
+        gc_ns = ph.pop("gc", 0) if not st.cuda else sum(b - a for a, b in st.gc or ())
         fp = None
         if self.steps < FINGERPRINT_STEPS and st.fetches:
             fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
@@ -1166,7 +1179,14 @@ class TorchProfiler(Marks):
                               skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
                               bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp,
-                              capture_ns=st.own, capture_cpu_ns=self._own_cpu(), mem=st.mem)
+                              measures=self._measures(st, gc_ns))
+
+    def _measures(self, st, gc_ns):
+        """The step's measures past its phases, by tps.Measures key."""
+        out = {"capture_ns": st.own, "capture_cpu_ns": self._own_cpu(), "gc_ns": gc_ns}
+        if st.mem:
+            out.update(zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), st.mem))
+        return out
 
     def _fetch_losses(self, steps):
         """(On the sender thread, the steps' ends reached.) The losses of
@@ -1817,6 +1837,8 @@ class TorchProfiler(Marks):
             self._flush_side(time.time_ns())
         except Exception:
             self._err()
+        if self._gc is not None:
+            self._gc.remove()
         for h in self._hooks:
             try:
                 h.remove()

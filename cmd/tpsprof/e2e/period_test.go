@@ -22,6 +22,23 @@ type periodTruth struct {
 	PreNs  int64 `json:"pre_ns"`
 }
 
+// sampledSteps are the steps of dir whose FLOPs were counted or that a
+// trace analysed: out of the report's figures, as they run slower.
+func sampledSteps(t *testing.T, dir string) map[int64]bool {
+	t.Helper()
+	events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sampled := map[int64]bool{}
+	for _, e := range events {
+		if e.Kind == tps.EventFlopCount || e.Kind == tps.EventTraceAnalysis {
+			sampled[e.Step] = true
+		}
+	}
+	return sampled
+}
+
 // A step is the loop's period (docs/capture.md): a loop with no DataLoader
 // whose get_batch takes 30 ms at the top of each iteration, unmodified
 // under launch --auto, on 2 ranks (DDP over gloo) and in one process with
@@ -104,16 +121,7 @@ func TestTorchStepIsTheLoop(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
-			if err != nil {
-				t.Fatal(err)
-			}
-			sampled := map[int64]bool{}
-			for _, e := range events {
-				if e.Kind == tps.EventFlopCount || e.Kind == tps.EventTraceAnalysis {
-					sampled[e.Step] = true
-				}
-			}
+			sampled := sampledSteps(t, dir)
 			var tok, ns, data float64
 			for _, cs := range cluster {
 				if cs.Step == 0 || sampled[cs.Step] {
