@@ -69,10 +69,10 @@ type LiveJob struct {
 	Breakdown map[string]float64 `json:"breakdown"`
 	// BreakdownSplits are the shares measures split out of a part
 	// (tps.ShareSplits: gc_ns out of compute), the measured ones.
-	BreakdownSplits []LiveSplit `json:"breakdown_splits,omitempty"`
-	Steps           []LiveStep         `json:"steps"`   // the last 200 closed steps
-	History         []LiveStep         `json:"history"` // the whole run, at most 512 buckets
-	SlowestRanks    []tps.RankScore    `json:"slowest_ranks"`
+	BreakdownSplits []LiveSplit     `json:"breakdown_splits,omitempty"`
+	Steps           []LiveStep      `json:"steps"`   // the last 200 closed steps
+	History         []LiveStep      `json:"history"` // the whole run, at most 512 buckets
+	SlowestRanks    []tps.RankScore `json:"slowest_ranks"`
 	// StragglerEpisodes are the recent and current straggler episodes.
 	StragglerEpisodes []LiveEpisode `json:"straggler_episodes"`
 	StepsClosed       int64         `json:"steps_closed"`

@@ -69,7 +69,7 @@ type ClusterStep struct {
 	// fraction of its measure, as the blocking parts' (bound to its
 	// measure by Measure.Column).
 	GCFractionMean float64 `json:"gc_fraction_mean" parquet:"gc_fraction_mean"`
-	ComputeNsMean         float64 `json:"compute_ns_mean" parquet:"compute_ns_mean"`
+	ComputeNsMean  float64 `json:"compute_ns_mean" parquet:"compute_ns_mean"`
 
 	LossMean     float64 `json:"loss_mean" parquet:"loss_mean"`
 	SkippedRanks int64   `json:"skipped_ranks" parquet:"skipped_ranks"`

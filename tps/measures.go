@@ -183,7 +183,7 @@ var measures = [...]Measure{
 	{Name: "mem_capacity_bytes", Field: "MemCapacityBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's headroom)",
 		Doc: "optional: the device's total memory", Max: MaxMemBytes, MaxWords: "1 PiB"},
 	{Name: "gc_ns", Field: "GCNs", Unit: "ns", Kind: KindPhase, Wire: WireHost, Over: OverSum, Combine: "`gc_fraction_mean`: compute's split \"Python GC\" (at most compute's share)",
-		Doc: "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks); ≤ duration_ns. Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
+		Doc:   "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks); ≤ duration_ns. Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
 		Split: "compute", Label: "Python GC", Column: "GCFractionMean"},
 }
 

@@ -276,8 +276,7 @@ var (
 	optionalGroups = []struct {
 		bit      uint64
 		measures []*tps.Measure
-	}{
-	}
+	}{}
 	lastBit = uint64(hasTrace) << (tps.NumWireGroups - 1 - tps.WireTrace)
 )
 
