@@ -1,0 +1,210 @@
+"""What tpsprof costs a distributed job, measured from outside as TraceML
+publishes its overhead: fresh processes, modes taking turns, the median of
+the per-repeat medians, against the bare job.
+
+    go build -o /tmp/tpsprof ./cmd/tpsprof
+    python3 examples/pytorch/cost_protocol.py --tpsprof /tmp/tpsprof --repeats 5
+
+The job: a 2-rank DDP model over gloo (CPU) with --layers linear layers and
+a small bucket cap, so that every step all-reduces its gradients in many
+buckets (14 by default), ~5-15 ms steps. Each rank times every step with
+its own clocks: wall (perf_counter_ns), its training thread's CPU
+(thread_time_ns) and the whole process's CPU (process_time_ns: the
+package's sender and poller threads, gloo's, torch's), and writes the
+median of each over its steps after --warmup.
+
+Three modes, each a fresh torchrun a repeat, in a shuffled order each
+repeat: bare (no tpsprof), instrument (one tpsprof.torch.instrument call,
+under tpsprof launch) and auto (the bare script under tpsprof launch
+--auto). A mode's figure is the median over repeats of the repeat's median
+over ranks; its cost is that less bare's. Printed as one JSON object: the
+figures and costs in microseconds a step, a collective (the DDP buckets a
+step), and as a share of 10 ms, 100 ms and 1 s steps.
+"""
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def job(a):
+    """One rank of the measured job (under torchrun)."""
+    if a.mode == "instrument":
+        try:
+            import tpsprof.torch  # noqa: F401
+        except ImportError:
+            sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    layers = []
+    for _ in range(a.layers):
+        layers += [nn.Linear(a.dim, a.dim), nn.ReLU()]
+    model = nn.Sequential(*layers, nn.Linear(a.dim, 8))
+    # a cap below one layer's gradient bytes: a bucket a layer or so, the
+    # first bucket too (DDP's first is 1 MiB by default: the whole model)
+    cap = a.dim * a.dim * 4 * 0.9
+    if hasattr(dist, "_DEFAULT_FIRST_BUCKET_BYTES"):
+        dist._DEFAULT_FIRST_BUCKET_BYTES = int(cap)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap / 2**20)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    batches = [(torch.randn(a.batch, a.dim), torch.randint(0, 8, (a.batch,))) for _ in range(8)]
+    counted = [0]
+    if a.mode == "count":  # (a run of its own: the hook is Python per bucket)
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        def counting(state, bucket):
+            counted[0] += 1
+            return allreduce_hook(state, bucket)
+        ddp.register_comm_hook(None, counting)
+    prof = None
+    if a.mode == "instrument":
+        import tpsprof.torch as tt
+        prof = tt.instrument(ddp, opt)
+    wall, thread, proc = [], [], []
+    for step in range(a.warmup + a.steps):
+        w0, t0, p0 = time.perf_counter_ns(), time.thread_time_ns(), time.process_time_ns()
+        x, y = batches[step % len(batches)]
+        if prof is not None:
+            prof.add_tokens(a.batch)
+        loss = nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step == a.warmup - 1:
+            counted[0] = 0
+        if step >= a.warmup:
+            wall.append(time.perf_counter_ns() - w0)
+            thread.append(time.thread_time_ns() - t0)
+            proc.append(time.process_time_ns() - p0)
+    buckets = counted[0] / a.steps
+    if prof is not None:
+        prof.close()
+    with open(os.path.join(a.out, "rank%d.json" % rank), "w") as f:
+        json.dump({"wall_us": statistics.median(wall) / 1e3, "thread_us": statistics.median(thread) / 1e3,
+                   "process_us": statistics.median(proc) / 1e3, "buckets": buckets}, f)
+    dist.destroy_process_group()
+
+
+def collector(a, work):
+    """A collector with its embedded NATS server for the launches (its CPU
+    is not the ranks': another process, as on a cluster another host)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([a.tpsprof, "collector", "--out", os.path.join(work, "out"), "--listen", "127.0.0.1:%d" % port,
+                             "--http", "", "--live", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, "nats://127.0.0.1:%d" % port
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit("collector exited: " + proc.stderr.read().decode()[-2000:])
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("collector did not listen in 30 s")
+
+
+def run(a, mode, port):
+    """One fresh torchrun of the job in a mode: its ranks' medians."""
+    out = tempfile.mkdtemp(prefix="tpsprof-cost-")
+    import torch
+    # the rendezvous: a TCP store on torch 1.13; a file store from torch 2
+    # (a TCP store's port is refused in some containers)
+    rdzv = ["--rdzv_endpoint", "127.0.0.1:%d" % port]
+    if int(torch.__version__.split(".")[0]) >= 2:
+        rdzv = ["--rdzv_endpoint", os.path.join(out, "rdzv"), "--rdzv_conf", "store_type=file"]
+    inner = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--redirects", "2", "--tee", "2",
+             "--rdzv_backend", "c10d"] + rdzv + [
+             os.path.abspath(__file__), "--job-mode", "bare" if mode == "auto" else mode,
+             "--out", out, "--steps", str(a.steps), "--warmup", str(a.warmup), "--layers", str(a.layers),
+             "--dim", str(a.dim), "--batch", str(a.batch)]
+    cmd = inner
+    if mode not in ("bare", "count"):
+        sock = os.path.join(out, "agent.sock")
+        cmd = [a.tpsprof, "launch", "--job", "cost-" + mode, "--attempt", "0", "--socket", sock, "--nats", a.nats,
+               "--no-trackers", "--python-dir", os.path.join(out, "py")]
+        if mode == "auto":
+            cmd.append("--auto")
+        cmd += ["--"] + inner
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit("%s run failed (%d):\n%s" % (mode, r.returncode, (r.stdout + r.stderr)[-3000:]))
+    ranks = [json.load(open(os.path.join(out, "rank%d.json" % i))) for i in range(2)]
+    return {k: statistics.median(x[k] for x in ranks) for k in ("wall_us", "thread_us", "process_us")}, ranks[0]["buckets"]
+
+
+def drive(a):
+    modes = ["bare", "instrument", "auto"]
+    got = {m: [] for m in modes}
+    port = 29600 + random.randrange(300)
+    work = tempfile.mkdtemp(prefix="tpsprof-cost-")
+    col, a.nats = collector(a, work)
+    try:
+        _repeats(a, modes, got, port)
+    finally:
+        col.terminate()
+        col.wait(timeout=30)
+    buckets = run(a, "count", port + 1000)[1]
+    med = {m: {k: statistics.median(r[k] for r in got[m]) for k in ("wall_us", "thread_us", "process_us")} for m in modes}
+    out = {"repeats": a.repeats, "steps": a.steps, "buckets_a_step": buckets, "medians": med, "cost": {}}
+    for m in modes[1:]:
+        c = {k.replace("_us", "_extra_us"): med[m][k] - med["bare"][k] for k in med[m]}
+        c["thread_extra_us_a_collective"] = c["thread_extra_us"] / buckets if buckets else None
+        c["own_threads_extra_us"] = c["process_extra_us"] - c["thread_extra_us"]
+        c["thread_share_of"] = {"10ms": c["thread_extra_us"] / 1e4, "100ms": c["thread_extra_us"] / 1e5,
+                                "1s": c["thread_extra_us"] / 1e6}
+        out["cost"][m] = c
+    print(json.dumps(out, indent=1))
+
+
+def _repeats(a, modes, got, port):
+    for rep in range(a.repeats):
+        order = modes[:]
+        random.shuffle(order)
+        for m in order:
+            port += 1
+            got[m].append(run(a, m, port)[0])
+            fig = got[m][-1]
+            print("repeat %d %-10s wall %7.0f µs  thread %7.0f µs  process %7.0f µs" % (
+                rep + 1, m, fig["wall_us"], fig["thread_us"], fig["process_us"]), file=sys.stderr)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--job-mode", dest="mode", choices=["bare", "instrument", "count"],
+                   help="(internal) run one rank of the job in this mode")
+    p.add_argument("--out", help="(internal) where the rank writes its medians")
+    p.add_argument("--tpsprof", default="tpsprof", help="the tpsprof binary (go build -o /tmp/tpsprof ./cmd/tpsprof)")
+    p.add_argument("--repeats", type=int, default=5, help="fresh runs of each mode")
+    p.add_argument("--steps", type=int, default=150, help="measured steps a run")
+    p.add_argument("--warmup", type=int, default=20, help="steps before measuring")
+    p.add_argument("--layers", type=int, default=13, help="linear layers (about one gradient bucket each)")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16)
+    a = p.parse_args()
+    if a.mode:
+        job(a)
+    else:
+        drive(a)
+
+
+if __name__ == "__main__":
+    main()
