@@ -384,6 +384,11 @@ func (a *analysis) finish() error {
 	rep.episodeCauses(a.gpu)
 	rep.episodeCaptures(a.events)
 	a.cost()
+	var g *gpmAcc
+	if a.energy != nil {
+		g = &a.energy.gpm
+	}
+	rep.ledger(g)
 	return nil
 }
 

@@ -105,6 +105,20 @@ func (e *energyJoin) add(s *tps.GPUSample) {
 	*last = cur
 }
 
+// inStep says whether t (on the rows' clock) lies in a step's period.
+func (e *energyJoin) inStep(t int64) bool {
+	if !e.built {
+		e.build()
+	}
+	i, _ := slices.BinarySearch(e.maxEnd, t+1) // the first step that may end after t
+	for ; i < len(e.steps) && e.steps[i].start <= t; i++ {
+		if t < e.steps[i].end {
+			return true
+		}
+	}
+	return false
+}
+
 // spread gives the energy between two readings of one GPU to the steps
 // whose periods overlap them.
 func (e *energyJoin) spread(a, b tps.GPUPoint) {
@@ -216,6 +230,7 @@ type energyPass struct {
 	joinOf   func() *energyJoin
 	acc      *energyAcc
 	gpu      *gpuSeries
+	gpm      gpmAcc                 // the samples in steady steps (the MFU ledger's GPU activity)
 	n        int64                  // samples read
 	unread   *trace.UnreadableParts // of every read, each part once
 	// parts are gpu_samples' parts and the times each holds, other those
@@ -331,6 +346,9 @@ func (p *energyPass) join(e *energyJoin, tileLo, tileHi, lo, hi int64) error {
 			if s.UnixNs >= tileLo && (s.UnixNs < tileHi || tileHi == math.MaxInt64) {
 				p.n++
 				p.gpu.add(s)
+				if e.inStep(s.UnixNs - e.offsets[s.Node]) {
+					p.gpm.add(s)
+				}
 			}
 			e.add(s)
 		}

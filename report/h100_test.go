@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // h100Truth is what the GPU check's Llama job (examples/gpu/check.py)
@@ -167,4 +168,56 @@ func TestH100LlamaAgainstItsTruth(t *testing.T) {
 	} else {
 		t.Logf("capture cost %.0f µs a step, %.0f µs a FLOP-counted one", cc.PerStepNs/1e3, cc.Profiled.PerStepNs/1e3)
 	}
+}
+
+// The MFU ledger of the H100 Llama run adds up to the peak, and beside it
+// the GPUs' tensor-pipe and SM activity (the agent's GPM columns) over the
+// same steps: the mean of the samples taken inside the steady steps'
+// periods (step 1 on, the FLOP-counted steps out), computed here from the
+// Parquet files by hand.
+func TestH100LlamaLedger(t *testing.T) {
+	dir := filepath.Join("testdata", "h100-llama")
+	rep, err := analyzeChecked(dir, Options{Warmup: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := rep.MFULedger
+	if l.Ledger == nil || math.Abs(l.Ledger.Sum()-100) > 1e-6 || math.Abs(l.Ledger.MFU-100**rep.Summary.MFU) > 1e-9 {
+		t.Fatalf("ledger %+v (%s), MFU %v", l.Ledger, l.Unknown, rep.Summary.MFU)
+	}
+	steps, err := trace.ReadAll[tps.ClusterStep](filepath.Join(dir, trace.ClusterSteps))
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counted := map[int64]bool{}
+	for _, e := range events {
+		if e.Kind == tps.EventFlopCount {
+			counted[e.Step] = true
+		}
+	}
+	samples, err := trace.ReadAll[tps.GPUSample](filepath.Join(dir, trace.GPUSamples))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tensor, sm float64
+	var n int
+	for _, s := range samples {
+		for _, c := range steps {
+			if c.Step >= 1 && !counted[c.Step] && c.StepTimeNs > 0 && s.UnixNs >= c.EndUnixNs-c.StepTimeNs && s.UnixNs < c.EndUnixNs && s.GPMTensorPct != nil {
+				tensor += *s.GPMTensorPct / 100
+				sm += *s.GPMSMUtilPct / 100
+				n++
+				break
+			}
+		}
+	}
+	if n == 0 || l.TensorActivity == nil || l.SMActivity == nil || int64(n) != l.GPMSamples ||
+		math.Abs(*l.TensorActivity-tensor/float64(n)) > 1e-9 || math.Abs(*l.SMActivity-sm/float64(n)) > 1e-9 {
+		t.Errorf("GPU activity %v tensor, %v SM over %d samples (%s); by hand %.4f, %.4f over %d", l.TensorActivity, l.SMActivity, l.GPMSamples, l.GPMUnavailable, tensor/float64(n), sm/float64(n), n)
+	}
+	t.Logf("%s", LedgerText(l))
 }

@@ -118,10 +118,19 @@ func (p *htmlPage) breakdownTables(rep *Report) {
 		bt.Rows = append(bt.Rows, htmlRow{Cells: []string{shareWords[part.Key], cell}, Bar: v, BarCol: 1})
 	}
 	p.Tables = append(p.Tables, bt)
+	if l := rep.MFULedger.Ledger; l != nil {
+		lt := htmlTable{Title: "Where the MFU went", Intro: fmt.Sprintf("From the GPUs' peak (100 points) to the achieved MFU: the time outside compute costs its share at the run's MFU over compute time (%s); the rest is compute efficiency. The rows add up to 100. %s.", pct(l.ComputeMFU), gpmText(rep.MFULedger)),
+			Head: []string{"bucket", "MFU points"}}
+		lt.Rows = append(lt.Rows, htmlRow{Cells: []string{"achieved MFU", fmt.Sprintf("%.1f", l.MFU)}, Bar: l.MFU / 100, BarCol: 1})
+		for _, x := range l.Lost {
+			lt.Rows = append(lt.Rows, htmlRow{Cells: []string{"lost: " + x.Label, fmt.Sprintf("%.1f", x.Points)}, Bar: x.Points / 100, BarCol: 1})
+		}
+		p.Tables = append(p.Tables, lt)
+	}
 	// The figures are the text report's lines (Lines), less those the page
 	// shows as notes, its subtitle, or tables and cards of their own.
 	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
-	elsewhere := map[string]bool{"note": true, "run": true, "clock offsets": true, "time breakdown": true,
+	elsewhere := map[string]bool{"note": true, "run": true, "clock offsets": true, "time breakdown": true, "MFU ledger": rep.MFULedger.Ledger != nil,
 		"straggler episode": true, "slowest ranks": true, "collectives": true, "": true}
 	for _, l := range generationLines(rep) {
 		elsewhere[l[0]] = true

@@ -28,6 +28,17 @@ func Invariants(r *Report) []string {
 		v.frac("HFU", *s.HFU)
 	}
 	v.goodput(r.Goodput)
+	if err := ledgerAddsUp(r.MFULedger); err != nil {
+		v.add(err.Error())
+	}
+	if l := r.MFULedger.Ledger; l != nil && (r.Summary.MFU == nil || math.Abs(l.MFU-100**r.Summary.MFU) > 0.05) {
+		v.add(fmt.Sprintf("MFU ledger from %.2f points, the summary's MFU %v", l.MFU, r.Summary.MFU))
+	}
+	for _, x := range []*float64{r.MFULedger.TensorActivity, r.MFULedger.SMActivity, r.MFULedger.DRAMBandwidth} {
+		if x != nil {
+			v.frac("GPU activity", *x)
+		}
+	}
 	if r.Meta != nil && r.Meta.Steps == tps.StepsLoop {
 		v.attempts(r.Attempts)
 	}

@@ -194,8 +194,10 @@ type Report struct {
 	Meta      *tps.RunMeta `json:"meta,omitempty"`
 	Summary   tps.Summary  `json:"summary"`
 	Breakdown Breakdown    `json:"breakdown"`
-	CommFit   CommFit      `json:"comm_fit"`
-	Goodput   Goodput      `json:"goodput"`
+	// MFULedger is where the MFU went, each lost point in one bucket.
+	MFULedger MFULedger `json:"mfu_ledger"`
+	CommFit   CommFit   `json:"comm_fit"`
+	Goodput   Goodput   `json:"goodput"`
 	// Attempts are the run's attempts (launches and restarts inside
 	// them): steps, TPS, MFU, wall time and how each ended.
 	Attempts   []AttemptRow    `json:"attempts"`

@@ -149,6 +149,7 @@ func (l *lines) rates(r *Report) {
 func (l *lines) breakdown(r *Report) {
 	s := r.Summary
 	l.row("time breakdown", "%s", BreakdownText(r.Breakdown))
+	l.row("MFU ledger", "%s", LedgerText(r.MFULedger))
 	if len(r.WaitCharged) > 0 {
 		var parts []string
 		for _, w := range r.WaitCharged {
