@@ -1041,9 +1041,35 @@ func TestLiveMFUFromCountedFLOPs(t *testing.T) {
 			if !strings.Contains(line, "(counted FLOPs)") {
 				t.Errorf("live line %q", line)
 			}
-			if f := clusterFigures("cnt", jb.live.Load()); !f.MFUCounted || f.MFU == nil {
+			if f := clusterFigures("cnt", jb.live.Load()); !f.MFUCounted || f.MFU == nil || math.Abs(f.MFULost[tps.ComputeEfficiency]-100*(1-want)) > 1e-6 {
 				t.Errorf("published figures %+v", f)
 			}
 		}
 	}
+	// where the MFU went: every step computes (no blocking part), so all
+	// of the lost points are compute efficiency; in the summary, /metrics
+	// and the page
+	if l := j.MFULedger; l == nil || math.Abs(l.Sum()-100) > 1e-9 || math.Abs(l.MFU-100*want) > 1e-6 || math.Abs(l.Lost[len(l.Lost)-1].Points-100*(1-want)) > 1e-6 {
+		t.Errorf("live MFU ledger %+v (%s)", l, j.MFULedgerUnknown)
+	}
+	if m := get(t, c, "/metrics"); !strings.Contains(m, fmt.Sprintf(`tpsprof_mfu_lost_points{bucket="compute_efficiency",job="cnt"} %g`, 100*(1-want))) {
+		t.Errorf("/metrics: %s", grepLines(m, "mfu_lost"))
+	}
+	srv := httptest.NewServer(c.Handler())
+	dom := dumpDOM(t, srv.URL+"/")
+	srv.Close()
+	if !strings.Contains(dom, fmt.Sprintf("MFU ledger: %.1f of 100 points; lost: compute efficiency %.1f", 100*want, 100*(1-want))) {
+		t.Errorf("the live page does not show the MFU ledger:\n%.3000s", dom)
+	}
+}
+
+// grepLines is the lines of s that hold sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

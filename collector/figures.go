@@ -63,6 +63,12 @@ func clusterFigures(id string, f *liveFigures) wire.ClusterFigures {
 	for _, p := range tps.ShareParts() {
 		out.Shares[p.Key] = *p.Of(&f.win.shares)
 	}
+	if l, _ := f.win.ledger(); l != nil {
+		out.MFULost = map[string]float64{}
+		for _, b := range l.Lost {
+			out.MFULost[b.Key] = b.Points
+		}
+	}
 	return out
 }
 

@@ -64,6 +64,10 @@ type LiveJob struct {
 	// on sampled steps (the job declares no model), as the report's
 	// counted MFU; absent for the analytic model's.
 	MFUSource string `json:"mfu_source,omitempty"`
+	// MFULedger is where that MFU went (tps.Ledger: each lost point in
+	// one bucket, adding up to 100); null with MFULedgerUnknown saying why.
+	MFULedger        *tps.Ledger `json:"mfu_ledger"`
+	MFULedgerUnknown string      `json:"mfu_ledger_unknown,omitempty"`
 	// Breakdown is where the same steps' time went: every part of
 	// tps.ShareParts by its key, adding up to 1.
 	Breakdown map[string]float64 `json:"breakdown"`
@@ -203,6 +207,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 			if lj.MFU == nil {
 				lj.MFUUnknown = cmp.Or(last.MFUUnknown, f.tpsUnknown, "no model or GPU in the run metadata")
 			}
+			lj.MFULedger, lj.MFULedgerUnknown = f.ledger()
 			for _, p := range tps.ShareParts() {
 				lj.Breakdown[p.Key] = *p.Of(&f.shares)
 			}

@@ -57,3 +57,16 @@ func (s *jobState) liveFigures(k int) windowFigures {
 	}
 	return f
 }
+
+// ledger is where the window's MFU went (tps.MFULedger over its MFU and
+// breakdown); nil with the reason where there is none.
+func (f *windowFigures) ledger() (*tps.Ledger, string) {
+	if f.mfu == nil {
+		return nil, "MFU unknown"
+	}
+	l, err := tps.MFULedger(*f.mfu, f.shares)
+	if err != nil {
+		return nil, err.Error()
+	}
+	return &l, ""
+}

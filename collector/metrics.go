@@ -22,6 +22,7 @@ var (
 	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last 10 closed steps; absent while MFU is unknown.", []string{"job"}, nil)
 	descShare      = prometheus.NewDesc("tpsprof_step_time_share_ratio", "Where the last 10 closed steps' time went, by part (compute, exposed_comm, waiting_for_peers, bubble, data_stall, checkpoint, host_other): each part's time, mean over ranks, over their step time; the parts add up to 1.", []string{"job", "part"}, nil)
 	descSplit      = prometheus.NewDesc("tpsprof_step_time_split_ratio", "Time a measure splits out of a part of tpsprof_step_time_share_ratio (part compute, split gc: the training thread's time in Python's garbage collector), last 10 closed steps, over their step time; at most its part's share, and not a part of its own.", []string{"job", "part", "split"}, nil)
+	descMFULost    = prometheus.NewDesc("tpsprof_mfu_lost_points", "Where the last 10 closed steps' MFU went: points of the GPUs' peak lost to each bucket (the time outside compute at the window's MFU over compute time, by breakdown part; compute_efficiency the rest); with 100 × tpsprof_mfu_ratio they add up to 100.", []string{"job", "bucket"}, nil)
 	descWait       = prometheus.NewDesc("tpsprof_waiting_for_peers_ratio", "Time ranks spent blocked in collectives until the slowest rank arrived, as a share of step time, last 10 closed steps (the part waiting_for_peers of tpsprof_step_time_share_ratio).", []string{"job"}, nil)
 	descStepSecs   = prometheus.NewDesc("tpsprof_step_seconds_total", "Step time of all closed steps (the period of each on the critical path): rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total) is tokens over step time over any range.", []string{"job"}, nil)
 	descStepTime   = prometheus.NewDesc("tpsprof_step_time_seconds", "Step time of the last closed step: its period on the critical path (docs/report.md).", []string{"job"}, nil)
@@ -63,7 +64,7 @@ var (
 type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descShare, descSplit, descWait, descStepSecs, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
+	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descShare, descSplit, descMFULost, descWait, descStepSecs, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
 		descWorld, descMFUCounted, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRedeliv, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
 		ch <- d
 	}
@@ -142,6 +143,11 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 				}
 			}
 			gauge(descWait, w.shares.WaitingForPeers, j.st.id)
+			if l, _ := w.ledger(); l != nil {
+				for _, b := range l.Lost {
+					gauge(descMFULost, b.Points, j.st.id, b.Key)
+				}
+			}
 		}
 		gauge(descStepTime, float64(last.StepTimeNs)/1e9, j.st.id)
 		gauge(descComm, last.CommFractionMean, j.st.id)

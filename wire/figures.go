@@ -34,6 +34,9 @@ type ClusterFigures struct {
 	MFUCounted bool `json:"mfu_counted,omitempty"`
 	// Shares are where those steps' time went, by tps.ShareParts key.
 	Shares map[string]float64 `json:"shares"`
+	// MFULost is where the MFU went (tps.Ledger's lost points by bucket
+	// key: the breakdown's parts but compute, and compute_efficiency).
+	MFULost map[string]float64 `json:"mfu_lost,omitempty"`
 	// EpisodesOpen are the straggler episodes open now; Stragglers the
 	// ranks currently scored as stragglers.
 	EpisodesOpen int `json:"straggler_episodes_open"`
@@ -82,6 +85,12 @@ func (f *ClusterFigures) checkShares() error {
 	for k, v := range f.Shares {
 		if !known[k] || !(v >= 0 && v <= 1) {
 			return fmt.Errorf("wire: cluster figures: share %q = %v", k, v)
+		}
+	}
+	known[tps.ComputeEfficiency] = true
+	for k, v := range f.MFULost {
+		if k == "compute" || !known[k] || !(v >= 0 && v <= 100) {
+			return fmt.Errorf("wire: cluster figures: MFU lost %q = %v points", k, v)
 		}
 	}
 	return nil

@@ -80,3 +80,18 @@ class TableTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ClusterLedgerTest(unittest.TestCase):
+    def test_mfu_lost_points_reach_the_trackers(self):
+        # (the collector's published figures: MFU 0.30, its ledger's lost points)
+        from tpsprof._trackers import Trackers
+        t = Trackers(rank=0)
+        t._active = True
+        t.cluster({"job": "j", "step": 9, "window_steps": 10, "mfu": 0.30, "shares": {"compute": 1.0},
+                   "mfu_lost": {"compute_efficiency": 70.0, "data_stall": 0.0}})
+        step, row = t._cluster_row
+        self.assertEqual(step, 9)
+        self.assertEqual(row["tpsprof/cluster/mfu_lost/compute_efficiency"], 70.0)
+        self.assertAlmostEqual(100 * row["tpsprof/cluster/mfu"] + sum(
+            v for k, v in row.items() if k.startswith("tpsprof/cluster/mfu_lost/")), 100)

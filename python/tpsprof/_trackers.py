@@ -21,7 +21,8 @@ part of compute), plus
 ``tpsprof/mem_peak_allocated_gib`` on CUDA ranks, at the job's step
 numbers. On rank 0, the cluster figures the collector publishes every few
 seconds (through the node's agent): ``tpsprof/cluster/tokens_per_s``,
-``mfu``, ``hfu``, ``share/<part>`` (waiting for slower peers apart from
+``mfu``, ``hfu``, ``mfu_lost/<bucket>`` (the MFU ledger's points),
+``share/<part>`` (waiting for slower peers apart from
 exposed communication) over the last ``window_steps`` closed steps,
 ``straggler_episodes_open`` and ``stragglers``, at the cluster step they
 stand at. W&B's own step counter belongs to the job, so tpsprof's rows ride
@@ -260,6 +261,9 @@ class Trackers:
             for k, v in (msg.get("shares") or {}).items():
                 if isinstance(v, (int, float)):
                     row[PREFIX + "cluster/share/" + str(k)[:40]] = float(v)
+            for k, v in (msg.get("mfu_lost") or {}).items():  # the MFU ledger: points lost by bucket
+                if isinstance(v, (int, float)):
+                    row[PREFIX + "cluster/mfu_lost/" + str(k)[:40]] = float(v)
             if msg.get("mfu_counted") is True:
                 row[PREFIX + "cluster/mfu_counted"] = 1.0  # MFU from the FLOPs PyTorch counted
             for k in ("window_steps", "straggler_episodes_open", "stragglers"):
