@@ -23,6 +23,8 @@ type Comparison struct {
 	Shape []CompareRow `json:"shape"`
 	Rows  []CompareRow `json:"rows"`
 	Notes []string     `json:"notes,omitempty"`
+	// Verdict is whether B is slower or faster, beyond the runs' noise.
+	Verdict Verdict `json:"verdict"`
 }
 
 // CompareRow is one figure of both runs.
@@ -75,6 +77,7 @@ func Compare(a, b *Report) Comparison {
 	c.compareText(a, b)
 	c.Rows = append(c.Rows, compareGeneration(a, b)...)
 	c.notes(a, b)
+	c.Verdict = CompareVerdict(a, b)
 	return c
 }
 
@@ -279,6 +282,7 @@ func WriteCompare(w io.Writer, a, b *Report) error {
 		}
 	}
 	tw.Flush()
+	sb.WriteString("\nverdict: " + c.Verdict.Text + "\n")
 	return writeWithNotes(w, &sb, c.Notes, "note: ")
 }
 
@@ -299,7 +303,7 @@ func writeWithNotes(w io.Writer, sb *strings.Builder, notes []string, prefix str
 func WriteCompareMarkdown(w io.Writer, a, b *Report) error {
 	c := Compare(a, b)
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "## tpsprof compare: %s vs %s\n\n| | %s | %s | delta |\n|---|---|---|---|\n", c.A, c.B, c.A, c.B)
+	fmt.Fprintf(&sb, "## tpsprof compare: %s vs %s\n\n**Verdict:** %s\n\n| | %s | %s | delta |\n|---|---|---|---|\n", c.A, c.B, c.Verdict.Text, c.A, c.B)
 	for _, rows := range [][]CompareRow{c.Shape, c.Rows} {
 		for _, r := range rows {
 			fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", r.Name, r.cell(r.A, r.TextA), r.cell(r.B, r.TextB), r.delta())

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/base64"
 	"fmt"
 	"html/template"
@@ -224,6 +225,8 @@ func WriteCompareHTML(w io.Writer, a, b *Report) error {
 	c := Compare(a, b)
 	p := htmlPage{Title: fmt.Sprintf("tpsprof: %s against %s", c.B, c.A), Generated: time.Now().UTC().Format("2006-01-02 15:04 UTC"), Notes: c.Notes}
 	p.Subtitle = "A: " + runLine(a) + " · B: " + runLine(b)
+	p.Cards = append(p.Cards, htmlCard{Label: "verdict", Value: c.Verdict.Text, Note: fmt.Sprintf("throughput by %s; the runs' own noise ±%.1f%%", cmp.Or(c.Verdict.By, "tokens/s"), c.Verdict.NoisePct),
+		Bad: c.Verdict.ChangePct != nil && c.Verdict.Beyond && *c.Verdict.ChangePct < 0})
 	for _, part := range []struct {
 		title string
 		rows  []CompareRow

@@ -119,6 +119,13 @@ type Summary struct {
 	WorldSize    int64  `json:"world_size"`
 
 	StepTimeS Dist `json:"step_time_s"`
+	// StepTimeRelSE is the relative standard error of the steady steps'
+	// mean step time: the spread of the means of consecutive batches of
+	// SEBatch steps (so that slow phases a few steps long count as the
+	// noise they are) over their count's square root, over the mean; 0
+	// with fewer than 3 batches. A run's own step-to-step noise, which a
+	// comparison's verdict must exceed (report.Verdict).
+	StepTimeRelSE float64 `json:"step_time_rel_se"`
 	// TPS is the distribution of the steady steps' own rates (each step's
 	// tokens over its step time): shown as quantiles only, never as the
 	// run's throughput (a mean of rates weighs a fast step as much as a
@@ -357,7 +364,14 @@ type Summarizer struct {
 
 	sumMFU, sumHFU, sumMFUDur, wallTok float64
 	shares                             ShareSum
+	// the batch means of the steady step times (StepTimeRelSE)
+	batch, batchSum, batchSq float64
+	batchN, batches          int
 }
+
+// SEBatch is how many consecutive steady steps a batch mean of
+// Summary.StepTimeRelSE holds.
+const SEBatch = 8
 
 // NewSummarizer starts a summary with the options Summarize takes
 // (opt.Threshold the automatic rule's, for its words), whether any steady
@@ -409,6 +423,12 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 	}
 	s.SteadySteps++
 	sm.times.Append(float64(c.StepTimeNs) / 1e9)
+	sm.batch += float64(c.StepTimeNs) / 1e9
+	if sm.batchN++; sm.batchN == SEBatch {
+		m := sm.batch / SEBatch
+		sm.batchSum, sm.batchSq, sm.batches = sm.batchSum+m, sm.batchSq+m*m, sm.batches+1
+		sm.batch, sm.batchN = 0, 0
+	}
 	sm.tps.Append(c.TPS)
 	s.Tokens += c.Tokens
 	why := c.MFUUnknown
@@ -452,6 +472,12 @@ func (sm *Summarizer) Result() (Summary, error) {
 	var err error
 	if s.StepTimeS, err = sm.times.Dist(); err != nil {
 		return s, err
+	}
+	if k := float64(sm.batches); k >= 3 {
+		mean := sm.batchSum / k
+		if v := (sm.batchSq - k*mean*mean) / (k - 1); v > 0 && mean > 0 {
+			s.StepTimeRelSE = math.Sqrt(v/k) / mean
+		}
 	}
 	if s.TPS, err = sm.tps.Dist(); err != nil {
 		return s, err

@@ -18,6 +18,8 @@ import (
 // reportFlags are the report command's flags.
 type reportFlags struct {
 	asJSON, asMD, compare, noPlots           *bool
+	baseline, keep                           *string
+	failAbove                                *float64
 	plots, htmlOut, steps, since, until, src *string
 	warmup, last                             *int
 	attempt                                  *int64
@@ -32,6 +34,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
   tpsprof report --markdown --no-plots traces/llama-8b >> review.md
   tpsprof report --compare traces/run-a traces/run-b
   tpsprof report --compare --html ab.html traces/run-a traces/run-b
+  tpsprof report --compare --fail-above 5 traces/run-a traces/run-b   # exit 3 when run-b is >5% slower, beyond noise
+  tpsprof report --keep-baseline main traces/run-a                    # then, in CI:
+  tpsprof report --baseline main --fail-above 5 traces/run-b
   tpsprof report --last 1000 traces/llama-8b      # the last 1,000 steps only, read from the row groups that hold them
   tpsprof report --attempt 3 --steps 50000:60000 traces/llama-8b
   tpsprof report --since 2h traces/llama-8b       # steps of the last two hours
@@ -48,6 +53,30 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	}
 	if code, ok := parseFlags(fs, rest, stderr); !ok {
 		return code
+	}
+	if *f.keep != "" {
+		if len(dirs) != 1 || *f.compare || *f.baseline != "" {
+			return usageErr(stderr, cmd, "--keep-baseline NAME takes one job folder, and no --compare or --baseline")
+		}
+		path, err := keepBaseline(*f.keep, dirs[0])
+		if err != nil {
+			return usageErr(stderr, cmd, "%s", err)
+		}
+		fmt.Fprintf(stdout, "baseline %q is %s (kept in %s)\n", *f.keep, dirs[0], path)
+		return exitOK
+	}
+	if *f.baseline != "" {
+		if *f.compare || len(dirs) != 1 {
+			return usageErr(stderr, cmd, "--baseline NAME compares one job folder with the run kept as NAME (no --compare)")
+		}
+		base, err := baselineDir(*f.baseline)
+		if err != nil {
+			return usageErr(stderr, cmd, "%s", err)
+		}
+		dirs, *f.compare = []string{base, dirs[0]}, true
+	}
+	if *f.failAbove >= 0 && !*f.compare {
+		return usageErr(stderr, cmd, "--fail-above gates a comparison: give --compare A B or --baseline NAME")
 	}
 	opt, err := f.options(dirs)
 	if err != nil {
@@ -66,6 +95,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		if *f.compare {
 			err = f.writeCompare(reps[0], reps[1], stdout, stderr)
+			if err == nil && *f.failAbove >= 0 {
+				return gate(report.CompareVerdict(reps[0], reps[1]), *f.failAbove, stderr)
+			}
 		} else {
 			return f.writeOne(reps[0], pd, dirs[0], stdout, stderr)
 		}
@@ -81,12 +113,15 @@ func reportFlagsOf(fs *flagSet) *reportFlags {
 	f := &reportFlags{
 		asJSON:  fs.Bool("json", false, "print the report as JSON (keys documented in docs/report.md)"),
 		asMD:    fs.Bool("markdown", false, "print the report as Markdown"),
-		compare: fs.Bool("compare", false, "compare two job folders side by side"),
+		compare: fs.Bool("compare", false, "compare two job folders side by side, with a verdict: is the second slower, beyond the runs' own noise"),
 		plots:   fs.String("plots", "", "folder for the plots (PNG and SVG); default JOB_DIR/report"),
 		noPlots: fs.Bool("no-plots", false, "do not draw plots (nor the HTML report)"),
 		htmlOut: fs.String("html", "", "where to write the HTML report, one self-contained file to open or share (default PLOTS/report.html; with --compare, only when given)"),
 		warmup:  fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)"),
 	}
+	f.failAbove = fs.Float64("fail-above", -1, "with --compare or --baseline: exit 3 when the second run is more than PCT percent slower than the first, beyond the two runs' own step-to-step noise (a CI gate)")
+	f.baseline = fs.String("baseline", "", "compare the job folder with the run kept under this name (--keep-baseline)")
+	f.keep = fs.String("keep-baseline", "", "keep the job folder as the baseline NAME, for later --baseline NAME (its Parquet must stay where it is)")
 	fs.Var(&f.train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
 	fs.Var(&f.price, "gpu-hour-usd", "price of a GPU-hour (overrides the run metadata)")
 	f.steps = fs.String("steps", "", "report only steps A:B (inclusive; A: or :B for open ends)")
@@ -212,6 +247,19 @@ func (f *reportFlags) analyze(dirs []string, opt report.Options, stderr io.Write
 		reps = append(reps, rep)
 	}
 	return reps, pd, nil
+}
+
+// exitGate is the exit status of a comparison the gate fails.
+const exitGate = 3
+
+// gate says the verdict against the allowed slowdown, and its status.
+func gate(v report.Verdict, pct float64, stderr io.Writer) int {
+	if v.Fails(pct) {
+		fmt.Fprintf(stderr, "gate: FAIL: %s (allowed %.1f%%, noise ±%.1f%%)\n", v.Text, pct, v.NoisePct)
+		return exitGate
+	}
+	fmt.Fprintf(stderr, "gate: pass: %s (allowed %.1f%% slower)\n", v.Text, pct)
+	return exitOK
 }
 
 // writeCompare prints the comparison of a and b, and its page when asked.
