@@ -389,6 +389,7 @@ func (a *analysis) finish() error {
 		g = &a.energy.gpm
 	}
 	rep.ledger(g)
+	rep.findings()
 	return nil
 }
 

@@ -128,10 +128,22 @@ func (p *htmlPage) breakdownTables(rep *Report) {
 		}
 		p.Tables = append(p.Tables, lt)
 	}
+	if len(rep.Findings) > 0 {
+		ft := htmlTable{Title: "What to fix first", Intro: "Where the throughput goes, largest headroom first: what removing each would gain (step TPS; wall TPS for gaps between steps). A cause is named only where it explains at least 80% of its time; no two findings claim the same time.",
+			Head: []string{"finding", "headroom", "cause", "evidence"}}
+		for _, f := range rep.Findings {
+			h := fmt.Sprintf("+%.1f%%", f.HeadroomPct)
+			if f.HeadroomTPS != nil {
+				h += " (" + tps.SI(*f.HeadroomTPS) + " tokens/s)"
+			}
+			ft.Rows = append(ft.Rows, htmlRow{Cells: []string{f.What, h, orDash(f.Cause), orDash(f.Evidence)}})
+		}
+		p.Tables = append(p.Tables, ft)
+	}
 	// The figures are the text report's lines (Lines), less those the page
 	// shows as notes, its subtitle, or tables and cards of their own.
 	detail := htmlTable{Title: "Figures", Head: []string{"figure", "value"}}
-	elsewhere := map[string]bool{"note": true, "run": true, "clock offsets": true, "time breakdown": true, "MFU ledger": rep.MFULedger.Ledger != nil,
+	elsewhere := map[string]bool{"note": true, "run": true, "clock offsets": true, "time breakdown": true, "MFU ledger": rep.MFULedger.Ledger != nil, "finding 1": true, "finding 2": true, "finding 3": true,
 		"straggler episode": true, "slowest ranks": true, "collectives": true, "": true}
 	for _, l := range generationLines(rep) {
 		elsewhere[l[0]] = true

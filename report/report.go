@@ -196,8 +196,10 @@ type Report struct {
 	Breakdown Breakdown    `json:"breakdown"`
 	// MFULedger is where the MFU went, each lost point in one bucket.
 	MFULedger MFULedger `json:"mfu_ledger"`
-	CommFit   CommFit   `json:"comm_fit"`
-	Goodput   Goodput   `json:"goodput"`
+	// Findings are where the throughput goes, largest headroom first.
+	Findings []Finding `json:"findings"`
+	CommFit  CommFit   `json:"comm_fit"`
+	Goodput  Goodput   `json:"goodput"`
 	// Attempts are the run's attempts (launches and restarts inside
 	// them): steps, TPS, MFU, wall time and how each ended.
 	Attempts   []AttemptRow    `json:"attempts"`

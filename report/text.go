@@ -150,6 +150,11 @@ func (l *lines) breakdown(r *Report) {
 	s := r.Summary
 	l.row("time breakdown", "%s", BreakdownText(r.Breakdown))
 	l.row("MFU ledger", "%s", LedgerText(r.MFULedger))
+	for i, f := range r.Findings {
+		if i < 3 {
+			l.row(fmt.Sprintf("finding %d", i+1), "%s", FindingText(f))
+		}
+	}
 	if len(r.WaitCharged) > 0 {
 		var parts []string
 		for _, w := range r.WaitCharged {

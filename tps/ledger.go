@@ -1,8 +1,10 @@
 package tps
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Ledger is where a run's MFU went: from the GPUs' peak (100 points) to
@@ -69,4 +71,43 @@ func (l Ledger) Sum() float64 {
 		t += b.Points
 	}
 	return t
+}
+
+// TimeLoss is a part of step time that could go (a breakdown part other
+// than compute, or a split of compute such as Python GC), with what the
+// throughput would gain without it.
+type TimeLoss struct {
+	Key, Label string
+	// Share is its share of step time; HeadroomPct the throughput's gain,
+	// in percent, were the time removed: 1/(1 − share) − 1.
+	Share       float64
+	HeadroomPct float64
+}
+
+// MinLossShare is the smallest share of step time a TimeLoss is named at.
+const MinLossShare = 0.01
+
+// TimeLosses are the parts of step time that could go, largest headroom
+// first: the breakdown's parts but compute, and the splits of compute
+// (their time is not any other part's: no two claim the same time), each
+// at least MinLossShare.
+func TimeLosses(s Shares) []TimeLoss {
+	var out []TimeLoss
+	add := func(key, label string, share float64) {
+		if share >= MinLossShare && share < 1 {
+			out = append(out, TimeLoss{key, label, share, 100 * (1/(1-share) - 1)})
+		}
+	}
+	for _, p := range shareParts {
+		if p.Key != "compute" {
+			add(p.Key, p.Label, *p.Of(&s))
+		}
+	}
+	for _, sp := range ShareSplits() {
+		if sp.Part == "compute" {
+			add(sp.Name, sp.Label, s.Splits[sp.Name])
+		}
+	}
+	slices.SortStableFunc(out, func(a, b TimeLoss) int { return cmp.Compare(b.HeadroomPct, a.HeadroomPct) })
+	return out
 }

@@ -93,4 +93,15 @@ func TestTorchGCPauses(t *testing.T) {
 		t.Errorf("the breakdown does not split out Python GC: %q", line)
 	}
 	t.Logf("Python GC %.3f of step time (live %.3f), the job's %.3f; %s", got, liveShare, want, strings.TrimSpace(line))
+	// the top finding names the collector, its headroom the speed-up the
+	// job's own clocks give without its collections (within 20%)
+	if len(rep.Findings) == 0 || rep.Findings[0].Bucket != "gc_ns" || rep.Findings[0].Cause == "" {
+		t.Errorf("findings %+v: want Python GC first, with its cause", rep.Findings)
+	} else {
+		speedup := 100 * (spanNs/(spanNs-gcNs) - 1)
+		if h := rep.Findings[0].HeadroomPct; math.Abs(h-speedup) > 0.2*speedup {
+			t.Errorf("Python GC's headroom +%.1f%%, the job's own speed-up without its collections +%.1f%%", h, speedup)
+		}
+		t.Logf("finding 1: %s (the job's own: +%.1f%%)", report.FindingText(rep.Findings[0]), speedup)
+	}
 }

@@ -105,6 +105,12 @@ func TestTorchStragglerVerdict(t *testing.T) {
 			if !regexp.MustCompile(`<div class="label">slowest rank</div><div class="value">rank ` + slow + `\b`).MatchString(dom) {
 				t.Errorf("the HTML's card for the slowest rank does not name rank %s:\n%s", slow, grepLines(dom, "card"))
 			}
+			// the top finding: waiting for the slow rank, named with its cause
+			if len(rep.Findings) == 0 || rep.Findings[0].Bucket != "waiting_for_peers" || !strings.Contains(rep.Findings[0].Cause, "rank "+slow+" ") {
+				t.Errorf("findings %+v: want the waiting for rank %s first", rep.Findings, slow)
+			} else {
+				t.Logf("finding 1: %s", report.FindingText(rep.Findings[0]))
+			}
 			var cmp bytes.Buffer
 			if err := report.WriteCompare(&cmp, rep, rep); err != nil {
 				t.Fatal(err)
