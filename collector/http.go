@@ -43,6 +43,15 @@ type LiveSplit struct {
 	Share float64 `json:"share"`
 }
 
+// LiveFinding is a part of step time that could go, with the
+// throughput's gain (percent) without it.
+type LiveFinding struct {
+	Key         string  `json:"key"`
+	Label       string  `json:"label"`
+	Share       float64 `json:"share"`
+	HeadroomPct float64 `json:"headroom_pct"`
+}
+
 // LiveJob is one job's current state, as /api/summary serves it.
 type LiveJob struct {
 	Job       string `json:"job"`
@@ -68,6 +77,9 @@ type LiveJob struct {
 	// one bucket, adding up to 100); null with MFULedgerUnknown saying why.
 	MFULedger        *tps.Ledger `json:"mfu_ledger"`
 	MFULedgerUnknown string      `json:"mfu_ledger_unknown,omitempty"`
+	// Findings are the parts of the same steps' time that could go,
+	// largest headroom first (tps.TimeLosses; the report names causes).
+	Findings []LiveFinding `json:"findings,omitempty"`
 	// Breakdown is where the same steps' time went: every part of
 	// tps.ShareParts by its key, adding up to 1.
 	Breakdown map[string]float64 `json:"breakdown"`
@@ -208,6 +220,9 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 				lj.MFUUnknown = cmp.Or(last.MFUUnknown, f.tpsUnknown, "no model or GPU in the run metadata")
 			}
 			lj.MFULedger, lj.MFULedgerUnknown = f.ledger()
+			for _, l := range tps.TimeLosses(f.shares) {
+				lj.Findings = append(lj.Findings, LiveFinding{Key: l.Key, Label: l.Label, Share: l.Share, HeadroomPct: l.HeadroomPct})
+			}
 			for _, p := range tps.ShareParts() {
 				lj.Breakdown[p.Key] = *p.Of(&f.shares)
 			}

@@ -146,6 +146,9 @@ func everyViewStraggler(t *testing.T) {
 	if w := lj.Breakdown["waiting_for_peers"]; w < 0.05 {
 		t.Errorf("live waiting for peers %v: the slow rank's 400 ms a step is not there", w)
 	}
+	if len(lj.Findings) == 0 || lj.Findings[0].Key != "waiting_for_peers" || math.Abs(lj.Findings[0].HeadroomPct-100*(1/(1-lj.Breakdown["waiting_for_peers"])-1)) > 1e-9 {
+		t.Errorf("live findings %+v: want the waiting for the slow rank first", lj.Findings)
+	}
 	if nt := byJob["notok"]; nt.TPS != nil || nt.TPSPerGPU != nil || !strings.Contains(nt.TPSUnknown, "no tokens counted") {
 		t.Errorf("a job without tokens: tps %v, tps_unknown %q", nt.TPS, nt.TPSUnknown)
 	}
@@ -209,6 +212,9 @@ func everyViewStraggler(t *testing.T) {
 	}
 	if math.Abs(bar-1) > 1e-3 {
 		t.Errorf("the live page's bar adds up to %v", bar)
+	}
+	if !strings.Contains(dom, "to fix first: waiting for slower peers") {
+		t.Errorf("the live page does not lead its findings with the waiting")
 	}
 	if !strings.Contains(dom, "throughput n/a: no tokens counted") {
 		t.Errorf("the live page does not say the second job counted no token")
