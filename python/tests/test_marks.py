@@ -27,6 +27,29 @@ class MarksTest(unittest.TestCase):
                                     "%s reaches the profiler's %s, which the seam does not name" % (name, m.group(1)))
         self.assertGreater(len(seen), 20)  # the pattern still finds the reaches
 
+    def test_no_private_writes(self):
+        # no module writes another's private state: an assignment to
+        # X._name is the module's own object's (self, cls) or a _tpsprof
+        # marker on a foreign object (a wrapper, a writer class)
+        import ast
+        here = os.path.dirname(_marks.__file__)
+        bad = []
+        for name in sorted(os.listdir(here)):
+            if not name.endswith(".py") or name == "torch.py":
+                continue
+            with open(os.path.join(here, name)) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+                for target in targets:
+                    for x in ast.walk(target):
+                        if (isinstance(x, ast.Attribute) and x.attr.startswith("_") and not x.attr.startswith("__")
+                                and not x.attr.startswith("_tpsprof")
+                                and not (isinstance(x.value, ast.Name) and x.value.id in ("self", "cls"))):
+                            bad.append("%s:%d %s" % (name, node.lineno, ast.unparse(target)))
+        self.assertEqual(bad, [], "private state written across modules")
+
     def test_profiler_implements_every_mark(self):
         for name, fn in vars(_marks.Marks).items():
             if callable(fn) and name.startswith("_") and not name.startswith("__"):

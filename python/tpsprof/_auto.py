@@ -93,15 +93,12 @@ class _Roots:
         skip_dynamo(self.pre)
         skip_dynamo(self.post)
         self.handles = [mm.register_module_forward_pre_hook(self.pre), mm.register_module_forward_hook(self.post)]
-        self.prof._roots = self  # a framework callback that knows the forward better stops it (stop)
-        orig = self.prof._finish
-        roots = self
+        self.prof.root_finder = self  # a framework callback that knows the forward better stops it (stop)
+        self.prof.on_step_end(self._after_step)
 
-        def finish():
-            orig()
-            if roots.handles:
-                roots.settle()
-        self.prof._finish = finish
+    def _after_step(self):
+        if self.handles:
+            self.settle()
 
     def pre(self, module, inputs):
         if _compiling():

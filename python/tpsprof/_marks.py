@@ -135,17 +135,16 @@ class Marks:
         raise NotImplementedError
 
 
-# The profiler's state the same modules read or keep, each with its owner:
+# The profiler's state the same modules read, each with its owner (they
+# write none of it: what they tell the profiler goes through its public
+# methods, note_recompute, note_pipeline_stage, count_fetches, on_step_end,
+# root_finder; MarksTest.test_no_private_writes):
 STATE = {
     "_tls": "per-thread guards of the patches (re-entry, the step's context)",
     "_cur": "the open step",
     "_closed": "closed: the callbacks stop marking",
     "_scaled": "a grad scaler's scaled losses and their scales (the loss patch)",
-    "_recompute": "an activation checkpoint ran in the counted step",
-    "_pp_stage": "the pipeline stage a schedule runs (pipelining patch)",
     "_watched_loaders": "loaders watched through their class's iterator",
-    "_count_fetches": "False: batches come through add_batch (Lightning)",
     "_optimizers": "the watched optimizers (zero-code mode's model choice)",
-    "_roots": "the forward's owner in zero-code mode",
     "_sender": "the sender thread (the HF callback's metadata)",
 }

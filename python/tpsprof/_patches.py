@@ -286,7 +286,7 @@ def install_checkpoint_probe():
     def note():
         prof = _active.profiler
         if prof is not None:
-            prof._recompute = True
+            prof.note_recompute()
     for name in ("_checkpoint_impl", "_checkpoint_without_reentrant_generator", "_checkpoint_without_reentrant"):
         fn = getattr(cp, name, None)
         if callable(fn):
@@ -331,7 +331,7 @@ def patch_compile():
         if prof is not None and isinstance(model, torch.nn.Module):
             try:
                 moved = prof._unwatch_model(model)
-                roots = getattr(prof, "_roots", None)
+                roots = prof.root_finder
                 if not moved and roots is not None:
                     moved = roots.adopt(model)
             except Exception:
@@ -371,12 +371,12 @@ def install_pipelining():
 
         def wrapped(self, *args, _inner=step, **kwargs):
             prof = _active.profiler
-            if prof is not None and prof._pp_stage is None:
+            if prof is not None:
                 st = getattr(self, "_stage", None)
                 if st is None:
                     stages = getattr(self, "_stages", None) or [None]
                     st = stages[0]
-                prof._pp_stage = st
+                prof.note_pipeline_stage(st)
             return _inner(self, *args, **kwargs)
         wrapped._tpsprof = True
         wrapped.__doc__ = step.__doc__

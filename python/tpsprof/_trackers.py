@@ -286,6 +286,10 @@ class Trackers:
         except Exception:
             pass
 
+    def _explicit_steps(self):
+        """(The job's wandb.log.) The job passes step= to wandb.log."""
+        self._wandb_explicit = True
+
     # -- the trackers' thread ---------------------------------------------
     def _run(self):
         while not self._stop.wait(self.interval):
@@ -339,7 +343,7 @@ class Trackers:
 
         def log(data=None, step=None, commit=None, *args, **kwargs):
             if step is not None:
-                me._wandb_explicit = True
+                me._explicit_steps()
             if commit is not False and rows and isinstance(data, dict):
                 try:
                     if len(rows) > WANDB_LAG:

@@ -87,7 +87,7 @@ class TpsprofCallback(Callback):
                 if self.tokens is not None and active.token_fn is None:
                     active.token_fn = self.tokens
                 active.watch_optimizer(optimizers)
-                roots = getattr(active, "_roots", None)
+                roots = active.root_finder
                 if roots is not None:
                     roots.stop()  # its forward is training_step, timed here
                 self._time_training_step(pl_module)
@@ -100,7 +100,7 @@ class TpsprofCallback(Callback):
                 self.prof.watch_optimizer(optimizers)
                 self._time_training_step(pl_module)
             # this step's batch comes from on_train_batch_start, not from the fetch
-            self.prof._count_fetches = False
+            self.prof.count_fetches(False)
             self._watch_loaders(trainer)
             self._watch_saves(trainer)
         except Exception:

@@ -376,6 +376,10 @@ class TorchProfiler(Marks):
         self._counter_top = None  # the dispatch mode the open step's counter pushed
         self._said_unmeasured = set()  # measures said to be missing (run metadata)
         self._recompute = False  # an activation checkpoint ran in the counted step
+        # what other parts of the package register (no module writes the
+        # profiler's private state: ModuleStateTest.test_no_private_writes)
+        self.root_finder = None  # zero-code mode's search for the model's roots (_auto._Roots)
+        self._step_end_hooks = []  # called after each step ends (on_step_end)
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
         # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
         self._mem_on = os.environ.get("TPSPROF_MEMORY", "1") != "0"
@@ -425,6 +429,27 @@ class TorchProfiler(Marks):
             return False
         _instance_method.unwrap(model, "forward")
         return True
+
+    def on_step_end(self, fn: Callable[[], Any]) -> None:
+        """Calls fn (no arguments, on the training thread) after each step
+        ends: zero-code mode moves its global hooks onto the model's roots
+        after the first. An fn that raises is counted, never raised."""
+        self._step_end_hooks.append(fn)
+
+    def note_recompute(self) -> None:
+        """An activation checkpoint ran (the FLOP count's step recomputes)."""
+        self._recompute = True
+
+    def note_pipeline_stage(self, stage: Any) -> None:
+        """The pipeline stage a schedule runs, as first seen (the topology's
+        pipeline coordinate)."""
+        if self._pp_stage is None:
+            self._pp_stage = stage
+
+    def count_fetches(self, on: bool) -> None:
+        """Whether the watched loaders' fetches count the step's tokens
+        (False where a framework hands the batch over: add_batch)."""
+        self._count_fetches = bool(on)
 
     def watch_optimizer(self, optimizer: Union[torch.optim.Optimizer, List[torch.optim.Optimizer]]) -> None:
         """Makes ``optimizer.step()`` part of each training step: an
@@ -1052,6 +1077,11 @@ class TorchProfiler(Marks):
         st.own, self._own_ns = self._own_ns, 0
         self.own_ns += st.own
         self._sender.put(st)  # the sender sends it once its times are known
+        for fn in self._step_end_hooks:
+            try:
+                fn()
+            except Exception:
+                self._err()
 
     def _memory(self):
         """The caching allocator's peaks since the last step and the
