@@ -390,6 +390,7 @@ func (a *analysis) finish() error {
 	}
 	rep.ledger(g)
 	rep.findings()
+	rep.checkpointAdvice(a.events)
 	return nil
 }
 

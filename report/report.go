@@ -198,8 +198,11 @@ type Report struct {
 	MFULedger MFULedger `json:"mfu_ledger"`
 	// Findings are where the throughput goes, largest headroom first.
 	Findings []Finding `json:"findings"`
-	CommFit  CommFit   `json:"comm_fit"`
-	Goodput  Goodput   `json:"goodput"`
+	// Checkpoint is how often to checkpoint, from the saves' length and
+	// the run's interruptions (or why not).
+	Checkpoint *CheckpointAdvice `json:"checkpoint_advice"`
+	CommFit    CommFit           `json:"comm_fit"`
+	Goodput    Goodput           `json:"goodput"`
 	// Attempts are the run's attempts (launches and restarts inside
 	// them): steps, TPS, MFU, wall time and how each ended.
 	Attempts   []AttemptRow    `json:"attempts"`

@@ -196,6 +196,9 @@ func (l *lines) goodput(r *Report) {
 		if g.Restarts > 0 {
 			l.row("restarts", "%d (%s), %d steps redone", g.Restarts, restartKinds(g), g.RedoneSteps)
 		}
+		if c := r.Checkpoint; c != nil && c.Saves > 0 {
+			l.row("checkpoints", "%s", CheckpointText(c))
+		}
 		if g.FailedLaunches > 0 {
 			l.row("failed launches", "%s before their first step (badput launch_failed: %s)", plural(g.FailedLaunches, "launch ended", "launches ended"), dur(g.BadputS[BadLaunchFailed]))
 		}
