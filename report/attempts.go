@@ -22,6 +22,16 @@ type AttemptRow struct {
 	// ExitCode is the attempt_end event's (null: no end recorded, as for
 	// an attempt still running or killed with its launcher).
 	ExitCode *int64 `json:"exit_code"`
+	// WorldSize is the attempt's ranks (the largest of its steps'); Change
+	// names a relaunch with another world size than the attempt before
+	// ("scale-down 4→2", "scale-up 2→4"); CapacityLostS is the wall time
+	// of full capacity it lost: its wall time × the share of the run's
+	// largest world size it ran without (an elastic job's badput, as
+	// ml-goodput counts it; a GPU-time figure, not a part of the elapsed
+	// time's goodput).
+	WorldSize     int64   `json:"world_size"`
+	Change        string  `json:"change,omitempty"`
+	CapacityLostS float64 `json:"capacity_lost_s,omitempty"`
 	// Time accounts for the attempt's wall time from its first step's
 	// start to its last step's end: every step's step time (warm-up and
 	// incomplete steps included) and the named gaps between steps
@@ -141,6 +151,7 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 	r := &a.out[len(a.out)-1]
 	a.account(c)
 	r.LastStep, r.Steps = c.Step, r.Steps+1
+	r.WorldSize = max(r.WorldSize, c.WorldSize)
 	a.from, a.to = min(a.from, c.StartUnixNs), max(a.to, c.EndUnixNs)
 	if warm || !c.Complete() || c.StepTimeNs <= 0 {
 		return
@@ -176,7 +187,30 @@ func (a *attemptsAcc) result() []AttemptRow {
 	if len(a.out) > 0 {
 		a.flush()
 	}
+	elastic(a.out)
 	return a.out
+}
+
+// elastic names the attempts whose world size differs from the one before
+// and the capacity each attempt lost against the run's largest.
+func elastic(rows []AttemptRow) {
+	var most int64
+	for _, r := range rows {
+		most = max(most, r.WorldSize)
+	}
+	for i := range rows {
+		r := &rows[i]
+		if i > 0 && r.WorldSize != rows[i-1].WorldSize && r.WorldSize > 0 && rows[i-1].WorldSize > 0 {
+			kind := "scale-up"
+			if r.WorldSize < rows[i-1].WorldSize {
+				kind = "scale-down"
+			}
+			r.Change = fmt.Sprintf("%s %d→%d", kind, rows[i-1].WorldSize, r.WorldSize)
+		}
+		if most > 0 && r.WorldSize > 0 && r.WorldSize < most {
+			r.CapacityLostS = r.WallS * float64(most-r.WorldSize) / float64(most)
+		}
+	}
 }
 
 // attemptLines are the table's text lines, at most 20 (and how many more).
@@ -196,8 +230,19 @@ func attemptLines(rows []AttemptRow) []string {
 		if a.MFU != nil {
 			m = "MFU " + pct(*a.MFU)
 		}
-		out = append(out, fmt.Sprintf("%d (%s): steps %d-%d (%d), %s tokens/s, %s, %s, %s",
-			a.Attempt, kind, a.FirstStep, a.LastStep, a.Steps, tps.SI(a.TPS), m, dur(a.WallS), a.Outcome()))
+		ranks := ""
+		if a.WorldSize > 0 {
+			ranks = fmt.Sprintf(", %d ranks", a.WorldSize)
+		}
+		line := fmt.Sprintf("%d (%s): steps %d-%d (%d)%s, %s tokens/s, %s, %s, %s",
+			a.Attempt, kind, a.FirstStep, a.LastStep, a.Steps, ranks, tps.SI(a.TPS), m, dur(a.WallS), a.Outcome())
+		if a.Change != "" {
+			line += "; " + a.Change
+		}
+		if a.CapacityLostS > 0 {
+			line += fmt.Sprintf("; %s of full capacity lost", dur(a.CapacityLostS))
+		}
+		out = append(out, line)
 	}
 	return out
 }

@@ -98,8 +98,9 @@ func TestGoodputUnmonitoredAndBetweenLaunches(t *testing.T) {
 	}
 }
 
-// The attempts table: a launch that crashed (exit 137), an elastic
-// restart inside it that finished; TPS and MFU over each attempt's own
+// The attempts table: a launch of 4 ranks that crashed (exit 137), an
+// elastic restart inside it on 2 ranks that finished (a scale-down, half
+// the capacity lost for its 3 s); TPS and MFU over each attempt's own
 // steady, complete steps.
 func TestAttemptRows(t *testing.T) {
 	const s = int64(1e9)
@@ -108,7 +109,7 @@ func TestAttemptRows(t *testing.T) {
 	for i := range int64(6) {
 		a := i / 3
 		steps = append(steps, tps.ClusterStep{Attempt: a, Step: i, StartUnixNs: t0 + i*s, EndUnixNs: t0 + (i+1)*s, StepTimeNs: s,
-			Tokens: 1000 * (a + 1), MFU: 0.1 * float64(a+1)})
+			Tokens: 1000 * (a + 1), MFU: 0.1 * float64(a+1), WorldSize: 4 / (a + 1)})
 	}
 	steps[2].RanksMissing, steps[2].MFUUnknown = 1, "incomplete step" // left out of attempt 0's figures
 	ev := []tps.Event{
@@ -127,8 +128,12 @@ func TestAttemptRows(t *testing.T) {
 	if rows[0].Outcome() != "crashed (exit 137)" || rows[1].Outcome() != "finished" {
 		t.Errorf("outcomes %q, %q", rows[0].Outcome(), rows[1].Outcome())
 	}
-	if l := attemptLines(rows); len(l) != 2 || l[0] != "0 (launch): steps 0-2 (3), 1.0k tokens/s, MFU 10.0%, 3s, crashed (exit 137)" {
+	if l := attemptLines(rows); len(l) != 2 || l[0] != "0 (launch): steps 0-2 (3), 4 ranks, 1.0k tokens/s, MFU 10.0%, 3s, crashed (exit 137)" ||
+		l[1] != "1 (restart): steps 3-5 (3), 2 ranks, 2.0k tokens/s, MFU 20.0%, 3s, finished; scale-down 4→2; 2s of full capacity lost" {
 		t.Errorf("lines %q", l)
+	}
+	if rows[1].Change != "scale-down 4→2" || rows[1].CapacityLostS != 1.5 || rows[0].Change != "" || rows[0].CapacityLostS != 0 {
+		t.Errorf("elastic: %+v", rows)
 	}
 }
 
