@@ -131,7 +131,7 @@ func CheckpointText(a *CheckpointAdvice) string {
 	}
 	if a.Unknown != "" {
 		if a.Saves > 0 {
-			return fmt.Sprintf("%d saves of %s every %s; advice n/a: %s", a.Saves, dur(a.SaveS), dur(a.IntervalS), a.Unknown)
+			return fmt.Sprintf("%s of %s every %s; advice n/a: %s", plural(a.Saves, "save", "saves"), dur(a.SaveS), dur(a.IntervalS), a.Unknown)
 		}
 		return "advice n/a: " + a.Unknown
 	}

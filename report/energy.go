@@ -105,14 +105,21 @@ func (e *energyJoin) add(s *tps.GPUSample) {
 	*last = cur
 }
 
-// inStep says whether t (on the rows' clock) lies in a step's period.
+// GPMSlackNs is how long after a steady step's end a GPU sample still
+// speaks for it: a GPM figure describes the interval before its sample,
+// and an agent's sample may land in the few milliseconds between two
+// steps (the demo's always does).
+const GPMSlackNs = int64(50e6)
+
+// inStep says whether t (on the rows' clock) lies in a step's period, or
+// at most GPMSlackNs after its end.
 func (e *energyJoin) inStep(t int64) bool {
 	if !e.built {
 		e.build()
 	}
-	i, _ := slices.BinarySearch(e.maxEnd, t+1) // the first step that may end after t
+	i, _ := slices.BinarySearch(e.maxEnd, t-GPMSlackNs+1) // the first step that may end after t − slack
 	for ; i < len(e.steps) && e.steps[i].start <= t; i++ {
-		if t < e.steps[i].end {
+		if t <= e.steps[i].end+GPMSlackNs {
 			return true
 		}
 	}

@@ -13,7 +13,8 @@ import (
 // with the GPUs' own account of the same steps beside it where they give
 // one: how busy their tensor pipes and SMs were (NVML's GPM metrics, the
 // agent's gpm_* columns of gpu_samples), averaged over the samples taken
-// during the steady steps. MFU beside tensor activity tells "few FLOPs
+// during the steady steps (or within GPMSlackNs after one ended: a GPM
+// figure describes the interval before its sample). MFU beside tensor activity tells "few FLOPs
 // because the GPU idles" from "busy, but on non-tensor work".
 type MFULedger struct {
 	// Ledger is nil when there is none; Unknown says why.

@@ -213,6 +213,22 @@ func TestReportCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(txt, "plots written to") {
 		t.Errorf("text report (exit %d):\n%s", code, txt)
 	}
+	// a second demo into the same folder replaces the first's run (it was
+	// added to it: 60 steps as one attempt, "goodput 3.1%, idle 96.7%")
+	if _, err := demo.Run(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	txt, _, _ = run(t, "report", "--no-plots", res.JobDir)
+	if !strings.Contains(txt, "steps              30 (") {
+		t.Errorf("the second demo's report:\n%s", txt)
+	}
+	// a folder the demo did not write is left alone
+	other := t.TempDir()
+	os.MkdirAll(filepath.Join(other, cfg.Job, "cluster_steps"), 0o700)
+	cfg.Out = other
+	if _, err := demo.Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "did not write") {
+		t.Errorf("a demo over another run's folder: %v", err)
+	}
 	if files, _ := filepath.Glob(filepath.Join(out, "plots", "*.png")); len(files) < 5 {
 		t.Errorf("got %d PNG plots", len(files))
 	}

@@ -65,6 +65,10 @@ func (g *simGPUs) Sample(i int) (tps.GPUSample, error) {
 	}
 	g.last[i] = now
 	util, memUsed := 99.0, int64(71)<<30
+	// GPM (Hopper): the simulated steps compute at half the peak for about
+	// two thirds of their time, so the tensor pipes are busy about a third
+	// of it, the SMs more (non-tensor kernels, communication's)
+	tensor, sm := 34+g.rng.NormFloat64()*2, 58+g.rng.NormFloat64()*3
 	f := func(v float64) *float64 { return &v }
 	n := func(v int64) *int64 { return &v }
 	d := g.Devices()[i]
@@ -72,7 +76,8 @@ func (g *simGPUs) Sample(i int) (tps.GPUSample, error) {
 		GPUUtilPct: f(util), MemUtilPct: f(38), MemUsedBytes: n(memUsed), MemTotalBytes: n(80 << 30),
 		PowerW: f(power), PowerLimitW: f(700), EnergyMJ: n(int64(g.energyMJ[i])),
 		SMClockMHz: n(clock), SMClockMaxMHz: n(1980), MemClockMHz: n(2619), MemClockMaxMHz: n(2619),
-		TempC: n(temp), ClockEventReason: n(reasons)}, nil
+		TempC: n(temp), ClockEventReason: n(reasons),
+		GPMTensorPct: f(tensor), GPMSMUtilPct: f(sm), GPMDRAMBWPct: f(31 + g.rng.NormFloat64())}, nil
 }
 
 func (g *simGPUs) Close() error { return nil }
