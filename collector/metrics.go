@@ -15,57 +15,66 @@ import (
 // jobs this collector serves) and reason (a fixed set); per-rank detail
 // stays in Parquet.
 var (
-	descTPS        = prometheus.NewDesc("tpsprof_cluster_tokens_per_second", "Training tokens per second of the job's last 10 closed steps: their tokens over their step time (tokens counted once per data-parallel replica); absent while they counted no token. Over any range: rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total).", []string{"job"}, nil)
-	descTPSPerGPU  = prometheus.NewDesc("tpsprof_cluster_tokens_per_second_per_gpu", "tpsprof_cluster_tokens_per_second divided by the world size.", []string{"job"}, nil)
-	descMFUCounted = prometheus.NewDesc("tpsprof_mfu_counted", "1 where tpsprof_mfu_ratio and tpsprof_hfu_ratio are from the FLOPs PyTorch counted on sampled steps (the job declares no model), 0 where from the analytic model.", []string{"job"}, nil)
-	descMFU        = prometheus.NewDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last 10 closed steps (each weighted by its step time); absent while it is unknown (no model or GPU, no tokens, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
-	descHFU        = prometheus.NewDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last 10 closed steps; absent while MFU is unknown.", []string{"job"}, nil)
-	descShare      = prometheus.NewDesc("tpsprof_step_time_share_ratio", "Where the last 10 closed steps' time went, by part (compute, exposed_comm, waiting_for_peers, bubble, data_stall, checkpoint, host_other): each part's time, mean over ranks, over their step time; the parts add up to 1.", []string{"job", "part"}, nil)
-	descSplit      = prometheus.NewDesc("tpsprof_step_time_split_ratio", "Time a measure splits out of a part of tpsprof_step_time_share_ratio (part compute, split gc: the training thread's time in Python's garbage collector), last 10 closed steps, over their step time; at most its part's share, and not a part of its own.", []string{"job", "part", "split"}, nil)
-	descMFULost    = prometheus.NewDesc("tpsprof_mfu_lost_points", "Where the last 10 closed steps' MFU went: points of the GPUs' peak lost to each bucket (the time outside compute at the window's MFU over compute time, by breakdown part; compute_efficiency the rest); with 100 × tpsprof_mfu_ratio they add up to 100.", []string{"job", "bucket"}, nil)
-	descWait       = prometheus.NewDesc("tpsprof_waiting_for_peers_ratio", "Time ranks spent blocked in collectives until the slowest rank arrived, as a share of step time, last 10 closed steps (the part waiting_for_peers of tpsprof_step_time_share_ratio).", []string{"job"}, nil)
-	descStepSecs   = prometheus.NewDesc("tpsprof_step_seconds_total", "Step time of all closed steps (the period of each on the critical path): rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total) is tokens over step time over any range.", []string{"job"}, nil)
-	descStepTime   = prometheus.NewDesc("tpsprof_step_time_seconds", "Step time of the last closed step: its period on the critical path (docs/report.md).", []string{"job"}, nil)
-	descStep       = prometheus.NewDesc("tpsprof_last_step", "Step number of the last closed step.", []string{"job"}, nil)
-	descRunning    = prometheus.NewDesc("tpsprof_job_running", "1 while the job runs, 0 once its last attempt ended (an attempt_end or job_end event, until its next record): a silent running job is hung, a silent ended one finished.", []string{"job"}, nil)
-	descStepAt     = prometheus.NewDesc("tpsprof_last_step_timestamp_seconds", "When the job's last step closed, on the collector's clock (Unix seconds): time() minus it is how long the job has been silent, what tells a hung or dead job from a running one.", []string{"job"}, nil)
-	descComm       = prometheus.NewDesc("tpsprof_exposed_comm_ratio", "Exposed communication as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
-	descBubble     = prometheus.NewDesc("tpsprof_pipeline_bubble_ratio", "Pipeline wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
-	descData       = prometheus.NewDesc("tpsprof_data_stall_ratio", "Data-loader wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
-	descWorld      = prometheus.NewDesc("tpsprof_world_size", "Ranks in the job.", []string{"job"}, nil)
-	descStraggler  = prometheus.NewDesc("tpsprof_stragglers", "Ranks whose recent own time (compute and data wait) is more than 1/0.75 of the fastest rank's.", []string{"job"}, nil)
-	descEpOpen     = prometheus.NewDesc("tpsprof_straggler_episodes_open", "Straggler episodes under way: nodes (or ranks without a node) whose recent own time (compute and data wait) has been more than 1/0.75 of the fastest rank's since the episode began (the live page lists them, with the cause).", []string{"job"}, nil)
-	descEpEnded    = prometheus.NewDesc("tpsprof_straggler_episodes_ended_total", "Straggler episodes that ended.", []string{"job"}, nil)
-	descGenTPS     = prometheus.NewDesc("tpsprof_generation_output_tokens_per_second", "Generated tokens per second of the last closed step's generation phase (RL rollouts): tokens generated by all ranks over the slowest rank's generation time.", []string{"job"}, nil)
-	descGenShare   = prometheus.NewDesc("tpsprof_generation_share_ratio", "Share of the last closed step's time ranks spent generating (mean over ranks).", []string{"job"}, nil)
-	descMFUTrain   = prometheus.NewDesc("tpsprof_mfu_training_ratio", "MFU of the last closed step's training phase alone (the update's FLOPs over the step time less the generation); absent without a generation phase or when MFU is unknown.", []string{"job"}, nil)
-	descTTFT       = prometheus.NewDesc("tpsprof_generation_ttft_seconds", "Time to first token of generated requests over the recent rollout events of all ranks (merged sketches: quantiles within 1% relative accuracy).", []string{"job"}, nil)
-	descITL        = prometheus.NewDesc("tpsprof_generation_itl_seconds", "Inter-token latency of generated requests over the recent rollout events of all ranks (merged sketches: quantiles within 1% relative accuracy).", []string{"job"}, nil)
-	descBytesPS    = prometheus.NewDesc("tpsprof_bytes_per_second", "UTF-8 bytes of training text per second of the last closed step, when ranks report bytes: compares runs whose tokenizers differ.", []string{"job"}, nil)
-	descTPJ        = prometheus.NewDesc("tpsprof_tokens_per_joule", "Tokens per joule of GPU energy, last closed step with GPU samples.", []string{"job"}, nil)
-	descClosed     = prometheus.NewDesc("tpsprof_steps_closed_total", "Cluster steps closed.", []string{"job"}, nil)
-	descIncomplete = prometheus.NewDesc("tpsprof_steps_incomplete_total", "Cluster steps closed with ranks missing.", []string{"job"}, nil)
-	descTokens     = prometheus.NewDesc("tpsprof_tokens_total", "Training tokens of all closed steps.", []string{"job"}, nil)
-	descAccepted   = prometheus.NewDesc("tpsprof_records_accepted_total", "Step records accepted (first copies).", nil, nil)
-	descDuplicate  = prometheus.NewDesc("tpsprof_records_duplicate_total", "Step records that repeated (job, attempt, step, rank).", nil, nil)
-	descLate       = prometheus.NewDesc("tpsprof_records_late_total", "Step records that arrived after their step closed.", nil, nil)
-	descRedeliv    = prometheus.NewDesc("tpsprof_records_redelivered_total", "Durable mode: step records of messages handed back after a part could not be written, handled again (not counted again as accepted, duplicate or late).", nil, nil)
-	descRejected   = prometheus.NewDesc("tpsprof_records_rejected_total", "Records and messages rejected, by reason.", []string{"reason"}, nil)
-	descWriteErr   = prometheus.NewDesc("tpsprof_parquet_write_errors_total", "Failed Parquet writes.", nil, nil)
-	descRowsLost   = prometheus.NewDesc("tpsprof_rows_lost_total", "Rows of any table that failed to reach a finalised Parquet part (write errors, folders that could not be created).", nil, nil)
-	descSlowCons   = prometheus.NewDesc("tpsprof_nats_slow_consumer_drops_total", "Messages NATS dropped because the collector fell behind.", nil, nil)
-	descStaleParts = prometheus.NewDesc("tpsprof_stale_parts_removed_total", "Unfinished part files of a writer that died (kill -9, crash) removed at start-up; their rows were lost then.", nil, nil)
-	descStateBytes = prometheus.NewDesc("tpsprof_collector_state_bytes", "Memory the jobs' declared world sizes claim (open steps, recent rank bits, per-rank figures); past --max-state-bytes records are rejected (world_size:memory).", nil, nil)
-	descNATS       = prometheus.NewDesc("tpsprof_nats_connected", "1 when the collector is connected to NATS.", nil, nil)
+	descTPS        = newDesc("tpsprof_cluster_tokens_per_second", "Training tokens per second of the job's last 10 closed steps: their tokens over their step time (tokens counted once per data-parallel replica); absent while they counted no token. Over any range: rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total).", []string{"job"}, nil)
+	descTPSPerGPU  = newDesc("tpsprof_cluster_tokens_per_second_per_gpu", "tpsprof_cluster_tokens_per_second divided by the world size.", []string{"job"}, nil)
+	descMFUCounted = newDesc("tpsprof_mfu_counted", "1 where tpsprof_mfu_ratio and tpsprof_hfu_ratio are from the FLOPs PyTorch counted on sampled steps (the job declares no model), 0 where from the analytic model.", []string{"job"}, nil)
+	descMFU        = newDesc("tpsprof_mfu_ratio", "Model FLOPs utilisation of the last 10 closed steps (each weighted by its step time); absent while it is unknown (no model or GPU, no tokens, a topology that does not match the ranks, or inputs that would exceed 100%: /api/summary says why).", []string{"job"}, nil)
+	descHFU        = newDesc("tpsprof_hfu_ratio", "Hardware FLOPs utilisation (with recompute) of the last 10 closed steps; absent while MFU is unknown.", []string{"job"}, nil)
+	descShare      = newDesc("tpsprof_step_time_share_ratio", "Where the last 10 closed steps' time went, by part (compute, exposed_comm, waiting_for_peers, bubble, data_stall, checkpoint, host_other): each part's time, mean over ranks, over their step time; the parts add up to 1.", []string{"job", "part"}, nil)
+	descSplit      = newDesc("tpsprof_step_time_split_ratio", "Time a measure splits out of a part of tpsprof_step_time_share_ratio (part compute, split gc: the training thread's time in Python's garbage collector), last 10 closed steps, over their step time; at most its part's share, and not a part of its own.", []string{"job", "part", "split"}, nil)
+	descMFULost    = newDesc("tpsprof_mfu_lost_points", "Where the last 10 closed steps' MFU went: points of the GPUs' peak lost to each bucket (the time outside compute at the window's MFU over compute time, by breakdown part; compute_efficiency the rest); with 100 × tpsprof_mfu_ratio they add up to 100.", []string{"job", "bucket"}, nil)
+	descWait       = newDesc("tpsprof_waiting_for_peers_ratio", "Time ranks spent blocked in collectives until the slowest rank arrived, as a share of step time, last 10 closed steps (the part waiting_for_peers of tpsprof_step_time_share_ratio).", []string{"job"}, nil)
+	descStepSecs   = newDesc("tpsprof_step_seconds_total", "Step time of all closed steps (the period of each on the critical path): rate(tpsprof_tokens_total) / rate(tpsprof_step_seconds_total) is tokens over step time over any range.", []string{"job"}, nil)
+	descStepTime   = newDesc("tpsprof_step_time_seconds", "Step time of the last closed step: its period on the critical path (docs/report.md).", []string{"job"}, nil)
+	descStep       = newDesc("tpsprof_last_step", "Step number of the last closed step.", []string{"job"}, nil)
+	descRunning    = newDesc("tpsprof_job_running", "1 while the job runs, 0 once its last attempt ended (an attempt_end or job_end event, until its next record): a silent running job is hung, a silent ended one finished.", []string{"job"}, nil)
+	descStepAt     = newDesc("tpsprof_last_step_timestamp_seconds", "When the job's last step closed, on the collector's clock (Unix seconds): time() minus it is how long the job has been silent, what tells a hung or dead job from a running one.", []string{"job"}, nil)
+	descComm       = newDesc("tpsprof_exposed_comm_ratio", "Exposed communication as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
+	descBubble     = newDesc("tpsprof_pipeline_bubble_ratio", "Pipeline wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
+	descData       = newDesc("tpsprof_data_stall_ratio", "Data-loader wait as a fraction of step time, mean over ranks, last closed step.", []string{"job"}, nil)
+	descWorld      = newDesc("tpsprof_world_size", "Ranks in the job.", []string{"job"}, nil)
+	descStraggler  = newDesc("tpsprof_stragglers", "Ranks whose recent own time (compute and data wait) is more than 1/0.75 of the fastest rank's.", []string{"job"}, nil)
+	descEpOpen     = newDesc("tpsprof_straggler_episodes_open", "Straggler episodes under way: nodes (or ranks without a node) whose recent own time (compute and data wait) has been more than 1/0.75 of the fastest rank's since the episode began (the live page lists them, with the cause).", []string{"job"}, nil)
+	descEpEnded    = newDesc("tpsprof_straggler_episodes_ended_total", "Straggler episodes that ended.", []string{"job"}, nil)
+	descGenTPS     = newDesc("tpsprof_generation_output_tokens_per_second", "Generated tokens per second of the last closed step's generation phase (RL rollouts): tokens generated by all ranks over the slowest rank's generation time.", []string{"job"}, nil)
+	descGenShare   = newDesc("tpsprof_generation_share_ratio", "Share of the last closed step's time ranks spent generating (mean over ranks).", []string{"job"}, nil)
+	descMFUTrain   = newDesc("tpsprof_mfu_training_ratio", "MFU of the last closed step's training phase alone (the update's FLOPs over the step time less the generation); absent without a generation phase or when MFU is unknown.", []string{"job"}, nil)
+	descTTFT       = newDesc("tpsprof_generation_ttft_seconds", "Time to first token of generated requests over the recent rollout events of all ranks (merged sketches: quantiles within 1% relative accuracy).", []string{"job"}, nil)
+	descITL        = newDesc("tpsprof_generation_itl_seconds", "Inter-token latency of generated requests over the recent rollout events of all ranks (merged sketches: quantiles within 1% relative accuracy).", []string{"job"}, nil)
+	descBytesPS    = newDesc("tpsprof_bytes_per_second", "UTF-8 bytes of training text per second of the last closed step, when ranks report bytes: compares runs whose tokenizers differ.", []string{"job"}, nil)
+	descTPJ        = newDesc("tpsprof_tokens_per_joule", "Tokens per joule of GPU energy, last closed step with GPU samples.", []string{"job"}, nil)
+	descClosed     = newDesc("tpsprof_steps_closed_total", "Cluster steps closed.", []string{"job"}, nil)
+	descIncomplete = newDesc("tpsprof_steps_incomplete_total", "Cluster steps closed with ranks missing.", []string{"job"}, nil)
+	descTokens     = newDesc("tpsprof_tokens_total", "Training tokens of all closed steps.", []string{"job"}, nil)
+	descAccepted   = newDesc("tpsprof_records_accepted_total", "Step records accepted (first copies).", nil, nil)
+	descDuplicate  = newDesc("tpsprof_records_duplicate_total", "Step records that repeated (job, attempt, step, rank).", nil, nil)
+	descLate       = newDesc("tpsprof_records_late_total", "Step records that arrived after their step closed.", nil, nil)
+	descRedeliv    = newDesc("tpsprof_records_redelivered_total", "Durable mode: step records of messages handed back after a part could not be written, handled again (not counted again as accepted, duplicate or late).", nil, nil)
+	descRejected   = newDesc("tpsprof_records_rejected_total", "Records and messages rejected, by reason.", []string{"reason"}, nil)
+	descWriteErr   = newDesc("tpsprof_parquet_write_errors_total", "Failed Parquet writes.", nil, nil)
+	descRowsLost   = newDesc("tpsprof_rows_lost_total", "Rows of any table that failed to reach a finalised Parquet part (write errors, folders that could not be created).", nil, nil)
+	descSlowCons   = newDesc("tpsprof_nats_slow_consumer_drops_total", "Messages NATS dropped because the collector fell behind.", nil, nil)
+	descStaleParts = newDesc("tpsprof_stale_parts_removed_total", "Unfinished part files of a writer that died (kill -9, crash) removed at start-up; their rows were lost then.", nil, nil)
+	descStateBytes = newDesc("tpsprof_collector_state_bytes", "Memory the jobs' declared world sizes claim (open steps, recent rank bits, per-rank figures); past --max-state-bytes records are rejected (world_size:memory).", nil, nil)
+	descNATS       = newDesc("tpsprof_nats_connected", "1 when the collector is connected to NATS.", nil, nil)
 )
+
+// descs are every metric description, in the order declared: Describe
+// sends them all (a metric is its newDesc line and its value in Collect).
+var descs []*prometheus.Desc
+
+func newDesc(name, help string, labels []string, constLabels prometheus.Labels) *prometheus.Desc {
+	d := prometheus.NewDesc(name, help, labels, constLabels)
+	descs = append(descs, d)
+	return d
+}
 
 // metricsCollector reads the collector's state at scrape time, so the
 // metrics never drift from what the collector counts.
 type metricsCollector struct{ c *Collector }
 
 func (m metricsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descTPS, descTPSPerGPU, descMFU, descHFU, descShare, descSplit, descMFULost, descWait, descStepSecs, descStepTime, descStep, descStepAt, descRunning, descComm, descBubble, descData,
-		descWorld, descMFUCounted, descStraggler, descEpOpen, descEpEnded, descGenTPS, descGenShare, descMFUTrain, descTTFT, descITL, descBytesPS, descTPJ, descClosed, descIncomplete, descTokens, descAccepted, descDuplicate, descLate, descRedeliv, descRejected, descWriteErr, descRowsLost, descSlowCons, descStaleParts, descStateBytes, descNATS} {
+	for _, d := range descs {
 		ch <- d
 	}
 }
