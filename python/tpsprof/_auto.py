@@ -12,7 +12,8 @@ waits for ``torch`` to be imported and then calls :func:`install`:
   hooks on those modules alone replace the global ones; a model compiled
   with torch.compile is found without them (it owns the optimizer's
   parameters), before or after the optimizer is made;
-* DDP models get the timing comm hook; collectives are timed as in
+* DDP models get the timing comm hook where the dispatcher does not see
+  every collective (PyTorch 1.13); collectives are timed as in
   tpsprof.torch.
 
 The profiler is created when the first optimizer is (the process is then a
@@ -187,7 +188,11 @@ def install():
         def ddp_initialise(self, *args, **kwargs):
             ddp_init(self, *args, **kwargs)
             try:
-                tt._patches.ddp_comm_hook(self)
+                # (as watch_model: only where the dispatcher does not see
+                # every collective, PyTorch 1.13; on PyTorch 2 a Python comm
+                # hook would route each bucket through Python for nothing)
+                if not tt._c10d.installed:
+                    tt._patches.ddp_comm_hook(self)
             except Exception:
                 pass
         ddp.__init__ = ddp_initialise
