@@ -49,7 +49,7 @@ func (r *Report) TrackerFigures() map[string]float64 {
 			put("share/"+p.Key, *p.Of(&s.Breakdown))
 		}
 		for k, v := range s.Breakdown.Splits {
-			put("share/"+strings.TrimSuffix(k, "_ns"), v)
+			put("split/"+strings.TrimSuffix(k, "_ns"), v) // (a split of its part: not under share/, whose figures add up to 1)
 		}
 	}
 	if r.Goodput.ElapsedS > 0 {

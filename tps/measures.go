@@ -493,7 +493,7 @@ MEASURES = MappingProxyType({
 	b.WriteString("})\n\nSPLITS = MappingProxyType({\n")
 	for _, i := range splitMeasures {
 		m := measures[i]
-		fmt.Fprintf(&b, "    %q: (%q, %q, %q),\n", m.Name, m.Split, m.Label, "share/"+strings.TrimSuffix(m.Name, "_ns"))
+		fmt.Fprintf(&b, "    %q: (%q, %q, %q),\n", m.Name, m.Split, m.Label, "split/"+strings.TrimSuffix(m.Name, "_ns"))
 	}
 	b.WriteString("})\n")
 	return b.String()

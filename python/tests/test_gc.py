@@ -75,7 +75,7 @@ class TableTest(unittest.TestCase):
     def test_tracker_row_carries_the_split(self):
         step, row = figures({"step": 3, "duration_ns": 100 * MS, "tokens": 10, "gc_ns": 4 * MS})
         self.assertEqual(step, 3)
-        self.assertAlmostEqual(row["tpsprof/share/gc"], 0.04)
+        self.assertAlmostEqual(row["tpsprof/split/gc"], 0.04)
 
 
 if __name__ == "__main__":

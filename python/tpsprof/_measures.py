@@ -45,5 +45,5 @@ MEASURES = MappingProxyType({
 })
 
 SPLITS = MappingProxyType({
-    "gc_ns": ("compute", "Python GC", "share/gc"),
+    "gc_ns": ("compute", "Python GC", "split/gc"),
 })

@@ -16,7 +16,7 @@ Names: ``tpsprof/tokens_per_s``, ``tpsprof/step_time_s`` and the step's
 shares of ``tpsprof/share/{compute,exposed_comm,data_stall,bubble,
 checkpoint}`` (adding up to 1; on one rank, time blocked in a collective
 waiting for slower peers is part of exposed communication), the splits
-tps.Measures declares (``tpsprof/share/gc``: Python's garbage collector, a
+tps.Measures declares (``tpsprof/split/gc``: Python's garbage collector, a
 part of compute), plus
 ``tpsprof/mem_peak_allocated_gib`` on CUDA ranks, at the job's step
 numbers. On rank 0, the cluster figures the collector publishes every few
@@ -67,7 +67,7 @@ def figures(rec):
     row[PREFIX + "share/compute"] = max(dur - total * scale, 0) / dur
     for k, v in blocked.items():
         row[PREFIX + "share/" + k] = v * scale / dur
-    for name, (_part, _label, key) in SPLITS.items():  # (share/gc: Python's collector, a split of compute)
+    for name, (_part, _label, key) in SPLITS.items():  # (split/gc: Python's collector, a split of compute, outside share/*, which add up to 1)
         if rec.get(name, 0) > 0:
             row[PREFIX + key] = min(rec[name], dur) / dur
     mem = rec.get("mem_peak_allocated_bytes")
