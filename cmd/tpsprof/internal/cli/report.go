@@ -29,7 +29,7 @@ type reportFlags struct {
 
 func runReport(args []string, stdout, stderr io.Writer) int {
 	const cmd = "report"
-	fs := newFlagSet(cmd, "report [flags] JOB_DIR   |   report --compare JOB_DIR_A JOB_DIR_B", `  tpsprof report traces/llama-8b                 # summary, plus report.html and plots in traces/llama-8b/report/
+	fs := newFlagSet(cmd, "report [flags] JOB_DIR   |   report --compare JOB_DIR_A JOB_DIR_B   |   report --baseline NAME JOB_DIR", `  tpsprof report traces/llama-8b                 # summary, plus report.html and plots in traces/llama-8b/report/
   tpsprof report --json --warmup 10 traces/llama-8b
   tpsprof report --markdown --no-plots traces/llama-8b >> review.md
   tpsprof report --compare traces/run-a traces/run-b
@@ -119,7 +119,7 @@ func reportFlagsOf(fs *flagSet) *reportFlags {
 		htmlOut: fs.String("html", "", "where to write the HTML report, one self-contained file to open or share (default PLOTS/report.html; with --compare, only when given)"),
 		warmup:  fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)"),
 	}
-	f.failAbove = fs.Float64("fail-above", -1, "with --compare or --baseline: exit 3 when the second run is more than PCT percent slower than the first, beyond the two runs' own step-to-step noise (a CI gate)")
+	f.failAbove = fs.Float64("fail-above", -1, "with --compare or --baseline: exit 3 when the second run is more than this many percent slower than the first, beyond the two runs' own step-to-step noise (a CI gate; -1: off)")
 	f.baseline = fs.String("baseline", "", "compare the job folder with the run kept under this name (--keep-baseline)")
 	f.keep = fs.String("keep-baseline", "", "keep the job folder as the baseline NAME, for later --baseline NAME (its Parquet must stay where it is)")
 	fs.Var(&f.train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
