@@ -93,10 +93,7 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 			return "", ""
 		}
 		w := rep.WaitCharged[0]
-		who := fmt.Sprintf("node %s (ranks %s)", w.Node, rankList(w.Ranks))
-		if w.ByRank {
-			who = fmt.Sprintf("rank %s on %s", rankList(w.Ranks), orDash(w.Node))
-		}
+		who := waitedFor(w)
 		evidence = fmt.Sprintf("%s of the waiting charged to %s, critical in %d steps", pct(w.Share), who, w.Steps)
 		if w.Share >= ExplainsShare {
 			cause = "the others wait for " + who
@@ -123,7 +120,9 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 			}
 		}
 		if len(rep.WaitCharged) > 0 && strings.Contains(rep.WaitCharged[0].Cause, "data") && rep.WaitCharged[0].Share >= ExplainsShare {
-			cause = "the input pipeline of " + rankList(rep.WaitCharged[0].Ranks) + ": its ranks wait for data longer than the others"
+			// the rank the others wait for waits for its data: its loader
+			// (the others' waiting for it is the waiting finding's time)
+			cause = "the input pipeline of " + waitedFor(rep.WaitCharged[0]) + ", which waits for data longer than the others (and makes them wait)"
 		}
 	case "checkpoint":
 		cause = "saving checkpoints inside steps (asynchronous checkpointing takes it off the step)"
@@ -131,6 +130,15 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 		cause = "Python's garbage collector on the training thread (gc.freeze() after setup, or automatic collection off with a collection every N steps)"
 	}
 	return cause, evidence
+}
+
+// waitedFor names whom a waiting share is charged to: a rank (one node)
+// or a node with its ranks.
+func waitedFor(w WaitShare) string {
+	if w.ByRank {
+		return fmt.Sprintf("rank %s on %s", rankList(w.Ranks), orDash(w.Node))
+	}
+	return fmt.Sprintf("node %s (ranks %s)", w.Node, rankList(w.Ranks))
 }
 
 // FindingText is a finding on a line.
