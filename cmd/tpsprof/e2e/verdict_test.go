@@ -117,7 +117,9 @@ func TestTorchStragglerVerdict(t *testing.T) {
 			if phase == "data" && top.Bucket == "data_stall" {
 				want = "data_stall"
 			}
-			if top.Bucket != want || !strings.Contains(top.Cause, "rank "+slow+" ") {
+			// (its cause where the rank explains ≥ 80% of the waiting; under
+			// load other ranks slow now and then, and the evidence names it)
+			if top.Bucket != want || !strings.Contains(top.Cause+" "+top.Evidence, "rank "+slow+" ") {
 				t.Errorf("findings %+v: want the slow rank %s's first", rep.Findings, slow)
 			} else {
 				t.Logf("finding 1: %s", report.FindingText(rep.Findings[0]))
