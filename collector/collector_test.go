@@ -1053,7 +1053,7 @@ func TestLiveMFUFromCountedFLOPs(t *testing.T) {
 		t.Errorf("live MFU ledger %+v (%s)", l, j.MFULedgerUnknown)
 	}
 	if m := get(t, c, "/metrics"); !strings.Contains(m, fmt.Sprintf(`tpsprof_mfu_lost_points{bucket="compute_efficiency",job="cnt"} %g`, 100*(1-want))) {
-		t.Errorf("/metrics: %s", grepLines(m, "mfu_lost"))
+		t.Errorf("/metrics: %q", regexp.MustCompile(`(?m)^tpsprof_mfu_lost_points.*$`).FindAllString(m, -1))
 	}
 	srv := httptest.NewServer(c.Handler())
 	dom := dumpDOM(t, srv.URL+"/")
@@ -1061,15 +1061,4 @@ func TestLiveMFUFromCountedFLOPs(t *testing.T) {
 	if !strings.Contains(dom, fmt.Sprintf("MFU ledger: %.1f of 100 points; lost: compute efficiency %.1f", 100*want, 100*(1-want))) {
 		t.Errorf("the live page does not show the MFU ledger:\n%.3000s", dom)
 	}
-}
-
-// grepLines is the lines of s that hold sub.
-func grepLines(s, sub string) string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			out = append(out, l)
-		}
-	}
-	return strings.Join(out, "\n")
 }

@@ -1,7 +1,9 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -71,17 +73,8 @@ func (rep *Report) checkpointAdvice(events []tps.Event) {
 		}
 		saves[k] = [2]int64{min(s[0], e.StartUnixNs), max(s[1], e.EndUnixNs)}
 	}
-	keys := slices.SortedFunc(func(yield func(key) bool) {
-		for k := range saves {
-			if !yield(k) {
-				return
-			}
-		}
-	}, func(x, y key) int {
-		if x.attempt != y.attempt {
-			return int(x.attempt - y.attempt)
-		}
-		return int(x.step - y.step)
+	keys := slices.SortedFunc(maps.Keys(saves), func(x, y key) int {
+		return cmp.Or(cmp.Compare(x.attempt, y.attempt), cmp.Compare(x.step, y.step))
 	})
 	var lengths, gaps []float64
 	for i, k := range keys {

@@ -1,7 +1,9 @@
 package report
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -76,11 +78,7 @@ func (rep *Report) findings() {
 		rep.Findings = append(rep.Findings, f)
 	}
 	// largest headroom first (step and gap findings together)
-	for i := 1; i < len(rep.Findings); i++ {
-		for j := i; j > 0 && rep.Findings[j].HeadroomPct > rep.Findings[j-1].HeadroomPct; j-- {
-			rep.Findings[j], rep.Findings[j-1] = rep.Findings[j-1], rep.Findings[j]
-		}
-	}
+	slices.SortStableFunc(rep.Findings, func(a, b Finding) int { return cmp.Compare(b.HeadroomPct, a.HeadroomPct) })
 }
 
 // causeOf names what explains a bucket, where one thing explains at

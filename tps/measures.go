@@ -57,6 +57,7 @@ type Measure struct {
 	Split, Label, Column string
 
 	off, winOff, colOff uintptr
+	part                func(*Shares) *float64 // the part a split measure splits (bindSplits)
 }
 
 // MeasureKind says which bounds Validate applies to a measure.
@@ -183,7 +184,7 @@ var measures = [...]Measure{
 	{Name: "mem_capacity_bytes", Field: "MemCapacityBytes", Unit: "bytes", Windowed: true, Wire: WireMem, Combine: "rank rows (the report's headroom)",
 		Doc: "optional: the device's total memory", Max: MaxMemBytes, MaxWords: "1 PiB"},
 	{Name: "gc_ns", Field: "GCNs", Unit: "ns", Kind: KindPhase, Wire: WireHost, Over: OverSum, Combine: "`gc_fraction_mean`: compute's split \"Python GC\" (at most compute's share)",
-		Doc:   "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks); ≤ duration_ns. Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
+		Doc:   "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks; it sends at most the step's duration). Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
 		Split: "compute", Label: "Python GC", Column: "GCFractionMean"},
 }
 
@@ -230,8 +231,12 @@ func BlockingMeasures() (names []string, core []bool) {
 }
 
 // splitMeasures are the indexes of the measures that split out a
-// breakdown part's time (Measure.Split).
+// breakdown part's time (Measure.Split), at most maxSplits.
 var splitMeasures []int
+
+// maxSplits bounds the split measures (ShareSum keeps their sums in an
+// array: nothing allocated a step).
+const maxSplits = 4
 
 func init() {
 	if err := bindMeasures(); err != nil {
@@ -249,6 +254,9 @@ func init() {
 		}
 		if measures[i].Split != "" {
 			splitMeasures = append(splitMeasures, i)
+		}
+		if len(splitMeasures) > maxSplits {
+			panic("tps: more split measures than maxSplits")
 		}
 		for _, k := range []struct {
 			bit  Over
@@ -350,15 +358,17 @@ func bindSplits() error {
 			}
 			continue
 		}
-		known := false
+		m.part = nil
 		for _, p := range shareParts {
-			known = known || p.Key == m.Split
+			if p.Key == m.Split {
+				m.part = p.Of
+			}
 		}
 		f, ok := t.FieldByName(m.Column)
 		want := strings.TrimSuffix(m.Name, "_ns") + "_fraction_mean"
 		pq, _, _ := strings.Cut(f.Tag.Get("parquet"), ",")
 		switch {
-		case !known:
+		case m.part == nil:
 			return fmt.Errorf("tps: measure %s splits %q, no part of the breakdown", m.Name, m.Split)
 		case m.Label == "" || m.Over&OverSum == 0:
 			return fmt.Errorf("tps: measure %s splits a part: it needs a label and OverSum", m.Name)

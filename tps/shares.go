@@ -29,10 +29,6 @@ type Shares struct {
 	Splits map[string]float64 `json:"splits,omitempty"`
 }
 
-// Split is the share split out of its part by the named measure, 0 when
-// not measured.
-func (s *Shares) Split(name string) float64 { return s.Splits[name] }
-
 // SharePart names one part of Shares, as /metrics labels it and the
 // views list it, in this order.
 type SharePart struct {
@@ -74,6 +70,21 @@ func (s Shares) Sum() float64 {
 // takes the rest); Other is what remains. A row whose blocking fractions
 // add up past 1 (written before that rule) has them scaled to 1.
 func (c *ClusterStep) Shares() Shares {
+	s := c.parts()
+	for j, i := range splitMeasures {
+		if v := c.split(j, &s); v > 0 {
+			if s.Splits == nil {
+				s.Splits = map[string]float64{}
+			}
+			s.Splits[measures[i].Name] = v
+		}
+	}
+	return s
+}
+
+// parts is the step's breakdown without its splits (what ShareSum adds
+// up step by step: no map a step).
+func (c *ClusterStep) parts() Shares {
 	if c.StepTimeNs <= 0 {
 		return Shares{}
 	}
@@ -95,28 +106,14 @@ func (c *ClusterStep) Shares() Shares {
 	if s.Other = 1 - blocking - s.Compute; s.Other < 1e-12 {
 		s.Other = 0 // rounding, not host time
 	}
-	s.splits(c)
 	return s
 }
 
-// splits sets the step's splits, each at most its part's share.
-func (s *Shares) splits(c *ClusterStep) {
-	for _, i := range splitMeasures {
-		m := &measures[i]
-		v := unitShare(*m.columnOf(c))
-		if v <= 0 {
-			continue
-		}
-		for _, p := range shareParts {
-			if p.Key == m.Split {
-				v = min(v, *p.Of(s))
-			}
-		}
-		if s.Splits == nil {
-			s.Splits = map[string]float64{}
-		}
-		s.Splits[m.Name] = v
-	}
+// split is the share of step c the j-th split measure splits out, at most
+// its part's share in s (c's parts).
+func (c *ClusterStep) split(j int, s *Shares) float64 {
+	m := &measures[splitMeasures[j]]
+	return min(unitShare(*m.columnOf(c)), *m.part(s))
 }
 
 // unitShare is a fraction as a share: not a number, or below 0, is 0.
@@ -133,7 +130,7 @@ func unitShare(x float64) float64 {
 // throughput: tokens over step time. The zero value is ready.
 type ShareSum struct {
 	sum     Shares
-	splits  map[string]float64 // Σ step time × split share
+	splits  [maxSplits]float64 // Σ step time × each split's share (splitMeasures' order)
 	seconds float64
 	tokens  int64
 	steps   int
@@ -145,15 +142,12 @@ func (a *ShareSum) Add(c *ClusterStep) {
 		return
 	}
 	w := float64(c.StepTimeNs) / 1e9
-	s := c.Shares()
+	s := c.parts()
 	for _, p := range shareParts {
 		*p.Of(&a.sum) += w * *p.Of(&s)
 	}
-	for k, v := range s.Splits {
-		if a.splits == nil {
-			a.splits = map[string]float64{}
-		}
-		a.splits[k] += w * v
+	for j := range splitMeasures {
+		a.splits[j] += w * c.split(j, &s)
 	}
 	a.seconds += w
 	a.tokens += c.Tokens
@@ -172,11 +166,13 @@ func (a *ShareSum) Shares() Shares {
 	for _, p := range shareParts {
 		*p.Of(&s) = *p.Of(&a.sum) / a.seconds
 	}
-	for k, v := range a.splits {
-		if s.Splits == nil {
-			s.Splits = map[string]float64{}
+	for j, i := range splitMeasures {
+		if v := a.splits[j]; v > 0 {
+			if s.Splits == nil {
+				s.Splits = map[string]float64{}
+			}
+			s.Splits[measures[i].Name] = v / a.seconds
 		}
-		s.Splits[k] = v / a.seconds
 	}
 	return s
 }

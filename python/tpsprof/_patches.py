@@ -372,11 +372,7 @@ def install_pipelining():
         def wrapped(self, *args, _inner=step, **kwargs):
             prof = _active.profiler
             if prof is not None:
-                st = getattr(self, "_stage", None)
-                if st is None:
-                    stages = getattr(self, "_stages", None) or [None]
-                    st = stages[0]
-                prof.note_pipeline_stage(st)
+                prof.note_pipeline_stage(self)
             return _inner(self, *args, **kwargs)
         wrapped._tpsprof = True
         wrapped.__doc__ = step.__doc__

@@ -440,11 +440,15 @@ class TorchProfiler(Marks):
         """An activation checkpoint ran (the FLOP count's step recomputes)."""
         self._recompute = True
 
-    def note_pipeline_stage(self, stage: Any) -> None:
-        """The pipeline stage a schedule runs, as first seen (the topology's
-        pipeline coordinate)."""
+    def note_pipeline_stage(self, schedule: Any) -> None:
+        """A pipelining schedule steps: the stage it runs (its first, for
+        a schedule of several), as first seen, is the topology's pipeline
+        coordinate."""
         if self._pp_stage is None:
-            self._pp_stage = stage
+            st = getattr(schedule, "_stage", None)
+            if st is None:
+                st = (getattr(schedule, "_stages", None) or [None])[0]
+            self._pp_stage = st
 
     def count_fetches(self, on: bool) -> None:
         """Whether the watched loaders' fetches count the step's tokens
@@ -1190,7 +1194,7 @@ class TorchProfiler(Marks):
         data = min(data, dur)
         ph = phases(dur, data, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
                     comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait), gc=pauses)
-        gc_ns = ph.pop("gc", 0) if not st.cuda else sum(b - a for a, b in st.gc or ())
+        gc_ns = ph.pop("gc", 0) if not st.cuda else min(sum(b - a for a, b in st.gc or ()), dur)
         fp = None
         if self.steps < FINGERPRINT_STEPS and st.fetches:
             fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
