@@ -204,6 +204,39 @@ class TrackersTest(unittest.TestCase):
         self.assertEqual(out.stdout.strip(), "[] [] True", out.stderr)
 
 
+    def test_closed_writer_left_alone(self):
+        """A SummaryWriter the job closed gets no later row (the cluster's
+        figures after its last step): writing into it would reopen it as a
+        second event file, which CI saw in a Lightning run's folder. The
+        job writing to it again makes it ours to write to again, the rows
+        kept meanwhile included."""
+        import glob
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except Exception as e:  # bookworm's torch 1.13 has no tensorboard package (sid's does)
+            self.skipTest("no tensorboard: %s" % (e,))
+        from tpsprof._trackers import Trackers
+        d = tempfile.mkdtemp()
+        t = Trackers(rank=0, interval=3600)
+        t._look()  # finds the SummaryWriter class: its add_scalar and close are watched
+        w = SummaryWriter(log_dir=d)
+        w.add_scalar("loss", 1.0, 0)  # the job's writer, found at its call
+        t._tensorboard([(0, {"tpsprof/step_time_s": 0.1})])
+        w.close()
+        t._tensorboard([(1, {"tpsprof/cluster/tokens_per_s": 5.0})])
+        files = glob.glob(os.path.join(d, "events.out.tfevents.*"))
+        self.assertEqual(len(files), 1, files)
+        w.add_scalar("loss", 2.0, 2)  # the job reopens it
+        t._tensorboard([(2, {"tpsprof/step_time_s": 0.1})])
+        w.close()
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+        acc = EventAccumulator(d)
+        acc.Reload()
+        self.assertEqual([e.step for e in acc.Scalars("tpsprof/step_time_s")], [0, 2])
+        # the row that came while it was closed waited for it, nothing lost
+        self.assertEqual([e.step for e in acc.Scalars("tpsprof/cluster/tokens_per_s")], [1])
+
+
 class NoAgentTest(unittest.TestCase):
     def test_said_once_and_counted(self):
         """instrument() with no agent listening: one line on stderr at the

@@ -97,15 +97,39 @@ def _before_close():
         pass
 
 
-def _wrap_close(owner, name):
+def _writer_closed(w):
+    """(A SummaryWriter's close, the job's thread, after _before_close.) The
+    writer is closed: rows that come later (the cluster's figures after the
+    job's last step) are not written into it, which would have reopened it
+    as a second event file (CI: 2 files in a Lightning run's folder). Marked
+    under the trackers' drain lock, so that no drain in progress writes
+    into it past this point. Never raises."""
+    try:
+        from . import _active
+        client = getattr(_active.profiler, "client", None)
+        tr = getattr(client, "trackers", None)
+        lock = getattr(tr, "_drain_lock", None)
+        got = lock.acquire(timeout=2.0) if lock is not None else False
+        try:
+            w._tpsprof_closed = True
+        finally:
+            if got:
+                lock.release()
+    except Exception:
+        pass
+
+
+def _wrap_close(owner, name, closing=None):
     """owner.name (a method of a class, or a module's function) calls
-    _before_close first; once."""
+    _before_close first, then closing(self) where given (a method's); once."""
     inner = getattr(owner, name, None)
     if inner is None or getattr(inner, "_tpsprof", False):
         return
 
     def close(*args, **kwargs):
         _before_close()
+        if closing is not None and args:
+            closing(args[0])
         return inner(*args, **kwargs)
 
     close._tpsprof = True
@@ -393,7 +417,7 @@ class Trackers:
             w = ref()
             if w is None:
                 self._tb_writers.remove(ref)
-            else:
+            elif not getattr(w, "_tpsprof_closed", False):  # (closed by the job: left alone)
                 writers.append(w)
         if self.tensorboard_dir and self._tb_own is None:
             from torch.utils.tensorboard import SummaryWriter  # what --tensorboard asks for
@@ -433,13 +457,15 @@ class Trackers:
         """A writer the job uses is found at its add_scalar calls (those
         made before tpsprof looked included: the method is the class's)."""
         import weakref
-        _wrap_close(cls, "close")  # the job's last rows go in before it closes
+        _wrap_close(cls, "close", _writer_closed)  # the job's last rows go in before it closes
         inner = cls.add_scalar
         if getattr(inner, "_tpsprof", False):
             return
         known = self._tb_writers
 
         def add_scalar(self_w, *args, **kwargs):
+            if getattr(self_w, "_tpsprof_closed", False):
+                self_w._tpsprof_closed = False  # the job writes to it again: so may we
             if not getattr(self_w, "_tpsprof_seen", False):
                 try:
                     self_w._tpsprof_seen = True
