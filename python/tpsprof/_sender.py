@@ -40,6 +40,7 @@ class Sender:
         # (on this thread) its CPU clock when it started: a thread's clock may
         # not start at zero (threads reuse kernel threads on some platforms)
         self.cpu_base = 0
+        self.rounds = 0  # drains done (settled() waits for one)
 
     def put(self, fn: Union[Step, Callable[[], Any]]) -> None:
         self._items.append(fn)  # atomic; the thread picks it up
@@ -98,11 +99,25 @@ class Sender:
         """Finished steps not sent yet."""
         return len(self._steps) + sum(1 for x in list(self._items) if x.__class__ is Step)
 
+    def settled(self, timeout: float) -> None:
+        """(Another thread.) Waits, at most timeout seconds, until the steps
+        finished so far are sent: none unsent, and a drain ended after that
+        was seen (a drain takes its steps off the queue before it sends
+        them: a tracker closed at the job's end lost its last 1-2 rows when
+        the queue alone was watched)."""
+        deadline = time.monotonic() + timeout
+        while self.unsent() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        n = self.rounds
+        while self.rounds == n and self._thread is not None and not self._done and time.monotonic() < deadline:
+            time.sleep(0.002)
+
     def _run(self):
         client = self._prof.client
         self.cpu_base = -time.thread_time_ns()
         while not self._stop.wait(self.interval):
             self._drain()
+            self.rounds += 1
             client.poll_control()
         self._drain(final=True)
         with self._lock:

@@ -1916,9 +1916,7 @@ class TorchProfiler(Marks):
         try:
             if not self._closed and threading.current_thread() is threading.main_thread():
                 self._settle_step()
-            deadline = time.monotonic() + timeout
-            while self._sender.unsent() and time.monotonic() < deadline:
-                time.sleep(0.005)
+            self._sender.settled(timeout)
             tr = self.client.trackers
             if tr is not None:
                 tr.drain_now()

@@ -1,0 +1,372 @@
+// Package fleet keeps what the collector's jobs say about the nodes they
+// ran on, across jobs: which hosts and GPUs slow job after job, what that
+// cost in GPU-hours, and with what evidence (docs/nodes.md).
+//
+// Each finished job gives one row per node it ran on (JobNodes: the node's
+// slowest rank's own time against the job's median rank, the steps, the
+// GPU-hours its excess cost the job, its GPU's telemetry against its peers),
+// kept as a small Parquet file per job in the output folder's nodes/ table,
+// written once the job's folder is final. The fleet's view (Health) folds
+// those rows per node: a score decayed over jobs, the GPU-hours lost, and a
+// drain verdict that needs slowness in at least MinJobs jobs, or one job's
+// strong hardware evidence.
+package fleet
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
+)
+
+// JobNode is one node's part in one job: a GPU (its NVML UUID) or, where
+// the ranks named none, a host. Own time is a rank's compute and data time
+// (StepRecord.ComputeNs plus its data wait): what the other ranks of a
+// synchronous step wait for when it is long.
+type JobNode struct {
+	Job string `json:"job" parquet:"job,dict"`
+	// Key is the node's identity across jobs: "gpu:<uuid>" or "host:<name>".
+	Key  string `json:"key" parquet:"key,dict"`
+	Host string `json:"host" parquet:"host,dict"`
+	GPU  string `json:"gpu,omitempty" parquet:"gpu,dict"`
+	// Rank is the node's slowest rank, Ranks how many ranks it held.
+	Rank      int64 `json:"rank" parquet:"rank"`
+	Ranks     int64 `json:"ranks" parquet:"ranks"`
+	WorldSize int64 `json:"world_size" parquet:"world_size"`
+	Steps     int64 `json:"steps" parquet:"steps"`
+	// StartUnixNs and EndUnixNs bound the job's steps on this node.
+	StartUnixNs int64 `json:"start_unix_ns" parquet:"start_unix_ns"`
+	EndUnixNs   int64 `json:"end_unix_ns" parquet:"end_unix_ns"`
+	// OwnNs is the slowest rank's mean own time a step; MedianOwnNs the
+	// job's median rank's; Excess OwnNs/MedianOwnNs − 1.
+	OwnNs       float64 `json:"own_ns" parquet:"own_ns"`
+	MedianOwnNs float64 `json:"median_own_ns" parquet:"median_own_ns"`
+	Excess      float64 `json:"excess" parquet:"excess"`
+	// CostGPUHours is what it cost the job: in each step where one of its
+	// ranks was the slowest, that rank's own time over the slowest rank of
+	// any other node, times the step's ranks (each waits for it in a
+	// synchronous step).
+	CostGPUHours float64 `json:"cost_gpu_hours" parquet:"cost_gpu_hours"`
+	// Evidence from the node's GPU telemetry over the job (zero without
+	// samples): samples, those with a clock-slowing reason (ThrottleReasons
+	// names them), XID and uncorrectable ECC events, and the mean
+	// temperature and power against the job's median GPU's.
+	GPUSamples       int64   `json:"gpu_samples" parquet:"gpu_samples"`
+	ThrottledSamples int64   `json:"throttled_samples" parquet:"throttled_samples"`
+	ThrottleReasons  string  `json:"throttle_reasons,omitempty" parquet:"throttle_reasons"`
+	XIDEvents        int64   `json:"xid_events" parquet:"xid_events"`
+	ECCUncorrected   int64   `json:"ecc_uncorrected" parquet:"ecc_uncorrected"`
+	TempC            float64 `json:"temp_c" parquet:"temp_c"`
+	PeerTempC        float64 `json:"peer_temp_c" parquet:"peer_temp_c"`
+	PowerW           float64 `json:"power_w" parquet:"power_w"`
+	PeerPowerW       float64 `json:"peer_power_w" parquet:"peer_power_w"`
+}
+
+// ThrottledFraction is the share of the node's GPU samples with a
+// clock-slowing reason (0 without samples).
+func (n JobNode) ThrottledFraction() float64 {
+	if n.GPUSamples == 0 {
+		return 0
+	}
+	return float64(n.ThrottledSamples) / float64(n.GPUSamples)
+}
+
+// WarmSteps are the first steps of each attempt left out (compilation,
+// allocator and loader warm-up differ between ranks for reasons no node
+// keeps).
+const WarmSteps = 2
+
+// rankOwn is a rank's own time over a job.
+type rankOwn struct {
+	host, gpu  string
+	steps      int64
+	own        float64 // Σ own time, ns
+	cost       float64 // Σ GPU-ns the others waited for it, as the critical rank
+	start, end int64
+	world      int64
+}
+
+// stepTop is a step's two slowest hosts (distinct): the critical rank's
+// own time and host, and the slowest own time on any other host.
+type stepTop struct {
+	own1, own2   int64
+	host1, host2 string
+	rank1        int64
+	world        int64
+	n            int
+}
+
+func (t *stepTop) add(own int64, host string, rank, world int64) {
+	t.n++
+	t.world = max(t.world, world)
+	switch {
+	case t.n == 1:
+		t.own1, t.host1, t.rank1 = own, host, rank
+	case host == t.host1:
+		if own > t.own1 {
+			t.own1, t.rank1 = own, rank
+		}
+	case own > t.own1:
+		t.own2, t.host2 = t.own1, t.host1
+		t.own1, t.host1, t.rank1 = own, host, rank
+	case host == t.host2 || own > t.own2:
+		t.own2, t.host2 = max(t.own2, own), host
+	}
+}
+
+// JobNodes reads a finished job's folder (OUT/<job>) and returns one row
+// per node (GPU, or host without one) its ranks ran on, from rank_steps
+// (the columns it needs, twice: the attempts' first steps, then the rest)
+// and gpu_samples. A job with fewer than 2 ranks, or whose ranks named no
+// node, gives no row: a node is slow only against peers. Cost: in each
+// step the critical rank's own time over the slowest rank of any other
+// host is what every rank of the step waited for it, charged to it.
+func JobNodes(dir, job string) ([]JobNode, error) {
+	blocking, core := tps.BlockingMeasures()
+	cols := []string{"attempt", "step", "rank", "world_size", "duration_ns", "start_unix_ns", "end_unix_ns"}
+	dataAt := -1
+	for i, m := range blocking {
+		if m == "data_wait_ns" {
+			dataAt = len(cols)
+		}
+		if core[i] {
+			cols = append(cols, m)
+		} else {
+			cols = append(cols, "?"+m) // a part written before the measure existed: zeros
+		}
+	}
+	table := dir + "/" + trace.RankSteps
+	first := map[int64]int64{} // attempt -> its first step
+	_, err := trace.EachColumnsStrs(table, cols[:2], nil, nil, func(c *trace.Columns) error {
+		at, st := c.Int64[0], c.Int64[1]
+		for i := range c.Rows {
+			if f, ok := first[at[i]]; !ok || st[i] < f {
+				first[at[i]] = st[i]
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %s: %w", job, err)
+	}
+	ranks := map[int64]*rankOwn{}
+	steps := map[[2]int64]*stepTop{}
+	blocked := make([]int64, len(blocking))
+	_, err = trace.EachColumnsStrs(table, cols, []string{"node", "gpu_uuid"}, nil, func(c *trace.Columns) error {
+		at, st, rk, ws := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3]
+		dur, start, end := c.Int64[4], c.Int64[5], c.Int64[6]
+		for i := range c.Rows {
+			if st[i] < first[at[i]]+WarmSteps || rk[i] < 0 {
+				continue
+			}
+			for k := range blocked {
+				blocked[k] = c.Int64[7+k][i]
+			}
+			own := tps.ComputeNs(dur[i], blocked...)
+			if dataAt >= 0 {
+				own += c.Int64[dataAt][i]
+			}
+			r := ranks[rk[i]]
+			if r == nil {
+				r = &rankOwn{start: start[i], end: end[i]}
+				ranks[rk[i]] = r
+			}
+			if h := c.Str[0][i]; h != "" {
+				r.host = h
+			}
+			if g := c.Str[1][i]; g != "" {
+				r.gpu = g
+			}
+			r.steps++
+			r.own += float64(own)
+			r.start, r.end = min(r.start, start[i]), max(r.end, end[i])
+			r.world = max(r.world, ws[i])
+			host := c.Str[0][i]
+			if host == "" {
+				host = c.Str[1][i]
+			}
+			if host == "" {
+				host = fmt.Sprintf("rank %d", rk[i])
+			}
+			k := [2]int64{at[i], st[i]}
+			t := steps[k]
+			if t == nil {
+				t = &stepTop{}
+				steps[k] = t
+			}
+			t.add(own, host, rk[i], ws[i])
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %s: %w", job, err)
+	}
+	if len(ranks) < 2 {
+		return nil, nil
+	}
+	for _, t := range steps {
+		if t.n < 2 || t.host2 == "" {
+			continue
+		}
+		if r := ranks[t.rank1]; r != nil {
+			r.cost += float64(t.own1-t.own2) * float64(max(t.world, int64(t.n)))
+		}
+	}
+	means := make([]float64, 0, len(ranks))
+	var world int64
+	for _, r := range ranks {
+		means = append(means, r.own/float64(r.steps))
+		world = max(world, r.world)
+	}
+	world = max(world, int64(len(ranks)))
+	slices.Sort(means)
+	median := tps.Quantile(means, 0.5)
+	if median <= 0 {
+		return nil, nil
+	}
+	byKey := map[string]*JobNode{}
+	for rk, r := range ranks {
+		key := ""
+		switch {
+		case r.gpu != "":
+			key = "gpu:" + r.gpu
+		case r.host != "":
+			key = "host:" + r.host
+		default:
+			continue
+		}
+		own := r.own / float64(r.steps)
+		n := byKey[key]
+		if n == nil {
+			n = &JobNode{Job: job, Key: key, Host: r.host, GPU: r.gpu, Rank: rk, WorldSize: world, MedianOwnNs: median,
+				StartUnixNs: r.start, EndUnixNs: r.end, OwnNs: own, Steps: r.steps}
+			byKey[key] = n
+		}
+		n.Ranks++
+		n.CostGPUHours += r.cost / 3.6e12
+		n.StartUnixNs, n.EndUnixNs = min(n.StartUnixNs, r.start), max(n.EndUnixNs, r.end)
+		if own > n.OwnNs || (own == n.OwnNs && rk < n.Rank) {
+			n.OwnNs, n.Rank, n.Steps = own, rk, r.steps
+		}
+	}
+	out := make([]JobNode, 0, len(byKey))
+	for _, n := range byKey {
+		n.Excess = n.OwnNs/median - 1
+		out = append(out, *n)
+	}
+	if err := addEvidence(dir, out); err != nil {
+		return nil, fmt.Errorf("fleet: %s: GPU samples: %w", job, err)
+	}
+	slices.SortFunc(out, func(a, b JobNode) int { return cmp.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// addEvidence folds the job's GPU samples into its nodes' rows: per GPU
+// (by UUID), over the row's own span of steps (an agent publishes its
+// samples to every job it served, later ones' times included), the samples
+// with a clock-slowing reason, XID and uncorrectable ECC events (counter
+// deltas), and mean temperature and power, with the median GPU's.
+func addEvidence(dir string, rows []JobNode) error {
+	samples, err := trace.ReadAll[tps.GPUSample](dir + "/" + trace.GPUSamples)
+	if errors.Is(err, fs.ErrNotExist) || len(samples) == 0 {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	type acc struct {
+		n, throttled, reasons int64
+		xid, ecc              [2]int64 // the lowest and highest counter
+		xidSeen, eccSeen      bool
+		temp, power           float64
+		tempN, powerN         int64
+	}
+	at := map[string]int{}
+	for i, r := range rows {
+		if r.GPU != "" {
+			at[r.GPU] = i
+		}
+	}
+	accs := make([]acc, len(rows))
+	slowing := int64(0)
+	for _, r := range tps.ThrottleReasons() {
+		slowing |= r.Bit
+	}
+	counter := func(c *[2]int64, seen *bool, v *int64) {
+		if v == nil {
+			return
+		}
+		if !*seen {
+			*c, *seen = [2]int64{*v, *v}, true
+		}
+		c[0], c[1] = min(c[0], *v), max(c[1], *v)
+	}
+	for _, s := range samples {
+		i, ok := at[s.UUID]
+		if !ok || s.UnixNs < rows[i].StartUnixNs || s.UnixNs > rows[i].EndUnixNs {
+			continue
+		}
+		a := &accs[i]
+		a.n++
+		if s.ClockEventReason != nil && *s.ClockEventReason&slowing != 0 {
+			a.throttled++
+			a.reasons |= *s.ClockEventReason & slowing
+		}
+		counter(&a.xid, &a.xidSeen, s.XIDEvents)
+		counter(&a.ecc, &a.eccSeen, s.ECCUncorrected)
+		if s.TempC != nil {
+			a.temp += float64(*s.TempC)
+			a.tempN++
+		}
+		if s.PowerW != nil && !math.IsNaN(*s.PowerW) && !math.IsInf(*s.PowerW, 0) {
+			a.power += *s.PowerW
+			a.powerN++
+		}
+	}
+	var temps, powers []float64
+	for _, a := range accs {
+		if a.tempN > 0 {
+			temps = append(temps, a.temp/float64(a.tempN))
+		}
+		if a.powerN > 0 {
+			powers = append(powers, a.power/float64(a.powerN))
+		}
+	}
+	slices.Sort(temps)
+	slices.Sort(powers)
+	for i := range rows {
+		a, r := &accs[i], &rows[i]
+		if a.n == 0 {
+			continue
+		}
+		r.GPUSamples, r.ThrottledSamples = a.n, a.throttled
+		r.ThrottleReasons = reasonNames(a.reasons)
+		r.XIDEvents, r.ECCUncorrected = a.xid[1]-a.xid[0], a.ecc[1]-a.ecc[0]
+		if a.tempN > 0 {
+			r.TempC, r.PeerTempC = a.temp/float64(a.tempN), tps.Quantile(temps, 0.5)
+		}
+		if a.powerN > 0 {
+			r.PowerW, r.PeerPowerW = a.power/float64(a.powerN), tps.Quantile(powers, 0.5)
+		}
+	}
+	return nil
+}
+
+func reasonNames(bits int64) string {
+	var names []string
+	for _, r := range tps.ThrottleReasons() {
+		if bits&r.Bit != 0 {
+			names = append(names, r.Name)
+		}
+	}
+	return strings.Join(names, ", ")
+}
