@@ -276,7 +276,10 @@ class Trackers:
         try:
             if self.rank != 0 or not self._active:
                 return
-            step = int(msg["step"])
+            # the cluster step is the ranks' step: at the job's numbering as
+            # the rank rows are (the HF Trainer's global_step is one more;
+            # a row at step 0 came before its first logged step)
+            step = int(msg["step"]) + self.step_offset
             row = {}
             for k in ("tps", "mfu", "hfu"):
                 v = msg.get(k)
