@@ -146,6 +146,11 @@ type Config struct {
 	// rank 0 to log into the job's tracker run (default 5 s; negative:
 	// never).
 	FiguresEvery time.Duration
+	// NodesEvery is how often the node health across jobs is brought up
+	// to date from the output folder (docs/nodes.md): the node rows of the
+	// jobs that finished since, kept in OUT/nodes/ (default 1 minute;
+	// negative: never). Aggregating roles only.
+	NodesEvery time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -165,6 +170,7 @@ func (c *Config) defaults() error {
 		{&c.LiveInterval, 5 * time.Second}} {
 		dflt.Positive(d.v, d.def)
 	}
+	dflt.Zero(&c.NodesEvery, time.Minute)
 	dflt.Positive(&c.MaxOpenSteps, 256)
 	dflt.Positive(&c.MaxJobs, 1024)
 	if c.MaxStateBytes <= 0 {
@@ -256,6 +262,7 @@ type Stats struct {
 // Collector aggregates steps and writes traces. Its methods are safe for
 // concurrent use.
 type Collector struct {
+	nodeState
 	cfg Config
 	nc  *nats.Conn
 	log *ratelog.Logger
@@ -412,6 +419,11 @@ func New(cfg Config) (*Collector, error) {
 	if c.cfg.FiguresEvery > 0 {
 		c.wg.Add(1)
 		go c.publishFigures()
+	}
+	if c.cfg.NodesEvery > 0 && c.cfg.Role.aggregates() {
+		c.nodesNow = make(chan chan struct{})
+		c.wg.Add(1)
+		go c.nodePass()
 	}
 	return c, nil
 }

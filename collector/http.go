@@ -256,8 +256,9 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 	return out
 }
 
-// Handler serves /metrics (Prometheus), /api/summary (JSON) and / (the
-// live page, self-contained: no CDN, refreshes itself).
+// Handler serves /metrics (Prometheus), /api/summary (JSON), /api/nodes
+// (the fleet's node health, JSON) and / (the live page, self-contained: no
+// CDN, refreshes itself).
 func (c *Collector) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.Registry(), promhttp.HandlerOpts{}))
@@ -288,6 +289,16 @@ func (c *Collector) Handler() http.Handler {
 		w.Header().Set("Cache-Control", "no-store")
 		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		w.Write(body)
+	})
+	mux.HandleFunc("GET /api/nodes", func(w http.ResponseWriter, r *http.Request) {
+		v := c.Nodes()
+		if v == nil {
+			http.Error(w, "no node pass yet (or node passes are off: --nodes-every)", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		json.NewEncoder(w).Encode(v)
 	})
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

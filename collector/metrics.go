@@ -44,6 +44,11 @@ var (
 	descBytesPS    = newDesc("tpsprof_bytes_per_second", "UTF-8 bytes of training text per second of the last closed step, when ranks report bytes: compares runs whose tokenizers differ.", []string{"job"}, nil)
 	descTPJ        = newDesc("tpsprof_tokens_per_joule", "Tokens per joule of GPU energy, last closed step with GPU samples.", []string{"job"}, nil)
 	descClosed     = newDesc("tpsprof_steps_closed_total", "Cluster steps closed.", []string{"job"}, nil)
+	// the fleet's node health across finished jobs (docs/nodes.md)
+	descNodeScore  = newDesc("tpsprof_node_excess_ratio", "A host's own time (its slowest rank's compute and data time) over its jobs' median ranks, minus 1: a mean decayed over the finished jobs that ran on it, newest weighing most (0.03: 3% slower than the median rank).", []string{"host"}, nil)
+	descNodeCost   = newDesc("tpsprof_node_cost_gpu_hours", "GPU-hours a host's excess own time cost the finished jobs that ran on it, the other ranks' waiting for it included.", []string{"host"}, nil)
+	descNodeJobs   = newDesc("tpsprof_node_jobs", "Finished jobs that ran on a host (job), and those that found it slow (slow: 2% or more over the job's median rank).", []string{"host", "kind"}, nil)
+	descNodeDrain  = newDesc("tpsprof_node_drain_candidate", "1 for a host to drain: slow in 3 or more jobs, or one job's strong hardware evidence (a GPU throttling in a quarter of its samples, XID or uncorrectable ECC events); `tpsprof nodes` and the live page say why.", []string{"host"}, nil)
 	descIncomplete = newDesc("tpsprof_steps_incomplete_total", "Cluster steps closed with ranks missing.", []string{"job"}, nil)
 	descTokens     = newDesc("tpsprof_tokens_total", "Training tokens of all closed steps.", []string{"job"}, nil)
 	descAccepted   = newDesc("tpsprof_records_accepted_total", "Step records accepted (first copies).", nil, nil)
@@ -174,6 +179,22 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if last.BytesPerSecond > 0 {
 			gauge(descBytesPS, last.BytesPerSecond, j.st.id)
+		}
+	}
+	if v := c.Nodes(); v != nil {
+		for i, n := range v.Nodes {
+			if i == maxNodeGauges {
+				break
+			}
+			gauge(descNodeScore, n.Score, n.Host)
+			gauge(descNodeCost, n.CostGPUHours, n.Host)
+			gauge(descNodeJobs, float64(n.Jobs), n.Host, "job")
+			gauge(descNodeJobs, float64(n.SlowJobs), n.Host, "slow")
+			drain := 0.0
+			if n.Drain {
+				drain = 1
+			}
+			gauge(descNodeDrain, drain, n.Host)
 		}
 	}
 	st := c.Stats()

@@ -36,6 +36,7 @@ func commands() []command {
 		{"agent", "serve the node's intake socket and publish records to NATS", runAgent},
 		{"launch", "run a training command under tpsprof (starts an agent when none runs)", runLaunch},
 		{"report", "analyse a job's Parquet traces", runReport},
+		{"nodes", "rank the hosts that slow job after job, with the GPU-hours they cost and why to drain them", runNodes},
 		{"trace", "profile the same steps on every rank of a running job and name the rank the others waited for", runTrace},
 		{"kineto", "analyse torch.profiler traces: compute, communication, exposed communication, collectives", runKineto},
 		{"gpus", "print what this node's GPUs report through NVML", runGPUs},

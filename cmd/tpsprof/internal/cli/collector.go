@@ -44,6 +44,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	replicas := fs.Int("stream-replicas", 1, "durable mode: servers of a NATS cluster that hold the stream (3 on a three-server cluster survives losing one; docs/scale.md)")
 	maxState := fs.Int64("max-state-bytes", 0, "memory the jobs' declared world sizes may claim (open steps sized to the world); past it records are rejected (world_size:memory); 0: a quarter of the machine's or cgroup's memory, at most 4 GiB")
 	maxJobs := fs.Int("max-jobs", 1024, "jobs held at once; past it a new job evicts the longest-idle one, or is rejected (job:limit) when all are active")
+	nodesEvery := fs.Duration("nodes-every", time.Minute, "bring the node health across finished jobs up to date this often (OUT/nodes/, /api/nodes, tpsprof_node_* metrics; 0: never)")
 	evictAfter := fs.Duration("evict-after", 10*time.Minute, "close and forget a job idle this long (its parts finalised; it starts new parts if it returns)")
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
 	httpAddr := fs.String("http", "127.0.0.1:9465", "address of /metrics (Prometheus), /api/summary and the live page (empty: off)")
@@ -85,6 +86,10 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
 	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter, cfg.MaxStateBytes = *quietAfter, *maxJobs, *evictAfter, *maxState
 	cfg.MetaWait = *metaWait
+	cfg.NodesEvery = *nodesEvery
+	if cfg.NodesEvery == 0 {
+		cfg.NodesEvery = -1 // 0 on the command line: never
+	}
 	if cfg.MetaWait == 0 {
 		cfg.MetaWait = -1 // 0 on the command line: not held
 	}
