@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"path/filepath"
 	"slices"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -36,6 +37,13 @@ type CheckpointAdvice struct {
 	Interruptions int     `json:"interruptions"`
 	ElapsedS      float64 `json:"elapsed_s"`
 	MTBFS         float64 `json:"mtbf_s"`
+	// Where the run had fewer than 2 interruptions of its own, the rate
+	// pools the fleet's: FleetJobs other jobs of the same output folder
+	// (the collector's history, the newest FleetJobsRead), with
+	// FleetInterruptions in FleetElapsedS of their attempts.
+	FleetJobs          int     `json:"fleet_jobs,omitempty"`
+	FleetInterruptions int     `json:"fleet_interruptions,omitempty"`
+	FleetElapsedS      float64 `json:"fleet_elapsed_s,omitempty"`
 	// OptimalS is Young's interval; WasteNow and WasteOptimal the first
 	// order waste (fractions of the time) at the run's interval and at
 	// it; GainPoints their difference in points of goodput.
@@ -106,11 +114,19 @@ func (rep *Report) checkpointAdvice(events []tps.Event) {
 	} else {
 		a.IntervalS = a.ElapsedS / float64(a.Saves)
 	}
-	if a.Interruptions == 0 {
-		a.Unknown = fmt.Sprintf("no interruption in this run's %s: the interruption rate is unknown (a fleet's rate from the collector's history is not kept yet)", dur(a.ElapsedS))
+	n, elapsed := a.Interruptions, a.ElapsedS
+	if n < 2 && rep.Dir != "" {
+		// too few of its own for a rate: the fleet's history beside it
+		if f := fleetInterruptions(filepath.Dir(rep.Dir), filepath.Base(rep.Dir)); f.interruptions >= 2 && f.elapsedS > 0 {
+			a.FleetJobs, a.FleetInterruptions, a.FleetElapsedS = f.jobs, f.interruptions, f.elapsedS
+			n, elapsed = n+f.interruptions, elapsed+f.elapsedS
+		}
+	}
+	if n == 0 {
+		a.Unknown = fmt.Sprintf("no interruption in this run's %s, nor 2 or more in the other jobs of its folder: the interruption rate is unknown", dur(a.ElapsedS))
 		return
 	}
-	a.MTBFS = a.ElapsedS / float64(a.Interruptions)
+	a.MTBFS = elapsed / float64(n)
 	a.OptimalS = YoungInterval(a.SaveS, a.MTBFS)
 	a.WasteNow = CheckpointWaste(a.IntervalS, a.SaveS, a.MTBFS)
 	a.WasteOptimal = CheckpointWaste(a.OptimalS, a.SaveS, a.MTBFS)
@@ -128,6 +144,10 @@ func CheckpointText(a *CheckpointAdvice) string {
 		}
 		return "advice n/a: " + a.Unknown
 	}
-	return fmt.Sprintf("every %s instead of %s: %+.1f points of goodput (estimate: Young's interval for a %s save and an interruption every %s, %d in %s; waste %s now, %s then)",
-		dur(a.OptimalS), dur(a.IntervalS), a.GainPoints, dur(a.SaveS), dur(a.MTBFS), a.Interruptions, dur(a.ElapsedS), pct(a.WasteNow), pct(a.WasteOptimal))
+	rate := fmt.Sprintf("%d in %s", a.Interruptions, dur(a.ElapsedS))
+	if a.FleetJobs > 0 {
+		rate = fmt.Sprintf("%d in %s of this run and %d other jobs of its folder", a.Interruptions+a.FleetInterruptions, dur(a.ElapsedS+a.FleetElapsedS), a.FleetJobs)
+	}
+	return fmt.Sprintf("every %s instead of %s: %+.1f points of goodput (estimate: Young's interval for a %s save and an interruption every %s, %s; waste %s now, %s then)",
+		dur(a.OptimalS), dur(a.IntervalS), a.GainPoints, dur(a.SaveS), dur(a.MTBFS), rate, pct(a.WasteNow), pct(a.WasteOptimal))
 }

@@ -3,10 +3,13 @@ package report
 import (
 	"math"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 // simulateCheckpoints runs a job that checkpoints every tau seconds of work
@@ -134,5 +137,66 @@ func TestCheckpointAdviceFromTheRun(t *testing.T) {
 	rep.checkpointAdvice(events)
 	if a := rep.Checkpoint; !strings.Contains(a.Unknown, "no interruption") || a.Saves != 9 {
 		t.Errorf("without an interruption: %+v", a)
+	}
+}
+
+// A run with no interruption of its own pools the fleet's: the other jobs
+// of its output folder (their attempt events). x: attempt 0 crashed after
+// 2 h, attempt 1 ran 3 h; y: attempt 0 killed after 1 h, attempt 1
+// recorded no end before attempt 2 (an interruption, its time unknown),
+// attempt 2 ran 2 h. 3 interruptions in 8 h, with this run's 2 h: one
+// every 3 h 20 min.
+func TestCheckpointAdviceFromTheFleet(t *testing.T) {
+	out := t.TempDir()
+	hour := int64(3600e9)
+	t0 := int64(1.7e18)
+	attempt := func(a, start, end, exit int64, ended bool) []tps.Event {
+		ev := []tps.Event{{Kind: tps.EventAttemptStart, Attempt: a, Rank: -1, StartUnixNs: t0 + start*hour, EndUnixNs: t0 + start*hour}}
+		if ended {
+			ev = append(ev, tps.Event{Kind: tps.EventAttemptEnd, Attempt: a, Rank: -1, StartUnixNs: t0 + end*hour, EndUnixNs: t0 + end*hour, ExitCode: exit})
+		}
+		return ev
+	}
+	for job, evs := range map[string][][]tps.Event{
+		"x": {attempt(0, 0, 2, 1, true), attempt(1, 2, 5, 0, true)},
+		"y": {attempt(0, 0, 1, 137, true), attempt(1, 1, 0, 0, false), attempt(2, 3, 5, 0, true)},
+	} {
+		w, err := trace.NewPartWriter[tps.Event](out, job, trace.Events, trace.WriterOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			for i := range e {
+				e[i].Job = job
+			}
+			w.Write(e)
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		os.MkdirAll(filepath.Join(out, job, trace.ClusterSteps), 0o755)
+	}
+	self := filepath.Join(out, "run")
+	os.MkdirAll(filepath.Join(self, trace.ClusterSteps), 0o755)
+	ok := int64(0)
+	var events []tps.Event
+	for i := range int64(4) {
+		start := t0 + i*hour/2
+		events = append(events, tps.Event{Kind: tps.EventCheckpointSave, Step: 10 * i, StartUnixNs: start, EndUnixNs: start + 30e9})
+	}
+	rep := &Report{Dir: self, Goodput: Goodput{ElapsedS: 2 * 3600}, Attempts: []AttemptRow{{Attempt: 0, ExitCode: &ok}}}
+	rep.checkpointAdvice(events)
+	a := rep.Checkpoint
+	if a.Unknown != "" || a.FleetJobs != 2 || a.FleetInterruptions != 3 || a.FleetElapsedS != 8*3600 || math.Abs(a.MTBFS-10*3600/3.0) > 1e-6 {
+		t.Fatalf("advice %+v", a)
+	}
+	if txt := CheckpointText(a); !strings.Contains(txt, "3 in 10h0m0s of this run and 2 other jobs of its folder") {
+		t.Errorf("%q", txt)
+	}
+	// alone in its folder: no rate
+	rep.Dir = filepath.Join(t.TempDir(), "run")
+	rep.checkpointAdvice(events)
+	if !strings.Contains(rep.Checkpoint.Unknown, "no interruption") {
+		t.Errorf("alone: %+v", rep.Checkpoint)
 	}
 }
