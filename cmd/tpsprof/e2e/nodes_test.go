@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -146,4 +147,49 @@ func waitFinal(t *testing.T, out, job string, rows int) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// An elastic job relaunched 4 → 2 → 4 ranks under one job id (three
+// `tpsprof launch` runs of torchrun, --synthetic workers: the world sizes
+// are torchrun's): three attempts with their world sizes, the 2-rank one
+// named a scale-down with the capacity it lost (its wall time × half), the
+// last a scale-up, and the goodput's parts adding up to the elapsed time
+// (report.Invariants).
+func TestElasticRelaunchWorldSizes(t *testing.T) {
+	py := torchPython(t)
+	srv, col, out, sock := launchEnv(t)
+	defer col.Close()
+	for i, n := range []int{4, 2, 4} {
+		var log bytes.Buffer
+		cmd := append(torchrun(py, n, filepath.Join(repoRoot(t), "examples", "pytorch", "train.py")), "--steps", "8", "--synthetic", "--data-sleep", "0.02")
+		code, err := launch.Run(context.Background(), launch.Config{Job: "elastic", ChooseAttempt: true, PythonDir: t.TempDir(),
+			Agent:   agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}, Node: "n0"},
+			Command: cmd, Stdout: &log, Stderr: &log})
+		if err != nil || code != 0 {
+			t.Fatalf("launch %d (%d ranks): %d %v\n%s", i, n, code, err, log.String())
+		}
+		if err := col.Sync(10 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFinal(t, out, "elastic", 8*(4+2+4))
+	rep, err := report.Analyze(filepath.Join(out, "elastic"), report.Options{Warmup: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkInvariants(t, rep)
+	if len(rep.Attempts) != 3 {
+		t.Fatalf("%d attempts: %+v", len(rep.Attempts), rep.Attempts)
+	}
+	var sizes []int64
+	for _, a := range rep.Attempts {
+		sizes = append(sizes, a.WorldSize)
+	}
+	a1, a2 := rep.Attempts[1], rep.Attempts[2]
+	if !slices.Equal(sizes, []int64{4, 2, 4}) || a1.Change != "scale-down 4→2" || a2.Change != "scale-up 2→4" ||
+		math.Abs(a1.CapacityLostS-a1.WallS/2) > 1e-6*a1.WallS || a1.WallS <= 0 || rep.Attempts[0].CapacityLostS != 0 || a2.CapacityLostS != 0 {
+		t.Errorf("attempts %+v", rep.Attempts)
+	}
+	g := rep.Goodput
+	t.Logf("attempts %v, %s; goodput %+v", sizes, a1.Change, g)
 }
