@@ -1,12 +1,19 @@
 package fleet_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +23,7 @@ import (
 	"github.com/tpsprof/tpsprof/client"
 	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/fleet"
+	"github.com/tpsprof/tpsprof/internal/browser"
 	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
@@ -348,6 +356,9 @@ func TestSimulatedFleet(t *testing.T) {
 				}
 				t.Logf("%s (slow %.0f%%, %d jobs): score %.4f, %.5f GPU-hours (injected %.5f): %s", node.Host, 100*s.slow[n], node.Jobs, node.Score, node.CostGPUHours, want, node.Why)
 			}
+			if seed == seeds[0] {
+				checkViews(t, s.col, v)
+			}
 			if err := s.col.Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -361,6 +372,65 @@ func TestSimulatedFleet(t *testing.T) {
 		t.Logf("precision over %d seeds: %.3f (%d bad nodes flagged, %d healthy)", len(seeds), p, flaggedBad, flaggedHealthy)
 		if p < 0.9 {
 			t.Errorf("precision %.3f < 0.9", p)
+		}
+	}
+}
+
+// checkViews: the collector's node view on /api/nodes, /metrics (each host
+// a drain candidate 1, the others 0, its GPU-hours) and the live page as
+// Chromium renders it (the drain candidates' rows).
+func checkViews(t *testing.T, c *collector.Collector, v *collector.NodesView) {
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	get := func(path string) string {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: %s %s", path, resp.Status, b)
+		}
+		return string(b)
+	}
+	var api collector.NodesView
+	if err := json.Unmarshal([]byte(get("/api/nodes")), &api); err != nil {
+		t.Fatal(err)
+	}
+	if api.Jobs != v.Jobs || len(api.Nodes) != len(v.Nodes) || api.Nodes[0].Host != v.Nodes[0].Host || api.Nodes[0].CostGPUHours != v.Nodes[0].CostGPUHours {
+		t.Errorf("/api/nodes %+v, the view %+v", api, v)
+	}
+	metrics := get("/metrics")
+	var drains []string
+	for _, n := range v.Nodes {
+		want := "0"
+		if n.Drain {
+			want = "1"
+			drains = append(drains, n.Host)
+		}
+		if line := fmt.Sprintf("tpsprof_node_drain_candidate{host=%q} %s\n", n.Host, want); !strings.Contains(metrics, line) {
+			t.Errorf("/metrics lacks %q", line)
+		}
+		cost := regexp.MustCompile(fmt.Sprintf(`tpsprof_node_cost_gpu_hours\{host=%q\} (\S+)`, n.Host)).FindStringSubmatch(metrics)
+		if cost == nil {
+			t.Errorf("/metrics: no cost of %s", n.Host)
+			continue
+		}
+		if got, _ := strconv.ParseFloat(cost[1], 64); math.Abs(got-n.CostGPUHours) > 1e-9*max(1, n.CostGPUHours) {
+			t.Errorf("/metrics cost of %s: %v, the view %v", n.Host, cost, n.CostGPUHours)
+		}
+	}
+	dom, err := browser.DumpDOM(srv.URL+"/", t.TempDir())
+	if err != nil {
+		t.Fatalf("the live page in a browser: %v", err)
+	}
+	if !strings.Contains(dom, fmt.Sprintf("nodes across %d finished jobs", v.Jobs)) {
+		t.Errorf("live page: no nodes section:\n%s", dom)
+	}
+	for _, h := range drains {
+		if !regexp.MustCompile(`<tr class="strag"><td>` + h + `</td>.*?drain: (slow in|hardware)`).MatchString(dom) {
+			t.Errorf("live page: %s not shown as a drain candidate", h)
 		}
 	}
 }
