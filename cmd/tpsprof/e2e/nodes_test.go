@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -128,6 +129,29 @@ func TestNodesAcrossRealJobs(t *testing.T) {
 	t.Logf("%s", stdout.String())
 	if _, err := os.Stat(filepath.Join(out, fleet.Table, "nodes-1.parquet")); err != nil {
 		t.Error(err)
+	}
+	// docs/nodes.md's SQL in DuckDB over OUT/nodes/: the same hosts, slow
+	// jobs and GPU-hours
+	work := t.TempDir()
+	os.Symlink(duckdbModules(t), filepath.Join(work, "node_modules"))
+	b2, _ := os.ReadFile(filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_nodes.mjs"))
+	os.WriteFile(filepath.Join(work, "nodes.mjs"), b2, 0o644)
+	raw, err := exec.Command("node", filepath.Join(work, "nodes.mjs"), filepath.Join(repoRoot(t), "docs", "nodes.md"), out).CombinedOutput()
+	if err != nil {
+		t.Fatalf("DuckDB: %v\n%s", err, raw)
+	}
+	var sql []struct {
+		Host     string `json:"host"`
+		Jobs     string `json:"jobs"`
+		SlowJobs string `json:"slow_jobs"`
+		Lost     any    `json:"gpu_hours_lost"`
+	}
+	if err := json.Unmarshal(raw, &sql); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	lost, _ := strconv.ParseFloat(fmt.Sprint(sql[0].Lost), 64)
+	if len(sql) != 3 || sql[0].Host != "node-b" || sql[0].Jobs != "3" || sql[0].SlowJobs != "3" || math.Abs(lost-b.CostGPUHours) > 1e-9 {
+		t.Errorf("DuckDB over OUT/nodes/: %s; tpsprof nodes: node-b %d jobs, %d slow, %v GPU-hours", raw, b.Jobs, b.SlowJobs, b.CostGPUHours)
 	}
 }
 
