@@ -127,6 +127,15 @@ func TestNodesAcrossRealJobs(t *testing.T) {
 		t.Errorf("text:\n%s", stdout.String())
 	}
 	t.Logf("%s", stdout.String())
+	// Markdown; --since leaves older jobs out
+	stdout.Reset()
+	if code := cli.Main([]string{"nodes", "--markdown", "--since", "1h", out}, &stdout, &stderr); code != 0 || !bytes.Contains(stdout.Bytes(), []byte("| node-b | 3 | 3 |")) {
+		t.Errorf("--markdown: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+	stdout.Reset()
+	if code := cli.Main([]string{"nodes", "--json", "--since", time.Now().Add(time.Hour).Format(time.RFC3339), out}, &stdout, &stderr); code != 0 || !bytes.Contains(stdout.Bytes(), []byte(`"nodes": []`)) {
+		t.Errorf("--since an hour ahead: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
 	if _, err := os.Stat(filepath.Join(out, fleet.Table, "nodes-1.parquet")); err != nil {
 		t.Error(err)
 	}
