@@ -41,9 +41,30 @@ type Finding struct {
 // time is no step's: the step-time findings never claim it).
 var gapCauses = []struct{ key, what string }{
 	{BadEval, "evaluation between steps"},
+	{BadCheckpoint, "checkpoints between steps"},
 	{BadRestart, "restarts (from an attempt's last step to the next attempt's start)"},
 	{BadRedone, "steps redone after restarts"},
 	{BadProfiling, "the profiler's stop after traced steps"},
+}
+
+// waiters is the share of step time the ranks that waited spent waiting,
+// where one rank or node explains the waiting (its cause named): the mean
+// over all ranks counts the critical ranks, which do not wait, so it
+// understates what the others would gain were the critical ones as fast
+// (two ranks, one 30 ms slower in a 60 ms step: the mean waiting is 25%,
+// the other's 50%, and the step would take half as long: +100%, not +33%;
+// examples/pytorch/causes.py, TestInjectedCauses). k is how many ranks
+// were critical, n the world.
+func (rep *Report) waiters() (share float64, k int, ok bool) {
+	if len(rep.WaitCharged) == 0 || rep.WaitCharged[0].Share < ExplainsShare {
+		return 0, 0, false
+	}
+	n, k := int(rep.Summary.WorldSize), max(len(rep.WaitCharged[0].Ranks), 1)
+	w := rep.Breakdown.Shares.WaitingForPeers
+	if n <= k || w <= 0 {
+		return 0, 0, false
+	}
+	return min(w*float64(n)/float64(n-k), 0.99), k, true
 }
 
 // findings sets rep.Findings, largest headroom first.
@@ -52,25 +73,61 @@ func (rep *Report) findings() {
 	if s.SteadySteps == 0 {
 		return
 	}
-	for _, l := range tps.TimeLosses(rep.Breakdown.Shares) {
+	losses := tps.TimeLosses(rep.Breakdown.Shares)
+	// a slow rank's own data stall and the others' waiting for it are one
+	// cause: one finding, the waiting's folded into the data stall's
+	merged := false
+	if i := slices.IndexFunc(losses, func(l tps.TimeLoss) bool { return l.Key == "data_stall" }); i >= 0 {
+		if c, _ := rep.causeOf("data_stall"); c != "" && strings.HasPrefix(c, "the input pipeline of") {
+			merged = true
+		}
+	}
+	for _, l := range losses {
+		if merged && l.Key == "waiting_for_peers" {
+			continue
+		}
 		f := Finding{Bucket: l.Key, Share: l.Share, HeadroomPct: l.HeadroomPct,
 			What: fmt.Sprintf("%s %s of step time", l.Label, pct(l.Share))}
+		f.Cause, f.Evidence = rep.causeOf(l.Key)
+		if w, k, ok := rep.waiters(); ok && (l.Key == "waiting_for_peers" || (merged && l.Key == "data_stall")) {
+			if l.Key == "data_stall" {
+				wait := rep.Breakdown.Shares.WaitingForPeers
+				f.Share = l.Share + wait
+				f.What = fmt.Sprintf("data stall %s of step time, and the others' waiting for it %s", pct(l.Share), pct(wait))
+			}
+			f.HeadroomPct = 100 * (1/(1-w) - 1)
+			f.Evidence += fmt.Sprintf("; the %d other ranks wait %s of their step time (the mean over ranks counts the %d that do not)",
+				int(s.WorldSize)-k, pct(w), k)
+		}
 		if s.TPSUnknown == "" {
-			v := s.AggregateTPS * l.HeadroomPct / 100
+			v := s.AggregateTPS * f.HeadroomPct / 100
 			f.HeadroomTPS = &v
 		}
-		f.Cause, f.Evidence = rep.causeOf(l.Key)
 		rep.Findings = append(rep.Findings, f)
 	}
 	g := rep.Goodput
+	// a gap's share is of the steps' wall span, the time wall TPS is over
+	// (the launches' start-up and shutdown are not time the job's steps
+	// could have: 11.9% of 7.0 s elapsed for an evaluation that took half
+	// the span of the steps)
+	span := g.ElapsedS
+	if w := float64(s.WallToUnixNs-s.WallFromUnixNs) / 1e9; w > 0 {
+		span = w
+	}
 	for _, c := range gapCauses {
-		b := g.BadputS[c.key]
-		if g.ElapsedS <= 0 || b/g.ElapsedS < tps.MinLossShare || b >= g.ElapsedS {
+		b, of, what, ofWhat := g.BadputS[c.key], span, "the steps' wall time", "%s of the steps' %s"
+		if c.key == BadCheckpoint {
+			b = g.ckptGapS // (a save inside a step is the checkpoint part's)
+		}
+		if c.key == BadRestart || c.key == BadRedone {
+			of, what, ofWhat = g.ElapsedS, "the elapsed time", "%s of %s elapsed" // (restarts lie between the attempts' spans)
+		}
+		if of <= 0 || b/of < tps.MinLossShare || b >= of {
 			continue
 		}
-		share := b / g.ElapsedS
+		share := b / of
 		f := Finding{Bucket: c.key, Share: share, HeadroomPct: 100 * (1/(1-share) - 1), Gap: true,
-			What: fmt.Sprintf("%s %s of the elapsed time", c.what, pct(share)), Evidence: fmt.Sprintf("%s of %s elapsed", dur(b), dur(g.ElapsedS))}
+			What: fmt.Sprintf("%s %s of %s", c.what, pct(share), what), Evidence: fmt.Sprintf(ofWhat, dur(b), dur(of))}
 		if s.WallTPS > 0 && s.TPSUnknown == "" {
 			v := s.WallTPS * f.HeadroomPct / 100
 			f.HeadroomTPS = &v

@@ -42,6 +42,9 @@ type Goodput struct {
 	UnmonitoredSteps int64   `json:"unmonitored_steps,omitempty"`
 
 	excluded [][2]int64 // between launches and unmonitored, for wall TPS
+	// ckptGapS is the checkpoint badput between steps (BadCheckpoint's
+	// part outside every step): the findings' "checkpoints between steps"
+	ckptGapS float64
 }
 
 // Badput causes.
@@ -219,6 +222,7 @@ func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
 		pr := overlap(slices.Concat(a.ckpts, a.evals, a.traces), a.cursor, c.StartUnixNs) - ck - ev
 		g.BadputS[BadEval] += sec(ev)
 		g.BadputS[BadCheckpoint] += sec(ck)
+		g.ckptGapS += sec(ck)
 		g.BadputS[BadProfiling] += sec(pr)
 		g.BadputS[BadIdle] += sec(gap - ev - ck - pr)
 		a.cursor = c.StartUnixNs

@@ -1,0 +1,106 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/tpsprof/tpsprof/report"
+)
+
+// injectedCause is one of examples/pytorch/causes.py's causes, the finding
+// bucket that names it, and the rank its cause must name (-1: none).
+type injectedCause struct {
+	cause, bucket string
+	rank          int
+	gap           bool   // time between steps: the speed-up is in wall TPS
+	base          string // the run without the cause ("": none)
+}
+
+var injectedCauses = []injectedCause{
+	{"data", "data_stall", -1, false, ""},
+	{"slow-data", "waiting_for_peers|data_stall", 1, false, ""},
+	{"slow-compute", "waiting_for_peers", 1, false, ""},
+	{"no-overlap", "exposed_comm", -1, false, ""},
+	{"ckpt", "checkpoint", -1, true, ""},
+	{"host", "host_other", -1, false, ""},
+	{"eval", report.BadEval, -1, true, ""},
+	{"gc", "gc_ns", -1, false, "alloc"}, // (the same objects, freed without the collector)
+}
+
+// Issue 60's check of the findings (opt-in: TPSPROF_CAUSES=1, 9 torchrun
+// jobs of 2 ranks under launch --auto, about two minutes here; it is not
+// in CI's time budget): each cause of examples/pytorch/causes.py injected
+// into the same nanoGPT-style loop, the report's top finding must name it
+// (its bucket, and the slow rank where one rank is slow), and its headroom
+// must be the speed-up the job gains without it (the run with no cause,
+// steady-state TPS; wall TPS for time between steps) within 20%. The table
+// it logs is BENCHMARKS.md's.
+func TestInjectedCauses(t *testing.T) {
+	if os.Getenv("TPSPROF_CAUSES") == "" {
+		t.Skip("opt-in: TPSPROF_CAUSES=1 (nine torchrun jobs; not part of CI's budget)")
+	}
+	py := torchPython(t)
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "causes.py")
+	run := func(cause string) *report.Report {
+		dir, _ := launchTorch(t, "cause-"+cause, true, append(torchrun(py, 2, script), "--cause", cause, "--iters", "40"))
+		rep, err := report.Analyze(dir, report.Options{Warmup: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkInvariants(t, rep)
+		return rep
+	}
+	bases := map[string]*report.Report{"": run("none")}
+	named, close := 0, 0
+	var table []string
+	for _, c := range injectedCauses {
+		if only := os.Getenv("TPSPROF_CAUSES"); only != "1" && !strings.Contains(","+only+",", ","+c.cause+",") {
+			continue
+		}
+		base := bases[c.base]
+		if base == nil {
+			base = run(c.base)
+			bases[c.base] = base
+		}
+		rep := run(c.cause)
+		speedup := 100 * (base.Summary.AggregateTPS/rep.Summary.AggregateTPS - 1)
+		if c.gap {
+			speedup = 100 * (base.Summary.WallTPS/rep.Summary.WallTPS - 1)
+		}
+		if len(rep.Findings) == 0 {
+			t.Errorf("%s: no finding", c.cause)
+			table = append(table, fmt.Sprintf("| %s | - | - | - | %.1f%% |", c.cause, speedup))
+			continue
+		}
+		f := rep.Findings[0]
+		ok := strings.Contains("|"+c.bucket+"|", "|"+f.Bucket+"|")
+		if c.rank >= 0 && !strings.Contains(f.Cause+" "+f.Evidence, fmt.Sprintf("rank %d", c.rank)) {
+			ok = false
+		}
+		if ok {
+			named++
+		}
+		within := math.Abs(f.HeadroomPct-speedup) <= 0.2*speedup
+		if within {
+			close++
+		}
+		for _, g := range rep.Findings[1:] {
+			t.Logf("%s: then %q (%s), headroom %.1f%%", c.cause, g.What, g.Cause, g.HeadroomPct)
+		}
+		t.Logf("%s: events %v, goodput badput %v of %.1f s", c.cause, rep.Events, rep.Goodput.BadputS, rep.Goodput.ElapsedS)
+		table = append(table, fmt.Sprintf("| %s | %s | %v | %.1f%% | %.1f%% | %v |", c.cause, f.Bucket, ok, f.HeadroomPct, speedup, within))
+		t.Logf("%s: top finding %q (%s; %s), headroom %.1f%%, speed-up without it %.1f%% (TPS %.0f against %.0f; wall %.0f against %.0f; step p50 %.1f ms (base %.1f); shares %+v)", c.cause, f.What, f.Cause, f.Evidence, f.HeadroomPct, speedup,
+			rep.Summary.AggregateTPS, base.Summary.AggregateTPS, rep.Summary.WallTPS, base.Summary.WallTPS, 1e3*rep.Summary.StepTimeS.P50, 1e3*base.Summary.StepTimeS.P50, rep.Breakdown.Shares)
+	}
+	t.Logf("\n| cause | top finding | names it | headroom | speed-up without it | within 20%% |\n|---|---|---|---:|---:|---|\n%s", strings.Join(table, "\n"))
+	if named < len(injectedCauses)-1 {
+		t.Errorf("the top finding named %d of %d causes, want %d", named, len(injectedCauses), len(injectedCauses)-1)
+	}
+	if close < len(injectedCauses)-1 {
+		t.Errorf("headroom within 20%% of the speed-up for %d of %d causes", close, len(injectedCauses))
+	}
+}

@@ -1,0 +1,146 @@
+"""A nanoGPT-style loop (no tpsprof call) with one cause of lost time
+injected, to check that the report's top finding names it and that its
+headroom is the speed-up the job gains without it.
+
+    tpsprof launch --auto --job data -- torchrun --nproc_per_node 2 \\
+        examples/pytorch/causes.py --cause data --iters 40
+
+--cause:
+  none          the job as it is (the speed-up's baseline)
+  data          get_batch sleeps 30 ms on every rank (a slow input pipeline)
+  slow-data     get_batch sleeps 30 ms on rank 1 alone
+  slow-compute  rank 1's forward takes 30 ms more (a slow GPU, a noisy neighbour)
+  no-overlap    after the backward, a 16 MiB all-reduce the job waits for
+  ckpt          a 64 MiB checkpoint (torch.save) every 2 iterations
+  host          20 ms of Python on every rank after the optimizer step
+  eval          every 4 iterations, 20 evaluation forwards under no_grad
+  gc            automatic collection off; 200,000 objects in cycles collected each iteration
+  alloc         the same 200,000 objects without cycles (freed as they go): gc's baseline
+
+The job writes its own truth to --truth DIR/truth.RANK.jsonl: each
+iteration's start and end and the injected time on its own clock.
+"""
+
+import argparse
+import gc
+import json
+import os
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn import functional as F
+
+CAUSES = ("none", "data", "slow-data", "slow-compute", "no-overlap", "ckpt", "host", "eval", "gc", "alloc")
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, dim, block, slow=0.0):
+        super().__init__()
+        self.slow = slow
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(block, dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, idx, targets=None):
+        if self.slow and self.training:
+            time.sleep(self.slow)  # rank 1's slow forward
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.wte(idx) + self.wpe(pos)
+        logits = self.lm_head(x + self.mlp(x))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cause", choices=CAUSES, default="none")
+    p.add_argument("--iters", type=int, default=40)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--block", type=int, default=32)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--truth", default="")
+    a = p.parse_args()
+    c = a.cause
+    if c in ("gc", "alloc"):
+        gc.disable()
+    torch.set_num_threads(1)
+    distributed = "RANK" in os.environ
+    if distributed:
+        dist.init_process_group("gloo")
+    rank = dist.get_rank() if distributed else 0
+    torch.manual_seed(1337 + rank)
+    vocab = 512
+    data = torch.randint(0, vocab, (50000,), dtype=torch.long)
+    delay = 0.03 if c == "data" or (c == "slow-data" and rank == 1) else 0.0
+
+    def get_batch():
+        if delay:
+            time.sleep(delay)
+        ix = torch.randint(len(data) - a.block, (a.batch,))
+        x = torch.stack([data[i:i + a.block] for i in ix])
+        y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
+        return x, y
+
+    model = GPT(vocab, a.dim, a.block, slow=0.03 if c == "slow-compute" and rank == 1 else 0.0)
+    if distributed:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    big = torch.zeros(4 << 20) if c == "no-overlap" else None  # 16 MiB of float32
+    pad = torch.zeros(16 << 20) if c == "ckpt" else None  # 64 MiB beside the model's state
+    ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
+    out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w") if a.truth else None
+    for it in range(a.iters):
+        t0 = time.time_ns()
+        x, y = get_batch()
+        _, loss = model(x, y)
+        loss.backward()
+        injected = 0
+        if big is not None:
+            s = time.time_ns()
+            dist.all_reduce(big)
+            injected = time.time_ns() - s
+        if c in ("gc", "alloc"):
+            junk = [{} for _ in range(200000)]
+            for d in junk:
+                d["self"] = d if c == "gc" else None  # gc: a cycle, only the collector frees it
+            del junk, d
+        if c == "gc":
+            s = time.time_ns()
+            gc.collect(0)
+            injected = time.time_ns() - s
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if c == "host":
+            s = time.time_ns()
+            while time.time_ns() - s < 20_000_000:
+                sum(i * i for i in range(200))
+            injected = time.time_ns() - s
+        if c == "ckpt" and it % 2 == 1:
+            s = time.time_ns()
+            torch.save({"model": model.state_dict(), "pad": pad}, ckpt)
+            injected = time.time_ns() - s
+        if c == "eval" and it % 4 == 3:
+            s = time.time_ns()
+            model.eval()
+            with torch.no_grad():
+                for _ in range(20):
+                    model(*get_batch())
+            model.train()
+            injected = time.time_ns() - s
+        if out:
+            out.write(json.dumps({"iter": it, "tokens": a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns(),
+                                  "injected_ns": injected}) + "\n")
+    if out:
+        out.close()
+    if distributed:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
