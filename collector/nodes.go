@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"errors"
 	"sync/atomic"
 	"time"
 
@@ -53,7 +54,10 @@ func (c *Collector) nodePass() {
 
 func (c *Collector) refreshNodes() {
 	v := &NodesView{At: time.Now()}
-	s, err := fleet.ScanDir(c.cfg.OutDir, true)
+	s, err := fleet.ScanDirUntil(c.cfg.OutDir, true, c.done)
+	if errors.Is(err, fleet.ErrStopped) {
+		return // closing
+	}
 	if err != nil {
 		v.Err = err.Error()
 		c.log.Warn("nodes", "node health pass failed", "err", err)

@@ -1,9 +1,14 @@
 package fleet
 
 import (
+	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tpsprof/tpsprof/trace"
 )
 
 func row(job, host string, end int64, excess float64) JobNode {
@@ -68,5 +73,31 @@ func TestHealthRules(t *testing.T) {
 		if n.Host == "a" && (n.Jobs != 1 || n.Drain) {
 			t.Errorf("since: %+v", n)
 		}
+	}
+}
+
+// A scan stops between two jobs once asked (a collector closing), with
+// ErrStopped; a folder without finished jobs makes no nodes/ table.
+func TestScanStops(t *testing.T) {
+	out := t.TempDir()
+	for _, j := range []string{"a", "b"} {
+		if err := os.MkdirAll(filepath.Join(out, j, trace.ClusterSteps), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	close(stop)
+	if _, err := ScanDirUntil(out, true, stop); !errors.Is(err, ErrStopped) {
+		t.Fatalf("stopped scan: %v", err)
+	}
+	s, err := ScanDir(out, true)
+	if err != nil || s.Jobs != 2 || len(s.Rows) != 0 {
+		t.Fatalf("scan %+v, %v", s, err)
+	}
+	if _, err := os.Stat(filepath.Join(out, Table)); err != nil {
+		t.Errorf("nodes/: %v (two finished jobs with no node rows are kept as empty files)", err)
+	}
+	if s, err := ScanDir(out, true); err != nil || s.Jobs != 2 || s.Computed != 0 {
+		t.Errorf("second scan %+v, %v: want both jobs read back from nodes/", s, err)
 	}
 }

@@ -40,7 +40,15 @@ type Scan struct {
 // since they last changed. A job still running is left for a later scan.
 // write false reads and computes without keeping anything (a read-only
 // output folder).
-func ScanDir(out string, write bool) (*Scan, error) {
+func ScanDir(out string, write bool) (*Scan, error) { return ScanDirUntil(out, write, nil) }
+
+// ErrStopped: ScanDirUntil's stop closed before it read every job (what
+// it read so far is kept).
+var ErrStopped = errors.New("fleet: scan stopped")
+
+// ScanDirUntil is ScanDir, which stops between two jobs once stop is
+// closed (a collector closing does not wait for a long first pass).
+func ScanDirUntil(out string, write bool, stop <-chan struct{}) (*Scan, error) {
 	jobs, err := report.Jobs(out)
 	if err != nil {
 		return nil, err
@@ -49,6 +57,11 @@ func ScanDir(out string, write bool) (*Scan, error) {
 	made := false
 	s := &Scan{}
 	for _, j := range jobs {
+		select {
+		case <-stop:
+			return s, ErrStopped
+		default:
+		}
 		if j.Running {
 			s.Running++
 			continue
