@@ -56,7 +56,7 @@ func TestNodesAcrossRealJobs(t *testing.T) {
 			if name == "node-b" {
 				ds = strconv.FormatFloat(sleep, 'f', -1, 64)
 			}
-			cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", "3", "--redirects", "2", "--tee", "2"}
+			cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", "3", "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2"}
 			if rdzv != "" { // (current torch: the file rendezvous torchrun() uses)
 				cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv, "--rdzv_conf", "store_type=file")
 			} else {

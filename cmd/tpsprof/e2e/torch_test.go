@@ -46,9 +46,12 @@ func torchPython(t *testing.T) string {
 // torchrun is the command line of a torchrun on this machine (torch 1.13
 // with Python 3.11 needs non-zero --redirects/--tee). Current torch
 // (Debian sid's, built without libuv) meets at a file rendezvous: its TCP
-// store rendezvous fails there.
+// store rendezvous fails there. torchrun looks at its workers every
+// --monitor_interval (5 s on torch 1.13): each job's end waited up to 5 s
+// for it; 0.2 s, as current torch's 0.1 s.
 func torchrun(py string, nproc int, extra ...string) []string {
-	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", strconv.Itoa(nproc), "--redirects", "2", "--tee", "2"}
+	cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", strconv.Itoa(nproc), "--redirects", "2", "--tee", "2",
+		"--monitor_interval", "0.2"}
 	if torchMajor(py) >= 2 {
 		f, err := os.CreateTemp("", "tpsprof-rdzv")
 		if err == nil {
