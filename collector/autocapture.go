@@ -14,8 +14,9 @@ import (
 	"github.com/tpsprof/tpsprof/wire"
 )
 
-// Automatic capture (Config.AutoCapture): when a live straggler episode
-// opens, the collector captures one step on the episode's slowest rank and
+// Automatic capture (Config.AutoCapture): once a live straggler episode
+// has stayed flagged autoCaptureAfter closed steps after it opened, the
+// collector captures one step on the episode's slowest rank and
 // on the fastest rank (package capture, as `tpsprof trace --ranks` does),
 // at most once per job every AutoCaptureEvery. The outcome goes out as a
 // capture event of the job (tps.EventCapture), so it reaches the events
@@ -46,7 +47,8 @@ type CaptureLink struct {
 	Error        string  `json:"error,omitempty"`
 }
 
-// askCapture is called under the job's lock for an episode just opened.
+// askCapture is called under the job's lock for an open episode still
+// flagged autoCaptureAfter steps after it opened.
 func (j *jobState) askCapture(cfg *Config, t *tally, e *LiveEpisode, key string) {
 	if !cfg.AutoCapture || len(e.Ranks) == 0 {
 		return

@@ -135,7 +135,8 @@ type Config struct {
 	OnStep func(tps.ClusterStep)
 	// Logger receives errors and warnings, rate-limited; nil discards them.
 	Logger *slog.Logger
-	// AutoCapture: when a live straggler episode opens, capture one step
+	// AutoCapture: when a live straggler episode has stayed open 5 closed
+	// steps, capture one step
 	// on its rank and the fastest rank (docs/capture.md), at most once per
 	// job every AutoCaptureEvery (default 10 minutes), each bounded by
 	// AutoCaptureTimeout (default 1 minute). Off by default.

@@ -38,10 +38,18 @@ type LiveEpisode struct {
 	TPSIfFixed   float64 `json:"tps_if_fixed"`
 	GPUHoursLost float64 `json:"gpu_hours_lost"`
 	counted      stepKey // the last step added to GPUHoursLost
-	// Capture is the automatic capture the episode's opening started
+	// Capture is the automatic capture the episode started
 	// (Config.AutoCapture), nil for none.
-	Capture *CaptureLink `json:"capture,omitempty"`
+	Capture  *CaptureLink `json:"capture,omitempty"`
+	openedAt int64        // the job's last closed step when it opened
 }
+
+// autoCaptureAfter is how many closed steps an episode must stay flagged
+// after it opened before it takes the job's automatic capture, and then
+// only the worst episode flagged: a rank 1.4 times the fastest (4 ranks
+// on 2 cores) opened an episode at a job's 5th step and took the capture
+// the real straggler's episode (0.19 of the fastest) needed.
+const autoCaptureAfter = 5
 
 // maxEpisodes bounds the closed episodes a job keeps.
 const maxEpisodes = 20
@@ -97,6 +105,19 @@ func (j *jobState) trackEpisodes(cfg *Config, t *tally) {
 		if _, ok := j.openEpisodes[key]; !ok {
 			j.openEpisode(cfg, t, key, f, steps, last)
 		}
+	}
+	// the automatic capture goes to the worst episode flagged now, once it
+	// has stayed flagged autoCaptureAfter steps (on 2 cores 4 ranks' own
+	// times differ by 1.4x for as long as they run: such an episode is
+	// not the straggler to capture while a worse one is open)
+	var worstKey string
+	for key := range flagged {
+		if e := j.openEpisodes[key]; e != nil && (worstKey == "" || e.Score < j.openEpisodes[worstKey].Score) {
+			worstKey = key
+		}
+	}
+	if e := j.openEpisodes[worstKey]; e != nil && e.Capture == nil && e.Attempt == last.Attempt && last.Step-e.openedAt >= autoCaptureAfter {
+		j.askCapture(cfg, t, e, worstKey)
 	}
 }
 
@@ -191,7 +212,7 @@ func (j *jobState) openEpisode(cfg *Config, t *tally, key string, f *LiveEpisode
 	if j.openEpisodes == nil {
 		j.openEpisodes = map[string]*LiveEpisode{}
 	}
-	f.Attempt, f.StartStep, f.WorstScore = last.Attempt, last.Step, f.Score
+	f.Attempt, f.StartStep, f.WorstScore, f.openedAt = last.Attempt, last.Step, f.Score, last.Step
 	for _, r := range f.Ranks {
 		if r < int64(len(j.slowSince)) && j.slowSince[r] >= 0 && j.slowSince[r] < f.StartStep {
 			f.StartStep = j.slowSince[r]
@@ -200,7 +221,6 @@ func (j *jobState) openEpisode(cfg *Config, t *tally, key string, f *LiveEpisode
 	f.counted = stepKey{f.Attempt, f.StartStep - 1}
 	f.whatIf(steps)
 	j.openEpisodes[key] = f
-	j.askCapture(cfg, t, f, key)
 }
 
 // whatIf updates the episode's TPS during and had it kept pace over the

@@ -51,7 +51,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	role := fs.String("role", "all", "all; or, to scale past one collector (docs/scale.md): aggregator (merges the node partials agents send with --partials) or rank-writer (a queue group writing rank_steps)")
 	partition := fs.String("partition", "", "I/N: this is collector I (0-based) of N of the same role, each keeping the share of the traffic that hashes to it: jobs for all and aggregator, a job's nodes for rank-writer (which then drops resent rank rows exactly); docs/scale.md")
 	durable := fs.Bool("durable", false, "read through a JetStream stream and acknowledge only what is in finalised Parquet parts: a restart or crash loses nothing (the embedded server stores the stream under OUT/.jetstream; with --role, give every role the same --nats server with JetStream: docs/reliability.md)")
-	autoCapture := fs.Bool("auto-capture", false, "when a straggler episode opens, profile one step on its rank and the fastest rank (as tpsprof trace does) and link the capture to the episode")
+	autoCapture := fs.Bool("auto-capture", false, "when a straggler episode has stayed open 5 steps, profile one step on its rank and the fastest rank (as tpsprof trace does) and link the capture to the episode")
 	autoEvery := fs.Duration("auto-capture-every", 10*time.Minute, "at most one automatic capture per job this often")
 	verbose := fs.Bool("v", false, "verbose logging")
 	if code, ok := parseFlags(fs, args, stderr); !ok {
