@@ -85,6 +85,7 @@ const WarmSteps = 2
 // rankOwn is a rank's own time over a job.
 type rankOwn struct {
 	host, gpu  string
+	where      string // the host the step's top-two hosts compare (host, else GPU, else "rank N")
 	steps      int64
 	own        float64 // Σ own time, ns
 	cost       float64 // Σ GPU-ns the others waited for it, as the critical rank
@@ -180,30 +181,26 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 				r = &rankOwn{start: start[i], end: end[i]}
 				ranks[rk[i]] = r
 			}
-			if h := c.Str[0][i]; h != "" {
-				r.host = h
+			if h := c.Str[0][i]; h != "" && h != r.host {
+				r.host, r.where = h, ""
 			}
-			if g := c.Str[1][i]; g != "" {
-				r.gpu = g
+			if g := c.Str[1][i]; g != "" && g != r.gpu {
+				r.gpu, r.where = g, ""
+			}
+			if r.where == "" { // (once a rank, not a string a row)
+				r.where = cmp.Or(r.host, r.gpu, fmt.Sprintf("rank %d", rk[i]))
 			}
 			r.steps++
 			r.own += float64(own)
 			r.start, r.end = min(r.start, start[i]), max(r.end, end[i])
 			r.world = max(r.world, ws[i])
-			host := c.Str[0][i]
-			if host == "" {
-				host = c.Str[1][i]
-			}
-			if host == "" {
-				host = fmt.Sprintf("rank %d", rk[i])
-			}
 			k := [2]int64{at[i], st[i]}
 			t := steps[k]
 			if t == nil {
 				t = &stepTop{}
 				steps[k] = t
 			}
-			t.add(own, host, rk[i], ws[i])
+			t.add(own, r.where, rk[i], ws[i])
 		}
 		return nil
 	})

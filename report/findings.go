@@ -76,12 +76,7 @@ func (rep *Report) findings() {
 	losses := tps.TimeLosses(rep.Breakdown.Shares)
 	// a slow rank's own data stall and the others' waiting for it are one
 	// cause: one finding, the waiting's folded into the data stall's
-	merged := false
-	if i := slices.IndexFunc(losses, func(l tps.TimeLoss) bool { return l.Key == "data_stall" }); i >= 0 {
-		if c, _ := rep.causeOf("data_stall"); c != "" && strings.HasPrefix(c, "the input pipeline of") {
-			merged = true
-		}
-	}
+	merged := rep.slowRankData() && slices.ContainsFunc(losses, func(l tps.TimeLoss) bool { return l.Key == "data_stall" })
 	for _, l := range losses {
 		if merged && l.Key == "waiting_for_peers" {
 			continue
@@ -174,7 +169,7 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 				evidence = "data wait: " + src
 			}
 		}
-		if len(rep.WaitCharged) > 0 && strings.Contains(rep.WaitCharged[0].Cause, "data") && rep.WaitCharged[0].Share >= ExplainsShare {
+		if rep.slowRankData() {
 			// the rank the others wait for waits for its data: its loader
 			// (the others' waiting for it is the waiting finding's time)
 			cause = "the input pipeline of " + waitedFor(rep.WaitCharged[0]) + ", which waits for data longer than the others (and makes them wait)"
@@ -185,6 +180,12 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 		cause = "Python's garbage collector on the training thread (gc.freeze() after setup, or automatic collection off with a collection every N steps)"
 	}
 	return cause, evidence
+}
+
+// slowRankData says whether the waiting has a named rank or node (≥
+// ExplainsShare of it) that waits for its own data longer than the others.
+func (rep *Report) slowRankData() bool {
+	return len(rep.WaitCharged) > 0 && strings.Contains(rep.WaitCharged[0].Cause, "data") && rep.WaitCharged[0].Share >= ExplainsShare
 }
 
 // waitedFor names whom a waiting share is charged to: a rank (one node)

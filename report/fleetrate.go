@@ -1,6 +1,7 @@
 package report
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,7 +48,7 @@ func fleetInterruptions(out, self string) fleetRate {
 		}
 		jobs = append(jobs, job{dir, fi.ModTime().UnixNano()})
 	}
-	slices.SortFunc(jobs, func(a, b job) int { return int(min(max(b.mod-a.mod, -1), 1)) })
+	slices.SortFunc(jobs, func(a, b job) int { return cmp.Compare(b.mod, a.mod) })
 	var r fleetRate
 	for _, j := range jobs[:min(len(jobs), FleetJobsRead)] {
 		events, err := trace.ReadAll[tps.Event](filepath.Join(j.dir, trace.Events))

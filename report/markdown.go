@@ -25,4 +25,7 @@ func mdText(s string) string {
 	return mdEscaper.Replace(s)
 }
 
+// MarkdownCell is mdText for other commands' Markdown tables.
+func MarkdownCell(s string) string { return mdText(s) }
+
 var mdEscaper = strings.NewReplacer("&", "&amp;", "<", "&lt;", ">", "&gt;", "|", "\\|", "\n", " ", "\r", " ", "`", "\\`")

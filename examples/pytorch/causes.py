@@ -33,34 +33,26 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-from torch.nn import functional as F
+
+import nanogpt_train  # (beside this file: the same model)
 
 CAUSES = ("none", "data", "slow-data", "slow-compute", "no-overlap", "ckpt", "host", "eval", "gc", "alloc")
 
 
-class GPT(nn.Module):
+class GPT(nanogpt_train.GPT):
+    """nanogpt_train's model, its forward slow by slow seconds (rank 1's)."""
+
     def __init__(self, vocab, dim, block, slow=0.0):
-        super().__init__()
+        super().__init__(vocab, dim, block)
         self.slow = slow
         self.injected = 0  # ns slept in forward since the job last read it
-        self.wte = nn.Embedding(vocab, dim)
-        self.wpe = nn.Embedding(block, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-        self.lm_head = nn.Linear(dim, vocab, bias=False)
 
     def forward(self, idx, targets=None):
         if self.slow and self.training:
             s = time.time_ns()
-            time.sleep(self.slow)  # rank 1's slow forward
+            time.sleep(self.slow)
             self.injected += time.time_ns() - s
-        pos = torch.arange(idx.shape[1], device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)
-        logits = self.lm_head(x + self.mlp(x))
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
-        return logits, loss
+        return super().forward(idx, targets)
 
 
 def main():
@@ -105,7 +97,10 @@ def main():
     big = torch.zeros(4 << 20) if c == "no-overlap" else None  # 16 MiB of float32
     pad = torch.zeros(16 << 20) if c == "ckpt" else None  # 64 MiB beside the model's state
     ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
-    out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w") if a.truth else None
+    out = None
+    if a.truth:
+        os.makedirs(a.truth, exist_ok=True)
+        out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
     for it in range(a.iters):
         t0 = time.time_ns()
         x, y = get_batch()

@@ -86,7 +86,7 @@ func TestInjectedCauses(t *testing.T) {
 		return rep
 	}
 	bases := map[string]*report.Report{"": run("none")}
-	named, close := 0, 0
+	named, close, ran := 0, 0, 0
 	var table []string
 	for _, c := range injectedCauses {
 		if only := os.Getenv("TPSPROF_CAUSES"); only != "1" && !strings.Contains(","+only+",", ","+c.cause+",") {
@@ -98,6 +98,7 @@ func TestInjectedCauses(t *testing.T) {
 			bases[c.base] = base
 		}
 		rep := run(c.cause)
+		ran++
 		speedup := 100 * (base.Summary.AggregateTPS/rep.Summary.AggregateTPS - 1)
 		if c.gap {
 			speedup = 100 * (base.Summary.WallTPS/rep.Summary.WallTPS - 1)
@@ -129,10 +130,16 @@ func TestInjectedCauses(t *testing.T) {
 			rep.Summary.AggregateTPS, base.Summary.AggregateTPS, rep.Summary.WallTPS, base.Summary.WallTPS, 1e3*rep.Summary.StepTimeS.P50, 1e3*base.Summary.StepTimeS.P50, rep.Breakdown.Shares)
 	}
 	t.Logf("\n| cause | top finding | names it | headroom | speed-up without it (job's clock) | within 20%% | speed-up, a run without it |\n|---|---|---|---:|---:|---|---:|\n%s", strings.Join(table, "\n"))
-	if named < len(injectedCauses)-1 {
-		t.Errorf("the top finding named %d of %d causes, want %d", named, len(injectedCauses), len(injectedCauses)-1)
+	// all but one of the causes run (the 9 of 10); each one when
+	// a few are asked for
+	want := ran
+	if ran == len(injectedCauses) {
+		want = ran - 1
 	}
-	if close < len(injectedCauses)-1 {
-		t.Errorf("headroom within 20%% of the job's own speed-up for %d of %d causes", close, len(injectedCauses))
+	if named < want {
+		t.Errorf("the top finding named %d of %d causes, want %d", named, ran, want)
+	}
+	if close < want {
+		t.Errorf("headroom within 20%% of the job's own speed-up for %d of %d causes, want %d", close, ran, want)
 	}
 }

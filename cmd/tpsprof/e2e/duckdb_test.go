@@ -37,22 +37,35 @@ func duckdbModules(t testing.TB) string {
 	return mods
 }
 
+// duckdbScript stages testdata/name where Node finds @duckdb/node-api (a
+// folder of its own, the modules linked beside it: Node resolves packages
+// from the script's folder upwards) and returns the script's path.
+func duckdbScript(tb testing.TB, name string) string {
+	tb.Helper()
+	mods := duckdbModules(tb)
+	src, err := os.ReadFile(filepath.Join(repoRoot(tb), "cmd", "tpsprof", "e2e", "testdata", name))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	work := tb.TempDir()
+	os.Symlink(mods, filepath.Join(work, "node_modules"))
+	script := filepath.Join(work, name)
+	if err := os.WriteFile(script, src, 0o644); err != nil {
+		tb.Fatal(err)
+	}
+	return script
+}
+
 // DuckDB reads the demo's Parquet as documented, and its figures match.
 func TestDuckDBReadsTraces(t *testing.T) {
-	mods := duckdbModules(t)
+	script := duckdbScript(t, "duckdb_check.mjs")
 	cfg := demo.Defaults()
 	cfg.Out, cfg.Steps, cfg.StepInterval = t.TempDir(), 30, 0
 	res, err := demo.Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	script := filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_check.mjs")
-	// Node resolves packages from the script's folder upwards; point it at the cache.
-	work := t.TempDir()
-	os.Symlink(mods, filepath.Join(work, "node_modules"))
-	b, _ := os.ReadFile(script)
-	os.WriteFile(filepath.Join(work, "check.mjs"), b, 0o644)
-	out, err := exec.Command("node", filepath.Join(work, "check.mjs"), res.JobDir).CombinedOutput()
+	out, err := exec.Command("node", script, res.JobDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("node: %v\n%s", err, out)
 	}
@@ -94,7 +107,7 @@ func TestDuckDBReadsTraces(t *testing.T) {
 // breakdown and MFU weighted by step time, and
 // the slowest rank's straggler score.
 func TestDuckDBAgreesWithReport(t *testing.T) {
-	mods := duckdbModules(t)
+	script := duckdbScript(t, "duckdb_report.mjs")
 	cfg := demo.Defaults()
 	cfg.Out, cfg.Steps, cfg.StepInterval = t.TempDir(), 60, 0
 	res, err := demo.Run(context.Background(), cfg)
@@ -106,12 +119,7 @@ func TestDuckDBAgreesWithReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkInvariants(t, rep)
-	script := filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_report.mjs")
-	work := t.TempDir()
-	os.Symlink(mods, filepath.Join(work, "node_modules"))
-	b, _ := os.ReadFile(script)
-	os.WriteFile(filepath.Join(work, "report.mjs"), b, 0o644)
-	out, err := exec.Command("node", filepath.Join(work, "report.mjs"), res.JobDir).CombinedOutput()
+	out, err := exec.Command("node", script, res.JobDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("node: %v\n%s", err, out)
 	}

@@ -141,11 +141,7 @@ func TestNodesAcrossRealJobs(t *testing.T) {
 	}
 	// docs/nodes.md's SQL in DuckDB over OUT/nodes/: the same hosts, slow
 	// jobs and GPU-hours
-	work := t.TempDir()
-	os.Symlink(duckdbModules(t), filepath.Join(work, "node_modules"))
-	b2, _ := os.ReadFile(filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_nodes.mjs"))
-	os.WriteFile(filepath.Join(work, "nodes.mjs"), b2, 0o644)
-	raw, err := exec.Command("node", filepath.Join(work, "nodes.mjs"), filepath.Join(repoRoot(t), "docs", "nodes.md"), out).CombinedOutput()
+	raw, err := exec.Command("node", duckdbScript(t, "duckdb_nodes.mjs"), filepath.Join(repoRoot(t), "docs", "nodes.md"), out).CombinedOutput()
 	if err != nil {
 		t.Fatalf("DuckDB: %v\n%s", err, raw)
 	}

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"math"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -80,21 +78,14 @@ func TestReportFromRankWindows(t *testing.T) {
 // compute per window, merging the rows of a key) equals DuckDB's own
 // figure from rank_steps, for every rank and window of a demo run.
 func TestDuckDBRankWindows(t *testing.T) {
-	mods := duckdbModules(t)
+	script := duckdbScript(t, "duckdb_windows.mjs")
 	cfg := demo.Defaults()
 	cfg.Out, cfg.Steps, cfg.StepInterval = t.TempDir(), 250, 0
 	res, err := demo.Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	work := t.TempDir()
-	os.Symlink(mods, filepath.Join(work, "node_modules"))
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "cmd", "tpsprof", "e2e", "testdata", "duckdb_windows.mjs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(work, "q.mjs"), b, 0o644)
-	out, err := exec.Command("node", filepath.Join(work, "q.mjs"), res.JobDir).CombinedOutput()
+	out, err := exec.Command("node", script, res.JobDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("node: %v\n%s", err, out)
 	}

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -27,19 +26,11 @@ func BenchmarkReportVsDuckDB(b *testing.B) {
 	if v, err := strconv.Atoi(os.Getenv("TPSPROF_REPORT_STEPS")); err == nil && v > 0 {
 		steps = v
 	}
-	mods := duckdbModules(b)
+	script := duckdbScript(b, "duckdb_summary.mjs")
 	dir, err := tracetest.Write(b.TempDir(), "big", tracetest.Run{World: 64, Steps: steps, Jitter: os.Getenv("TPSPROF_REPORT_JITTER") != ""})
 	if err != nil {
 		b.Fatal(err)
 	}
-	work := b.TempDir()
-	os.Symlink(mods, filepath.Join(work, "node_modules"))
-	src, err := os.ReadFile(filepath.Join(repoRoot(b), "cmd", "tpsprof", "e2e", "testdata", "duckdb_summary.mjs"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	script := filepath.Join(work, "summary.mjs")
-	os.WriteFile(script, src, 0o644)
 	// Both read the files once untimed first: the report ran first in
 	// every loop, so at one iteration (CI's) it alone paid the cold reads.
 	if _, err := report.Analyze(dir, report.Options{Warmup: tps.AutoWarmup}); err != nil {

@@ -1,10 +1,10 @@
 package cli
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,15 +24,8 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	since := fs.String("since", "", "only jobs that ended at or after this time (RFC 3339, or a duration before now: 168h)")
 	top := fs.Int("top", 20, "hosts listed in text and Markdown beyond the drain candidates (JSON lists all)")
 	noKeep := fs.Bool("no-keep", false, "do not keep the jobs' node rows in OUT_DIR/nodes/ (a read-only folder; every job is read again)")
-	var dirs, rest []string
-	for _, a := range args {
-		if !strings.HasPrefix(a, "-") && (len(rest) == 0 || !needsValue(fs.FlagSet, rest[len(rest)-1])) {
-			dirs = append(dirs, a)
-		} else {
-			rest = append(rest, a)
-		}
-	}
-	if code, ok := parseFlags(fs, rest, stderr); !ok {
+	dirs, code, ok := parseWithFolders(fs, args, stderr)
+	if !ok {
 		return code
 	}
 	if len(dirs) != 1 {
@@ -136,7 +129,7 @@ func writeNodesText(w io.Writer, out string, nodes []fleet.Node, s *fleet.Scan, 
 	shown := shownNodes(nodes, top)
 	for _, n := range shown {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%+.1f%%\t%.3f\t%s\t%s\t%s\n", n.Host, n.Jobs, n.SlowJobs, 100*n.Score, n.CostGPUHours,
-			cmpOr(n.Worst, "-"), n.LastJob, verdictText(n))
+			cmp.Or(n.Worst, "-"), n.LastJob, verdictText(n))
 	}
 	tw.Flush()
 	if len(shown) < len(nodes) {
@@ -149,16 +142,7 @@ func writeNodesMarkdown(w io.Writer, nodes []fleet.Node, s *fleet.Scan, top int)
 	fmt.Fprintln(w, "| host | jobs | slow | excess | GPU-h lost | worst GPU | last job | verdict |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|---:|---|---|---|")
 	for _, n := range shownNodes(nodes, top) {
-		fmt.Fprintf(w, "| %s | %d | %d | %+.1f%% | %.3f | %s | %s | %s |\n", mdCell(n.Host), n.Jobs, n.SlowJobs, 100*n.Score, n.CostGPUHours,
-			mdCell(cmpOr(n.Worst, "-")), mdCell(n.LastJob), mdCell(verdictText(n)))
+		fmt.Fprintf(w, "| %s | %d | %d | %+.1f%% | %.3f | %s | %s | %s |\n", report.MarkdownCell(n.Host), n.Jobs, n.SlowJobs, 100*n.Score, n.CostGPUHours,
+			report.MarkdownCell(cmp.Or(n.Worst, "-")), report.MarkdownCell(n.LastJob), report.MarkdownCell(verdictText(n)))
 	}
-}
-
-func mdCell(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", "\\|"), "\n", " ") }
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }

@@ -43,15 +43,8 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 `, stderr)
 	f := reportFlagsOf(fs)
 	// job folders may come before, between or after the flags
-	var dirs, rest []string
-	for _, a := range args {
-		if !strings.HasPrefix(a, "-") && (len(rest) == 0 || !needsValue(fs.FlagSet, rest[len(rest)-1])) {
-			dirs = append(dirs, a)
-		} else {
-			rest = append(rest, a)
-		}
-	}
-	if code, ok := parseFlags(fs, rest, stderr); !ok {
+	dirs, code, ok := parseWithFolders(fs, args, stderr)
+	if !ok {
 		return code
 	}
 	if *f.keep != "" {
@@ -345,6 +338,21 @@ func writeHTMLFile(path string, write func(io.Writer) error) error {
 }
 
 // needsValue reports whether a flag takes the next argument as its value.
+// parseWithFolders parses args whose folders may come before, between or
+// after the flags: the folders, and parseFlags' outcome.
+func parseWithFolders(fs *flagSet, args []string, stderr io.Writer) (dirs []string, code int, ok bool) {
+	var rest []string
+	for _, a := range args {
+		if !strings.HasPrefix(a, "-") && (len(rest) == 0 || !needsValue(fs.FlagSet, rest[len(rest)-1])) {
+			dirs = append(dirs, a)
+		} else {
+			rest = append(rest, a)
+		}
+	}
+	code, ok = parseFlags(fs, rest, stderr)
+	return dirs, code, ok
+}
+
 func needsValue(fs *flag.FlagSet, flagArg string) bool {
 	name := strings.TrimLeft(flagArg, "-")
 	if strings.Contains(name, "=") {
