@@ -135,15 +135,37 @@ func newStepRows(a *analysis, k *rankSink) *stepRows {
 		others: map[int64]*tps.Median{}, keep: medianKeepFor(k.world), kc: keyCursor{ks: &a.sp.keys}}
 }
 
+// rowCols are a row group's columns the step pass reads, taken out of
+// the Columns once a group (a lookup per value was a fifth of the pass).
+type rowCols struct {
+	rank, dur, data, fwd, bwd, optim, tokens, padded []int64
+	capture, captureCPU, memAlloc, memResv, memCap   []int64
+	blocking                                         [8][]int64
+	nBlocking                                        int
+	node                                             []string
+}
+
+func (rc *rowCols) take(c *trace.Columns) {
+	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
+		optim: c.Col(rcOptim), tokens: c.Col(rcTokens), padded: c.Col(rcPadded), capture: c.Col(rcCapture),
+		captureCPU: c.Col(rcCaptureCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
+		nBlocking: len(rcBlocking), node: c.Strings}
+	for j, col := range rcBlocking {
+		rc.blocking[j] = c.Col(col)
+	}
+}
+
 // group takes a row group's rows. Rows come grouped by step, mostly in
 // the steps' order: the step is looked up when it changes (the next one
 // first).
 func (p *stepRows) group(c *trace.Columns) {
 	sp := p.sp
+	var rc rowCols
+	rc.take(c)
 	attempt, step := c.Col(rcAttempt), c.Col(rcStep)
 	lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
+	p.rep.RankRows += int64(c.Rows)
 	for i := range c.Rows {
-		p.rep.RankRows++
 		if k := [2]int64{attempt[i], step[i]}; k != lastKey {
 			lastKey = k
 			if n := si + 1; ok && n < sp.len() && p.kc.at(n) == k {
@@ -154,24 +176,24 @@ func (p *stepRows) group(c *trace.Columns) {
 			hc = p.k.heat.col(si)
 		}
 		if ok {
-			p.row(c, i, si, hc)
+			p.row(&rc, i, si, hc)
 		}
 	}
 }
 
-// row takes row i of c, of spine step si (heatmap column hc).
-func (p *stepRows) row(c *trace.Columns, i, si, hc int) {
+// row takes row i of rc, of spine step si (heatmap column hc).
+func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	sp, k := p.sp, p.k
-	r, dur, data := c.Col(rcRank)[i], c.Col(rcDuration)[i], c.Col(rcData)[i]
+	r, dur, data := rc.rank[i], rc.dur[i], rc.data[i]
 	// compute as tps.StepRecord.ComputeNs, without building a record
 	var blocked [8]int64
-	for j, col := range rcBlocking {
-		blocked[j] = c.Col(col)[i]
+	for j := range rc.nBlocking {
+		blocked[j] = rc.blocking[j][i]
 	}
-	comp := float64(tps.ComputeNs(dur, blocked[:len(rcBlocking)]...))
+	comp := float64(tps.ComputeNs(dur, blocked[:rc.nBlocking]...))
 	k.heat.addCol(hc, r, comp)
 	inRange := r >= 0 && r < int64(len(p.byRank))
-	if n := c.Strings[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
+	if n := rc.node[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
 		k.nodes[r] = n
 		if inRange {
 			p.named[r] = true
@@ -180,24 +202,24 @@ func (p *stepRows) row(c *trace.Columns, i, si, hc int) {
 	warm := sp.warm(si)
 	if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
 		// what the critical rank had more of than the mean rank
-		k.crit.addOwn(c.Strings[i], r, comp, float64(data))
+		k.crit.addOwn(rc.node[i], r, comp, float64(data))
 	}
-	p.rep.own.addMem(r, c.Col(rcMemAlloc)[i], c.Col(rcMemResv)[i], c.Col(rcMemCap)[i])
+	p.rep.own.addMem(r, rc.memAlloc[i], rc.memResv[i], rc.memCap[i])
 	if warm {
 		return
 	}
 	if sp.flag[si]&flagSkip != 0 {
 		// profiled (traced, FLOP-counted): its cost is the profiler's, apart
-		p.rep.own.addProfiled(c.Col(rcCapture)[i])
+		p.rep.own.addProfiled(rc.capture[i])
 	} else {
-		p.rep.own.addCost(1, c.Col(rcCapture)[i], c.Col(rcCaptureCPU)[i], dur)
+		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
 	}
 	// its own time (what the others wait for in a synchronous step:
 	// compute and waiting for data), and of it the data wait and the
 	// measured forward, backward and optimizer
-	k.wins.add(si, r, comp+float64(data), float64(data), float64(c.Col(rcFwd)[i]+c.Col(rcBwd)[i]+c.Col(rcOptim)[i]))
-	if pad := c.Col(rcPadded)[i]; pad > 0 {
-		k.realTok += c.Col(rcTokens)[i]
+	k.wins.add(si, r, comp+float64(data), float64(data), float64(rc.fwd[i]+rc.bwd[i]+rc.optim[i]))
+	if pad := rc.padded[i]; pad > 0 {
+		k.realTok += rc.tokens[i]
 		k.padTok += pad
 	}
 	// the straggler verdict is on own time, as the episodes': a rank slow

@@ -317,6 +317,16 @@ func WarmupLimit(n int) int { return max(3, int(MaxAutoWarmupShare*float64(n))) 
 // SortSteps orders cluster steps by attempt, then step (rows of one step
 // keep their order).
 func SortSteps(steps []ClusterStep) {
+	sorted := true
+	for i := 1; i < len(steps) && sorted; i++ {
+		// (by index: the comparison below takes 416-byte rows by value,
+		// and rows come sorted nearly always)
+		a, b := &steps[i-1], &steps[i]
+		sorted = a.Attempt < b.Attempt || a.Attempt == b.Attempt && a.Step <= b.Step
+	}
+	if sorted {
+		return
+	}
 	slices.SortStableFunc(steps, func(a, b ClusterStep) int {
 		return cmp.Or(cmp.Compare(a.Attempt, b.Attempt), cmp.Compare(a.Step, b.Step))
 	})

@@ -288,3 +288,44 @@ func TestEachColumnsStrsMatchesRows(t *testing.T) {
 		t.Fatalf("fixture: no sketch or compute: %+v", want[0])
 	}
 }
+
+// A row group whose column holds one value (its statistics' min = max) is
+// filled from the footer instead of decoded: the values are the rows'
+// across groups whose constant changes, stays, grows with the group, or
+// gives way to varied values and back (the slices are reused group to
+// group), under -race's two decoding goroutines too.
+func TestEachColumnsConstantChunks(t *testing.T) {
+	root := t.TempDir()
+	w, err := NewPartWriter[tps.StepRecord](root, "j", RankSteps, WriterOptions{WriterID: "t", RowsPerGroup: 5000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []tps.StepRecord
+	for g, ckpt := range []int64{0, 0, 7, 7, -1, 0, 9, 9} { // -1: varied
+		for i := range 5000 {
+			r := tps.StepRecord{Job: "j", Step: int64(g*5000 + i), Rank: 0, WorldSize: 1, Node: "n", DurationNs: 1e9, CkptNs: ckpt, Tokens: int64(g)}
+			if ckpt < 0 {
+				r.CkptNs = int64(i % 3)
+			}
+			recs = append(recs, r)
+		}
+	}
+	for g := 0; g < len(recs); g += 5000 {
+		w.Write(recs[g : g+5000])
+	}
+	w.Close()
+	k := 0
+	err = EachColumns(filepath.Join(root, "j", RankSteps), []string{"step", "ckpt_ns", "tokens", "?no_such"}, "", func(c *Columns) error {
+		for i := range c.Rows {
+			r := &recs[k]
+			if got := [...]int64{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i], c.Int64[3][i]}; got != [...]int64{r.Step, r.CkptNs, r.Tokens, 0} {
+				return fmt.Errorf("row %d: %v, want step %d ckpt %d tokens %d", k, got, r.Step, r.CkptNs, r.Tokens)
+			}
+			k++
+		}
+		return nil
+	})
+	if err != nil || k != len(recs) {
+		t.Fatalf("%d rows of %d: %v", k, len(recs), err)
+	}
+}
