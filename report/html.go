@@ -422,7 +422,7 @@ var shareWords = map[string]string{
 	"bubble":            "pipeline bubble",
 	"data_stall":        "data-loader stall",
 	"checkpoint":        "checkpoint",
-	"host_other":        "host and other (outside the ranks' steps)",
+	"host_other":        "host and other (outside the ranks' steps, and their host work before the forward)",
 }
 
 // throughputCard leads the page: tokens over step time, or why none.

@@ -446,6 +446,7 @@ func (x *critExcess) explain(ws []WaitShare, nodeOf map[int64]string) {
 			continue
 		}
 		c, d := (e[0]/e[2]-m[0]/m[2])/1e6, (e[1]/e[2]-m[1]/m[2])/1e6
+		ws[i].ComputeExcessMs, ws[i].DataExcessMs = c, d
 		switch {
 		case d > c && d > 0:
 			ws[i].Cause = fmt.Sprintf("data loading: %.1f ms a step more waiting for data than the mean rank (compute %+.1f ms)", d, c)
@@ -469,6 +470,11 @@ type WaitShare struct {
 	// ByRank: the job runs on one node, whose ranks are who the others
 	// waited for: the waiting is charged to Ranks[0] alone.
 	ByRank bool `json:"by_rank,omitempty"`
+	// ComputeExcessMs and DataExcessMs are what its critical rank had
+	// more of than the mean rank a step, in the steps it was critical
+	// (what Cause says in words; 0 where unknown).
+	ComputeExcessMs float64 `json:"compute_excess_ms,omitempty"`
+	DataExcessMs    float64 `json:"data_excess_ms,omitempty"`
 }
 
 // unstepClocks repairs the timeline of steps (sorted by attempt, step)

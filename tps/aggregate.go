@@ -68,8 +68,9 @@ type ClusterStep struct {
 	// The splits of a breakdown part (Measure.Split): each the mean
 	// fraction of its measure, as the blocking parts' (bound to its
 	// measure by Measure.Column).
-	GCFractionMean float64 `json:"gc_fraction_mean" parquet:"gc_fraction_mean"`
-	ComputeNsMean  float64 `json:"compute_ns_mean" parquet:"compute_ns_mean"`
+	GCFractionMean   float64 `json:"gc_fraction_mean" parquet:"gc_fraction_mean"`
+	HostFractionMean float64 `json:"host_fraction_mean" parquet:"host_fraction_mean"`
+	ComputeNsMean    float64 `json:"compute_ns_mean" parquet:"compute_ns_mean"`
 
 	LossMean     float64 `json:"loss_mean" parquet:"loss_mean"`
 	SkippedRanks int64   `json:"skipped_ranks" parquet:"skipped_ranks"`

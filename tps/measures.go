@@ -119,6 +119,7 @@ const (
 	WireCost
 	WireMem
 	WireHost
+	WireHostWork
 	// NumWireGroups is one past the last group.
 	NumWireGroups
 )
@@ -186,6 +187,9 @@ var measures = [...]Measure{
 	{Name: "gc_ns", Field: "GCNs", Unit: "ns", Kind: KindPhase, Wire: WireHost, Over: OverSum, Combine: "`gc_fraction_mean`: compute's split \"Python GC\" (at most compute's share)",
 		Doc:   "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks; it sends at most the step's duration). Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
 		Split: "compute", Label: "Python GC", Column: "GCFractionMean"},
+	{Name: "host_ns", Field: "HostNs", Unit: "ns", Kind: KindBlocking, Wire: WireHostWork, Over: OverSum, Combine: "`host_fraction_mean`: host/other's split \"host work before the forward\" (at most its share)",
+		Doc:   "optional: of a step that runs from the previous step's end with no timed fetch (a loop with no DataLoader), the training thread's CPU time before its first forward (host work: Python between the optimizer step and the next forward, batch preparation on the training thread), taken out of the data wait, which keeps the time the thread did not run (waiting for I/O, a sleep, another process). The Python package measures it on CPU (host marks) by the thread's CPU clock; not part of compute",
+		Split: "host_other", Label: "host work before the forward", Column: "HostFractionMean"},
 }
 
 // NumMeasures is how many measures a record has.

@@ -297,7 +297,7 @@ var tokenSources = map[string]string{
 // DataSource holds, with the words the report says them in.
 var dataSources = map[string]string{
 	"loader":         "the waits of the job's DataLoaders (or wrapped iterables) for each batch",
-	"before_forward": "the time from each step's start to its first forward (batches from no DataLoader, e.g. a get_batch)",
+	"before_forward": "the time from each step's start to its first forward, less the training thread's CPU work there (host work; batches from no DataLoader, e.g. a get_batch)",
 }
 
 // DataSourceText is the report's words for a data source key; false for

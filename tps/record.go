@@ -101,6 +101,10 @@ type StepRecord struct {
 	// GCNs is the training thread's time in Python's garbage collector
 	// during the step (Measures: gc_ns). Zero: none, or not measured.
 	GCNs int64 `json:"gc_ns,omitempty" parquet:"gc_ns,delta"`
+	// HostNs is the training thread's CPU time before the step's first
+	// forward, out of its data wait (Measures: host_ns). Zero: none, or
+	// not measured.
+	HostNs int64 `json:"host_ns,omitempty" parquet:"host_ns,delta"`
 
 	// FLOPs are the model FLOPs of the step for this rank's data-parallel
 	// replica, when the training code computes them itself (variable-length

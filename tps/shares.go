@@ -20,7 +20,8 @@ type Shares struct {
 	DataStall       float64 `json:"data_stall"`
 	Checkpoint      float64 `json:"checkpoint"`
 	// Other is what the parts leave of the step time: host time outside
-	// the ranks' own steps.
+	// the ranks' own steps, and their measured host work before the
+	// forward (host_ns, a blocking measure no other part holds: its split).
 	Other float64 `json:"other"`
 	// Splits are the shares of step time that measures split out of a
 	// part (ShareSplits: Python GC out of compute), by measure name;

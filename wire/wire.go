@@ -206,6 +206,9 @@ const (
 	// From hasTrace on, group g of tps.Measures has bit hasTrace << (g -
 	// tps.WireTrace): a new group is a constant there and a bit here.
 	hasHost
+	// hasHostWork: the training thread's CPU time before the step's first
+	// forward follows (a varint: host_ns).
+	hasHostWork
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -281,7 +284,7 @@ var (
 )
 
 func init() {
-	if lastBit != hasHost {
+	if lastBit != hasHostWork {
 		panic("wire: tps.Measures has a wire group with no presence bit")
 	}
 	for g := tps.WireTrace; g < tps.NumWireGroups; g++ {

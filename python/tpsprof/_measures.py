@@ -42,8 +42,10 @@ MEASURES = MappingProxyType({
     "mem_peak_reserved_bytes": ("own", 1125899906842624),
     "mem_capacity_bytes": ("own", 1125899906842624),
     "gc_ns": ("phase", None),
+    "host_ns": ("blocking", None),
 })
 
 SPLITS = MappingProxyType({
     "gc_ns": ("compute", "Python GC", "split/gc"),
+    "host_ns": ("host_other", "host work before the forward", "split/host"),
 })

@@ -670,6 +670,7 @@ class TorchProfiler(Marks):
         if chain is not None and not self._side:
             st = Step(chain[0], chain[1], self.cuda)
             st.chained = True
+            st.cpu0 = chain[2]
         else:
             st = Step(self._mark(), time.time_ns(), self.cuda)
             self._gc.take()  # pauses in the gap before it are not its own
@@ -1046,7 +1047,7 @@ class TorchProfiler(Marks):
             st.end_shared = True  # the next step's start mark: released with it
         else:
             wall_end = st.wall0 + (st.end - st.t0)
-        self._chain = (st.end, wall_end)
+        self._chain = (st.end, wall_end, st.cpu_end if st.end_at is not None else None)
         if self.cuda and self._mem_on:
             if self._mem_left <= 0:
                 st.mem = self._memory()
@@ -1186,12 +1187,20 @@ class TorchProfiler(Marks):
         # the collector's pauses: on CPU host marks of the steps' clock,
         # taken out of the phases they fell in; on a GPU their host time
         pauses = [] if st.cuda or not st.gc else clip([(a - base, b - base) for a, b in st.gc], 0, dur)
-        data = st.data_wait
+        data, host = st.data_wait, 0
         if st.pre is not None:
             a, b = ns(st.pre[0]), ns(st.pre[1])
             if a is not None and b is not None:
-                data += max(b - a - st.gap - length(intersect([(a, b)], pauses)), 0)
+                paused = length(intersect([(a, b)], pauses))
+                pre = max(b - a - st.gap - paused, 0)
+                if st.pre_cpu is not None:
+                    # the thread's CPU time in it is host work (Python after
+                    # the optimizer step, a batch built on this thread); the
+                    # rest, the time it did not run, is the data wait
+                    host = min(max(st.pre_cpu - paused, 0), pre)
+                data += pre - host
         data = min(data, dur)
+        host = min(host, dur - data)
         ph = phases(dur, data, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
                     comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait), gc=pauses)
         gc_ns = ph.pop("gc", 0) if not st.cuda else min(sum(b - a for a, b in st.gc or ()), dur)
@@ -1213,11 +1222,11 @@ class TorchProfiler(Marks):
                               skipped=st.skipped,
                               padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
                               bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp,
-                              measures=self._measures(st, gc_ns))
+                              measures=self._measures(st, gc_ns, host))
 
-    def _measures(self, st, gc_ns):
+    def _measures(self, st, gc_ns, host=0):
         """The step's measures past its phases, by tps.Measures key."""
-        out = {"capture_ns": st.own, "capture_cpu_ns": self._own_cpu(), "gc_ns": gc_ns}
+        out = {"capture_ns": st.own, "capture_cpu_ns": self._own_cpu(), "gc_ns": gc_ns, "host_ns": host}
         if st.mem:
             out.update(zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), st.mem))
         return out
@@ -1394,6 +1403,9 @@ class TorchProfiler(Marks):
                 # array, tensors in a list): the time from the step's start
                 # to its first forward is its data wait
                 st.pre = (st.t0, st.fwd_open)
+                if st.cpu0 is not None:
+                    # of it, the thread's own CPU work (host work, not a wait)
+                    st.pre_cpu = time.thread_time_ns() - st.cpu0
             if first and self._flops_every and self._tracing is None:
                 # FLOPs are counted from a step's first training forward, not
                 # where it began: the counter must not hold what the thread
@@ -1556,6 +1568,9 @@ class TorchProfiler(Marks):
                 # where the step's record will say it ended (its wall start
                 # plus its marks' span, on CPU; the host's clock on a GPU)
                 self._last_end_wall = st.wall0 + (end - st.t0) if not st.cuda else time.time_ns()
+                # (CPU) the thread's CPU clock there: the next step's host
+                # work before its forward is counted from it
+                st.cpu_end = None if st.cuda else time.thread_time_ns()
             # the iteration may step other optimizers yet: it ends at the
             # next iteration's first activity (or close)
             st.optimized = True
@@ -1601,7 +1616,7 @@ class TorchProfiler(Marks):
                 if st is not None and st.chained and not st.trained:
                     # an epoch's end: the next epoch's first step begins
                     # where the last one ended (the new iterator is its time)
-                    self._chain = (st.t0, st.wall0)
+                    self._chain = (st.t0, st.wall0, st.cpu0)
             except Exception:
                 self._err()
 
