@@ -209,6 +209,13 @@ def verify_llama(a):
         v.check("MFU (analytic)", "%.1f%%" % (100 * mfu) if mfu is not None else "n/a",
                 "from counted FLOPs %s" % ("%.1f%%" % (100 * c["mfu"]) if c.get("mfu") is not None else "n/a"),
                 mfu is not None and c.get("mfu") is not None and abs(mfu - c["mfu"]) <= 0.05 * c["mfu"])
+    if tail:  # the MFU ledger with the GPUs' own account of the same steps (GPM, Hopper and later)
+        lg = rep.get("mfu_ledger") or {}
+        ta, sa = lg.get("tensor_activity"), lg.get("sm_activity")
+        print("MFU ledger: %s" % json.dumps((lg.get("ledger") or {}).get("buckets", lg.get("ledger")))[:300])
+        v.check("tensor pipes active beside MFU", "%.1f%% (SMs %s, %d samples)" % (100 * ta, "%.1f%%" % (100 * sa) if sa is not None else "n/a",
+                                                                             lg.get("gpm_samples", 0)) if ta is not None else "unavailable: %s" % lg.get("gpm_unavailable"),
+                "MFU %s; GPM measured" % ("%.1f%%" % (100 * mfu) if mfu is not None else "n/a"), ta is not None and 0 < ta <= 1)
     if tail and tail[0].get("energy_mj"):
         e = rep.get("energy") or {}
         print("energy: NVML %.1f J over the run; report %s" % (tail[0]["energy_mj"] / 1e3, json.dumps(e)[:200]))
