@@ -162,6 +162,9 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 			if w.Cause != "" {
 				cause += ": " + w.Cause
 			}
+			if g := rep.gpuCauseOf(w.Node); g != "" {
+				cause += "; its " + g
+			}
 		}
 	case "exposed_comm":
 		evidence = fmt.Sprintf("%s of communication hidden behind compute", pct(b.CommOverlap))
@@ -199,6 +202,26 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 		cause = "Python's garbage collector on the training thread (gc.freeze() after setup, or automatic collection off with a collection every N steps)"
 	}
 	return cause, evidence
+}
+
+// gpuCauseOf is what the GPU samples say of node against the other nodes
+// in its straggler episodes, where they show clocks throttled or low or
+// a throttle reason (the episodes' own cause, its longest episode's):
+// a throttled GPU is why its compute was slow ("" where they say nothing
+// of the kind, or no episode is the node's).
+func (rep *Report) gpuCauseOf(node string) string {
+	best := -1
+	for i, e := range rep.Episodes {
+		if e.Node == node && (strings.HasPrefix(e.Cause, "GPU clocks") || strings.HasPrefix(e.Cause, "throttle reasons")) {
+			if best < 0 || e.Steps > rep.Episodes[best].Steps {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		return ""
+	}
+	return rep.Episodes[best].Cause
 }
 
 // slowRankData says whether the waiting has a named rank or node (≥

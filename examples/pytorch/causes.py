@@ -10,6 +10,8 @@ headroom is the speed-up the job gains without it.
   data          get_batch sleeps 30 ms on every rank (a slow input pipeline)
   slow-data     get_batch sleeps 30 ms on rank 1 alone
   slow-compute  rank 1's forward takes 30 ms more (a slow GPU, a noisy neighbour)
+  throttle      the same, run as two nodes whose second node's GPU telemetry
+                (simulated at the agent's NVML boundary) shows it throttled
   no-overlap    after the backward, a 16 MiB all-reduce the job waits for
   ckpt          a 64 MiB checkpoint (torch.save) every 2 iterations
   host          20 ms of Python on every rank after the optimizer step
@@ -36,7 +38,7 @@ import torch.distributed as dist
 
 import nanogpt_train  # (beside this file: the same model)
 
-CAUSES = ("none", "data", "slow-data", "slow-compute", "no-overlap", "ckpt", "host", "eval", "gc", "alloc")
+CAUSES = ("none", "data", "slow-data", "slow-compute", "throttle", "no-overlap", "ckpt", "host", "eval", "gc", "alloc")
 
 
 class GPT(nanogpt_train.GPT):
@@ -89,7 +91,7 @@ def main():
         y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
         return x, y
 
-    model = GPT(vocab, a.dim, a.block, slow=0.03 if c == "slow-compute" and rank == 1 else 0.0)
+    model = GPT(vocab, a.dim, a.block, slow=0.03 if c in ("slow-compute", "throttle") and rank == 1 else 0.0)
     gpt = model
     if distributed:
         model = torch.nn.parallel.DistributedDataParallel(model)

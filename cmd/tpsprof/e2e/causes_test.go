@@ -1,14 +1,23 @@
 package e2e
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
+	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/launch"
+	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/report"
+	"github.com/tpsprof/tpsprof/tps"
 )
 
 // injectedCause is one of examples/pytorch/causes.py's causes, the finding
@@ -18,17 +27,23 @@ type injectedCause struct {
 	rank          int
 	gap           bool   // time between steps: the speed-up is in wall TPS
 	base          string // the run without the cause ("": none)
+	// nodes: run as two nodes (a launch each, one rank each) with GPU
+	// telemetry simulated at the agents' NVML boundary, node-b's throttled;
+	// says: what the top finding's cause must say besides
+	nodes bool
+	says  []string
 }
 
 var injectedCauses = []injectedCause{
-	{"data", "data_stall", -1, false, ""},
-	{"slow-data", "waiting_for_peers|data_stall", 1, false, ""},
-	{"slow-compute", "waiting_for_peers", 1, false, ""},
-	{"no-overlap", "exposed_comm", -1, false, ""},
-	{"ckpt", "checkpoint", -1, true, ""},
-	{"host", "host_other", -1, false, ""},
-	{"eval", report.BadEval, -1, true, ""},
-	{"gc", "gc_ns", -1, false, "alloc"}, // (the same objects, freed without the collector)
+	{"data", "data_stall", -1, false, "", false, nil},
+	{"slow-data", "waiting_for_peers|data_stall", 1, false, "", false, nil},
+	{"slow-compute", "waiting_for_peers", 1, false, "", false, nil},
+	{"throttle", "waiting_for_peers", -1, false, "", true, []string{"node node-b (ranks 1)", "GPU clocks throttled"}},
+	{"no-overlap", "exposed_comm", -1, false, "", false, nil},
+	{"ckpt", "checkpoint", -1, true, "", false, nil},
+	{"host", "host_other", -1, false, "", false, nil},
+	{"eval", report.BadEval, -1, true, "", false, nil},
+	{"gc", "gc_ns", -1, false, "alloc", false, nil}, // (the same objects, freed without the collector)
 }
 
 // Issue 60's check of the findings (opt-in: TPSPROF_CAUSES=1, 9 torchrun
@@ -46,9 +61,15 @@ func TestInjectedCauses(t *testing.T) {
 	py := torchPython(t)
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "causes.py")
 	own := map[string]float64{} // cause -> the speed-up without it by the job's own clock
-	run := func(cause string) *report.Report {
+	run := func(cause string, nodes bool) *report.Report {
 		truth := t.TempDir()
-		dir, _ := launchTorch(t, "cause-"+cause, true, append(torchrun(py, 2, script), "--cause", cause, "--iters", "40", "--truth", truth))
+		args := []string{script, "--cause", cause, "--iters", "40", "--truth", truth}
+		var dir string
+		if nodes {
+			dir = launchTwoNodes(t, py, "cause-"+cause, args)
+		} else {
+			dir, _ = launchTorch(t, "cause-"+cause, true, torchrun(py, 2, args...))
+		}
 		rep, err := report.Analyze(dir, report.Options{Warmup: 5})
 		if err != nil {
 			t.Fatal(err)
@@ -85,7 +106,7 @@ func TestInjectedCauses(t *testing.T) {
 		}
 		return rep
 	}
-	bases := map[string]*report.Report{"": run("none")}
+	bases := map[string]*report.Report{"": run("none", false)}
 	named, close, ran := 0, 0, 0
 	var table []string
 	for _, c := range injectedCauses {
@@ -94,10 +115,10 @@ func TestInjectedCauses(t *testing.T) {
 		}
 		base := bases[c.base]
 		if base == nil {
-			base = run(c.base)
+			base = run(c.base, false)
 			bases[c.base] = base
 		}
-		rep := run(c.cause)
+		rep := run(c.cause, c.nodes)
 		ran++
 		speedup := 100 * (base.Summary.AggregateTPS/rep.Summary.AggregateTPS - 1)
 		if c.gap {
@@ -112,6 +133,12 @@ func TestInjectedCauses(t *testing.T) {
 		ok := strings.Contains("|"+c.bucket+"|", "|"+f.Bucket+"|")
 		if c.rank >= 0 && !strings.Contains(f.Cause+" "+f.Evidence, fmt.Sprintf("rank %d", c.rank)) {
 			ok = false
+		}
+		for _, w := range c.says {
+			if !strings.Contains(f.Cause, w) {
+				ok = false
+				t.Errorf("%s: the top finding's cause %q does not say %q", c.cause, f.Cause, w)
+			}
 		}
 		if ok {
 			named++
@@ -142,4 +169,79 @@ func TestInjectedCauses(t *testing.T) {
 	if close < want {
 		t.Errorf("headroom within 20%% of the job's own speed-up for %d of %d causes, want %d", close, ran, want)
 	}
+}
+
+// causeGPUs is one simulated node's GPU (a fake at the hardware boundary:
+// NVML has no GPU here): throttled, it reports a hardware thermal slowdown
+// in every sample, a slower SM clock, more heat and less power.
+type causeGPUs struct {
+	node      string
+	throttled bool
+}
+
+func (g causeGPUs) Devices() []agent.GPUInfo {
+	return []agent.GPUInfo{{Index: 0, UUID: "GPU-cause-" + g.node, Name: "NVIDIA H100 80GB HBM3"}}
+}
+
+func (g causeGPUs) Sample(i int) (tps.GPUSample, error) {
+	temp, power, clock, reasons := int64(62), 610.0, int64(1980), int64(0)
+	if g.throttled {
+		temp, power, clock, reasons = 92, 480, 1305, 0x8|0x40 // hardware slowdown, hardware thermal slowdown
+	}
+	zero, max := int64(0), int64(1980)
+	return tps.GPUSample{Index: int32(i), UUID: "GPU-cause-" + g.node, Name: "NVIDIA H100 80GB HBM3", TempC: &temp, PowerW: &power,
+		SMClockMHz: &clock, SMClockMaxMHz: &max, ClockEventReason: &reasons, XIDEvents: &zero, ECCUncorrected: &zero}, nil
+}
+
+func (g causeGPUs) Close() error { return nil }
+
+// launchTwoNodes runs args (a script and its arguments) under launch
+// --auto as two nodes of one rank each, node-a and node-b (ranks 0 and
+// 1), each launch with its own agent and simulated GPU (node-b's
+// throttled), on one collector; it returns the job's folder.
+func launchTwoNodes(t *testing.T, py, job string, args []string) string {
+	t.Helper()
+	srv, col, out, _ := launchEnv(t)
+	defer col.Close()
+	sockDir, err := os.MkdirTemp("", "tpsprof-nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	port, rdzv := freePort(t), ""
+	if torchMajor(py) >= 2 {
+		rdzv = filepath.Join(t.TempDir(), "rdzv")
+	}
+	var wg sync.WaitGroup
+	logs := make([]bytes.Buffer, 2)
+	codes, errs := make([]int, 2), make([]error, 2)
+	for n, name := range []string{"node-a", "node-b"} {
+		cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", "2", "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2"}
+		if rdzv != "" {
+			cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv, "--rdzv_conf", "store_type=file")
+		} else {
+			cmd = append(cmd, "--node_rank", strconv.Itoa(n), "--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port))
+		}
+		cfg := launch.Config{Job: job, Auto: true, PythonDir: t.TempDir(), Command: append(cmd, args...), Stdout: &logs[n], Stderr: &logs[n],
+			Agent: agent.Config{Socket: filepath.Join(sockDir, name+".sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: name,
+				GPU: causeGPUs{node: name, throttled: name == "node-b"}, GPUInterval: 50 * time.Millisecond}}
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			codes[n], errs[n] = launch.Run(ctx, cfg)
+		})
+	}
+	wg.Wait()
+	for n := range 2 {
+		if errs[n] != nil || codes[n] != 0 {
+			t.Fatalf("%s node %d: exit %d, %v\n%s", job, n, codes[n], errs[n], logs[n].String())
+		}
+	}
+	if err := col.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := col.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(out, job)
 }
