@@ -50,6 +50,9 @@ type LiveFinding struct {
 	Label       string  `json:"label"`
 	Share       float64 `json:"share"`
 	HeadroomPct float64 `json:"headroom_pct"`
+	// Who is whom the waiting is for, where one rank or node explains
+	// it (its headroom then the waiters' share, as the report's).
+	Who string `json:"who,omitempty"`
 }
 
 // LiveJob is one job's current state, as /api/summary serves it.
@@ -220,9 +223,7 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 				lj.MFUUnknown = cmp.Or(last.MFUUnknown, f.tpsUnknown, "no model or GPU in the run metadata")
 			}
 			lj.MFULedger, lj.MFULedgerUnknown = f.ledger()
-			for _, l := range tps.TimeLosses(f.shares) {
-				lj.Findings = append(lj.Findings, LiveFinding{Key: l.Key, Label: l.Label, Share: l.Share, HeadroomPct: l.HeadroomPct})
-			}
+			lj.Findings = f.findings()
 			for _, p := range tps.ShareParts() {
 				lj.Breakdown[p.Key] = *p.Of(&f.shares)
 			}

@@ -10,9 +10,8 @@ import (
 )
 
 // ExplainsShare is how much of its bucket a cause must explain to be
-// named (TraceML's rule, which tpsprof's capture uses too): below it a
-// finding says where the time went, not why.
-const ExplainsShare = 0.8
+// named (tps.ExplainsShare).
+const ExplainsShare = tps.ExplainsShare
 
 // Finding is one place the run's throughput goes, with what removing it
 // would gain: a part of step time (the breakdown's parts but compute, and
@@ -47,24 +46,16 @@ var gapCauses = []struct{ key, what string }{
 	{BadProfiling, "the profiler's stop after traced steps"},
 }
 
-// waiters is the share of step time the ranks that waited spent waiting,
-// where one rank or node explains the waiting (its cause named): the mean
-// over all ranks counts the critical ranks, which do not wait, so it
-// understates what the others would gain were the critical ones as fast
-// (two ranks, one 30 ms slower in a 60 ms step: the mean waiting is 25%,
-// the other's 50%, and the step would take half as long: +100%, not +33%;
-// examples/pytorch/causes.py, TestInjectedCauses). k is how many ranks
-// were critical, n the world.
+// waiters is the share of step time the ranks that waited spent waiting
+// (tps.WaitersShare), where one rank or node explains the waiting (its
+// cause named); k is how many of its ranks were critical.
 func (rep *Report) waiters() (share float64, k int, ok bool) {
 	if len(rep.WaitCharged) == 0 || rep.WaitCharged[0].Share < ExplainsShare {
 		return 0, 0, false
 	}
-	n, k := int(rep.Summary.WorldSize), max(len(rep.WaitCharged[0].Ranks), 1)
-	w := rep.Breakdown.Shares.WaitingForPeers
-	if n <= k || w <= 0 {
-		return 0, 0, false
-	}
-	return min(w*float64(n)/float64(n-k), 0.99), k, true
+	k = max(len(rep.WaitCharged[0].Ranks), 1)
+	share, ok = tps.WaitersShare(rep.Breakdown.Shares.WaitingForPeers, int(rep.Summary.WorldSize), k)
+	return share, k, ok
 }
 
 // findings sets rep.Findings, largest headroom first.

@@ -111,3 +111,25 @@ func TimeLosses(s Shares) []TimeLoss {
 	slices.SortStableFunc(out, func(a, b TimeLoss) int { return cmp.Compare(b.HeadroomPct, a.HeadroomPct) })
 	return out
 }
+
+// ExplainsShare is how much of its bucket a cause must explain to be
+// named (TraceML's rule, which tpsprof's capture uses too): below it a
+// finding says where the time went, not why.
+const ExplainsShare = 0.8
+
+// WaitersShare is the share of their step time the ranks that waited
+// spent waiting, from the mean over all world ranks (mean), where k
+// critical ranks (one rank, or one node's) explain the waiting: the mean
+// counts the critical ranks, which do not wait, so it understates what
+// the others would gain were the critical ones as fast (two ranks, one
+// 30 ms slower in a 60 ms step: the mean waiting is 25%, the other's
+// 50%, and the step would take half as long: +100%, not +33%;
+// examples/pytorch/causes.py). ok is false where it cannot say (no
+// waiting, every rank critical). At most 0.99.
+func WaitersShare(mean float64, world, k int) (share float64, ok bool) {
+	k = max(k, 1)
+	if world <= k || mean <= 0 {
+		return 0, false
+	}
+	return min(mean*float64(world)/float64(world-k), 0.99), true
+}
