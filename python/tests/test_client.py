@@ -181,6 +181,14 @@ class TrackersTest(unittest.TestCase):
         self.assertAlmostEqual(sum(v for k, v in row.items() if k.startswith("tpsprof/share/")), 1.0)
         self.assertEqual(row["tpsprof/share/compute"], 0.0)
         self.assertIsNone(_trackers.figures({"step": 1, "duration_ns": 0}))
+        # the thread's own work before the forward (host_ns): host/other's
+        # share at a rank, out of compute, and its split
+        _, row = _trackers.figures({"step": 2, "duration_ns": 200_000_000, "tokens": 1000,
+                                    "data_wait_ns": 30_000_000, "host_ns": 40_000_000})
+        self.assertAlmostEqual(row["tpsprof/share/host_other"], 0.2)
+        self.assertAlmostEqual(row["tpsprof/split/host"], 0.2)
+        self.assertAlmostEqual(row["tpsprof/share/compute"], 0.65)
+        self.assertAlmostEqual(sum(v for k, v in row.items() if k.startswith("tpsprof/share/")), 1.0)
 
     def test_no_tracker_nothing_imported_no_thread(self):
         import subprocess

@@ -14,10 +14,12 @@ alone; nothing raises into the job.
 
 Names: ``tpsprof/tokens_per_s``, ``tpsprof/step_time_s`` and the step's
 shares of ``tpsprof/share/{compute,exposed_comm,data_stall,bubble,
-checkpoint}`` (adding up to 1; on one rank, time blocked in a collective
-waiting for slower peers is part of exposed communication), the splits
+checkpoint,host_other}`` (adding up to 1; on one rank, time blocked in a
+collective waiting for slower peers is part of exposed communication, and
+host/other is the thread's own work before the forward), the splits
 tps.Measures declares (``tpsprof/split/gc``: Python's garbage collector, a
-part of compute), plus
+part of compute; ``tpsprof/split/host``: that work before the forward),
+plus
 ``tpsprof/mem_peak_allocated_gib`` on CUDA ranks, at the job's step
 numbers. On rank 0, the cluster figures the collector publishes every few
 seconds (through the node's agent): ``tpsprof/cluster/tokens_per_s``,
@@ -36,7 +38,7 @@ import sys
 import threading
 import time
 
-from ._measures import SPLITS
+from ._measures import MEASURES, SPLITS
 
 __all__ = ["Trackers", "figures", "from_env"]
 
@@ -59,6 +61,12 @@ def figures(rec):
         "bubble": rec.get("pp_wait_ns", 0),
         "checkpoint": rec.get("ckpt_ns", 0),
     }
+    for name, (part, _label, _key) in SPLITS.items():
+        if MEASURES.get(name, ("",))[0] == "blocking":
+            # a blocking measure that splits a part (host_ns: the thread's
+            # work before the forward, out of the data wait) is that part's
+            # time at a rank: host/other's, outside compute
+            blocked[part] = blocked.get(part, 0) + rec.get(name, 0)
     total = sum(blocked.values())
     scale = dur / total if total > dur else 1.0  # blocking parts never above the step
     row = {PREFIX + "step_time_s": s}

@@ -149,6 +149,7 @@ func TestTrackersCarryFigures(t *testing.T) {
 					"tpsprof/share/data_stall":   float64(r.DataWaitNs) / dur,
 					"tpsprof/share/bubble":       float64(r.PPWaitNs) / dur,
 					"tpsprof/share/checkpoint":   float64(r.CkptNs) / dur,
+					"tpsprof/share/host_other":   float64(r.HostNs) / dur,
 				}
 				if r.Tokens <= 0 {
 					t.Fatalf("step %d: no tokens counted (the job feeds token ids to its model)", step)
@@ -250,7 +251,7 @@ func reportInto(t *testing.T, py, reader, kind, jobDir, out string) {
 			// (a plot's entry is an object: its width and size come back as
 			// nested keys, not figures)
 			rest, ok := strings.CutPrefix(k, report.TrackerPrefix)
-			if f, num := v.(float64); ok && num && (!strings.Contains(rest, "/") || strings.HasPrefix(rest, "share/")) {
+			if f, num := v.(float64); ok && num && (!strings.Contains(rest, "/") || strings.HasPrefix(rest, "share/") || strings.HasPrefix(rest, "split/")) {
 				figs[k] = f
 			}
 		}
