@@ -132,7 +132,7 @@ tpsprof_step_time_share_ratio{job="m1",part="waiting_for_peers"} 0
 # HELP tpsprof_steps_closed_total Cluster steps closed.
 # TYPE tpsprof_steps_closed_total counter
 tpsprof_steps_closed_total{job="m1"} 5
-# HELP tpsprof_stragglers Ranks whose recent own time (compute and data wait) is more than 1/0.75 of the fastest rank's.
+# HELP tpsprof_stragglers Ranks whose recent own time (compute, data wait and host work) is more than 1/0.75 of the fastest rank's.
 # TYPE tpsprof_stragglers gauge
 tpsprof_stragglers{job="m1"} 0
 # HELP tpsprof_tokens_total Training tokens of all closed steps.

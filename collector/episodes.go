@@ -10,7 +10,7 @@ import (
 )
 
 // LiveEpisode is a straggler episode as the live page shows it: a node (or
-// a rank without a node) whose recent own time (compute and data wait, an
+// a rank without a node) whose recent own time (compute, data wait and host work, an
 // exponential moving average over steps) has been more than 1/0.75 of the
 // fastest rank's since StartStep, with at least 3 of its last 5 steps slow
 // (one stalled step is jitter). EndStep is nil while it lasts.

@@ -297,7 +297,7 @@ func (s *jobState) writeOnce(r *tps.StepRecord, t *tally) bool {
 }
 
 // slowRanks returns the ranks with their score (the fastest rank's recent
-// own time, compute and data wait, over theirs: what the episodes score
+// own time, compute, data wait and host work, over theirs: what the episodes score
 // too), slowest first (ties by rank), at most n. It keeps the n
 // slowest in a small sorted slice instead of scoring and sorting every
 // rank through maps (70 ms at 131,072 ranks; see BenchmarkLiveScores).

@@ -12,7 +12,7 @@ import (
 // stragglers, episodes), its runs of slow steps, and the episodes open
 // and closed (episodes.go). Its job's lock guards it; it does no I/O.
 type stragglerTrack struct {
-	ownEWMA            []float64 // per rank, ns: own time (compute and data wait)
+	ownEWMA            []float64 // per rank, ns: own time (compute, data wait and host work)
 	dataEWMA, workEWMA []float64 // per rank, ns: of it, data wait, and the measured fwd+bwd+optim
 	openEpisodes       map[string]*LiveEpisode
 	slowSince          []int64 // per rank: first step of its current run of slow own times, -1 for none
@@ -28,7 +28,7 @@ type stragglerTrack struct {
 // observeRank folds a rank's record at a step (of a job of world ranks)
 // into its moving averages:
 // compute (the live straggler scores), and for episodes its own time
-// (compute and data wait: what the others of a synchronous step wait for)
+// (compute, data wait and host work: what the others of a synchronous step wait for)
 // with its data wait and measured forward, backward and optimizer apart,
 // which say why it is slow. It notes from which step on its own times
 // have been below the straggler threshold against the fastest average
@@ -49,8 +49,7 @@ func (s *stragglerTrack) observeRank(r *tps.StepRecord, world int64) {
 	if rank < 0 || rank >= int64(len(s.ownEWMA)) {
 		return
 	}
-	comp := float64(r.ComputeNs())
-	own := comp + float64(r.DataWaitNs)
+	own := float64(r.OwnNs()) // compute, data wait, host work before the forward
 	first := s.ownEWMA[rank] == 0
 	for _, x := range []struct {
 		avg []float64

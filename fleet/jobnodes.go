@@ -130,11 +130,12 @@ func (t *stepTop) add(own int64, host string, rank, world int64) {
 // host is what every rank of the step waited for it, charged to it.
 func JobNodes(dir, job string) ([]JobNode, error) {
 	blocking, core := tps.BlockingMeasures()
+	owned, _ := tps.OwnMeasures()
 	cols := []string{"attempt", "step", "rank", "world_size", "duration_ns", "start_unix_ns", "end_unix_ns"}
-	dataAt := -1
+	var ownAt []int // the columns of the measures a rank's own time adds (StepRecord.OwnNs)
 	for i, m := range blocking {
-		if m == "data_wait_ns" {
-			dataAt = len(cols)
+		if slices.Contains(owned, m) {
+			ownAt = append(ownAt, len(cols))
 		}
 		if core[i] {
 			cols = append(cols, m)
@@ -173,8 +174,8 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 				blocked[k] = c.Int64[7+k][i]
 			}
 			own := tps.ComputeNs(dur[i], blocked...)
-			if dataAt >= 0 {
-				own += c.Int64[dataAt][i]
+			for _, j := range ownAt {
+				own += c.Int64[j][i]
 			}
 			r := ranks[rk[i]]
 			if r == nil {

@@ -151,7 +151,7 @@ type windows struct {
 	lastStep, lastWin int
 	size              int
 	world             int
-	sum               []float64 // window*world + rank: own time (compute and data wait), ns
+	sum               []float64 // window*world + rank: own time (compute, data wait and host work), ns
 	data              []float32 // of it, waiting for data
 	work              []float32 // the measured forward, backward and optimizer
 	n                 []int32

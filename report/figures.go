@@ -165,7 +165,7 @@ func (f *plotFigure) write(a *analysis) error {
 }
 
 // critFigure keeps each step's critical rank in the spine and the mean
-// rank's compute and data wait by critical rank; the rank pass adds the
+// rank's compute, data wait and host work by critical rank; the rank pass adds the
 // critical rank's own (a.ranks.crit). Only when rank_steps is read.
 type critFigure struct {
 	sp *spine
@@ -184,7 +184,7 @@ func (f *critFigure) step(s *stepAt) {
 	c := s.c
 	f.sp.slowest[s.i] = int32(min(max(c.SlowestRank, math.MinInt32), math.MaxInt32))
 	if !s.warm && c.StepTimeNs > 0 && c.SlowestRank >= 0 {
-		f.x.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs))
+		f.x.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs), c.HostFractionMean*float64(c.StepTimeNs))
 	}
 }
 

@@ -100,7 +100,7 @@ func (p *htmlPage) cards(rep *Report) {
 	p.Cards = append(p.Cards, htmlCard{Label: "exposed communication", Value: pct(rep.Breakdown.ExposedComm), Note: "of step time, transfer not hidden by compute", Bad: rep.Breakdown.ExposedComm > 0.2},
 		htmlCard{Label: "waiting for slower peers", Value: pct(rep.Breakdown.WaitingForPeers), Note: "of step time, blocked in collectives until the slowest rank arrived", Bad: rep.Breakdown.WaitingForPeers > 0.1})
 	if kind, flagged := rep.flaggedStragglers(); len(flagged) > 0 {
-		p.Cards = append(p.Cards, htmlCard{Label: "slowest " + kind, Value: flagged[0].name, Note: fmt.Sprintf("own time (compute and data wait) at %.0f%% of the fastest rank's pace (%s)", 100*flagged[0].score, flagged[0].where), Bad: true})
+		p.Cards = append(p.Cards, htmlCard{Label: "slowest " + kind, Value: flagged[0].name, Note: fmt.Sprintf("own time (compute, data wait and host work) at %.0f%% of the fastest rank's pace (%s)", 100*flagged[0].score, flagged[0].where), Bad: true})
 	}
 }
 
@@ -180,7 +180,7 @@ func (p *htmlPage) detailTables(rep *Report) {
 		p.Tables = append(p.Tables, t)
 	}
 	if len(rep.Episodes) > 0 {
-		t := htmlTable{Title: "Straggler episodes", Intro: fmt.Sprintf("Spans of steps during which a node's own time (compute and waiting for data) ran below %.0f%% of the fastest rank's pace, judged over windows of %d steps.", 100*tps.StragglerThreshold, rep.EpisodeWindow),
+		t := htmlTable{Title: "Straggler episodes", Intro: fmt.Sprintf("Spans of steps during which a node's own time (compute, waiting for data and host work) ran below %.0f%% of the fastest rank's pace, judged over windows of %d steps.", 100*tps.StragglerThreshold, rep.EpisodeWindow),
 			Head: []string{"node", "ranks", "steps", "worst pace", "TPS during", "TPS had it kept pace", "cause"}}
 		for _, e := range rep.Episodes {
 			t.Rows = append(t.Rows, htmlRow{Cells: []string{e.Node, rankList(e.Ranks), fmt.Sprintf("%d–%d (%d)", e.StartStep, e.EndStep, e.Steps), fmt.Sprintf("%.0f%%", 100*e.WorstScore),
@@ -189,7 +189,7 @@ func (p *htmlPage) detailTables(rep *Report) {
 		p.Tables = append(p.Tables, t)
 	}
 	if len(rep.Stragglers) > 0 {
-		t := htmlTable{Title: "Slowest ranks", Intro: "Median own time (compute and data wait) over steady steps; pace is the fastest rank's median over this rank's.",
+		t := htmlTable{Title: "Slowest ranks", Intro: "Median own time (compute, data wait and host work) over steady steps; pace is the fastest rank's median over this rank's.",
 			Head: []string{"rank", "node", "median own time", "pace"}}
 		for _, r := range rep.Stragglers {
 			t.Rows = append(t.Rows, htmlRow{Cells: []string{fmt.Sprint(r.Rank), r.Node, fmt.Sprintf("%.1f ms", r.MedianComputeNs/1e6), fmt.Sprintf("%.0f%%", 100*r.Score)}, Bar: r.Score, BarCol: 3})
@@ -336,7 +336,7 @@ var glossary = [][2]string{
 	{"waiting for slower peers", "time ranks spent blocked in collectives until the slowest rank arrived: imbalance (a straggler, a data stall on one rank), not the network."},
 	{"pipeline bubble", "time pipeline stages wait for each other; the theory is (p−1)/(m+p−1) for p stages and m micro-batches."},
 	{"goodput", "the share of elapsed time spent on steps that count: not warm-up, not redone after a restart, not lost to restarts or gaps."},
-	{"pace", "the fastest rank's median own time (compute and data wait) over a rank's (or node's): 100% keeps up; below 75% is a straggler."},
+	{"pace", "the fastest rank's median own time (compute, data wait and host work) over a rank's (or node's): 100% keeps up; below 75% is a straggler."},
 }
 
 func renderHTML(w io.Writer, p htmlPage) error {

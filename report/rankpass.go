@@ -64,6 +64,7 @@ var (
 	rcDuration   = rankCols.Col("duration_ns")
 	rcExposed    = rankCols.Col("exposed_comm_ns")
 	rcData       = rankCols.Col("data_wait_ns")
+	rcHost       = rankCols.Col("?host_ns")
 	rcPP         = rankCols.Col("pp_wait_ns")
 	rcCkpt       = rankCols.Col("ckpt_ns")
 	rcTokens     = rankCols.Col("tokens")
@@ -138,15 +139,15 @@ func newStepRows(a *analysis, k *rankSink) *stepRows {
 // rowCols are a row group's columns the step pass reads, taken out of
 // the Columns once a group (a lookup per value was a fifth of the pass).
 type rowCols struct {
-	rank, dur, data, fwd, bwd, optim, tokens, padded []int64
-	capture, captureCPU, memAlloc, memResv, memCap   []int64
-	blocking                                         [8][]int64
-	nBlocking                                        int
-	node                                             []string
+	rank, dur, data, host, fwd, bwd, optim, tokens, padded []int64
+	capture, captureCPU, memAlloc, memResv, memCap         []int64
+	blocking                                               [8][]int64
+	nBlocking                                              int
+	node                                                   []string
 }
 
 func (rc *rowCols) take(c *trace.Columns) {
-	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
+	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
 		optim: c.Col(rcOptim), tokens: c.Col(rcTokens), padded: c.Col(rcPadded), capture: c.Col(rcCapture),
 		captureCPU: c.Col(rcCaptureCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
 		nBlocking: len(rcBlocking), node: c.Strings}
@@ -184,7 +185,7 @@ func (p *stepRows) group(c *trace.Columns) {
 // row takes row i of rc, of spine step si (heatmap column hc).
 func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	sp, k := p.sp, p.k
-	r, dur, data := rc.rank[i], rc.dur[i], rc.data[i]
+	r, dur, data, host := rc.rank[i], rc.dur[i], rc.data[i], float64(rc.host[i])
 	// compute as tps.StepRecord.ComputeNs, without building a record
 	var blocked [8]int64
 	for j := range rc.nBlocking {
@@ -202,7 +203,7 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	warm := sp.warm(si)
 	if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
 		// what the critical rank had more of than the mean rank
-		k.crit.addOwn(rc.node[i], r, comp, float64(data))
+		k.crit.addOwn(rc.node[i], r, comp, float64(data), host)
 	}
 	p.rep.own.addMem(r, rc.memAlloc[i], rc.memResv[i], rc.memCap[i])
 	if warm {
@@ -215,16 +216,18 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
 	}
 	// its own time (what the others wait for in a synchronous step:
-	// compute and waiting for data), and of it the data wait and the
-	// measured forward, backward and optimizer
-	k.wins.add(si, r, comp+float64(data), float64(data), float64(rc.fwd[i]+rc.bwd[i]+rc.optim[i]))
+	// compute, waiting for data, host work before the forward:
+	// StepRecord.OwnNs), and of it the data wait and the measured
+	// forward, backward and optimizer
+	own := comp + float64(data) + host
+	k.wins.add(si, r, own, float64(data), float64(rc.fwd[i]+rc.bwd[i]+rc.optim[i]))
 	if pad := rc.padded[i]; pad > 0 {
 		k.realTok += rc.tokens[i]
 		k.padTok += pad
 	}
 	// the straggler verdict is on own time, as the episodes': a rank slow
 	// in its data loading is as late for the others as one slow in compute
-	p.median(r, inRange).Add(comp + float64(data))
+	p.median(r, inRange).Add(own)
 }
 
 // median is rank r's median accumulator.
@@ -346,7 +349,7 @@ func (p *windowRows) row(c *trace.Columns, i int) error {
 	rep.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcDuration)[i])
 	rep.own.addMem(r, c.Col(wcMemAlloc)[i], c.Col(wcMemResv)[i], c.Col(wcMemCap)[i])
 	work := c.Col(wcFwd)[i] + c.Col(wcBwd)[i] + c.Col(wcOptim)[i]
-	k.wins.addN(p.si, r, float64(compute+data), float64(data), float64(work), int32(steps))
+	k.wins.addN(p.si, r, float64(compute+data+c.Col(wcHost)[i]), float64(data), float64(work), int32(steps)) // (own time: StepRecord.OwnNs)
 	if padded := c.Col(wcPadded)[i]; padded > 0 {
 		k.realTok += c.Col(wcTokPadded)[i]
 		k.padTok += padded
@@ -386,6 +389,7 @@ var (
 	wcSteps      = windowCols.Col("steps")
 	wcCompute    = windowCols.Col("compute_ns.sum")
 	wcData       = windowCols.Col("data_wait_ns.sum")
+	wcHost       = windowCols.Col("?host_ns.sum") // (windows written before host_ns: zeros)
 	wcFwd        = windowCols.Col("fwd_ns.sum")
 	wcBwd        = windowCols.Col("bwd_ns.sum")
 	wcOptim      = windowCols.Col("optim_ns.sum")

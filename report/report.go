@@ -381,60 +381,65 @@ func nodeLabel(node string, rank int64) string {
 	return node
 }
 
-// critExcess is how much more compute and data wait each node's rank had
+// critExcess is how much more compute, data wait and host work each node's rank had
 // than the step's mean rank in the steps it was critical: the critical
 // rank's own figures (its rank_steps rows) against the mean rank's (the
 // cluster rows), each a mean over the steps it has. It keeps no figure
 // of a step.
 type critExcess struct {
-	own     map[string]*[3]float64 // node → compute ns, data wait ns, steps
-	ownRank map[int64]*[3]float64  // critical rank → the same (the waiting by rank, on one node)
-	mean    map[int64]*[3]float64  // critical rank → the mean rank's, the same
+	own     map[string]*excessSums // node → its critical ranks' sums
+	ownRank map[int64]*excessSums  // critical rank → the same (the waiting by rank, on one node)
+	mean    map[int64]*excessSums  // critical rank → the mean rank's, the same
 }
 
+// excessSums are a rank's own time's parts over steps: compute, data wait
+// and host work before the forward (ns), and the steps.
+type excessSums struct{ compute, data, host, steps float64 }
+
 func newCritExcess() *critExcess {
-	return &critExcess{own: map[string]*[3]float64{}, ownRank: map[int64]*[3]float64{}, mean: map[int64]*[3]float64{}}
+	return &critExcess{own: map[string]*excessSums{}, ownRank: map[int64]*excessSums{}, mean: map[int64]*excessSums{}}
 }
 
 // addOwn takes the critical rank's row of a steady step.
-func (x *critExcess) addOwn(node string, rank int64, compute, data float64) {
-	addExcess(x.own, nodeLabel(node, rank), 4096, compute, data)
-	addExcess(x.ownRank, rank, 1<<16, compute, data)
+func (x *critExcess) addOwn(node string, rank int64, compute, data, host float64) {
+	addExcess(x.own, nodeLabel(node, rank), 4096, compute, data, host)
+	addExcess(x.ownRank, rank, 1<<16, compute, data, host)
 }
 
 // addMean takes a steady step's mean rank, by its critical rank.
-func (x *critExcess) addMean(rank int64, compute, data float64) {
-	addExcess(x.mean, rank, 1<<16, compute, data)
+func (x *critExcess) addMean(rank int64, compute, data, host float64) {
+	addExcess(x.mean, rank, 1<<16, compute, data, host)
 }
 
-// addExcess adds a step's compute and data wait to m's sums at k (at most
-// limit keys).
-func addExcess[K comparable](m map[K]*[3]float64, k K, limit int, compute, data float64) {
+// addExcess adds a step's parts to m's sums at k (at most limit keys).
+func addExcess[K comparable](m map[K]*excessSums, k K, limit int, compute, data, host float64) {
 	e := m[k]
 	if e == nil {
 		if len(m) >= limit {
 			return
 		}
-		e = &[3]float64{}
+		e = &excessSums{}
 		m[k] = e
 	}
-	e[0] += compute
-	e[1] += data
-	e[2]++
+	e.compute += compute
+	e.data += data
+	e.host += host
+	e.steps++
 }
 
-// explain names what made each node's rank critical: its compute or its
-// wait for data, whichever it had more of beyond the mean rank.
+// explain names what made each node's rank critical: its compute, its
+// wait for data or its host work before the forward, whichever it had
+// most of beyond the mean rank.
 func (x *critExcess) explain(ws []WaitShare, nodeOf map[int64]string) {
-	mean := map[string]*[3]float64{}
+	mean := map[string]*excessSums{}
 	for r, m := range x.mean {
 		n := nodeLabel(nodeOf[r], r)
 		e := mean[n]
 		if e == nil {
-			e = &[3]float64{}
+			e = &excessSums{}
 			mean[n] = e
 		}
-		e[0], e[1], e[2] = e[0]+m[0], e[1]+m[1], e[2]+m[2]
+		e.compute, e.data, e.host, e.steps = e.compute+m.compute, e.data+m.data, e.host+m.host, e.steps+m.steps
 	}
 	for i := range ws {
 		e, m := x.own[ws[i].Node], mean[ws[i].Node]
@@ -442,14 +447,18 @@ func (x *critExcess) explain(ws []WaitShare, nodeOf map[int64]string) {
 			// one node: the rank's own excess over the mean rank's
 			e, m = x.ownRank[ws[i].Ranks[0]], x.mean[ws[i].Ranks[0]]
 		}
-		if e == nil || e[2] == 0 || m == nil || m[2] == 0 {
+		if e == nil || e.steps == 0 || m == nil || m.steps == 0 {
 			continue
 		}
-		c, d := (e[0]/e[2]-m[0]/m[2])/1e6, (e[1]/e[2]-m[1]/m[2])/1e6
-		ws[i].ComputeExcessMs, ws[i].DataExcessMs = c, d
+		c := (e.compute/e.steps - m.compute/m.steps) / 1e6
+		d := (e.data/e.steps - m.data/m.steps) / 1e6
+		h := (e.host/e.steps - m.host/m.steps) / 1e6
+		ws[i].ComputeExcessMs, ws[i].DataExcessMs, ws[i].HostExcessMs = c, d, h
 		switch {
-		case d > c && d > 0:
+		case d > c && d >= h && d > 0:
 			ws[i].Cause = fmt.Sprintf("data loading: %.1f ms a step more waiting for data than the mean rank (compute %+.1f ms)", d, c)
+		case h > c && h > 0:
+			ws[i].Cause = fmt.Sprintf("host work before the forward: %.1f ms a step more than the mean rank (compute %+.1f ms, data wait %+.1f ms)", h, c, d)
 		case c > 0:
 			ws[i].Cause = fmt.Sprintf("compute: %.1f ms a step more than the mean rank (data wait %+.1f ms)", c, d)
 		}
@@ -470,11 +479,12 @@ type WaitShare struct {
 	// ByRank: the job runs on one node, whose ranks are who the others
 	// waited for: the waiting is charged to Ranks[0] alone.
 	ByRank bool `json:"by_rank,omitempty"`
-	// ComputeExcessMs and DataExcessMs are what its critical rank had
+	// ComputeExcessMs, DataExcessMs and HostExcessMs are what its critical rank had
 	// more of than the mean rank a step, in the steps it was critical
 	// (what Cause says in words; 0 where unknown).
 	ComputeExcessMs float64 `json:"compute_excess_ms,omitempty"`
 	DataExcessMs    float64 `json:"data_excess_ms,omitempty"`
+	HostExcessMs    float64 `json:"host_excess_ms,omitempty"`
 }
 
 // unstepClocks repairs the timeline of steps (sorted by attempt, step)

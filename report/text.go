@@ -303,7 +303,7 @@ func (l *lines) stragglers(r *Report) {
 		for _, f := range flagged {
 			names = append(names, fmt.Sprintf("%s (%.2f, %s)", f.name, f.score, f.where))
 		}
-		l.row("straggler "+kind+"s", "%s (own time: compute and data wait)", strings.Join(names, ", "))
+		l.row("straggler "+kind+"s", "%s (own time: compute, data wait and host work)", strings.Join(names, ", "))
 	} else {
 		l.row("straggler "+kind+"s", "none below %.2f over the whole run", tps.StragglerThreshold)
 	}
@@ -321,7 +321,7 @@ func (l *lines) stragglers(r *Report) {
 		}
 		ranks = append(ranks, fmt.Sprintf("%d@%s %.2f%s", x.Rank, orDash(x.Node), x.Score, mark))
 	}
-	l.row("slowest ranks", "%s  (score = fastest median own time / rank's, own time = compute and data wait; ! below 0.75)", strings.Join(ranks, ", "))
+	l.row("slowest ranks", "%s  (score = fastest median own time / rank's, own time = compute + data wait + host work; ! below 0.75)", strings.Join(ranks, ", "))
 }
 
 // tail adds events, energy, cost and time to train.
@@ -545,7 +545,7 @@ type flagged struct {
 // they are: nodes, or ranks when the ranks named one node (or none): one
 // node is no straggler among nodes (text, HTML card, --compare).
 func (r *Report) flaggedStragglers() (kind string, out []flagged) {
-	// One verdict on own time (compute and data wait): the whole run's
+	// One verdict on own time (compute, data wait and host work): the whole run's
 	// medians, then the spans the episodes flagged (worst window score),
 	// each node or rank once. Nodes where there are several, else ranks.
 	seen := map[string]bool{}

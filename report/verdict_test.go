@@ -11,7 +11,7 @@ import (
 	"github.com/tpsprof/tpsprof/trace"
 )
 
-// One straggler verdict, on own time (compute and data wait): a rank slow
+// One straggler verdict, on own time (compute, data wait and host work): a rank slow
 // in its data loading (40 ms a step more than its peer, who waits for it in
 // the all-reduce) is named by the summary line, the HTML card and the
 // comparison, as by the episodes. On compute alone both ranks were equal:

@@ -226,7 +226,7 @@ type stepSums struct {
 	Max [len(measures)]int64   `json:"-"` // largest (OverMax)
 	Min [len(measures)]int64   `json:"-"` // smallest (OverMin)
 
-	MaxComputeNs int64   `json:"max_compute_ns"` // the critical rank's busy time: compute + data wait
+	MaxComputeNs int64   `json:"max_compute_ns"` // the critical rank's busy time: its own time (StepRecord.OwnNs)
 	SlowestRank  int64   `json:"slowest_rank"`   // -1: none yet
 	SumCompute   float64 `json:"sum_compute_ns"` // Σ compute (StepRecord.ComputeNs)
 	SumLoss      float64 `json:"sum_loss"`
@@ -254,7 +254,7 @@ func (s *stepSums) addRecord(r *StepRecord) {
 		s.Min[i] = min(s.Min[i], *measures[i].Of(r))
 	}
 	c := r.ComputeNs()
-	s.critical(c+r.DataWaitNs, r.Rank)
+	s.critical(r.OwnNs(), r.Rank)
 	s.SumCompute += float64(c)
 	if r.Loss != nil {
 		s.SumLoss += *r.Loss
@@ -269,7 +269,7 @@ func (s *stepSums) addRecord(r *StepRecord) {
 }
 
 // critical takes rank as the critical (slowest) rank if its busy time
-// (compute + data wait) is the most so far, the lowest rank on ties, so
+// (its own time: compute, data wait, host work) is the most so far, the lowest rank on ties, so
 // the result does not depend on the order of merging.
 func (s *stepSums) critical(busy, rank int64) {
 	if rank >= 0 && (s.SlowestRank < 0 || busy > s.MaxComputeNs || (busy == s.MaxComputeNs && rank < s.SlowestRank)) {
@@ -618,7 +618,17 @@ func (a *StepAccumulator) shares(c *ClusterStep) {
 		// (sums merge; per-rank minima would not), at most the mean
 		// exposed communication: what is left of that is transfer.
 		exposed := s.Sum[mExposed] / n
-		wait := min(max(float64(s.MaxComputeNs)-(s.SumCompute+s.Sum[mData])/n, 0), exposed)
+		own, parts := s.SumCompute, s.SumCompute // Σ own time (Measure.Own), Σ every part
+		for i := range measures {
+			if m := &measures[i]; m.Kind == KindBlocking {
+				// (every blocking measure is kept summed: TestBlockingMeasuresSummed)
+				parts += s.Sum[i]
+				if m.Own {
+					own += s.Sum[i]
+				}
+			}
+		}
+		wait := min(max(float64(s.MaxComputeNs)-own/n, 0), exposed)
 		// The shares are over the step's period, or over what the ranks'
 		// parts add up to where that is longer: a rank's own step can
 		// begin before the previous step ended on the critical path (its
@@ -626,7 +636,7 @@ func (a *StepAccumulator) shares(c *ClusterStep) {
 		// step), so its parts cover more than the period, and over the
 		// period alone they would add up past 100%. The largest shares
 		// are over the slowest rank's own duration where that is longer.
-		mean := max(D, (s.SumCompute+s.Sum[mExposed]+s.Sum[mData]+s.Sum[mPP]+s.Sum[mCkpt])/n)
+		mean := max(D, parts/n)
 		most := max(D, float64(s.Max[mDuration]))
 		c.WaitFractionMean = wait / mean
 		c.CommFractionMean = (exposed - wait) / mean

@@ -55,6 +55,13 @@ type Measure struct {
 	// in every view (at most the part's share); Label is its words;
 	// Column the ClusterStep field of its mean fraction (OverSum).
 	Split, Label, Column string
+	// Own says a blocking measure is the rank's own time, with its
+	// compute: what the other ranks wait for in a synchronous step (its
+	// data wait, its host work before the forward), not a wait for them.
+	// A rank's own time (StepRecord.OwnNs) picks the critical rank, is
+	// what waiting for it is measured against and what straggler scores
+	// and node health compare.
+	Own bool
 
 	off, winOff, colOff uintptr
 	part                func(*Shares) *float64 // the part a split measure splits (bindSplits)
@@ -140,7 +147,7 @@ var measures = [...]Measure{
 		Doc: "optional: tokens including padding"},
 	{Name: "samples", Field: "Samples", Unit: "samples", Wire: WireCore, Combine: "rank rows only",
 		Doc: "optional: samples (sequences) in the step"},
-	{Name: "data_wait_ns", Field: "DataWaitNs", Unit: "ns", Kind: KindBlocking, Wire: WireCore, Windowed: true, Over: OverSum | OverMax, Combine: "`data_stall_fraction_mean` and `data_stall_fraction_max` (mean and largest fraction of the step)",
+	{Name: "data_wait_ns", Field: "DataWaitNs", Unit: "ns", Kind: KindBlocking, Own: true, Wire: WireCore, Windowed: true, Over: OverSum | OverMax, Combine: "`data_stall_fraction_mean` and `data_stall_fraction_max` (mean and largest fraction of the step)",
 		Doc: "blocking: waiting for the data loader"},
 	{Name: "fwd_ns", Field: "FwdNs", Unit: "ns", Kind: KindPhase, Wire: WireCore, Windowed: true, Combine: "rank rows (in rank_windows, a straggler episode's work)",
 		Doc: "compute phase: forward, less the time blocked inside it on collectives (the Python package)"},
@@ -187,8 +194,8 @@ var measures = [...]Measure{
 	{Name: "gc_ns", Field: "GCNs", Unit: "ns", Kind: KindPhase, Wire: WireHost, Over: OverSum, Combine: "`gc_fraction_mean`: compute's split \"Python GC\" (at most compute's share)",
 		Doc:   "optional: the training thread's time in Python's garbage collector during the step (the Python package: gc.callbacks; it sends at most the step's duration). Part of compute (the rank's own time: a rank slowed by its collector is a straggler); on CPU taken out of the forward, backward and optimizer phases it fell in. On a GPU it is host time, an upper bound on the device time it cost (queued kernels may hide it)",
 		Split: "compute", Label: "Python GC", Column: "GCFractionMean"},
-	{Name: "host_ns", Field: "HostNs", Unit: "ns", Kind: KindBlocking, Wire: WireHostWork, Over: OverSum, Combine: "`host_fraction_mean`: host/other's split \"host work before the forward\" (at most its share)",
-		Doc:   "optional: of a step that runs from the previous step's end with no timed fetch (a loop with no DataLoader), the training thread's CPU time before its first forward (host work: Python between the optimizer step and the next forward, batch preparation on the training thread), taken out of the data wait, which keeps the time the thread did not run (waiting for I/O, a sleep, another process). The Python package measures it on CPU (host marks) by the thread's CPU clock; not part of compute",
+	{Name: "host_ns", Field: "HostNs", Unit: "ns", Kind: KindBlocking, Own: true, Wire: WireHostWork, Windowed: true, Over: OverSum, Combine: "`host_fraction_mean`: host/other's split \"host work before the forward\" (at most its share)",
+		Doc:   "optional: of a step that runs from the previous step's end with no timed fetch (a loop with no DataLoader), the training thread's CPU time before its first forward (host work: Python between the optimizer step and the next forward, batch preparation on the training thread), taken out of the data wait, which keeps the time the thread did not run (waiting for I/O, a sleep, another process). The Python package measures it on CPU (host marks) by the thread's CPU clock; not part of compute, but of the rank's own time (with compute and the data wait: what the others wait for)",
 		Split: "host_other", Label: "host work before the forward", Column: "HostFractionMean"},
 }
 
@@ -234,6 +241,20 @@ func BlockingMeasures() (names []string, core []bool) {
 	return names, core
 }
 
+// ownMeasures are the blocking measures that are a rank's own time
+// (Measure.Own).
+var ownMeasures []*Measure
+
+// OwnMeasures are the names of the measures a rank's own time adds to its
+// compute (Measure.Own), and whether each is in every record, as
+// BlockingMeasures.
+func OwnMeasures() (names []string, core []bool) {
+	for _, m := range ownMeasures {
+		names, core = append(names, m.Name), append(core, m.Wire == WireCore)
+	}
+	return names, core
+}
+
 // splitMeasures are the indexes of the measures that split out a
 // breakdown part's time (Measure.Split), at most maxSplits.
 var splitMeasures []int
@@ -252,6 +273,9 @@ func init() {
 		}
 		if measures[i].Kind == KindBlocking {
 			blockingMeasures = append(blockingMeasures, &measures[i])
+			if measures[i].Own {
+				ownMeasures = append(ownMeasures, &measures[i])
+			}
 		}
 		if measures[i].Max > 0 {
 			cappedMeasures = append(cappedMeasures, &measures[i])

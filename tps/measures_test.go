@@ -2,6 +2,7 @@ package tps
 
 import (
 	"flag"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
@@ -247,4 +248,44 @@ func TestMeasuresPython(t *testing.T) {
 		return
 	}
 	t.Errorf("%s is not tps.Measures' (go test ./tps -run TestMeasuresPython -update-docs): %v", path, err)
+}
+
+// The cluster row's shares and the waiting for the critical rank add up
+// every blocking measure's sum over ranks: each must be kept summed.
+func TestBlockingMeasuresSummed(t *testing.T) {
+	for _, m := range Measures() {
+		if m.Kind == KindBlocking && m.Over&OverSum == 0 {
+			t.Errorf("%s is blocking but not kept summed over ranks (Over: OverSum)", m.Name)
+		}
+		if m.Own && m.Kind != KindBlocking {
+			t.Errorf("%s is a rank's own time but not a blocking measure", m.Name)
+		}
+	}
+}
+
+// A rank's own time holds its host work before the forward (host_ns, a
+// Measure.Own): the rank whose thread builds its batch slowest is the
+// critical one the others wait for, and the waiting is measured against
+// it (before host_ns was own time, two ranks of equal compute tied and
+// the one that waited was taken for the critical rank).
+func TestHostWorkIsOwnTime(t *testing.T) {
+	const ms = int64(1e6)
+	recs := []StepRecord{
+		{Job: "j", Step: 1, Rank: 0, WorldSize: 2, StartUnixNs: 1e9, EndUnixNs: 1e9 + 100*ms, DurationNs: 100 * ms, Tokens: 10, ExposedCommNs: 60 * ms},
+		{Job: "j", Step: 1, Rank: 1, WorldSize: 2, StartUnixNs: 1e9, EndUnixNs: 1e9 + 100*ms, DurationNs: 100 * ms, Tokens: 10, ExposedCommNs: 30 * ms, HostNs: 30 * ms},
+	}
+	if own := recs[1].OwnNs(); own != 70*ms {
+		t.Errorf("rank 1's own time %d ms, want compute 40 + host 30", own/ms)
+	}
+	c, err := Aggregate(recs, AccumulatorConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// own 40 and 70 ms: rank 1 critical, the mean rank waits 70 − 55 = 15 ms
+	if c.SlowestRank != 1 || math.Abs(c.WaitFractionMean-0.15) > 1e-9 || math.Abs(c.HostFractionMean-0.15) > 1e-9 {
+		t.Errorf("critical rank %d, waiting %.3f, host %.3f of the step: want rank 1, 0.150, 0.150", c.SlowestRank, c.WaitFractionMean, c.HostFractionMean)
+	}
+	if sh := c.Shares(); math.Abs(sh.Sum()-1) > 1e-9 || math.Abs(sh.Other-0.15) > 1e-9 || math.Abs(sh.Splits["host_ns"]-0.15) > 1e-9 {
+		t.Errorf("shares %+v: want host/other 0.15 (its split host work 0.15), adding up to 1", sh)
+	}
 }

@@ -52,6 +52,7 @@ type RankWindow struct {
 	MemAllocated Span `json:"mem_peak_allocated_bytes" parquet:"mem_peak_allocated_bytes"`
 	MemReserved  Span `json:"mem_peak_reserved_bytes" parquet:"mem_peak_reserved_bytes"`
 	MemCapacity  Span `json:"mem_capacity_bytes" parquet:"mem_capacity_bytes"`
+	Host         Span `json:"host_ns" parquet:"host_ns"`
 
 	Tokens       int64 `json:"tokens" parquet:"tokens"`
 	PaddedTokens int64 `json:"padded_tokens" parquet:"padded_tokens"`

@@ -407,6 +407,19 @@ func (r *StepRecord) ComputeNs() int64 {
 	return max(d, 0)
 }
 
+// OwnNs is the rank's own time in the step: its compute and the blocking
+// measures that are its own (Measure.Own: the data wait, the host work
+// before the forward), what the others wait for in a synchronous step.
+// The critical rank, the waiting for it, the straggler scores and node
+// health all compare it.
+func (r *StepRecord) OwnNs() int64 {
+	o := r.ComputeNs()
+	for _, m := range ownMeasures {
+		o += *m.Of(r)
+	}
+	return o
+}
+
 // ComputeNs is a rank's compute in a step: its duration less the time it
 // was blocked (each KindBlocking measure of Measures: exposed
 // communication, data, pipeline and checkpoint waits, Python's garbage
