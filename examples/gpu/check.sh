@@ -5,7 +5,7 @@
 #   CGO_CFLAGS=-Wno-deprecated-declarations go build -trimpath -ldflags "-s -w" -o .dev/gpu/tpsprof ./cmd/tpsprof
 #   BIN=.dev/gpu/tpsprof bash examples/gpu/check.sh                          # there
 #   BIN=... bash examples/gpu/check.sh --tiny --cpu                          # a dry run on CPU
-#   BIN=... bash examples/gpu/check.sh --parts 1,5                           # some parts only
+#   BIN=... bash examples/gpu/check.sh --parts 1,6                           # some parts only
 #
 # 1. a ~0.95 B Llama (transformers, random init, bf16) under DDP over NCCL
 #    with one instrument() call: step time against CUDA-event periods, the
@@ -16,7 +16,10 @@
 #    forward: `tpsprof trace` names it;
 # 3. the Hugging Face Trainer callback (hf_train.py): every step measured;
 # 4. zero-code (launch --auto) compiled DDP: every step measured;
-# 5. the cost benchmark on CUDA (bench_torch.py --device cuda).
+# 5. the cost benchmark on CUDA (bench_torch.py --device cuda);
+# 6. the cost by TraceML's protocol (cost_protocol.py --device cuda: fresh
+#    processes, bare against instrument() and --auto, a DDP job of 13
+#    buckets over NCCL), each against issue 58's goal: met or MISSED.
 # Everything it writes goes under $OUT (default: a new temporary folder);
 # the last line says how many checks failed.
 set -uo pipefail
@@ -24,13 +27,13 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-.dev/gpu/tpsprof}
 PY=${PY:-python3}
 OUT=${OUT:-$(mktemp -d)}
-TINY="" CPU="" DEV=cuda PARTS=1,2,3,4,5
+TINY="" CPU="" DEV=cuda PARTS=1,2,3,4,5,6
 while [ $# -gt 0 ]; do
 	case $1 in
 	--tiny) TINY=--tiny ;;
 	--cpu) CPU=--cpu DEV=cpu ;;
 	--parts) PARTS=${2:?--parts needs a list, e.g. 1,5}; shift ;;
-	*) echo "usage: $0 [--tiny] [--cpu] [--parts 1,2,3,4,5]" >&2; exit 2 ;;
+	*) echo "usage: $0 [--tiny] [--cpu] [--parts 1,2,3,4,5,6]" >&2; exit 2 ;;
 	esac
 	shift
 done
@@ -114,6 +117,22 @@ fi
 kill -INT $COL 2>/dev/null
 wait $COL 2>/dev/null
 trap - EXIT
+
+if part 6; then
+echo "== 6. the cost by TraceML's protocol (fresh processes, against the bare job)"
+REPEATS=5 STEPS=150
+[ -n "$TINY" ] && REPEATS=1 STEPS=20
+# (its own collector; exit status 3: a goal missed, the figures printed)
+$PY examples/pytorch/cost_protocol.py --tpsprof "$BIN" --device $DEV --nproc 1 --repeats $REPEATS --steps $STEPS \
+	>"$OUT/cost.json" 2>"$OUT/cost.log"
+rc=$?
+grep -E "^(met|MISSED)" "$OUT/cost.log"
+case $rc in
+0) ;;
+3) echo "MISSED: the cost goal (issue 58; $OUT/cost.json)" ;;
+*) echo "FAIL: the cost protocol (see $OUT/cost.log)"; failed=$((failed + 1)) ;;
+esac
+fi
 echo "== verdicts"
 if part 1; then
 	"$BIN" report --json --no-plots "$OUT/data/gpu-llama" >"$OUT/llama-report.json" 2>"$OUT/llama-report.log"

@@ -17,6 +17,11 @@ headroom is the speed-up the job gains without it.
   host          20 ms of Python on every rank after the optimizer step
   eval          every 4 iterations, 20 evaluation forwards under no_grad
   gc            automatic collection off; 200,000 objects in cycles collected each iteration
+  pipeline      (PyTorch 2.4 and later) the model as two pipeline stages, one a rank, run by
+                torch.distributed.pipelining's GPipe schedule with 2 micro-batches (few: a
+                third of each step is the schedule's own bubble); its injected time is each
+                rank's wait for the other stage by its own clock (the step without the
+                bubble is the step less the smaller of the two ranks' waits)
   alloc         the same 200,000 objects without cycles (freed as they go): gc's baseline
 
 The job writes its own truth to --truth DIR/truth.RANK.jsonl: each
@@ -38,7 +43,7 @@ import torch.distributed as dist
 
 import nanogpt_train  # (beside this file: the same model)
 
-CAUSES = ("none", "data", "slow-data", "slow-compute", "throttle", "no-overlap", "ckpt", "host", "eval", "gc", "alloc")
+CAUSES = ("none", "data", "slow-data", "slow-compute", "throttle", "no-overlap", "ckpt", "host", "eval", "gc", "alloc", "pipeline")
 
 
 class GPT(nanogpt_train.GPT):
@@ -91,6 +96,16 @@ def main():
         y = torch.stack([data[i + 1:i + 1 + a.block] for i in ix])
         return x, y
 
+    out = None
+    if a.truth:
+        os.makedirs(a.truth, exist_ok=True)
+        out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
+    if c == "pipeline":
+        pipeline(a, rank, get_batch, vocab, out)
+        if out:
+            out.close()
+        dist.destroy_process_group()
+        return
     model = GPT(vocab, a.dim, a.block, slow=0.03 if c in ("slow-compute", "throttle") and rank == 1 else 0.0)
     gpt = model
     if distributed:
@@ -99,10 +114,6 @@ def main():
     big = torch.zeros(4 << 20) if c == "no-overlap" else None  # 16 MiB of float32
     pad = torch.zeros(16 << 20) if c == "ckpt" else None  # 64 MiB beside the model's state
     ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")
-    out = None
-    if a.truth:
-        os.makedirs(a.truth, exist_ok=True)
-        out = open(os.path.join(a.truth, "truth.%d.jsonl" % rank), "w")
     for it in range(a.iters):
         t0 = time.time_ns()
         x, y = get_batch()
@@ -150,6 +161,67 @@ def main():
         out.close()
     if distributed:
         dist.destroy_process_group()
+
+
+class _Stage0(torch.nn.Module):
+    """The first pipeline stage: the embeddings and the MLP block."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.wte, self.wpe, self.mlp = gpt.wte, gpt.wpe, gpt.mlp
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        return x + self.mlp(x)
+
+
+class _Stage1(torch.nn.Module):
+    """The second: the head."""
+
+    def __init__(self, gpt):
+        super().__init__()
+        self.lm_head = gpt.lm_head
+
+    def forward(self, x):
+        return self.lm_head(x)
+
+
+def pipeline(a, rank, get_batch, vocab, out):
+    """Two stages, one a rank, under GPipe with 2 micro-batches; each
+    iteration's truth line holds the rank's own wait for the other stage
+    (its clock around the schedule's waits on its sends and receives)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+    from torch.distributed.pipelining import schedules as pp_schedules
+
+    gpt = nanogpt_train.GPT(vocab, a.dim, a.block)
+    mod = _Stage0(gpt) if rank == 0 else _Stage1(gpt)
+    stage = PipelineStage(mod, rank, 2, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=2,
+                             loss_fn=lambda logits, y: torch.nn.functional.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1)))
+    waited = [0]
+    inner = pp_schedules._wait_batch_p2p
+
+    def timed(works):
+        s = time.time_ns()
+        try:
+            return inner(works)
+        finally:
+            waited[0] += time.time_ns() - s
+    pp_schedules._wait_batch_p2p = timed
+    opt = torch.optim.AdamW(mod.parameters(), lr=1e-3)
+    for it in range(a.iters):
+        t0 = time.time_ns()
+        x, y = get_batch()
+        waited[0] = 0
+        if rank == 0:
+            schedule.step(x)
+        else:
+            schedule.step(target=y)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if out:
+            out.write(json.dumps({"iter": it, "tokens": a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns(),
+                                  "injected_ns": waited[0]}) + "\n")
 
 
 if __name__ == "__main__":
