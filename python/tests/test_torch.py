@@ -195,15 +195,15 @@ class CudaEventPathTest(unittest.TestCase):
         with prof.step():
             st = prof._cur
             for _ in range(3):
-                cell = prof._comm_issue()
+                cell = prof.comm.issue()
                 work = Work()
-                prof._comm_track(cell, work, False)
-                prof._work_waited(work, prof._comm_mark())
+                prof.comm.track(cell, work, False)
+                prof.comm.work_waited(work, prof.comm.now())
             self.assertEqual(prof.errors, 0)
             self.assertEqual(len(st.blocked), 3)
             self.assertEqual(len(st.comm), 3)
             self.assertTrue(all(isinstance(c[1], FakeEvent) for c in st.comm), st.comm)
-            self.assertEqual(prof._recv_works, {})
+            self.assertEqual(prof.comm.recv_works, {})
         prof.close()
 
     def test_marks_through_the_c_calls(self):
@@ -338,7 +338,7 @@ class CudaEventPathTest(unittest.TestCase):
         prof._fwd_post(torch.nn.Linear(1, 1), (), torch.zeros(1))  # no grad: no backward hook
         # a collective issued at 30 ms whose completion event lands at 70 ms
         FakeEvent.clock = 30.0
-        tok = prof._comm_begin(sync=False)
+        tok = prof.comm.begin(sync=False)
         cell = [tok[0], None]
         st.comm.append(cell)
         FakeEvent.clock = 70.0

@@ -23,7 +23,7 @@ misses. Fake and meta tensors of a compilation never run a collective.
 What is noted, for the active profiler (see tpsprof.torch):
 - a collective's span, from the backend taking it (on CPU the issue
   plus the host's own CPU work in the issuing call, see
-  ``_comm_started``; on a GPU the issue on the issuing stream) to its
+  ``_comm.Comm.started``; on a GPU the issue on the issuing stream) to its
   completion: the work's completion (polled on CPU, a CUDA event from
   the work's future on a GPU) for c10d operators; for functional ones
   the end of its ``wait_tensor`` (the completion as the issuing stream
@@ -229,7 +229,8 @@ def _c10d_kernel(op, name, active):
         prof = active()
         if prof is None or not _real(args):
             return _call(op, args, kwargs)
-        g = prof._tls
+        comm = prof.comm
+        g = comm.tls
         if g.comm:
             out = _call(op, args, kwargs)
             box = g.inner
@@ -238,7 +239,7 @@ def _c10d_kernel(op, name, active):
                 if w is not None:
                     box.append(w)
             return out
-        cell = prof._comm_issue(recv)
+        cell = comm.issue(recv)
         cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
         g.comm = True
         try:
@@ -248,8 +249,8 @@ def _c10d_kernel(op, name, active):
         if cell is not None:
             work = _work_of(out)
             if cpu0 is not None:
-                prof._comm_started(cell, cpu0, work)
-            prof._comm_track(cell, work, p2p)
+                comm.started(cell, cpu0, work)
+            comm.track(cell, work, p2p)
         return out
     return skip_dynamo(kernel)
 
@@ -259,11 +260,12 @@ def _functional_kernel(op, name, active):
 
     def kernel(*args, **kwargs):
         prof = active()
-        if prof is None or prof._tls.comm or not _real(args):
+        if prof is None or prof.comm.tls.comm or not _real(args):
             return _call(op, args, kwargs)
-        cell = prof._comm_issue(recv)
+        comm = prof.comm
+        cell = comm.issue(recv)
         cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
-        g = prof._tls
+        g = comm.tls
         g.comm = True
         box = g.inner = [] if cpu0 is not None else None
         try:
@@ -273,10 +275,10 @@ def _functional_kernel(op, name, active):
             g.inner = None
         if cell is not None:
             if cpu0 is not None:
-                prof._comm_started(cell, cpu0)
-            prof._functional_issued(cell, out, args, recv)
+                comm.started(cell, cpu0)
+            comm.functional_issued(cell, out, args, recv)
             if box:
-                prof._functional_works(cell, box)
+                comm.functional_works(cell, box)
         return out
     return skip_dynamo(kernel)
 
@@ -286,10 +288,10 @@ def _wait_kernel(op, active):
         prof = active()
         if prof is None or not _real(args):
             return _call(op, args, kwargs)
-        t0 = prof._comm_mark()
+        t0 = prof.comm.now()
         out = _call(op, args, kwargs)
         if t0 is not None:
-            prof._functional_waited(args[0] if args else None, t0)
+            prof.comm.functional_waited(args[0] if args else None, t0)
         return out
     return skip_dynamo(kernel)
 
@@ -309,12 +311,12 @@ def _patch_wait(active):
         prof = active()
         if prof is None:
             return inner(self, *args, **kwargs)
-        t0 = prof._comm_mark()
+        t0 = prof.comm.now()
         try:
             return inner(self, *args, **kwargs)
         finally:
             if t0 is not None:
-                prof._work_waited(self, t0)
+                prof.comm.work_waited(self, t0)
     wait._tpsprof = True
     wait.__doc__ = inner.__doc__
     Work.wait = skip_dynamo(wait)

@@ -42,50 +42,9 @@ class Marks:
         """The loader is exhausted."""
         raise NotImplementedError
 
-    # -- communication (the collective wrappers and dispatcher kernels)
-    def _comm_mark(self):
-        """A collective is about to be issued: its span's start."""
-        raise NotImplementedError
-
-    def _comm_issue(self, recv=False):
-        """It is issued; the cell its span goes into."""
-        raise NotImplementedError
-
-    def _comm_started(self, cell, cpu0, work=None):
-        """The backend took it."""
-        raise NotImplementedError
-
-    def _comm_track(self, cell, work, recv=False):
-        """Its work completes later: polled or waited."""
-        raise NotImplementedError
-
-    def _comm_begin(self, sync):
-        """The host blocks on communication."""
-        raise NotImplementedError
-
-    def _comm_end(self, tok, work, cell=None):
-        """It stopped blocking."""
-        raise NotImplementedError
-
-    def _work_waited(self, work, t0):
-        """``Work.wait()`` returned, called at t0."""
-        raise NotImplementedError
-
-    def _p2p_blocked(self, cell, t0):
-        """A blocking send or receive returned: the pipeline waited."""
-        raise NotImplementedError
-
-    def _functional_issued(self, cell, out, args, recv):
-        """A functional collective is issued (out: its result)."""
-        raise NotImplementedError
-
-    def _functional_works(self, cell, works):
-        """The c10d works it made."""
-        raise NotImplementedError
-
-    def _functional_waited(self, t, t0):
-        """``wait_tensor(t)`` returned, called at t0."""
-        raise NotImplementedError
+    # -- communication: the profiler's component ``comm`` (tpsprof._comm.Comm:
+    #    its marks now, issue, started, track, begin, end, p2p_blocked,
+    #    work_waited, functional_issued/works/waited), named in STATE
 
     # -- steps, side events and the profiler's life
     def _settle_step(self):
@@ -148,3 +107,6 @@ STATE = {
     "_optimizers": "the watched optimizers (zero-code mode's model choice)",
     "_sender": "the sender thread (the HF callback's metadata)",
 }
+# (public state the callers reach: ``comm``, the communication component,
+# whose marks the collective wrappers and dispatcher kernels call; ``off``,
+# ``cuda``)

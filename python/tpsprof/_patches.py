@@ -440,8 +440,9 @@ _P2P_ASYNC = frozenset({"isend", "irecv"})
 
 
 def _p2p(prof, g, fn, args, kwargs, recv, returns_work):
-    cell = prof._comm_issue(recv)
-    t0 = prof._comm_mark() if cell is not None else None
+    comm = prof.comm
+    cell = comm.issue(recv)
+    t0 = comm.now() if cell is not None else None
     g.comm = True
     try:
         out = fn(*args, **kwargs)
@@ -450,9 +451,9 @@ def _p2p(prof, g, fn, args, kwargs, recv, returns_work):
     if cell is None:
         return out
     if returns_work and out is not None:
-        prof._comm_track(cell, out, True)
+        comm.track(cell, out, True)
     else:
-        prof._p2p_blocked(cell, t0)
+        comm.p2p_blocked(cell, t0)
     return out
 
 
@@ -474,7 +475,7 @@ def wrap_collective(fn, name):
         if p2p:
             return _p2p(prof, g, fn, args, kwargs, recv, always_async)
         try:
-            tok = prof._comm_begin(not always_async and not kwargs.get("async_op", False))
+            tok = prof.comm.begin(not always_async and not kwargs.get("async_op", False))
         except Exception:
             tok = None
             prof._err()
@@ -485,7 +486,7 @@ def wrap_collective(fn, name):
             g.comm = False
         if tok is not None:
             try:
-                prof._comm_end(tok, work)
+                prof.comm.end(tok, work)
             except Exception:
                 prof._err()
         return work

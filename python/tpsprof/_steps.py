@@ -24,7 +24,7 @@ class Step:
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
                  "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src", "chained", "pre",
-                 "fetched", "end_shared", "flops", "gc", "cpu0", "cpu_end", "pre_cpu")
+                 "fetched", "end_shared", "flops", "gc", "cpu0", "cpu_end", "pre_cpu", "pre_own")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -70,7 +70,7 @@ class Step:
         self.pre = None
         # (CPU) the thread's CPU clock at the step's start (the previous
         # step's end), at its end, and its CPU time in pre: host work
-        self.cpu0 = self.cpu_end = self.pre_cpu = None
+        self.cpu0 = self.cpu_end = self.pre_cpu = self.pre_own = None
         self.end_shared = False  # its end mark is the next step's start (CUDA: not released with it)
         self.flops = None  # the FLOPs its counter counted (popped at its first optimizer step)
         self.gc = None  # the collector's pauses on the training thread in it: (start, end) host ns

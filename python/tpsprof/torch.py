@@ -42,7 +42,8 @@ from . import _active, _c10d, _client, _compat, _guard, _patches, _rollout
 from ._marks import Marks
 from ._c10d import COLLECTIVES
 from ._gc import GCPauses
-from ._sender import Poller, Sender
+from ._comm import Comm
+from ._sender import Sender
 from ._intervals import clip, intersect, length
 from ._steps import Step, mean_loss, phases, totals
 from ._tokens import Fetch, count_tokens, counts_now, is_ids, lazy_int, packed_seq_sq
@@ -354,20 +355,21 @@ class TorchProfiler(Marks):
         self._data_source = None  # what the steps' data wait is, as last sent in the run metadata
         self._closed = False
         self._in_rollout = False
-        self._poller = None
         # records are built and sent by a thread of ours, in order: the
         # training thread only decides a step is over (docs/capture.md)
         self._sender = Sender(self)
-        self._recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
-        self._fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
         # per-profiler state the patches use (the module keeps none)
         self._tls = _Guards()
+        # the steps' communication: a component (_comm), reached through
+        # the seam below (current, mark_now, open_step, failed)
+        self.comm = Comm(self, self._tls)
         self._scaled = {}  # id(a grad scaler's scaled loss) -> (weakref to it, its scale)
         self._watched_loaders = weakref.WeakSet()  # loaders watched through their class's __iter__
         self._pp_stage = None  # the stage a pipelining schedule runs (first seen)
         # what measuring costs: ns in our hooks on the training thread since
         # the last step finished (_owned), and our threads' CPU time sent so far
         self._own_ns = 0
+        self._fin_own = 0  # of the hook that finished the last step, its time after that step's end
         self._cpu_sent = 0
         # FLOPs counted by PyTorch on sampled steps (torch >= 2.1)
         self._flops_every = _flops_every_env()
@@ -643,6 +645,25 @@ class TorchProfiler(Marks):
         self.errors += 1
         if self.errors > _MAX_ERRORS:
             self.off = True
+
+    # -- the components' seam (_comm: the communication) -------------------
+    @property
+    def current(self):
+        """The step being measured (None between steps)."""
+        return self._cur
+
+    def mark_now(self):
+        """A mark of now on the steps' clock (host ns, or a CUDA event)."""
+        return self._mark()
+
+    def open_step(self):
+        """The step in progress, opening one (after settling the last): a
+        receive a later pipeline stage waits on opens its step."""
+        return self._open()
+
+    def failed(self):
+        """Counts a failure of a component's mark (off past too many)."""
+        self._err()
 
     # -- step life ----------------------------------------------------------
     def _drop_stale_count(self):
@@ -1075,8 +1096,12 @@ class TorchProfiler(Marks):
         # what the hooks cost up to here is this step's (finishing it
         # included); the hook we are in goes on counting for the next
         g = self._tls
+        self._fin_own = 0
         if g.own_t0:
             t = time.perf_counter_ns()
+            # (the hook we are in began after this step ended: its time so
+            # far lies before the next step's forward, ours, not its data wait)
+            self._fin_own = t - g.own_t0
             self._own_ns += t - g.own_t0
             g.own_t0 = t
         st.own, self._own_ns = self._own_ns, 0
@@ -1119,9 +1144,7 @@ class TorchProfiler(Marks):
         if threading.current_thread() is not self._sender._thread:
             return None  # (a record sent from elsewhere: no thread clock to difference)
         total = time.thread_time_ns() + self._sender.cpu_base
-        p = self._poller
-        if p is not None:
-            total += p.cpu_ns()
+        total += self.comm.cpu_ns()
         d, self._cpu_sent = total - self._cpu_sent, total
         return max(d, 0)
 
@@ -1193,12 +1216,15 @@ class TorchProfiler(Marks):
             if a is not None and b is not None:
                 paused = length(intersect([(a, b)], pauses))
                 pre = max(b - a - st.gap - paused, 0)
+                own = 0
                 if st.pre_cpu is not None:
                     # the thread's CPU time in it is host work (Python after
                     # the optimizer step, a batch built on this thread); the
-                    # rest, the time it did not run, is the data wait
+                    # rest, the time it did not run, is the data wait, less
+                    # our own hooks' time there
                     host = min(max(st.pre_cpu - paused, 0), pre)
-                data += pre - host
+                    own = st.pre_own or 0
+                data += max(pre - host - own, 0)
         data = min(data, dur)
         host = min(host, dur - data)
         ph = phases(dur, data, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
@@ -1404,8 +1430,12 @@ class TorchProfiler(Marks):
                 # to its first forward is its data wait
                 st.pre = (st.t0, st.fwd_open)
                 if st.cpu0 is not None:
-                    # of it, the thread's own CPU work (host work, not a wait)
+                    # of it, the thread's own CPU work (host work, not a wait),
+                    # and our hooks' time (finishing the last step: the
+                    # sender's start, a first connection), no one's wait
                     st.pre_cpu = time.thread_time_ns() - st.cpu0
+                    g = self._tls
+                    st.pre_own = self._fin_own + self._own_ns + (time.perf_counter_ns() - g.own_t0 if g.own_t0 else 0)
             if first and self._flops_every and self._tracing is None:
                 # FLOPs are counted from a step's first training forward, not
                 # where it began: the counter must not hold what the thread
@@ -1417,8 +1447,7 @@ class TorchProfiler(Marks):
                 self._flops_begun += 1
                 if k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
                     self._count_flops(st)
-            if self._poller is not None:
-                self._poller.sweep()
+            self.comm.sweep()
         except Exception:
             self._err()
 
@@ -1452,8 +1481,7 @@ class TorchProfiler(Marks):
             end = self._mark()
             st.fwd.append((st.fwd_open, end))
             st.fwd_open = None
-            if self._poller is not None:
-                self._poller.sweep()
+            self.comm.sweep()
             if self._bwd_call:
                 return  # the backward is timed around Tensor.backward (see _backward)
             t = _first_grad_tensor(output)
@@ -1533,8 +1561,7 @@ class TorchProfiler(Marks):
         if st.closure:
             st.optim_open = end  # inside optimizer.step: the update follows
         st.tail = []
-        if self._poller is not None:
-            self._poller.sweep()
+        self.comm.sweep()
 
     def _optim_pre(self, opt):
         if self.off:
@@ -1548,8 +1575,7 @@ class TorchProfiler(Marks):
             if self._cur.counter is not None:
                 self._stop_count(self._cur)
             self._cur.optim_open = self._mark()
-            if self._poller is not None:
-                self._poller.sweep()
+            self.comm.sweep()
         except Exception:
             self._err()
 
@@ -1671,208 +1697,6 @@ class TorchProfiler(Marks):
         except Exception:
             self._err()
 
-    # -- communication through the dispatcher (PyTorch 2; see _c10d) --------
-    def _comm_mark(self):
-        """A mark now, or None when no step is being measured."""
-        if self.off or self._cur is None:
-            return None
-        try:
-            return self._mark()
-        except Exception:
-            self._err()
-            return None
-
-    def _comm_issue(self, recv=False):
-        """A collective is issued: its span's cell [start, end], kept in the
-        step (a receive opens the step: a later pipeline stage's first
-        activity is waiting for its input)."""
-        if self.off:
-            return None
-        try:
-            st = self._cur
-            if st is not None and st.optimized:
-                if not recv:
-                    return None  # after the iteration's optimizer step: in no step
-                self._finish()
-                st = None
-            if st is None:
-                if not recv:
-                    return None
-                st = self._cur = self._begin()
-            cell = [self._mark(), None]
-            if not recv:
-                st.comm.append(cell)
-            return cell
-        except Exception:
-            self._err()
-            return None
-
-    def _comm_started(self, cell, cpu0, work=None):
-        """The issuing call returned; ``cpu0`` was this thread's CPU clock
-        (``time.thread_time_ns``) before it. On CPU a collective's span
-        starts when the backend has it: after the call's own host work
-        (gloo's reduce-scatter, done as an all-reduce, first copies its
-        inputs into one flat buffer: 0.7-1.1 ms of a 4 ms collective in the
-        FSDP2 test job), which is the host's, not communication. That work
-        is the CPU time the thread spent in the call; time it spent
-        waiting there (to get the GIL back, or a core, after handing the
-        collective over: up to 4 ms seen on this 2-core machine) is not,
-        so the start is the issue plus that CPU time, at most the return.
-        A collective that completed inside the call (a backend that runs
-        it synchronously) keeps its issue time. On a GPU the issue mark is
-        an event on the issuing stream, which the collective's stream
-        waits for: unchanged."""
-        try:
-            if cpu0 is None or (work is not None and work.is_completed()):
-                return
-            cell[0] = min(cell[0] + time.thread_time_ns() - cpu0, self._mark())
-        except Exception:
-            self._err()
-
-    def _comm_track(self, cell, work, recv=False):
-        """Ends cell when work completes; a receive's work is remembered so
-        that waiting on it counts as pipeline wait."""
-        try:
-            if work is not None and (recv or not self.cuda):
-                # waiting on the work also ends its span: some works (gloo's
-                # reduce-scatter done as an all-reduce) report completion
-                # only once waited on. (On a GPU its future's event ends it;
-                # only a receive's is kept there, for its wait's kind: a
-                # work held keeps its output tensors alive.)
-                if len(self._recv_works) >= 4096:
-                    self._recv_works.clear()
-                self._recv_works[id(work)] = (work, cell, recv)
-            self._comm_end([cell[0], None, self._cur, False], work, cell)
-        except Exception:
-            self._err()
-
-    def _p2p_blocked(self, cell, t0):
-        """A blocking send or receive (PyTorch 1.13's wrappers) returned:
-        the time in it was waiting for the other stage; a send's span
-        ends here."""
-        try:
-            st = self._cur
-            if st is None or t0 is None:
-                return
-            end = self._mark()
-            cell[1] = end
-            st.pp_wait.append((t0, end))
-        except Exception:
-            self._err()
-
-    def _work_waited(self, work, t0):
-        try:
-            st = self._cur
-            if st is None:
-                return
-            iv = (t0, self._mark())
-            got = self._recv_works.pop(id(work), None)
-            # (host marks only: CUDA events have no order to compare)
-            if got is not None and (got[1][1] is None or (not self.cuda and got[1][1] > iv[1])):
-                # complete by the time wait() returned: a poller that saw
-                # it later (starved of a core or of the GIL) is overruled
-                got[1][1] = iv[1]
-            if got is not None and got[2]:
-                st.pp_wait.append(iv)
-            else:
-                st.blocked.append(iv)
-        except Exception:
-            self._err()
-
-    def _functional_issued(self, cell, out, args, recv):
-        try:
-            t = out[0] if isinstance(out, (list, tuple)) else out
-            if not isinstance(t, torch.Tensor):
-                t = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            if t is None:
-                return
-            if len(self._fpending) > 4096:
-                self._fpending.clear()
-            self._fpending[t.data_ptr()] = (cell, recv)
-        except Exception:
-            self._err()
-
-    def _functional_works(self, cell, works):
-        """(CPU) The works of the c10d calls a functional collective made:
-        its span ends when they complete, or at its wait_tensor if that
-        comes first (gloo's reduce-scatter completes only once waited on)."""
-        try:
-            st = self._cur
-            if st is not None:
-                self._comm_end([cell[0], None, st, False], works, cell)
-        except Exception:
-            self._err()
-
-    def _functional_waited(self, t, t0):
-        """A functional collective's wait_tensor returned: on the issuing
-        stream (or the host, on CPU) the collective is complete now."""
-        try:
-            end = self._mark()
-            got = self._fpending.pop(t.data_ptr(), None) if isinstance(t, torch.Tensor) else None
-            if got is not None and (got[0][1] is None or (not self.cuda and got[0][1] > end)):
-                got[0][1] = end  # complete by now, if the poller saw it later
-            st = self._cur
-            if st is not None:
-                (st.pp_wait if got is not None and got[1] else st.blocked).append((t0, end))
-        except Exception:
-            self._err()
-
-    def _comm_begin(self, sync):
-        if self.off:
-            return None
-        st = self._cur
-        if st is None:
-            return None
-        return [self._mark(), None, st, sync]
-
-    def _comm_end(self, tok, work, cell=None):
-        st = tok[2]
-        if cell is None and (work is None or tok[3]):
-            end = self._mark()
-            tok[1] = end
-            st.comm.append(tok[:2])
-            st.blocked.append((tok[0], end))
-            return
-        if work is None:
-            cell[1] = self._mark()
-            return
-        # asynchronous: ends when the work's future completes
-        if cell is None:
-            cell = [tok[0], None]
-            st.comm.append(cell)
-        works = work if isinstance(work, list) else [work]
-        if not self.cuda:
-            # On CPU (gloo) a completion callback would run on gloo's own
-            # threads, where Python's garbage collector may then free gloo
-            # objects and abort the process; a thread of ours polls instead.
-            if self._poller is None:
-                self._poller = Poller()
-            self._poller.watch(cell, works)
-            return
-        try:
-            futs = [w.get_future() for w in works]
-        except Exception:
-            cell[1] = self._mark()  # no future: the issue time only
-            return
-        left = [len(futs)]
-        lock = threading.Lock()
-
-        def done(fut):
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                try:
-                    # NCCL completes the future as it enqueues, with the
-                    # current stream waiting for the collective: this event
-                    # is reached when the collective is done.
-                    cell[1] = self._mark()
-                except Exception:
-                    cell[1] = cell[0]
-
-        for f in futs:
-            f.add_done_callback(done)
-
     # -- end ----------------------------------------------------------------
     def close(self, timeout: float = 2.0) -> None:
         """Sends what is pending (waiting for the GPU once) and disconnects."""
@@ -1910,8 +1734,7 @@ class TorchProfiler(Marks):
         # the sender first: it gives the poller a moment to see the last
         # collectives end before it sends the last steps
         done = self._sender.close(timeout)
-        if self._poller is not None:
-            self._poller.stop()
+        self.comm.stop()
         if done:
             self.client.close(timeout)
 
@@ -1978,9 +1801,10 @@ def _timed(prof, name, fn):
     return timed
 
 
-def _owned(fn):
+def _owned(fn, component=False):
     """fn, a hook, with its time counted as the profiler's own (the step's
-    capture_ns); a hook called inside another counts once."""
+    capture_ns); a hook called inside another counts once. component: fn
+    is a method of one of the profiler's components (its ``prof``)."""
     now = time.perf_counter_ns
 
     def hook(self, *args, **kwargs):
@@ -1994,7 +1818,26 @@ def _owned(fn):
             self._own_ns += now() - g.own_t0
             g.own_t0 = 0
 
-    if _OWN_DETAIL:
+    if component:
+        key = fn.__qualname__.split(".")[0].lower() + "." + fn.__name__  # (own_by: "comm.issue")
+        detail = _OWN_DETAIL
+
+        def hook(self, *args, **kwargs):  # noqa: F811 (the component's variant)
+            p = self.prof
+            g = p._tls
+            if g.own_t0:
+                return fn(self, *args, **kwargs)
+            g.own_t0 = now()
+            try:
+                return fn(self, *args, **kwargs)
+            finally:
+                t1 = now()
+                p._own_ns += t1 - g.own_t0
+                if detail:
+                    p.own_by[key] = p.own_by.get(key, 0) + t1 - g.own_t0
+                g.own_t0 = 0
+
+    if _OWN_DETAIL and not component:
         name = fn.__name__
 
         def hook(self, *args, **kwargs):  # noqa: F811 (the diagnostic's variant)
@@ -2018,13 +1861,17 @@ def _owned(fn):
 # Tensor.backward (_backward wraps the backward itself; its own lines are
 # few), and the patches' thin shims around these calls.
 _OWNED = ("_fwd_pre", "_fwd_post", "_optim_pre", "_optim_post", "_data_enter", "_data_exit", "_data_end",
-          "_zero_grad", "_bwd_start", "_bwd_done", "_settle_step", "_open", "_side_event", "_comm_mark",
-          "_comm_issue", "_comm_started", "_comm_track", "_p2p_blocked", "_work_waited", "_functional_issued",
-          "_functional_works", "_functional_waited", "_comm_begin", "_comm_end", "add_tokens", "add_batch",
+          "_zero_grad", "_bwd_start", "_bwd_done", "_settle_step", "_open", "_side_event", "add_tokens", "add_batch",
           "add_bytes")
 for _name in _OWNED:
     setattr(TorchProfiler, _name, _owned(getattr(TorchProfiler, _name)))
+# the communication component's marks, counted as its profiler's own
+_COMM_OWNED = ("now", "issue", "started", "track", "p2p_blocked", "work_waited", "functional_issued",
+               "functional_works", "functional_waited", "begin", "end")
+for _name in _COMM_OWNED:
+    setattr(Comm, _name, _owned(getattr(Comm, _name), component=True))
 _c10d.skip_dynamo(TorchProfiler._fwd_pre)  # the wrappers share one code object: skipped once for all
+_c10d.skip_dynamo(Comm.issue)  # (the components' wrappers: another)
 
 
 class _StepBlock:
