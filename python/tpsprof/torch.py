@@ -366,6 +366,7 @@ class TorchProfiler(Marks):
         self._scaled = {}  # id(a grad scaler's scaled loss) -> (weakref to it, its scale)
         self._watched_loaders = weakref.WeakSet()  # loaders watched through their class's __iter__
         self._pp_stage = None  # the stage a pipelining schedule runs (first seen)
+        self._pp_schedule = None  # its (micro-batches, stages a rank)
         # what measuring costs: ns in our hooks on the training thread since
         # the last step finished (_owned), and our threads' CPU time sent so far
         self._own_ns = 0
@@ -451,6 +452,15 @@ class TorchProfiler(Marks):
             if st is None:
                 st = (getattr(schedule, "_stages", None) or [None])[0]
             self._pp_stage = st
+            # its micro-batches and stages a rank (virtual stages): the
+            # schedule's own bubble, which the report holds the measured
+            # bubble to (sent with the topology, where it has pp > 1)
+            try:
+                m = int(getattr(schedule, "_n_microbatches", 0) or 0)
+                v = len(getattr(schedule, "_stages", None) or [st])
+                self._pp_schedule = (m, v) if m > 0 else None
+            except Exception:
+                self._pp_schedule = None
 
     def count_fetches(self, on: bool) -> None:
         """Whether the watched loaders' fetches count the step's tokens
@@ -1000,9 +1010,14 @@ class TorchProfiler(Marks):
                                      c.rank, declared, ",".join("%s=%d" % kv for kv in sizes.items()),
                                      ",".join("%s=%d" % (k[:-5], v) for k, v in coords.items())))
         c._coords = coords
+        extra = {}
+        if self._pp_schedule is not None and sizes.get("pp", 1) > 1:
+            extra["micro_batches"] = self._pp_schedule[0]
+            if self._pp_schedule[1] > 1:
+                extra["interleave"] = self._pp_schedule[1]
         # every rank, before its first record: whichever rank's record
         # reaches the collector first, the layout is there before it
-        self._sender.put(lambda: c.meta(topology=sizes))
+        self._sender.put(lambda: c.meta(topology=sizes, **extra))
 
     def _trace_end(self):
         """Ends a profiled step, writes its trace for the agent and tells it."""
