@@ -113,6 +113,17 @@ func (a *analysis) stepPass(k *rankSink) error {
 		return err
 	}
 	k.med = p.medians()
+	if p.ppLeast != nil {
+		for _, v := range p.ppLeast {
+			if v >= 0 {
+				a.rep.leastPP += float64(v)
+				a.rep.leastPPSteps++
+			}
+		}
+		if a.rep.leastPPSteps > 0 {
+			a.rep.leastPP /= float64(a.rep.leastPPSteps)
+		}
+	}
 	return nil
 }
 
@@ -128,6 +139,9 @@ type stepRows struct {
 	others map[int64]*tps.Median
 	keep   int
 	kc     keyCursor
+	// ppLeast is each steady step's least pipeline wait over its ranks
+	// (ns, -1 none yet), made at the first wait seen
+	ppLeast []int64
 }
 
 func newStepRows(a *analysis, k *rankSink) *stepRows {
@@ -139,7 +153,7 @@ func newStepRows(a *analysis, k *rankSink) *stepRows {
 // rowCols are a row group's columns the step pass reads, taken out of
 // the Columns once a group (a lookup per value was a fifth of the pass).
 type rowCols struct {
-	rank, dur, data, host, fwd, bwd, optim, tokens, padded []int64
+	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded []int64
 	capture, captureCPU, memAlloc, memResv, memCap         []int64
 	blocking                                               [8][]int64
 	nBlocking                                              int
@@ -147,7 +161,7 @@ type rowCols struct {
 }
 
 func (rc *rowCols) take(c *trace.Columns) {
-	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
+	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), pp: c.Col(rcPP), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
 		optim: c.Col(rcOptim), tokens: c.Col(rcTokens), padded: c.Col(rcPadded), capture: c.Col(rcCapture),
 		captureCPU: c.Col(rcCaptureCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
 		nBlocking: len(rcBlocking), node: c.Strings}
@@ -214,6 +228,7 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 		p.rep.own.addProfiled(rc.capture[i])
 	} else {
 		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+		p.leastPP(si, rc.pp[i])
 	}
 	// its own time (what the others wait for in a synchronous step:
 	// compute, waiting for data, host work before the forward:
@@ -228,6 +243,24 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	// the straggler verdict is on own time, as the episodes': a rank slow
 	// in its data loading is as late for the others as one slow in compute
 	p.median(r, inRange).Add(own)
+}
+
+// leastPP takes a rank's pipeline wait in steady step si: the step's least
+// over its ranks is kept, from the first wait seen on (a job without a
+// pipeline allocates nothing; the steps read before it are left out).
+func (p *stepRows) leastPP(si int, pp int64) {
+	if p.ppLeast == nil {
+		if pp <= 0 {
+			return
+		}
+		p.ppLeast = make([]int64, p.sp.len())
+		for j := range p.ppLeast {
+			p.ppLeast[j] = -1
+		}
+	}
+	if v := p.ppLeast[si]; v < 0 || pp < v {
+		p.ppLeast[si] = pp
+	}
 }
 
 // median is rank r's median accumulator.

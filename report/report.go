@@ -271,6 +271,12 @@ type Report struct {
 	// read is what every read of the report takes: counted in BytesRead,
 	// each part's footer read once.
 	read trace.ReadOption
+	// leastPP is the steady steps' pipeline wait of their least-waiting
+	// rank, mean a step (ns; rank_steps read only): the time a step would
+	// lose without its bubble (the others' waits beyond it are on no
+	// critical path); leastPPSteps how many steps it is over.
+	leastPP      float64
+	leastPPSteps int
 }
 
 // Plots is what the report's figures draw, apart from its result (the
