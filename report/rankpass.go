@@ -154,10 +154,10 @@ func newStepRows(a *analysis, k *rankSink) *stepRows {
 // the Columns once a group (a lookup per value was a fifth of the pass).
 type rowCols struct {
 	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded []int64
-	capture, captureCPU, memAlloc, memResv, memCap         []int64
-	blocking                                               [8][]int64
-	nBlocking                                              int
-	node                                                   []string
+	capture, captureCPU, memAlloc, memResv, memCap             []int64
+	blocking                                                   [8][]int64
+	nBlocking                                                  int
+	node                                                       []string
 }
 
 func (rc *rowCols) take(c *trace.Columns) {
