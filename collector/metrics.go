@@ -291,7 +291,8 @@ func (m metricsCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, j := range c.jobList() {
 		f := j.live.Load()
 		id := j.st.id
-		has := map[when]bool{always: true, ranked: f.world > 0, stepped: f.last != nil}
+		var has [window + 1]bool
+		has[always], has[ranked], has[stepped] = true, f.world > 0, f.last != nil
 		has[fresh] = has[stepped] && time.Since(f.lastClosedAt) <= c.cfg.StaleAfter
 		has[window] = has[fresh] && f.win.steps > 0
 		for _, jm := range jobMetrics {

@@ -55,6 +55,9 @@ type StragglerEpisode struct {
 	// GPUs' SM clock and power against the other nodes' over the episode
 	// and the clock event (throttle) reasons NVML gave.
 	Cause string `json:"cause"`
+	// gpuSlow: Cause is its GPUs' evidence of clocks throttled or low, or
+	// a throttle reason (what the findings add to the waiting for it)
+	gpuSlow bool
 	// Captures are the automatic captures the collector ran while the
 	// episode lasted (collector --auto-capture; docs/capture.md).
 	Captures []EpisodeCapture `json:"captures,omitempty"`
@@ -484,8 +487,9 @@ func (rep *Report) episodeCauses(g *gpuSeries) {
 		if rep.GPUSamples == 0 || g.nodes[e.Node] == nil || len(g.nodes) < 2 {
 			continue
 		}
-		if c := g.nodeAgainstOthers(e.Node, e.from, e.to).cause(); c != "" {
-			e.Cause = c
+		x := g.nodeAgainstOthers(e.Node, e.from, e.to)
+		if c := x.cause(); c != "" {
+			e.Cause, e.gpuSlow = c, x.slow()
 		}
 	}
 }
@@ -538,6 +542,20 @@ func (g *gpuSeries) nodeAgainstOthers(node string, from, to int64) gpuEvidence {
 	}
 	return x
 }
+
+// slow says the evidence shows the node's GPUs slowed: clocks below 95% of
+// the other nodes', or a throttle reason (cause's first three cases).
+func (x gpuEvidence) slow() bool {
+	return x.k > 0 && x.ok > 0 && (x.clk/x.k < 0.95*x.oclk/x.ok || x.reasons&throttleBits != 0)
+}
+
+// throttleBits are the clock event reasons tps.ThrottleReasons names.
+var throttleBits = func() (b int64) {
+	for _, t := range tps.ThrottleReasons() {
+		b |= t.Bit
+	}
+	return b
+}()
 
 // cause reads the evidence: clocks throttled or low, throttle reasons,
 // or normal clocks ("" when either side has no samples).

@@ -212,7 +212,7 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 func (rep *Report) gpuCauseOf(node string) string {
 	best := -1
 	for i, e := range rep.Episodes {
-		if e.Node == node && (strings.HasPrefix(e.Cause, "GPU clocks") || strings.HasPrefix(e.Cause, "throttle reasons")) {
+		if e.Node == node && e.gpuSlow {
 			if best < 0 || e.Steps > rep.Episodes[best].Steps {
 				best = i
 			}

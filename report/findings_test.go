@@ -90,3 +90,19 @@ func TestBubbleHeadroomIsTheLeastWait(t *testing.T) {
 		t.Errorf("headroom %.2f%%, want the mean's %.2f%%", rep.Findings[0].HeadroomPct, gain(0.31))
 	}
 }
+
+// The waiting for a node names its GPUs' evidence where its straggler
+// episodes show them slowed, and not where they show normal clocks.
+func TestWaitingNamesAThrottledGPU(t *testing.T) {
+	for _, slow := range []bool{true, false} {
+		rep := &Report{Summary: tps.Summary{SteadySteps: 30, WorldSize: 2, AggregateTPS: 1000},
+			Breakdown:   Breakdown{Shares: tps.Shares{Compute: 0.7, WaitingForPeers: 0.3}},
+			WaitCharged: []WaitShare{{Cause: "compute: 15.0 ms a step more than the mean rank", Node: "node-b", Ranks: []int64{1}, Steps: 30, Share: 1}},
+			Episodes:    []StragglerEpisode{{Node: "node-b", Steps: 30, Cause: "GPU clocks throttled: 1305 MHz against 1980 MHz", gpuSlow: slow}},
+			Goodput:     Goodput{BadputS: map[string]float64{}}}
+		rep.findings()
+		if got := strings.Contains(rep.Findings[0].Cause, "its GPU clocks throttled"); got != slow {
+			t.Errorf("GPUs slowed %v: the waiting's cause %q", slow, rep.Findings[0].Cause)
+		}
+	}
+}

@@ -92,6 +92,16 @@ var (
 		}
 		return out
 	}()
+	// which of them are the rank's own time (tps.OwnMeasures: with
+	// compute, StepRecord.OwnNs)
+	rcOwn = func() (own [8]bool) {
+		names, _ := tps.BlockingMeasures()
+		owned, _ := tps.OwnMeasures()
+		for i, n := range names {
+			own[i] = slices.Contains(owned, n)
+		}
+		return own
+	}()
 )
 
 // stepPass reads rank_steps (the selected row groups, a few columns) into
@@ -206,6 +216,14 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 		blocked[j] = rc.blocking[j][i]
 	}
 	comp := float64(tps.ComputeNs(dur, blocked[:rc.nBlocking]...))
+	// its own time (what the others wait for in a synchronous step:
+	// StepRecord.OwnNs, compute and the own blocking measures)
+	own := comp
+	for j := range rc.nBlocking {
+		if rcOwn[j] {
+			own += float64(blocked[j])
+		}
+	}
 	k.heat.addCol(hc, r, comp)
 	inRange := r >= 0 && r < int64(len(p.byRank))
 	if n := rc.node[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
@@ -230,11 +248,8 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
 		p.leastPP(si, rc.pp[i])
 	}
-	// its own time (what the others wait for in a synchronous step:
-	// compute, waiting for data, host work before the forward:
-	// StepRecord.OwnNs), and of it the data wait and the measured
-	// forward, backward and optimizer
-	own := comp + float64(data) + host
+	// its own time, and of it the data wait and the measured forward,
+	// backward and optimizer
 	k.wins.add(si, r, own, float64(data), float64(rc.fwd[i]+rc.bwd[i]+rc.optim[i]))
 	if pad := rc.padded[i]; pad > 0 {
 		k.realTok += rc.tokens[i]
@@ -382,7 +397,11 @@ func (p *windowRows) row(c *trace.Columns, i int) error {
 	rep.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcDuration)[i])
 	rep.own.addMem(r, c.Col(wcMemAlloc)[i], c.Col(wcMemResv)[i], c.Col(wcMemCap)[i])
 	work := c.Col(wcFwd)[i] + c.Col(wcBwd)[i] + c.Col(wcOptim)[i]
-	k.wins.addN(p.si, r, float64(compute+data+c.Col(wcHost)[i]), float64(data), float64(work), int32(steps)) // (own time: StepRecord.OwnNs)
+	own := compute // (its own time: StepRecord.OwnNs)
+	for _, col := range wcOwn {
+		own += c.Col(col)[i]
+	}
+	k.wins.addN(p.si, r, float64(own), float64(data), float64(work), int32(steps))
 	if padded := c.Col(wcPadded)[i]; padded > 0 {
 		k.realTok += c.Col(wcTokPadded)[i]
 		k.padTok += padded
@@ -422,7 +441,6 @@ var (
 	wcSteps      = windowCols.Col("steps")
 	wcCompute    = windowCols.Col("compute_ns.sum")
 	wcData       = windowCols.Col("data_wait_ns.sum")
-	wcHost       = windowCols.Col("?host_ns.sum") // (windows written before host_ns: zeros)
 	wcFwd        = windowCols.Col("fwd_ns.sum")
 	wcBwd        = windowCols.Col("bwd_ns.sum")
 	wcOptim      = windowCols.Col("optim_ns.sum")
@@ -434,6 +452,19 @@ var (
 	wcMemAlloc   = windowCols.Col("?mem_peak_allocated_bytes.max")
 	wcMemResv    = windowCols.Col("?mem_peak_reserved_bytes.max")
 	wcMemCap     = windowCols.Col("?mem_capacity_bytes.max")
+	// the measures a rank's own time adds to its compute (tps.OwnMeasures;
+	// each windowed: TestBlockingMeasuresSummed)
+	wcOwn = func() []trace.Col {
+		names, core := tps.OwnMeasures()
+		out := make([]trace.Col, len(names))
+		for i, n := range names {
+			if !core[i] {
+				n = "?" + n // (windows written before it: zeros)
+			}
+			out[i] = windowCols.Col(n + ".sum")
+		}
+		return out
+	}()
 )
 
 // windowRanges bound the rank_windows row groups that can hold windows of

@@ -45,8 +45,14 @@ type Cols struct{ names []string }
 // Col is a column's handle in its Cols.
 type Col int
 
-// Col adds the column name and returns its handle.
+// Col adds the column name and returns its handle; a name added before
+// gets its handle again (each column is decoded once a row group: the
+// report's rank pass named four columns twice, by name and among the
+// blocking measures, and decoded them twice).
 func (s *Cols) Col(name string) Col {
+	if i := slices.Index(s.names, name); i >= 0 {
+		return Col(i)
+	}
 	s.names = append(s.names, name)
 	return Col(len(s.names) - 1)
 }

@@ -329,3 +329,12 @@ func TestEachColumnsConstantChunks(t *testing.T) {
 		t.Fatalf("%d rows of %d: %v", k, len(recs), err)
 	}
 }
+
+// A column named twice in one pass is one column, read once.
+func TestColsNameOnce(t *testing.T) {
+	var cs Cols
+	a, b, c := cs.Col("data_wait_ns"), cs.Col("?host_ns"), cs.Col("data_wait_ns")
+	if a != c || a == b || len(cs.Names()) != 2 {
+		t.Errorf("handles %d %d %d, names %v: want the first and third one handle, two names", a, b, c, cs.Names())
+	}
+}

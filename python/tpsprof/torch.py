@@ -1265,7 +1265,7 @@ class TorchProfiler(Marks):
                               bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp,
                               measures=self._measures(st, gc_ns, host))
 
-    def _measures(self, st, gc_ns, host=0):
+    def _measures(self, st, gc_ns, host):
         """The step's measures past its phases, by tps.Measures key."""
         out = {"capture_ns": st.own, "capture_cpu_ns": self._own_cpu(), "gc_ns": gc_ns, "host_ns": host}
         if st.mem:
@@ -1821,52 +1821,25 @@ def _owned(fn, component=False):
     capture_ns); a hook called inside another counts once. component: fn
     is a method of one of the profiler's components (its ``prof``)."""
     now = time.perf_counter_ns
+    detail = _OWN_DETAIL
+    key = fn.__name__
+    if component:
+        key = fn.__qualname__.split(".")[0].lower() + "." + key  # (own_by: "comm.issue")
 
     def hook(self, *args, **kwargs):
-        g = self._tls
+        p = self.prof if component else self
+        g = p._tls
         if g.own_t0:
             return fn(self, *args, **kwargs)
         g.own_t0 = now()
         try:
             return fn(self, *args, **kwargs)
         finally:
-            self._own_ns += now() - g.own_t0
+            t = now() - g.own_t0
+            p._own_ns += t
+            if detail:
+                p.own_by[key] = p.own_by.get(key, 0) + t
             g.own_t0 = 0
-
-    if component:
-        key = fn.__qualname__.split(".")[0].lower() + "." + fn.__name__  # (own_by: "comm.issue")
-        detail = _OWN_DETAIL
-
-        def hook(self, *args, **kwargs):  # noqa: F811 (the component's variant)
-            p = self.prof
-            g = p._tls
-            if g.own_t0:
-                return fn(self, *args, **kwargs)
-            g.own_t0 = now()
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                t1 = now()
-                p._own_ns += t1 - g.own_t0
-                if detail:
-                    p.own_by[key] = p.own_by.get(key, 0) + t1 - g.own_t0
-                g.own_t0 = 0
-
-    if _OWN_DETAIL and not component:
-        name = fn.__name__
-
-        def hook(self, *args, **kwargs):  # noqa: F811 (the diagnostic's variant)
-            g = self._tls
-            if g.own_t0:
-                return fn(self, *args, **kwargs)
-            g.own_t0 = t = now()
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                t1 = now()
-                self._own_ns += t1 - g.own_t0
-                self.own_by[name] = self.own_by.get(name, 0) + t1 - t
-                g.own_t0 = 0
     hook.__name__, hook.__qualname__, hook.__doc__, hook.__wrapped__ = fn.__name__, fn.__qualname__, fn.__doc__, fn
     return hook
 
@@ -1886,7 +1859,6 @@ _COMM_OWNED = ("now", "issue", "started", "track", "p2p_blocked", "work_waited",
 for _name in _COMM_OWNED:
     setattr(Comm, _name, _owned(getattr(Comm, _name), component=True))
 _c10d.skip_dynamo(TorchProfiler._fwd_pre)  # the wrappers share one code object: skipped once for all
-_c10d.skip_dynamo(Comm.issue)  # (the components' wrappers: another)
 
 
 class _StepBlock:

@@ -1,21 +1,16 @@
 package e2e
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"math"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/tpsprof/tpsprof/agent"
 	"github.com/tpsprof/tpsprof/launch"
-	"github.com/tpsprof/tpsprof/natsconn"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -219,40 +214,11 @@ func launchTwoNodes(t *testing.T, py, job string, args []string) string {
 	t.Helper()
 	srv, col, out, _ := launchEnv(t)
 	defer col.Close()
-	sockDir, err := os.MkdirTemp("", "tpsprof-nodes")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(sockDir)
-	port, rdzv := freePort(t), ""
-	if torchMajor(py) >= 2 {
-		rdzv = filepath.Join(t.TempDir(), "rdzv")
-	}
-	var wg sync.WaitGroup
-	logs := make([]bytes.Buffer, 2)
-	codes, errs := make([]int, 2), make([]error, 2)
-	for n, name := range []string{"node-a", "node-b"} {
-		cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", "2", "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2"}
-		if rdzv != "" {
-			cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv, "--rdzv_conf", "store_type=file")
-		} else {
-			cmd = append(cmd, "--node_rank", strconv.Itoa(n), "--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port))
-		}
-		cfg := launch.Config{Job: job, Auto: true, PythonDir: t.TempDir(), Command: append(cmd, args...), Stdout: &logs[n], Stderr: &logs[n],
-			Agent: agent.Config{Socket: filepath.Join(sockDir, name+".sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: name,
-				GPU: causeGPUs{node: name, throttled: name == "node-b"}, GPUInterval: 50 * time.Millisecond}}
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-			defer cancel()
-			codes[n], errs[n] = launch.Run(ctx, cfg)
-		})
-	}
-	wg.Wait()
-	for n := range 2 {
-		if errs[n] != nil || codes[n] != 0 {
-			t.Fatalf("%s node %d: exit %d, %v\n%s", job, n, codes[n], errs[n], logs[n].String())
-		}
-	}
+	launchNodes(t, py, srv.URL(), job, []string{"node-a", "node-b"}, func(name string, cfg *launch.Config) []string {
+		cfg.Auto = true
+		cfg.Agent.GPU, cfg.Agent.GPUInterval = causeGPUs{node: name, throttled: name == "node-b"}, 50*time.Millisecond
+		return args
+	})
 	if err := col.Sync(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}

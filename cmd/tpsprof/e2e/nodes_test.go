@@ -40,44 +40,15 @@ func TestNodesAcrossRealJobs(t *testing.T) {
 	defer col.Close()
 	const steps, sleep = 24, 0.030
 	script := filepath.Join(repoRoot(t), "examples", "pytorch", "train.py")
-	sockDir := t.TempDir()
 	for j := 1; j <= 3; j++ {
 		job := fmt.Sprintf("nodes-%d", j)
-		port, rdzv := freePort(t), ""
-		if torchMajor(py) >= 2 {
-			rdzv = filepath.Join(t.TempDir(), "rdzv")
-		}
-		var wg sync.WaitGroup
-		logs := make([]bytes.Buffer, 3)
-		codes := make([]int, 3)
-		errs := make([]error, 3)
-		for n, name := range []string{"node-a", "node-b", "node-c"} {
+		launchNodes(t, py, srv.URL(), job, []string{"node-a", "node-b", "node-c"}, func(name string, cfg *launch.Config) []string {
 			ds := "0"
 			if name == "node-b" {
 				ds = strconv.FormatFloat(sleep, 'f', -1, 64)
 			}
-			cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", "3", "--redirects", "2", "--tee", "2", "--monitor_interval", "0.2"}
-			if rdzv != "" { // (current torch: the file rendezvous torchrun() uses)
-				cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv, "--rdzv_conf", "store_type=file")
-			} else {
-				cmd = append(cmd, "--node_rank", strconv.Itoa(n), "--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port))
-			}
-			cmd = append(cmd, script, "--steps", strconv.Itoa(steps), "--batch", "2", "--seq", "16", "--vocab", "128", "--dim", "32", "--data-sleep", ds)
-			cfg := launch.Config{Job: job, PythonDir: t.TempDir(),
-				Agent:   agent.Config{Socket: filepath.Join(sockDir, name+".sock"), NATS: natsconn.Options{URL: srv.URL()}, Node: name},
-				Command: cmd, Stdout: &logs[n], Stderr: &logs[n]}
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-				defer cancel()
-				codes[n], errs[n] = launch.Run(ctx, cfg)
-			})
-		}
-		wg.Wait()
-		for n := range 3 {
-			if errs[n] != nil || codes[n] != 0 {
-				t.Fatalf("%s node %d: exit %d, %v\n%s", job, n, codes[n], errs[n], logs[n].String())
-			}
-		}
+			return []string{script, "--steps", strconv.Itoa(steps), "--batch", "2", "--seq", "16", "--vocab", "128", "--dim", "32", "--data-sleep", ds}
+		})
 		if err := col.Sync(10 * time.Second); err != nil {
 			t.Fatal(err)
 		}
@@ -221,4 +192,50 @@ func TestElasticRelaunchWorldSizes(t *testing.T) {
 	}
 	g := rep.Goodput
 	t.Logf("attempts %v, %s; goodput %+v", sizes, a1.Change, g)
+}
+
+// launchNodes runs one torchrun job as len(nodes) "nodes" of one rank
+// each (torchrun --nnodes, node ranks in the order given: a static
+// rendezvous on torch 1.13, a file one on current torch), each under its
+// own tpsprof launch with its own agent named after its node, reporting to
+// the NATS server at natsURL; setup gives a node's script and its
+// arguments and may change its launch (zero-code mode, its GPUs). It
+// returns when every node has exited, failing the test on any error.
+func launchNodes(t *testing.T, py, natsURL, job string, nodes []string, setup func(name string, cfg *launch.Config) []string) {
+	t.Helper()
+	sockDir, err := os.MkdirTemp("", "tpsprof-nodes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(sockDir)
+	port, rdzv := freePort(t), ""
+	if torchMajor(py) >= 2 {
+		rdzv = filepath.Join(t.TempDir(), "rdzv")
+	}
+	var wg sync.WaitGroup
+	logs := make([]bytes.Buffer, len(nodes))
+	codes, errs := make([]int, len(nodes)), make([]error, len(nodes))
+	for n, name := range nodes {
+		cmd := []string{py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--nnodes", strconv.Itoa(len(nodes)),
+			"--redirects", "2", "--tee", "2", "--monitor_interval", "0.2"}
+		if rdzv != "" {
+			cmd = append(cmd, "--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv, "--rdzv_conf", "store_type=file")
+		} else {
+			cmd = append(cmd, "--node_rank", strconv.Itoa(n), "--master_addr", "127.0.0.1", "--master_port", strconv.Itoa(port))
+		}
+		cfg := launch.Config{Job: job, PythonDir: t.TempDir(), Stdout: &logs[n], Stderr: &logs[n],
+			Agent: agent.Config{Socket: filepath.Join(sockDir, name+".sock"), NATS: natsconn.Options{URL: natsURL}, Node: name}}
+		cfg.Command = append(cmd, setup(name, &cfg)...)
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			codes[n], errs[n] = launch.Run(ctx, cfg)
+		})
+	}
+	wg.Wait()
+	for n := range nodes {
+		if errs[n] != nil || codes[n] != 0 {
+			t.Fatalf("%s node %d: exit %d, %v\n%s", job, n, codes[n], errs[n], logs[n].String())
+		}
+	}
 }
