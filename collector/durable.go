@@ -269,7 +269,7 @@ func (d *durableSource) watchStream() {
 			cons, err = d.js.Consumer(ctx, StreamName, d.durableConsumer().Durable)
 			consumerGone = errors.Is(err, jetstream.ErrConsumerNotFound)
 			if err == nil {
-				d.restoreConsumer(ctx, cons)
+				consumerGone = d.restoreConsumer(ctx, cons)
 			}
 		}
 		if streamGone || consumerGone {
@@ -291,34 +291,54 @@ func (d *durableSource) watchStream() {
 				c.cfg.Logger.Error("durable: the "+what+" was deleted; its consumer cannot be created again; trying again", "err", err)
 			} else {
 				c.n.streamRecreated.Add(1)
-				c.cfg.Logger.Warn("durable: the " + what + " was deleted (by a client allowed to: see docs/security.md) and is created again; messages it held and no checkpoint had acknowledged are lost, rows already handled are still written")
+				lost := "messages it held and no checkpoint had acknowledged are lost, rows already handled are still written"
+				if !streamGone {
+					lost = "the stream's unacknowledged messages come to it again"
+				}
+				c.cfg.Logger.Warn("durable: the " + what + " was deleted or changed (by a client allowed to: see docs/security.md) and is created again; " + lost)
 			}
 		}
 		cancel()
 	}
 }
 
-// restoreConsumer puts the consumer's configuration back where a client
-// changed it in place (a filter that takes no records' subjects, a max ack
-// pending of 1: 0 or 32 of 80 records came until the collector restarted),
-// counted and logged as the stream's.
-func (d *durableSource) restoreConsumer(ctx context.Context, cons jetstream.Consumer) {
+// restoreConsumer deletes the consumer where a client changed its
+// configuration in place (a filter that takes no records' subjects, a max
+// ack pending of 1: 0 or 32 of 80 records came until the collector
+// restarted) and reports it gone, to be made again and consumed afresh.
+// Updating it back in place is not enough: the server does not rewind a
+// consumer whose filter changes, so records stored meanwhile were stepped
+// over, and the consumption's pull requests may no longer match what the
+// server holds (a CI run waited 10 s for a record stored in that window).
+// The stream is a work queue: what was not acknowledged is still in it,
+// and comes to the new consumer from the first message.
+func (d *durableSource) restoreConsumer(ctx context.Context, cons jetstream.Consumer) (gone bool) {
 	c := d.c
 	want := d.durableConsumer()
 	info := cons.CachedInfo()
 	if info == nil {
-		return
+		return false
 	}
 	drift := consumerDrift(info.Config, want)
 	if drift == "" {
-		return
+		return false
 	}
-	if _, err := d.js.CreateOrUpdateConsumer(ctx, StreamName, want); err != nil {
-		c.cfg.Logger.Error("durable: the consumer's configuration was changed ("+drift+") and cannot be put back; trying again", "err", err)
-		return
+	if err := d.js.DeleteConsumer(ctx, StreamName, want.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		c.cfg.Logger.Error("durable: the consumer's configuration was changed ("+drift+") and the consumer cannot be deleted to make it again; trying again", "err", err)
+		return false
 	}
-	c.n.streamRecreated.Add(1)
-	c.cfg.Logger.Warn("durable: the consumer " + want.Durable + "'s configuration was changed in place (" + drift + ", by a client allowed to: see docs/security.md) and is put back")
+	c.cfg.Logger.Warn("durable: the consumer " + want.Durable + "'s configuration was changed in place (" + drift + ", by a client allowed to: see docs/security.md); it is made again")
+	return true
+}
+
+// filtersOf is a consumer's filter subjects, sorted.
+func filtersOf(c jetstream.ConsumerConfig) []string {
+	f := slices.Clone(c.FilterSubjects)
+	if c.FilterSubject != "" {
+		f = append(f, c.FilterSubject)
+	}
+	slices.Sort(f)
+	return f
 }
 
 // consumerDrift names what of a consumer's configuration differs from
@@ -330,15 +350,7 @@ func consumerDrift(have, want jetstream.ConsumerConfig) string {
 			d = append(d, name)
 		}
 	}
-	filters := func(c jetstream.ConsumerConfig) []string {
-		f := slices.Clone(c.FilterSubjects)
-		if c.FilterSubject != "" {
-			f = append(f, c.FilterSubject)
-		}
-		slices.Sort(f)
-		return f
-	}
-	check("filter_subjects", !slices.Equal(filters(have), filters(want)))
+	check("filter_subjects", !slices.Equal(filtersOf(have), filtersOf(want)))
 	check("ack_policy", have.AckPolicy != want.AckPolicy)
 	check("ack_wait", have.AckWait != want.AckWait)
 	check("max_ack_pending", have.MaxAckPending != want.MaxAckPending)
@@ -660,41 +672,25 @@ func (d *durableSource) unackedMessages() int {
 	return n
 }
 
-// syncDurable waits until every message in the stream when it was called
-// (of the collector's consumer) has been handled. A rank writer, whose
+// sync waits until every message in the stream when it was called (of
+// the collector's consumer) has been handled. A rank writer, whose
 // consumer is shared, waits until the pool has handled and acknowledged
 // everything, checkpointing its own part as it waits.
+//
+// The target is read from the stream, not from the consumer: the server
+// acknowledges a publish before it tells the stream's consumers of the
+// message (nats-server signals them from a queue), so a consumer's
+// num_pending can read 0 for a message already stored.
 func (d *durableSource) sync(timeout time.Duration) error {
 	c := d.c
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var last uint64
-	switch {
-	case c.cfg.Role.pooled():
-		return d.syncShared(ctx, timeout)
-	case c.cfg.Role != RoleAll:
-		// The consumer is this collector's alone: once it has nothing
-		// left to deliver, the last message it delivered is the target.
-		for {
-			ci, err := d.consumerNow().Info(ctx)
-			if err != nil {
-				return fmt.Errorf("collector: consumer info: %w", err)
-			}
-			if ci.NumPending == 0 {
-				last = ci.Delivered.Stream
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("collector: %d messages still to deliver after %v", ci.NumPending, timeout)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	default:
-		info, err := d.streamInfo(ctx)
-		if err != nil {
-			return err
-		}
-		last = info.State.LastSeq
+	last, err := d.lastOfConsumer(ctx)
+	if err != nil {
+		return err
+	}
+	if c.cfg.Role.pooled() {
+		return d.syncShared(ctx, timeout, last)
 	}
 	for d.handled.Load() < last {
 		if ctx.Err() != nil {
@@ -705,8 +701,43 @@ func (d *durableSource) sync(timeout time.Duration) error {
 	return nil // handled is advanced after a message's handler returns
 }
 
-// syncShared is sync for a consumer shared by a pool of collectors.
-func (d *durableSource) syncShared(ctx context.Context, timeout time.Duration) error {
+// lastOfConsumer is the stream sequence of the last message stored now
+// that the collector's consumer takes (0 when none is): the stream's last
+// for a consumer of everything, else the latest over its filters.
+func (d *durableSource) lastOfConsumer(ctx context.Context) (uint64, error) {
+	want := d.durableConsumer()
+	if len(want.FilterSubjects) == 0 && want.FilterSubject == "" {
+		info, err := d.streamInfo(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return info.State.LastSeq, nil
+	}
+	st, err := d.js.Stream(ctx, StreamName)
+	if err != nil {
+		return 0, fmt.Errorf("collector: stream: %w", err)
+	}
+	var last uint64
+	for _, subj := range append(slices.Clone(want.FilterSubjects), want.FilterSubject) {
+		if subj == "" {
+			continue
+		}
+		m, err := st.GetLastMsgForSubject(ctx, subj)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("collector: the stream's last message on %s: %w", subj, err)
+		}
+		last = max(last, m.Sequence)
+	}
+	return last, nil
+}
+
+// syncShared is sync for a consumer shared by a pool of collectors: the
+// pool has been delivered the stream's last message it takes and has
+// acknowledged everything.
+func (d *durableSource) syncShared(ctx context.Context, timeout time.Duration, last uint64) error {
 	for {
 		if d.unackedMessages() > 0 {
 			d.checkpoint(time.Now())
@@ -715,11 +746,12 @@ func (d *durableSource) syncShared(ctx context.Context, timeout time.Duration) e
 		if err != nil {
 			return fmt.Errorf("collector: consumer info: %w", err)
 		}
-		if ci.NumPending == 0 && ci.NumAckPending == 0 {
+		if ci.NumPending == 0 && ci.NumAckPending == 0 && ci.Delivered.Stream >= last {
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("collector: %d messages to deliver and %d to acknowledge after %v", ci.NumPending, ci.NumAckPending, timeout)
+			return fmt.Errorf("collector: %d messages to deliver and %d to acknowledge after %v (delivered up to %d of %d)",
+				ci.NumPending, ci.NumAckPending, timeout, ci.Delivered.Stream, last)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

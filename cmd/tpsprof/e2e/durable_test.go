@@ -277,12 +277,12 @@ func waitConsumer(t *testing.T, url, name string) {
 // the collector puts it back, with the same outcome.
 func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
 	t.Run("deleted", func(t *testing.T) {
-		streamAttackSurvived(t, func(ctx context.Context, js jetstream.JetStream) error {
+		streamAttackSurvived(t, 100*time.Millisecond, func(ctx context.Context, js jetstream.JetStream, _ func()) error {
 			return js.DeleteStream(ctx, collector.StreamName)
 		})
 	})
 	t.Run("changed in place", func(t *testing.T) {
-		streamAttackSurvived(t, func(ctx context.Context, js jetstream.JetStream) error {
+		streamAttackSurvived(t, 100*time.Millisecond, func(ctx context.Context, js jetstream.JetStream, _ func()) error {
 			st, err := js.Stream(ctx, collector.StreamName)
 			if err != nil {
 				return err
@@ -295,22 +295,41 @@ func TestDurableStreamDeletedIsCreatedAgain(t *testing.T) {
 	})
 	// the durable consumer changed in place (a filter that takes none of
 	// the records, one message pending at most): 0 of 80 records, or 32,
-	// until the collector restarted; it is put back as the stream is
+	// until the collector restarted; it is put back as the stream is. The
+	// rest of the records are stored while the filter is elsewhere: the
+	// consumer steps over them, and the server does not rewind it when the
+	// filter comes back (a collector that updated the filter in place lost
+	// them: CI's "messages up to 3 not handled (at 2)").
 	t.Run("consumer changed in place", func(t *testing.T) {
-		streamAttackSurvived(t, func(ctx context.Context, js jetstream.JetStream) error {
+		streamAttackSurvived(t, time.Second, func(ctx context.Context, js jetstream.JetStream, sendRest func()) error {
 			cons, err := js.Consumer(ctx, collector.StreamName, collector.ConsumerName)
 			if err != nil {
 				return err
 			}
+			for { // the records so far acknowledged (a checkpoint): the consumer is free to step
+				ci, err := cons.Info(ctx)
+				if err != nil {
+					return err
+				}
+				if ci.NumAckPending == 0 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 			cfg := cons.CachedInfo().Config
 			cfg.FilterSubject, cfg.FilterSubjects, cfg.MaxAckPending = "tpsprof.elsewhere.>", nil, 1
-			_, err = js.UpdateConsumer(ctx, collector.StreamName, cfg)
-			return err
+			if _, err = js.UpdateConsumer(ctx, collector.StreamName, cfg); err != nil {
+				return err
+			}
+			sendRest()
+			return nil
 		})
 	})
 }
 
-func streamAttackSurvived(t *testing.T, attack func(context.Context, jetstream.JetStream) error) {
+// streamAttackSurvived runs a job through a durable collector that checks
+// its stream every check, attacked half way.
+func streamAttackSurvived(t *testing.T, check time.Duration, attack func(ctx context.Context, js jetstream.JetStream, sendRest func()) error) {
 	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -318,7 +337,7 @@ func streamAttackSurvived(t *testing.T, attack func(context.Context, jetstream.J
 	defer srv.Shutdown()
 	out := t.TempDir()
 	col, err := collector.New(collector.Config{OutDir: out, NATS: natsconn.Options{URL: srv.URL()}, Durable: true,
-		StreamCheck: 100 * time.Millisecond, Writer: trace.WriterOptions{PartAge: 200 * time.Millisecond}})
+		StreamCheck: check, Writer: trace.WriterOptions{PartAge: 200 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -363,10 +382,23 @@ func streamAttackSurvived(t *testing.T, attack func(context.Context, jetstream.J
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := attack(ctx, js); err != nil {
+	rest := false
+	sendRest := func() { // published while the stream is gone or elsewhere: the agent retries
+		if !rest {
+			rest = true
+			send(20, 40)
+			if err := a.Flush(15 * time.Second); err != nil {
+				t.Errorf("the durable agent's records after the attack: %v", err)
+			}
+		}
+	}
+	if err := attack(ctx, js, sendRest); err != nil {
 		t.Fatal(err)
 	}
-	send(20, 40) // published while the stream is gone or elsewhere: the agent retries
+	if !rest {
+		rest = true
+		send(20, 40)
+	}
 	deadline := time.Now().Add(15 * time.Second)
 	for col.Stats().StreamRecreated == 0 {
 		if time.Now().After(deadline) {
