@@ -213,12 +213,11 @@ func (a *analysis) readEvents() error {
 		lo, hi := a.sp.key(0), a.sp.key(a.sp.len()-1)
 		rep.Notes = append(rep.Notes, fmt.Sprintf("running: this report covers steps %d-%d, written so far (%s); newer steps are not in it", lo[1], hi[1], rep.runningWhy))
 	}
-	if err := a.markSteps(); err != nil {
-		return err
-	}
+	// (the steps' times are the collector's, repaired: the events' too
+	// before the steps are marked by them)
 	alignEvents(a.events, rep.ClockOffsetsNs, nil)
 	alignEvents(pd.events, rep.ClockOffsetsNs, nil)
-	return nil
+	return a.markSteps()
 }
 
 // markSteps marks the warm-up in the spine, and the steps out of the
@@ -246,7 +245,13 @@ func (a *analysis) markSteps() error {
 	if err != nil {
 		return err
 	}
-	a.wopt = tps.WindowOptions{Warmup: a.opt.Warmup, Profiled: a.profiled, Threshold: threshold}
+	// Steps a save or an evaluation between steps ran into: their time is
+	// partly the gap's (goodput), their parts not the step's own.
+	cut, err := a.sp.markCut(cutsOf(a.events))
+	if err = a.rep.tolerate(err); err != nil {
+		return err
+	}
+	a.wopt = tps.WindowOptions{Warmup: a.opt.Warmup, Profiled: a.profiled, Cut: cut, Threshold: threshold}
 	return nil
 }
 

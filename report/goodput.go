@@ -78,6 +78,7 @@ type goodputAcc struct {
 	evals       [][2]int64
 	ckpts       [][2]int64
 	traces      [][2]int64
+	cuts        cuts // the saves and evaluations, sorted (spine.markCut's rule)
 	launch      map[int64]bool
 	failed      [][2]int64 // launches without a step: start, end (start when none recorded), in time order
 	nextFailed  int
@@ -86,9 +87,10 @@ type goodputAcc struct {
 	// stretch of time goes to exactly one part, so the parts add up to the
 	// elapsed time whatever the rows say (a step that overlaps the previous
 	// one counts from its end, as its step time does)
-	cursor int64
-	n      int
-	prev   [2]int64 // the previous step's attempt and step
+	cursor    int64
+	n         int
+	prev      [2]int64 // the previous step's attempt and step
+	prevStart int64    // and its start
 }
 
 // newGoodputAcc prepares the analysis of the spine's steps (attempts,
@@ -141,6 +143,7 @@ func newGoodputAcc(sp *spine, events []tps.Event) *goodputAcc {
 		}
 	}
 	slices.SortFunc(a.failed, func(x, y [2]int64) int { return cmp.Compare(x[0], y[0]) })
+	a.cuts = cutsOf(events)
 	a.g.FailedLaunches = len(a.failed)
 	begin, finish := sp.span()
 	for _, s := range a.starts {
@@ -211,24 +214,33 @@ func (a *goodputAcc) add(c *tps.ClusterStep, warm, lastOfAttempt bool) {
 		g.UnmonitoredSteps += miss
 		g.excluded = append(g.excluded, [2]int64{a.cursor, c.StartUnixNs})
 		a.cursor = c.StartUnixNs
-	} else if gap := c.StartUnixNs - a.cursor; gap > 0 {
+	} else {
 		// Between steps: checkpoints, evaluation, the profiler's stop, and
 		// the rest idle. Where they overlap (ranks' spans differ: the ranks
 		// that do not save wait at a barrier for the one that does, their
 		// evaluation's span running on), a checkpoint wins, then
-		// evaluation: each instant is one cause's.
-		ck := overlap(a.ckpts, a.cursor, c.StartUnixNs)
-		ev := overlap(slices.Concat(a.ckpts, a.evals), a.cursor, c.StartUnixNs) - ck
-		pr := overlap(slices.Concat(a.ckpts, a.evals, a.traces), a.cursor, c.StartUnixNs) - ck - ev
-		g.BadputS[BadEval] += sec(ev)
-		g.BadputS[BadCheckpoint] += sec(ck)
-		g.ckptGapS += sec(ck)
-		g.BadputS[BadProfiling] += sec(pr)
-		g.BadputS[BadIdle] += sec(gap - ev - ck - pr)
-		a.cursor = c.StartUnixNs
+		// evaluation: each instant is one cause's. A save or evaluation
+		// that runs into the step (the step's start is the first rank's,
+		// and the others wait for the one still saving) is the gap's to
+		// its end: the step is out of the statistics (spine.markCut).
+		to := c.StartUnixNs
+		if e := a.cuts.into(a.prevStart, c.StartUnixNs); e > to {
+			to = min(e, c.EndUnixNs)
+		}
+		if gap := to - a.cursor; gap > 0 {
+			ck := overlap(a.ckpts, a.cursor, to)
+			ev := overlap(slices.Concat(a.ckpts, a.evals), a.cursor, to) - ck
+			pr := overlap(slices.Concat(a.ckpts, a.evals, a.traces), a.cursor, to) - ck - ev
+			g.BadputS[BadEval] += sec(ev)
+			g.BadputS[BadCheckpoint] += sec(ck)
+			g.ckptGapS += sec(ck)
+			g.BadputS[BadProfiling] += sec(pr)
+			g.BadputS[BadIdle] += sec(gap - ev - ck - pr)
+			a.cursor = to
+		}
 	}
 	a.n++
-	a.prev = [2]int64{c.Attempt, c.Step}
+	a.prev, a.prevStart = [2]int64{c.Attempt, c.Step}, c.StartUnixNs
 	// The step's part of the timeline: from where the previous one
 	// ended (or its own start, after a gap) to its end.
 	var d float64

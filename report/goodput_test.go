@@ -255,3 +255,76 @@ func TestGapsOfSeveralKinds(t *testing.T) {
 		}
 	}
 }
+
+// Two ranks save a checkpoint between steps, rank 1 for longer: rank 0
+// starts the next step first and waits in its first collective for rank 1.
+// The save's time runs to its end on rank 1 (the gap's, not that step's
+// exposed communication), and the step it ran into is out of the
+// statistics: the breakdown is the clean steps' (a checkpoint every 4
+// steps on 2 ranks read 28% exposed comm and 27% host/other in those
+// steps, and the checkpoint's headroom 96% against the job's own 265%).
+func TestSaveRunningIntoAStepIsTheGaps(t *testing.T) {
+	const ms = int64(1e6)
+	const job, world, steps = "cut", 2, 24
+	root := t.TempDir()
+	ranks, err := trace.NewPartWriter[tps.StepRecord](root, job, trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cluster, _ := trace.NewPartWriter[tps.ClusterStep](root, job, trace.ClusterSteps, trace.WriterOptions{WriterID: "t"})
+	events, _ := trace.NewPartWriter[tps.Event](root, job, trace.Events, trace.WriterOptions{WriterID: "t"})
+	now := int64(1.7e18)
+	var saved int64
+	for s := range int64(steps) {
+		starts := [world]int64{now, now}
+		if s > 0 && s%6 == 0 { // rank 0 saves for 20 ms, rank 1 for 50 ms
+			for r, d := range [world]int64{20 * ms, 50 * ms} {
+				events.Write([]tps.Event{{Job: job, Kind: tps.EventCheckpointSave, Rank: int64(r), Step: s - 1, StartUnixNs: now, EndUnixNs: now + d}})
+				starts[r] = now + d
+			}
+			saved += 50 * ms
+		}
+		end := starts[1] + 10*ms
+		recs := make([]tps.StepRecord, world)
+		for r := range recs {
+			d := end - starts[r]
+			comm := d - 9*ms // 9 ms of compute, the rest waiting in the collectives
+			recs[r] = tps.StepRecord{Job: job, Step: s, Rank: int64(r), WorldSize: world, Node: "n",
+				StartUnixNs: starts[r], EndUnixNs: end, DurationNs: d, Tokens: 1000, ExposedCommNs: comm, CommNs: comm}
+		}
+		c, err := tps.Aggregate(recs, tps.AccumulatorConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranks.Write(recs)
+		cluster.Write([]tps.ClusterStep{c})
+		now = end
+	}
+	for _, w := range []interface{ Close() error }{ranks, cluster, events} {
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rep, err := analyzeChecked(filepath.Join(root, job), Options{Warmup: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rep.Goodput.BadputS[BadCheckpoint]; math.Abs(got-float64(saved)/1e9) > 1e-6 {
+		t.Errorf("checkpoint badput %.4f s, want the saves' %.4f s (%v)", got, float64(saved)/1e9, rep.Goodput.BadputS)
+	}
+	if rep.Summary.CutLeftOut != 3 || rep.Summary.SteadySteps != steps-3 {
+		t.Errorf("%d steps cut, %d steady; want 3 and %d", rep.Summary.CutLeftOut, rep.Summary.SteadySteps, steps-3)
+	}
+	if got := rep.Breakdown.Shares.ExposedComm; math.Abs(got-0.1) > 1e-3 {
+		t.Errorf("exposed comm %.4f of step time, want the clean steps' 0.1", got)
+	}
+	span := float64(now-int64(1.7e18)) / 1e9
+	if len(rep.Findings) == 0 || rep.Findings[0].Bucket != BadCheckpoint ||
+		math.Abs(rep.Findings[0].HeadroomPct-gain(float64(saved)/1e9/span)) > 0.5 {
+		t.Errorf("findings %+v: want checkpoints first, +%.1f%%", rep.Findings, gain(float64(saved)/1e9/span))
+	}
+	var text strings.Builder
+	if err := WriteText(&text, rep); err != nil || !strings.Contains(text.String(), "3 a save or evaluation between steps ran into") {
+		t.Errorf("the text does not say which steps were left out (%v):\n%s", err, text.String())
+	}
+}

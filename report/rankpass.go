@@ -241,7 +241,11 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	if warm {
 		return
 	}
-	if sp.flag[si]&flagSkip != 0 {
+	if f := sp.flag[si]; f&flagCut != 0 {
+		// a save or evaluation ran into it: its cost is ours, its
+		// stages' waits are the save's
+		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+	} else if f&flagSkip != 0 {
 		// profiled (traced, FLOP-counted): its cost is the profiler's, apart
 		p.rep.own.addProfiled(rc.capture[i])
 	} else {

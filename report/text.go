@@ -524,6 +524,11 @@ func incompleteText(s tps.Summary) string {
 		s2.ProfiledLeftOut = 0
 		return incompleteText(s2) + fmt.Sprintf(", %d profiled or FLOP-counted (slowed by the profiler or counter) left out of the figures", s.ProfiledLeftOut)
 	}
+	if s.CutLeftOut > 0 {
+		s2 := s
+		s2.CutLeftOut = 0
+		return incompleteText(s2) + fmt.Sprintf(", %d a save or evaluation between steps ran into (its time the gap's) left out of the figures", s.CutLeftOut)
+	}
 	switch {
 	case s.IncompleteSteps == 0:
 		return "0 incomplete"

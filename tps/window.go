@@ -83,6 +83,11 @@ type WindowOptions struct {
 	// was taken: the profiler slows the step): they are left out of the
 	// statistics, their tokens and time still in wall TPS.
 	Profiled map[[2]int64]bool
+	// Cut are the (attempt, step) pairs a save or an evaluation between
+	// steps ran into (a rank still saving when the first started it, the
+	// others waiting for it): left out of the statistics as profiled
+	// steps are, the time the save's in the goodput.
+	Cut map[[2]int64]bool
 	// Warm, when set, is the warm-up: the (attempt, step) pairs to exclude
 	// instead of applying the rule (a report of part of a run takes the
 	// whole run's warm-up).
@@ -148,6 +153,9 @@ type Summary struct {
 	// ProfiledLeftOut counts the steady steps left out of the statistics
 	// because a rank profiled them (WindowOptions.Profiled).
 	ProfiledLeftOut int `json:"profiled_left_out,omitempty"`
+	// CutLeftOut counts the steady steps left out because a save or an
+	// evaluation between steps ran into them (WindowOptions.Cut).
+	CutLeftOut int `json:"cut_left_out,omitempty"`
 	// WallFromUnixNs and WallToUnixNs are the span WallTPS divides by
 	// (the report takes the time between launches and unmonitored gaps
 	// out of it).
@@ -429,6 +437,10 @@ func (sm *Summarizer) Add(c *ClusterStep, warm bool) {
 	sm.wallTok += float64(c.Tokens)
 	if sm.opt.Profiled[[2]int64{c.Attempt, c.Step}] {
 		s.ProfiledLeftOut++
+		return
+	}
+	if sm.opt.Cut[[2]int64{c.Attempt, c.Step}] {
+		s.CutLeftOut++
 		return
 	}
 	s.SteadySteps++
