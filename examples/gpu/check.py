@@ -101,8 +101,8 @@ def llama(a):
             # PyTorch's formulas, with grouped-query attention's heads broadcast as
             # the kernels do (torch before 2.12 raises on those shapes; on CPU it has
             # no flash-attention formula): what tpsprof gives its counter
-            import tpsprof.torch as t2
-            extra = t2._attention_formulas()
+            from tpsprof import _flops
+            extra = _flops.attention_formulas()
             fc = FlopCounterMode(display=False, custom_mapping=extra)
             fc.__enter__()
         loss = model(input_ids=x, labels=x).loss

@@ -39,6 +39,9 @@ class MarksTest(unittest.TestCase):
                 continue
             with open(os.path.join(here, name)) as f:
                 tree = ast.parse(f.read())
+            # a function the module defines is its own (PyTorch reads a
+            # flag on a FLOP formula: _get_raw)
+            own = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
             for node in ast.walk(tree):
                 targets = node.targets if isinstance(node, ast.Assign) else \
                     [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
@@ -46,7 +49,7 @@ class MarksTest(unittest.TestCase):
                     for x in ast.walk(target):
                         if (isinstance(x, ast.Attribute) and x.attr.startswith("_") and not x.attr.startswith("__")
                                 and not x.attr.startswith("_tpsprof")
-                                and not (isinstance(x.value, ast.Name) and x.value.id in ("self", "cls"))):
+                                and not (isinstance(x.value, ast.Name) and (x.value.id in ("self", "cls") or x.value.id in own))):
                             bad.append("%s:%d %s" % (name, node.lineno, ast.unparse(target)))
         self.assertEqual(bad, [], "private state written across modules")
 

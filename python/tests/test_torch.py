@@ -18,6 +18,7 @@ import torch.distributed
 from torch.distributed import all_reduce as early_all_reduce
 
 import tpsprof.torch as tt
+from tpsprof import _flops
 
 
 class Sink:
@@ -1013,7 +1014,7 @@ class FlopCountTest(unittest.TestCase):
                                     torch.nn.Linear(16, 16, bias=False))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         prof = tt.instrument(model, [opt], job="f", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-        prof._flops_every = 2  # steps 2 and 4 of 6
+        prof.flops.every = 2  # steps 2 and 4 of 6
         for x in prof.wrap([torch.randn(4, 8) for _ in range(6)]):
             opt.zero_grad()
             if ckpt:
@@ -1045,7 +1046,7 @@ class FlopCountTest(unittest.TestCase):
                                     torch.nn.Linear(16, 16, bias=False))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
         prof = tt.instrument(model, [opt], job="f", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-        prof._flops_every = 2
+        prof.flops.every = 2
         trained = 0
         for x in prof.wrap([torch.randn(4, 8) for _ in range(steps)]):
             body(model, opt, x)
@@ -1104,7 +1105,7 @@ class FlopCountTest(unittest.TestCase):
                 model(x).sum().backward()
             opt.step()
             seen.append(fc.get_total_flops())
-            self.assertEqual(tt._dispatch_modes(), 0)
+            self.assertEqual(_flops.dispatch_modes(), 0)
         prof, got = self.run_loop(body)
         self.assertEqual(prof.errors, 0)
         self.assertEqual(seen, [8192] * 8)
@@ -1149,7 +1150,7 @@ class FlopCountTest(unittest.TestCase):
             model = torch.nn.Linear(8, 8, bias=False)
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
             prof = tt.instrument(model, [opt], job="f", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-            prof._flops_every = 2
+            prof.flops.every = 2
             for x in prof.wrap([torch.randn(4, 8) for _ in range(6)]):
                 opt.zero_grad()
                 model(x).sum().backward()
@@ -1174,11 +1175,11 @@ class FlopCountTest(unittest.TestCase):
         do): its own formula on the broadcast shapes, forward and
         backward, for the CUDA kernels and the CPU one."""
         if not self.counter():
-            self.assertEqual(tt._attention_formulas(), {})
+            self.assertEqual(_flops.attention_formulas(), {})
             return
         from torch.utils import flop_counter as fc
         aten = torch.ops.aten
-        got = tt._attention_formulas()
+        got = _flops.attention_formulas()
         ops = [op for op in (aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_efficient_attention)
                if op in got]
         self.assertTrue(ops, "no CUDA attention formula")

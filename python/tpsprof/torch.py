@@ -43,6 +43,7 @@ from ._marks import Marks
 from ._c10d import COLLECTIVES
 from ._gc import GCPauses
 from ._comm import Comm
+from ._flops import FlopSampler, job_profiler_running as _job_profiler_running
 from ._sender import Sender
 from ._intervals import clip, intersect, length
 from ._steps import Step, mean_loss, phases, totals
@@ -174,10 +175,6 @@ def _tokens_per_step_env() -> int:
     return n if 0 < n <= 1 << 40 else 0
 
 
-# FLOPs counted by PyTorch: the third step the profiler measures (the
-# first after the usual warm-up), then every TPSPROF_FLOPS_EVERY steps.
-FLOPS_FIRST = 2
-FLOPS_EVERY = 1000
 
 
 def _env_int(name, default, least):
@@ -185,109 +182,6 @@ def _env_int(name, default, least):
         return max(int(os.environ.get(name, "") or default), least)
     except ValueError:
         return default
-
-
-def _flops_every_env() -> int:
-    """TPSPROF_FLOPS_EVERY: steps between FLOP counts (0: never; absent:
-    FLOPS_EVERY)."""
-    try:
-        n = int(os.environ.get("TPSPROF_FLOPS_EVERY", str(FLOPS_EVERY)) or 0)
-    except ValueError:
-        return FLOPS_EVERY
-    return max(n, 0)
-
-
-def _attention_formulas() -> dict:
-    """Formulas PyTorch's FLOP counter lacks or gets wrong for attention:
-    the CPU flash-attention kernel (none in torch 2.14), and the CUDA
-    kernels with grouped-query attention (fewer key/value heads than query
-    heads), on whose shapes the formulas of torch 2.11 raise (a 0.95 B
-    Llama with 16 query and 8 key/value heads on an H100; 2.14 knows
-    them). PyTorch's own counts with the key and value heads broadcast to
-    the query's, as the kernels do: q·kᵀ and p·v forward (a causal mask's
-    zeros counted), five products backward (the scores recomputed)."""
-    aten = torch.ops.aten
-    try:
-        from torch.utils import flop_counter as fc
-        count, count_bwd = fc.sdpa_flop_count, fc.sdpa_backward_flop_count
-    except Exception:
-        return {}
-
-    def heads(q, kv):
-        return tuple(kv[:-3]) + (q[-3],) + tuple(kv[-2:])
-
-    def fwd(q, k, v, *args, out_shape=None, **kwargs):
-        return count(q, heads(q, k), heads(q, v))
-
-    def bwd(grad_out, q, k, v, *args, out_shape=None, **kwargs):
-        return count_bwd(grad_out, q, heads(q, k), heads(q, v))
-    out = {}
-    for name in ("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
-                 "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention"):
-        f, b = getattr(aten, name, None), getattr(aten, name + "_backward", None)
-        if f is not None and b is not None:
-            out[f], out[b] = fwd, bwd
-    return out
-
-
-def _guarded_formulas(failed: list) -> dict:
-    """Every formula FlopCounterMode will use, each made unable to raise
-    into the job's forward or backward: a formula that raises (a shape
-    it does not know) counts 0 and names its operator in failed, and the
-    step's count is not sent. A counter that raised would end the job's
-    step (and the job) inside PyTorch's dispatch."""
-    from torch.utils.flop_counter import flop_registry, shape_wrapper
-
-    def guard(op, f):
-        def counted(*args, **kwargs):
-            try:
-                return f(*args, **kwargs)
-            except Exception as e:
-                if len(failed) < 8:
-                    failed.append("%s (%s)" % (op, type(e).__name__))
-                return 0
-        counted._get_raw = True  # f is already shape-wrapped
-        return counted
-    out = {op: guard(op, f) for op, f in flop_registry.items()}
-    for op, f in _attention_formulas().items():
-        out[op] = guard(op, shape_wrapper(f))
-    return out
-
-
-def _dispatch_modes() -> int:
-    """How many Python dispatch modes are active on this thread (the job's
-    FlopCounterMode, a fake tensor mode...): -1 where torch cannot say."""
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-        return len(_get_current_dispatch_mode_stack())
-    except Exception:
-        pass
-    try:
-        return int(torch._C._len_torch_dispatch_mode())
-    except Exception:
-        return -1
-
-
-def _top_dispatch_mode():
-    """The innermost active Python dispatch mode, or None."""
-    try:
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
-        return _get_current_dispatch_mode()
-    except Exception:
-        return None
-
-
-def _job_profiler_running() -> bool:
-    """A profiler session of the job's own is on: a torch.profiler.profile
-    started and not stopped, or the autograd profiler enabled (the legacy
-    torch.autograd.profiler.profile, or one started before we watched)."""
-    try:
-        if torch.profiler.profile.__dict__.get("_tpsprof_running", 0) > 0:
-            return True
-        enabled = getattr(torch.autograd, "_profiler_enabled", None)
-        return bool(enabled()) if enabled is not None else False
-    except Exception:
-        return False
 
 
 class TorchProfiler(Marks):
@@ -372,13 +266,10 @@ class TorchProfiler(Marks):
         self._own_ns = 0
         self._fin_own = 0  # of the hook that finished the last step, its time after that step's end
         self._cpu_sent = 0
-        # FLOPs counted by PyTorch on sampled steps (torch >= 2.1)
-        self._flops_every = _flops_every_env()
-        self._flops_begun = 0  # steps trained (a first training forward), for the sample schedule
-        self._stale_counts = []  # (counter, its dispatch mode) left on the mode stack under a mode of the job's (_end_count)
-        self._counter_top = None  # the dispatch mode the open step's counter pushed
+        # FLOPs counted by PyTorch on sampled steps (torch >= 2.1): a
+        # component (_flops), reached through the seam below
+        self.flops = FlopSampler(self)
         self._said_unmeasured = set()  # measures said to be missing (run metadata)
-        self._recompute = False  # an activation checkpoint ran in the counted step
         # what other parts of the package register (no module writes the
         # profiler's private state: ModuleStateTest.test_no_private_writes)
         self.root_finder = None  # zero-code mode's search for the model's roots (_auto._Roots)
@@ -441,7 +332,7 @@ class TorchProfiler(Marks):
 
     def note_recompute(self) -> None:
         """An activation checkpoint ran (the FLOP count's step recomputes)."""
-        self._recompute = True
+        self.flops.recompute = True
 
     def note_pipeline_stage(self, schedule: Any) -> None:
         """A pipelining schedule steps: the stage it runs (its first, for
@@ -656,7 +547,7 @@ class TorchProfiler(Marks):
         if self.errors > _MAX_ERRORS:
             self.off = True
 
-    # -- the components' seam (_comm: the communication) -------------------
+    # -- the components' seam (_comm: the communication; _flops: FLOPs) ----
     @property
     def current(self):
         """The step being measured (None between steps)."""
@@ -675,19 +566,23 @@ class TorchProfiler(Marks):
         """Counts a failure of a component's mark (off past too many)."""
         self._err()
 
+    def unmeasured(self, key, why):
+        """Says, once, that a measure could not be taken and why (_unmeasured)."""
+        self._unmeasured(key, why)
+
+    def compiled(self):
+        """Whether a watched model is compiled (torch.compile)."""
+        return _patches.compiled_models(m for m, _ in self._models.values())
+
+    def event(self, kind, **fields):
+        """Queues an event of the job's to the sender (off this thread)."""
+        c = self.client
+        self._sender.put(lambda: c.event(kind, **fields))
+
     # -- step life ----------------------------------------------------------
-    def _drop_stale_count(self):
-        """Pops our FLOP counters left under a mode of the job's, once
-        they are on top of the mode stack again."""
-        while self._stale_counts and _top_dispatch_mode() is self._stale_counts[-1][1]:
-            try:
-                self._stale_counts.pop()[0].__exit__(None, None, None)
-            except Exception:
-                self._err()
 
     def _begin(self):
-        if self._stale_counts:
-            self._drop_stale_count()
+        self.flops.step_begins()
         # A step runs from the end of the rank's previous step (the loop's
         # period): time outside hooked work (a get_batch from a token
         # array, logging, zero_grad) is the step's, never lost between
@@ -711,91 +606,7 @@ class TorchProfiler(Marks):
             n = self.step_number or 0
             if n % self.trace_every == 0 and not _job_profiler_running():
                 self._trace_start(n)  # (never beside the job's own profiler: skipped)
-        self._recompute = False  # (the checkpoint probe may fire before the first forward)
         return st
-
-    def _count_flops(self, st):
-        """Counts step st's FLOPs under PyTorch's FlopCounterMode (matrix
-        products, convolutions, attention; forward and backward, the
-        backward's threads included). The step runs slower under it: the
-        report leaves it out of the figures. Not on PyTorch before 2.1 (no
-        counter), nor for compiled models (a dispatch mode around compiled
-        code recompiles it), nor beside the job's own profiler."""
-        if not _compat.has("flop_counter"):
-            self._flops_every = 0  # PyTorch 1.13: no counter
-            self._unmeasured("counted_flops", _compat.why_not("flop_counter"))
-            return
-        from torch.utils.flop_counter import FlopCounterMode
-        if _patches.compiled_models(m for m, _ in self._models.values()):
-            self._unmeasured("counted_flops", "the model is compiled (a dispatch mode around compiled code recompiles it)")
-            return
-        if _job_profiler_running():
-            return
-        if torch.is_inference_mode_enabled() or not torch.is_grad_enabled() or _dispatch_modes() != 0:
-            # not a training forward the thread controls, or the job's own
-            # dispatch mode (its FlopCounterMode) is active: ours pushed
-            # inside it would be popped by its exit (it read 0). Not counted.
-            return
-        try:
-            _patches.install_checkpoint_probe()
-            failed = []
-            mode = FlopCounterMode(display=False, custom_mapping=_guarded_formulas(failed))
-            mode.__enter__()
-            # the dispatch mode it pushed (torch 2.14's FlopCounterMode
-            # pushes an inner mode of its own): what must be on top to pop it
-            self._counter_top = _top_dispatch_mode()
-        except Exception as e:
-            self._flops_every = 0  # a counter that will not start: not tried again
-            self._unmeasured("counted_flops", "FlopCounterMode did not start on torch %s (%s)" % (torch.__version__, type(e).__name__))
-            self._err()
-            return
-        st.counter = mode
-        st.uncounted = failed
-
-    def _stop_count(self, st):
-        """Pops step st's FLOP counter and keeps its count (st.flops): at
-        its first optimizer step (forward and backward are over; the
-        update's element-wise work has no FLOP formula), so that no
-        inference-mode forward after the update (an evaluation) runs under
-        it, nor pops it from inside inference mode (which restores the
-        dispatch state of its entry on exit: torch 2.14 then raised from
-        its dispatcher on the next operator)."""
-        mode, st.counter = st.counter, None
-        top, self._counter_top = self._counter_top, None
-        if _top_dispatch_mode() is not top:
-            # a mode the job entered after ours is still active: popping
-            # ours now would pop the job's (modes are a stack). Ours is
-            # left to the next step boundary where it is on top (_drop_stale_count);
-            # this count is not sent.
-            self._stale_counts.append((mode, top))
-            return
-        try:
-            mode.__exit__(None, None, None)
-            total = int(mode.get_total_flops())
-        except Exception:
-            self._flops_every = 0
-            self._err()
-            return
-        if st.uncounted:
-            # a partial count is a wrong count: none is sent, and none tried again
-            self._flops_every = 0
-            self._unmeasured("counted_flops", "PyTorch's FLOP counter on torch %s has no working formula for %s"
-                             % (torch.__version__, ", ".join(st.uncounted)))
-            return
-        st.flops = total
-
-    def _end_count(self, st, send):
-        """Stops step st's FLOP counter if it still runs; sends the count (a
-        flop_count event, the step's own) when send."""
-        if st.counter is not None:
-            self._stop_count(st)
-        total, st.flops = st.flops, None
-        if not send or total is None:
-            return
-        c, n, a, b = self.client, st.number, st.wall0, time.time_ns()
-        detail = '{"flops":%d%s%s}' % (total, ',"recompute":true' if self._recompute else "",
-                                       ',"generation":true' if st.rollout is not None else "")
-        self._sender.put(lambda: c.event("flop_count", start_unix_ns=a, end_unix_ns=b, step=n, detail=detail))
 
     # -- on-demand capture (tpsprof trace) ---------------------------------
     def _on_control(self, obj):
@@ -881,8 +692,8 @@ class TorchProfiler(Marks):
     def _discard(self):
         """Drops the open step (it was not training's), and its trace."""
         st, self._cur = self._cur, None
-        if st is not None and (st.counter is not None or st.flops is not None):
-            self._end_count(st, False)
+        if st is not None:
+            self.flops.end(st, False)
         if self._tracing is not None and not self._stop_trace():
             self._err()
 
@@ -1097,8 +908,7 @@ class TorchProfiler(Marks):
         if not self._topology_done:
             self._topology_done = True
             self._topology_from_mesh()
-        if st.counter is not None or st.flops is not None:
-            self._end_count(st, True)
+        self.flops.end(st, True)
         if self._tracing is not None:
             # the profiler's stop (0.3-1 s, the trace written) is not the
             # next step's: a gap, named (trace_stop) until the next step
@@ -1451,17 +1261,10 @@ class TorchProfiler(Marks):
                     st.pre_cpu = time.thread_time_ns() - st.cpu0
                     g = self._tls
                     st.pre_own = self._fin_own + self._own_ns + (time.perf_counter_ns() - g.own_t0 if g.own_t0 else 0)
-            if first and self._flops_every and self._tracing is None:
-                # FLOPs are counted from a step's first training forward, not
-                # where it began: the counter must not hold what the thread
-                # runs before (an inference-mode rollout, an evaluation: torch
-                # 2.14 raised from its dispatcher on inference tensors). Its
-                # start (~7 ms) after the marks: in the (counted, left out)
-                # step's forward, never in its data wait
-                k = self._flops_begun
-                self._flops_begun += 1
-                if k >= FLOPS_FIRST and (k - FLOPS_FIRST) % self._flops_every == 0:
-                    self._count_flops(st)
+            if first and self._tracing is None:
+                # the counter's start (~7 ms) after the marks: in the
+                # (counted, left out) step's forward, never in its data wait
+                self.flops.first_forward(st)
             self.comm.sweep()
         except Exception:
             self._err()
@@ -1587,8 +1390,7 @@ class TorchProfiler(Marks):
             if self._cur is None:
                 self._cur = self._begin()
                 self._flush_side(self._cur.wall0)
-            if self._cur.counter is not None:
-                self._stop_count(self._cur)
+            self.flops.stop(self._cur)
             self._cur.optim_open = self._mark()
             self.comm.sweep()
         except Exception:
