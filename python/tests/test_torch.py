@@ -104,13 +104,13 @@ class DiscardedStepTest(unittest.TestCase):
     def test_an_exhausted_loader_stops_the_trace_it_started(self):
         sink = Sink()
         prof = tt.TorchProfiler(job="d", rank=0, world_size=1, attempt=0, socket_path=sink.path, trace_every=1)
-        prof.trace_dir = tempfile.mkdtemp()
+        prof.capture.dir = tempfile.mkdtemp()
         self.assertEqual(list(prof.wrap([])), [])  # opens a step (and its trace), then finds nothing
         self.assertIsNone(prof._cur)
-        self.assertIsNone(prof._tracing)
+        self.assertIsNone(prof.capture.tracing)
         with prof.step():
             pass
-        self.assertEqual(prof.traces, 1)
+        self.assertEqual(prof.capture.traces, 1)
         prof.close()
 
 
@@ -708,7 +708,7 @@ class TraceDiskFullTest(unittest.TestCase):
         d = tempfile.mkdtemp()
         os.chmod(d, 0o700)
         prof = tt.TorchProfiler(job="t", rank=0, world_size=1, attempt=0, socket_path=sink.path, trace_every=1)
-        prof.trace_dir = d
+        prof.capture.dir = d
         real = tt._client.create_private_file
 
         def full(path):
@@ -723,8 +723,8 @@ class TraceDiskFullTest(unittest.TestCase):
         prof.close()
         self.assertFalse(prof.off)
         self.assertEqual(prof.steps, 150)
-        self.assertEqual(prof.trace_errors, 3)
-        self.assertEqual(prof.trace_every, 0)
+        self.assertEqual(prof.capture.errors, 3)
+        self.assertEqual(prof.capture.every, 0)
         self.assertEqual(prof.errors, 0)
 
 
@@ -882,13 +882,13 @@ class BesideOwnProfilerTest(unittest.TestCase):
         self.prof = tt.TorchProfiler(job="own", rank=0, world_size=1, attempt=0, socket_path=self.sink.path)
         d = tempfile.mkdtemp()
         os.chmod(d, 0o700)
-        self.prof.trace_dir = d
+        self.prof.capture.dir = d
 
     def tearDown(self):
         self.prof.close(timeout=2)
 
     def capture(self, cid, at, steps=2):
-        self.prof._on_control({"type": "capture", "id": cid, "at_step": at, "steps": steps})
+        self.prof.capture.on_control({"type": "capture", "id": cid, "at_step": at, "steps": steps})
 
     def states(self, cid):
         for _ in range(100):
@@ -909,7 +909,7 @@ class BesideOwnProfilerTest(unittest.TestCase):
         got = self.states("c1")
         self.assertTrue(got and "busy" in got[0].get("why", ""), got)
         self.assertEqual(self.prof.errors, 0)
-        self.assertEqual(self.prof.traces, 0)
+        self.assertEqual(self.prof.capture.traces, 0)
 
     def test_scheduled_profile_waiting_is_busy_too(self):
         from torch.profiler import schedule
@@ -925,7 +925,7 @@ class BesideOwnProfilerTest(unittest.TestCase):
         # once the job's profiler stopped, a capture traces
         self.capture("c3", self.prof.step_number)
         self.run_steps(self.prof, self.model, self.opt, 3)
-        self.assertEqual(self.prof.traces, 2)
+        self.assertEqual(self.prof.capture.traces, 2)
 
     def test_request_for_steps_gone_by_is_answered(self):
         # a one-step capture whose step went by while the request travelled
@@ -936,7 +936,7 @@ class BesideOwnProfilerTest(unittest.TestCase):
         self.run_steps(self.prof, self.model, self.opt, 2)
         got = self.states("gone")
         self.assertTrue(got and got[0]["state"] == "failed" and "already past" in got[0].get("why", ""), got)
-        self.assertEqual(self.prof.traces, 0)
+        self.assertEqual(self.prof.capture.traces, 0)
 
     def test_refused_captures_never_switch_it_off(self):
         with torch.profiler.profile():

@@ -43,7 +43,8 @@ from ._marks import Marks
 from ._c10d import COLLECTIVES
 from ._gc import GCPauses
 from ._comm import Comm
-from ._flops import FlopSampler, job_profiler_running as _job_profiler_running
+from ._capture import TraceCapture, every_env as _trace_every_env, watch_job_profilers
+from ._flops import FlopSampler
 from ._sender import Sender
 from ._intervals import clip, intersect, length
 from ._steps import Step, mean_loss, phases, totals
@@ -126,45 +127,6 @@ def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, t
     return prof
 
 
-def _watch_own_profilers() -> None:
-    """Counts the job's own torch.profiler sessions while they run (from
-    start() to stop(): a scheduled profiler from its first waiting step),
-    on torch's profile class itself (the sessions are the process's, not a
-    profiler's of ours): a capture or a sampled trace of ours never starts
-    beside one, and one of the job's starting stops ours first. Once per
-    process; never raises."""
-    try:
-        P = torch.profiler.profile
-        if P.__dict__.get("_tpsprof_watched"):
-            return
-        start, stop = P.start, P.stop
-
-        def watched_start(self, *args, **kwargs):
-            if not getattr(self, "_tpsprof_own", False):
-                prof = _active.profiler
-                if prof is not None and prof._tracing is not None:
-                    prof._yield_trace()
-            r = start(self, *args, **kwargs)
-            if not getattr(self, "_tpsprof_own", False) and not getattr(self, "_tpsprof_counted", False):
-                self._tpsprof_counted = True
-                P._tpsprof_running = P.__dict__.get("_tpsprof_running", 0) + 1
-            return r
-
-        def watched_stop(self, *args, **kwargs):
-            try:
-                return stop(self, *args, **kwargs)
-            finally:
-                if getattr(self, "_tpsprof_counted", False):
-                    self._tpsprof_counted = False
-                    P._tpsprof_running = max(P.__dict__.get("_tpsprof_running", 1) - 1, 0)
-
-        watched_start.__wrapped__, watched_stop.__wrapped__ = start, stop
-        P.start, P.stop = watched_start, watched_stop
-        P._tpsprof_watched = True
-    except Exception:
-        pass
-
-
 def _tokens_per_step_env() -> int:
     """TPSPROF_TOKENS_PER_STEP as a positive count, else 0 (absent or not
     a positive integer: the package counts tokens itself)."""
@@ -192,19 +154,11 @@ class TorchProfiler(Marks):
                  device: Any = None, trace_every: Optional[int] = None, count_fetches: bool = True,
                  **client_options: Any) -> None:
         self.client = _client.Profiler(**client_options)
-        if trace_every is None:
-            try:
-                trace_every = int(os.environ.get("TPSPROF_TRACE_EVERY", "0") or 0)
-            except ValueError:
-                trace_every = 0
-        self.trace_every = max(int(trace_every), 0)
-        self.trace_dir = os.environ.get("TPSPROF_TRACE_DIR") or (self.client.path + ".traces")
-        self.traces = 0
-        self.trace_errors = 0  # traces that could not be written (they never switch the profiler off)
-        self._tracing = None
-        self._capture = None  # [id, first step, steps, started]: an on-demand capture (tpsprof trace)
-        self.client.on_control = self._on_control
-        self._trace_dir_ok = None  # checked once, at the first trace
+        # profiled steps, sampled and on demand: a component (_capture),
+        # reached through the seam below
+        self.capture = TraceCapture(self, _trace_every_env(trace_every),
+                                    os.environ.get("TPSPROF_TRACE_DIR") or (self.client.path + ".traces"))
+        self.client.on_control = self.capture.on_control
         self.token_fn = tokens
         self.ignore_index = ignore_index
         self._count_fetches = count_fetches  # False: batches come through add_batch
@@ -290,7 +244,7 @@ class TorchProfiler(Marks):
         _patches.install_checkpoints()
         _patches.install_pipelining()
         self._hooks_said = False  # the hooks record goes out with the first step's (_say_hooks)
-        _watch_own_profilers()
+        watch_job_profilers()
         _active.profiler = self
         atexit.register(self.close)
 
@@ -547,7 +501,7 @@ class TorchProfiler(Marks):
         if self.errors > _MAX_ERRORS:
             self.off = True
 
-    # -- the components' seam (_comm: the communication; _flops: FLOPs) ----
+    # -- the components' seam (_comm, _flops, _capture) ---------------------
     @property
     def current(self):
         """The step being measured (None between steps)."""
@@ -579,6 +533,10 @@ class TorchProfiler(Marks):
         c = self.client
         self._sender.put(lambda: c.event(kind, **fields))
 
+    def later(self, fn):
+        """Queues fn to the sender's thread, in order with the records."""
+        self._sender.put(fn)
+
     # -- step life ----------------------------------------------------------
 
     def _begin(self):
@@ -600,114 +558,17 @@ class TorchProfiler(Marks):
         else:
             st = Step(self._mark(), time.time_ns(), self.cuda)
             self._gc.take()  # pauses in the gap before it are not its own
-        if self._capture is not None and self._tracing is None:
-            self._capture_step()
-        elif self.trace_every and self._tracing is None:
-            n = self.step_number or 0
-            if n % self.trace_every == 0 and not _job_profiler_running():
-                self._trace_start(n)  # (never beside the job's own profiler: skipped)
+        self.capture.step_begins()
         return st
 
     # -- on-demand capture (tpsprof trace) ---------------------------------
-    def _on_control(self, obj):
-        """(Sender thread.) A capture request from the agent: profile steps
-        at_step .. at_step+steps-1. The training thread looks at it where
-        a step begins (_capture_step); nothing else waits on it."""
-        if obj.get("type") != "capture":
-            return
-        try:
-            req = [str(obj["id"]), int(obj["at_step"]), max(int(obj["steps"]), 1), False]
-        except (KeyError, TypeError, ValueError):
-            return
-        c = self.client
-        if self.off:
-            c.capture_state(req[0], "failed", self.step_number or 0, "tpsprof switched itself off in this process")
-            return
-        self._capture = req
-        c.capture_state(req[0], "accepted", self.step_number or 0)
-
-    def _capture_step(self):
-        """(Training thread, a step beginning.) Starts tracing the step when
-        the capture asks for it; says so when its first step went by."""
-        cap = self._capture
-        cid, at, steps, started = cap
-        n = self.step_number or 0
-        if n < at:
-            return
-        if n > at and not started:
-            # (before the end check: a request whose steps all went by
-            # while it travelled was dropped unsaid, and the command
-            # waited its whole timeout)
-            self._capture = None
-            c = self.client
-            self._sender.put(lambda: c.capture_state(cid, "failed", n, "step %d was already past when the request came (this rank is at step %d)" % (at, n)))
-            return
-        if n >= at + steps:
-            self._capture = None
-            return
-        if _job_profiler_running():
-            # torch.profiler sessions are process-wide: a second one beside
-            # the job's own crashed the process (torch 2.14) or emptied the
-            # job's trace. Busy, said, and not an error of ours.
-            self._capture = None
-            c = self.client
-            self._sender.put(lambda: c.capture_state(cid, "failed", n, "busy: the job's own profiler is running"))
-            return
-        cap[3] = True
-        self._trace_start(n, cid)
-        if n == at + steps - 1:
-            self._capture = None
-
-    def _trace_start(self, n, capture=None):
-        """Profiles step n with torch.profiler (CPU, and CUDA on a GPU)."""
-        try:
-            from torch.profiler import ProfilerActivity, profile
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
-            p = profile(activities=acts)
-            p._tpsprof_own = True  # not the job's (_watch_own_profilers)
-            p.__enter__()
-            rf = torch.autograd.profiler.record_function("ProfilerStep#%d" % n)
-            rf.__enter__()
-            self._tracing = (p, rf, n, capture)
-        except Exception as e:
-            self._tracing = None
-            if capture:
-                # a capture refused is said to the command, never counted
-                # as an error (13 refused captures switched the package off)
-                c, why = self.client, "torch.profiler did not start: %s" % (e,)
-                self._sender.put(lambda: c.capture_state(capture, "failed", n, why))
-            else:
-                self._err()
-
-    def _yield_trace(self):
-        """The job's own profiler starts while ours traces a step: ours
-        stops first, its trace dropped; a capture says so."""
-        _, _, n, capture = self._tracing
-        self._stop_trace()
-        if capture:
-            self._capture = None
-            c = self.client
-            self._sender.put(lambda: c.capture_state(capture, "failed", n, "busy: the job's own profiler started"))
 
     def _discard(self):
         """Drops the open step (it was not training's), and its trace."""
         st, self._cur = self._cur, None
         if st is not None:
             self.flops.end(st, False)
-        if self._tracing is not None and not self._stop_trace():
-            self._err()
-
-    def _stop_trace(self):
-        """Stops our trace of the step, its trace dropped; False when the
-        profiler would not stop."""
-        p, rf, _, _ = self._tracing
-        self._tracing = None
-        try:
-            rf.__exit__(None, None, None)
-            p.__exit__(None, None, None)
-        except Exception:
-            return False
-        return True
+        self.capture.discard()
 
     def _settle_step(self):
         """The next iteration's first activity: an iteration whose optimizer
@@ -830,58 +691,6 @@ class TorchProfiler(Marks):
         # reaches the collector first, the layout is there before it
         self._sender.put(lambda: c.meta(topology=sizes, **extra))
 
-    def _trace_end(self):
-        """Ends a profiled step, writes its trace for the agent and tells it."""
-        p, rf, n, capture = self._tracing
-        self._tracing = None
-        try:
-            rf.__exit__(None, None, None)
-            # A collective's work is marked complete (so the step could end)
-            # before its worker thread closes the op's profiler record; an
-            # op still open when the profiler stops is dropped from the
-            # trace (seen with gloo: a traced step without its all-reduce).
-            # A few milliseconds, on profiled steps only, let it close.
-            time.sleep(0.005)
-            p.__exit__(None, None, None)
-            c = self.client
-            if self._trace_dir_ok is None:
-                why = _client.private_dir_problem(self.trace_dir)
-                self._trace_dir_ok = why is None
-                if why is not None:
-                    sys.stderr.write("tpsprof: not writing profiler traces: %s\n" % why)
-            if not self._trace_dir_ok:
-                self.trace_every = 0
-                if capture:
-                    self._sender.put(lambda: c.capture_state(capture, "failed", n, "no trace folder shared with the agent"))
-                return
-            path = os.path.join(self.trace_dir, "%s.%d.%d.%d.pt.trace.json" % (c.job, c.attempt, c.rank, n))
-            # the folder is ours alone and the name made afresh: the
-            # exporter cannot be sent through a planted link
-            _client.create_private_file(path)
-            p.export_chrome_trace(path)
-            # before the step's record, in order: the agent holds the
-            # record for the trace's figures
-            self._sender.put(lambda: c.trace_ready(n, path, capture))
-            self.traces += 1
-            self._trace_failures = 0
-        except Exception as e:
-            # A trace that cannot be written (a full disk) costs the traces,
-            # never the step records: after 3 failures in a row tracing
-            # stops, said once, and the profiler goes on (it used to count
-            # them as errors and switch itself off after 100).
-            self.trace_errors += 1
-            self._trace_failures = getattr(self, "_trace_failures", 0) + 1
-            try:
-                os.remove(path)
-            except Exception:
-                pass
-            if capture:
-                c, why = self.client, "the trace could not be written: %s" % (e,)
-                self._sender.put(lambda: c.capture_state(capture, "failed", n, why))
-            if self._trace_failures >= 3 and self.trace_every:
-                self.trace_every = 0
-                sys.stderr.write("tpsprof: profiler traces off after 3 failed writes (%s); steps are still measured\n" % (e,))
-
     def _finish(self):
         st, self._cur = self._cur, None
         if st is None:
@@ -909,13 +718,13 @@ class TorchProfiler(Marks):
             self._topology_done = True
             self._topology_from_mesh()
         self.flops.end(st, True)
-        if self._tracing is not None:
+        if self.capture.tracing is not None:
             # the profiler's stop (0.3-1 s, the trace written) is not the
             # next step's: a gap, named (trace_stop) until the next step
             # begins (_flush_side)
             self._chain = None
             t0 = time.time_ns()
-            self._trace_end()
+            self.capture.end()
             self._side_event("trace_stop", t0, time.time_ns())
         self.step_number += 1
         # what the hooks cost up to here is this step's (finishing it
@@ -1261,7 +1070,7 @@ class TorchProfiler(Marks):
                     st.pre_cpu = time.thread_time_ns() - st.cpu0
                     g = self._tls
                     st.pre_own = self._fin_own + self._own_ns + (time.perf_counter_ns() - g.own_t0 if g.own_t0 else 0)
-            if first and self._tracing is None:
+            if first and self.capture.tracing is None:
                 # the counter's start (~7 ms) after the marks: in the
                 # (counted, left out) step's forward, never in its data wait
                 self.flops.first_forward(st)
