@@ -27,7 +27,6 @@ Nothing here raises into the training loop: a hook that fails is counted
 import atexit
 import collections
 import functools
-import inspect
 import os
 import sys
 import threading
@@ -38,13 +37,14 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Uni
 
 import torch
 
-from . import _active, _c10d, _client, _compat, _guard, _patches, _rollout
+from . import _active, _c10d, _client, _guard, _patches, _rollout
 from ._marks import Marks
 from ._c10d import COLLECTIVES
 from ._gc import GCPauses
 from ._comm import Comm
 from ._capture import TraceCapture, every_env as _trace_every_env, watch_job_profilers
 from ._flops import FlopSampler
+from ._hooks import InstanceMethod, first_grad_tensor, host_batch, optimizer_step
 from ._sender import Sender
 from ._intervals import clip, intersect, length
 from ._steps import Step, mean_loss, phases, totals
@@ -185,8 +185,8 @@ class TorchProfiler(Marks):
         self._pending = collections.deque()
         self._events = []  # free CUDA events
         self._hooks = []
-        self._models = {}  # id(model) -> (model, ()): forward timed (_instance_method)
-        self._zero_grad_of = {}  # id(obj) -> obj: zero_grad noted (_instance_method)
+        self._models = {}  # id(model) -> (model, ()): forward timed (InstanceMethod)
+        self._zero_grad_of = {}  # id(obj) -> obj: zero_grad noted (InstanceMethod)
         self._topology_done = False
         self.topology = None  # what the job's device mesh says, once read
         self._optimizer = None  # the first watched (numbering); all: _optimizers
@@ -253,12 +253,12 @@ class TorchProfiler(Marks):
         """Times the forward and backward passes of ``model``.
 
         The forward is timed by a ``forward`` of the instance's own (see
-        :class:`_instance_method`), not module hooks: a module with forward
+        :class:`InstanceMethod`), not module hooks: a module with forward
         hooks takes ``Module._call_impl``'s slow path, ~12 us a call on
         torch 2.14 for two empty hooks on the root (~4 us on 1.13)."""
         self._set_device_from(model)
         if id(model) not in self._models:
-            _instance_method.wrap(model, "forward", _timed_forward)
+            InstanceMethod.wrap(model, "forward", _timed_forward)
             self._models[id(model)] = (model, ())
             if self._token_model is None:
                 self._token_model = id(model)  # the model whose inputs count, without a loader
@@ -275,7 +275,7 @@ class TorchProfiler(Marks):
         got = self._models.pop(id(model), None)
         if got is None or got[0] is not model:
             return False
-        _instance_method.unwrap(model, "forward")
+        InstanceMethod.unwrap(model, "forward")
         return True
 
     def on_step_end(self, fn: Callable[[], Any]) -> None:
@@ -335,7 +335,7 @@ class TorchProfiler(Marks):
     def _watch_zero_grad(self, obj):
         """obj.zero_grad() notes a skipped optimizer step (see _zero_grad)."""
         try:
-            if _instance_method.wrap(obj, "zero_grad", _noted_zero_grad):
+            if InstanceMethod.wrap(obj, "zero_grad", _noted_zero_grad):
                 self._zero_grad_of[id(obj)] = obj
         except Exception:
             pass  # an object without a __dict__: its zero_grad is not noted
@@ -1111,7 +1111,7 @@ class TorchProfiler(Marks):
             self.comm.sweep()
             if self._bwd_call:
                 return  # the backward is timed around Tensor.backward (see _backward)
-            t = _first_grad_tensor(output)
+            t = first_grad_tensor(output)
             if t is not None:
                 _grad_hook(t, functools.partial(self._bwd_start, st, end))
         except Exception:
@@ -1195,7 +1195,7 @@ class TorchProfiler(Marks):
             return
         try:
             if self.step_number is None and not self._first_step_given:
-                self.step_number = max(_optimizer_step(o) for o in self._optimizers or [opt])
+                self.step_number = max(optimizer_step(o) for o in self._optimizers or [opt])
             if self._cur is None:
                 self._cur = self._begin()
                 self._flush_side(self._cur.wall0)
@@ -1294,7 +1294,7 @@ class TorchProfiler(Marks):
             n = self.token_fn(batch)
             real, padded = n if isinstance(n, tuple) else (n, n)
             f = Fetch(None, (lazy_int(real), lazy_int(padded), 0, None) if real is not None else None)
-        elif self.cuda and not _host_batch(batch):
+        elif self.cuda and not host_batch(batch):
             # counts on the GPU are launched now, on the training
             # stream, and read once the step is over (a batch still on
             # the host, as loaders give it, is counted as on CPU: below)
@@ -1345,13 +1345,13 @@ class TorchProfiler(Marks):
                 pass
         for m, _ in list(self._models.values()):
             try:
-                _instance_method.unwrap(m, "forward")
+                InstanceMethod.unwrap(m, "forward")
             except Exception:
                 pass
         self._models.clear()
         for o in list(self._zero_grad_of.values()):
             try:
-                _instance_method.unwrap(o, "zero_grad")
+                InstanceMethod.unwrap(o, "zero_grad")
             except Exception:
                 pass
         self._zero_grad_of.clear()
@@ -1493,78 +1493,6 @@ class _StepBlock:
         return False
 
 
-class _instance_method:
-    """A method set on one object's instance (its ``__dict__``), around
-    the one it replaces: how tpsprof times a watched module's ``forward``
-    and notes ``zero_grad``.
-
-    Why on the instance and not module hooks: a module with forward hooks
-    takes ``Module._call_impl``'s slow path, ~12 us a call on torch 2.14
-    for two empty hooks on the root (~4 us on 1.13); an instance ``forward``
-    keeps the fast path. It is a method bound to the object
-    (``types.MethodType``) so that it follows the object: ``copy.deepcopy``
-    rebinds it to the copy (which is not watched: it runs its own method
-    untimed), and pickling stores ``getattr(obj, name)``, so a saved module
-    loads without tpsprof. The method it replaces (an instance-level one
-    such as torch.compile's or accelerate's, else the class's) is kept as
-    ``_tpsprof_inner_<name>``, also in ``__dict__`` (not setattr:
-    OptimizedModule forwards most names to the module it compiled).
-    ``inspect.signature`` sees the replaced method's signature, which
-    frameworks read to pick a batch's columns."""
-
-    @staticmethod
-    def wrap(obj, name, make):
-        """Sets make(inner call) as obj's method name, unless it is ours
-        already; False when the object has no such method."""
-        d = obj.__dict__
-        cur = d.get(name)
-        if getattr(getattr(cur, "__func__", None), "_tpsprof", False):
-            return True
-        wrapped = cur if cur is not None else getattr(type(obj), name, None)
-        if wrapped is None:
-            return False
-        key = "_tpsprof_inner_" + name
-        f = make(_instance_method._caller(name, key))
-        f._tpsprof = True
-        f.__name__ = name  # what pickling a bound method looks up
-        f.__wrapped__ = wrapped
-        f.__doc__ = getattr(wrapped, "__doc__", None)
-        try:
-            sig = inspect.signature(wrapped)
-            if cur is not None:
-                # an instance-level method takes no self: the bound method drops one
-                sig = sig.replace(parameters=[inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY),
-                                              *sig.parameters.values()])
-            f.__signature__ = sig
-        except (TypeError, ValueError):
-            pass  # no signature to be had: inspect then sees (*args, **kwargs)
-        d[key] = cur
-        d[name] = types.MethodType(f, obj)
-        return True
-
-    @staticmethod
-    def unwrap(obj, name):
-        """Puts back what wrap replaced, unless someone replaced ours since
-        (it then stays under theirs, inert once the profiler is closed)."""
-        d = obj.__dict__
-        if not getattr(getattr(d.get(name), "__func__", None), "_tpsprof", False):
-            return
-        inner = d.pop("_tpsprof_inner_" + name, None)
-        if inner is None:
-            del d[name]
-        else:
-            d[name] = inner
-
-    @staticmethod
-    def _caller(name, key):
-        def call(self, args, kwargs):
-            inner = self.__dict__.get(key)
-            if inner is None:
-                return getattr(type(self), name)(self, *args, **kwargs)
-            return inner(*args, **kwargs)
-        return call
-
-
 def _timed_forward(call):
     def forward(self, *args, **kwargs):
         if _c10d.compiling():
@@ -1591,27 +1519,6 @@ def _noted_zero_grad(call):
     return _c10d.skip_dynamo(zero_grad)
 
 
-def _host_batch(batch):
-    """Whether a batch's tensors are all on the host (its top level: a
-    tensor, or the tensors of a tuple, list or mapping); False for one
-    without tensors."""
-    if batch.__class__ is torch.Tensor:
-        return not batch.is_cuda
-    if isinstance(batch, (list, tuple)):
-        items = batch
-    elif hasattr(batch, "values") and callable(batch.values):
-        items = batch.values()
-    else:
-        return False
-    seen = False
-    for t in items:
-        if isinstance(t, torch.Tensor):
-            if t.is_cuda:
-                return False
-            seen = True
-    return seen
-
-
 def _grad_hook(t, fn):
     """t.register_hook(fn), at half its cost for the usual output: a plain
     tensor without hooks yet gets autograd's hook dict directly (what
@@ -1626,43 +1533,3 @@ def _grad_hook(t, fn):
 
 
 _HOOK_KEY = -1  # below every id register_hook's handles take (0, 1, ...)
-
-
-def _first_grad_tensor(out, depth=0):
-    if isinstance(out, torch.Tensor):
-        return out if out.requires_grad else None
-    if depth > 3:
-        return None
-    if isinstance(out, (list, tuple)):
-        items = out
-    elif hasattr(out, "values") and callable(out.values):
-        items = list(out.values())
-    else:
-        return None
-    for x in items:
-        t = _first_grad_tensor(x, depth + 1)
-        if t is not None:
-            return t
-    return None
-
-
-def _optimizer_step(opt):
-    """The optimizer's own step count (state loaded from a checkpoint), so
-    that a resumed run numbers its steps where it left off: the largest
-    ``step`` in its per-parameter state (Adam-like; frozen parameters have
-    none) or in its parameter groups (some optimizers keep it there)."""
-    best = 0
-    try:
-        for st in opt.state.values():
-            s = st.get("step") if isinstance(st, dict) else None
-            if s is not None:
-                best = max(best, int(s))
-        for group in opt.param_groups:
-            s = group.get("step")
-            if s is not None:
-                best = max(best, int(s))
-    except Exception:
-        pass
-    return best
-
-
