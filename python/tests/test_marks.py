@@ -25,7 +25,7 @@ class MarksTest(unittest.TestCase):
                     seen.add(m.group(1))
                     self.assertTrue(m.group(1) in marks or m.group(1) in _marks.STATE,
                                     "%s reaches the profiler's %s, which the seam does not name" % (name, m.group(1)))
-        self.assertGreater(len(seen), 20)  # the pattern still finds the reaches
+        self.assertGreater(len(seen), 15)  # the pattern still finds the reaches (fewer as components take them)
 
     def test_no_private_writes(self):
         # no module writes another's private state: an assignment to

@@ -75,24 +75,6 @@ class Marks:
         """Count a failure of the profiler's own (past a bound it stops)."""
         raise NotImplementedError
 
-    # -- the sender thread (records built off the training thread)
-    def _ready(self, st):
-        """Whether step st's device work is done."""
-        raise NotImplementedError
-
-    def _fetch_losses(self, steps):
-        """Make the losses of steps about to be sent host values (those on
-        a device read at once, without waiting on the training's stream)."""
-        raise NotImplementedError
-
-    def _send_release(self, st, wait):
-        """Send step st's record (waiting for its device work)."""
-        raise NotImplementedError
-
-    def _release(self, st):
-        """Give step st's resources back."""
-        raise NotImplementedError
-
 
 # The profiler's state the same modules read, each with its owner (they
 # write none of it: what they tell the profiler goes through its public

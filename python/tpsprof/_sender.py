@@ -76,7 +76,7 @@ class Sender:
             n = 0  # the finished steps whose times are known, oldest first
             for st in steps:
                 try:
-                    ready = final or prof._ready(st)
+                    ready = final or prof.records.ready(st)
                 except Exception:  # marks of two kinds (the device became known mid-step): drop it
                     ready = True
                     prof._err()
@@ -85,11 +85,11 @@ class Sender:
                 n += 1
             if n:
                 batch = [steps.popleft() for _ in range(n)]
-                prof._fetch_losses(batch)  # their losses on a GPU, in one copy
+                prof.records.fetch_losses(batch)  # their losses on a GPU, in one copy
                 for st in batch:
-                    prof._send_release(st, final)
+                    prof.records.send_release(st, final)
             while len(steps) > MAX_PENDING:  # times never known (a GPU far behind): the oldest go
-                prof._release(steps.popleft())
+                prof.records.release(steps.popleft())
                 prof.pending_dropped += 1
         finally:
             client.unbatch()

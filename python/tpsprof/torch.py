@@ -44,10 +44,11 @@ from ._gc import GCPauses
 from ._comm import Comm
 from ._capture import TraceCapture, every_env as _trace_every_env, watch_job_profilers
 from ._flops import FlopSampler
+from ._memory import MemoryPeaks
+from ._records import Records
 from ._hooks import InstanceMethod, first_grad_tensor, host_batch, optimizer_step
 from ._sender import Sender
-from ._intervals import clip, intersect, length
-from ._steps import Step, mean_loss, phases, totals
+from ._steps import Step, totals
 from ._tokens import Fetch, count_tokens, counts_now, is_ids, lazy_int, packed_seq_sq
 from ._topology import job_topology, mesh_topology
 
@@ -139,13 +140,6 @@ def _tokens_per_step_env() -> int:
 
 
 
-def _env_int(name, default, least):
-    try:
-        return max(int(os.environ.get(name, "") or default), least)
-    except ValueError:
-        return default
-
-
 class TorchProfiler(Marks):
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`.
     The patches and callbacks mark it through Marks (tpsprof/_marks.py)."""
@@ -174,7 +168,6 @@ class TorchProfiler(Marks):
         self._first_step_given = first_step is not None
         self.device = None
         self.own_by = {}  # (TPSPROF_OWN_DETAIL=1) ns the training thread spent, by hook
-        self._loss_stream = None  # (sender thread) where losses on a GPU are copied to the host
         self.mark_calls = None  # on a GPU: how marks are recorded (_cuda_mark)
         self._use_device(torch.device(device) if device is not None else None)
         self.errors = 0
@@ -216,10 +209,9 @@ class TorchProfiler(Marks):
         self._pp_stage = None  # the stage a pipelining schedule runs (first seen)
         self._pp_schedule = None  # its (micro-batches, stages a rank)
         # what measuring costs: ns in our hooks on the training thread since
-        # the last step finished (_owned), and our threads' CPU time sent so far
+        # the last step finished (_owned); our threads' CPU: records.own_cpu
         self._own_ns = 0
         self._fin_own = 0  # of the hook that finished the last step, its time after that step's end
-        self._cpu_sent = 0
         # FLOPs counted by PyTorch on sampled steps (torch >= 2.1): a
         # component (_flops), reached through the seam below
         self.flops = FlopSampler(self)
@@ -229,16 +221,12 @@ class TorchProfiler(Marks):
         self.root_finder = None  # zero-code mode's search for the model's roots (_auto._Roots)
         self._step_end_hooks = []  # called after each step ends (on_step_end)
         self.own_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
-        # the allocator's peaks per step (CUDA): TPSPROF_MEMORY=0 leaves them alone
-        self._mem_on = os.environ.get("TPSPROF_MEMORY", "1") != "0"
-        # TPSPROF_MEMORY_EVERY=n: the allocator's peak read every n steps (the
-        # peak of the n steps, on the n-th's row); reading it is the largest
-        # single cost of a step on CUDA after the marks
-        self._mem_every = _env_int("TPSPROF_MEMORY_EVERY", 1, 1)
-        self._mem_left = 0
+        # the allocator's peaks per step (CUDA): a component (_memory)
+        self.memory = MemoryPeaks()
         if _OWN_DETAIL:
-            self._memory = _timed(self, "memory", self._memory)
-        self._mem_cap = None
+            self.memory.read = _timed(self, "memory", self.memory.read)
+        # the records, built on the sender's thread: a component (_records)
+        self.records = Records(self)
         _patches.install_collectives()
         _patches.install_loss()
         _patches.install_checkpoints()
@@ -537,6 +525,40 @@ class TorchProfiler(Marks):
         """Queues fn to the sender's thread, in order with the records."""
         self._sender.put(fn)
 
+    def batch_of(self, st):
+        """(Sender thread.) A finished step's batch figures as its record
+        sends them, (tokens, padded, samples, seq_sq, fingerprint), its
+        token source said: the step is counted sent."""
+        fp = None
+        if self.steps < FINGERPRINT_STEPS and st.fetches:
+            fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
+        tokens, padded, samples, seq_sq = totals([f.resolve(self.ignore_index) for f in st.fetches], st.skipped)
+        src = self._source_of(st)
+        if src == "per_step" and not st.skipped:
+            tokens = padded = self._per_step
+        elif tokens == 0 and src in ("loader", "forward"):
+            src = "none"  # batches without token ids (features, images)
+        self._say_source(src)
+        self._say_data(st)
+        self.steps += 1
+        return tokens, padded, samples, seq_sq, fp
+
+    def recycle(self, events):
+        """(Sender thread.) A sent step's CUDA events back to the pool."""
+        seen = set()
+        for ev in events:
+            if id(ev) not in seen and len(self._events) < 4096:
+                seen.add(id(ev))
+                self._events.append(ev)
+
+    def sender_cpu_base(self):
+        """On the sender's thread, what its CPU clock started at (negated:
+        added to thread_time_ns it gives the thread's own time); None on
+        another thread."""
+        if threading.current_thread() is not self._sender._thread:
+            return None
+        return self._sender.cpu_base
+
     # -- step life ----------------------------------------------------------
 
     def _begin(self):
@@ -704,11 +726,8 @@ class TorchProfiler(Marks):
         else:
             wall_end = st.wall0 + (st.end - st.t0)
         self._chain = (st.end, wall_end, st.cpu_end if st.end_at is not None else None)
-        if self.cuda and self._mem_on:
-            if self._mem_left <= 0:
-                st.mem = self._memory()
-                self._mem_left = self._mem_every
-            self._mem_left -= 1
+        if self.cuda:
+            st.mem = self.memory.step_finished(self.device)
         if self._gc is not None:
             st.gc = self._gc.take()
         if self.step_number is None:
@@ -746,176 +765,6 @@ class TorchProfiler(Marks):
                 fn()
             except Exception:
                 self._err()
-
-    def _memory(self):
-        """The caching allocator's peaks since the last step and the
-        device's capacity, then the peaks reset (as torchtitan's memory
-        monitor does each step). Host-side counters: no synchronisation.
-        The allocator's raw statistics, not torch.cuda.memory_stats(),
-        whose flattening of ~100 entries costs more than the rest."""
-        try:
-            dev = self.device
-            idx = dev.index if dev is not None and dev.index is not None else torch.cuda.current_device()
-            raw = getattr(torch._C, "_cuda_memoryStats", None)
-            if raw is not None:
-                stats = raw(idx)
-                alloc = stats["allocated_bytes"]["all"]["peak"]
-                resv = stats["reserved_bytes"]["all"]["peak"]
-            else:
-                alloc, resv = torch.cuda.max_memory_allocated(idx), torch.cuda.max_memory_reserved(idx)
-            torch.cuda.reset_peak_memory_stats(idx)
-            if self._mem_cap is None:
-                self._mem_cap = int(torch.cuda.get_device_properties(idx).total_memory)
-            return int(alloc), int(resv), self._mem_cap
-        except Exception:
-            self._mem_on = False  # an allocator without these statistics: not asked again
-            return None
-
-    def _own_cpu(self):
-        """(Sender thread.) CPU time of our threads since the last record:
-        the sender's own and the poller's (read through its thread's CPU
-        clock where the platform has one)."""
-        if threading.current_thread() is not self._sender._thread:
-            return None  # (a record sent from elsewhere: no thread clock to difference)
-        total = time.thread_time_ns() + self._sender.cpu_base
-        total += self.comm.cpu_ns()
-        d, self._cpu_sent = total - self._cpu_sent, total
-        return max(d, 0)
-
-    def _send_release(self, st, wait):
-        """(On the sender thread.) Builds and sends a step's record."""
-        try:
-            self._send(st, wait)
-        except Exception:
-            self._err()
-        self._release(st)
-
-    def _ready(self, st):
-        """(On the sender thread.) Whether a finished step's times are known."""
-        if st.cuda:
-            return st.end.query()
-        # On CPU a step is ready when its collectives completed, or two steps on.
-        return not st.comm or self.step_number - st.number > 2 or all(c[1] is not None for c in st.comm)
-
-    def _release(self, st):
-        """Returns a sent step's CUDA events to the pool."""
-        if not st.cuda:
-            return
-        seen = set()
-        marks = [st.t0] if st.end_shared else [st.t0, st.end]
-        for iv in st.fwd + st.bwd + st.loss + st.optim + st.comm + st.blocked + st.pp_wait:
-            marks.extend(iv)
-        for ev in marks:
-            if isinstance(ev, torch.cuda.Event) and id(ev) not in seen and len(self._events) < 4096:
-                seen.add(id(ev))
-                self._events.append(ev)
-
-    def _send(self, st, wait):
-        """Turns a finished step's marks into a record and sends it."""
-        if st.cuda:
-            base = st.t0
-
-            def ns(ev):
-                if ev is None:
-                    return None
-                if not ev.query():
-                    if not wait:
-                        return None  # a collective still running on its stream
-                    ev.synchronize()  # only at close
-                return int(base.elapsed_time(ev) * 1e6) - st.gap
-        else:
-            base = st.t0 + st.gap
-
-            def ns(t):
-                return None if t is None else t - base
-        dur = ns(st.end)
-        if dur is None or dur <= 0:
-            return
-
-        def ivs(pairs):
-            out = []
-            for a, b in pairs:
-                a, b = ns(a), ns(b)
-                if a is not None and b is not None:
-                    out.append((a, b))
-            return out
-
-        # the marks as ns from the step's start; the rest is the core's (_steps)
-        # the collector's pauses: on CPU host marks of the steps' clock,
-        # taken out of the phases they fell in; on a GPU their host time
-        pauses = [] if st.cuda or not st.gc else clip([(a - base, b - base) for a, b in st.gc], 0, dur)
-        data, host = st.data_wait, 0
-        if st.pre is not None:
-            a, b = ns(st.pre[0]), ns(st.pre[1])
-            if a is not None and b is not None:
-                paused = length(intersect([(a, b)], pauses))
-                pre = max(b - a - st.gap - paused, 0)
-                own = 0
-                if st.pre_cpu is not None:
-                    # the thread's CPU time in it is host work (Python after
-                    # the optimizer step, a batch built on this thread); the
-                    # rest, the time it did not run, is the data wait, less
-                    # our own hooks' time there
-                    host = min(max(st.pre_cpu - paused, 0), pre)
-                    own = st.pre_own or 0
-                data += max(pre - host - own, 0)
-        data = min(data, dur)
-        host = min(host, dur - data)
-        ph = phases(dur, data, ivs(st.fwd), ivs(st.bwd), ivs(st.loss), ivs(st.optim),
-                    comm=ivs(st.comm), blocked=ivs(st.blocked), pp_wait=ivs(st.pp_wait), gc=pauses)
-        gc_ns = ph.pop("gc", 0) if not st.cuda else min(sum(b - a for a, b in st.gc or ()), dur)
-        fp = None
-        if self.steps < FINGERPRINT_STEPS and st.fetches:
-            fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
-        tokens, padded, samples, seq_sq = totals([f.resolve(self.ignore_index) for f in st.fetches], st.skipped)
-        src = self._source_of(st)
-        if src == "per_step" and not st.skipped:
-            tokens = padded = self._per_step
-        elif tokens == 0 and src in ("loader", "forward"):
-            src = "none"  # batches without token ids (features, images)
-        self._say_source(src)
-        self._say_data(st)
-        loss = mean_loss(st.losses)  # (on a GPU, read by _fetch_losses)
-        self.steps += 1
-        self.client.send_step(st.number, st.wall0 + st.gap, dur, tokens, ph,
-                              samples=None if st.skipped else (samples or None), loss=loss,
-                              skipped=st.skipped,
-                              padded_tokens=padded if padded > tokens else None, seq_sq_sum=seq_sq,
-                              bytes=st.bytes or None, rollout=st.rollout, batch_fp=fp,
-                              measures=self._measures(st, gc_ns, host))
-
-    def _measures(self, st, gc_ns, host):
-        """The step's measures past its phases, by tps.Measures key."""
-        out = {"capture_ns": st.own, "capture_cpu_ns": self._own_cpu(), "gc_ns": gc_ns, "host_ns": host}
-        if st.mem:
-            out.update(zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), st.mem))
-        return out
-
-    def _fetch_losses(self, steps):
-        """(On the sender thread, the steps' ends reached.) The losses of
-        steps about to be sent, made host values: those on a GPU in one
-        copy, on a stream of this thread's own. float() of each would copy
-        on the default stream, behind the training's next steps, and spin
-        until the GPU got there (60 ms of CPU a step on an H100 with 148 ms
-        steps). The losses were computed before their steps' end events,
-        which have completed."""
-        if not self.cuda:
-            return
-        vals = [v for st in steps for v in st.losses if getattr(v, "is_cuda", False)]
-        if not vals:
-            return
-        try:
-            if self._loss_stream is None:
-                self._loss_stream = torch.cuda.Stream(self.device)
-            with torch.cuda.stream(self._loss_stream):
-                host = torch.stack([v.reshape(()).float() for v in vals]).to("cpu", non_blocking=True)
-            self._loss_stream.synchronize()
-            got = iter(host.tolist())
-            for st in steps:
-                if st.losses:
-                    st.losses = [next(got) if getattr(v, "is_cuda", False) else v for v in st.losses]
-        except Exception:
-            self._err()
 
     def _source_of(self, st):
         """(On the sender thread.) What counts a step's tokens: a key of the
