@@ -37,34 +37,32 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Uni
 
 import torch
 
-from . import _active, _c10d, _client, _guard, _patches, _rollout
+from . import _active, _c10d, _client, _patches, _rollout
 from ._marks import Marks
 from ._c10d import COLLECTIVES
 from ._gc import GCPauses
 from ._comm import Comm
 from ._capture import TraceCapture, every_env as _trace_every_env, watch_job_profilers
 from ._flops import FlopSampler
+from ._batches import FINGERPRINT_STEPS, Batches
 from ._memory import MemoryPeaks
 from ._records import Records
-from ._hooks import InstanceMethod, first_grad_tensor, host_batch, optimizer_step
+from ._hooks import InstanceMethod, first_grad_tensor, optimizer_step
 from ._sender import Sender
-from ._steps import Step, totals
-from ._tokens import Fetch, count_tokens, counts_now, is_ids, lazy_int, packed_seq_sq
+from ._steps import Step
+from ._tokens import count_tokens, packed_seq_sq
 from ._topology import job_topology, mesh_topology
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
 
 __all__ = ["instrument", "TorchProfiler", "active", "count_tokens", "packed_seq_sq", "job_topology", "mesh_topology",
-           "COLLECTIVES"]
+           "COLLECTIVES", "FINGERPRINT_STEPS"]
 
 # The profiler the patches report to (tpsprof._patches, tpsprof._c10d), one
 # per process, is kept in tpsprof._active: the package's only state, all else
 # is the profiler's.
 _MAX_ERRORS = 100
-# The first steps send a fingerprint of their first host batch: the agent
-# warns when ranks counted as separate replicas trained on identical ones.
-FINGERPRINT_STEPS = 8
 
 
 def active() -> "Optional[TorchProfiler]":
@@ -128,18 +126,6 @@ def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, t
     return prof
 
 
-def _tokens_per_step_env() -> int:
-    """TPSPROF_TOKENS_PER_STEP as a positive count, else 0 (absent or not
-    a positive integer: the package counts tokens itself)."""
-    try:
-        n = int(os.environ.get("TPSPROF_TOKENS_PER_STEP", "0") or 0)
-    except ValueError:
-        return 0
-    return n if 0 < n <= 1 << 40 else 0
-
-
-
-
 class TorchProfiler(Marks):
     """Measures the steps of one rank's PyTorch loop; see :func:`instrument`.
     The patches and callbacks mark it through Marks (tpsprof/_marks.py)."""
@@ -153,15 +139,8 @@ class TorchProfiler(Marks):
         self.capture = TraceCapture(self, _trace_every_env(trace_every),
                                     os.environ.get("TPSPROF_TRACE_DIR") or (self.client.path + ".traces"))
         self.client.on_control = self.capture.on_control
-        self.token_fn = tokens
-        self.ignore_index = ignore_index
-        self._count_fetches = count_fetches  # False: batches come through add_batch
-        self._token_model = None  # id of the first watched model (_forward_tokens)
-        self._declared_tokens = False  # add_tokens or add_batch used: forward inputs never count
-        # TPSPROF_TOKENS_PER_STEP (launch --tokens-per-step): each step's
-        # tokens, unless the job's code declares its own
-        self._per_step = _tokens_per_step_env()
-        self._token_source = None  # what counted the tokens, as last sent in the run metadata
+        # what the steps train on, counted: a component (_batches)
+        self.batches = Batches(self, tokens, ignore_index, count_fetches)
         self._bwd_call = False  # backward timed around Tensor.backward (see _backward), not by hooks
         self._bwd_hooks_only = False  # a backward issued collectives: hooks it is
         self.step_number = first_step
@@ -193,7 +172,6 @@ class TorchProfiler(Marks):
         # between (evaluation, checkpoint, our trace's stop: _begin)
         self._chain = None
         self._gc = None  # the collector's pauses on the training thread (_begin installs it)
-        self._data_source = None  # what the steps' data wait is, as last sent in the run metadata
         self._closed = False
         self._in_rollout = False
         # records are built and sent by a thread of ours, in order: the
@@ -231,10 +209,23 @@ class TorchProfiler(Marks):
         _patches.install_loss()
         _patches.install_checkpoints()
         _patches.install_pipelining()
-        self._hooks_said = False  # the hooks record goes out with the first step's (_say_hooks)
         watch_job_profilers()
         _active.profiler = self
         atexit.register(self.close)
+
+    @property
+    def token_fn(self):
+        """The job's count of a batch (None: the package's rules); the
+        framework callbacks set theirs."""
+        return self.batches.token_fn
+
+    @token_fn.setter
+    def token_fn(self, fn):
+        self.batches.token_fn = fn
+
+    @property
+    def ignore_index(self):
+        return self.batches.ignore_index
 
     # -- what is watched ---------------------------------------------------
     def watch_model(self, model: torch.nn.Module) -> None:
@@ -248,8 +239,7 @@ class TorchProfiler(Marks):
         if id(model) not in self._models:
             InstanceMethod.wrap(model, "forward", _timed_forward)
             self._models[id(model)] = (model, ())
-            if self._token_model is None:
-                self._token_model = id(model)  # the model whose inputs count, without a loader
+            self.batches.model_watched(model)  # the first one's inputs count, without a loader
         self._watch_zero_grad(model)
         _patches.patch_compile()
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
@@ -298,7 +288,7 @@ class TorchProfiler(Marks):
     def count_fetches(self, on: bool) -> None:
         """Whether the watched loaders' fetches count the step's tokens
         (False where a framework hands the batch over: add_batch)."""
-        self._count_fetches = bool(on)
+        self.batches.count_fetches = bool(on)
 
     def watch_optimizer(self, optimizer: Union[torch.optim.Optimizer, List[torch.optim.Optimizer]]) -> None:
         """Makes ``optimizer.step()`` part of each training step: an
@@ -414,9 +404,7 @@ class TorchProfiler(Marks):
                 return
             if self._cur is None:
                 self._cur = self._begin()
-            self._declared_tokens = self._cur.declared = True
-            self._drop_forward_tokens(self._cur)
-            self._cur.fetches.append(Fetch(None, (max(int(n), 0), 0, 0, None)))
+            self.batches.declare(self._cur, tokens=n)
         except Exception:
             self._err()
 
@@ -527,21 +515,10 @@ class TorchProfiler(Marks):
 
     def batch_of(self, st):
         """(Sender thread.) A finished step's batch figures as its record
-        sends them, (tokens, padded, samples, seq_sq, fingerprint), its
-        token source said: the step is counted sent."""
-        fp = None
-        if self.steps < FINGERPRINT_STEPS and st.fetches:
-            fp = st.fetches[0].fingerprint()  # before resolve lets the batch go
-        tokens, padded, samples, seq_sq = totals([f.resolve(self.ignore_index) for f in st.fetches], st.skipped)
-        src = self._source_of(st)
-        if src == "per_step" and not st.skipped:
-            tokens = padded = self._per_step
-        elif tokens == 0 and src in ("loader", "forward"):
-            src = "none"  # batches without token ids (features, images)
-        self._say_source(src)
-        self._say_data(st)
+        sends them (Batches.of): the step is counted sent."""
+        out = self.batches.of(st)
         self.steps += 1
-        return tokens, padded, samples, seq_sq, fp
+        return out
 
     def recycle(self, events):
         """(Sender thread.) A sent step's CUDA events back to the pool."""
@@ -766,59 +743,6 @@ class TorchProfiler(Marks):
             except Exception:
                 self._err()
 
-    def _source_of(self, st):
-        """(On the sender thread.) What counts a step's tokens: a key of the
-        run metadata's token_source (tps.TokenSources). The job's own code
-        (a tokens= function, add_tokens, add_batch) wins over a count
-        declared at launch, which wins over what the package counts (the
-        watched loaders' batches, else the model's forward inputs)."""
-        if self.token_fn is not None:
-            return "function"
-        if st.declared:
-            return "declared"
-        if self._per_step:
-            return "per_step"
-        if st.fwd_fetches:
-            return "forward"
-        return "loader" if st.fetches else "none"
-
-    def _say_hooks(self):
-        """(On the sender thread, with the first step's record.) Rank 0
-        sends, once, which hook families are live and how (run metadata
-        ``hooks``); in a distributed job a communication family that could
-        not be hooked goes out as unmeasured with its reason. Not at
-        start-up: the layout goes out before every rank's first record, and
-        the collector holds a job's first steps until metadata comes; a
-        record of ours that came first would end the hold before a
-        pipeline's layout (2 replicas where the job had 1)."""
-        if self._hooks_said:
-            return
-        self._hooks_said = True
-        why = _guard.off("communication")
-        if why and self.client.world_size > 1:
-            self._unmeasured("communication", "no collective hook on torch %s: %s" % (torch.__version__, why))
-        hooks = _guard.installed()
-        if self.client.rank == 0:
-            # steps="loop": each step runs from the end of the previous one
-            # (tps.StepsLoop; the report holds the attempts' time to it)
-            if hooks:
-                self.client.meta(hooks={k: v[:100] for k, v in hooks.items()}, steps="loop")
-            else:
-                self.client.meta(steps="loop")
-
-    def _say_data(self, st):
-        """(On the sender thread.) Rank 0 sends what its steps' data wait
-        is (run metadata data_source) when it changes: a timed fetch's wait
-        (a watched DataLoader, prof.wrap) or the time before the first
-        forward (batches from anything else)."""
-        if self.client.rank != 0:
-            return
-        src = "before_forward" if st.pre is not None else ("loader" if st.fetched else None)
-        if src is None or src == self._data_source:
-            return
-        self._data_source = src
-        self.client.meta(data_source=src)
-
     def _unmeasured(self, key, why):
         """Rank 0 says, once, that a measure (a key of the report's
         tps.UnmeasuredText) could not be taken in this job, and why: the
@@ -828,47 +752,7 @@ class TorchProfiler(Marks):
         self._said_unmeasured.add(key)
         self._sender.put(lambda: self.client.meta(unmeasured={key: why[:200]}))
 
-    def _say_source(self, src):
-        """(On the sender thread.) Rank 0 sends what counted the tokens in
-        the run metadata when it changes (the report says it); "none" only
-        if nothing counted any of its first steps. The hooks record first,
-        once (_say_hooks)."""
-        self._say_hooks()
-        if self.client.rank != 0 or src == self._token_source:
-            return
-        if src == "none" and (self._token_source is not None or self.steps < 3):
-            return
-        self._token_source = src
-        self.client.meta(token_source=src)
-
     # -- hooks --------------------------------------------------------------
-    def _forward_tokens(self, st, module, inputs, kwargs):
-        """A step whose tokens no watched loader gave (nanoGPT's get_batch, a
-        loop over tensors): the watched model's forward inputs are its batch,
-        counted by the same rules (input_ids or the first integer tensor; the
-        mask, the labels, a next-token split), once per forward of the first
-        watched model. Never beside a loader's batches, add_tokens or
-        add_batch (their counts win), nor with a tokens= function."""
-        if self._token_model is None:
-            self._token_model = id(module)  # zero-code mode: the first root found
-        if (not self._count_fetches or self.token_fn is not None or self._declared_tokens or self._per_step
-                or (st.fetches and not st.fwd_fetches) or id(module) != self._token_model):
-            return
-        batch = kwargs if kwargs and ("input_ids" in kwargs or "labels" in kwargs or "attention_mask" in kwargs) else inputs
-        if isinstance(batch, tuple) and len(batch) == 1:
-            batch = batch[0]
-        n = len(st.fetches)
-        self._add_fetch(st, batch)
-        st.fwd_fetches.extend(st.fetches[n:])
-        st.bare = None  # its own inputs: no split to find
-
-    def _drop_forward_tokens(self, st):
-        """Tokens declared for the step (add_tokens, add_batch): those its
-        forwards' inputs gave go."""
-        if st is not None and st.fwd_fetches:
-            drop = set(map(id, st.fwd_fetches))
-            st.fetches = [f for f in st.fetches if id(f) not in drop]
-            st.fwd_fetches = []
 
     def _fwd_pre(self, module, inputs, kwargs=None):
         if self.off or _c10d.compiling():
@@ -900,10 +784,7 @@ class TorchProfiler(Marks):
             if not st.trained:
                 self._flush_side(st.wall0)
                 self._eval_since = False
-            if st.bare is not None:
-                self._split_batch(st, inputs)
-            elif kwargs is not None:
-                self._forward_tokens(st, module, inputs, kwargs)
+            self.batches.forward(st, module, inputs, kwargs)
             first = not st.trained
             st.trained = True
             st.fwd_open = self._mark()
@@ -926,23 +807,6 @@ class TorchProfiler(Marks):
             self.comm.sweep()
         except Exception:
             self._err()
-
-    def _split_batch(self, st, inputs):
-        """A bare (B, L) id batch whose forward takes (B, L-1) ids: the loop
-        split it into inputs and next-token targets; B*(L-1) tokens are
-        trained on, not B*L."""
-        f, st.bare = st.bare, None
-        batch = f.batch
-        if f.counts is not None:
-            f.batch = None  # counted already: not kept any longer
-        if not (is_ids(batch) and batch.dim() == 2):
-            return
-        b, n = batch.shape
-        for a in inputs if isinstance(inputs, (list, tuple)) else (inputs,):
-            if isinstance(a, torch.Tensor):
-                if is_ids(a) and a.dim() == 2 and a.shape[0] == b and a.shape[1] == n - 1:
-                    f.split = b * (n - 1)
-                return
 
     def _fwd_post(self, module, inputs, output):
         if self.off or _c10d.compiling():
@@ -1132,30 +996,10 @@ class TorchProfiler(Marks):
             st.fetched = True
             if opened.__class__ is tuple:
                 st.tail.append((opened[0], opened[1], dt, len(st.fetches)))
-            if self._count_fetches:
-                self._add_fetch(st, batch)
+            if self.batches.count_fetches:
+                self.batches.fetched(st, batch)
         except Exception:
             self._err()
-
-    def _add_fetch(self, st, batch):
-        """batch is trained in step st: its counts, or a reference to count later."""
-        if self.token_fn is not None:
-            n = self.token_fn(batch)
-            real, padded = n if isinstance(n, tuple) else (n, n)
-            f = Fetch(None, (lazy_int(real), lazy_int(padded), 0, None) if real is not None else None)
-        elif self.cuda and not host_batch(batch):
-            # counts on the GPU are launched now, on the training
-            # stream, and read once the step is over (a batch still on
-            # the host, as loaders give it, is counted as on CPU: below)
-            keep = batch.__class__ is torch.Tensor or self.steps < FINGERPRINT_STEPS  # (see FINGERPRINT_STEPS)
-            f = Fetch(batch if keep else None, counts_now(batch, self.ignore_index))
-        else:
-            # on the host the batch is counted when its record is built,
-            # on the sender thread: the training thread keeps a reference
-            f = Fetch(batch, None)
-        st.fetches.append(f)
-        if self.token_fn is None and batch.__class__ is torch.Tensor:
-            st.bare = f  # maybe split into inputs and targets: see _split_batch
 
     def add_batch(self, batch: Any) -> None:
         """Counts ``batch`` as trained in the current step (opening one if
@@ -1166,9 +1010,7 @@ class TorchProfiler(Marks):
         try:
             if not self.off:
                 st = self._open()
-                self._declared_tokens = st.declared = True
-                self._drop_forward_tokens(st)
-                self._add_fetch(st, batch)
+                self.batches.declare(st, batch)
         except Exception:
             self._err()
 
