@@ -794,7 +794,7 @@ class ModuleStateTest(unittest.TestCase):
             self.assertFalse(b._tls.fetch)
             self.assertEqual(len(b._watched_loaders), 0)
             self.assertEqual(b._scaled, {})
-            self.assertIsNone(b._pp_stage)
+            self.assertIsNone(b.layout.stage)
             b.watch_loader(loader)  # the class made for the first is reused, kept on the loader's base class
             self.assertIs(type(loader), torch.utils.data.DataLoader.__dict__["_tpsprof_sub"])
             for _ in loader:

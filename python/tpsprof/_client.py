@@ -198,6 +198,12 @@ class Profiler:
         except Exception:  # never into the training loop
             self.dropped += 1
 
+    def set_coords(self, coords):
+        """This rank's coordinates in the job's layout, as the device mesh
+        gave them (they win over a declared topology's): sent with every
+        record from now on."""
+        self._coords = dict(coords)
+
     def send_step(self, step, start_unix_ns, duration_ns, tokens, phases_ns=None, loss=None, flops=None,
                   samples=None, padded_tokens=None, skipped=False, seq_sq_sum=None, bytes=None, rollout=None,
                   batch_fp=None, measures=None):

@@ -5,10 +5,11 @@ records so that tokens are counted once per data-parallel replica with
 nothing declared (docs/capture.md, "Topology").
 """
 
+import sys
 import warnings
 from typing import Any, Dict, Iterable, Optional, Tuple
 
-__all__ = ["dim_kind", "job_topology", "mesh_topology"]
+__all__ = ["dim_kind", "job_topology", "mesh_topology", "JobLayout"]
 
 Layout = Tuple[Dict[str, int], Dict[str, int]]  # sizes {"dp", "tp", "pp", "cp"}, this rank's coordinates
 
@@ -112,3 +113,83 @@ def mesh_topology(params: Iterable[Any], world_size: int) -> Optional[Layout]:
         coords[key] = coords[key] * n + c  # row-major over the dimensions of one kind
         sizes[kind] *= n
     return sizes, coords
+
+
+class JobLayout:
+    """The job's layout as the in-process profiler sends it (a component
+    of TorchProfiler, ``prof.layout``): the pipeline stage and schedule a
+    torch.distributed.pipelining schedule runs (first seen), and after the
+    first step the layout read from the parameters' device mesh. It
+    reaches the profiler through its seam (``client``, ``params()``,
+    ``failed()``, ``later(fn)``)."""
+
+    def __init__(self, prof):
+        self.prof = prof
+        self.stage = None  # the stage a pipelining schedule runs (first seen)
+        self.schedule = None  # its (micro-batches, stages a rank)
+        self.sizes = None  # what the job's device mesh says, once read
+        self.done = False
+
+    def note_stage(self, schedule: Any) -> None:
+        """A pipelining schedule steps: the stage it runs (its first, for
+        a schedule of several), as first seen, is the topology's pipeline
+        coordinate."""
+        if self.stage is not None:
+            return
+        st = getattr(schedule, "_stage", None)
+        if st is None:
+            st = (getattr(schedule, "_stages", None) or [None])[0]
+        self.stage = st
+        # its micro-batches and stages a rank (virtual stages): the
+        # schedule's own bubble, which the report holds the measured
+        # bubble to (sent with the topology, where it has pp > 1)
+        try:
+            m = int(getattr(schedule, "_n_microbatches", 0) or 0)
+            v = len(getattr(schedule, "_stages", None) or [st])
+            self.schedule = (m, v) if m > 0 else None
+        except Exception:
+            self.schedule = None
+
+    def after_first_step(self) -> None:
+        """Once, after the first step: the parallel layout from the device
+        mesh of the parameters (DTensor: FSDP2, tensor parallel, 2-D, HSDP)
+        and the pipeline stage, sent as each record's coordinates and, by
+        every rank before its first record, as the job's topology, so that
+        tokens are counted once per data-parallel replica with nothing
+        declared. A declared topology (TPSPROF_TOPOLOGY) that contradicts
+        the mesh is reported and the mesh wins: it is what the job built."""
+        if self.done:
+            return
+        self.done = True
+        prof = self.prof
+        c = prof.client
+        try:
+            got = job_topology(prof.params(), c.world_size, self.stage)
+        except Exception:
+            prof.failed()
+            return
+        if got is None:
+            return
+        from ._client import _topology_coords
+        sizes, coords = got
+        self.sizes = sizes
+        declared = getattr(c, "declared_topology", None)
+        if declared:
+            try:
+                d = _topology_coords(declared, c.rank)
+            except (ValueError, ZeroDivisionError):
+                d = None
+            if d is None or {k: d.get(k) for k in coords} != coords:
+                sys.stderr.write("tpsprof: rank %d: the declared topology %r does not match the job's device mesh "
+                                 "(%s, this rank at %s); the mesh's is used\n" % (
+                                     c.rank, declared, ",".join("%s=%d" % kv for kv in sizes.items()),
+                                     ",".join("%s=%d" % (k[:-5], v) for k, v in coords.items())))
+        c.set_coords(coords)
+        extra = {}
+        if self.schedule is not None and sizes.get("pp", 1) > 1:
+            extra["micro_batches"] = self.schedule[0]
+            if self.schedule[1] > 1:
+                extra["interleave"] = self.schedule[1]
+        # every rank, before its first record: whichever rank's record
+        # reaches the collector first, the layout is there before it
+        prof.later(lambda: c.meta(topology=sizes, **extra))

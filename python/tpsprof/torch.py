@@ -28,7 +28,6 @@ import atexit
 import collections
 import functools
 import os
-import sys
 import threading
 import time
 import types
@@ -51,7 +50,7 @@ from ._hooks import InstanceMethod, first_grad_tensor, optimizer_step
 from ._sender import Sender
 from ._steps import Step
 from ._tokens import count_tokens, packed_seq_sq
-from ._topology import job_topology, mesh_topology
+from ._topology import JobLayout, job_topology, mesh_topology
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
@@ -159,8 +158,7 @@ class TorchProfiler(Marks):
         self._hooks = []
         self._models = {}  # id(model) -> (model, ()): forward timed (InstanceMethod)
         self._zero_grad_of = {}  # id(obj) -> obj: zero_grad noted (InstanceMethod)
-        self._topology_done = False
-        self.topology = None  # what the job's device mesh says, once read
+        self.layout = JobLayout(self)  # the job's layout, sent after the first step: a component (_topology)
         self._optimizer = None  # the first watched (numbering); all: _optimizers
         self._optimizers = []
         self._side = {}  # eval / checkpoint_save / checkpoint_restore -> [wall start, wall end] not yet sent
@@ -184,8 +182,6 @@ class TorchProfiler(Marks):
         self.comm = Comm(self, self._tls)
         self._scaled = {}  # id(a grad scaler's scaled loss) -> (weakref to it, its scale)
         self._watched_loaders = weakref.WeakSet()  # loaders watched through their class's __iter__
-        self._pp_stage = None  # the stage a pipelining schedule runs (first seen)
-        self._pp_schedule = None  # its (micro-batches, stages a rank)
         # what measuring costs: ns in our hooks on the training thread since
         # the last step finished (_owned); our threads' CPU: records.own_cpu
         self._own_ns = 0
@@ -227,6 +223,12 @@ class TorchProfiler(Marks):
     def ignore_index(self):
         return self.batches.ignore_index
 
+    @property
+    def topology(self):
+        """The layout's sizes the device mesh gave (None before the first
+        step, or without a mesh)."""
+        return self.layout.sizes
+
     # -- what is watched ---------------------------------------------------
     def watch_model(self, model: torch.nn.Module) -> None:
         """Times the forward and backward passes of ``model``.
@@ -267,23 +269,8 @@ class TorchProfiler(Marks):
         self.flops.recompute = True
 
     def note_pipeline_stage(self, schedule: Any) -> None:
-        """A pipelining schedule steps: the stage it runs (its first, for
-        a schedule of several), as first seen, is the topology's pipeline
-        coordinate."""
-        if self._pp_stage is None:
-            st = getattr(schedule, "_stage", None)
-            if st is None:
-                st = (getattr(schedule, "_stages", None) or [None])[0]
-            self._pp_stage = st
-            # its micro-batches and stages a rank (virtual stages): the
-            # schedule's own bubble, which the report holds the measured
-            # bubble to (sent with the topology, where it has pp > 1)
-            try:
-                m = int(getattr(schedule, "_n_microbatches", 0) or 0)
-                v = len(getattr(schedule, "_stages", None) or [st])
-                self._pp_schedule = (m, v) if m > 0 else None
-            except Exception:
-                self._pp_schedule = None
+        """A pipelining schedule steps (JobLayout.note_stage)."""
+        self.layout.note_stage(schedule)
 
     def count_fetches(self, on: bool) -> None:
         """Whether the watched loaders' fetches count the step's tokens
@@ -520,6 +507,17 @@ class TorchProfiler(Marks):
         self.steps += 1
         return out
 
+    def params(self):
+        """The watched optimizers' and models' parameters (the layout's
+        device mesh is read from them)."""
+        params = []
+        if self._optimizer is not None:
+            for g in self._optimizer.param_groups:
+                params.extend(g["params"])
+        for m, _ in self._models.values():
+            params.extend(m.parameters())
+        return params
+
     def recycle(self, events):
         """(Sender thread.) A sent step's CUDA events back to the pool."""
         seen = set()
@@ -645,51 +643,6 @@ class TorchProfiler(Marks):
             self._sender.put(lambda kind=kind, a=a, b=b: self.client.event(
                 kind, start_unix_ns=a, end_unix_ns=max(b, a), step=None if step is None else max(step - 1, 0)))
 
-    def _topology_from_mesh(self):
-        """After the first step: the parallel layout from the device mesh of
-        the parameters (DTensor: FSDP2, tensor parallel, 2-D, HSDP) and the
-        pipeline stage a torch.distributed.pipelining schedule runs, sent as
-        each record's coordinates and, by rank 0, as the job's topology, so
-        that tokens are counted once per data-parallel replica with nothing
-        declared. A declared topology (TPSPROF_TOPOLOGY) that contradicts
-        the mesh is reported and the mesh wins: it is what the job built."""
-        try:
-            params = []
-            if self._optimizer is not None:
-                for g in self._optimizer.param_groups:
-                    params.extend(g["params"])
-            for m, _ in self._models.values():
-                params.extend(m.parameters())
-            got = job_topology(params, self.client.world_size, self._pp_stage)
-        except Exception:
-            self._err()
-            return
-        if got is None:
-            return
-        sizes, coords = got
-        self.topology = sizes
-        c = self.client
-        declared = getattr(c, "declared_topology", None)
-        if declared:
-            try:
-                d = _client._topology_coords(declared, c.rank)
-            except (ValueError, ZeroDivisionError):
-                d = None
-            if d is None or {k: d.get(k) for k in coords} != coords:
-                sys.stderr.write("tpsprof: rank %d: the declared topology %r does not match the job's device mesh "
-                                 "(%s, this rank at %s); the mesh's is used\n" % (
-                                     c.rank, declared, ",".join("%s=%d" % kv for kv in sizes.items()),
-                                     ",".join("%s=%d" % (k[:-5], v) for k, v in coords.items())))
-        c._coords = coords
-        extra = {}
-        if self._pp_schedule is not None and sizes.get("pp", 1) > 1:
-            extra["micro_batches"] = self._pp_schedule[0]
-            if self._pp_schedule[1] > 1:
-                extra["interleave"] = self._pp_schedule[1]
-        # every rank, before its first record: whichever rank's record
-        # reaches the collector first, the layout is there before it
-        self._sender.put(lambda: c.meta(topology=sizes, **extra))
-
     def _finish(self):
         st, self._cur = self._cur, None
         if st is None:
@@ -710,9 +663,7 @@ class TorchProfiler(Marks):
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
-        if not self._topology_done:
-            self._topology_done = True
-            self._topology_from_mesh()
+        self.layout.after_first_step()
         self.flops.end(st, True)
         if self.capture.tracing is not None:
             # the profiler's stop (0.3-1 s, the trace written) is not the
