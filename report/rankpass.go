@@ -152,6 +152,11 @@ type stepRows struct {
 	// ppLeast is each steady step's least pipeline wait over its ranks
 	// (ns, -1 none yet), made at the first wait seen
 	ppLeast []int64
+	// a group's rows' blocked time and, of it, their own (the Own
+	// blocking measures), summed column by column before the rows are
+	// taken: the row loop read the blocking columns one row at a time (a
+	// quarter of its time)
+	blocked, ownBlocked []int64
 }
 
 func newStepRows(a *analysis, k *rankSink) *stepRows {
@@ -168,6 +173,7 @@ type rowCols struct {
 	blocking                                                   [8][]int64
 	nBlocking                                                  int
 	node                                                       []string
+	blocked, ownBlocked                                        []int64 // stepRows.sums
 }
 
 func (rc *rowCols) take(c *trace.Columns) {
@@ -187,6 +193,7 @@ func (p *stepRows) group(c *trace.Columns) {
 	sp := p.sp
 	var rc rowCols
 	rc.take(c)
+	p.sums(&rc, c.Rows)
 	attempt, step := c.Col(rcAttempt), c.Col(rcStep)
 	lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
 	p.rep.RankRows += int64(c.Rows)
@@ -206,24 +213,39 @@ func (p *stepRows) group(c *trace.Columns) {
 	}
 }
 
+// sums sets rc's blocked and ownBlocked for its n rows, column by column.
+func (p *stepRows) sums(rc *rowCols, n int) {
+	if cap(p.blocked) < n {
+		p.blocked, p.ownBlocked = make([]int64, n), make([]int64, n)
+	}
+	rc.blocked, rc.ownBlocked = p.blocked[:n], p.ownBlocked[:n]
+	clear(rc.blocked)
+	clear(rc.ownBlocked)
+	for j := range rc.nBlocking {
+		col := rc.blocking[j][:n]
+		b := rc.blocked[:len(col)]
+		for i, v := range col {
+			b[i] += v
+		}
+		if rcOwn[j] {
+			o := rc.ownBlocked[:len(col)]
+			for i, v := range col {
+				o[i] += v
+			}
+		}
+	}
+}
+
 // row takes row i of rc, of spine step si (heatmap column hc).
 func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	sp, k := p.sp, p.k
 	r, dur, data, host := rc.rank[i], rc.dur[i], rc.data[i], float64(rc.host[i])
-	// compute as tps.StepRecord.ComputeNs, without building a record
-	var blocked [8]int64
-	for j := range rc.nBlocking {
-		blocked[j] = rc.blocking[j][i]
-	}
-	comp := float64(tps.ComputeNs(dur, blocked[:rc.nBlocking]...))
-	// its own time (what the others wait for in a synchronous step:
-	// StepRecord.OwnNs, compute and the own blocking measures)
-	own := comp
-	for j := range rc.nBlocking {
-		if rcOwn[j] {
-			own += float64(blocked[j])
-		}
-	}
+	// compute as tps.StepRecord.ComputeNs (the duration less every
+	// blocking measure, at least 0), without building a record; its own
+	// time (what the others wait for in a synchronous step:
+	// StepRecord.OwnNs) compute and the own blocking measures
+	comp := float64(max(dur-rc.blocked[i], 0))
+	own := comp + float64(rc.ownBlocked[i])
 	k.heat.addCol(hc, r, comp)
 	inRange := r >= 0 && r < int64(len(p.byRank))
 	if n := rc.node[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
