@@ -129,7 +129,7 @@ func TestAttemptRows(t *testing.T) {
 		t.Errorf("outcomes %q, %q", rows[0].Outcome(), rows[1].Outcome())
 	}
 	if l := attemptLines(rows); len(l) != 2 || l[0] != "0 (launch): steps 0-2 (3), 4 ranks, 1.0k tokens/s, MFU 10.0%, 3s, crashed (exit 137)" ||
-		l[1] != "1 (restart): steps 3-5 (3), 2 ranks, 2.0k tokens/s, MFU 20.0%, 3s, finished; scale-down 4→2; 2s of full capacity lost" {
+		l[1] != "1 (restart): steps 3-5 (3), 2 ranks, 2.0k tokens/s, MFU 20.0%, 3s, finished; scale-down 4→2; 1.5s of full capacity lost" {
 		t.Errorf("lines %q", l)
 	}
 	if rows[1].Change != "scale-down 4→2" || rows[1].CapacityLostS != 1.5 || rows[0].Change != "" || rows[0].CapacityLostS != 0 {

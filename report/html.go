@@ -8,6 +8,7 @@ import (
 	"html/template"
 	"io"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -324,8 +325,13 @@ func runLine(r *Report) string {
 }
 
 func dur(s float64) string {
-	d := time.Duration(s * float64(time.Second)).Round(time.Second)
-	return d.String()
+	// to the second, but below ten seconds to the millisecond (a 20 ms
+	// save read "0s")
+	unit := time.Second
+	if math.Abs(s) < 10 {
+		unit = time.Millisecond
+	}
+	return time.Duration(s * float64(time.Second)).Round(unit).String()
 }
 
 var glossary = [][2]string{
