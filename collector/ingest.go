@@ -322,6 +322,12 @@ func (c *Collector) stepBatch(m message, fold stepFold) {
 			j.out.ranks.write(recs[:kept])
 			*bufp = nil
 		default:
+			if j.rankBuf == nil && kept >= 64 {
+				// a pooled buffer for a batch of a node's ranks; a job of a
+				// few rows grows its own (a 1,024-row buffer for each of 200
+				// one-record jobs held ~0.5 MiB each until their flush)
+				j.rankBuf = recordBuffer()
+			}
 			j.rankBuf = append(j.rankBuf, recs[:kept]...)
 			if len(j.rankBuf) >= 4096 {
 				j.flushRanks(false)
@@ -352,7 +358,10 @@ const directHandOff = 256
 var errWriteFailed = errors.New("collector: a rank_steps write failed since the last checkpoint")
 
 // decodeBufs recycles the record slices batches decode into.
-var decodeBufs = sync.Pool{New: func() any { s := make([]tps.StepRecord, 0, 1024); return &s }}
+var decodeBufs = sync.Pool{New: func() any { s := make([]tps.StepRecord, 0, decodeBufRows); return &s }}
+
+// decodeBufRows is the rows a decode buffer holds (~0.5 MiB).
+const decodeBufRows = 1024
 
 // handlePartials merges a message of node partials (aggregator role),
 // registered in the ledger like a step batch (durable mode).

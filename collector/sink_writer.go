@@ -91,6 +91,9 @@ func (r *asyncWriter[T]) waitBelow(n int) {
 
 // releaseRecords returns written rank rows to the decode pool.
 func releaseRecords(rows []tps.StepRecord) {
+	if cap(rows) < decodeBufRows {
+		return // a small job's own slice (job.flushRanks): not the pool's size
+	}
 	clear(rows) // slots past len are zero already
 	rows = rows[:0]
 	decodeBufs.Put(&rows)
