@@ -322,11 +322,18 @@ func (c *Collector) stepBatch(m message, fold stepFold) {
 			j.out.ranks.write(recs[:kept])
 			*bufp = nil
 		default:
-			if j.rankBuf == nil && kept >= 64 {
-				// a pooled buffer for a batch of a node's ranks; a job of a
-				// few rows grows its own (a 1,024-row buffer for each of 200
-				// one-record jobs held ~0.5 MiB each until their flush)
-				j.rankBuf = recordBuffer()
+			if j.rankBuf == nil {
+				// a pooled buffer for a job that flushes 64 rows or more at
+				// a time, or sent a batch of that many; a job of a few rows
+				// a flush takes a slice its size (a 1,024-row buffer for
+				// each of 200 one-record jobs held ~0.5 MiB each until their
+				// flush; growing every job's from nothing cost node-sized
+				// batches a quarter of their rate)
+				if n := max(j.lastFlush, kept); n >= 64 {
+					j.rankBuf = recordBuffer()
+				} else {
+					j.rankBuf = make([]tps.StepRecord, 0, n)
+				}
 			}
 			j.rankBuf = append(j.rankBuf, recs[:kept]...)
 			if len(j.rankBuf) >= 4096 {

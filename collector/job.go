@@ -13,11 +13,14 @@ import (
 // Handlers of different jobs never wait for each other; the collector's
 // lock guards only the map of jobs (docs/collector.md).
 type job struct {
-	// mu guards st, rankBuf and evicted.
+	// mu guards st, rankBuf, lastFlush and evicted.
 	mu      sync.Mutex
 	st      jobState // what its records add up to (state.go)
 	out     sink     // its tables on their writer goroutines (sink.go)
 	rankBuf []tps.StepRecord
+	// lastFlush is how many rank rows the last flush handed over (the
+	// next buffer's size: ingest)
+	lastFlush int
 
 	evicted bool // out of the map: a handler that finds it takes the job anew
 
@@ -123,6 +126,7 @@ func (j *job) flushRanks(all bool) {
 	if len(j.rankBuf) == 0 || j.out.ranks == nil {
 		return
 	}
+	j.lastFlush = len(j.rankBuf)
 	j.out.ranks.write(j.rankBuf)
 	// the next buffer is taken when rows come (ingest: a pooled one for a
 	// batch of 64 rows or more): each job that had flushed held an empty
