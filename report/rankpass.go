@@ -174,6 +174,9 @@ type rowCols struct {
 	nBlocking                                                  int
 	node                                                       []string
 	blocked, ownBlocked                                        []int64 // stepRows.sums
+	// the group holds no memory peaks, or no capture figures (their
+	// columns constant at 0: CPU jobs, older producers): rows skip them
+	noMem, noCost bool
 }
 
 func (rc *rowCols) take(c *trace.Columns) {
@@ -184,6 +187,9 @@ func (rc *rowCols) take(c *trace.Columns) {
 	for j, col := range rcBlocking {
 		rc.blocking[j] = c.Col(col)
 	}
+	zero := func(h trace.Col) bool { v, ok := c.Constant(h); return ok && v <= 0 }
+	rc.noMem = zero(rcMemAlloc) && zero(rcMemResv)
+	rc.noCost = zero(rcCapture) && zero(rcCaptureCPU)
 }
 
 // group takes a row group's rows. Rows come grouped by step, mostly in
@@ -259,19 +265,27 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 		// what the critical rank had more of than the mean rank
 		k.crit.addOwn(rc.node[i], r, comp, float64(data), host)
 	}
-	p.rep.own.addMem(r, rc.memAlloc[i], rc.memResv[i], rc.memCap[i])
+	if !rc.noMem {
+		p.rep.own.addMem(r, rc.memAlloc[i], rc.memResv[i], rc.memCap[i])
+	}
 	if warm {
 		return
 	}
 	if f := sp.flag[si]; f&flagCut != 0 {
 		// a save or evaluation ran into it: its cost is ours, its
 		// stages' waits are the save's
-		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+		if !rc.noCost {
+			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+		}
 	} else if f&flagSkip != 0 {
 		// profiled (traced, FLOP-counted): its cost is the profiler's, apart
-		p.rep.own.addProfiled(rc.capture[i])
+		if !rc.noCost {
+			p.rep.own.addProfiled(rc.capture[i])
+		}
 	} else {
-		p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+		if !rc.noCost {
+			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+		}
 		p.leastPP(si, rc.pp[i])
 	}
 	// its own time, and of it the data wait and the measured forward,

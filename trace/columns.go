@@ -63,6 +63,16 @@ func (s *Cols) Names() []string { return s.names }
 // Col is the values of column h in this row group.
 func (c *Columns) Col(h Col) []int64 { return c.Int64[h] }
 
+// Constant says whether column h holds one value in this row group (its
+// chunk's footer statistics said so, or it is an optional column the
+// part lacks: zeros), and which: a pass may then take the group at once.
+func (c *Columns) Constant(h Col) (int64, bool) {
+	if int(h) >= len(c.konst) || !c.konst[h].set {
+		return 0, false
+	}
+	return c.konst[h].v, true
+}
+
 // EachColumns streams required int64 columns (and at most one required
 // string column, strCol, "" for none) of every part of a table folder
 // through fn, one row group at a time, decoding pages straight into

@@ -316,6 +316,17 @@ func TestEachColumnsConstantChunks(t *testing.T) {
 	w.Close()
 	k := 0
 	err = EachColumns(filepath.Join(root, "j", RankSteps), []string{"step", "ckpt_ns", "tokens", "?no_such"}, "", func(c *Columns) error {
+		// Constant names the group's constant columns and their value
+		r0 := &recs[k]
+		if v, ok := c.Constant(1); ok != (r0.CkptNs >= 0 && k/5000 != 4) || (ok && v != r0.CkptNs) {
+			return fmt.Errorf("group %d: ckpt_ns constant %v (%d)", k/5000, ok, v)
+		}
+		if v, ok := c.Constant(3); !ok || v != 0 {
+			return fmt.Errorf("group %d: a missing column is not constant 0 (%v, %d)", k/5000, ok, v)
+		}
+		if _, ok := c.Constant(0); ok {
+			return fmt.Errorf("group %d: step, which varies, said constant", k/5000)
+		}
 		for i := range c.Rows {
 			r := &recs[k]
 			if got := [...]int64{c.Int64[0][i], c.Int64[1][i], c.Int64[2][i], c.Int64[3][i]}; got != [...]int64{r.Step, r.CkptNs, r.Tokens, 0} {
