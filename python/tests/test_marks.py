@@ -11,6 +11,8 @@ from tpsprof import _marks
 import tpsprof.torch as tt
 
 _CALLERS = ("_patches.py", "_c10d.py", "hf.py", "lightning.py", "_auto.py", "_rollout.py", "_trackers.py", "_sender.py")
+_COMPONENTS = ("_comm.py", "_flops.py", "_capture.py", "_batches.py", "_records.py", "_memory.py", "_topology.py",
+               "_hooks.py")
 _REACH = re.compile(r"\b(?:prof|p|profiler|_active\.profiler|self\._prof|self\.prof)\.(_[A-Za-z0-9_]+)")
 
 
@@ -26,6 +28,16 @@ class MarksTest(unittest.TestCase):
                     self.assertTrue(m.group(1) in marks or m.group(1) in _marks.STATE,
                                     "%s reaches the profiler's %s, which the seam does not name" % (name, m.group(1)))
         self.assertGreater(len(seen), 15)  # the pattern still finds the reaches (fewer as components take them)
+
+    def test_components_use_the_public_seam(self):
+        # the profiler's components (prof.comm, prof.flops, ...) reach it
+        # through its public names alone: not even the patches' marks
+        here = os.path.dirname(_marks.__file__)
+        for name in _COMPONENTS:
+            with open(os.path.join(here, name)) as f:
+                reach = sorted(set(m.group(1) for m in _REACH.finditer(f.read())
+                                   if not m.group(1).startswith(("__", "_tpsprof"))))  # (a torch profile's)
+            self.assertEqual(reach, [], "%s reaches the profiler's private %s" % (name, reach))
 
     def test_no_private_writes(self):
         # no module writes another's private state: an assignment to
