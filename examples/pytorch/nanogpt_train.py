@@ -14,7 +14,8 @@ The job writes its own truth to DIR/truth.RANK.jsonl, one line an
 iteration: its tokens (micro-batches × batch × block, what nanoGPT prints
 as tokens per iteration divided by the world size), its start and end on
 its own clock, and the time its get_batch calls before the first forward
-took (data_ns), and the time from its previous optimizer step's return
+took (data_ns) and of it the thread's CPU time (data_cpu_ns: building the
+batch, host work; the rest the wait), and the time from its previous optimizer step's return
 to its first forward (pre_ns: get_batch, zero_grad, the line written
 here). --batch-delay makes get_batch slow (a token array read from
 a slow disk); --fetch-first fetches each iteration's batch at its top, as
@@ -99,10 +100,12 @@ def main():
     stepped = None  # when the last optimizer step returned
     for it in range(a.iters):
         t0 = time.time_ns()
-        data_ns = 0
+        data_ns = data_cpu_ns = 0
         if a.fetch_first:
+            c0 = time.thread_time_ns()
             x, y = get_batch()
             data_ns = time.time_ns() - t0
+            data_cpu_ns = time.thread_time_ns() - c0
         pre_ns = None
         gc_ns = 0
         for micro in range(a.accum):
@@ -127,7 +130,7 @@ def main():
         stepped = time.time_ns()
         opt.zero_grad(set_to_none=True)
         out.write(json.dumps({"iter": it, "tokens": a.accum * a.batch * a.block, "start_ns": t0, "end_ns": time.time_ns(),
-                              "data_ns": data_ns, "pre_ns": pre_ns, "gc_ns": gc_ns}) + "\n")
+                              "data_ns": data_ns, "data_cpu_ns": data_cpu_ns, "pre_ns": pre_ns, "gc_ns": gc_ns}) + "\n")
     out.close()
     if distributed:
         dist.destroy_process_group()
