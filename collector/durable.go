@@ -309,7 +309,7 @@ func (d *durableSource) watchStream() {
 // Updating it back in place is not enough: the server does not rewind a
 // consumer whose filter changes, so records stored meanwhile were stepped
 // over, and the consumption's pull requests may no longer match what the
-// server holds (a CI run waited 10 s for a record stored in that window).
+// server holds (a CI run waited 10 s for a record; not reproduced here).
 // The stream is a work queue: what was not acknowledged is still in it,
 // and comes to the new consumer from the first message.
 func (d *durableSource) restoreConsumer(ctx context.Context, cons jetstream.Consumer) (gone bool) {
@@ -705,8 +705,8 @@ func (d *durableSource) sync(timeout time.Duration) error {
 // that the collector's consumer takes (0 when none is): the stream's last
 // for a consumer of everything, else the latest over its filters.
 func (d *durableSource) lastOfConsumer(ctx context.Context) (uint64, error) {
-	want := d.durableConsumer()
-	if len(want.FilterSubjects) == 0 && want.FilterSubject == "" {
+	filters := filtersOf(d.durableConsumer())
+	if len(filters) == 0 {
 		info, err := d.streamInfo(ctx)
 		if err != nil {
 			return 0, err
@@ -718,10 +718,7 @@ func (d *durableSource) lastOfConsumer(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("collector: stream: %w", err)
 	}
 	var last uint64
-	for _, subj := range append(slices.Clone(want.FilterSubjects), want.FilterSubject) {
-		if subj == "" {
-			continue
-		}
+	for _, subj := range filters {
 		m, err := st.GetLastMsgForSubject(ctx, subj)
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			continue

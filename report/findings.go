@@ -124,7 +124,9 @@ func (rep *Report) findings() {
 	for _, c := range gapCauses {
 		b, of, what, ofWhat := g.BadputS[c.key], span, "the steps' wall time", "%s of the steps' %s"
 		if c.key == BadCheckpoint || c.key == BadEval || c.key == BadProfiling {
-			b = g.steadyGapS[c.key] // (a save inside a step is the checkpoint part's)
+			// the gaps before steady steps: the warm-up's lie before the span
+			// (a save inside a step is the checkpoint part's)
+			b = g.steadyGapS[c.key]
 		}
 		if c.key == BadRestart || c.key == BadRedone {
 			of, what, ofWhat = g.ElapsedS, "the elapsed time", "%s of %s elapsed" // (restarts lie between the attempts' spans)

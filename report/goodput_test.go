@@ -260,9 +260,10 @@ func TestGapsOfSeveralKinds(t *testing.T) {
 // starts the next step first and waits in its first collective for rank 1.
 // The save's time runs to its end on rank 1 (the gap's, not that step's
 // exposed communication), and the step it ran into is out of the
-// statistics: the breakdown is the clean steps' (a checkpoint every 4
-// steps on 2 ranks read 28% exposed comm and 27% host/other in those
-// steps, and the checkpoint's headroom 96% against the job's own 265%).
+// statistics: the breakdown is the clean steps' (a checkpoint every 2
+// steps on 2 ranks, causes.py, read 28% exposed comm and 27% host/other
+// of the run's step time, and the checkpoint's headroom 96% against the
+// job's own 265%).
 func TestSaveRunningIntoAStepIsTheGaps(t *testing.T) {
 	const ms = int64(1e6)
 	const job, world, steps = "cut", 2, 24

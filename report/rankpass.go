@@ -271,22 +271,18 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 	if warm {
 		return
 	}
-	if f := sp.flag[si]; f&flagCut != 0 {
-		// a save or evaluation ran into it: its cost is ours, its
-		// stages' waits are the save's
-		if !rc.noCost {
-			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
-		}
-	} else if f&flagSkip != 0 {
-		// profiled (traced, FLOP-counted): its cost is the profiler's, apart
-		if !rc.noCost {
+	f := sp.flag[si]
+	if !rc.noCost {
+		if f&(flagSkip|flagCut) == flagSkip {
+			// profiled (traced, FLOP-counted): its cost is the profiler's, apart
 			p.rep.own.addProfiled(rc.capture[i])
-		}
-	} else {
-		if !rc.noCost {
+		} else {
+			// (a step a save ran into costs us as any other)
 			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
 		}
-		p.leastPP(si, rc.pp[i])
+	}
+	if f&flagSkip == 0 {
+		p.leastPP(si, rc.pp[i]) // (a cut step's stages' waits are the save's)
 	}
 	// its own time, and of it the data wait and the measured forward,
 	// backward and optimizer

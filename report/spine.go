@@ -287,8 +287,8 @@ func (sp *spine) markWarm(warmup int, threshold float64, warm map[[2]int64]bool,
 // dropping the start times. Such a step's start is the first rank's: the
 // rank still saving or evaluating joins later, and the others wait for it
 // in their first collective, which its figures would call exposed
-// communication or host time (a checkpoint every 4 steps on 2 ranks: 28%
-// and 27% of those steps) where the goodput counts it the save's.
+// communication or host time (a checkpoint every 2 steps on 2 ranks: 28%
+// and 27% of the run's step time) where the goodput counts it the save's.
 func (sp *spine) markCut(cuts cuts) (map[[2]int64]bool, error) {
 	defer sp.starts.Close()
 	out := map[[2]int64]bool{}

@@ -61,7 +61,7 @@ def default_socket():
     return os.path.join(tempfile.gettempdir(), "tpsprof-%d.sock" % os.getuid())
 
 
-def _topology_coords(spec, rank):
+def topology_coords(spec, rank):
     """Coordinates of rank in "dp=..,tp=..,pp=..,cp=.." (Megatron order tp-cp-dp-pp)."""
     sizes = {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ep": 1}
     for part in spec.split(","):
@@ -113,7 +113,7 @@ class Profiler:
         self._coords = {}
         if topo:
             try:
-                self._coords = _topology_coords(topo, self.rank)
+                self._coords = topology_coords(topo, self.rank)
             except (ValueError, ZeroDivisionError):
                 self._coords = {}
         self.max_pending_bytes = max_pending_bytes

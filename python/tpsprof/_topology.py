@@ -170,13 +170,13 @@ class JobLayout:
             return
         if got is None:
             return
-        from ._client import _topology_coords
+        from ._client import topology_coords
         sizes, coords = got
         self.sizes = sizes
         declared = getattr(c, "declared_topology", None)
         if declared:
             try:
-                d = _topology_coords(declared, c.rank)
+                d = topology_coords(declared, c.rank)
             except (ValueError, ZeroDivisionError):
                 d = None
             if d is None or {k: d.get(k) for k in coords} != coords:

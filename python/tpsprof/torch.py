@@ -484,8 +484,13 @@ class TorchProfiler(Marks):
         self._err()
 
     def unmeasured(self, key, why):
-        """Says, once, that a measure could not be taken and why (_unmeasured)."""
-        self._unmeasured(key, why)
+        """Rank 0 says, once, that a measure (a key of the report's
+        tps.UnmeasuredText) could not be taken in this job, and why: the
+        report prints it instead of a silent zero."""
+        if self.client.rank != 0 or key in self._said_unmeasured:
+            return
+        self._said_unmeasured.add(key)
+        self._sender.put(lambda: self.client.meta(unmeasured={key: why[:200]}))
 
     def compiled(self):
         """Whether a watched model is compiled (torch.compile)."""
@@ -663,8 +668,10 @@ class TorchProfiler(Marks):
         if self.step_number is None:
             self.step_number = 0
         st.number = self.step_number
-        self.layout.after_first_step()
-        self.flops.end(st, True)
+        if not self.layout.done:
+            self.layout.after_first_step()
+        if st.counter is not None or st.flops is not None:  # (a counted step: no call on the others)
+            self.flops.end(st, True)
         if self.capture.tracing is not None:
             # the profiler's stop (0.3-1 s, the trace written) is not the
             # next step's: a gap, named (trace_stop) until the next step
@@ -693,15 +700,6 @@ class TorchProfiler(Marks):
                 fn()
             except Exception:
                 self._err()
-
-    def _unmeasured(self, key, why):
-        """Rank 0 says, once, that a measure (a key of the report's
-        tps.UnmeasuredText) could not be taken in this job, and why: the
-        report prints it instead of a silent zero."""
-        if self.client.rank != 0 or key in self._said_unmeasured:
-            return
-        self._said_unmeasured.add(key)
-        self._sender.put(lambda: self.client.meta(unmeasured={key: why[:200]}))
 
     # -- hooks --------------------------------------------------------------
 
@@ -863,7 +861,8 @@ class TorchProfiler(Marks):
             if self._cur is None:
                 self._cur = self._begin()
                 self._flush_side(self._cur.wall0)
-            self.flops.stop(self._cur)
+            if self._cur.counter is not None:
+                self.flops.stop(self._cur)
             self._cur.optim_open = self._mark()
             self.comm.sweep()
         except Exception:
