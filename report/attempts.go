@@ -33,8 +33,8 @@ type AttemptRow struct {
 	Change        string  `json:"change,omitempty"`
 	CapacityLostS float64 `json:"capacity_lost_s,omitempty"`
 	// Time accounts for the attempt's wall time from its first step's
-	// start to its last step's end: every step's step time (warm-up and
-	// incomplete steps included) and the named gaps between steps
+	// start to its last step's end: the wall time under its steps (warm-up
+	// and incomplete steps included) and the named gaps between steps
 	// (evaluation, checkpoint, steps missing from the traces). What is
 	// left is unaccounted: a step is the loop's period, so it stays under
 	// 1% (report.Invariants).
@@ -44,8 +44,15 @@ type AttemptRow struct {
 // AttemptTime is where an attempt's wall time between its first step's
 // start and its last step's end went, s.
 type AttemptTime struct {
-	SpanS        float64 `json:"span_s"`
-	StepsS       float64 `json:"steps_s"`
+	SpanS float64 `json:"span_s"`
+	// StepsS is the wall time under the steps: Σ step time less OverlapS.
+	StepsS float64 `json:"steps_s"`
+	// OverlapS is step time that ran beside the step before: a step's
+	// time is its slowest rank's, and a rank that ended a step first
+	// starts its next one while a slower rank is still in the last (it
+	// waits in its first collective), so the next step's slowest duration
+	// begins before the last one's end. Counted once, in the step before.
+	OverlapS     float64 `json:"overlap_s"`
 	GapsS        float64 `json:"gaps_s"` // named: evaluation, checkpoint, unmonitored steps
 	UnaccountedS float64 `json:"unaccounted_s"`
 }
@@ -75,7 +82,8 @@ type attemptsAcc struct {
 	named        [][2]int64 // evaluation and checkpoint events: the gaps between steps with a name
 	first, last  int64      // the attempt's first step start, the end so far
 	prevStep     int64
-	stepsNs      int64
+	stepsNs      int64 // wall time under steps
+	overlapNs    int64 // step time beside the step before
 	gapsNs       int64
 }
 
@@ -133,7 +141,7 @@ func (a *attemptsAcc) flush() {
 		r.ExitCode = &c
 	}
 	span := a.last - a.first
-	r.Time = AttemptTime{SpanS: sec(span), StepsS: sec(a.stepsNs), GapsS: sec(a.gapsNs),
+	r.Time = AttemptTime{SpanS: sec(span), StepsS: sec(a.stepsNs), OverlapS: sec(a.overlapNs), GapsS: sec(a.gapsNs),
 		UnaccountedS: sec(span - a.stepsNs - a.gapsNs)}
 }
 
@@ -146,7 +154,7 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 		a.tok, a.ns, a.mfu, a.mfuNs, a.nMFU, a.from, a.to = 0, 0, 0, 0, 0, c.StartUnixNs, c.EndUnixNs
 		// the span begins where the first step's step time does (its
 		// slowest rank's duration back from its end)
-		a.first, a.last, a.stepsNs, a.gapsNs, a.prevStep = c.EndUnixNs-max(c.StepTimeNs, 0), c.EndUnixNs-max(c.StepTimeNs, 0), 0, 0, c.Step-1
+		a.first, a.last, a.stepsNs, a.overlapNs, a.gapsNs, a.prevStep = c.EndUnixNs-max(c.StepTimeNs, 0), c.EndUnixNs-max(c.StepTimeNs, 0), 0, 0, 0, c.Step-1
 	}
 	r := &a.out[len(a.out)-1]
 	a.account(c)
@@ -165,20 +173,24 @@ func (a *attemptsAcc) add(c *tps.ClusterStep, warm bool) {
 	}
 }
 
-// account adds a step to its attempt's time: its step time, and the gap
-// before it where it began after the last one ended (named where an
-// evaluation or checkpoint event covers it, or where steps are missing
-// from the traces).
+// account adds a step to its attempt's time: its step time past the last
+// step's end (the rest ran beside it: OverlapS), and the gap before it
+// where it began after the last one ended (named where an evaluation or
+// checkpoint event covers it, or where steps are missing from the
+// traces).
 func (a *attemptsAcc) account(c *tps.ClusterStep) {
 	st := max(c.StepTimeNs, 0)
-	if begin := c.EndUnixNs - st; begin > a.last {
+	begin := c.EndUnixNs - st
+	if begin > a.last {
 		if c.Step-a.prevStep > 1 {
 			a.gapsNs += begin - a.last // unmonitored: trained, not seen
 		} else {
 			a.gapsNs += overlap(a.named, a.last, begin)
 		}
 	}
-	a.stepsNs += st
+	beside := min(max(a.last-begin, 0), st)
+	a.stepsNs += st - beside
+	a.overlapNs += beside
 	a.last = max(a.last, c.EndUnixNs)
 	a.prevStep = c.Step
 }
