@@ -88,12 +88,12 @@ def compare(args, dim, layers, vocab, seq, batch, blocks, per_block):
     prof.close()
     mb, mi, d = statistics.median(tb), statistics.median(ti), statistics.median(diffs)
     sender = prof._sender.cpu_ns / max(prof.steps, 1)
-    own = prof.own_ns / max(prof.steps, 1)  # what the profiler's own clocks say (the records' capture_ns)
+    own = prof.cost.total_ns / max(prof.steps, 1)  # what the profiler's own clocks say (the records' capture_ns)
     return {"bare_ms": mb / 1e6, "instrumented_ms": mi / 1e6, "overhead_pct": 100 * d / mb,
             "overhead_us": d / 1e3, "sender_us": sender / 1e3, "cost_us": (d + sender) / 1e3,
             "self_us": own / 1e3,
             # (TPSPROF_OWN_DETAIL=1) the training thread's cost by hook, µs a step
-            "own_by_us": {k: round(v / max(prof.steps, 1) / 1e3, 2) for k, v in sorted(prof.own_by.items())},
+            "own_by_us": {k: round(v / max(prof.steps, 1) / 1e3, 2) for k, v in sorted(prof.cost.by.items())},
             "mark_calls": prof.mark_calls, "pairs": len(diffs), "steps_each": len(tb), "sent": prof.sent,
             "dropped": prof.dropped, "errors": prof.errors}
 

@@ -12,7 +12,10 @@ import tpsprof.torch as tt
 
 _CALLERS = ("_patches.py", "_c10d.py", "hf.py", "lightning.py", "_auto.py", "_rollout.py", "_trackers.py", "_sender.py")
 _COMPONENTS = ("_comm.py", "_flops.py", "_capture.py", "_batches.py", "_records.py", "_memory.py", "_topology.py",
-               "_hooks.py")
+               "_hooks.py", "_clock.py", "_cost.py")
+# PyTorch's own private state, written on purpose: a tensor's hook dict
+# (_hooks.grad_hook: register_hook at half its cost)
+_TORCH_PRIVATE = {"_backward_hooks"}
 _REACH = re.compile(r"\b(?:prof|p|profiler|_active\.profiler|self\._prof|self\.prof)\.(_[A-Za-z0-9_]+)")
 
 
@@ -60,7 +63,7 @@ class MarksTest(unittest.TestCase):
                 for target in targets:
                     for x in ast.walk(target):
                         if (isinstance(x, ast.Attribute) and x.attr.startswith("_") and not x.attr.startswith("__")
-                                and not x.attr.startswith("_tpsprof")
+                                and not x.attr.startswith("_tpsprof") and x.attr not in _TORCH_PRIVATE
                                 and not (isinstance(x.value, ast.Name) and (x.value.id in ("self", "cls") or x.value.id in own))):
                             bad.append("%s:%d %s" % (name, node.lineno, ast.unparse(target)))
         self.assertEqual(bad, [], "private state written across modules")
@@ -68,7 +71,8 @@ class MarksTest(unittest.TestCase):
     def test_profiler_implements_every_mark(self):
         for name, fn in vars(_marks.Marks).items():
             if callable(fn) and name.startswith("_") and not name.startswith("__"):
-                self.assertIn(name, vars(tt.TorchProfiler), "TorchProfiler does not implement %s" % name)
+                # (its own or its Loop's: tpsprof/_loop.py)
+                self.assertIsNot(getattr(tt.TorchProfiler, name), fn, "TorchProfiler does not implement %s" % name)
 
 
 if __name__ == "__main__":

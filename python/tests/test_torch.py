@@ -18,7 +18,7 @@ import torch.distributed
 from torch.distributed import all_reduce as early_all_reduce
 
 import tpsprof.torch as tt
-from tpsprof import _flops
+from tpsprof import _clock, _flops
 
 
 class Sink:
@@ -219,10 +219,10 @@ class CudaEventPathTest(unittest.TestCase):
             def __init__(self, stream_id, device_index, device_type):
                 self.key = (stream_id, device_index, device_type)
                 streams.append(self)
-        saved = (tt._CURRENT_STREAM, tt._CURRENT_DEVICE, tt._EVENT_RECORD, torch.cuda.Stream)
-        tt._CURRENT_STREAM = lambda idx: current[0]
-        tt._CURRENT_DEVICE = lambda: 0
-        tt._EVENT_RECORD = lambda ev, stream: recorded.append(stream.key)
+        saved = (_clock._CURRENT_STREAM, _clock._CURRENT_DEVICE, _clock._EVENT_RECORD, torch.cuda.Stream)
+        _clock._CURRENT_STREAM = lambda idx: current[0]
+        _clock._CURRENT_DEVICE = lambda: 0
+        _clock._EVENT_RECORD = lambda ev, stream: recorded.append(stream.key)
         torch.cuda.Stream = FakeStream
         try:
             prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,
@@ -237,7 +237,7 @@ class CudaEventPathTest(unittest.TestCase):
 
             def broken(idx):
                 raise RuntimeError("not this torch's signature")
-            tt._CURRENT_STREAM = broken
+            _clock._CURRENT_STREAM = broken
             ev = prof._mark()  # the public calls (the fake current_stream of setUp)
             self.assertIsInstance(ev, FakeEvent)
             self.assertIsNotNone(ev.t)
@@ -246,7 +246,7 @@ class CudaEventPathTest(unittest.TestCase):
             self.assertEqual(len(recorded), 4)
             prof.close()
         finally:
-            tt._CURRENT_STREAM, tt._CURRENT_DEVICE, tt._EVENT_RECORD, torch.cuda.Stream = saved
+            _clock._CURRENT_STREAM, _clock._CURRENT_DEVICE, _clock._EVENT_RECORD, torch.cuda.Stream = saved
 
     def test_steps_are_sent_when_their_events_are_done(self):
         prof = tt.TorchProfiler(device="cuda", job="fake", rank=0, world_size=1, attempt=0,

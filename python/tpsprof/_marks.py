@@ -3,7 +3,8 @@
 The patches (``_patches``, ``_c10d``), the framework callbacks (``hf``,
 ``lightning``), zero-code mode (``_auto``) and the sender thread
 (``_sender``) reach the active profiler only through the marks and the
-state named here; ``tpsprof.torch.TorchProfiler`` implements ``Marks``.
+state named here; ``tpsprof.torch.TorchProfiler`` implements ``Marks``
+(the loop's marks in its base, ``tpsprof._loop.Loop``).
 ``tests/test_marks.py`` reads those modules and fails on a reach that is
 not named here, so the seam cannot grow unseen.
 
