@@ -9,6 +9,8 @@ import "github.com/tpsprof/tpsprof/tps"
 // out within two windows). O(1) per job whatever the world size.
 type ownLive struct {
 	captureNs, cpuNs, durNs float64 // ewmaAlpha moving averages; 0: none yet
+	commNs, commCPUNs       float64 // the same of the communication component's parts
+	split                   bool    // a record split its cost by component
 	profNs                  float64 // the same of profiled steps' capture_ns (apart: 0 none yet)
 	window                  int64
 	cur, prev               memSeen
@@ -41,13 +43,18 @@ func (o *ownLive) observe(r *tps.StepRecord, profiled bool) {
 		}
 	case profiled:
 	case r.CaptureNs > 0 || r.CaptureCPUNs > 0:
+		comm, commCPU := float64(min(r.CaptureCommNs, r.CaptureNs)), float64(min(r.CaptureCommCPUNs, r.CaptureCPUNs))
 		if o.durNs == 0 {
 			o.captureNs, o.cpuNs, o.durNs = float64(r.CaptureNs), float64(r.CaptureCPUNs), float64(r.DurationNs)
+			o.commNs, o.commCPUNs = comm, commCPU
 		} else {
 			o.captureNs += ewmaAlpha * (float64(r.CaptureNs) - o.captureNs)
 			o.cpuNs += ewmaAlpha * (float64(r.CaptureCPUNs) - o.cpuNs)
 			o.durNs += ewmaAlpha * (float64(r.DurationNs) - o.durNs)
+			o.commNs += ewmaAlpha * (comm - o.commNs)
+			o.commCPUNs += ewmaAlpha * (commCPU - o.commCPUNs)
 		}
+		o.split = o.split || comm > 0 || commCPU > 0
 	}
 	if r.MemPeakReservedBytes <= 0 && r.MemPeakAllocatedBytes <= 0 {
 		return
@@ -80,6 +87,11 @@ type LiveCost struct {
 	// ProfiledPerStepUs is the same of the steps a profiler traced or the
 	// FLOP counter counted, apart (absent: none seen).
 	ProfiledPerStepUs *float64 `json:"profiled_per_step_us,omitempty"`
+	// CommPerStepUs and CommCPUPerStepUs are the communication component's
+	// parts of the two (its marks around each collective, its poller
+	// thread), where the records split them.
+	CommPerStepUs    *float64 `json:"comm_per_step_us,omitempty"`
+	CommCPUPerStepUs *float64 `json:"comm_cpu_per_step_us,omitempty"`
 }
 
 // LiveMemory is the fullest rank's device memory over the last steps.
@@ -97,6 +109,10 @@ func (o *ownLive) live() (*LiveCost, *LiveMemory) {
 		c = &LiveCost{PerStepUs: o.captureNs / 1e3, CPUPerStepUs: o.cpuNs / 1e3}
 		if f := o.captureNs / o.durNs; f <= 1 {
 			c.StepFraction = &f
+		}
+		if o.split {
+			comm, cpu := o.commNs/1e3, o.commCPUNs/1e3
+			c.CommPerStepUs, c.CommCPUPerStepUs = &comm, &cpu
 		}
 	}
 	if o.profNs > 0 {

@@ -26,7 +26,7 @@ func TestLiveCostAndMemory(t *testing.T) {
 		for r := range int64(2) {
 			rec := tps.StepRecord{Job: "mem", Step: s, Rank: r, WorldSize: 2, Node: "vm", Tokens: 1000,
 				StartUnixNs: at, EndUnixNs: at + 100*ms, DurationNs: 100 * ms,
-				CaptureNs: 200_000, CaptureCPUNs: 500_000,
+				CaptureNs: 200_000, CaptureCPUNs: 500_000, CaptureCommNs: 150_000, CaptureCommCPUNs: 300_000,
 				MemPeakAllocatedBytes: 20 << 30, MemPeakReservedBytes: (24 + r) << 30, MemCapacityBytes: 80 << 30}
 			if r == 0 && s == 5 {
 				rec.MemPeakReservedBytes = 79 << 30 // long gone by the end: windows 0 and 1 are past
@@ -71,6 +71,9 @@ func TestLiveCostAndMemory(t *testing.T) {
 	if cc == nil || math.Abs(cc.PerStepUs-200) > 1e-6 || cc.StepFraction == nil || math.Abs(*cc.StepFraction-0.002) > 1e-9 || math.Abs(cc.CPUPerStepUs-500) > 1e-6 {
 		t.Errorf("capture cost %+v, want 200 µs a step, 0.2%%, CPU 500 µs", cc)
 	}
+	if cc == nil || cc.CommPerStepUs == nil || math.Abs(*cc.CommPerStepUs-150) > 1e-6 || math.Abs(*cc.CommCPUPerStepUs-300) > 1e-6 {
+		t.Errorf("capture cost %+v, want the communication component's 150 µs and 300 µs CPU of it", cc)
+	}
 	if cc == nil || cc.ProfiledPerStepUs == nil || math.Abs(*cc.ProfiledPerStepUs-6500) > 1e-6 {
 		t.Errorf("capture cost %+v: want the traced steps' 6,500 µs apart", cc)
 	}
@@ -83,7 +86,7 @@ func TestLiveCostAndMemory(t *testing.T) {
 	srv := httptest.NewServer(c.Handler())
 	dom := dumpDOM(t, srv.URL+"/")
 	srv.Close()
-	for _, want := range []string{`<b class="v-memory">60.0 GiB / 80.0 GiB</b>`, "peak reserved, rank 0, headroom 25%", `<b class="v-capture">200 µs</b>`} {
+	for _, want := range []string{`<b class="v-memory">60.0 GiB / 80.0 GiB</b>`, "peak reserved, rank 0, headroom 25%", `<b class="v-capture">200 µs</b>`, "of them communication 150 + 300 µs CPU"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the live page lacks %q", want)
 		}

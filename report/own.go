@@ -23,11 +23,25 @@ type CaptureCost struct {
 	// poller), a mean over the rows: off the training thread, on the
 	// host's cores.
 	CPUPerStepNs float64 `json:"cpu_per_step_ns"`
+	// ByComponent is the same figures by the package's component, where
+	// the rows said (capture_comm_ns, capture_comm_cpu_ns; absent in
+	// older producers' rows): the communication component (its marks
+	// around each collective, its poller thread) and the rest (the step's
+	// hooks on the training thread, the sender thread).
+	ByComponent []ComponentCost `json:"by_component,omitempty"`
 	// Profiled is the cost of the steps a profiler traced or PyTorch's
 	// FLOP counter counted (tpsprof trace, trace_every, the counter's
 	// samples: their start, stop and the trace's writing), apart from the
 	// always-on figure above, which is over the other steady rows.
 	Profiled *ProfiledCost `json:"profiled,omitempty"`
+}
+
+// ComponentCost is one component's part of the capture cost, means over
+// the rows that split it.
+type ComponentCost struct {
+	Component    string  `json:"component"`
+	PerStepNs    float64 `json:"per_step_ns"`
+	CPUPerStepNs float64 `json:"cpu_per_step_ns"`
 }
 
 // ProfiledCost is what the profiled steps cost the training thread by the
@@ -61,13 +75,17 @@ type Memory struct {
 // rank pass reads rows (or rank_windows' spans).
 type ownAcc struct {
 	rows, captureNs, cpuNs, durNs int64
-	profRows, profNs              int64
-	mem                           map[int64]*RankMemory
+	// of the rows that split the cost by component: how many, their
+	// totals, the communication component's parts
+	splitRows, splitNs, splitCPUNs, commNs, commCPUNs int64
+	profRows, profNs                                  int64
+	mem                                               map[int64]*RankMemory
 }
 
 // addCost takes n steady rows' sums (n = 1 for a rank row); rows without
-// a capture figure add nothing.
-func (a *ownAcc) addCost(n, captureNs, cpuNs, durNs int64) {
+// a capture figure add nothing. commNs and commCPUNs are the
+// communication component's parts (0, 0: not split, an older producer).
+func (a *ownAcc) addCost(n, captureNs, cpuNs, commNs, commCPUNs, durNs int64) {
 	if captureNs <= 0 && cpuNs <= 0 {
 		return
 	}
@@ -75,6 +93,13 @@ func (a *ownAcc) addCost(n, captureNs, cpuNs, durNs int64) {
 	a.captureNs += captureNs
 	a.cpuNs += cpuNs
 	a.durNs += durNs
+	if commNs > 0 || commCPUNs > 0 {
+		a.splitRows += n
+		a.splitNs += captureNs
+		a.splitCPUNs += cpuNs
+		a.commNs += min(commNs, captureNs)
+		a.commCPUNs += min(commCPUNs, cpuNs)
+	}
 }
 
 // addProfiled takes a profiled steady row's capture figure.
@@ -112,6 +137,13 @@ func (a *ownAcc) result(nodes map[int64]string, top int) (*CaptureCost, *Memory)
 		cost = &CaptureCost{Rows: a.rows, PerStepNs: float64(a.captureNs) / n, CPUPerStepNs: float64(a.cpuNs) / n}
 		if f := float64(a.captureNs) / float64(a.durNs); f <= 1 {
 			cost.StepFraction = &f
+		}
+		if a.splitRows > 0 {
+			s := float64(a.splitRows)
+			cost.ByComponent = []ComponentCost{
+				{Component: "communication", PerStepNs: float64(a.commNs) / s, CPUPerStepNs: float64(a.commCPUNs) / s},
+				{Component: "steps and sender", PerStepNs: float64(a.splitNs-a.commNs) / s, CPUPerStepNs: float64(a.splitCPUNs-a.commCPUNs) / s},
+			}
 		}
 	}
 	if a.profRows > 0 {

@@ -37,14 +37,18 @@ func TestCaptureCostAndMemory(t *testing.T) {
 	if err != nil || len(rows) != 4*300 {
 		t.Fatalf("%v: %d rank rows", err, len(rows))
 	}
-	var capSum, cpuSum, durSum float64
+	var capSum, cpuSum, durSum, commSum, commCPUSum float64
 	windows := map[[2]int64]*tps.RankWindow{}
 	for i := range rows {
 		r := &rows[i]
 		r.CaptureNs = 20_000 + 1_000*r.Rank + r.Step%7*100
 		r.CaptureCPUNs = 50_000 + r.Step%3*1000
+		// the communication component's parts: a third and a half
+		r.CaptureCommNs, r.CaptureCommCPUNs = r.CaptureNs/3, r.CaptureCPUNs/2
 		capSum += float64(r.CaptureNs)
 		cpuSum += float64(r.CaptureCPUNs)
+		commSum += float64(r.CaptureCommNs)
+		commCPUSum += float64(r.CaptureCommCPUNs)
 		durSum += float64(r.DurationNs)
 		r.MemCapacityBytes = 80 << 30
 		r.MemPeakAllocatedBytes = (30 + r.Rank) << 30
@@ -97,6 +101,10 @@ func TestCaptureCostAndMemory(t *testing.T) {
 		if c.Rows != int64(n) || !near(c.PerStepNs, capSum/n) || !near(c.CPUPerStepNs, cpuSum/n) || c.StepFraction == nil || !near(*c.StepFraction, capSum/durSum) {
 			t.Errorf("%s: cost %+v; want %v rows, %.1f ns a step, CPU %.1f ns, fraction %.6f", src, *c, n, capSum/n, cpuSum/n, capSum/durSum)
 		}
+		if b := c.ByComponent; len(b) != 2 || b[0].Component != "communication" || !near(b[0].PerStepNs, commSum/n) || !near(b[0].CPUPerStepNs, commCPUSum/n) ||
+			!near(b[1].PerStepNs, (capSum-commSum)/n) || !near(b[1].CPUPerStepNs, (cpuSum-commCPUSum)/n) {
+			t.Errorf("%s: by component %+v; want communication %.1f + %.1f ns CPU, the rest %.1f + %.1f", src, b, commSum/n, commCPUSum/n, (capSum-commSum)/n, (cpuSum-commCPUSum)/n)
+		}
 		m := rep.Memory
 		if m == nil || m.Ranks != 4 || len(m.Fullest) == 0 {
 			t.Fatalf("%s: memory %+v", src, m)
@@ -113,7 +121,7 @@ func TestCaptureCostAndMemory(t *testing.T) {
 		for _, l := range rep.Lines() {
 			text += l.Key + "  " + l.Value + "\n"
 		}
-		for _, want := range []string{"capture cost", "device memory", "72.0 GiB reserved, 32.0 GiB allocated on rank 2 of 80.0 GiB: headroom 10.0%"} {
+		for _, want := range []string{"capture cost", "cost by component", "communication ", "device memory", "72.0 GiB reserved, 32.0 GiB allocated on rank 2 of 80.0 GiB: headroom 10.0%"} {
 			if !strings.Contains(text, want) {
 				t.Errorf("%s: the text report lacks %q:\n%s", src, want, text)
 			}

@@ -74,6 +74,8 @@ var (
 	rcOptim      = rankCols.Col("optim_ns")
 	rcCapture    = rankCols.Col("?capture_ns")
 	rcCaptureCPU = rankCols.Col("?capture_cpu_ns")
+	rcCommCost   = rankCols.Col("?capture_comm_ns")
+	rcCommCPU    = rankCols.Col("?capture_comm_cpu_ns")
 	rcMemAlloc   = rankCols.Col("?mem_peak_allocated_bytes")
 	rcMemResv    = rankCols.Col("?mem_peak_reserved_bytes")
 	rcMemCap     = rankCols.Col("?mem_capacity_bytes")
@@ -168,12 +170,12 @@ func newStepRows(a *analysis, k *rankSink) *stepRows {
 // rowCols are a row group's columns the step pass reads, taken out of
 // the Columns once a group (a lookup per value was a fifth of the pass).
 type rowCols struct {
-	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded []int64
-	capture, captureCPU, memAlloc, memResv, memCap             []int64
-	blocking                                                   [8][]int64
-	nBlocking                                                  int
-	node                                                       []string
-	blocked, ownBlocked                                        []int64 // stepRows.sums
+	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded        []int64
+	capture, captureCPU, commCost, commCPU, memAlloc, memResv, memCap []int64
+	blocking                                                          [8][]int64
+	nBlocking                                                         int
+	node                                                              []string
+	blocked, ownBlocked                                               []int64 // stepRows.sums
 	// the group holds no memory peaks, or no capture figures (their
 	// columns constant at 0: CPU jobs, older producers): rows skip them
 	noMem, noCost bool
@@ -182,7 +184,7 @@ type rowCols struct {
 func (rc *rowCols) take(c *trace.Columns) {
 	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), pp: c.Col(rcPP), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
 		optim: c.Col(rcOptim), tokens: c.Col(rcTokens), padded: c.Col(rcPadded), capture: c.Col(rcCapture),
-		captureCPU: c.Col(rcCaptureCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
+		captureCPU: c.Col(rcCaptureCPU), commCost: c.Col(rcCommCost), commCPU: c.Col(rcCommCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
 		nBlocking: len(rcBlocking), node: c.Strings}
 	for j, col := range rcBlocking {
 		rc.blocking[j] = c.Col(col)
@@ -278,7 +280,7 @@ func (p *stepRows) row(rc *rowCols, i, si, hc int) {
 			p.rep.own.addProfiled(rc.capture[i])
 		} else {
 			// (a step a save ran into costs us as any other)
-			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], dur)
+			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], rc.commCost[i], rc.commCPU[i], dur)
 		}
 	}
 	if f&flagSkip == 0 {
@@ -430,7 +432,7 @@ func (p *windowRows) row(c *trace.Columns, i int) error {
 	}
 	compute, data := c.Col(wcCompute)[i], c.Col(wcData)[i]
 	k.heat.add(p.si, r, float64(compute)/n)
-	rep.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcDuration)[i])
+	rep.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcCommCost)[i], c.Col(wcCommCPU)[i], c.Col(wcDuration)[i])
 	rep.own.addMem(r, c.Col(wcMemAlloc)[i], c.Col(wcMemResv)[i], c.Col(wcMemCap)[i])
 	work := c.Col(wcFwd)[i] + c.Col(wcBwd)[i] + c.Col(wcOptim)[i]
 	own := compute // (its own time: StepRecord.OwnNs)
@@ -484,6 +486,8 @@ var (
 	wcTokPadded  = windowCols.Col("tokens_padded")
 	wcCapture    = windowCols.Col("?capture_ns.sum")
 	wcCaptureCPU = windowCols.Col("?capture_cpu_ns.sum")
+	wcCommCost   = windowCols.Col("?capture_comm_ns.sum")
+	wcCommCPU    = windowCols.Col("?capture_comm_cpu_ns.sum")
 	wcDuration   = windowCols.Col("duration_ns.sum")
 	wcMemAlloc   = windowCols.Col("?mem_peak_allocated_bytes.max")
 	wcMemResv    = windowCols.Col("?mem_peak_reserved_bytes.max")

@@ -277,6 +277,13 @@ func (l *lines) own(r *Report) {
 		}
 		l.row("capture cost", "%s a step on the training thread (%s), its threads' CPU %s a step (%d rank rows; the ranks' own clocks; profiled steps apart)",
 			secs(c.PerStepNs/1e9), share, secs(c.CPUPerStepNs/1e9), c.Rows)
+		if len(c.ByComponent) > 0 {
+			parts := make([]string, len(c.ByComponent))
+			for i, p := range c.ByComponent {
+				parts[i] = fmt.Sprintf("%s %s + %s CPU", p.Component, secs(p.PerStepNs/1e9), secs(p.CPUPerStepNs/1e9))
+			}
+			l.row("cost by component", "%s a step (training thread + own threads)", strings.Join(parts, "; "))
+		}
 	}
 	if c := r.CaptureCost; c != nil && c.Profiled != nil {
 		l.row("profiling cost", "%s a profiled step on the training thread (%d rank rows traced or FLOP-counted, out of the figures; the profiler's stop between steps is badput profiling)",

@@ -127,6 +127,7 @@ const (
 	WireMem
 	WireHost
 	WireHostWork
+	WireCostParts
 	// NumWireGroups is one past the last group.
 	NumWireGroups
 )
@@ -197,6 +198,10 @@ var measures = [...]Measure{
 	{Name: "host_ns", Field: "HostNs", Unit: "ns", Kind: KindBlocking, Own: true, Wire: WireHostWork, Windowed: true, Over: OverSum, Combine: "`host_fraction_mean`: host/other's split \"host work before the forward\" (at most its share)",
 		Doc:   "optional: of a step that runs from the previous step's end with no timed fetch (a loop with no DataLoader), the training thread's CPU time before its first forward (host work: Python between the optimizer step and the next forward, batch preparation on the training thread), taken out of the data wait, which keeps the time the thread did not run (waiting for I/O, a sleep, another process). The Python package measures it on CPU (host marks) by the thread's CPU clock; not part of compute, but of the rank's own time (with compute and the data wait: what the others wait for)",
 		Split: "host_other", Label: "host work before the forward", Column: "HostFractionMean"},
+	{Name: "capture_comm_ns", Field: "CaptureCommNs", Unit: "ns", Kind: KindPhase, Windowed: true, Wire: WireCostParts, Combine: "rank rows (the report's capture cost by component)",
+		Doc: "optional: of capture_ns, the communication component's part (the marks around each collective: on the training thread, per collective)"},
+	{Name: "capture_comm_cpu_ns", Field: "CaptureCommCPUNs", Unit: "ns", Kind: KindPhase, Windowed: true, Wire: WireCostParts, Combine: "rank rows (the report's capture cost by component)",
+		Doc: "optional: of capture_cpu_ns, the communication component's thread (the poller that notes when collectives complete on CPU); the rest is the sender's"},
 }
 
 // NumMeasures is how many measures a record has.

@@ -28,7 +28,7 @@ func TestMeasuresDocumented(t *testing.T) {
 		m := &measures[i]
 		*m.Of(&r) = int64(i + 1)
 	}
-	if r.StartUnixNs != 1 || r.HostNs != int64(len(measures)) || r.GCNs != int64(len(measures)-1) || r.CkptNs == 0 || r.Bytes == 0 {
+	if r.StartUnixNs != 1 || r.CaptureCommCPUNs != int64(len(measures)) || r.HostNs != int64(len(measures)-2) || r.GCNs != int64(len(measures)-3) || r.CkptNs == 0 || r.Bytes == 0 {
 		t.Fatalf("measures bound to the wrong fields: %+v", r)
 	}
 

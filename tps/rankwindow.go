@@ -47,12 +47,14 @@ type RankWindow struct {
 	Optim       Span `json:"optim_ns" parquet:"optim_ns"`
 	// what measuring cost, and the device memory (the report's capture
 	// cost and memory per rank; zero spans where the rows had none)
-	Capture      Span `json:"capture_ns" parquet:"capture_ns"`
-	CaptureCPU   Span `json:"capture_cpu_ns" parquet:"capture_cpu_ns"`
-	MemAllocated Span `json:"mem_peak_allocated_bytes" parquet:"mem_peak_allocated_bytes"`
-	MemReserved  Span `json:"mem_peak_reserved_bytes" parquet:"mem_peak_reserved_bytes"`
-	MemCapacity  Span `json:"mem_capacity_bytes" parquet:"mem_capacity_bytes"`
-	Host         Span `json:"host_ns" parquet:"host_ns"`
+	Capture        Span `json:"capture_ns" parquet:"capture_ns"`
+	CaptureCPU     Span `json:"capture_cpu_ns" parquet:"capture_cpu_ns"`
+	MemAllocated   Span `json:"mem_peak_allocated_bytes" parquet:"mem_peak_allocated_bytes"`
+	MemReserved    Span `json:"mem_peak_reserved_bytes" parquet:"mem_peak_reserved_bytes"`
+	MemCapacity    Span `json:"mem_capacity_bytes" parquet:"mem_capacity_bytes"`
+	Host           Span `json:"host_ns" parquet:"host_ns"`
+	CaptureComm    Span `json:"capture_comm_ns" parquet:"capture_comm_ns"`
+	CaptureCommCPU Span `json:"capture_comm_cpu_ns" parquet:"capture_comm_cpu_ns"`
 
 	Tokens       int64 `json:"tokens" parquet:"tokens"`
 	PaddedTokens int64 `json:"padded_tokens" parquet:"padded_tokens"`

@@ -89,6 +89,12 @@ type StepRecord struct {
 	// measuring cost the process. Zero: not measured.
 	CaptureNs    int64 `json:"capture_ns,omitempty" parquet:"capture_ns,delta"`
 	CaptureCPUNs int64 `json:"capture_cpu_ns,omitempty" parquet:"capture_cpu_ns,delta"`
+	// CaptureCommNs and CaptureCommCPUNs are the communication component's
+	// parts of them: its marks around each collective on the training
+	// thread, and its poller thread's CPU (the rest is the step's hooks
+	// and the sender's).
+	CaptureCommNs    int64 `json:"capture_comm_ns,omitempty" parquet:"capture_comm_ns,delta"`
+	CaptureCommCPUNs int64 `json:"capture_comm_cpu_ns,omitempty" parquet:"capture_comm_cpu_ns,delta"`
 
 	// The accelerator memory of the step (PyTorch's CUDA caching
 	// allocator): the peaks of allocated and reserved bytes since the

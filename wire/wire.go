@@ -209,6 +209,9 @@ const (
 	// hasHostWork: the training thread's CPU time before the step's first
 	// forward follows (a varint: host_ns).
 	hasHostWork
+	// hasCostParts: the capture cost's communication parts follow (two
+	// varints: capture_comm_ns, capture_comm_cpu_ns).
+	hasCostParts
 )
 
 // AppendSteps appends a step batch holding recs to dst.
@@ -284,7 +287,7 @@ var (
 )
 
 func init() {
-	if lastBit != hasHostWork {
+	if lastBit != hasCostParts {
 		panic("wire: tps.Measures has a wire group with no presence bit")
 	}
 	for g := tps.WireTrace; g < tps.NumWireGroups; g++ {

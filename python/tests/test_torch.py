@@ -979,6 +979,10 @@ class EarlyImportedCollectiveTest(unittest.TestCase):
                 threading.Event().wait(0.01)
             self.assertGreaterEqual(len(recs), 3, sink.lines)
             self.assertTrue(all(r.get("comm_ns", 0) > 0 for r in recs[1:]), [r.get("comm_ns") for r in recs])
+            # the cost by component: the communication marks' part of the
+            # training thread's time, within it
+            self.assertTrue(all(0 < r.get("capture_comm_ns", 0) <= r["capture_ns"] for r in recs[1:]),
+                            [(r.get("capture_comm_ns"), r.get("capture_ns")) for r in recs])
         finally:
             torch.distributed.destroy_process_group()
 

@@ -31,15 +31,17 @@ class Cost:
 
     def __init__(self):
         self.pending_ns = 0  # since the last step finished
+        self.comm_pending_ns = 0  # of it, the communication component's marks
         self.fin_ns = 0  # of the hook that finished the last step, its time after that step's end
         self.total_ns = 0  # the steps' capture_ns, summed (what the profiler says it cost the training thread)
         self.by = {}  # (DETAIL) ns by hook
         self.in_hook = _InHook()
 
     def step_finished(self):
-        """(The hook that finishes a step.) The step's cost: what the hooks
-        cost up to now, finishing it included; the hook we are in goes on
-        counting for the next step."""
+        """(The hook that finishes a step.) The step's cost, and of it the
+        communication component's: what the hooks cost up to now,
+        finishing it included; the hook we are in goes on counting for the
+        next step."""
         g = self.in_hook
         self.fin_ns = 0
         if g.t0:
@@ -50,8 +52,9 @@ class Cost:
             self.pending_ns += t - g.t0
             g.t0 = t
         own, self.pending_ns = self.pending_ns, 0
+        comm, self.comm_pending_ns = self.comm_pending_ns, 0
         self.total_ns += own
-        return own
+        return own, comm
 
     def since_step(self):
         """Our hooks' time since the last step ended (the one finishing it,
@@ -72,11 +75,14 @@ class Cost:
         return timed
 
 
-def owned(fn, component=False):
+def owned(fn, component=False, clock=time.perf_counter_ns):
     """fn, a hook method, with its time counted in its profiler's ``cost``;
-    a hook called inside another counts once. component: fn is a method of
-    one of the profiler's components (its ``prof``)."""
-    now = time.perf_counter_ns
+    a hook called inside another counts once (in the outer one's
+    component). component: fn is a method of one of the profiler's
+    components (its ``prof``); only the communication component's are
+    wrapped so, and counted apart too (``comm_pending_ns``). clock: the
+    host's (a test's own)."""
+    now = clock
     detail = DETAIL
     key = fn.__name__
     if component:
@@ -93,6 +99,8 @@ def owned(fn, component=False):
         finally:
             t = now() - g.t0
             c.pending_ns += t
+            if component:
+                c.comm_pending_ns += t
             if detail:
                 c.by[key] = c.by.get(key, 0) + t
             g.t0 = 0

@@ -280,7 +280,7 @@ class Loop(Marks):
             self.capture.end()
             self._side_event("trace_stop", t0, time.time_ns())
         self.step_number += 1
-        st.own = self.cost.step_finished()
+        st.own, st.own_comm = self.cost.step_finished()
         self._sender.put(st)  # the sender sends it once its times are known
         for fn in self._step_end_hooks:
             try:

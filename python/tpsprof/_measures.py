@@ -43,6 +43,8 @@ MEASURES = MappingProxyType({
     "mem_capacity_bytes": ("own", 1125899906842624),
     "gc_ns": ("phase", None),
     "host_ns": ("blocking", None),
+    "capture_comm_ns": ("phase", None),
+    "capture_comm_cpu_ns": ("phase", None),
 })
 
 SPLITS = MappingProxyType({

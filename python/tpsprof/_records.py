@@ -29,6 +29,7 @@ class Records:
         self.prof = prof
         self._loss_stream = None  # where losses on a GPU are copied to the host
         self._cpu_sent = 0  # our threads' CPU time sent so far
+        self._comm_cpu_sent = 0  # of it, the poller's
 
     def ready(self, st):
         """Whether a finished step's times are known."""
@@ -55,16 +56,18 @@ class Records:
         self.prof.recycle(ev for ev in marks if isinstance(ev, torch.cuda.Event))
 
     def own_cpu(self):
-        """CPU time of our threads since the last record: the sender's own
-        and the poller's (read through its thread's CPU clock where the
-        platform has one)."""
+        """CPU time of our threads since the last record, and of it the
+        communication component's poller (read through its thread's CPU
+        clock where the platform has one); the rest is the sender's."""
         prof = self.prof
         base = prof.sender_cpu_base()
         if base is None:
-            return None  # (a record sent from elsewhere: no thread clock to difference)
-        total = time.thread_time_ns() + base + prof.comm.cpu_ns()
+            return None, None  # (a record sent from elsewhere: no thread clock to difference)
+        comm = prof.comm.cpu_ns()
+        total = time.thread_time_ns() + base + comm
         d, self._cpu_sent = total - self._cpu_sent, total
-        return max(d, 0)
+        dc, self._comm_cpu_sent = comm - self._comm_cpu_sent, comm
+        return max(d, 0), min(max(dc, 0), max(d, 0))
 
     def send(self, st, wait):
         """Turns a finished step's marks into a record and sends it."""
@@ -131,7 +134,9 @@ class Records:
 
     def measures(self, st, gc_ns, host):
         """The step's measures past its phases, by tps.Measures key."""
-        out = {"capture_ns": st.own, "capture_cpu_ns": self.own_cpu(), "gc_ns": gc_ns, "host_ns": host}
+        cpu, comm_cpu = self.own_cpu()
+        out = {"capture_ns": st.own, "capture_cpu_ns": cpu, "capture_comm_ns": st.own_comm or None,
+               "capture_comm_cpu_ns": comm_cpu or None, "gc_ns": gc_ns, "host_ns": host}
         if st.mem:
             out.update(zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), st.mem))
         return out

@@ -23,7 +23,7 @@ class Step:
     __slots__ = ("number", "t0", "wall0", "end", "data_wait", "fetches", "fwd", "bwd",
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
-                 "fwd_fetches", "declared", "own", "mem", "counter", "uncounted", "src", "chained", "pre",
+                 "fwd_fetches", "declared", "own", "own_comm", "mem", "counter", "uncounted", "src", "chained", "pre",
                  "fetched", "end_shared", "flops", "gc", "cpu0", "cpu_end", "pre_cpu", "pre_own")
 
     def __init__(self, t0, wall0, cuda=False):
@@ -48,6 +48,7 @@ class Step:
         self.tail = []  # fetches since the last backward: (mark, wall, dt, index in fetches)
         self.skipped = False  # the iteration ended without an optimizer step
         self.own = 0  # ns the training thread spent in tpsprof's hooks during the step
+        self.own_comm = 0  # of it, the communication component's marks
         self.mem = None  # (peak allocated, peak reserved, capacity) bytes: CUDA only
         self.counter = None  # PyTorch's FlopCounterMode while the step's FLOPs are counted
         self.uncounted = None  # operators whose FLOP formula raised in the count (then none is sent)

@@ -104,6 +104,11 @@ func TestTorchTrainingLoops(t *testing.T) {
 				if r.CaptureNs <= 0 {
 					t.Errorf("row %d/%d: capture_ns %d", r.Step, r.Rank, r.CaptureNs)
 				}
+				// of it, the communication component's marks (DDP's
+				// buckets: every step all-reduces), within it
+				if r.CommNs > 0 && (r.CaptureCommNs <= 0 || r.CaptureCommNs > r.CaptureNs) {
+					t.Errorf("row %d/%d: capture_comm_ns %d of capture_ns %d", r.Step, r.Rank, r.CaptureCommNs, r.CaptureNs)
+				}
 				captureNs[r.Rank] += r.CaptureNs
 				durNs[r.Rank] += r.DurationNs
 				if r.Loss == nil || math.Abs(*r.Loss-tr.Loss) > 1e-4*math.Max(1, math.Abs(tr.Loss)) {
@@ -181,6 +186,9 @@ func TestTorchTrainingLoops(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkInvariants(t, rep)
+			if c := rep.CaptureCost; c == nil || len(c.ByComponent) != 2 || c.ByComponent[0].PerStepNs <= 0 || c.ByComponent[0].CPUPerStepNs <= 0 {
+				t.Errorf("the report's capture cost by component: %+v", rep.CaptureCost)
+			}
 			for _, x := range []struct {
 				cause string
 				want  float64
