@@ -40,6 +40,41 @@ class IntervalTest(unittest.TestCase):
             self.assertLessEqual(e, c)
             self.assertGreaterEqual(e, 0)
 
+    def test_against_points(self):
+        # each function against the same sets as sets of unit points, on
+        # random intervals (empty, reversed, touching, one, lists and tuples
+        # mixed): the fast paths (one interval, nothing to subtract) agree
+        # with the general one
+        import random
+        rnd = random.Random(11)
+
+        def pts(ivs):
+            return {t for a, b in ivs for t in range(a, b)}
+
+        def runs(points):
+            out, ps = [], sorted(points)
+            for t in ps:
+                if out and out[-1][1] == t:
+                    out[-1] = (out[-1][0], t + 1)
+                else:
+                    out.append((t, t + 1))
+            return out
+
+        def ivs():
+            out = []
+            for _ in range(rnd.choice((0, 1, 1, 2, 3, 6))):
+                a = rnd.randint(-20, 120)
+                iv = (a, a + rnd.randint(-5, 40))
+                out.append(list(iv) if rnd.random() < 0.3 else iv)
+            return out
+        for _ in range(3000):
+            xs, ys = ivs(), ivs()
+            self.assertEqual(union(xs), runs(pts(xs)), xs)
+            self.assertEqual(length(xs), len(pts(xs)), xs)
+            self.assertEqual(subtract(xs, ys), runs(pts(xs) - pts(ys)), (xs, ys))
+            self.assertEqual(intersect(xs, ys), runs(pts(xs) & pts(ys)), (xs, ys))
+            self.assertEqual(clip(xs, 0, 100), [iv for iv in ((max(a, 0), min(b, 100)) for a, b in xs) if iv[1] > iv[0]], xs)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -252,9 +252,10 @@ class Profiler:
             if batch_fp:
                 rec["batch_fp"] = str(batch_fp)[:32]
             for k, v in (measures or {}).items():
-                v = _bounded(k, v or 0, dur) if k not in rec else None
-                if v is not None:
-                    rec[k] = v
+                if v and k not in rec:  # (most are 0 or None a step: no lookup)
+                    v = _bounded(k, v, dur)
+                    if v is not None:
+                        rec[k] = v
             if rollout is not None and (rollout.requests or rollout.ns):
                 gen = rollout.fields()
                 gen["gen_ns"] = min(gen["gen_ns"], dur)

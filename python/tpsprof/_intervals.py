@@ -10,33 +10,62 @@ __all__ = ["union", "length", "subtract", "intersect", "clip", "exposed"]
 
 def union(intervals):
     """Sorted, disjoint intervals covering the same time as ``intervals``."""
+    if intervals.__class__ is not list:
+        intervals = list(intervals)
+    if len(intervals) < 2:  # (most of a step's phases: one interval)
+        if intervals:
+            a, b = intervals[0]
+            if b > a:
+                return [(a, b)]
+        return []
+    try:
+        ordered = sorted(intervals)
+    except TypeError:  # lists and tuples mixed
+        ordered = sorted((a, b) for a, b in intervals)
     out = []
-    for a, b in sorted((a, b) for a, b in intervals if b > a):
-        if out and a <= out[-1][1]:
-            if b > out[-1][1]:
-                out[-1] = (out[-1][0], b)
+    ca = cb = None
+    for a, b in ordered:
+        if b <= a:
+            continue
+        if cb is not None and a <= cb:
+            if b > cb:
+                cb = b
         else:
-            out.append((a, b))
+            if cb is not None:
+                out.append((ca, cb))
+            ca, cb = a, b
+    if cb is not None:
+        out.append((ca, cb))
     return out
 
 
 def length(intervals):
     """Total time covered by ``intervals`` (overlaps counted once)."""
-    return sum(b - a for a, b in union(intervals))
+    n = 0
+    for a, b in union(intervals):
+        n += b - a
+    return n
 
 
 def subtract(xs, ys):
     """The time of ``xs`` not covered by ``ys`` (both any intervals)."""
-    xs, ys = union(xs), union(ys)
-    out, j = [], 0
+    xs = union(xs)
+    if not xs:
+        return xs
+    ys = union(ys)
+    if not ys:
+        return xs
+    out, j, n = [], 0, len(ys)
     for a, b in xs:
-        while j < len(ys) and ys[j][1] <= a:
+        while j < n and ys[j][1] <= a:
             j += 1
         k, cur = j, a
-        while k < len(ys) and ys[k][0] < b:
-            if ys[k][0] > cur:
-                out.append((cur, ys[k][0]))
-            cur = max(cur, ys[k][1])
+        while k < n and ys[k][0] < b:
+            y0, y1 = ys[k]
+            if y0 > cur:
+                out.append((cur, y0))
+            if y1 > cur:
+                cur = y1
             k += 1
         if cur < b:
             out.append((cur, b))
@@ -45,12 +74,22 @@ def subtract(xs, ys):
 
 def intersect(xs, ys):
     """The time covered by both ``xs`` and ``ys``."""
+    if not xs or not ys:
+        return []
     return subtract(xs, subtract(xs, ys))
 
 
 def clip(intervals, lo, hi):
     """``intervals`` cut to [lo, hi]."""
-    return [(max(a, lo), min(b, hi)) for a, b in intervals if min(b, hi) > max(a, lo)]
+    out = []
+    for a, b in intervals:
+        if a < lo:
+            a = lo
+        if b > hi:
+            b = hi
+        if b > a:
+            out.append((a, b))
+    return out
 
 
 def exposed(comm, compute, blocked=()):

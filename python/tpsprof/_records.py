@@ -91,13 +91,17 @@ class Records:
         if dur is None or dur <= 0:
             return
 
-        def ivs(pairs):
-            out = []
-            for a, b in pairs:
-                a, b = ns(a), ns(b)
-                if a is not None and b is not None:
-                    out.append((a, b))
-            return out
+        if st.cuda:
+            def ivs(pairs):
+                out = []
+                for a, b in pairs:
+                    a, b = ns(a), ns(b)
+                    if a is not None and b is not None:
+                        out.append((a, b))
+                return out
+        else:
+            def ivs(pairs):  # host ns: no call a mark (a collective not ended yet has None)
+                return [(a - base, b - base) for a, b in pairs if a is not None and b is not None]
 
         # the marks as ns from the step's start; the rest is the core's (_steps)
         # the collector's pauses: on CPU host marks of the steps' clock,
