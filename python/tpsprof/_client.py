@@ -30,6 +30,7 @@ import sys
 import stat
 import tempfile
 import time
+from types import MappingProxyType
 
 from . import _rollout, _trackers
 from ._measures import MAX_STEP_NS, MEASURES
@@ -37,6 +38,9 @@ from ._measures import MAX_STEP_NS, MEASURES
 __all__ = ["Profiler", "TPSProf", "PHASES", "default_socket", "env_attempt"]
 
 PHASES = ("data_wait", "fwd", "bwd", "optim", "comm", "exposed_comm", "pp_wait", "ckpt")
+# a phase's record key and whether it blocks the step (its bound the
+# step's duration; the others 24 h), from MEASURES: one lookup a phase
+_PHASE_KEYS = MappingProxyType({k: (k + "_ns", MEASURES[k + "_ns"][0] == "blocking") for k in PHASES})
 
 
 def _bounded(name, v, dur):
@@ -230,9 +234,11 @@ class Profiler:
             rec.update(self._coords)
             if phases_ns:
                 for k, v in phases_ns.items():
-                    v = _bounded(k + "_ns", v, dur) if k in PHASES else None
-                    if v is not None:
-                        rec[k + "_ns"] = v
+                    got = _PHASE_KEYS.get(k)
+                    if got is not None and v:
+                        v = int(v)
+                        if v > 0:
+                            rec[got[0]] = min(v, dur) if got[1] else min(v, MAX_STEP_NS)
                 if "exposed_comm_ns" in rec:
                     rec["exposed_comm_ns"] = min(rec["exposed_comm_ns"], rec.get("comm_ns", rec["exposed_comm_ns"]))
             if loss is not None and loss == loss and abs(loss) != float("inf"):
