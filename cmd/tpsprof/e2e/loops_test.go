@@ -188,6 +188,10 @@ func TestTorchTrainingLoops(t *testing.T) {
 			checkInvariants(t, rep)
 			if c := rep.CaptureCost; c == nil || len(c.ByComponent) != 2 || c.ByComponent[0].PerStepNs <= 0 || c.ByComponent[0].CPUPerStepNs <= 0 {
 				t.Errorf("the report's capture cost by component: %+v", rep.CaptureCost)
+			} else {
+				for _, b := range c.ByComponent {
+					t.Logf("cost by component: %s %.0f µs a step on the training thread, %.0f µs of its threads' CPU", b.Component, b.PerStepNs/1e3, b.CPUPerStepNs/1e3)
+				}
 			}
 			for _, x := range []struct {
 				cause string
