@@ -568,7 +568,13 @@ class LoopTest(unittest.TestCase):
         # (its end at the optimizer step, the zero_grad after it is the next one's)
         for i in range(1, 8):
             want = ticks[i + 1] - ticks[i]
-            self.assertLess(abs(rows[i]["duration_ns"] - want), max(3e6, 0.05 * want), (i, rows[i], want))
+            # the job's clock also holds our hooks' time at the boundaries,
+            # which a record counts in capture_ns: on a loaded machine the
+            # sender's GIL spell can land inside the optimizer post-hook after
+            # its end mark (4-5 ms, one run in three or four), moving that time
+            # across the boundary on the job's clock alone
+            ours = rows[i].get("capture_ns", 0) + rows[i - 1].get("capture_ns", 0)
+            self.assertLess(abs(rows[i]["duration_ns"] - want), max(3e6, 0.05 * want) + ours, (i, rows[i], want))
             self.assertLess(abs(rows[i]["data_wait_ns"] - waits[i]), max(3e6, 0.05 * waits[i]), (i, rows[i]))
             self.assertEqual(rows[i]["tokens"], 8)
         metas = [x for x in sink.lines if x.get("type") == "meta" and "data_source" in x]
