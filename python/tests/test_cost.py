@@ -22,10 +22,12 @@ class Prof:
         self.clock = clock
         self.comm = Comm(self)
 
-    def hook(self, ns, comm_inside=0):
+    def hook(self, ns, comm_inside=0, meanwhile=None):
         self.clock.t += ns
         if comm_inside:
             self.comm.mark(comm_inside)  # a mark inside a hook: counted once, in the hook
+        if meanwhile is not None:
+            meanwhile()
 
 
 class Comm:
@@ -54,17 +56,24 @@ class CostTest(unittest.TestCase):
         self.assertEqual(p.cost.total_ns, 650)
 
     def test_a_hook_per_thread(self):
-        # another thread's hook (autograd's) is not inside this one's
+        # a hook on another thread (autograd's) while this one is inside
+        # one is not inside it: it counts its own time
         p = Prof(self.clock)
         got = []
 
         def other():
             got.append(p.cost.in_hook.t0)
-        t = threading.Thread(target=other)
-        self.hook(p, 10)
-        t.start()
-        t.join()
+            self.mark(p.comm, 30)
+
+        def meanwhile():
+            t = threading.Thread(target=other)
+            t.start()
+            t.join()
+        self.hook(p, 10, meanwhile=meanwhile)
         self.assertEqual(got, [0])
+        # the other thread's 30 ns counted once as communication; this
+        # hook's span holds them too (one clock for both threads here)
+        self.assertEqual(p.cost.step_finished(), (30 + 40, 30))
 
 
 if __name__ == "__main__":

@@ -139,8 +139,8 @@ class Records:
     def measures(self, st, gc_ns, host):
         """The step's measures past its phases, by tps.Measures key."""
         cpu, comm_cpu = self.own_cpu()
-        out = {"capture_ns": st.own, "capture_cpu_ns": cpu, "capture_comm_ns": st.own_comm or None,
-               "capture_comm_cpu_ns": comm_cpu or None, "gc_ns": gc_ns, "host_ns": host}
+        out = {"capture_ns": st.own, "capture_cpu_ns": cpu, "capture_comm_ns": st.own_comm,
+               "capture_comm_cpu_ns": comm_cpu, "gc_ns": gc_ns, "host_ns": host}
         if st.mem:
             out.update(zip(("mem_peak_allocated_bytes", "mem_peak_reserved_bytes", "mem_capacity_bytes"), st.mem))
         return out
