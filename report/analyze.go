@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
@@ -17,9 +18,16 @@ import (
 //	openJob      the folder, once (trace.Job: its byte meter, its parts' footers)
 //	readSteps    the cluster steps: held, or a spine read in chunks
 //	readEvents   events, metadata, clock offsets, the warm-up mask
-//	clusterPass  every stepFigure fed the cluster rows once
-//	rankPass     rank_steps or rank_windows into one rankSink
+//	passes       the rank source chosen, then at once, on two goroutines:
+//	  clusterPass  every stepFigure fed the cluster rows once
+//	  rankRows     rank_steps or rank_windows into one rankSink
+//	             then rankFigures, the figures of ranks alone
 //	finish       the figures written, then what joins them all
+//
+// The two passes share only what neither writes: the spine (the rank
+// pass takes the world size and each step's critical rank from it, read
+// with it) and the job's reads. The cluster pass writes the report; the
+// rank pass's rows write a rankOut, taken into it after both.
 type analysis struct {
 	dir, clusterDir string
 	opt             Options
@@ -41,15 +49,18 @@ type analysis struct {
 	flops    *flopsAcc
 	wopt     tps.WindowOptions
 
-	// clusterPass
+	// passes
 	rankSrc   string
 	rankTotal int64 // rank rows to read (progress)
-	summary   *summaryFigure
-	energy    *energyPass // nil: no GPU samples
-	gpu       *gpuSeries
-	figures   []stepFigure
 
-	// rankPass
+	// clusterPass
+	summary *summaryFigure
+	energy  *energyPass // nil: no GPU samples
+	gpu     *gpuSeries
+	figures []stepFigure
+	crit    *critFigure // nil: rank_windows read
+
+	// rankRows
 	ranks *rankSink
 }
 
@@ -59,7 +70,7 @@ func analyze(dir string, opt Options, plots bool) (*Report, *Plots, error) {
 		return nil, nil, err
 	}
 	defer a.close()
-	for _, stage := range []func() error{a.readSteps, a.readEvents, a.clusterPass, a.rankPass, a.finish} {
+	for _, stage := range []func() error{a.readSteps, a.readEvents, a.passes, a.finish} {
 		if err := stage(); err != nil {
 			return nil, nil, err
 		}
@@ -255,11 +266,57 @@ func (a *analysis) markSteps() error {
 	return nil
 }
 
-// clusterPass feeds every figure of the cluster rows (stepFigures) the
-// steps once. What the per-rank figures come from decides whether it
-// keeps the critical rank of each step.
-func (a *analysis) clusterPass() error {
-	rep, sp := a.rep, a.sp
+// passes chooses the rank source, then runs the cluster pass and the rank
+// pass's rows at once (on a 10 M-row report each is about half the
+// time: BENCHMARKS.md), then the figures of ranks alone. Where the
+// spine's world size or critical ranks differ from the rows the cluster
+// pass read (parts rewritten between the reads), the rank rows are read
+// again with the rows' figures: the report is the same either way.
+func (a *analysis) passes() error {
+	if err := a.rankSource(); err != nil {
+		return err
+	}
+	if spineRead != nil {
+		spineRead(a.sp)
+	}
+	k, out := a.newRankSink(a.sp.world), &rankOut{}
+	a.ranks = k
+	rows := make(chan error, 1)
+	go func() { rows <- a.rankRows(k, out) }()
+	err := a.clusterPass()
+	if rerr := <-rows; err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+	world := a.summary.sum.WorldSize()
+	if fixed := a.crit.differs(); world != k.world || fixed != nil {
+		if fixed != nil {
+			a.sp.slowest = fixed
+		}
+		a.sp.world = world
+		rankRowsAgain.Add(1)
+		k, out = a.newRankSink(world), &rankOut{}
+		a.ranks = k
+		if err := a.rankRows(k, out); err != nil {
+			return err
+		}
+	}
+	out.into(a.rep)
+	return a.rankFigures()
+}
+
+// spineRead, when set (tests), is given the spine before the passes run;
+// rankRowsAgain counts the rank rows read again.
+var (
+	spineRead     func(*spine)
+	rankRowsAgain atomic.Int64
+)
+
+// rankSource chooses the table the per-rank figures come from.
+func (a *analysis) rankSource() error {
+	rep := a.rep
 	if a.selected == nil {
 		// only parts that pass the footer check count towards the choice
 		// of rank source, and each left out is named (a part claiming 1e9
@@ -280,10 +337,37 @@ func (a *analysis) clusterPass() error {
 	if a.rankSrc, err = rankSource(a.dir, a.opt.RankSource, a.rankTotal); err != nil {
 		return err
 	}
-	a.ranks = &rankSink{nodes: map[int64]string{}}
-	if a.rankSrc == trace.RankSteps {
-		a.ranks.crit = newCritExcess()
+	if a.rankSrc != trace.RankSteps {
+		a.sp.slowest = nil // (rank_windows has no critical rank's rows)
 	}
+	return nil
+}
+
+// newRankSink is an empty rankSink for world ranks, its critical rank's
+// excess the cluster pass's (its mean rank's sums) when rank_steps is read.
+func (a *analysis) newRankSink(world int64) *rankSink {
+	k := &rankSink{world: world, nodes: map[int64]string{}}
+	if a.rankSrc == trace.RankSteps {
+		if a.crit != nil {
+			k.crit = a.crit.x
+			k.crit.resetOwn() // (read again)
+		} else {
+			k.crit = newCritExcess()
+		}
+	}
+	k.heat = newHeatGrid(a.sp.len(), int(world))
+	minWin := 0 // episode windows hold whole rank windows when those are read
+	if a.rankSrc == trace.RankWindows {
+		minWin = tps.RankWindowSteps
+	}
+	k.wins = newWindows(a.sp, world, minWin)
+	return k
+}
+
+// clusterPass feeds every figure of the cluster rows (stepFigures) the
+// steps once.
+func (a *analysis) clusterPass() error {
+	rep, sp := a.rep, a.sp
 	lo, hi := sp.span()
 	a.gpu = newGPUSeries(lo, hi)
 	a.gpu.offsets = rep.ClockOffsetsNs
@@ -316,31 +400,25 @@ func (a *analysis) clusterPass() error {
 	return nil
 }
 
-// rankPass reads rank_steps or rank_windows into one rankSink: per-rank
-// compute medians, nodes, the heatmap, the episode windows, the critical
-// rank's own figures, padding, the capture's cost and memory; then the
-// figures of ranks alone (stragglers, nodes, episodes).
-func (a *analysis) rankPass() error {
-	rep, k := a.rep, a.ranks
-	k.world = a.summary.sum.WorldSize()
-	k.heat = newHeatGrid(a.sp.len(), int(k.world))
-	minWin := 0 // episode windows hold whole rank windows when those are read
+// rankRows reads rank_steps or rank_windows into k: per-rank compute
+// medians, nodes, the heatmap, the episode windows, the critical rank's
+// own figures, padding; and into out the capture's cost and memory, the
+// rows and what was skipped. It runs beside clusterPass: it reads the
+// spine and writes k and out alone.
+func (a *analysis) rankRows(k *rankSink, out *rankOut) error {
 	if a.rankSrc == trace.RankWindows {
-		minWin = tps.RankWindowSteps
+		return a.windowPass(k, out)
 	}
-	k.wins = newWindows(a.sp, k.world, minWin)
-	switch a.rankSrc {
-	case trace.RankWindows:
-		rep.TablesRead = append(rep.TablesRead, trace.RankWindows)
-		if err := a.windowPass(k); err != nil {
-			return err
-		}
+	return a.stepPass(k, out)
+}
+
+// rankFigures are the figures of ranks alone (stragglers, nodes,
+// episodes, the capture's cost, memory, padding), from the rank rows.
+func (a *analysis) rankFigures() error {
+	rep, k := a.rep, a.ranks
+	rep.TablesRead = append(rep.TablesRead, a.rankSrc)
+	if a.rankSrc == trace.RankWindows {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("per-rank figures from rank_windows (%d rows, one per rank and %d steps; %d holding warm-up steps left out): medians within 1%%, episodes to a window's edge; the critical rank's excess is not computed", rep.RankWindows, tps.RankWindowSteps, rep.RankWindowsLeft))
-	default:
-		rep.TablesRead = append(rep.TablesRead, trace.RankSteps)
-		if err := a.stepPass(k); err != nil {
-			return err
-		}
 	}
 	top := a.opt.TopStragglers
 	scores := tps.ScoreMedians(k.med, k.nodes)

@@ -204,10 +204,10 @@ func (w *windows) of(i int) int {
 	return win
 }
 
-// add notes a rank's own time at a step, and of it the data wait and the
-// measured forward, backward and optimizer (0 when not measured).
-func (w *windows) add(step int, rank int64, ownNs, dataNs, workNs float64) {
-	win := w.of(step)
+// addIn notes a rank's own time at a step of window win (of; -1: none),
+// and of it the data wait and the measured forward, backward and
+// optimizer (0 when not measured).
+func (w *windows) addIn(win int, rank int64, ownNs, dataNs, workNs float64) {
 	if win < 0 || rank < 0 || rank >= int64(w.world) {
 		return
 	}

@@ -2,7 +2,7 @@ package report
 
 import (
 	"errors"
-	"math"
+	"slices"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -170,19 +170,36 @@ func (f *plotFigure) write(a *analysis) error {
 type critFigure struct {
 	sp *spine
 	x  *critExcess
+	// the rows' critical ranks, where one differs from the spine's, which
+	// the rank pass read beside this one (nil: none differs)
+	fixed []int32
 }
 
 func (a *analysis) critFigure() stepFigure {
 	if a.ranks.crit == nil {
 		return nil
 	}
-	a.sp.slowest = make([]int32, a.sp.len())
-	return &critFigure{sp: a.sp, x: a.ranks.crit}
+	a.crit = &critFigure{sp: a.sp, x: a.ranks.crit}
+	return a.crit
+}
+
+// differs is every step's critical rank when the rows' differ from the
+// spine's (nil when none does, or f is nil).
+func (f *critFigure) differs() []int32 {
+	if f == nil {
+		return nil
+	}
+	return f.fixed
 }
 
 func (f *critFigure) step(s *stepAt) {
 	c := s.c
-	f.sp.slowest[s.i] = int32(min(max(c.SlowestRank, math.MinInt32), math.MaxInt32))
+	if r := clampRank(c.SlowestRank); f.fixed != nil {
+		f.fixed[s.i] = r
+	} else if r != f.sp.slowest[s.i] {
+		f.fixed = slices.Clone(f.sp.slowest)
+		f.fixed[s.i] = r
+	}
 	if !s.warm && c.StepTimeNs > 0 && c.SlowestRank >= 0 {
 		f.x.addMean(c.SlowestRank, c.ComputeNsMean, c.DataStallFractionMean*float64(c.StepTimeNs), c.HostFractionMean*float64(c.StepTimeNs))
 	}

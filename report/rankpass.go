@@ -106,11 +106,40 @@ var (
 	}()
 )
 
+// rankOut is what a rank pass's rows leave the report besides k: kept
+// apart while the pass runs beside the cluster pass, which writes the
+// report (analysis.passes), and taken into it after.
+type rankOut struct {
+	rows, skipped, windows, windowsLeft int64
+	leastPP                             float64
+	leastPPSteps                        int
+	own                                 ownAcc
+	notes                               []string // unreadable parts skipped
+}
+
+// into sets the report's rank figures from o.
+func (o *rankOut) into(rep *Report) {
+	rep.RankRows, rep.RankRowsSkipped = o.rows, o.skipped
+	rep.RankWindows, rep.RankWindowsLeft = o.windows, o.windowsLeft
+	rep.leastPP, rep.leastPPSteps = o.leastPP, o.leastPPSteps
+	rep.own = o.own
+	rep.Notes = append(rep.Notes, o.notes...)
+}
+
+// tolerate is Report.tolerate into o's notes.
+func (o *rankOut) tolerate(err error) error {
+	if note, ok := unreadableNote(err); ok {
+		o.notes = append(o.notes, note)
+		return nil
+	}
+	return err
+}
+
 // stepPass reads rank_steps (the selected row groups, a few columns) into
 // k: the per-rank compute medians, nodes, the heatmap, the episode
-// windows, the critical rank's excess and padding.
-func (a *analysis) stepPass(k *rankSink) error {
-	p := newStepRows(a, k)
+// windows, the critical rank's excess and padding; and into out.
+func (a *analysis) stepPass(k *rankSink, out *rankOut) error {
+	p := newStepRows(a, k, out)
 	var done int64
 	pruned, err := trace.EachColumnsIn(a.job.Table(trace.RankSteps), rankCols.Names(), "node", a.ranges, func(c *trace.Columns) error {
 		p.group(c)
@@ -120,20 +149,20 @@ func (a *analysis) stepPass(k *rankSink) error {
 		}
 		return nil
 	}, a.rep.read)
-	a.rep.RankRowsSkipped = pruned.Rows
-	if err = a.rep.tolerate(err); err != nil {
+	out.skipped = pruned.Rows
+	if err = out.tolerate(err); err != nil {
 		return err
 	}
 	k.med = p.medians()
 	if p.ppLeast != nil {
 		for _, v := range p.ppLeast {
 			if v >= 0 {
-				a.rep.leastPP += float64(v)
-				a.rep.leastPPSteps++
+				out.leastPP += float64(v)
+				out.leastPPSteps++
 			}
 		}
-		if a.rep.leastPPSteps > 0 {
-			a.rep.leastPP /= float64(a.rep.leastPPSteps)
+		if out.leastPPSteps > 0 {
+			out.leastPP /= float64(out.leastPPSteps)
 		}
 	}
 	return nil
@@ -141,14 +170,17 @@ func (a *analysis) stepPass(k *rankSink) error {
 
 // stepRows is the step pass over rank_steps' rows.
 type stepRows struct {
-	rep *Report
+	out *rankOut
 	sp  *spine
 	k   *rankSink
 	// Per rank, by index: a map access per row (medians, nodes) was a
 	// tenth of the pass. Ranks past the declared world go to the map.
 	byRank []*tps.Median
 	named  []bool
-	others map[int64]*tps.Median
+	// unnamed counts the ranks in byRank's range not yet named: at 0 a
+	// row's node is looked at only for a rank past it
+	unnamed int
+	others  map[int64]*tps.Median
 	keep   int
 	kc     keyCursor
 	// ppLeast is each steady step's least pipeline wait over its ranks
@@ -161,9 +193,9 @@ type stepRows struct {
 	blocked, ownBlocked []int64
 }
 
-func newStepRows(a *analysis, k *rankSink) *stepRows {
+func newStepRows(a *analysis, k *rankSink, out *rankOut) *stepRows {
 	n := min(max(k.world, 0), 1<<20)
-	return &stepRows{rep: a.rep, sp: a.sp, k: k, byRank: make([]*tps.Median, n), named: make([]bool, n),
+	return &stepRows{out: out, sp: a.sp, k: k, byRank: make([]*tps.Median, n), named: make([]bool, n), unnamed: int(n),
 		others: map[int64]*tps.Median{}, keep: medianKeepFor(k.world), kc: keyCursor{ks: &a.sp.keys}}
 }
 
@@ -176,6 +208,7 @@ type rowCols struct {
 	nBlocking                                                         int
 	node                                                              []string
 	blocked, ownBlocked                                               []int64 // stepRows.sums
+	blockedC, ownBlockedC                                             int64   // and the group's constant part of each
 	// the group holds no memory peaks, or no capture figures (their
 	// columns constant at 0: CPU jobs, older producers): rows skip them
 	noMem, noCost bool
@@ -196,40 +229,54 @@ func (rc *rowCols) take(c *trace.Columns) {
 
 // group takes a row group's rows. Rows come grouped by step, mostly in
 // the steps' order: the step is looked up when it changes (the next one
-// first).
+// first), and a step's rows are taken together (run).
 func (p *stepRows) group(c *trace.Columns) {
 	sp := p.sp
 	var rc rowCols
 	rc.take(c)
-	p.sums(&rc, c.Rows)
+	p.sums(&rc, c)
 	attempt, step := c.Col(rcAttempt), c.Col(rcStep)
-	lastKey, si, ok, hc := [2]int64{-1, -1}, 0, false, 0
-	p.rep.RankRows += int64(c.Rows)
-	for i := range c.Rows {
-		if k := [2]int64{attempt[i], step[i]}; k != lastKey {
-			lastKey = k
-			if n := si + 1; ok && n < sp.len() && p.kc.at(n) == k {
-				si = n
-			} else {
-				si, ok = sp.stepAt(k)
-			}
-			hc = p.k.heat.col(si)
+	attempt, step = attempt[:c.Rows], step[:len(attempt)]
+	si, ok := 0, false
+	p.out.rows += int64(c.Rows)
+	for i := 0; i < len(attempt); {
+		a, s := attempt[i], step[i]
+		j := i + 1
+		for j < len(attempt) && step[j] == s && attempt[j] == a {
+			j++
+		}
+		k := [2]int64{a, s}
+		if n := si + 1; ok && n < sp.len() && p.kc.at(n) == k {
+			si = n
+		} else {
+			si, ok = sp.stepAt(k)
 		}
 		if ok {
-			p.row(&rc, i, si, hc)
+			p.run(&rc, i, j, si)
 		}
+		i = j
 	}
 }
 
-// sums sets rc's blocked and ownBlocked for its n rows, column by column.
-func (p *stepRows) sums(rc *rowCols, n int) {
+// sums sets rc's blocked and ownBlocked for c's rows, column by column;
+// a column constant in the group (zero, mostly: the measures a job does
+// not have) is added once (rc.blockedC, rc.ownBlockedC).
+func (p *stepRows) sums(rc *rowCols, c *trace.Columns) {
+	n := c.Rows
 	if cap(p.blocked) < n {
 		p.blocked, p.ownBlocked = make([]int64, n), make([]int64, n)
 	}
 	rc.blocked, rc.ownBlocked = p.blocked[:n], p.ownBlocked[:n]
 	clear(rc.blocked)
 	clear(rc.ownBlocked)
-	for j := range rc.nBlocking {
+	for j, h := range rcBlocking {
+		if v, ok := c.Constant(h); ok {
+			rc.blockedC += v
+			if rcOwn[j] {
+				rc.ownBlockedC += v
+			}
+			continue
+		}
 		col := rc.blocking[j][:n]
 		b := rc.blocked[:len(col)]
 		for i, v := range col {
@@ -244,58 +291,76 @@ func (p *stepRows) sums(rc *rowCols, n int) {
 	}
 }
 
-// row takes row i of rc, of spine step si (heatmap column hc).
-func (p *stepRows) row(rc *rowCols, i, si, hc int) {
+// run takes rows [lo, hi) of rc, all of spine step si: what is the
+// step's (its flags, heatmap column, episode window, critical rank) is
+// looked up once.
+func (p *stepRows) run(rc *rowCols, lo, hi, si int) {
 	sp, k := p.sp, p.k
-	r, dur, data, host := rc.rank[i], rc.dur[i], rc.data[i], float64(rc.host[i])
-	// compute as tps.StepRecord.ComputeNs (the duration less every
-	// blocking measure, at least 0), without building a record; its own
-	// time (what the others wait for in a synchronous step:
-	// StepRecord.OwnNs) compute and the own blocking measures
-	comp := float64(max(dur-rc.blocked[i], 0))
-	own := comp + float64(rc.ownBlocked[i])
-	k.heat.addCol(hc, r, comp)
-	inRange := r >= 0 && r < int64(len(p.byRank))
-	if n := rc.node[i]; n != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
-		k.nodes[r] = n
-		if inRange {
-			p.named[r] = true
-		}
-	}
-	warm := sp.warm(si)
-	if sp.slowest != nil && r == int64(sp.slowest[si]) && !warm && sp.flag[si]&flagTimed != 0 {
-		// what the critical rank had more of than the mean rank
-		k.crit.addOwn(rc.node[i], r, comp, float64(data), host)
-	}
-	if !rc.noMem {
-		p.rep.own.addMem(r, rc.memAlloc[i], rc.memResv[i], rc.memCap[i])
-	}
-	if warm {
-		return
-	}
+	hc := k.heat.col(si)
 	f := sp.flag[si]
-	if !rc.noCost {
-		if f&(flagSkip|flagCut) == flagSkip {
-			// profiled (traced, FLOP-counted): its cost is the profiler's, apart
-			p.rep.own.addProfiled(rc.capture[i])
-		} else {
-			// (a step a save ran into costs us as any other)
-			p.rep.own.addCost(1, rc.capture[i], rc.captureCPU[i], rc.commCost[i], rc.commCPU[i], dur)
+	warm := f&flagWarm != 0
+	// the critical rank, whose row of a steady timed step counts what it
+	// had more of than the mean rank
+	hasCrit, crit := sp.slowest != nil && !warm && f&flagTimed != 0, int64(0)
+	if hasCrit {
+		crit = int64(sp.slowest[si])
+	}
+	win := -1
+	if !warm {
+		win = k.wins.of(si)
+	}
+	// (a cut step's stages' waits are the save's)
+	pp := f&flagSkip == 0 && !warm
+	profiled := f&(flagSkip|flagCut) == flagSkip
+	for i := lo; i < hi; i++ {
+		r, dur := rc.rank[i], rc.dur[i]
+		// compute as tps.StepRecord.ComputeNs (the duration less every
+		// blocking measure, at least 0), without building a record; its own
+		// time (what the others wait for in a synchronous step:
+		// StepRecord.OwnNs) compute and the own blocking measures
+		comp := float64(max(dur-rc.blocked[i]-rc.blockedC, 0))
+		own := comp + float64(rc.ownBlocked[i]+rc.ownBlockedC)
+		k.heat.addCol(hc, r, comp)
+		inRange := r >= 0 && r < int64(len(p.byRank))
+		if (!inRange || p.unnamed > 0) && rc.node[i] != "" && (!inRange || !p.named[r]) && k.nodes[r] == "" {
+			k.nodes[r] = rc.node[i]
+			if inRange {
+				p.named[r] = true
+				p.unnamed--
+			}
 		}
+		if hasCrit && r == crit {
+			k.crit.addOwn(rc.node[i], r, comp, float64(rc.data[i]), float64(rc.host[i]))
+		}
+		if !rc.noMem {
+			p.out.own.addMem(r, rc.memAlloc[i], rc.memResv[i], rc.memCap[i])
+		}
+		if warm {
+			continue
+		}
+		if !rc.noCost {
+			if profiled {
+				// profiled (traced, FLOP-counted): its cost is the profiler's, apart
+				p.out.own.addProfiled(rc.capture[i])
+			} else {
+				// (a step a save ran into costs us as any other)
+				p.out.own.addCost(1, rc.capture[i], rc.captureCPU[i], rc.commCost[i], rc.commCPU[i], dur)
+			}
+		}
+		if pp {
+			p.leastPP(si, rc.pp[i])
+		}
+		// its own time, and of it the data wait and the measured forward,
+		// backward and optimizer
+		k.wins.addIn(win, r, own, float64(rc.data[i]), float64(rc.fwd[i]+rc.bwd[i]+rc.optim[i]))
+		if pad := rc.padded[i]; pad > 0 {
+			k.realTok += rc.tokens[i]
+			k.padTok += pad
+		}
+		// the straggler verdict is on own time, as the episodes': a rank slow
+		// in its data loading is as late for the others as one slow in compute
+		p.median(r, inRange).Add(own)
 	}
-	if f&flagSkip == 0 {
-		p.leastPP(si, rc.pp[i]) // (a cut step's stages' waits are the save's)
-	}
-	// its own time, and of it the data wait and the measured forward,
-	// backward and optimizer
-	k.wins.add(si, r, own, float64(data), float64(rc.fwd[i]+rc.bwd[i]+rc.optim[i]))
-	if pad := rc.padded[i]; pad > 0 {
-		k.realTok += rc.tokens[i]
-		k.padTok += pad
-	}
-	// the straggler verdict is on own time, as the episodes': a rank slow
-	// in its data loading is as late for the others as one slow in compute
-	p.median(r, inRange).Add(own)
 }
 
 // leastPP takes a rank's pipeline wait in steady step si: the step's least
@@ -351,8 +416,8 @@ func (p *stepRows) medians() map[int64]float64 {
 // Rows of a window holding a warm-up step (or no selected step) are left
 // out, so figures cover whole windows; rows of one key are merged by the
 // sums they add to, which is what Merge does.
-func (a *analysis) windowPass(k *rankSink) error {
-	p := &windowRows{rep: a.rep, sp: a.sp, k: k, sketches: map[int64]*tps.Sketch{}, lastKey: [3]int64{-1, -1, -1}, si: -1}
+func (a *analysis) windowPass(k *rankSink, out *rankOut) error {
+	p := &windowRows{out: out, sp: a.sp, k: k, sketches: map[int64]*tps.Sketch{}, lastKey: [3]int64{-1, -1, -1}, si: -1}
 	// the columns the pass takes, decoded column by column: parquet-go's
 	// rows rebuilt all 45 of a window's columns through reflection
 	_, err := trace.EachColumnsStrs(a.job.Table(trace.RankWindows), windowCols.Names(), []string{"node", "compute_sketch"}, windowRanges(a.ranges), func(c *trace.Columns) error {
@@ -363,7 +428,7 @@ func (a *analysis) windowPass(k *rankSink) error {
 		}
 		return nil
 	}, a.rep.read, trace.Volatile("compute_sketch"))
-	if err = a.rep.tolerate(err); err != nil {
+	if err = out.tolerate(err); err != nil {
 		return err
 	}
 	k.med = make(map[int64]float64, len(p.sketches))
@@ -375,7 +440,7 @@ func (a *analysis) windowPass(k *rankSink) error {
 
 // windowRows is the window pass over rank_windows' rows.
 type windowRows struct {
-	rep      *Report
+	out      *rankOut
 	sp       *spine
 	k        *rankSink
 	sketches map[int64]*tps.Sketch
@@ -412,9 +477,9 @@ func (p *windowRows) window(key [3]int64) {
 
 // row takes row i of c.
 func (p *windowRows) row(c *trace.Columns, i int) error {
-	rep, k := p.rep, p.k
+	out, k := p.out, p.k
 	first, steps := c.Col(wcFirst)[i], c.Col(wcSteps)[i]
-	p.rep.RankWindows++
+	out.windows++
 	if key := [3]int64{c.Col(wcAttempt)[i], first, c.Col(wcLast)[i]}; key != p.lastKey {
 		p.window(key)
 	}
@@ -422,18 +487,18 @@ func (p *windowRows) row(c *trace.Columns, i int) error {
 		return nil // outside the selection
 	}
 	if p.anyWarm || p.si < 0 || steps <= 0 {
-		rep.RankWindowsLeft++
+		out.windowsLeft++
 		return nil
 	}
-	rep.RankRows += steps
+	out.rows += steps
 	r, n := c.Col(wcRank)[i], float64(steps)
 	if node := c.Str[0][i]; node != "" && k.nodes[r] == "" {
 		k.nodes[r] = node
 	}
 	compute, data := c.Col(wcCompute)[i], c.Col(wcData)[i]
 	k.heat.add(p.si, r, float64(compute)/n)
-	rep.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcCommCost)[i], c.Col(wcCommCPU)[i], c.Col(wcDuration)[i])
-	rep.own.addMem(r, c.Col(wcMemAlloc)[i], c.Col(wcMemResv)[i], c.Col(wcMemCap)[i])
+	out.own.addCost(steps, c.Col(wcCapture)[i], c.Col(wcCaptureCPU)[i], c.Col(wcCommCost)[i], c.Col(wcCommCPU)[i], c.Col(wcDuration)[i])
+	out.own.addMem(r, c.Col(wcMemAlloc)[i], c.Col(wcMemResv)[i], c.Col(wcMemCap)[i])
 	work := c.Col(wcFwd)[i] + c.Col(wcBwd)[i] + c.Col(wcOptim)[i]
 	own := compute // (its own time: StepRecord.OwnNs)
 	for _, col := range wcOwn {

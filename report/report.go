@@ -42,7 +42,8 @@ type Options struct {
 	GPUHourUSD float64
 	// TopStragglers is how many ranks and nodes to list (default 5).
 	TopStragglers int
-	// Progress, when set, is called as rank rows are read (done of total).
+	// Progress, when set, is called as rank rows are read (done of total),
+	// on a goroutine of the report's own (one at a time) while it runs.
 	Progress func(done, total int64)
 	// Select restricts the report to part of the run (the zero value: all).
 	Select Selection
@@ -396,6 +397,16 @@ type critExcess struct {
 	own     map[string]*excessSums // node → its critical ranks' sums
 	ownRank map[int64]*excessSums  // critical rank → the same (the waiting by rank, on one node)
 	mean    map[int64]*excessSums  // critical rank → the mean rank's, the same
+	// by rank (below 1<<16), the last node its row named and its sums in
+	// own and ownRank: a critical rank's row is one of every step's, and
+	// its two map lookups (a label made of a rank without a node) were
+	// most of what the step pass spent on it
+	last []critLast
+}
+
+type critLast struct {
+	node      string
+	own, rank *excessSums
 }
 
 // excessSums are a rank's own time's parts over steps: compute, data wait
@@ -406,10 +417,37 @@ func newCritExcess() *critExcess {
 	return &critExcess{own: map[string]*excessSums{}, ownRank: map[int64]*excessSums{}, mean: map[int64]*excessSums{}}
 }
 
+// resetOwn drops the critical ranks' rows' sums (the rank rows read
+// again), keeping the mean rank's.
+func (x *critExcess) resetOwn() {
+	x.own, x.ownRank, x.last = map[string]*excessSums{}, map[int64]*excessSums{}, nil
+}
+
 // addOwn takes the critical rank's row of a steady step.
 func (x *critExcess) addOwn(node string, rank int64, compute, data, host float64) {
-	addExcess(x.own, nodeLabel(node, rank), 4096, compute, data, host)
+	if rank >= 0 && rank < int64(len(x.last)) {
+		if l := &x.last[rank]; l.own != nil && l.node == node {
+			l.own.add(compute, data, host)
+			l.rank.add(compute, data, host)
+			return
+		}
+	}
+	label := nodeLabel(node, rank)
+	addExcess(x.own, label, 4096, compute, data, host)
 	addExcess(x.ownRank, rank, 1<<16, compute, data, host)
+	if own, r := x.own[label], x.ownRank[rank]; own != nil && r != nil && rank >= 0 && rank < 1<<16 {
+		if int(rank) >= len(x.last) {
+			x.last = append(x.last, make([]critLast, int(rank)+1-len(x.last))...)
+		}
+		x.last[rank] = critLast{node: node, own: own, rank: r}
+	}
+}
+
+func (e *excessSums) add(compute, data, host float64) {
+	e.compute += compute
+	e.data += data
+	e.host += host
+	e.steps++
 }
 
 // addMean takes a steady step's mean rank, by its critical rank.
@@ -427,10 +465,7 @@ func addExcess[K comparable](m map[K]*excessSums, k K, limit int, compute, data,
 		e = &excessSums{}
 		m[k] = e
 	}
-	e.compute += compute
-	e.data += data
-	e.host += host
-	e.steps++
+	e.add(compute, data, host)
 }
 
 // explain names what made each node's rank critical: its compute, its
@@ -817,10 +852,18 @@ func (g *gpuSeries) oddNodes(k int) []string {
 // tolerate turns unreadable parts (skipped, the rest read) into a note;
 // other errors pass.
 func (rep *Report) tolerate(err error) error {
-	var u *trace.UnreadableParts
-	if errors.As(err, &u) {
-		rep.Notes = append(rep.Notes, fmt.Sprintf("%d unreadable part(s) skipped (not Parquet, empty or truncated): %s", len(u.Paths), strings.Join(u.Paths, ", ")))
+	if note, ok := unreadableNote(err); ok {
+		rep.Notes = append(rep.Notes, note)
 		return nil
 	}
 	return err
+}
+
+// unreadableNote is the note of err when it is unreadable parts skipped.
+func unreadableNote(err error) (string, bool) {
+	var u *trace.UnreadableParts
+	if errors.As(err, &u) {
+		return fmt.Sprintf("%d unreadable part(s) skipped (not Parquet, empty or truncated): %s", len(u.Paths), strings.Join(u.Paths, ", ")), true
+	}
+	return "", false
 }

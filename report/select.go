@@ -147,11 +147,13 @@ type runSteps struct {
 	step                 []int64
 	start, end, stepTime []int64 // nil unless read
 	missing              []int64 // ranks missing; nil unless read
+	world, slowest       []int64 // world size, critical rank; nil unless read
 }
 
 // runColumns say which columns readRunSteps reads beside the attempt and
-// step.
-type runColumns struct{ times, stepTime, missing bool }
+// step (ranks: the world size and the critical rank, which the rank pass
+// takes from the spine).
+type runColumns struct{ times, stepTime, missing, ranks bool }
 
 // columns are the columns to read: attempt and step first.
 func (want runColumns) columns() []string {
@@ -165,28 +167,51 @@ func (want runColumns) columns() []string {
 	if want.missing {
 		cols = append(cols, "ranks_missing")
 	}
+	if want.ranks {
+		// (optional: a part written before the columns existed reads 0, as
+		// its rows do)
+		cols = append(cols, "?world_size", "?slowest_rank")
+	}
 	return cols
 }
 
 // split is a row group's columns read by columns(), each nil when not
 // asked.
-func (want runColumns) split(c *trace.Columns) (start, end, stepTime, missing []int64) {
+func (want runColumns) split(c *trace.Columns) (r runCols) {
 	k := 2
 	if want.times {
-		start, end, k = c.Int64[2], c.Int64[3], 4
+		r.start, r.end, k = c.Int64[2], c.Int64[3], 4
 	}
 	if want.stepTime {
-		stepTime, k = c.Int64[k], k+1
+		r.stepTime, k = c.Int64[k], k+1
 	}
 	if want.missing {
-		missing = c.Int64[k]
+		r.missing, k = c.Int64[k], k+1
 	}
-	return start, end, stepTime, missing
+	if want.ranks {
+		r.world, r.slowest = c.Int64[k], c.Int64[k+1]
+	}
+	return r
+}
+
+// runCols are a row group's columns that runColumns asked (nil when not).
+type runCols struct{ start, end, stepTime, missing, world, slowest []int64 }
+
+// row is row i of r's columns into the key's runRow.
+func (r *runCols) row(out *runRow, i int) {
+	at := func(col []int64) int64 {
+		if col == nil {
+			return 0
+		}
+		return col[i]
+	}
+	out.start, out.end, out.stepTime, out.missing = at(r.start), at(r.end), at(r.stepTime), at(r.missing)
+	out.world, out.slowest = at(r.world), at(r.slowest)
 }
 
 // runRow is a cluster row's key (its attempt clamped, as keys hold it)
 // and the columns runColumns asked (0 when not).
-type runRow struct{ attempt, step, start, end, stepTime, missing int64 }
+type runRow struct{ attempt, step, start, end, stepTime, missing, world, slowest int64 }
 
 // eachRunRow calls add with every cluster row of dir, in (attempt, step)
 // order, with the columns want asks: as they are read, a row group at a
@@ -197,17 +222,11 @@ func eachRunRow(dir string, want runColumns, opts []trace.ReadOption, restart fu
 	var r runRow
 	var last [2]int64
 	n := 0
-	at := func(col []int64, i int) int64 {
-		if col == nil {
-			return 0
-		}
-		return col[i]
-	}
 	_, err := trace.EachColumnsIn(dir, want.columns(), "", nil, func(c *trace.Columns) error {
-		start, end, st, miss := want.split(c)
+		cols := want.split(c)
 		for i := range c.Rows {
-			r = runRow{attempt: int64(clampAttempt(c.Int64[0][i])), step: c.Int64[1][i],
-				start: at(start, i), end: at(end, i), stepTime: at(st, i), missing: at(miss, i)}
+			r = runRow{attempt: int64(clampAttempt(c.Int64[0][i])), step: c.Int64[1][i]}
+			cols.row(&r, i)
 			k := [2]int64{r.attempt, r.step}
 			if n > 0 && cmpKeys(last, k) > 0 {
 				return errUnsorted
@@ -224,9 +243,10 @@ func eachRunRow(dir string, want runColumns, opts []trace.ReadOption, restart fu
 	// rows out of order (parts of several writers)
 	restart()
 	run, err := readRunSteps(dir, want, opts)
+	cols := runCols{start: run.start, end: run.end, stepTime: run.stepTime, missing: run.missing, world: run.world, slowest: run.slowest}
 	for i := range run.len() {
-		r = runRow{attempt: int64(run.attempt[i]), step: run.step[i],
-			start: at(run.start, i), end: at(run.end, i), stepTime: at(run.stepTime, i), missing: at(run.missing, i)}
+		r = runRow{attempt: int64(run.attempt[i]), step: run.step[i]}
+		cols.row(&r, i)
 		add(&r)
 	}
 	return false, err
@@ -446,15 +466,19 @@ func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSte
 		if want.missing {
 			r.missing = make([]int64, 0, n)
 		}
+		if want.ranks {
+			r.world, r.slowest = make([]int64, 0, n), make([]int64, 0, n)
+		}
 	}
 	_, err := trace.EachColumnsIn(dir, want.columns(), "", nil, func(c *trace.Columns) error {
 		for _, a := range c.Int64[0] {
 			r.attempt = append(r.attempt, clampAttempt(a))
 		}
 		r.step = append(r.step, c.Int64[1]...)
-		start, end, st, miss := want.split(c)
-		r.start, r.end = append(r.start, start...), append(r.end, end...)
-		r.stepTime, r.missing = append(r.stepTime, st...), append(r.missing, miss...)
+		cols := want.split(c)
+		r.start, r.end = append(r.start, cols.start...), append(r.end, cols.end...)
+		r.stepTime, r.missing = append(r.stepTime, cols.stepTime...), append(r.missing, cols.missing...)
+		r.world, r.slowest = append(r.world, cols.world...), append(r.slowest, cols.slowest...)
 		return nil
 	}, opts...)
 	sorted := true
@@ -470,6 +494,7 @@ func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSte
 		r.step = permute(r.step, perm)
 		r.start, r.end, r.stepTime = permute(r.start, perm), permute(r.end, perm), permute(r.stepTime, perm)
 		r.missing = permute(r.missing, perm)
+		r.world, r.slowest = permute(r.world, perm), permute(r.slowest, perm)
 	}
 	return r, err
 }

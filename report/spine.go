@@ -15,8 +15,9 @@ import (
 // whose numbers rise by one stride: a whole attempt, usually), one byte
 // of flags a step, the clock repair's shifts (unstepClocks) as runs, and
 // the span. It does not hold the steps' times: a streamed row is moved by
-// its step's shift. About 1 B a step plus 32 B a run, where it held 37 B
-// a step before (BenchmarkReportLongRun).
+// its step's shift. About 5 B a step (1 B of flags, 4 B of the critical
+// rank, dropped when rank_windows is read) plus 32 B a run, where it held
+// 37 B a step before (BenchmarkReportLongRun).
 type spine struct {
 	keys
 	flag []uint8 // flagComplete, flagTimed, flagWarm, flagSkip
@@ -28,9 +29,13 @@ type spine struct {
 	// markWarm drops them; starts their starts (ns, repaired) until
 	// markCut does
 	stepTime, starts values
-	// each step's critical rank, for the rank_steps pass (critExcess);
-	// nil unless it runs
+	// each step's critical rank (its cluster row's slowest_rank), for the
+	// rank_steps pass (critExcess), and the steps' largest world size (the
+	// summary's), read with the spine so that the rank pass need not wait
+	// for the cluster pass (analysis.passes); slowest is dropped (nil) when
+	// rank_windows is read
 	slowest []int32
+	world   int64
 }
 
 // keys are the keys of n steps sorted by (attempt, step), as runs.
@@ -166,7 +171,7 @@ type spineBuilder struct {
 // newSpineBuilder builds a spine of about capacity steps, holding at
 // most inMemory step times in memory (0: valuesInMemory).
 func newSpineBuilder(capacity int, repair bool, inMemory int) *spineBuilder {
-	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), lo: math.MaxInt64, hi: math.MinInt64, stepTime: values{limit: inMemory}, starts: values{limit: inMemory}}, repair: repair}
+	return &spineBuilder{sp: &spine{flag: make([]uint8, 0, capacity), slowest: make([]int32, 0, capacity), lo: math.MaxInt64, hi: math.MinInt64, stepTime: values{limit: inMemory}, starts: values{limit: inMemory}}, repair: repair}
 }
 
 // add takes the next step.
@@ -195,6 +200,14 @@ func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete b
 	sp.starts.Append(float64(start))
 }
 
+// ranks takes the step just added's world size and critical rank.
+func (b *spineBuilder) ranks(world, slowest int64) {
+	b.sp.world = max(b.sp.world, world)
+	b.sp.slowest = append(b.sp.slowest, clampRank(slowest))
+}
+
+func clampRank(r int64) int32 { return int32(min(max(r, math.MinInt32), math.MaxInt32)) }
+
 func (b *spineBuilder) done() *spine {
 	sp := b.sp
 	if sp.n == 0 {
@@ -209,6 +222,7 @@ func spineOf(steps []tps.ClusterStep) *spine {
 	for i := range steps {
 		c := &steps[i]
 		b.add(c.Attempt, c.Step, c.StartUnixNs, c.EndUnixNs, c.StepTimeNs, c.Complete())
+		b.ranks(c.WorldSize, c.SlowestRank)
 	}
 	return b.done()
 }
@@ -227,11 +241,14 @@ var errUnsorted = errors.New("cluster rows out of order")
 func readSpine(dir string, opts []trace.ReadOption, inMemory int) (*spine, int, float64, error) {
 	rows := trace.RowCount(dir, opts...)
 	b := newSpineBuilder(int(min(max(rows, 0), 1<<24)), true, inMemory) // a footer may lie: grown past 16 Mi steps
-	_, err := eachRunRow(dir, runColumns{times: true, stepTime: true, missing: true}, opts, func() {
+	_, err := eachRunRow(dir, runColumns{times: true, stepTime: true, missing: true, ranks: true}, opts, func() {
 		b.sp.stepTime.Close()
 		b.sp.starts.Close()
 		b = newSpineBuilder(int(min(max(rows, 0), 1<<24)), true, inMemory)
-	}, func(r *runRow) { b.add(r.attempt, r.step, r.start, r.end, r.stepTime, r.missing == 0) })
+	}, func(r *runRow) {
+		b.add(r.attempt, r.step, r.start, r.end, r.stepTime, r.missing == 0)
+		b.ranks(r.world, r.slowest)
+	})
 	if err != nil && !trace.IsUnreadable(err) {
 		return nil, 0, 0, err
 	}

@@ -291,3 +291,53 @@ func TestEnergyJoinStreamed(t *testing.T) {
 		t.Errorf("%d GPU samples in the series, %d written: want each once", rep.GPUSamples, written)
 	}
 }
+
+// The rank pass runs beside the cluster pass with the world size and the
+// critical ranks the spine read; where those differ from the rows the
+// cluster pass reads (parts rewritten between the reads: here the spine
+// is altered), the rank rows are read again and the report is the one
+// the rows give (and its heatmap of ranks, the world size's), on the
+// held path and the streamed one.
+func TestRankRowsReadAgainWhenSpineDiffers(t *testing.T) {
+	dir, err := tracetest.Write(t.TempDir(), "s", tracetest.Run{World: 8, Steps: 3000, Jitter: true, ClusterRowsPerGroup: 500, Attempts: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, chunk := range []int{0, 700} {
+		want, wantPlots, err := analyze(dir, Options{Warmup: tps.AutoWarmup, chunk: chunk}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(want.WaitCharged) == 0 || want.Episodes == nil {
+			t.Fatalf("fixture: no waiting charged to a rank (%d) or no episodes", len(want.WaitCharged))
+		}
+		for _, spoil := range []struct {
+			name string
+			fn   func(*spine)
+		}{
+			{"world", func(sp *spine) { sp.world = 3 }},
+			{"critical ranks", func(sp *spine) {
+				for i := range sp.slowest {
+					sp.slowest[i] = (sp.slowest[i] + 1) % 8
+				}
+			}},
+		} {
+			before := rankRowsAgain.Load()
+			spineRead = spoil.fn
+			got, gotPlots, err := analyze(dir, Options{Warmup: tps.AutoWarmup, chunk: chunk}, true)
+			spineRead = nil
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rankRowsAgain.Load() != before+1 {
+				t.Fatalf("chunk %d, %s altered: the rank rows were read again %d times, want once", chunk, spoil.name, rankRowsAgain.Load()-before)
+			}
+			if d := reportDiff(want, got); d != "" {
+				t.Fatalf("chunk %d, %s altered: the report differs:\n%s", chunk, spoil.name, d)
+			}
+			if !reflect.DeepEqual(wantPlots.heat, gotPlots.heat) {
+				t.Fatalf("chunk %d, %s altered: the heatmap differs", chunk, spoil.name)
+			}
+		}
+	}
+}
