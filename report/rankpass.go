@@ -181,8 +181,8 @@ type stepRows struct {
 	// row's node is looked at only for a rank past it
 	unnamed int
 	others  map[int64]*tps.Median
-	keep   int
-	kc     keyCursor
+	keep    int
+	kc      keyCursor
 	// ppLeast is each steady step's least pipeline wait over its ranks
 	// (ns, -1 none yet), made at the first wait seen
 	ppLeast []int64
