@@ -76,6 +76,9 @@ type streamedRows struct {
 	// whose footers past the few trace.Footers keeps open would be read
 	// again for every chunk)
 	parts []trace.PartRange
+	// buf is the array each chunk is read into (its rows are the
+	// callback's until it returns: each is not reentrant)
+	buf []tps.ClusterStep
 }
 
 func newStreamedRows(dir string, sp *spine, chunk int, opts []trace.ReadOption) *streamedRows {
@@ -120,7 +123,8 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 			end++ // a step's rows stay in one chunk
 		}
 		ranges := sp.ranges(lo, end)
-		all, err := trace.ReadAll[tps.ClusterStep](s.dir, append(s.opts, trace.Within(ranges...), trace.Parts(s.partsFor(ranges)...))...)
+		all, err := trace.ReadAllInto(s.buf, s.dir, append(s.opts, trace.Within(ranges...), trace.Parts(s.partsFor(ranges)...))...)
+		s.buf = all[:0]
 		if err != nil && !trace.IsUnreadable(err) { // unreadable parts: said when the spine was read
 			return err
 		}

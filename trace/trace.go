@@ -638,6 +638,14 @@ func ReadFile[T any](path string) ([]T, error) {
 // goroutine decoding them was a third of a 10 M-row report (BENCHMARKS.md).
 // Unreadable parts are skipped and named (UnreadableParts), as by Each.
 func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
+	return ReadAllInto[T](nil, dir, opts...)
+}
+
+// ReadAllInto is ReadAll into buf's array when it holds the rows
+// (cleared first: a part without a field reads its zero value), else a
+// new one: a reader of chunks (the report's cluster rows) reuses one
+// array, where a new one each chunk was most of its garbage.
+func ReadAllInto[T any](buf []T, dir string, opts ...ReadOption) ([]T, error) {
 	files, err := PartFiles(dir)
 	if err != nil {
 		return nil, err
@@ -653,8 +661,14 @@ func ReadAll[T any](dir string, opts ...ReadOption) ([]T, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := make([]T, total)
-	populate(out)
+	var out []T
+	if total <= cap(buf) {
+		out = buf[:total]
+		clear(out)
+	} else {
+		out = make([]T, total)
+		populate(out)
+	}
 	decodeAll(out, parts)
 	return keepRead(out, parts, &bad)
 }
