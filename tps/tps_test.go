@@ -629,6 +629,32 @@ func TestPartialsMergeExactly(t *testing.T) {
 	}
 }
 
+// The reservoir is a uniform sample of the stream however long it runs
+// (algorithm L draws the gaps between kept values; a wrong draw keeps
+// too many early or late ones): a stream of its own positions, 200,000
+// and 2,000,000 long, leaves about a tenth of the kept values in each
+// tenth of the stream (binomial, σ ≈ 9.6 of 102.4; 4σ allowed).
+func TestStreamingMedianUniformSample(t *testing.T) {
+	for _, n := range []int{200_000, 2_000_000} {
+		var e Median
+		for i := range n {
+			e.Add(float64(i))
+		}
+		if len(e.vals) != medianKeep || e.Count() != n {
+			t.Fatalf("n=%d: holds %d values after %d", n, len(e.vals), e.Count())
+		}
+		var tenths [10]int
+		for _, v := range e.vals {
+			tenths[int(v)*10/n]++
+		}
+		for k, c := range tenths {
+			if math.Abs(float64(c)-102.4) > 4*9.6 {
+				t.Errorf("n=%d: %d of %d kept values in tenth %d of the stream, want about 102", n, c, medianKeep, k)
+			}
+		}
+	}
+}
+
 // A smaller reservoir (as the report uses at 100K+ ranks) holds at most
 // Keep values and stays within its wider error band: ±0.5/√128 ≈ 4.4% of
 // rank at one standard deviation; 3σ is checked.
