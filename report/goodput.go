@@ -88,13 +88,13 @@ type goodputAcc struct {
 	// steady steps, summed apart from BadputS and steadyGapS until result
 	// (a map write for each of a step's causes was a third of this
 	// figure's time in a 156,250-step report)
-	stepBad   [len(stepCauses)]float64
-	steadyGap [len(stepCauses)]float64
-	cuts        cuts // the saves and evaluations, sorted (spine.markCut's rule)
-	launch      map[int64]bool
-	failed      [][2]int64 // launches without a step: start, end (start when none recorded), in time order
-	nextFailed  int
-	finish      int64
+	stepBad    [len(stepCauses)]float64
+	steadyGap  [len(stepCauses)]float64
+	cuts       cuts // the saves and evaluations, sorted (spine.markCut's rule)
+	launch     map[int64]bool
+	failed     [][2]int64 // launches without a step: start, end (start when none recorded), in time order
+	nextFailed int
+	finish     int64
 	// the elapsed time is cut at one cursor that only moves forward: each
 	// stretch of time goes to exactly one part, so the parts add up to the
 	// elapsed time whatever the rows say (a step that overlaps the previous
