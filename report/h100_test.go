@@ -220,4 +220,16 @@ func TestH100LlamaLedger(t *testing.T) {
 		t.Errorf("GPU activity %v tensor, %v SM over %d samples (%s); by hand %.4f, %.4f over %d", l.TensorActivity, l.SMActivity, l.GPMSamples, l.GPMUnavailable, tensor/float64(n), sm/float64(n), n)
 	}
 	t.Logf("%s", LedgerText(l))
+	// the trackers get the same ledger and activity (tpsprof report --wandb ...)
+	figs, sum := rep.TrackerFigures(), 100**rep.Summary.MFU
+	for _, b := range l.Ledger.Lost {
+		v, ok := figs[TrackerPrefix+"mfu_lost/"+b.Key]
+		if !ok || v != b.Points {
+			t.Errorf("tracker figure mfu_lost/%s = %v (present %v), the ledger's %v", b.Key, v, ok, b.Points)
+		}
+		sum += v
+	}
+	if math.Abs(sum-100) > 0.5 || figs[TrackerPrefix+"tensor_activity"] != *l.TensorActivity || figs[TrackerPrefix+"sm_activity"] != *l.SMActivity {
+		t.Errorf("tracker figures: the lost points and 100 × MFU add up to %v; tensor %v, SM %v", sum, figs[TrackerPrefix+"tensor_activity"], figs[TrackerPrefix+"sm_activity"])
+	}
 }

@@ -44,6 +44,19 @@ func (r *Report) TrackerFigures() map[string]float64 {
 	if s.HFU != nil {
 		put("hfu", *s.HFU)
 	}
+	// where the MFU went, in points of the peak (with 100 × mfu they add
+	// up to 100), and the GPUs' own activity over the same steps
+	if l := r.MFULedger.Ledger; l != nil {
+		for _, b := range l.Lost {
+			put("mfu_lost/"+b.Key, b.Points)
+		}
+	}
+	if v := r.MFULedger.TensorActivity; v != nil {
+		put("tensor_activity", *v)
+	}
+	if v := r.MFULedger.SMActivity; v != nil {
+		put("sm_activity", *v)
+	}
 	if s.SteadySteps > 0 {
 		for _, p := range tps.ShareParts() {
 			put("share/"+p.Key, *p.Of(&s.Breakdown))

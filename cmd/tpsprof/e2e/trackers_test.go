@@ -251,7 +251,7 @@ func reportInto(t *testing.T, py, reader, kind, jobDir, out string) {
 			// (a plot's entry is an object: its width and size come back as
 			// nested keys, not figures)
 			rest, ok := strings.CutPrefix(k, report.TrackerPrefix)
-			if f, num := v.(float64); ok && num && (!strings.Contains(rest, "/") || strings.HasPrefix(rest, "share/") || strings.HasPrefix(rest, "split/")) {
+			if f, num := v.(float64); ok && num && (!strings.Contains(rest, "/") || strings.HasPrefix(rest, "share/") || strings.HasPrefix(rest, "split/") || strings.HasPrefix(rest, "mfu_lost/")) {
 				figs[k] = f
 			}
 		}
