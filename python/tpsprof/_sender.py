@@ -41,6 +41,10 @@ class Sender:
         # not start at zero (threads reuse kernel threads on some platforms)
         self.cpu_base = 0
         self.rounds = 0  # drains done (settled() waits for one)
+        # close's deadline (time.monotonic()), and whether close gave up on
+        # the thread: it then sends nothing more and ends (see close)
+        self._deadline = None
+        self._abandon = False
 
     def put(self, fn: Union[Step, Callable[[], Any]]) -> None:
         self._items.append(fn)  # atomic; the thread picks it up
@@ -69,8 +73,11 @@ class Sender:
                 except Exception:
                     prof._err()
             if final and not prof.cuda:
-                # at close: give the poller a moment to see the last collectives end
+                # at close: give the poller a moment to see the last
+                # collectives end (at most 1 s, and not past close's timeout)
                 deadline = time.monotonic() + 1.0
+                if self._deadline is not None:
+                    deadline = min(deadline, self._deadline)
                 while time.monotonic() < deadline and any(c[1] is None for st in steps for c in st.comm):
                     time.sleep(0.001)
             n = 0  # the finished steps whose times are known, oldest first
@@ -83,11 +90,17 @@ class Sender:
                 if not ready:
                     break
                 n += 1
+            if self._abandon:
+                n = 0  # close gave up on this thread: nothing more is sent (below)
             if n:
                 batch = [steps.popleft() for _ in range(n)]
                 prof.records.fetch_losses(batch)  # their losses on a GPU, in one copy
                 for st in batch:
                     prof.records.send_release(st, final)
+            if self._abandon:
+                while steps:
+                    prof.records.release(steps.popleft())
+                    prof.pending_dropped += 1
             while len(steps) > MAX_PENDING:  # times never known (a GPU far behind): the oldest go
                 prof.records.release(steps.popleft())
                 prof.pending_dropped += 1
@@ -129,11 +142,22 @@ class Sender:
     def close(self, timeout: float = 2.0) -> bool:
         """Runs what is queued (at most timeout seconds), then stops. False
         when the thread is still at work: it closes the connection itself
-        once done (two threads writing one stream would mix their lines)."""
+        once done (two threads writing one stream would mix their lines).
+
+        Past the timeout the thread is given up on: it sends nothing more
+        (the steps not sent are dropped, counted in pending_dropped) and
+        ends, waited for a moment longer. A thread of ours still building
+        records (torch calls among them) when the interpreter exits aborted
+        a gloo job there ("terminate called without an active exception",
+        every time in the job of test_sender_exit)."""
+        self._deadline = time.monotonic() + max(timeout, 0)
         self._stop.set()
         t = self._thread
         if t is not None:
             t.join(timeout)
+            if t.is_alive():
+                self._abandon = True
+                t.join(0.5)
         with self._lock:
             if t is not None and not self._done:
                 self._close_client = True
