@@ -134,7 +134,7 @@ func (s *streamedRows) each(lo, hi int, fn func(int, []tps.ClusterStep) error) e
 		rows, j := all[:0], 0
 		for i := lo; i < end; i++ {
 			k := kc.at(i)
-			for j < len(all) && cmpKeys([2]int64{int64(clampAttempt(all[j].Attempt)), all[j].Step}, k) < 0 {
+			for j < len(all) && cmpKeys([2]int64{int64(clampInt32(all[j].Attempt)), all[j].Step}, k) < 0 {
 				j++
 			}
 			if j == len(all) || all[j].Attempt != k[0] || all[j].Step != k[1] {

@@ -194,7 +194,7 @@ func (f *critFigure) differs() []int32 {
 
 func (f *critFigure) step(s *stepAt) {
 	c := s.c
-	if r := clampRank(c.SlowestRank); f.fixed != nil {
+	if r := clampInt32(c.SlowestRank); f.fixed != nil {
 		f.fixed[s.i] = r
 	} else if r != f.sp.slowest[s.i] {
 		f.fixed = slices.Clone(f.sp.slowest)

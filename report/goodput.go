@@ -317,7 +317,6 @@ func (a *goodputAcc) result() Goodput {
 			g.steadyGapS[k] += a.steadyGap[i]
 		}
 	}
-	a.stepBad, a.steadyGap = [len(stepCauses)]float64{}, [len(stepCauses)]float64{}
 	g.ElapsedS -= g.BetweenLaunchesS
 	if d := g.ElapsedS - g.UnmonitoredS; d > 0 {
 		g.Goodput = g.ProductiveS / d

@@ -205,7 +205,6 @@ type rowCols struct {
 	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded        []int64
 	capture, captureCPU, commCost, commCPU, memAlloc, memResv, memCap []int64
 	blocking                                                          [8][]int64
-	nBlocking                                                         int
 	node                                                              []string
 	blocked, ownBlocked                                               []int64 // stepRows.sums
 	blockedC, ownBlockedC                                             int64   // and the group's constant part of each
@@ -218,7 +217,7 @@ func (rc *rowCols) take(c *trace.Columns) {
 	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), pp: c.Col(rcPP), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
 		optim: c.Col(rcOptim), tokens: c.Col(rcTokens), padded: c.Col(rcPadded), capture: c.Col(rcCapture),
 		captureCPU: c.Col(rcCaptureCPU), commCost: c.Col(rcCommCost), commCPU: c.Col(rcCommCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
-		nBlocking: len(rcBlocking), node: c.Strings}
+		node: c.Strings}
 	for j, col := range rcBlocking {
 		rc.blocking[j] = c.Col(col)
 	}
@@ -309,8 +308,8 @@ func (p *stepRows) run(rc *rowCols, lo, hi, si int) {
 	if !warm {
 		win = k.wins.of(si)
 	}
-	// (a cut step's stages' waits are the save's)
-	pp := f&flagSkip == 0 && !warm
+	// (a cut step's stages' waits are the save's; a warm step is skipped too)
+	pp := f&flagSkip == 0
 	profiled := f&(flagSkip|flagCut) == flagSkip
 	for i := lo; i < hi; i++ {
 		r, dur := rc.rank[i], rc.dur[i]

@@ -225,7 +225,7 @@ func eachRunRow(dir string, want runColumns, opts []trace.ReadOption, restart fu
 	_, err := trace.EachColumnsIn(dir, want.columns(), "", nil, func(c *trace.Columns) error {
 		cols := want.split(c)
 		for i := range c.Rows {
-			r = runRow{attempt: int64(clampAttempt(c.Int64[0][i])), step: c.Int64[1][i]}
+			r = runRow{attempt: int64(clampInt32(c.Int64[0][i])), step: c.Int64[1][i]}
 			cols.row(&r, i)
 			k := [2]int64{r.attempt, r.step}
 			if n > 0 && cmpKeys(last, k) > 0 {
@@ -383,7 +383,7 @@ type selector struct {
 
 func (s *selector) add(attempt, step, start, end, stepTime int64) {
 	i := s.ks.len()
-	s.ks.add(clampAttempt(attempt), step)
+	s.ks.add(clampInt32(attempt), step)
 	if s.byTime {
 		s.un.next(attempt, &start, &end, stepTime)
 		s.times.Append(float64(stepTime))
@@ -472,7 +472,7 @@ func readRunSteps(dir string, want runColumns, opts []trace.ReadOption) (*runSte
 	}
 	_, err := trace.EachColumnsIn(dir, want.columns(), "", nil, func(c *trace.Columns) error {
 		for _, a := range c.Int64[0] {
-			r.attempt = append(r.attempt, clampAttempt(a))
+			r.attempt = append(r.attempt, clampInt32(a))
 		}
 		r.step = append(r.step, c.Int64[1]...)
 		cols := want.split(c)

@@ -177,7 +177,7 @@ func newSpineBuilder(capacity int, repair bool, inMemory int) *spineBuilder {
 // add takes the next step.
 func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete bool) {
 	sp := b.sp
-	a := clampAttempt(attempt)
+	a := clampInt32(attempt)
 	i := sp.n
 	sp.keys.add(a, step)
 	if b.repair {
@@ -203,10 +203,8 @@ func (b *spineBuilder) add(attempt, step, start, end, stepTime int64, complete b
 // ranks takes the step just added's world size and critical rank.
 func (b *spineBuilder) ranks(world, slowest int64) {
 	b.sp.world = max(b.sp.world, world)
-	b.sp.slowest = append(b.sp.slowest, clampRank(slowest))
+	b.sp.slowest = append(b.sp.slowest, clampInt32(slowest))
 }
-
-func clampRank(r int64) int32 { return int32(min(max(r, math.MinInt32), math.MaxInt32)) }
 
 func (b *spineBuilder) done() *spine {
 	sp := b.sp
@@ -227,7 +225,8 @@ func spineOf(steps []tps.ClusterStep) *spine {
 	return b.done()
 }
 
-func clampAttempt(a int64) int32 { return int32(min(max(a, math.MinInt32), math.MaxInt32)) }
+// clampInt32 is v within int32 (an attempt, a rank as the spine keeps them).
+func clampInt32(v int64) int32 { return int32(min(max(v, math.MinInt32), math.MaxInt32)) }
 
 // errUnsorted stops a read in order (eachRunRow) that met rows out of
 // order.

@@ -308,8 +308,8 @@ func TestRankRowsReadAgainWhenSpineDiffers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(want.WaitCharged) == 0 || want.Episodes == nil {
-			t.Fatalf("fixture: no waiting charged to a rank (%d) or no episodes", len(want.WaitCharged))
+		if len(want.WaitCharged) == 0 {
+			t.Fatalf("fixture: no waiting charged to a rank")
 		}
 		for _, spoil := range []struct {
 			name string
