@@ -192,7 +192,7 @@ def install():
                 # every collective, PyTorch 1.13; on PyTorch 2 a Python comm
                 # hook would route each bucket through Python for nothing)
                 if not tt._c10d.installed:
-                    tt._patches.ddp_comm_hook(self)
+                    tt._patches.ddp_buckets(self)
             except Exception:
                 pass
         ddp.__init__ = ddp_initialise

@@ -387,7 +387,7 @@ class Loop(Marks):
             out = inner(t, *args, **kwargs)
             # the watched output's backward ran inside this call, with no
             # collective: later steps time it here
-            if len(st.bwd) > nb and len(st.comm) == nc and not self._bwd_hooks_only:
+            if len(st.bwd) > nb and len(st.comm) == nc and not self._bwd_hooks_only and not self.comm.reducer_timed():
                 self._bwd_call = True
             return out
         start = self._mark()
@@ -425,7 +425,9 @@ class Loop(Marks):
     def _bwd_done(self, st, start):
         """(Autograd, every gradient computed.)"""
         try:
-            self._bwd_end(st, start, self._mark())
+            end = self._mark()
+            self._bwd_end(st, start, end)
+            self.comm.grads_done(st, start, end)
         except Exception:
             self._err()
 

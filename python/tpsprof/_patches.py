@@ -29,7 +29,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _c10d, _guard
+from . import _c10d, _comm, _guard
 from . import _active  # the active profiler, read at each call
 
 def _current():
@@ -38,7 +38,7 @@ def _current():
 
 
 __all__ = ["LoaderIter", "wrapped_loader_class", "watch_in_class", "loss_of", "install_checkpoints", "install_loss",
-           "patch_compile", "install_pipelining", "install_collectives", "ddp_comm_hook"]
+           "patch_compile", "install_pipelining", "install_collectives", "ddp_comm_hook", "ddp_buckets"]
 
 
 class LoaderIter:
@@ -496,6 +496,18 @@ def wrap_collective(fn, name):
     collective.__doc__ = fn.__doc__
     collective.__wrapped__ = fn
     return collective
+
+
+@_guard.install("ddp_buckets")
+def ddp_buckets(model):
+    """(PyTorch 1.13, where DDP's reducer all-reduces its buckets in C++,
+    unseen by the wrapped functions.) A DDP model on CPU is measured from
+    its reducer, nothing per bucket (_comm.reducer_timed); elsewhere (a GPU)
+    it gets the timing comm hook. Says which: "reducer" or "comm hook"."""
+    if _comm.reducer_timed(model):
+        return "reducer"
+    ddp_comm_hook(model)
+    return "comm hook"
 
 
 def ddp_comm_hook(model):

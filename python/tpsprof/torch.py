@@ -238,7 +238,7 @@ class TorchProfiler(Loop):
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
         if ddp is not None and not _c10d.installed and (isinstance(model, ddp) or isinstance(inner, ddp)):
-            _patches.ddp_comm_hook(model if isinstance(model, ddp) else inner)
+            _patches.ddp_buckets(model if isinstance(model, ddp) else inner)
 
     def _unwatch_model(self, model):
         """Takes the hooks off model (it is about to be compiled: they move
