@@ -219,8 +219,9 @@ type RunMeta struct {
 	// showing a silent zero.
 	Unmeasured map[string]string `json:"unmeasured,omitempty"`
 	// Hooks are the Python package's hook families (communication, loss,
-	// checkpoints, pipelining) and how each is hooked ("dispatcher",
-	// "functions", "on") or why it is not ("off: …"), as rank 0 installed
+	// checkpoints, pipelining, ddp_buckets) and how each is hooked
+	// ("dispatcher", "functions", "reducer", "comm hook", "on") or why it
+	// is not ("off: …"), as rank 0 installed
 	// them: the report lists those that are off.
 	Hooks map[string]string `json:"hooks,omitempty"`
 }

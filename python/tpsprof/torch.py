@@ -497,7 +497,7 @@ for _name in _OWNED:
     setattr(TorchProfiler, _name, owned(getattr(TorchProfiler, _name)))
 # the communication component's marks, counted as its profiler's own
 _COMM_OWNED = ("now", "issue", "started", "track", "p2p_blocked", "work_waited", "functional_issued",
-               "functional_works", "functional_waited", "begin", "end")
+               "functional_works", "functional_waited", "begin", "end", "reducer_done")
 for _name in _COMM_OWNED:
     setattr(Comm, _name, owned(getattr(Comm, _name), component=True))
 _c10d.skip_dynamo(TorchProfiler._fwd_pre)  # the wrappers share one code object: skipped once for all

@@ -186,7 +186,11 @@ func TestTorchTrainingLoops(t *testing.T) {
 				t.Fatal(err)
 			}
 			checkInvariants(t, rep)
-			if c := rep.CaptureCost; c == nil || len(c.ByComponent) != 2 || c.ByComponent[0].PerStepNs <= 0 || c.ByComponent[0].CPUPerStepNs <= 0 {
+			// the communication component's own thread (the poller) on
+			// torch 2; none on 1.13, where DDP's buckets are measured from
+			// its reducer and no collective of this job passes our marks
+			pollerCPU := torchMajor(py) >= 2
+			if c := rep.CaptureCost; c == nil || len(c.ByComponent) != 2 || c.ByComponent[0].PerStepNs <= 0 || (c.ByComponent[0].CPUPerStepNs > 0) != pollerCPU {
 				t.Errorf("the report's capture cost by component: %+v", rep.CaptureCost)
 			} else {
 				for _, b := range c.ByComponent {
