@@ -1046,7 +1046,7 @@ class ReducerTimedDDPTest(unittest.TestCase):
                 self.assertEqual(guard.installed().get("ddp_buckets"), None)  # the dispatcher sees them
                 return
             self.assertEqual(guard.installed().get("ddp_buckets"), "reducer")
-            self.assertIn(ddp, comm_mod._REDUCER_TIMED)
+            self.assertTrue(any(r() is ddp for r in comm_mod._REDUCER_TIMED))
             self.assertIsNone(prof.comm.poller)  # no collective went through our marks
             self.assertGreaterEqual(len(truth), 8, truth)
             # exposed: DDP's own clock of the same iterations, within 20%

@@ -29,7 +29,7 @@ _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callbac
 
 # DDP models whose gradient all-reduces are measured from the backward's
 # end and the reducer's own timing (reducer_timed): no Python per bucket
-_REDUCER_TIMED = weakref.WeakSet()
+_REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backward)
 # DDP's own timer of the overlap of its all-reduces with the backward's
 # compute (ns), which it sets for its sampled iterations: the first ten,
 # then every hundredth (its logging data's sample rate)
@@ -54,7 +54,8 @@ def reducer_timed(model):
         if any(p.is_cuda for p in model.parameters()):
             return False
         model._tpsprof_ddp = [it, 0]  # synchronised forwards seen, the overlap (ns) DDP last timed
-        _REDUCER_TIMED.add(model)
+        if not any(r() is model for r in _REDUCER_TIMED):
+            _REDUCER_TIMED[:] = [r for r in _REDUCER_TIMED if r() is not None] + [weakref.ref(model)]
         return True
     except Exception:
         return False
@@ -100,7 +101,10 @@ class Comm:
         if not _REDUCER_TIMED or self.prof.cuda:
             return
         try:
-            for m in list(_REDUCER_TIMED):
+            for r in _REDUCER_TIMED:
+                m = r()
+                if m is None:
+                    continue
                 seen = m._tpsprof_ddp
                 it = m.num_iterations  # DDP counts the forwards that synchronise their backward
                 if it != seen[0]:
