@@ -994,11 +994,12 @@ class EarlyImportedCollectiveTest(unittest.TestCase):
 
 
 class ReducerTimedDDPTest(unittest.TestCase):
-    """A DDP model on CPU on PyTorch 1.13 is measured from its reducer, with
-    nothing per bucket: each step's exposed communication (from autograd's
-    end to the end of DDP's wait for its buckets) is DDP's own timing of
-    it, iteration by iteration, and its communication the part DDP timed
-    as hidden plus that. PyTorch 2's buckets pass the dispatcher instead."""
+    """A DDP model on CPU is measured from its reducer, with no mark per
+    bucket: each step's exposed communication (from autograd's end to the
+    end of DDP's wait for its buckets) is DDP's own timing of it, and its
+    communication the part DDP timed as hidden plus that. On PyTorch 2 the
+    buckets still pass the dispatcher's kernel, which counts them and
+    returns; on 1.13 nothing of ours sees them."""
 
     def test_from_the_reducer(self):
         import tpsprof._comm as comm_mod
@@ -1023,11 +1024,13 @@ class ReducerTimedDDPTest(unittest.TestCase):
             sink = Sink()
             prof = tt.instrument(ddp, opt, job="ddp-reducer", rank=0, world_size=1, attempt=0, socket_path=sink.path)
             x = torch.randn(16, 128)
-            timed = tt._c10d.installed is False
             truth = {}  # step -> DDP's own (comm, exposed) of it, ns
+            issued = []  # the collectives our marks saw, by step
+            inner_issue = prof.comm.issue
+            prof.comm.issue = lambda *a, **k: issued.append(i) or inner_issue(*a, **k)
             for i in range(11):
                 out = ddp(x)
-                if timed and i >= 1:
+                if i >= 1:
                     # DDP's forward of this iteration timed the last one
                     # (it times its first ten)
                     got = ddp._get_ddp_logging_data()
@@ -1042,12 +1045,11 @@ class ReducerTimedDDPTest(unittest.TestCase):
             self.assertEqual(len(recs), 11, sink.lines)
             self.assertTrue(all(r.get("comm_ns", 0) > 0 and r.get("exposed_comm_ns", 0) <= r["comm_ns"] for r in recs),
                             [(r.get("comm_ns"), r.get("exposed_comm_ns")) for r in recs])
-            if not timed:
-                self.assertEqual(guard.installed().get("ddp_buckets"), None)  # the dispatcher sees them
-                return
             self.assertEqual(guard.installed().get("ddp_buckets"), "reducer")
             self.assertTrue(any(r() is ddp for r in comm_mod._REDUCER_TIMED))
-            self.assertIsNone(prof.comm.poller)  # no collective went through our marks
+            # no bucket went through our marks (torch 2's second forward
+            # broadcasts DDP's rebuilt buckets, once)
+            self.assertEqual([i for i in issued if i >= 2], [], issued)
             self.assertGreaterEqual(len(truth), 8, truth)
             # exposed: DDP's own clock of the same iterations, within 20%
             # and 50 us a step (its end is the end of its wait, ours a
@@ -1057,9 +1059,11 @@ class ReducerTimedDDPTest(unittest.TestCase):
             want = sum(e for _, e in truth.values())
             self.assertLessEqual(abs(got - want), 0.2 * want + 50000 * len(truth),
                                  "exposed %d ns over %d steps, DDP's own %d ns" % (got, len(truth), want))
-            # communication: the hidden part is DDP's timing of an earlier
-            # iteration; over the steps it times, within 20%
-            steps = sorted(truth)[1:]
+            # communication: the hidden part is DDP's timing of the
+            # iteration before (it says it at the next forward); over the
+            # steps past its first few (its all-reduces slow at first: 4.9
+            # ms, then 2.2), within 20%
+            steps = [i for i in truth if i >= 4]
             got = sum(recs[i]["comm_ns"] for i in steps)
             want = sum(truth[i][0] for i in steps)
             self.assertLessEqual(abs(got - want), 0.2 * want, (got, want))

@@ -188,11 +188,10 @@ def install():
         def ddp_initialise(self, *args, **kwargs):
             ddp_init(self, *args, **kwargs)
             try:
-                # (as watch_model: only where the dispatcher does not see
-                # every collective, PyTorch 1.13; on PyTorch 2 a Python comm
-                # hook would route each bucket through Python for nothing)
-                if not tt._c10d.installed:
-                    tt._patches.ddp_buckets(self)
+                # (as watch_model: from its reducer on CPU; on a GPU a comm
+                # hook only where the dispatcher does not see every
+                # collective, PyTorch 1.13)
+                tt._patches.ddp_buckets(self, tt._c10d.installed)
             except Exception:
                 pass
         ddp.__init__ = ddp_initialise

@@ -221,16 +221,27 @@ def _work_of(out):
     return work
 
 
+# the all-reduces DDP's reducer issues for its buckets
+_DDP = frozenset({"allreduce_", "allreduce_coalesced_"})
+
+
 def _c10d_kernel(op, name, active):
     recv = name in _RECV
     p2p = recv or name in _SEND
+    ddp = name in _DDP
 
     def kernel(*args, **kwargs):
         prof = active()
-        if prof is None or not _real(args):
+        if prof is None:
             return _call(op, args, kwargs)
         comm = prof.comm
         g = comm.tls
+        if ddp and g.ddp is not None:
+            # a DDP model's bucket, measured from its reducer: counted only
+            g.ddp += 1
+            return _call(op, args, kwargs)
+        if not _real(args):
+            return _call(op, args, kwargs)
         if g.comm:
             out = _call(op, args, kwargs)
             box = g.inner

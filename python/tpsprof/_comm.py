@@ -37,23 +37,31 @@ _OVERLAP = "backward_compute_comm_overlap_time"
 
 
 def reducer_timed(model):
-    """Measures the gradient all-reduces of ``model``, a DDP model on CPU
-    on PyTorch 1.13, without a hook per bucket: a step's exposed part runs
-    from autograd's end (every gradient computed) to the end of DDP's own
-    wait for its buckets, and the part the backward hides is DDP's own
-    timer of it (read on its sampled iterations). A comm hook, the
-    alternative, runs Python for every bucket (its all-reduce, our marks,
-    a future's callback, the poller's look at it: ~3 ms a step of the
-    training thread for 13 buckets on this machine). False where the model
-    does not say what this needs (its synchronised forwards, its timers;
-    PyTorch 2's DDP, whose buckets pass the dispatcher) or is on a GPU."""
+    """Measures the gradient all-reduces of ``model``, a DDP model on CPU,
+    without our marks per bucket: a step's exposed part runs from
+    autograd's end (every gradient computed) to the end of DDP's own wait
+    for its buckets, and the part the backward hides is DDP's own timer of
+    it (read on its sampled iterations). Whether a backward synchronises:
+    DDP's count of such forwards (``num_iterations``, PyTorch 1.13), or
+    (PyTorch 2, no such count) whether its all-reduces passed the
+    dispatcher during the backward (the kernel counts them and returns).
+    The per-bucket path it replaces, a comm hook (1.13) or our marks at
+    the dispatcher (2.x), ran Python for every bucket: its marks, a
+    future's callback, the poller's look at its work (~3 ms a step of the
+    training thread for 13 buckets on 1.13 on this machine). False where
+    the model lacks DDP's timers or is on a GPU (there each bucket is
+    timed: its CUDA events)."""
     try:
         it = getattr(model, "num_iterations", None)
-        if it.__class__ is not int or not callable(getattr(model, "_get_ddp_logging_data", None)):
+        if it is not None and it.__class__ is not int:
+            return False
+        if not callable(getattr(model, "_get_ddp_logging_data", None)):
             return False
         if any(p.is_cuda for p in model.parameters()):
             return False
-        model._tpsprof_ddp = [it, 0]  # synchronised forwards seen, the overlap (ns) DDP last timed
+        # synchronised forwards seen (None: told at the dispatcher), the
+        # overlap (ns) DDP last timed, the synchronised backward passes seen
+        model._tpsprof_ddp = [it, 0, 0]
         if not any(r() is model for r in _REDUCER_TIMED):
             _REDUCER_TIMED[:] = [r for r in _REDUCER_TIMED if r() is not None] + [weakref.ref(model)]
         return True
@@ -92,12 +100,26 @@ class Comm:
         hooks, whose callback sees the gradients done before DDP waits."""
         return bool(_REDUCER_TIMED)
 
+    def backward_started(self):
+        """(The forward's output gradient is ready: a backward begins.) The
+        dispatcher kernels count a reducer-timed DDP model's all-reduces
+        from now, to say whether it synchronises (PyTorch 2)."""
+        if _REDUCER_TIMED and not self.prof.cuda:
+            self.tls.ddp = 0
+
+    def window_closed(self):
+        """(The optimizer's step.) No backward's all-reduces are counted
+        past it (a backward that raised left its count open)."""
+        self.tls.ddp = None
+
     def grads_done(self, st, start, end):
         """(Autograd's first callback, every gradient of the backward
         computed at ``end``; the backward began at ``start``.) A
         reducer-timed DDP model whose forward synchronises this backward
         waits for its buckets in a callback queued after ours (when its
         last bucket was ready): one queued now runs after that wait."""
+        g = self.tls
+        issued, g.ddp = g.ddp, None
         if not _REDUCER_TIMED or self.prof.cuda:
             return
         try:
@@ -106,9 +128,14 @@ class Comm:
                 if m is None:
                     continue
                 seen = m._tpsprof_ddp
-                it = m.num_iterations  # DDP counts the forwards that synchronise their backward
-                if it != seen[0]:
+                if seen[0] is None:
+                    synced = bool(issued)  # its all-reduces passed the dispatcher
+                    issued = 0  # (one model's: what was counted is not told apart)
+                else:
+                    it = m.num_iterations  # DDP counts the forwards that synchronise their backward
+                    synced = it != seen[0]
                     seen[0] = it
+                if synced:
                     # (the exposed part from now: our callback's own time
                     # before it is ours, capture_ns, not DDP's)
                     _engine.queue_callback(functools.partial(self.reducer_done, st, start, end, self.prof.mark_now(), m))
@@ -124,7 +151,8 @@ class Comm:
         try:
             end = self.prof.mark_now()
             seen = m._tpsprof_ddp
-            it = seen[0]
+            seen[2] += 1
+            it = seen[0] if seen[0] is not None else seen[2]  # (DDP's count, or ours)
             if it <= 12 or it % 100 <= 2:  # DDP timed a recent iteration: read it (~15 us)
                 v = m._get_ddp_logging_data().get(_OVERLAP)
                 if v.__class__ is int and v >= 0:

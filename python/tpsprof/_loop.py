@@ -418,6 +418,7 @@ class Loop(Marks):
             # Runs when autograd has computed every gradient, before DDP
             # waits for its buckets (its callback is queued later).
             _engine.queue_callback(functools.partial(self._bwd_done, st, start))
+            self.comm.backward_started()
         except Exception:
             self._err()
 
@@ -452,6 +453,7 @@ class Loop(Marks):
             if self._cur.counter is not None:
                 self.flops.stop(self._cur)
             self._cur.optim_open = self._mark()
+            self.comm.window_closed()
             self.comm.sweep()
         except Exception:
             self._err()

@@ -499,13 +499,16 @@ def wrap_collective(fn, name):
 
 
 @_guard.install("ddp_buckets")
-def ddp_buckets(model):
-    """(PyTorch 1.13, where DDP's reducer all-reduces its buckets in C++,
-    unseen by the wrapped functions.) A DDP model on CPU is measured from
-    its reducer, nothing per bucket (_comm.reducer_timed); elsewhere (a GPU)
-    it gets the timing comm hook. Says which: "reducer" or "comm hook"."""
+def ddp_buckets(model, dispatcher=False):
+    """How a DDP model's gradient all-reduces are measured: on CPU from its
+    reducer, nothing per bucket (_comm.reducer_timed); on a GPU by the
+    dispatcher's kernels (PyTorch 2) or, where collectives are wrapped
+    functions (1.13: the reducer's, in C++, pass none), by the timing comm
+    hook. Says which: "reducer", "dispatcher" or "comm hook"."""
     if _comm.reducer_timed(model):
         return "reducer"
+    if dispatcher:
+        return "dispatcher"
     ddp_comm_hook(model)
     return "comm hook"
 

@@ -80,6 +80,10 @@ class _Guards(threading.local):
     # inside a functional collective on CPU: the works of the c10d calls
     # it makes, which end its span when they complete (else None)
     inner = None
+    # inside the backward of a DDP model measured from its reducer
+    # (PyTorch 2): the all-reduces its buckets passed the dispatcher with
+    # (else None; _comm.reducer_timed)
+    ddp = None
 
 
 def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, torch.optim.Optimizer, List[torch.optim.Optimizer]] = None,
@@ -237,8 +241,8 @@ class TorchProfiler(Loop):
         _patches.patch_compile()
         ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
         inner = getattr(model, "_orig_mod", None)  # torch.compile's OptimizedModule
-        if ddp is not None and not _c10d.installed and (isinstance(model, ddp) or isinstance(inner, ddp)):
-            _patches.ddp_buckets(model if isinstance(model, ddp) else inner)
+        if ddp is not None and (isinstance(model, ddp) or isinstance(inner, ddp)):
+            _patches.ddp_buckets(model if isinstance(model, ddp) else inner, _c10d.installed)
 
     def _unwatch_model(self, model):
         """Takes the hooks off model (it is about to be compiled: they move
