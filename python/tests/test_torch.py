@@ -994,12 +994,13 @@ class EarlyImportedCollectiveTest(unittest.TestCase):
 
 
 class ReducerTimedDDPTest(unittest.TestCase):
-    """A DDP model on CPU is measured from its reducer, with no mark per
-    bucket: each step's exposed communication (from autograd's end to the
-    end of DDP's wait for its buckets) is DDP's own timing of it, and its
-    communication the part DDP timed as hidden plus that. On PyTorch 2 the
-    buckets still pass the dispatcher's kernel, which counts them and
-    returns; on 1.13 nothing of ours sees them."""
+    """A DDP model on CPU is measured from its reducer: each step's exposed
+    communication (from autograd's end to the end of DDP's wait for its
+    buckets) is DDP's own timing of it. The part the backward hides: on
+    PyTorch 2 measured on sampled backward passes (each bucket marked, as
+    any collective) and carried to the others, whose buckets the
+    dispatcher's kernel counts and returns; on 1.13, where nothing of ours
+    sees a bucket, not measured, and the run says so."""
 
     def test_from_the_reducer(self):
         import tpsprof._comm as comm_mod
@@ -1024,11 +1025,12 @@ class ReducerTimedDDPTest(unittest.TestCase):
             sink = Sink()
             prof = tt.instrument(ddp, opt, job="ddp-reducer", rank=0, world_size=1, attempt=0, socket_path=sink.path)
             x = torch.randn(16, 128)
-            truth = {}  # step -> DDP's own (comm, exposed) of it, ns
+            truth = {}  # step -> DDP's own exposed part of it, ns
             issued = []  # the collectives our marks saw, by step
             inner_issue = prof.comm.issue
             prof.comm.issue = lambda *a, **k: issued.append(i) or inner_issue(*a, **k)
-            for i in range(11):
+            steps = 12
+            for i in range(steps):
                 out = ddp(x)
                 if i >= 1:
                     # DDP's forward of this iteration timed the last one
@@ -1036,37 +1038,50 @@ class ReducerTimedDDPTest(unittest.TestCase):
                     got = ddp._get_ddp_logging_data()
                     c, o = got.get("backward_comm_time"), got.get("backward_compute_comm_overlap_time")
                     if c is not None and o is not None:
-                        truth[i - 1] = (c, c - o)
+                        truth[i - 1] = c - o
                 out.sum().backward()
                 opt.step()
                 opt.zero_grad()
             prof.close(timeout=5)
-            recs = sink.records(11, timeout=5)
-            self.assertEqual(len(recs), 11, sink.lines)
-            self.assertTrue(all(r.get("comm_ns", 0) > 0 and r.get("exposed_comm_ns", 0) <= r["comm_ns"] for r in recs),
-                            [(r.get("comm_ns"), r.get("exposed_comm_ns")) for r in recs])
+            recs = sink.records(steps, timeout=5)
+            self.assertEqual(len(recs), steps, sink.lines)
             self.assertEqual(guard.installed().get("ddp_buckets"), "reducer")
             self.assertTrue(any(r() is ddp for r in comm_mod._REDUCER_TIMED))
-            # no bucket went through our marks (torch 2's second forward
-            # broadcasts DDP's rebuilt buckets, once)
-            self.assertEqual([i for i in issued if i >= 2], [], issued)
             self.assertGreaterEqual(len(truth), 8, truth)
-            # exposed: DDP's own clock of the same iterations, within 20%
-            # and 50 us a step (its end is the end of its wait, ours a
-            # callback later); summed (a preempted callback on this 2-core
-            # machine read one step 300 us against 140)
-            got = sum(recs[i]["exposed_comm_ns"] for i in truth)
-            want = sum(e for _, e in truth.values())
-            self.assertLessEqual(abs(got - want), 0.2 * want + 50000 * len(truth),
-                                 "exposed %d ns over %d steps, DDP's own %d ns" % (got, len(truth), want))
-            # communication: the hidden part is DDP's timing of the
-            # iteration before (it says it at the next forward); over the
-            # steps past its first few (its all-reduces slow at first: 4.9
-            # ms, then 2.2), within 20%
-            steps = [i for i in truth if i >= 4]
-            got = sum(recs[i]["comm_ns"] for i in steps)
-            want = sum(truth[i][0] for i in steps)
-            self.assertLessEqual(abs(got - want), 0.2 * want, (got, want))
+            # exposed: DDP's own clock of the same iterations (from its
+            # backward's compute end to the end of its wait), within 20%
+            # and 50 us a step (ours ends a callback after its wait);
+            # summed (a preempted callback on this 2-core machine read one
+            # step 300 us against 140). On torch 2's sampled backward
+            # passes each bucket's span says it instead: there DDP's wait
+            # that it counts also holds its own work after the buckets
+            # complete (~70-100 us here, world size 1), which the spans
+            # do not
+            n = comm_mod.SAMPLE_FIRST if tt._c10d.installed else 0
+            timed = [i for i in truth if i >= n]
+            got = sum(recs[i].get("exposed_comm_ns", 0) for i in timed)
+            want = sum(truth[i] for i in timed)
+            self.assertGreaterEqual(len(timed), 6, truth)
+            self.assertLessEqual(abs(got - want), 0.2 * want + 50000 * len(timed),
+                                 "exposed %d ns over %d steps, DDP's own %d ns" % (got, len(timed), want))
+            hidden = [r.get("comm_ns", 0) - r.get("exposed_comm_ns", 0) for r in recs]
+            said = [x.get("unmeasured", {}).get("communication") for x in sink.lines if x.get("type") == "meta"]
+            self.assertTrue(all(r.get("comm_ns", 0) > 0 and h >= 0 for r, h in zip(recs, hidden)), hidden)
+            if tt._c10d.installed:
+                # sampled: each bucket marked (the first backward passes);
+                # between, none, and the part hidden the last sample's
+                self.assertEqual([i for i in issued if i >= n], [], issued)
+                self.assertTrue(all(i in issued for i in range(n)), issued)
+                self.assertGreater(hidden[n - 1], 0, hidden)
+                for i in range(n, steps):
+                    self.assertLessEqual(abs(hidden[i] - hidden[n - 1]), 2000, (i, hidden))
+                self.assertFalse(any(said), said)
+            else:
+                # 1.13: no bucket passes anything of ours; the hidden part
+                # is not measured, and said once
+                self.assertEqual(issued, [])
+                self.assertEqual(hidden, [0] * steps)
+                self.assertEqual(len([w for w in said if w]), 1, said)
         finally:
             torch.distributed.destroy_process_group()
 

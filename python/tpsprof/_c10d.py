@@ -237,9 +237,11 @@ def _c10d_kernel(op, name, active):
         comm = prof.comm
         g = comm.tls
         if ddp and g.ddp is not None:
-            # a DDP model's bucket, measured from its reducer: counted only
+            # a DDP model's bucket, measured from its reducer: counted
+            # (and marked as any collective on a sampled backward)
             g.ddp += 1
-            return _call(op, args, kwargs)
+            if not g.ddp_mark:
+                return _call(op, args, kwargs)
         if not _real(args):
             return _call(op, args, kwargs)
         if g.comm:

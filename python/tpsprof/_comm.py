@@ -15,12 +15,14 @@ profiler counts the training thread's time in these marks as its own
 """
 
 import functools
+import os
 import threading
 import time
 import weakref
 
 import torch
 
+from ._intervals import intersect, length
 from ._sender import Poller
 
 __all__ = ["Comm", "reducer_timed"]
@@ -30,38 +32,43 @@ _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callbac
 # DDP models whose gradient all-reduces are measured from the backward's
 # end and the reducer's own timing (reducer_timed): no Python per bucket
 _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backward)
-# DDP's own timer of the overlap of its all-reduces with the backward's
-# compute (ns), which it sets for its sampled iterations: the first ten,
-# then every hundredth (its logging data's sample rate)
-_OVERLAP = "backward_compute_comm_overlap_time"
+# (PyTorch 2) a reducer-timed backward whose buckets are marked one by one,
+# to measure the part the backward hides: the first SAMPLE_FIRST, then one
+# in SAMPLE_EVERY (each costs the per-bucket path's ~50 us a bucket)
+SAMPLE_FIRST = 4
+SAMPLE_EVERY = 50
+_UNHIDDEN = ("DDP's all-reduces on CPU on torch 1.13: the part the backward hides (a comm hook would "
+             "time each bucket, ~50 us a bucket: TPSPROF_DDP_BUCKETS=hook)")
 
 
 def reducer_timed(model):
     """Measures the gradient all-reduces of ``model``, a DDP model on CPU,
-    without our marks per bucket: a step's exposed part runs from
+    with no mark per bucket on most steps: a step's exposed part runs from
     autograd's end (every gradient computed) to the end of DDP's own wait
-    for its buckets, and the part the backward hides is DDP's own timer of
-    it (read on its sampled iterations). Whether a backward synchronises:
-    DDP's count of such forwards (``num_iterations``, PyTorch 1.13), or
-    (PyTorch 2, no such count) whether its all-reduces passed the
-    dispatcher during the backward (the kernel counts them and returns).
-    The per-bucket path it replaces, a comm hook (1.13) or our marks at
-    the dispatcher (2.x), ran Python for every bucket: its marks, a
-    future's callback, the poller's look at its work (~3 ms a step of the
-    training thread for 13 buckets on 1.13 on this machine). False where
-    the model lacks DDP's timers or is on a GPU (there each bucket is
-    timed: its CUDA events)."""
+    for its buckets (two callbacks; Comm.grads_done). The part the backward
+    hides is, on PyTorch 2, the buckets' spans measured on sampled steps
+    (the first few, then one in ``SAMPLE_EVERY``), carried to the steps
+    between; on 1.13 no bucket passes anything of ours (a comm hook would
+    run Python for each, ~50 us), so that part is not measured there and
+    the run says so. Whether a backward synchronises: on 1.13 DDP's count
+    of such forwards (``num_iterations``); on PyTorch 2 (no such count)
+    whether its all-reduces passed the dispatcher during the backward (the
+    kernel counts them and returns). The per-bucket path this replaces ran
+    Python for every bucket: its marks, a future's callback, the poller's
+    look at its work (~3 ms a step of the training thread for 13 buckets
+    on 1.13 on this machine). False where the model is on a GPU (each
+    bucket is timed there: its CUDA events), or TPSPROF_DDP_BUCKETS=hook."""
     try:
+        if os.environ.get("TPSPROF_DDP_BUCKETS") == "hook":
+            return False
         it = getattr(model, "num_iterations", None)
         if it is not None and it.__class__ is not int:
-            return False
-        if not callable(getattr(model, "_get_ddp_logging_data", None)):
             return False
         if any(p.is_cuda for p in model.parameters()):
             return False
         # synchronised forwards seen (None: told at the dispatcher), the
-        # overlap (ns) DDP last timed, the synchronised backward passes seen
-        model._tpsprof_ddp = [it, 0, 0]
+        # hidden part (ns) last measured (None: never, or not measurable)
+        model._tpsprof_ddp = [it, None]
         if not any(r() is model for r in _REDUCER_TIMED):
             _REDUCER_TIMED[:] = [r for r in _REDUCER_TIMED if r() is not None] + [weakref.ref(model)]
         return True
@@ -78,6 +85,7 @@ class Comm:
         self.poller = None  # (CPU) the thread that polls works in flight, once one is
         self.recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
         self.fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
+        self.ddp_backwards = 0  # synchronised backward passes of reducer-timed DDP models
 
     def sweep(self):
         """The training thread's look at the works in flight (a phase
@@ -100,12 +108,17 @@ class Comm:
         hooks, whose callback sees the gradients done before DDP waits."""
         return bool(_REDUCER_TIMED)
 
-    def backward_started(self):
-        """(The forward's output gradient is ready: a backward begins.) The
-        dispatcher kernels count a reducer-timed DDP model's all-reduces
-        from now, to say whether it synchronises (PyTorch 2)."""
+    def backward_started(self, st):
+        """(The forward's output gradient is ready: a backward of step st
+        begins.) The dispatcher kernels count a reducer-timed DDP model's
+        all-reduces from now, to say whether it synchronises (PyTorch 2),
+        and on a sampled backward mark each as well."""
         if _REDUCER_TIMED and not self.prof.cuda:
-            self.tls.ddp = 0
+            g = self.tls
+            g.ddp = 0
+            n = self.ddp_backwards
+            g.ddp_mark = n < SAMPLE_FIRST or n % SAMPLE_EVERY == 0
+            g.ddp_from = len(st.comm)
 
     def window_closed(self):
         """(The optimizer's step.) No backward's all-reduces are counted
@@ -131,32 +144,39 @@ class Comm:
                 if seen[0] is None:
                     synced = bool(issued)  # its all-reduces passed the dispatcher
                     issued = 0  # (one model's: what was counted is not told apart)
+                    sampled = g.ddp_mark
                 else:
                     it = m.num_iterations  # DDP counts the forwards that synchronise their backward
                     synced = it != seen[0]
                     seen[0] = it
+                    sampled = False
                 if synced:
                     # (the exposed part from now: our callback's own time
                     # before it is ours, capture_ns, not DDP's)
-                    _engine.queue_callback(functools.partial(self.reducer_done, st, start, end, self.prof.mark_now(), m))
+                    _engine.queue_callback(functools.partial(
+                        self.reducer_done, st, start, end, self.prof.mark_now(), m, g.ddp_from if sampled else -1))
         except Exception:
             self.prof.failed()
 
-    def reducer_done(self, st, start, done, queued, m):
+    def reducer_done(self, st, start, done, queued, m, first):
         """(Autograd's callback after DDP's wait for its buckets.) The
         step's communication: from our first callback's end (``queued``)
-        to now, exposed; before the backward's compute end (``done``), the
-        part DDP last timed as hidden by the backward (at most the
-        backward)."""
+        to now, exposed, and before the backward's compute end (``done``)
+        the part the backward hid, as last measured. A sampled backward
+        (``first``: its buckets' cells in st.comm from there) measures
+        that part instead: its buckets are all complete now."""
         try:
             end = self.prof.mark_now()
             seen = m._tpsprof_ddp
-            seen[2] += 1
-            it = seen[0] if seen[0] is not None else seen[2]  # (DDP's count, or ours)
-            if it <= 12 or it % 100 <= 2:  # DDP timed a recent iteration: read it (~15 us)
-                v = m._get_ddp_logging_data().get(_OVERLAP)
-                if v.__class__ is int and v >= 0:
-                    seen[1] = v
+            self.ddp_backwards += 1
+            if first >= 0:
+                self.sweep()  # (complete: DDP waited for them)
+                cells = [(c[0], c[1] if c[1] is not None else end) for c in st.comm[first:]]
+                seen[1] = length(intersect(cells, [(start, done)]))
+                return
+            if seen[0] is not None and seen[1] is None:
+                seen[1] = 0  # (1.13: said once)
+                self.prof.unmeasured("communication", _UNHIDDEN)
             if seen[1]:
                 st.comm.append([max(start, done - seen[1]), done])
             st.comm.append([queued, end])

@@ -418,7 +418,7 @@ class Loop(Marks):
             # Runs when autograd has computed every gradient, before DDP
             # waits for its buckets (its callback is queued later).
             _engine.queue_callback(functools.partial(self._bwd_done, st, start))
-            self.comm.backward_started()
+            self.comm.backward_started(st)
         except Exception:
             self._err()
 

@@ -84,6 +84,8 @@ class _Guards(threading.local):
     # (PyTorch 2): the all-reduces its buckets passed the dispatcher with
     # (else None; _comm.reducer_timed)
     ddp = None
+    ddp_mark = False  # (there) a sampled backward: each all-reduce marked as well
+    ddp_from = 0  # (there) the step's communication cells before the backward
 
 
 def instrument(model: Optional[torch.nn.Module] = None, optimizer: Union[None, torch.optim.Optimizer, List[torch.optim.Optimizer]] = None,
