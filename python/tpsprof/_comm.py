@@ -33,9 +33,15 @@ _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callbac
 # end and the reducer's own timing (reducer_timed): no Python per bucket
 _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backward)
 # (PyTorch 2) a reducer-timed backward whose buckets are marked one by one,
-# to measure the part the backward hides: the first SAMPLE_FIRST, then one
-# in SAMPLE_EVERY (each costs the per-bucket path's ~50 us a bucket)
-SAMPLE_FIRST = 4
+# to measure the part the backward hides: the first SAMPLE_FIRST (as DDP
+# times its own first ten: the warm-up's backward passes vary most, with
+# recompilations and rebuilt buckets), then one in SAMPLE_EVERY (each costs
+# the per-bucket path's ~50 us a bucket). Between two, a step carries the
+# last one's hidden part: an estimate (the exposed part is measured every
+# step). In a compiled DDP job whose ranks took turns waiting for each
+# other, four samples carried over six steps read 0.70-1.65x the buckets'
+# transfers summed per rank (gloo's own events).
+SAMPLE_FIRST = 10
 SAMPLE_EVERY = 50
 _UNHIDDEN = ("DDP's all-reduces on CPU on torch 1.13: the part the backward hides (a comm hook would "
              "time each bucket, ~50 us a bucket: TPSPROF_DDP_BUCKETS=hook)")
