@@ -29,8 +29,8 @@ __all__ = ["Comm", "reducer_timed"]
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
-# DDP models whose gradient all-reduces are measured from the backward's
-# end and the reducer's own timing (reducer_timed): no Python per bucket
+# DDP models whose gradient all-reduces are measured around the reducer's
+# wait for them (reducer_timed): no mark per bucket between samples
 _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backward)
 # (PyTorch 2) a reducer-timed backward whose buckets are marked one by one,
 # to measure the part the backward hides: the first SAMPLE_FIRST (as DDP
@@ -108,7 +108,7 @@ class Comm:
             self.poller.stop()
 
     @staticmethod
-    def reducer_timed():
+    def any_reducer_timed():
         """True when a DDP model's buckets are measured from its reducer
         (reducer_timed): backward passes are then timed by autograd's
         hooks, whose callback sees the gradients done before DDP waits."""

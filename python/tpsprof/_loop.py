@@ -387,7 +387,7 @@ class Loop(Marks):
             out = inner(t, *args, **kwargs)
             # the watched output's backward ran inside this call, with no
             # collective: later steps time it here
-            if len(st.bwd) > nb and len(st.comm) == nc and not self._bwd_hooks_only and not self.comm.reducer_timed():
+            if len(st.bwd) > nb and len(st.comm) == nc and not self._bwd_hooks_only and not self.comm.any_reducer_timed():
                 self._bwd_call = True
             return out
         start = self._mark()
