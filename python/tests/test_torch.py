@@ -1034,6 +1034,12 @@ class ReducerTimedDDPTest(unittest.TestCase):
             for mark in ("issue", "begin"):  # (the dispatcher's kernels; 1.13's wrapped functions)
                 inner = getattr(prof.comm, mark)
                 setattr(prof.comm, mark, lambda *a, _inner=inner, **k: issued.append(i) or _inner(*a, **k))
+            # the buckets our kernels saw in each backward (PyTorch 2: the
+            # sampled ones; between, none reach them), and whether DDP's
+            # all-reduces were past them once a step was over
+            counted, after = [], []
+            done = prof.comm.grads_done
+            prof.comm.grads_done = lambda *a: counted.append(prof.comm.tls.ddp) or done(*a)
             steps = 12
             for i in range(steps):
                 out = ddp(x)
@@ -1046,9 +1052,18 @@ class ReducerTimedDDPTest(unittest.TestCase):
                         truth[i - 1] = c - o  # (unchanged: an iteration DDP did not time)
                     last = (c, o)
                 out.sum().backward()
+                if i in (6, 9):
+                    # a micro-batch that does not synchronise: no wait of
+                    # DDP's to time, no bucket
+                    with ddp.no_sync():
+                        ddp(x).sum().backward()
                 opt.step()
                 opt.zero_grad()
+                after.append((tt._c10d._bypass is not None, prof.comm.bypassed))
             prof.close(timeout=5)
+            # one synchronised backward a step, the no_sync ones not counted
+            self.assertEqual(prof.comm.ddp_backwards, steps)
+            self.assertEqual(after, [(False, False)] * steps)
             recs = sink.records(steps, timeout=5)
             self.assertEqual(len(recs), steps, sink.lines)
             self.assertEqual(guard.installed().get("ddp_buckets"), "reducer")
@@ -1078,6 +1093,12 @@ class ReducerTimedDDPTest(unittest.TestCase):
                 # between, none, and the part hidden the last sample's
                 self.assertEqual([i for i in issued if i >= n], [], issued)
                 self.assertTrue(all(i in issued for i in range(n)), issued)
+                # between samples DDP's buckets skip our kernels entirely
+                # (a fallthrough over them: _c10d.set_ddp_bypass): none
+                # counted there, every one on a sampled backward
+                self.assertEqual(len(counted), steps + 2, counted)
+                self.assertTrue(all(c and c > 0 for c in counted[:n]), counted)
+                self.assertEqual(counted[n:], [0] * (steps + 2 - n), counted)
                 self.assertGreater(hidden[n - 1], 0, hidden)
                 for i in range(n, steps):
                     self.assertLessEqual(abs(hidden[i] - hidden[n - 1]), 2000, (i, hidden))

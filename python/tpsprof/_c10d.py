@@ -165,6 +165,60 @@ def install(active):
         return True
 
 
+# DDP's bucket all-reduces past our kernels (set_ddp_bypass): a fallthrough
+# registered over our kernel at BackendSelect, in C++, so the dispatcher
+# goes straight to the backend's kernel. A Python kernel costs each call
+# ~15-40 us on PyTorch 2.14 (the call into Python and back, boxing the
+# process group and the work), ~13 buckets a step in the cost protocol's
+# job: most of what the package cost its training thread there. Putting
+# the fallthrough on and taking it off costs ~4 us together (the
+# registration handle's own C++ API; torch.library's Python layer over it
+# ~8 us). Our kernel stays registered beneath it (nothing of ours is freed
+# while a call may run it).
+_BYPASS_OPS = ("allreduce_",)
+_bypass = None  # the registration while on
+_bypass_warned = False
+
+
+def set_ddp_bypass(on):
+    """Puts DDP's all-reduces past our kernels (on) or back through them.
+    Returns whether they are past them now. Called on the training thread
+    at a reducer-timed DDP backward's start and end (tpsprof._comm): any
+    all-reduce issued meanwhile, by DDP or by another thread, is not seen
+    by our kernels."""
+    global _bypass, _bypass_warned
+    if not on:
+        b, _bypass = _bypass, None
+        if b is not None:
+            b.reset()
+        return False
+    if _bypass is not None:
+        return True
+    if not installed or _fallthrough is None:
+        return False
+    try:
+        m = torch._C._dispatch_library("IMPL", "c10d", "", "", 0)
+        if not _bypass_warned:
+            # PyTorch warns once that a kernel is overridden (ours)
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for name in _BYPASS_OPS:
+                    m.impl(name, "BackendSelect", _fallthrough, False)
+            _bypass_warned = True
+        else:
+            for name in _BYPASS_OPS:
+                m.impl(name, "BackendSelect", _fallthrough, False)
+    except Exception:
+        return False
+    _bypass = m
+    return True
+
+
+_fallthrough = getattr(getattr(torch, "library", None), "fallthrough_kernel", None) \
+    if hasattr(torch._C, "_dispatch_library") else None
+
+
 # the dispatch keys after BackendSelect (a constant of the PyTorch build)
 _AFTER = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.BackendSelect) \
     if hasattr(torch._C, "_dispatch_keyset_full_after") else None

@@ -22,6 +22,7 @@ import weakref
 
 import torch
 
+from . import _c10d
 from ._intervals import intersect, length
 from ._sender import Poller
 
@@ -92,6 +93,7 @@ class Comm:
         self.recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
         self.fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
         self.ddp_backwards = 0  # synchronised backward passes of reducer-timed DDP models
+        self.bypassed = False  # DDP's all-reduces past our kernels now (_c10d.set_ddp_bypass)
 
     def sweep(self):
         """The training thread's look at the works in flight (a phase
@@ -104,6 +106,8 @@ class Comm:
         return self.poller.cpu_ns() if self.poller is not None else 0
 
     def stop(self):
+        if self.bypassed:
+            self.bypassed = _c10d.set_ddp_bypass(False)
         if self.poller is not None:
             self.poller.stop()
 
@@ -125,11 +129,18 @@ class Comm:
             n = self.ddp_backwards
             g.ddp_mark = n < SAMPLE_FIRST or n % SAMPLE_EVERY == 0
             g.ddp_from = len(st.comm)
+            if not g.ddp_mark and _c10d.installed:
+                # between samples DDP's buckets skip our kernels (~15-40 us
+                # each on PyTorch 2); whether the backward synchronises is
+                # then DDP's own flag (grads_done)
+                self.bypassed = _c10d.set_ddp_bypass(True)
 
     def window_closed(self):
         """(The optimizer's step.) No backward's all-reduces are counted
         past it (a backward that raised left its count open)."""
         self.tls.ddp = None
+        if self.bypassed:
+            self.bypassed = _c10d.set_ddp_bypass(False)
 
     def grads_done(self, st, start, end):
         """(Autograd's first callback, every gradient of the backward
@@ -141,13 +152,19 @@ class Comm:
         issued, g.ddp = g.ddp, None
         if not _REDUCER_TIMED or self.prof.cuda:
             return
+        queued = False
         try:
             for r in _REDUCER_TIMED:
                 m = r()
                 if m is None:
                     continue
                 seen = m._tpsprof_ddp
-                if seen[0] is None:
+                if seen[0] is None and self.bypassed:
+                    # (PyTorch 2, past our kernels) DDP's own flag: its
+                    # forward prepared the reducer for this backward
+                    synced = getattr(m, "require_forward_param_sync", False) is True
+                    sampled = False
+                elif seen[0] is None:
                     synced = bool(issued)  # its all-reduces passed the dispatcher
                     issued = 0  # (one model's: what was counted is not told apart)
                     sampled = g.ddp_mark
@@ -161,8 +178,11 @@ class Comm:
                     # before it is ours, capture_ns, not DDP's)
                     _engine.queue_callback(functools.partial(
                         self.reducer_done, st, start, end, self.prof.mark_now(), m, g.ddp_from if sampled else -1))
+                    queued = True
         except Exception:
             self.prof.failed()
+        if self.bypassed and not queued:
+            self.bypassed = _c10d.set_ddp_bypass(False)  # no wait of DDP's follows
 
     def reducer_done(self, st, start, done, queued, m, first):
         """(Autograd's callback after DDP's wait for its buckets.) The
@@ -173,6 +193,8 @@ class Comm:
         that part instead: its buckets are all complete now."""
         try:
             end = self.prof.mark_now()
+            if self.bypassed:
+                self.bypassed = _c10d.set_ddp_bypass(False)  # (every bucket done)
             seen = m._tpsprof_ddp
             self.ddp_backwards += 1
             if first >= 0:
