@@ -203,16 +203,22 @@ def set_ddp_bypass(on):
             import warnings
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                for name in _BYPASS_OPS:
-                    m.impl(name, "BackendSelect", _fallthrough, False)
+                _fall(m)
             _bypass_warned = True
         else:
-            for name in _BYPASS_OPS:
-                m.impl(name, "BackendSelect", _fallthrough, False)
+            _fall(m)
     except Exception:
         return False
     _bypass = m
     return True
+
+
+def _fall(m):
+    for name in _BYPASS_OPS:
+        try:
+            m.impl(name, "BackendSelect", _fallthrough, False)
+        except TypeError:  # (before PyTorch 2.2: no with_keyset argument)
+            m.impl(name, "BackendSelect", _fallthrough)
 
 
 _fallthrough = getattr(getattr(torch, "library", None), "fallthrough_kernel", None) \

@@ -59,8 +59,10 @@ def reducer_timed(model):
     run Python for each, ~50 us), so that part is not measured there and
     the run says so. Whether a backward synchronises: on 1.13 DDP's count
     of such forwards (``num_iterations``); on PyTorch 2 (no such count)
-    whether its all-reduces passed the dispatcher during the backward (the
-    kernel counts them and returns). The per-bucket path this replaces ran
+    DDP's flag that its forward prepared the reducer
+    (``require_forward_param_sync``), whose buckets then skip our kernels
+    (``_c10d.set_ddp_bypass``), or on a sampled backward whether its
+    all-reduces passed our kernel. The per-bucket path this replaces ran
     Python for every bucket: its marks, a future's callback, the poller's
     look at its work (~3 ms a step of the training thread for 13 buckets
     on 1.13 on this machine). False where the model is on a GPU (each
