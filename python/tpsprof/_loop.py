@@ -142,6 +142,8 @@ class Loop(Marks):
     # -- step life ----------------------------------------------------------
     def _begin(self):
         self.flops.step_begins()
+        if self.comm.bypassed:
+            self.comm.window_closed()  # (a backward that raised left DDP's all-reduces past our kernels)
         # A step runs from the end of the rank's previous step (the loop's
         # period): time outside hooked work (a get_batch from a token
         # array, logging, zero_grad) is the step's, never lost between
