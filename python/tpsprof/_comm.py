@@ -132,7 +132,7 @@ class Comm:
             g.ddp_mark = n < SAMPLE_FIRST or n % SAMPLE_EVERY == 0
             g.ddp_from = len(st.comm)
             if not g.ddp_mark and _c10d.installed:
-                # between samples DDP's buckets skip our kernels (~15-40 us
+                # between samples DDP's buckets skip our kernels (~40 us
                 # each on PyTorch 2); whether the backward synchronises is
                 # then DDP's own flag (grads_done)
                 self.bypassed = _c10d.set_ddp_bypass(True)
