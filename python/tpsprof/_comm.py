@@ -66,7 +66,9 @@ def reducer_timed(model):
     Python for every bucket: its marks, a future's callback, the poller's
     look at its work (~3 ms a step of the training thread for 13 buckets
     on 1.13 on this machine). False where the model is on a GPU (each
-    bucket is timed there: its CUDA events), or TPSPROF_DDP_BUCKETS=hook."""
+    bucket is timed there: its CUDA events), where DDP does not all-reduce
+    from its reducer's buckets (compiled autograd's Python reducer, every
+    gradient delayed to one all-reduce), or TPSPROF_DDP_BUCKETS=hook."""
     try:
         if os.environ.get("TPSPROF_DDP_BUCKETS") == "hook":
             return False
@@ -74,6 +76,12 @@ def reducer_timed(model):
         if it is not None and it.__class__ is not int:
             return False
         if any(p.is_cuda for p in model.parameters()):
+            return False
+        if getattr(model, "_use_python_reducer", False) or getattr(model, "_delay_all_reduce_all_params", False):
+            # (PyTorch 2) all-reduces that are not the reducer's buckets:
+            # compiled autograd's Python reducer, or every gradient in one
+            # all-reduce after the backward; its forward leaves DDP's flag
+            # (require_forward_param_sync) as it was: each is timed instead
             return False
         # synchronised forwards seen (None: told at the dispatcher), the
         # hidden part (ns) last measured (None: never, or not measurable)
