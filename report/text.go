@@ -13,6 +13,14 @@ import (
 	"github.com/tpsprof/tpsprof/tps"
 )
 
+// DDPHiddenEstimated is what the text report says of a run whose DDP
+// models were measured from their reducers on PyTorch 2 (RunMeta.Hooks
+// ddp_buckets "reducer", communication not said unmeasured): the exposed
+// part is measured every step, the part the backward hides only on
+// sampled backward passes (docs/capture.md, "DDP's buckets on CPU").
+const DDPHiddenEstimated = "DDP's communication hidden by the backward: measured on sampled backward passes " +
+	"(the first 10, then 1 in 50) and carried to the steps between them; the exposed part is measured every step"
+
 // windowsText says how many rank_windows rows stood for the rank rows.
 func windowsText(r *Report) string {
 	if r.RankWindows == 0 {
@@ -90,6 +98,11 @@ func (l *lines) head(r *Report) {
 			if what, ok := tps.UnmeasuredText(k); ok {
 				l.row("not measured", "%s: %s", what, m.Unmeasured[k])
 			}
+		}
+		if m.Hooks["ddp_buckets"] == "reducer" && m.Unmeasured["communication"] == "" {
+			// (PyTorch 2 on CPU: on 1.13 that part is not measured, and
+			// the run says so above)
+			l.row("estimated", "%s", DDPHiddenEstimated)
 		}
 		if off := m.HooksOff(); len(off) > 0 {
 			l.row("hooks off", "%s", strings.Join(off, "; "))

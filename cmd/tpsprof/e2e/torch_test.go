@@ -298,6 +298,18 @@ func TestIdenticalBatchesWarned(t *testing.T) {
 	} else if why != "" || strings.Contains(text.String(), "not measured") {
 		t.Errorf("current torch counts FLOPs, yet the report says %q", why)
 	}
+	// DDP on CPU, measured from its reducer: on torch 2 the part the
+	// backward hides is sampled, and the report says it is an estimate;
+	// on 1.13 it is not measured, and said so
+	if rep.Meta == nil || rep.Meta.Hooks["ddp_buckets"] != "reducer" {
+		t.Errorf("DDP on CPU: hooks %v, want ddp_buckets reducer", rep.Meta)
+	} else if torchMajor(py) < 2 {
+		if rep.Meta.Unmeasured["communication"] == "" || strings.Contains(text.String(), report.DDPHiddenEstimated) {
+			t.Errorf("torch 1.13: the hidden part of DDP's communication is not measured, yet the report does not say so\n%s", text.String())
+		}
+	} else if !strings.Contains(text.String(), "estimated") || !strings.Contains(text.String(), "sampled backward passes") {
+		t.Errorf("torch 2: the report does not say DDP's hidden communication is an estimate\n%s", text.String())
+	}
 	// Which hook families rank 0 installed, and how: collectives at their
 	// dispatcher operators on torch 2, the torch.distributed functions
 	// wrapped on 1.13; none off
