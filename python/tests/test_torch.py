@@ -1120,6 +1120,28 @@ class ReducerTimedDDPTest(unittest.TestCase):
             torch.distributed.destroy_process_group()
 
 
+class ReducerTimedDeclinedTest(unittest.TestCase):
+    """A DDP model whose all-reduces are not its reducer's buckets (compiled
+    autograd's Python reducer, every gradient delayed to one all-reduce)
+    is not measured from its reducer: its forward leaves DDP's flag
+    (require_forward_param_sync) as it was, so the buckets' bypass would
+    hide its all-reduce."""
+
+    def test_declined(self):
+        import tpsprof._comm as comm_mod
+        d = tempfile.mkdtemp()
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        try:
+            for attr in (None, "_use_python_reducer", "_delay_all_reduce_all_params"):
+                ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+                if attr is not None:
+                    setattr(ddp, attr, True)
+                self.assertEqual(comm_mod.reducer_timed(ddp), attr is None, attr)
+                comm_mod._REDUCER_TIMED[:] = [r for r in comm_mod._REDUCER_TIMED if r() is not ddp]
+        finally:
+            torch.distributed.destroy_process_group()
+
+
 class ProcessGroupsCountedTest(unittest.TestCase):
     """The package counts the process groups a rank belongs to (a capture's
     trace note carries it: CPU traces do not name each call's group)."""
