@@ -157,7 +157,9 @@ def install():
     """Patches torch for zero-code capture (once per process: the patched
     ``Optimizer.__init__`` is marked)."""
     import torch
-    from . import torch as tt
+    # (not tpsprof.torch: a script that imports it before torch is importing
+    # it now, half-initialised, and that import of torch is what called us)
+    from . import _c10d, _patches
 
     opt_init = torch.optim.Optimizer.__init__
     if getattr(opt_init, "_tpsprof", False):
@@ -178,7 +180,7 @@ def install():
 
     def loader_iter(self):
         it = dl_iter(self)
-        return it if _active.profiler is None else tt._patches.LoaderIter(None, it)
+        return it if _active.profiler is None else _patches.LoaderIter(None, it)
     dl.__iter__ = loader_iter
 
     ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
@@ -191,12 +193,12 @@ def install():
                 # (as watch_model: from its reducer on CPU; on a GPU a comm
                 # hook only where the dispatcher does not see every
                 # collective, PyTorch 1.13)
-                tt._patches.ddp_buckets(self, tt._c10d.installed)
+                _patches.ddp_buckets(self, _c10d.installed)
             except Exception:
                 pass
         ddp.__init__ = ddp_initialise
-    tt._patches.install_collectives()
-    tt._patches.patch_compile()  # a compiled model is found without global hooks
+    _patches.install_collectives()
+    _patches.patch_compile()  # a compiled model is found without global hooks
 
 
 class _TorchFinder(importlib.abc.MetaPathFinder):

@@ -108,6 +108,10 @@ func launchTorchThen(t *testing.T, job string, auto bool, cmd []string, live fun
 	if code != 0 {
 		t.Fatalf("launch: exit code %d\n%s", code, log.String())
 	}
+	if auto && strings.Contains(log.String(), "tpsprof: zero-code capture not") {
+		// (installed in part: "not installed", or "unavailable")
+		t.Fatalf("zero-code mode did not install:\n%s", log.String())
+	}
 	if err := col.Sync(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
