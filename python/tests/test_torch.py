@@ -1027,7 +1027,13 @@ class ReducerTimedDDPTest(unittest.TestCase):
             opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
             sink = Sink()
             prof = tt.instrument(ddp, opt, job="ddp-reducer", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-            x = torch.randn(16, 128)
+            # the loss module watched too, as zero-code mode's roots are:
+            # one backward then reaches two watched outputs, and starts
+            # and ends once (it once queued DDP's wait to be timed twice
+            # a backward between samples)
+            loss_fn = torch.nn.MSELoss()
+            prof.watch_model(loss_fn)
+            x, y = torch.randn(16, 128), torch.zeros(16, 128)
             truth = {}  # step -> DDP's own exposed part of it, ns
             last = None
             issued = []  # the collectives our marks saw, by step
@@ -1051,7 +1057,7 @@ class ReducerTimedDDPTest(unittest.TestCase):
                     if c is not None and o is not None and (c, o) != last:
                         truth[i - 1] = c - o  # (unchanged: an iteration DDP did not time)
                     last = (c, o)
-                out.sum().backward()
+                loss_fn(out, y).backward()
                 if i in (6, 9):
                     # a micro-batch that does not synchronise: no wait of
                     # DDP's to time, no bucket
@@ -1462,3 +1468,36 @@ class HooksTest(unittest.TestCase):
         self.assertEqual(table["flop_counter"], _compat.has("flop_counter"))
         if not table["flop_counter"]:
             self.assertIn("FlopCounterMode", _compat.why_not("flop_counter"))
+
+
+class ZeroCodeInstallTest(unittest.TestCase):
+    """Zero-code mode armed, then a script that imports tpsprof.torch
+    before torch (to call tpsprof.torch.active(), as parallel_train.py
+    does): torch is imported from inside tpsprof.torch's own import, and
+    the install that runs then must not need tpsprof.torch (it once read
+    ``_patches`` off the half-initialised module and stopped, so
+    torch.compile was not patched: a compiled model made before the
+    optimizer cost a second graph and PyTorch's warning)."""
+
+    CODE = "\n".join([
+        "import os, sys",
+        "import tpsprof._auto",
+        "tpsprof._auto.arm()",
+        "import tpsprof.torch",  # imports torch: the install runs inside this import
+        "import torch, torch.distributed as dist",
+        "from tpsprof import _c10d",
+        "print('optimizer', getattr(torch.optim.Optimizer.__init__, '_tpsprof', False))",
+        "print('compile', getattr(getattr(torch, 'compile', None), '_tpsprof', False) or not hasattr(torch, 'compile'))",
+        "print('collectives', _c10d.installed or getattr(dist.all_reduce, '_tpsprof', False))",
+    ])
+
+    def test_tpsprof_torch_imported_first(self):
+        import subprocess
+        import sys
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(tt.__file__)))
+        env = dict(os.environ, TPSPROF_AUTO="1", PYTHONPATH=pkg)
+        got = subprocess.run([sys.executable, "-W", "ignore", "-c", self.CODE], env=env,
+                             capture_output=True, text=True, timeout=120)
+        self.assertEqual(got.returncode, 0, got.stderr)
+        self.assertNotIn("tpsprof:", got.stderr)  # "zero-code capture not installed: ..."
+        self.assertEqual(got.stdout.split(), ["optimizer", "True", "compile", "True", "collectives", "True"])

@@ -314,6 +314,7 @@ class Loop(Marks):
                     self._eval_since = True
                 return
             st = self._open()
+            st.bwd_open = None  # (a backward that raised: its callback never ran)
             if st.optim_open is not None:
                 # a forward inside optimizer.step(closure) (Lightning, LBFGS):
                 # the update starts after the closure's backward, not here
@@ -415,7 +416,13 @@ class Loop(Marks):
     def _bwd_start(self, st, fwd_end, grad):
         """(Autograd, the forward's output gradient is ready.)"""
         try:
+            if st.bwd_open is not None:
+                # the same backward reached a second watched output (the
+                # model's, after the loss module's): its callback is queued,
+                # and a second would end it twice (DDP's wait timed twice)
+                return
             start = self._mark()
+            st.bwd_open = start
             st.loss.append((fwd_end, start))  # between forward and backward: the loss
             # Runs when autograd has computed every gradient, before DDP
             # waits for its buckets (its callback is queued later).
@@ -428,6 +435,7 @@ class Loop(Marks):
     def _bwd_done(self, st, start):
         """(Autograd, every gradient computed.)"""
         try:
+            st.bwd_open = None
             end = self._mark()
             self._bwd_end(st, start, end)
             self.comm.grads_done(st, start, end)

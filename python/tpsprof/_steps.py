@@ -24,7 +24,7 @@ class Step:
                  "loss", "optim", "comm", "blocked", "pp_wait", "fwd_open", "optim_open", "trained", "cuda", "rollout",
                  "bytes", "optimized", "end_at", "bwd_done", "tail", "skipped", "losses", "gap", "bare", "closure",
                  "fwd_fetches", "declared", "own", "own_comm", "mem", "counter", "uncounted", "src", "chained", "pre",
-                 "fetched", "end_shared", "flops", "gc", "cpu0", "cpu_end", "pre_cpu", "pre_own")
+                 "fetched", "end_shared", "flops", "gc", "cpu0", "cpu_end", "pre_cpu", "pre_own", "bwd_open")
 
     def __init__(self, t0, wall0, cuda=False):
         self.cuda = cuda  # its marks are CUDA events
@@ -45,6 +45,11 @@ class Step:
         self.optimized = False
         self.end_at = None
         self.bwd_done = False  # a backward pass has completed
+        # a backward pass has begun (its start) and autograd's callback for
+        # its end is queued: another watched output's gradient in the same
+        # backward (zero-code mode watches the loss module's output too)
+        # starts nothing more
+        self.bwd_open = None
         self.tail = []  # fetches since the last backward: (mark, wall, dt, index in fetches)
         self.skipped = False  # the iteration ended without an optimizer step
         self.own = 0  # ns the training thread spent in tpsprof's hooks during the step
