@@ -36,14 +36,25 @@ _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backw
 # (PyTorch 2) a reducer-timed backward whose buckets are marked one by one,
 # to measure the part the backward hides: the first SAMPLE_FIRST (as DDP
 # times its own first ten: the warm-up's backward passes vary most, with
-# recompilations and rebuilt buckets), then one in SAMPLE_EVERY (each costs
-# the per-bucket path's ~50 us a bucket). Between two, a step carries the
-# last one's hidden part: an estimate (the exposed part is measured every
-# step). In a compiled DDP job whose ranks took turns waiting for each
-# other, four samples carried over six steps read 0.70-1.65x the buckets'
-# transfers summed per rank (gloo's own events).
+# recompilations and rebuilt buckets), then the 16th, 32nd, 64th, ... and
+# one in SAMPLE_EVERY (each costs the per-bucket path's ~50 us a bucket):
+# sampled(). Between two, a step carries the median of the last CARRIED
+# samples' hidden parts: an estimate (the exposed part is measured every
+# step). Carrying the last sample alone let one outlier stand for the next
+# forty steps: in a 30-step compiled DDP job on 2 cores, whose ranks took
+# turns waiting for each other, the 10th backward's 46 ms against ~10 ms
+# after it (gloo's own events) read 0.71-2.2x the steps' communication.
 SAMPLE_FIRST = 10
 SAMPLE_EVERY = 50
+CARRIED = 5
+
+
+def sampled(n):
+    """Whether the (n+1)th synchronised backward of reducer-timed models
+    marks each bucket (PyTorch 2)."""
+    return n < SAMPLE_FIRST or n % SAMPLE_EVERY == 0 or (n & (n - 1)) == 0
+
+
 _UNHIDDEN = ("DDP's all-reduces on CPU on torch 1.13: the part the backward hides (a comm hook would "
              "time each bucket, ~50 us a bucket: TPSPROF_DDP_BUCKETS=hook)")
 
@@ -84,8 +95,9 @@ def reducer_timed(model):
             # (require_forward_param_sync) as it was: each is timed instead
             return False
         # synchronised forwards seen (None: told at the dispatcher), the
-        # hidden part (ns) last measured (None: never, or not measurable)
-        model._tpsprof_ddp = [it, None]
+        # hidden part (ns) carried (None: never measured, or not
+        # measurable), the last CARRIED samples of it
+        model._tpsprof_ddp = [it, None, []]
         if not any(r() is model for r in _REDUCER_TIMED):
             _REDUCER_TIMED[:] = [r for r in _REDUCER_TIMED if r() is not None] + [weakref.ref(model)]
         return True
@@ -137,7 +149,7 @@ class Comm:
             g = self.tls
             g.ddp = 0
             n = self.ddp_backwards
-            g.ddp_mark = n < SAMPLE_FIRST or n % SAMPLE_EVERY == 0
+            g.ddp_mark = sampled(n)
             g.ddp_from = len(st.comm)
             if not g.ddp_mark and _c10d.installed:
                 # between samples DDP's buckets skip our kernels (~40 us
@@ -198,7 +210,7 @@ class Comm:
         """(Autograd's callback after DDP's wait for its buckets.) The
         step's communication: from our first callback's end (``queued``)
         to now, exposed, and before the backward's compute end (``done``)
-        the part the backward hid, as last measured. A sampled backward
+        the part the backward hid, as carried. A sampled backward
         (``first``: its buckets' cells in st.comm from there) measures
         that part instead: its buckets are all complete now."""
         try:
@@ -210,7 +222,10 @@ class Comm:
             if first >= 0:
                 self.sweep()  # (complete: DDP waited for them)
                 cells = [(c[0], c[1] if c[1] is not None else end) for c in st.comm[first:]]
-                seen[1] = length(intersect(cells, [(start, done)]))
+                got = seen[2]
+                got.append(length(intersect(cells, [(start, done)])))
+                del got[:-CARRIED]
+                seen[1] = sorted(got)[(len(got) - 1) // 2]  # (the lower median: one of them)
                 return
             if seen[0] is not None and seen[1] is None:
                 seen[1] = 0  # (1.13: said once)
