@@ -39,6 +39,7 @@ PyTorch 1.13's Python API does not go through these operators; there the
 docs/capture.md gives the table per version.
 """
 
+import sys
 import threading
 import time
 
@@ -325,9 +326,29 @@ def _c10d_kernel(op, name, active):
             work = _work_of(out)
             if cpu0 is not None:
                 comm.started(cell, cpu0, work)
-            comm.track(cell, work, p2p)
+            comm.track(cell, work, p2p, cpu0 is not None and _waited_at_once())
         return out
     return skip_dynamo(kernel)
+
+
+def _waited_at_once():
+    """(In a kernel, on CPU.) Whether the Python function that issued the
+    collective waits on it before it returns: a torch.distributed function
+    called with ``async_op=False`` (its local), as FSDP2 calls them on CPU.
+    It is the nearest of the few Python frames above the kernel with such
+    a local (a dispatch mode's frames may lie between: the FLOP count's
+    are four). False where none says (DDP's reducer issues from C++)."""
+    try:
+        f = sys._getframe(2)  # (1: the kernel; 2: the Python code that called the operator)
+        for _ in range(6):
+            if f is None:
+                return False
+            if "async_op" in f.f_code.co_varnames:
+                return f.f_locals.get("async_op") is False
+            f = f.f_back
+    except Exception:
+        pass
+    return False
 
 
 def _functional_kernel(op, name, active):

@@ -133,14 +133,31 @@ class Comm:
         self.poller = None  # (CPU) the thread that polls works in flight, once one is
         self.recv_works = {}  # id(work) -> (work, span cell, is a receive) of works in flight
         self.fpending = {}  # functional collectives issued: output data_ptr -> (cell, step, recv)
+        # (CPU) the works of synchronous collectives (the torch.distributed
+        # API's default, FSDP2's on CPU), handed to no one yet: (cell,
+        # works). The API waits on each at once, which ends its span;
+        # handing it to the poller would wake that thread for nothing,
+        # ~40 us of the training thread's time a collective on a busy host.
+        # One still open at the next collective or phase boundary is
+        # handed over then (handoff)
+        self.held = []
         self.ddp_backwards = 0  # synchronised backward passes of reducer-timed DDP models
         self.bypassed = False  # DDP's all-reduces past our kernels now (_c10d.set_ddp_bypass)
 
     def sweep(self):
         """The training thread's look at the works in flight (a phase
         boundary): see Poller.sweep."""
+        if self.held:
+            self.handoff()
         if self.poller is not None:
             self.poller.sweep()
+
+    def handoff(self):
+        """The held works whose spans no wait has ended go to the poller."""
+        held, self.held = self.held, []
+        items = [h for h in held if h[0][1] is None]
+        if items:
+            self.poller.watch_all(items)
 
     def cpu_ns(self):
         """CPU time of the poller thread (0 without one)."""
@@ -150,6 +167,8 @@ class Comm:
         if self.bypassed:
             self.bypassed = _c10d.set_ddp_bypass(False)
         if self.poller is not None:
+            if self.held:
+                self.handoff()
             self.poller.stop()
 
     @staticmethod
@@ -268,6 +287,8 @@ class Comm:
         if self.prof.off:
             return None
         try:
+            if self.held:
+                self.handoff()  # (not waited on at once: asynchronous)
             st = self.prof.current
             if st is None or st.optimized:
                 if not recv:
@@ -303,9 +324,10 @@ class Comm:
         except Exception:
             self.prof.failed()
 
-    def track(self, cell, work, recv=False):
+    def track(self, cell, work, recv=False, sync=False):
         """Ends cell when work completes; a receive's work is remembered so
-        that waiting on it counts as pipeline wait."""
+        that waiting on it counts as pipeline wait. sync: the call that
+        issued it waits on it at once (its wait ends the span)."""
         try:
             if work is not None and (recv or not self.prof.cuda):
                 # waiting on the work also ends its span: some works (gloo's
@@ -316,7 +338,7 @@ class Comm:
                 if len(self.recv_works) >= 4096:
                     self.recv_works.clear()
                 self.recv_works[id(work)] = (work, cell, recv)
-            self.end([cell[0], None, self.prof.current, False], work, cell)
+            self.end([cell[0], None, self.prof.current, False], work, cell, sync)
         except Exception:
             self.prof.failed()
 
@@ -399,7 +421,7 @@ class Comm:
             return None
         return [self.prof.mark_now(), None, st, sync]
 
-    def end(self, tok, work, cell=None):
+    def end(self, tok, work, cell=None, sync=False):
         st = tok[2]
         if cell is None and (work is None or tok[3]):
             end = self.prof.mark_now()
@@ -421,7 +443,10 @@ class Comm:
             # objects and abort the process; a thread of ours polls instead.
             if self.poller is None:
                 self.poller = Poller()
-            self.poller.watch(cell, works)
+            if sync:
+                self.held.append((cell, works))
+            else:
+                self.poller.watch(cell, works)
             return
         try:
             futs = [w.get_future() for w in works]

@@ -218,6 +218,13 @@ class Poller:
             with self._cv:
                 self._cv.notify()
 
+    def watch_all(self, items: list) -> None:
+        """watch for each (cell, works), with one wake-up."""
+        self._new.extend(items)
+        if self._idle:
+            with self._cv:
+                self._cv.notify()
+
     def _run(self):
         new = self._new
         while True:
