@@ -66,7 +66,7 @@ def reducer_timed(model):
     autograd's end (every gradient computed) to the end of DDP's own wait
     for its buckets (two callbacks; Comm.grads_done). The part the backward
     hides is, on PyTorch 2, the buckets' spans measured on sampled steps
-    (the first few, then one in ``SAMPLE_EVERY``), carried to the steps
+    (``sampled``), carried to the steps
     between; on 1.13 no bucket passes anything of ours (a comm hook would
     run Python for each, ~50 us), so that part is not measured there and
     the run says so. Whether a backward synchronises the model: on 1.13
@@ -116,10 +116,13 @@ def _noted_post_forward(call):
     a forward that prepared the reducer: its backward synchronises."""
     def _post_forward(self, *args, **kwargs):
         out = call(self, args, kwargs)
-        if self.require_forward_param_sync is True:
-            seen = self.__dict__.get("_tpsprof_ddp")
-            if seen is not None:
-                seen[3] = True
+        try:
+            if self.require_forward_param_sync is True:
+                seen = self.__dict__.get("_tpsprof_ddp")
+                if seen is not None:
+                    seen[3] = True
+        except Exception:
+            pass  # (never into the job's forward)
         return out
     return _post_forward
 
@@ -223,17 +226,17 @@ class Comm:
                     # (PyTorch 2) a forward of its prepared the reducer for
                     # this backward (_noted_post_forward)
                     synced, seen[3] = seen[3], False
-                    sampled = g.ddp_mark
+                    marked = g.ddp_mark
                 else:
                     it = m.num_iterations  # DDP counts the forwards that synchronise their backward
                     synced = it != seen[0]
                     seen[0] = it
-                    sampled = False
+                    marked = False
                 if synced:
                     # (the exposed part from now: our callback's own time
                     # before it is ours, capture_ns, not DDP's)
                     _engine.queue_callback(functools.partial(
-                        self.reducer_done, st, start, end, self.prof.mark_now(), m, g.ddp_from if sampled else -1))
+                        self.reducer_done, st, start, end, self.prof.mark_now(), m, g.ddp_from if marked else -1))
                     queued = True
         except Exception:
             self.prof.failed()
