@@ -1183,46 +1183,6 @@ class ReducerTimedDDPTest(unittest.TestCase):
             torch.distributed.destroy_process_group()
 
 
-class ReducerTimedTwoModelsTest(unittest.TestCase):
-    """Two DDP models trained in turn in one step (a GAN's generator and
-    discriminator: each forward, then its own backward): each backward
-    synchronises its own model alone, sampled or not. On PyTorch 2 both
-    models' DDP flags stay True after their backward passes, and a count
-    of the all-reduces at our kernel cannot say whose they were: once
-    each backward was taken for both models' between samples, and on a
-    sampled one the first model's in the list took the other's."""
-
-    def test_each_backward_its_own(self):
-        import tpsprof._comm as comm_mod
-        d = tempfile.mkdtemp()
-        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
-        sampled, comm_mod.sampled = comm_mod.sampled, lambda n: n < 4  # two steps sampled
-        try:
-            torch.manual_seed(0)
-            gen = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)))
-            dis = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1)))
-            opt = torch.optim.SGD(list(gen.parameters()) + list(dis.parameters()), lr=1e-3)
-            sink = Sink()
-            prof = tt.instrument(gen, opt, job="ddp-two", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-            prof.watch_model(dis)
-            x = torch.randn(8, 64)
-            steps = 8
-            for _ in range(steps):
-                gen(x).square().mean().backward()
-                dis(x).mean().backward()
-                opt.step()
-                opt.zero_grad()
-            prof.close(timeout=5)
-            self.assertEqual(len(sink.records(steps, timeout=5)), steps)
-            self.assertEqual(prof.comm.ddp_backwards, 2 * steps)
-            if tt._c10d.installed:
-                # each model's own two sampled backward passes
-                self.assertEqual([len(m._tpsprof_ddp[2]) for m in (gen, dis)], [2, 2])
-        finally:
-            comm_mod.sampled = sampled
-            torch.distributed.destroy_process_group()
-
-
 class SamplingTest(unittest.TestCase):
     """Which synchronised backward passes of a reducer-timed DDP model mark
     each bucket (PyTorch 2): the warm-up's first ten, then at each power of

@@ -23,7 +23,6 @@ import weakref
 import torch
 
 from . import _c10d
-from ._hooks import InstanceMethod
 from ._intervals import intersect, length
 from ._sender import Poller
 
@@ -69,13 +68,12 @@ def reducer_timed(model):
     (``sampled``), carried to the steps
     between; on 1.13 no bucket passes anything of ours (a comm hook would
     run Python for each, ~50 us), so that part is not measured there and
-    the run says so. Whether a backward synchronises the model: on 1.13
-    DDP's count of such forwards (``num_iterations``); on PyTorch 2 (no
-    such count) whether a forward of the model prepared its reducer
-    (DDP's ``require_forward_param_sync`` after its ``_post_forward``,
-    noted by ours) since its last synchronised backward: each model's own
-    answer, whether its buckets pass our kernels (a sampled backward) or
-    skip them (``_c10d.set_ddp_bypass``). The per-bucket path this replaces ran
+    the run says so. Whether a backward synchronises: on 1.13 DDP's count
+    of such forwards (``num_iterations``); on PyTorch 2 (no such count)
+    DDP's flag that its forward prepared the reducer
+    (``require_forward_param_sync``), whose buckets then skip our kernels
+    (``_c10d.set_ddp_bypass``), or on a sampled backward whether its
+    all-reduces passed our kernel. The per-bucket path this replaces ran
     Python for every bucket: its marks, a future's callback, the poller's
     look at its work (~3 ms a step of the training thread for 13 buckets
     on 1.13 on this machine). False where the model is on a GPU (each
@@ -96,35 +94,16 @@ def reducer_timed(model):
             # all-reduce after the backward; its forward leaves DDP's flag
             # (require_forward_param_sync) as it was: each is timed instead
             return False
-        if it is None and not InstanceMethod.wrap(model, "_post_forward", _noted_post_forward):
-            return False  # (a PyTorch 2 DDP without it: each all-reduce timed)
-        if getattr(model, "_tpsprof_ddp", None) is None:
-            # synchronised forwards seen (None: PyTorch 2), the hidden part
-            # (ns) carried (None: never measured, or not measurable), the
-            # last CARRIED samples of it, a forward prepared the reducer
-            # since the last synchronised backward (PyTorch 2)
-            model._tpsprof_ddp = [it, None, [], False]
+        if getattr(model, "_tpsprof_ddp", None) is None:  # (registered again: kept)
+            # synchronised forwards seen (None: told at the dispatcher), the
+            # hidden part (ns) carried (None: never measured, or not
+            # measurable), the last CARRIED samples of it
+            model._tpsprof_ddp = [it, None, []]
         if not any(r() is model for r in _REDUCER_TIMED):
             _REDUCER_TIMED[:] = [r for r in _REDUCER_TIMED if r() is not None] + [weakref.ref(model)]
         return True
     except Exception:
         return False
-
-
-def _noted_post_forward(call):
-    """DDP's ``_post_forward`` on a reducer-timed model (PyTorch 2), noting
-    a forward that prepared the reducer: its backward synchronises."""
-    def _post_forward(self, *args, **kwargs):
-        out = call(self, args, kwargs)
-        try:
-            if self.require_forward_param_sync is True:
-                seen = self.__dict__.get("_tpsprof_ddp")
-                if seen is not None:
-                    seen[3] = True
-        except Exception:
-            pass  # (never into the job's forward)
-        return out
-    return _post_forward
 
 
 class Comm:
@@ -212,7 +191,7 @@ class Comm:
         waits for its buckets in a callback queued after ours (when its
         last bucket was ready): one queued now runs after that wait."""
         g = self.tls
-        g.ddp = None
+        issued, g.ddp = g.ddp, None
         if not _REDUCER_TIMED or self.prof.cuda:
             return
         queued = False
@@ -222,10 +201,14 @@ class Comm:
                 if m is None:
                     continue
                 seen = m._tpsprof_ddp
-                if seen[0] is None:
-                    # (PyTorch 2) a forward of its prepared the reducer for
-                    # this backward (_noted_post_forward)
-                    synced, seen[3] = seen[3], False
+                if seen[0] is None and self.bypassed:
+                    # (PyTorch 2, past our kernels) DDP's own flag: its
+                    # forward prepared the reducer for this backward
+                    synced = getattr(m, "require_forward_param_sync", False) is True
+                    marked = False
+                elif seen[0] is None:
+                    synced = bool(issued)  # its all-reduces passed the dispatcher
+                    issued = 0  # (one model's: what was counted is not told apart)
                     marked = g.ddp_mark
                 else:
                     it = m.num_iterations  # DDP counts the forwards that synchronise their backward
