@@ -19,7 +19,8 @@ import (
 // part is measured every step, the part the backward hides only on
 // sampled backward passes (docs/capture.md, "DDP's buckets on CPU").
 const DDPHiddenEstimated = "DDP's communication hidden by the backward: measured on sampled backward passes " +
-	"(the first 10, then 1 in 50) and carried to the steps between them; the exposed part is measured every step"
+	"(the first 10, then at each power of two and 1 in 50) and carried to the steps between them (the median of the last 5); " +
+	"the exposed part is measured every step"
 
 // windowsText says how many rank_windows rows stood for the rank rows.
 func windowsText(r *Report) string {
