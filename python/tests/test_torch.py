@@ -734,6 +734,53 @@ class TraceDiskFullTest(unittest.TestCase):
         self.assertEqual(prof.errors, 0)
 
 
+class SenderBatchTest(unittest.TestCase):
+    """The sender drains once enough finished steps wait, after its longest
+    wait, or at once for anything else queued and for settled(): a record
+    costs its thread far less in a drain of many (docs/capture.md,
+    "Overhead")."""
+
+    def test_steps_wait_for_a_batch_other_items_do_not(self):
+        sink = Sink()
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job="b", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        s = prof._sender
+        s.batch, s.max_wait = 4, 30.0
+
+        def steps(n):
+            for _ in range(n):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+
+        try:
+            steps(3)  # the first steps queue what the job is (metadata): sent at once
+            prof.flush_for_trackers(timeout=5.0)  # (and steps 0-2 with it)
+            n = len(sink.records(3, timeout=1.0))
+            self.assertEqual(n, 3)
+            other = len(sink.lines) - n
+            steps(3)  # steps 3-4 finished (the third ends at the next step's start)
+            time.sleep(0.3)  # six looks of the sender's: fewer than a batch waits
+            self.assertEqual(len(sink.lines), n + other, "nothing sent before a batch waits")
+            prof.event("note")  # anything else goes at the next look, with the steps before it
+            rows = sink.records(n + 2, timeout=1.0)
+            self.assertEqual([r["step"] for r in rows[n:]], [3, 4])
+            self.assertTrue(any(x.get("kind") == "note" for x in sink.lines))
+            steps(4)  # steps 5-8 finished: a batch of four, well before the longest wait
+            self.assertEqual([r["step"] for r in sink.records(n + 6, timeout=1.0)[n:]], [3, 4, 5, 6, 7, 8])
+            steps(1)  # step 9 finished, 10 too by the flush: settled() sends them now
+            t0 = time.monotonic()
+            prof.flush_for_trackers(timeout=5.0)
+            self.assertLess(time.monotonic() - t0, 1.0)
+            self.assertEqual(len(sink.records(n + 8, timeout=1.0)), n + 8)
+            s.max_wait = 0.1  # and a lone step goes at the longest wait
+            steps(2)
+            self.assertEqual(len(sink.records(n + 9, timeout=1.0)), n + 9)
+        finally:
+            prof.close()
+
+
 class NoImportCycleTest(unittest.TestCase):
     """The patches and zero-code mode read the active profiler from
     tpsprof._active, not tpsprof.torch: only the package's entry points

@@ -14,21 +14,34 @@ from ._steps import Step
 __all__ = ["Sender", "Poller", "settle", "MAX_PENDING"]
 
 MAX_PENDING = 64  # finished steps held while their times are unknown; the oldest go past this
+BATCH = 16  # finished steps a drain waits for ...
+MAX_WAIT = 0.5  # ... at most this many seconds after the last drain
 
 
 class Sender:
     """Runs what touches the agent connection (building and sending step
     records, events, metadata, trace notes) on a thread of its own, in the
     order the training thread asked for it, in batches: the training thread
-    appends to a queue (no lock, no wake-up) and the thread takes what is
-    there every ``interval`` seconds, so a step costs the training thread a
+    appends to a queue (no lock, no wake-up) and the thread looks at it
+    every ``interval`` seconds, so a step costs the training thread a
     queue append, not the record's arithmetic, JSON and socket write, nor a
     thread switch per step. Finished steps wait here until their times are
-    known (CUDA events done, collectives ended), sent oldest first."""
+    known (CUDA events done, collectives ended), sent oldest first.
 
-    def __init__(self, prof, interval=0.05):
+    The thread drains the queue once ``batch`` finished steps wait in it,
+    ``max_wait`` seconds after its last drain, or at once when something
+    else was queued (an event, metadata, a trace note) or ``settled()``
+    asks. The first record of a drain costs this thread 3-4× the next ones
+    (the interpreter's and the records' state gone cold in the training's
+    50 ms between), so a drain of 16 costs about half a record more than
+    one record alone, not 16 times it (docs/capture.md, "Overhead")."""
+
+    def __init__(self, prof, interval=0.05, batch=BATCH, max_wait=MAX_WAIT):
         self._prof = prof
         self.interval = interval
+        self.batch = batch
+        self.max_wait = max_wait
+        self._urgent = False  # drain at the next look (something other than a step queued, settled())
         self._items = collections.deque()
         self._stop = threading.Event()
         self._lock = threading.Lock()  # starts the thread once
@@ -48,6 +61,8 @@ class Sender:
 
     def put(self, fn: Union[Step, Callable[[], Any]]) -> None:
         self._items.append(fn)  # atomic; the thread picks it up
+        if fn.__class__ is not Step:
+            self._urgent = True
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
@@ -119,6 +134,7 @@ class Sender:
         them: a tracker closed at the job's end lost its last 1-2 rows when
         the queue alone was watched)."""
         deadline = time.monotonic() + timeout
+        self._urgent = True
         while self.unsent() and time.monotonic() < deadline:
             time.sleep(0.005)
         n = self.rounds
@@ -128,8 +144,13 @@ class Sender:
     def _run(self):
         client = self._prof.client
         self.cpu_base = -time.thread_time_ns()
+        last = time.monotonic()
         while not self._stop.wait(self.interval):
-            self._drain()
+            now = time.monotonic()
+            if self._urgent or len(self._items) + len(self._steps) >= self.batch or now - last >= self.max_wait:
+                self._urgent = False  # (before the drain: a put meanwhile is drained next time)
+                self._drain()
+                last = now
             self.rounds += 1
             client.poll_control()
         self._drain(final=True)
