@@ -313,9 +313,9 @@ type captureTarget struct {
 
 // state is what the agent knows of the rank: where it is, at what pace.
 func (t captureTarget) state() capture.RankState {
-	s, step := t.seen, t.info.step.Load()
-	rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: step}
-	if d := float64(t.info.at.Load()-s.firstAt) / 1e9; d > 0 && step > s.firstStep {
+	s, step, at := t.seen, t.info.step.Load(), t.info.at.Load()
+	rs := capture.RankState{Rank: s.rank, WorldSize: s.world, Step: step, SinceMs: max(time.Now().UnixNano()-at, 0) / 1e6}
+	if d := float64(at-s.firstAt) / 1e9; d > 0 && step > s.firstStep {
 		rs.StepsPerSec = float64(step-s.firstStep) / d
 	}
 	return rs

@@ -198,8 +198,10 @@ type connInfo struct {
 	// step record for (ownerClaim)
 	owned atomic.Pointer[string]
 	rank  atomic.Pointer[rankSeen]
-	// the latest step of the connection's records and when it came (unix
-	// ns): atomics, so a record costs no allocation
+	// the latest step of the connection's records and when it ended (unix
+	// ns, the record's own end: the rank's clock is this node's; a record's
+	// arrival is not, since the package sends them in batches): atomics,
+	// so a record costs no allocation
 	step, at atomic.Int64
 }
 
@@ -215,6 +217,9 @@ type rankSeen struct {
 // and says whether it is the first from its job, attempt and rank.
 func (c *connInfo) saw(r *tps.StepRecord) bool {
 	now := time.Now().UnixNano()
+	if end := r.EndUnixNs; end > 0 && end < now {
+		now = end // (a step that ends in the future is not this node's clock: its arrival instead)
+	}
 	if old := c.rank.Load(); old != nil && old.job == r.Job && old.rank == r.Rank && old.attempt == r.Attempt && old.world == r.WorldSize {
 		if r.Step > c.step.Load() {
 			c.step.Store(r.Step)

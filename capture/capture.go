@@ -149,9 +149,29 @@ type RankState struct {
 	Rank      int64 `json:"rank"`
 	WorldSize int64 `json:"world_size"`
 	// Step is the latest step record received; StepsPerSec the rank's pace
-	// over its connection's life so far (0 before two records).
+	// over its connection's life so far (0 before two records), by the
+	// records' own end times; SinceMs how long ago that step ended.
 	Step        int64   `json:"step"`
 	StepsPerSec float64 `json:"steps_per_sec"`
+	SinceMs     int64   `json:"since_ms,omitempty"`
+}
+
+// maxExtrapolateMs bounds how far Now reaches past the latest record: the
+// Python package sends a rank's records in batches, at most 0.3 s apart
+// while it trains; a rank silent longer is paused (an evaluation, a
+// checkpoint), not stepping at its pace.
+const maxExtrapolateMs = 1000
+
+// Now is where the rank most likely is: its latest record's step, plus its
+// pace times the time since that step ended (at most a second). The
+// package sends records in batches (up to 16 steps or 0.25 s), so the
+// latest record lags the rank.
+func (r RankState) Now() int64 {
+	ms := min(max(r.SinceMs, 0), maxExtrapolateMs)
+	if r.StepsPerSec <= 0 || r.StepsPerSec > maxStepsPerSec {
+		return r.Step
+	}
+	return r.Step + int64(r.StepsPerSec*float64(ms)/1000)
 }
 
 // Report is what an agent publishes to a capture's reply subject for a

@@ -33,6 +33,22 @@ func TestProbePhase(t *testing.T) {
 	if p.world != 4 || p.maxStep != 12 || p.rate != 5 || len(p.served) != 3 {
 		t.Errorf("probe %+v: want world 4, step 12, 5 steps/s, 3 ranks", p)
 	}
+	// The package sends records in batches: a rank whose latest record came
+	// 600 ms ago at 5 steps/s is 3 steps past it; one silent longer than a
+	// second is paused, not stepping (at most a second's steps are added)
+	acks[0].Ranks[0].SinceMs = 600
+	if p, _ := probed(acks, "j"); p.maxStep != 13 {
+		t.Errorf("600 ms after step 10 at 5 steps/s: step %d, want 13", p.maxStep)
+	}
+	acks[0].Ranks[0].SinceMs = 60_000
+	if p, _ := probed(acks, "j"); p.maxStep != 15 {
+		t.Errorf("a minute after step 10 at 5 steps/s: step %d, want 15 (a second's steps at most)", p.maxStep)
+	}
+	acks[1].Ranks[0].SinceMs = 60_000 // an absurd pace adds nothing
+	if got := (RankState{Step: 11, StepsPerSec: 1e6, SinceMs: 500}).Now(); got != 11 {
+		t.Errorf("absurd pace: step %d, want 11", got)
+	}
+	acks[0].Ranks[0].SinceMs, acks[1].Ranks[0].SinceMs = 0, 0
 	if _, err := probed(nil, "j"); !errors.Is(err, ErrNoJob) {
 		t.Errorf("no answer: %v, want ErrNoJob", err)
 	}

@@ -193,7 +193,7 @@ func probed(acks []Ack, job string) (probe, error) {
 		for _, r := range a.Ranks {
 			p.served[r.Rank] = true
 			p.world = max(p.world, r.WorldSize)
-			p.maxStep = max(p.maxStep, r.Step)
+			p.maxStep = max(p.maxStep, r.Now())
 			if r.StepsPerSec > 0 && r.StepsPerSec <= maxStepsPerSec {
 				p.rate = max(p.rate, r.StepsPerSec)
 			}

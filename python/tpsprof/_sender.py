@@ -15,7 +15,7 @@ __all__ = ["Sender", "Poller", "settle", "MAX_PENDING"]
 
 MAX_PENDING = 64  # finished steps held while their times are unknown; the oldest go past this
 BATCH = 16  # finished steps a drain waits for ...
-MAX_WAIT = 0.5  # ... at most this many seconds after the last drain
+MAX_WAIT = 0.25  # ... at most this many seconds after the last drain
 
 
 class Sender:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -45,6 +46,7 @@ func ownProfilerRun(t *testing.T, py string) {
 	defer nc.Close()
 	log := &j.log
 	busy := 0
+	var other []string // the answers that were not busy
 	for i := range 20 {
 		var o, e bytes.Buffer
 		cli.Main([]string{"trace", job, "--nats", srv.URL(), "--steps", "1", "--json", "--timeout", "20s"}, &o, &e)
@@ -55,6 +57,8 @@ func ownProfilerRun(t *testing.T, py string) {
 		for _, m := range v.Missing {
 			if strings.Contains(m.Why, "busy: the job's own profiler") {
 				busy++
+			} else {
+				other = append(other, fmt.Sprintf("capture %d, rank %d: %s", i, m.Rank, m.Why))
 			}
 		}
 		if len(v.Ranks) > 0 {
@@ -65,7 +69,7 @@ func ownProfilerRun(t *testing.T, py string) {
 		t.Fatalf("the job did not survive the captures: exit %d, %v\n%s", code, lerr, log.String())
 	}
 	if busy != 40 {
-		t.Errorf("%d of 40 rank answers said busy", busy)
+		t.Errorf("%d of 40 rank answers said busy; the others: %q", busy, other)
 	}
 	type own struct {
 		Rank   int64  `json:"rank"`

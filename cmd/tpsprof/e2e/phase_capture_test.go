@@ -140,7 +140,7 @@ func phaseCaptures(t *testing.T, py string, hogs, each int, strict bool, extra .
 		cur, pace := int64(0), 0.0
 		for _, a := range acks {
 			for _, r := range a.Ranks {
-				cur, pace = max(cur, r.Step), max(pace, r.StepsPerSec)
+				cur, pace = max(cur, r.Now()), max(pace, r.StepsPerSec)
 			}
 		}
 		// the next step a second ahead (the agents' latest records lag
