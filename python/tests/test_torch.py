@@ -1090,6 +1090,58 @@ class SynchronousCollectiveTest(unittest.TestCase):
             torch.distributed.destroy_process_group()
 
 
+class SyncBypassTest(unittest.TestCase):
+    """(PyTorch 2, CPU.) Between sampled steps, the operators whose every
+    call on the last sampled step was waited on at once (FSDP2's
+    all-gathers and reduce-scatters) are past our kernels, each call timed
+    by its wait alone; one also called asynchronously is not. Each step's
+    communication stays within the job's own clock around its calls."""
+
+    def test_synchronous_collectives_timed_by_their_waits_between_samples(self):
+        from tpsprof import _c10d, _comm as comm_mod
+        if not _c10d.available():
+            self.skipTest("PyTorch 1.13: no dispatcher collectives")
+        d = tempfile.mkdtemp()
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        sampled = comm_mod.sampled
+        comm_mod.sampled = lambda n: n < 3 or n == 6
+        try:
+            sink = Sink()
+            model = torch.nn.Linear(64, 64)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            prof = tt.instrument(model, opt, job="sb", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+            issued = []
+            issue = prof.comm.issue
+            prof.comm.issue = lambda recv=False: issued.append(1) or issue(recv)
+            t, out, small = torch.ones(1 << 20), torch.empty(1 << 20), torch.ones(8)
+            own, past, kernel = [], [], []
+            for i in range(9):
+                n = len(issued)
+                model(torch.ones(8, 64)).sum().backward()
+                past.append(_c10d._sync_names)  # (the last step ended as this one's forward began)
+                t0 = time.perf_counter_ns()
+                torch.distributed.all_gather_into_tensor(out, t)  # FSDP2's, synchronous
+                torch.distributed.reduce_scatter_tensor(out, t)
+                own.append(time.perf_counter_ns() - t0)
+                torch.distributed.broadcast(small, 0, async_op=True).wait()  # asynchronous: never past
+                kernel.append(len(issued) - n)
+                opt.step()
+                opt.zero_grad()
+            prof.close(timeout=5)
+            self.assertEqual(_c10d._sync_names, (), "the bypass outlived its profiler")
+            both = ("_allgather_base_", "_reduce_scatter_base_")
+            self.assertEqual(past, [(), (), (), both, both, both, (), both, both])
+            self.assertEqual(kernel, [3, 3, 3, 1, 1, 1, 3, 1, 1])
+            recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
+            self.assertEqual(len(recs), 9)
+            for r, mine in zip(recs, own):
+                self.assertGreater(r.get("comm_ns", 0), 0, r)
+                self.assertLessEqual(r["comm_ns"], mine + 2_000_000, (r, mine))
+        finally:
+            comm_mod.sampled = sampled
+            torch.distributed.destroy_process_group()
+
+
 class ReducerTimedDDPTest(unittest.TestCase):
     """A DDP model on CPU is measured from its reducer: each step's exposed
     communication (from autograd's end to the end of DDP's wait for its

@@ -216,8 +216,46 @@ def set_ddp_bypass(on):
     return True
 
 
-def _fall(m):
-    for name in _BYPASS_OPS:
+# Synchronous collectives past our kernels between sampled steps
+# (set_sync_bypass): the c10d operators every call of which, on the last
+# sampled step, was waited on at once by the call that issued it (FSDP2's
+# all-gathers and reduce-scatters on CPU, the torch.distributed API's
+# default). Such a collective is then timed by its wait alone (the patched
+# Work.wait, _comm.Comm.work_waited): on CPU the call hands it to gloo and
+# waits for it at once, so the wait is its span, less the issuing call's
+# host work, which is not communication. Its own registration, apart from
+# DDP's (whose all-reduces it never takes), on for whole steps.
+_sync_bypass = None
+_sync_names = ()
+
+
+def set_sync_bypass(names):
+    """Puts the c10d operators named past our kernels (names not empty)
+    or every one back through them (empty). Returns whether any is past
+    them now. Called on the training thread between steps (tpsprof._comm)."""
+    global _sync_bypass, _sync_names
+    names = tuple(sorted(n for n in names if n not in _DDP and n not in _RECV and n not in _SEND))
+    if names == _sync_names:
+        return bool(names)
+    b, _sync_bypass, _sync_names = _sync_bypass, None, ()
+    if b is not None:
+        b.reset()
+    if not names or not installed or _fallthrough is None:
+        return False
+    try:
+        m = torch._C._dispatch_library("IMPL", "c10d", "", "", 0)
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (PyTorch warns that a kernel, ours, is overridden)
+            _fall(m, names)
+    except Exception:
+        return False
+    _sync_bypass, _sync_names = m, names
+    return True
+
+
+def _fall(m, names=_BYPASS_OPS):
+    for name in names:
         try:
             m.impl(name, "BackendSelect", _fallthrough, False)
         except TypeError:  # (before PyTorch 2.2: no with_keyset argument)
@@ -309,6 +347,7 @@ def _c10d_kernel(op, name, active):
             return _call(op, args, kwargs)
         if g.comm:
             out = _call(op, args, kwargs)
+            comm.sync_ops[name] = False  # (a call inside another: never past our kernel)
             box = g.inner
             if box is not None:  # inside a functional collective: its work
                 w = _work_of(out)
@@ -324,9 +363,15 @@ def _c10d_kernel(op, name, active):
             g.comm = False
         if cell is not None:
             work = _work_of(out)
+            sync = False
             if cpu0 is not None:
                 comm.started(cell, cpu0, work)
-            comm.track(cell, work, p2p, cpu0 is not None and _waited_at_once())
+                sync = _waited_at_once()
+            comm.track(cell, work, p2p, sync)
+            if not p2p and not ddp:
+                seen = comm.sync_ops
+                if seen.get(name, True):
+                    seen[name] = sync  # (all its calls waited at once: past our kernel between samples)
         return out
     return skip_dynamo(kernel)
 

@@ -44,7 +44,18 @@ _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backw
 # forty steps: in a 30-step compiled DDP job on 2 cores, whose ranks took
 # turns waiting for each other, the 10th backward's 46 ms against ~10 ms
 # after it (gloo's own events) read 0.71-2.2x the steps' communication.
-SAMPLE_FIRST = 10
+
+
+def _first():
+    """TPSPROF_COMM_SAMPLE_FIRST: how many steps (and DDP backward passes)
+    mark every collective before sampling starts (10)."""
+    try:
+        return max(int(os.environ.get("TPSPROF_COMM_SAMPLE_FIRST", "10")), 1)
+    except ValueError:
+        return 10
+
+
+SAMPLE_FIRST = _first()
 SAMPLE_EVERY = 50
 CARRIED = 5
 
@@ -125,6 +136,13 @@ class Comm:
         self.held = []
         self.ddp_backwards = 0  # synchronised backward passes of reducer-timed DDP models
         self.bypassed = False  # DDP's all-reduces past our kernels now (_c10d.set_ddp_bypass)
+        # (CPU, PyTorch 2) c10d operator -> whether each of its calls on
+        # this sampled step was waited on at once by its caller: those are
+        # past our kernels on the steps between samples (step_finished)
+        self.sync_ops = {}
+        self.sync_bypassed = False  # some are now (_c10d.set_sync_bypass)
+        self.steps = 0  # steps ended in this process
+        prof.on_step_end(self.step_finished)
 
     def sweep(self):
         """The training thread's look at the works in flight (a phase
@@ -145,9 +163,33 @@ class Comm:
         """CPU time of the poller thread (0 without one)."""
         return self.poller.cpu_ns() if self.poller is not None else 0
 
+    def step_finished(self):
+        """(A step ended; the training thread.) Whether the next step
+        marks each synchronous collective (``sampled``: the first 10, the
+        16th, 32nd, ... and one in 50) or times those of the operators
+        that were all synchronous on the last sampled step by their waits
+        alone, past our kernels: on CPU such a collective is handed to
+        gloo and waited on at once, so its wait is its span (less the
+        issuing call's own host work, which is not communication). The
+        kernel's path costs a collective ~40-60 us of the training
+        thread's time on PyTorch 2 (FSDP2 issues two or three a layer)."""
+        self.steps += 1
+        if not _c10d.installed or self.prof.cuda:
+            return
+        if sampled(self.steps):
+            if self.sync_bypassed:
+                self.sync_bypassed = _c10d.set_sync_bypass(())
+            self.sync_ops = {}
+        elif not self.sync_bypassed and self.sync_ops:
+            names = [k for k, v in self.sync_ops.items() if v]
+            if names:
+                self.sync_bypassed = _c10d.set_sync_bypass(names)
+
     def stop(self):
         if self.bypassed:
             self.bypassed = _c10d.set_ddp_bypass(False)
+        if self.sync_bypassed:
+            self.sync_bypassed = _c10d.set_sync_bypass(())
         if self.poller is not None:
             if self.held:
                 self.handoff()
@@ -349,6 +391,10 @@ class Comm:
                 return
             iv = (t0, self.prof.mark_now())
             got = self.recv_works.pop(id(work), None)
+            if got is None and self.sync_bypassed:
+                # a synchronous collective past our kernels (step_finished):
+                # its wait is its span
+                st.comm.append(list(iv))
             # (host marks only: CUDA events have no order to compare)
             if got is not None and (got[1][1] is None or (not self.prof.cuda and got[1][1] > iv[1])):
                 # complete by the time wait() returned: a poller that saw

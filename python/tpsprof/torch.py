@@ -179,6 +179,7 @@ class TorchProfiler(Loop):
         self._sender = Sender(self)
         # per-profiler state the patches use (the module keeps none)
         self._tls = _Guards()
+        self._step_end_hooks = []  # called after each step ends (on_step_end)
         # the steps' communication: a component (_comm), reached through
         # the seam below (current, mark_now, open_step, failed)
         self.comm = Comm(self, self._tls)
@@ -191,7 +192,6 @@ class TorchProfiler(Loop):
         # what other parts of the package register (no module writes the
         # profiler's private state: ModuleStateTest.test_no_private_writes)
         self.root_finder = None  # zero-code mode's search for the model's roots (_auto._Roots)
-        self._step_end_hooks = []  # called after each step ends (on_step_end)
         # the allocator's peaks per step (CUDA): a component (_memory)
         self.memory = MemoryPeaks()
         if COST_DETAIL:
