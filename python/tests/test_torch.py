@@ -1132,6 +1132,8 @@ class SyncBypassTest(unittest.TestCase):
             both = ("_allgather_base_", "_reduce_scatter_base_")
             self.assertEqual(past, [(), (), (), both, both, both, (), both, both])
             self.assertEqual(kernel, [3, 3, 3, 1, 1, 1, 3, 1, 1])
+            said = [x["hooks"].get("sync_collectives") for x in sink.lines if x.get("type") == "meta" and "hooks" in x]
+            self.assertEqual(said[-1], "waits between samples: _allgather_base_, _reduce_scatter_base_", said)
             recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
             self.assertEqual(len(recs), 9)
             for r, mine in zip(recs, own):

@@ -22,7 +22,7 @@ import weakref
 
 import torch
 
-from . import _c10d
+from . import _c10d, _guard
 from ._intervals import intersect, length
 from ._sender import Poller
 
@@ -142,6 +142,7 @@ class Comm:
         self.sync_ops = {}
         self.sync_bypassed = False  # some are now (_c10d.set_sync_bypass)
         self.steps = 0  # steps ended in this process
+        self._said_sync = False  # the run told that they are (_say_sync)
         prof.on_step_end(self.step_finished)
 
     def sweep(self):
@@ -184,6 +185,19 @@ class Comm:
             names = [k for k, v in self.sync_ops.items() if v]
             if names:
                 self.sync_bypassed = _c10d.set_sync_bypass(names)
+                if self.sync_bypassed and not self._said_sync:
+                    self._said_sync = True
+                    self._say_sync(names)
+
+    def _say_sync(self, names):
+        """Rank 0 says, once, that synchronous collectives are timed by
+        their waits between sampled steps (run metadata ``hooks``, the
+        family ``sync_collectives``)."""
+        _guard.note("sync_collectives", "waits between samples: " + ", ".join(sorted(names))[:80])
+        c = self.prof.client
+        if c.rank == 0:
+            hooks = {k: v[:100] for k, v in _guard.installed().items()}
+            self.prof.later(lambda: c.meta(hooks=hooks))
 
     def stop(self):
         if self.bypassed:

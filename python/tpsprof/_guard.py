@@ -42,6 +42,13 @@ def install(family):
     return deco
 
 
+def note(family, state):
+    """Records how a family is hooked when that is decided after start-up
+    (synchronous collectives timed by their waits once sampling starts)."""
+    with _lock:
+        _record[family] = state
+
+
 def installed():
     """A copy of the record: family -> how it is hooked, or "off: why"."""
     with _lock:
