@@ -33,8 +33,8 @@ class Sender:
     else was queued (an event, metadata, a trace note) or ``settled()``
     asks. The first record of a drain costs this thread 3-4× the next ones
     (the interpreter's and the records' state gone cold in the training's
-    50 ms between), so a drain of 16 costs about half a record more than
-    one record alone, not 16 times it (docs/capture.md, "Overhead")."""
+    time between drains): in a batch that cost is paid once for 16 records,
+    not every 3-4 (docs/capture.md, "Overhead")."""
 
     def __init__(self, prof, interval=0.05, batch=BATCH, max_wait=MAX_WAIT):
         self._prof = prof
