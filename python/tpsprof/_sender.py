@@ -110,7 +110,13 @@ class Sender:
             if n:
                 batch = [steps.popleft() for _ in range(n)]
                 prof.records.fetch_losses(batch)  # their losses on a GPU, in one copy
-                for st in batch:
+                for i, st in enumerate(batch):
+                    if i:
+                        # the GIL back to the training thread between records,
+                        # if it waits for it: a drain of 16 held it for up to
+                        # Python's 5 ms switch interval on a loaded host,
+                        # delaying the training thread at a collective by that
+                        time.sleep(0)
                     prof.records.send_release(st, final)
             if self._abandon:
                 while steps:
