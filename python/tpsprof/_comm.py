@@ -30,6 +30,16 @@ __all__ = ["Comm", "reducer_timed"]
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
+
+def _first():
+    """TPSPROF_COMM_SAMPLE_FIRST: how many steps (and DDP backward passes)
+    mark every collective before sampling starts (10)."""
+    try:
+        return max(int(os.environ.get("TPSPROF_COMM_SAMPLE_FIRST", "10")), 1)
+    except ValueError:
+        return 10
+
+
 # DDP models whose gradient all-reduces are measured around the reducer's
 # wait for them (reducer_timed): no mark per bucket between samples
 _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backward)
@@ -44,17 +54,6 @@ _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backw
 # forty steps: in a 30-step compiled DDP job on 2 cores, whose ranks took
 # turns waiting for each other, the 10th backward's 46 ms against ~10 ms
 # after it (gloo's own events) read 0.71-2.2x the steps' communication.
-
-
-def _first():
-    """TPSPROF_COMM_SAMPLE_FIRST: how many steps (and DDP backward passes)
-    mark every collective before sampling starts (10)."""
-    try:
-        return max(int(os.environ.get("TPSPROF_COMM_SAMPLE_FIRST", "10")), 1)
-    except ValueError:
-        return 10
-
-
 SAMPLE_FIRST = _first()
 SAMPLE_EVERY = 50
 CARRIED = 5
