@@ -1128,12 +1128,74 @@ class SyncBypassTest(unittest.TestCase):
                 opt.step()
                 opt.zero_grad()
             prof.close(timeout=5)
-            self.assertEqual(_c10d._sync_names, (), "the bypass outlived its profiler")
-            both = ("_allgather_base_", "_reduce_scatter_base_")
-            self.assertEqual(past, [(), (), (), both, both, both, (), both, both])
+            self.assertEqual(_c10d._sync_names, ((), ()), "the bypass outlived its profiler")
+            both, none = (("_allgather_base_", "_reduce_scatter_base_"), ()), ((), ())
+            self.assertEqual(past, [none, none, none, both, both, both, none, both, both])
             self.assertEqual(kernel, [3, 3, 3, 1, 1, 1, 3, 1, 1])
             said = [x["hooks"].get("sync_collectives") for x in sink.lines if x.get("type") == "meta" and "hooks" in x]
             self.assertEqual(said[-1], "waits between samples: _allgather_base_, _reduce_scatter_base_", said)
+            recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
+            self.assertEqual(len(recs), 9)
+            for r, mine in zip(recs, own):
+                self.assertGreater(r.get("comm_ns", 0), 0, r)
+                self.assertLessEqual(r["comm_ns"], mine + 2_000_000, (r, mine))
+        finally:
+            comm_mod.sampled = sampled
+            torch.distributed.destroy_process_group()
+
+
+class FunctionalBypassTest(unittest.TestCase):
+    """(PyTorch 2, CPU.) Between sampled steps, functional collectives
+    (tensor parallelism's) are past our kernels with the c10d operators
+    they call, each timed by its wait_tensor and the hidden part carried
+    from the sampled steps; one whose c10d operator is also called
+    asynchronously stays on our kernels, as does that operator."""
+
+    def test_functional_collectives_timed_by_their_waits_between_samples(self):
+        from tpsprof import _c10d, _comm as comm_mod
+        if not _c10d.available():
+            self.skipTest("PyTorch 1.13: no dispatcher collectives")
+        import torch.distributed._functional_collectives as fc
+        d = tempfile.mkdtemp()
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        sampled = comm_mod.sampled
+        comm_mod.sampled = lambda n: n < 3 or n == 6
+        try:
+            sink = Sink()
+            model = torch.nn.Linear(64, 64)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            prof = tt.instrument(model, opt, job="fb", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+            issued = []
+            issue = prof.comm.issue
+            prof.comm.issue = lambda recv=False: issued.append(1) or issue(recv)
+            t, small = torch.ones(1 << 18), torch.ones(8)
+            world = torch.distributed.group.WORLD
+            own, past, kernel = [], [], []
+            for i in range(9):
+                n = len(issued)
+                model(torch.ones(8, 64)).sum().backward()
+                past.append(_c10d._sync_names)  # (the last step ended as this one's forward began)
+                if i == 3:
+                    inner = dict(prof.comm.inner_ops)  # (step 2's: functional -> the c10d operator it called)
+                t0 = time.perf_counter_ns()
+                g = fc.all_gather_tensor(t, 0, world) * 2  # (waited at its first use)
+                r = fc.all_reduce(t, "sum", world) + 1
+                own.append(time.perf_counter_ns() - t0)
+                self.assertEqual(float(g[0] + r[0]), 4.0)
+                torch.distributed.all_reduce(small, async_op=True).wait()  # allreduce_ asynchronous: never past
+                kernel.append(len(issued) - n)
+                opt.step()
+                opt.zero_grad()
+            prof.close(timeout=5)
+            self.assertEqual(_c10d._sync_names, ((), ()), "the bypass outlived its profiler")
+            self.assertEqual(set(inner), {"all_gather_into_tensor", "all_reduce"}, inner)
+            self.assertEqual(inner["all_reduce"], "allreduce_")
+            # (the all-gather's c10d operator: allgather_into_tensor_coalesced_ on PyTorch 2.14)
+            gather, none = ((inner["all_gather_into_tensor"],), ("all_gather_into_tensor",)), ((), ())
+            self.assertEqual(past, [none, none, none, gather, gather, gather, none, gather, gather])
+            self.assertEqual(kernel, [3, 3, 3, 2, 2, 2, 3, 2, 2])
+            said = [x["hooks"].get("sync_collectives") for x in sink.lines if x.get("type") == "meta" and "hooks" in x]
+            self.assertEqual(said[-1], "waits between samples: _c10d_functional::all_gather_into_tensor, " + gather[0][0], said)
             recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
             self.assertEqual(len(recs), 9)
             for r, mine in zip(recs, own):

@@ -57,8 +57,11 @@ COLLECTIVES = (
     "batch_isend_irecv",
 )
 
-# c10d operators that are not communication of the training step
-_SKIP = frozenset({"check_for_nan", "monitored_barrier_"})
+# operators that are not communication of the training step: c10d's
+# checks, and the functional collectives' wrapping of an output in an
+# AsyncCollectiveTensor (a custom op in their namespace on PyTorch 2.14,
+# called after each functional collective outside a trace)
+_SKIP = frozenset({"check_for_nan", "monitored_barrier_", "_wrap_tensor_autograd"})
 # point-to-point receives: waiting for one is waiting for another stage
 _RECV = frozenset({"recv_", "recv_any_source_"})
 # point-to-point sends: their transfer is communication, but the time
@@ -180,7 +183,6 @@ def install(active):
 # (nothing of ours is freed while a call may run it).
 _BYPASS_OPS = ("allreduce_",)
 _bypass = None  # the registration while on
-_bypass_warned = False
 
 
 def set_ddp_bypass(on):
@@ -189,72 +191,84 @@ def set_ddp_bypass(on):
     at a reducer-timed DDP backward's start and end (tpsprof._comm): any
     all-reduce issued meanwhile, by DDP or by another thread, is not seen
     by our kernels."""
-    global _bypass, _bypass_warned
+    global _bypass
     if not on:
         b, _bypass = _bypass, None
         if b is not None:
             b.reset()
         return False
-    if _bypass is not None:
-        return True
-    if not installed or _fallthrough is None:
-        return False
-    try:
-        m = torch._C._dispatch_library("IMPL", "c10d", "", "", 0)
-        if not _bypass_warned:
-            # PyTorch warns once that a kernel is overridden (ours)
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                _fall(m)
-            _bypass_warned = True
-        else:
-            _fall(m)
-    except Exception:
-        return False
-    _bypass = m
-    return True
+    if _bypass is None:
+        _bypass = _fallthrough_over("c10d", _BYPASS_OPS)
+    return _bypass is not None
 
 
 # Synchronous collectives past our kernels between sampled steps
-# (set_sync_bypass): the c10d operators every call of which, on the last
-# sampled step, was waited on at once by the call that issued it (FSDP2's
-# all-gathers and reduce-scatters on CPU, the torch.distributed API's
-# default). Such a collective is then timed by its wait alone (the patched
-# Work.wait, _comm.Comm.work_waited): on CPU the call hands it to gloo and
-# waits for it at once, so the wait is its span, less the issuing call's
-# host work, which is not communication. Its own registration, apart from
-# DDP's (whose all-reduces it never takes), on for whole steps.
-_sync_bypass = None
-_sync_names = ()
+# (set_sync_bypass; tpsprof._comm decides which): c10d operators every
+# call of which, on the last sampled step, was waited on at once by the
+# call that issued it (FSDP2's all-gathers and reduce-scatters on CPU, the
+# torch.distributed API's default), timed then by their Work.wait() alone
+# (_comm.Comm.work_waited); and functional collectives whose wait_tensor
+# came at once after their issue (tensor parallelism's), with the c10d
+# operators they call, timed by their wait_tensor alone
+# (_comm.Comm.functional_waited). On CPU such a call hands the collective
+# to gloo and waits for it at once, so the wait is its span, less the
+# issuing call's host work, which is not communication. Registrations of
+# their own, apart from DDP's, on for whole steps.
+_sync_bypass = ()  # the registrations while on
+_sync_names = ((), ())  # the operators past our kernels: (c10d, functional)
 
 
-def set_sync_bypass(names):
-    """Puts the c10d operators named past our kernels (names not empty)
-    or every one back through them (empty). Returns whether any is past
-    them now. Called on the training thread between steps (tpsprof._comm)."""
+def set_sync_bypass(names, functional=()):
+    """Puts the c10d operators ``names`` and the functional ones
+    ``functional`` past our kernels (either not empty) or every one back
+    through them (both empty). Returns whether any is past them now.
+    Called on the training thread between steps (tpsprof._comm)."""
     global _sync_bypass, _sync_names
-    names = tuple(sorted(n for n in names if n not in _DDP and n not in _RECV and n not in _SEND))
-    if names == _sync_names:
-        return bool(names)
-    b, _sync_bypass, _sync_names = _sync_bypass, None, ()
-    if b is not None:
+    want = (tuple(sorted(n for n in names if n not in _RECV and n not in _SEND)),
+            tuple(sorted(n for n in functional if n not in _F_RECV and n != "wait_tensor")))
+    if want == _sync_names:
+        return bool(want[0] or want[1])
+    for b in _sync_bypass:
         b.reset()
-    if not names or not installed or _fallthrough is None:
+    _sync_bypass, _sync_names = (), ((), ())
+    regs = [_fallthrough_over(ns, ops) for ns, ops in (("c10d", want[0]), ("_c10d_functional", want[1])) if ops]
+    if not regs or None in regs:
+        for b in regs:
+            if b is not None:
+                b.reset()
         return False
-    try:
-        m = torch._C._dispatch_library("IMPL", "c10d", "", "", 0)
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # (PyTorch warns that a kernel, ours, is overridden)
-            _fall(m, names)
-    except Exception:
-        return False
-    _sync_bypass, _sync_names = m, names
+    _sync_bypass, _sync_names = tuple(regs), want
     return True
 
 
-def _fall(m, names=_BYPASS_OPS):
+_warned = False  # PyTorch's warning that a kernel (ours) is overridden: said once a process, silenced
+
+
+def _fallthrough_over(ns, names):
+    """Registers PyTorch's fallthrough over our kernels at BackendSelect
+    for the operators ``names`` of namespace ``ns``, in C++: the
+    dispatcher then goes straight to the backend's kernel. Returns the
+    registration (its ``reset()`` takes it off, our kernels beneath it
+    again), or None where it cannot be made."""
+    global _warned
+    if not installed or _fallthrough is None:
+        return None
+    try:
+        m = torch._C._dispatch_library("IMPL", ns, "", "", 0)
+        if _warned:
+            _fall(m, names)  # (a warnings filter costs a few us: the bypass of DDP's comes on every backward)
+        else:
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _fall(m, names)
+            _warned = True
+    except Exception:
+        return None
+    return m
+
+
+def _fall(m, names):
     for name in names:
         try:
             m.impl(name, "BackendSelect", _fallthrough, False)
@@ -347,12 +361,15 @@ def _c10d_kernel(op, name, active):
             return _call(op, args, kwargs)
         if g.comm:
             out = _call(op, args, kwargs)
-            comm.sync_ops[name] = False  # (a call inside another: never past our kernel)
-            box = g.inner
-            if box is not None:  # inside a functional collective: its work
-                w = _work_of(out)
-                if w is not None:
-                    box.append(w)
+            if g.fname is None:
+                comm.sync_ops[name] = False  # (a call inside another c10d call: never past our kernel)
+            else:  # inside a functional collective: past our kernel only with it
+                comm.inner_ops.add((g.fname, name))
+                box = g.inner
+                if box is not None:  # (CPU) its work
+                    w = _work_of(out)
+                    if w is not None:
+                        box.append(w)
             return out
         cell = comm.issue(recv)
         cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
@@ -368,7 +385,7 @@ def _c10d_kernel(op, name, active):
                 comm.started(cell, cpu0, work)
                 sync = _waited_at_once()
             comm.track(cell, work, p2p, sync)
-            if not p2p and not ddp:
+            if not p2p:
                 seen = comm.sync_ops
                 if seen.get(name, True):
                     seen[name] = sync  # (all its calls waited at once: past our kernel between samples)
@@ -408,16 +425,17 @@ def _functional_kernel(op, name, active):
         cpu0 = _thread_time() if cell is not None and not recv and not prof.cuda else None
         g = comm.tls
         g.comm = True
+        g.fname = name
         box = g.inner = [] if cpu0 is not None else None
         try:
             out = _call(op, args, kwargs)
         finally:
             g.comm = False
-            g.inner = None
+            g.inner = g.fname = None
         if cell is not None:
             if cpu0 is not None:
                 comm.started(cell, cpu0)
-            comm.functional_issued(cell, out, args, recv)
+            comm.functional_issued(cell, out, args, recv, name)
             if box:
                 comm.functional_works(cell, box)
         return out

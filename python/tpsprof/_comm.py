@@ -57,6 +57,11 @@ _REDUCER_TIMED = []  # weak references (a WeakSet's iteration cost ~3 us a backw
 SAMPLE_FIRST = _first()
 SAMPLE_EVERY = 50
 CARRIED = 5
+# Functional collectives past our kernels between samples (Comm.past) are
+# timed by their wait_tensor, the exposed part, and the part of the span
+# that compute hid before it is carried from the sampled steps: the
+# median over their last HIDDEN_KEPT collectives
+HIDDEN_KEPT = 256
 
 
 def sampled(n):
@@ -139,6 +144,15 @@ class Comm:
         # this sampled step was waited on at once by its caller: those are
         # past our kernels on the steps between samples (step_finished)
         self.sync_ops = {}
+        # (CPU, PyTorch 2) on this sampled step: the functional operators
+        # called, and the (functional, c10d) operator pairs of the c10d
+        # calls they made; on the last sampled steps, the part of each
+        # functional collective's span before its wait_tensor (ns, the
+        # last HIDDEN_KEPT), and its median, carried to the steps between
+        self.fops = set()
+        self.inner_ops = set()
+        self.fhidden = []
+        self.fcarried = 0
         self.sync_bypassed = False  # some are now (_c10d.set_sync_bypass)
         self.steps = 0  # steps ended in this process
         self._said_sync = False  # the run told that they are (_say_sync)
@@ -179,14 +193,42 @@ class Comm:
         if sampled(self.steps):
             if self.sync_bypassed:
                 self.sync_bypassed = _c10d.set_sync_bypass(())
-            self.sync_ops = {}
-        elif not self.sync_bypassed and self.sync_ops:
-            names = [k for k, v in self.sync_ops.items() if v]
-            if names:
-                self.sync_bypassed = _c10d.set_sync_bypass(names)
+            self.sync_ops, self.fops, self.inner_ops = {}, set(), set()
+        elif not self.sync_bypassed and (self.sync_ops or self.fops):
+            names, functional = self.past()
+            if names or functional:
+                self.sync_bypassed = _c10d.set_sync_bypass(names, functional)
                 if self.sync_bypassed and not self._said_sync:
                     self._said_sync = True
-                    self._say_sync(names)
+                    self._say_sync(names + ["_c10d_functional::" + f for f in functional])
+
+    def past(self):
+        """The operators to put past our kernels between samples, from the
+        last sampled step: (c10d, functional). A c10d operator every call
+        of which was waited on at once; a functional one every call of
+        which was waited on (wait_tensor), with the c10d operators it
+        called. Neither where one of them must keep our kernel: a c10d
+        operator also called asynchronously, or inside a functional
+        collective that stays, a functional collective left unwaited, and
+        DDP's all-reduces while a DDP model is measured from its reducer
+        (its sampled backward passes mark each bucket). The functional
+        collectives' carried hidden part is set here too."""
+        inner = self.inner_ops
+        kept = {n for n, v in self.sync_ops.items() if not v}
+        if _REDUCER_TIMED:
+            kept |= _c10d._DDP
+        unwaited = {v[2] for v in self.fpending.values()}
+        functional = self.fops - unwaited
+        h = sorted(self.fhidden)
+        self.fcarried = h[(len(h) - 1) // 2] if h else 0
+        while True:
+            kept |= {n for f, n in inner if f not in functional}
+            stay = {f for f, n in inner if n in kept and f in functional}
+            if not stay:
+                break
+            functional -= stay
+        names = {n for n, v in self.sync_ops.items() if v} | {n for f, n in inner if f in functional}
+        return sorted(names - kept), sorted(functional)
 
     def _say_sync(self, names):
         """Rank 0 says, once, that synchronous collectives are timed by
@@ -420,7 +462,7 @@ class Comm:
         except Exception:
             self.prof.failed()
 
-    def functional_issued(self, cell, out, args, recv):
+    def functional_issued(self, cell, out, args, recv, name):
         try:
             t = out[0] if isinstance(out, (list, tuple)) else out
             if not isinstance(t, torch.Tensor):
@@ -429,7 +471,9 @@ class Comm:
                 return
             if len(self.fpending) > 4096:
                 self.fpending.clear()
-            self.fpending[t.data_ptr()] = (cell, recv)
+            self.fpending[t.data_ptr()] = (cell, recv, name)
+            if not self.prof.cuda:
+                self.fops.add(name)
         except Exception:
             self.prof.failed()
 
@@ -450,11 +494,27 @@ class Comm:
         try:
             end = self.prof.mark_now()
             got = self.fpending.pop(t.data_ptr(), None) if isinstance(t, torch.Tensor) else None
-            if got is not None and (got[0][1] is None or (not self.prof.cuda and got[0][1] > end)):
-                got[0][1] = end  # complete by now, if the poller saw it later
             st = self.prof.current
+            if got is None:
+                if st is not None:
+                    if self.sync_bypassed:
+                        # a functional collective past our kernels (past):
+                        # its wait is its exposed span, and before it the
+                        # part compute hid, as carried
+                        st.comm.append([t0 - self.fcarried, end])
+                    st.blocked.append((t0, end))
+                return
+            cell = got[0]
+            if not self.prof.cuda:
+                # (a sampled step) the span's part before the wait
+                hid = self.fhidden
+                hid.append(max(min(t0, cell[1] or t0) - cell[0], 0))
+                if len(hid) > HIDDEN_KEPT:
+                    del hid[:-HIDDEN_KEPT]
+            if cell[1] is None or (not self.prof.cuda and cell[1] > end):
+                cell[1] = end  # complete by now, if the poller saw it later
             if st is not None:
-                (st.pp_wait if got is not None and got[1] else st.blocked).append((t0, end))
+                (st.pp_wait if got[1] else st.blocked).append((t0, end))
         except Exception:
             self.prof.failed()
 

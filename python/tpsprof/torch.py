@@ -80,6 +80,7 @@ class _Guards(threading.local):
     # inside a functional collective on CPU: the works of the c10d calls
     # it makes, which end its span when they complete (else None)
     inner = None
+    fname = None  # inside a functional collective: its operator's name
     # inside the backward of a DDP model measured from its reducer
     # (PyTorch 2): the all-reduces its buckets passed the dispatcher with
     # (else None; _comm.reducer_timed)
