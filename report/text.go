@@ -22,6 +22,17 @@ const DDPHiddenEstimated = "DDP's communication hidden by the backward: measured
 	"(the first 10, then at each power of two and 1 in 50) and carried to the steps between them (the median of the last 5); " +
 	"the exposed part is measured every step"
 
+// FunctionalHiddenEstimated is what the text report says of a run whose
+// functional collectives (tensor parallelism's, on CPU) were timed by their
+// waits between sampled steps (RunMeta.Hooks sync_collectives naming a
+// _c10d_functional operator): the exposed part is measured every step, the
+// part the host's work hid before each wait only on sampled steps
+// (docs/capture.md, "Synchronous and functional collectives between
+// samples").
+const FunctionalHiddenEstimated = "functional collectives' communication hidden by the host's work before their waits: " +
+	"measured on sampled steps (the first 10, then at each power of two and 1 in 50) and carried to the steps between them " +
+	"(the median of the last 256 calls); the exposed part is measured every step"
+
 // windowsText says how many rank_windows rows stood for the rank rows.
 func windowsText(r *Report) string {
 	if r.RankWindows == 0 {
@@ -104,6 +115,9 @@ func (l *lines) head(r *Report) {
 			// (PyTorch 2 on CPU: on 1.13 that part is not measured, and
 			// the run says so above)
 			l.row("estimated", "%s", DDPHiddenEstimated)
+		}
+		if strings.Contains(m.Hooks["sync_collectives"], "_c10d_functional::") {
+			l.row("estimated", "%s", FunctionalHiddenEstimated)
 		}
 		if off := m.HooksOff(); len(off) > 0 {
 			l.row("hooks off", "%s", strings.Join(off, "; "))

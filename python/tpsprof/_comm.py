@@ -200,7 +200,7 @@ class Comm:
                 self.sync_bypassed = _c10d.set_sync_bypass(names, functional)
                 if self.sync_bypassed and not self._said_sync:
                     self._said_sync = True
-                    self._say_sync(names + ["_c10d_functional::" + f for f in functional])
+                    self._say_sync(["_c10d_functional::" + f for f in functional] + names)
 
     def past(self):
         """The operators to put past our kernels between samples, from the
@@ -233,8 +233,9 @@ class Comm:
     def _say_sync(self, names):
         """Rank 0 says, once, that synchronous collectives are timed by
         their waits between sampled steps (run metadata ``hooks``, the
-        family ``sync_collectives``)."""
-        _guard.note("sync_collectives", "waits between samples: " + ", ".join(sorted(names))[:80])
+        family ``sync_collectives``; the functional ones first: the report
+        says their hidden part is carried)."""
+        _guard.note("sync_collectives", "waits between samples: " + ", ".join(names)[:80])
         c = self.prof.client
         if c.rank == 0:
             hooks = {k: v[:100] for k, v in _guard.installed().items()}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"math"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -244,6 +246,20 @@ func TestModernTorchParallelisms(t *testing.T) {
 				t.Logf("the communication component's time a step: %.0f us sampled, %.0f us between samples", mOn/1e3, mOff/1e3)
 				if (mode == "fsdp2" || mode == "tp") && !(mOff < mOn/2) {
 					t.Errorf("between samples the communication component took %.0f us a step against %.0f on sampled steps: the collectives not past our kernels", mOff/1e3, mOn/1e3)
+				}
+				if mode == "tp" {
+					// their hidden part carried from the sampled steps: the
+					// report says so
+					rep, err := report.Analyze(dir, report.Options{})
+					if err != nil {
+						t.Fatal(err)
+					}
+					var text bytes.Buffer
+					report.WriteText(&text, rep)
+					if rep.Meta == nil || !strings.Contains(rep.Meta.Hooks["sync_collectives"], "_c10d_functional::all_reduce") ||
+						!strings.Contains(text.String(), report.FunctionalHiddenEstimated) {
+						t.Errorf("tensor parallel: hooks %v; the report does not say the functional all-reduces' hidden part is carried\n%s", rep.Meta, text.String())
+					}
 				}
 			}
 			what := "communication"
