@@ -384,7 +384,7 @@ def _c10d_kernel(op, name, active):
             if cpu0 is not None:
                 comm.started(cell, cpu0, work)
                 sync = _waited_at_once()
-            comm.track(cell, work, p2p, sync)
+            comm.track(cell, work, p2p, sync, not recv)
             if not p2p:
                 seen = comm.sync_ops
                 if seen.get(name, True):

@@ -408,10 +408,12 @@ class Comm:
         except Exception:
             self.prof.failed()
 
-    def track(self, cell, work, recv=False, sync=False):
-        """Ends cell when work completes; a receive's work is remembered so
-        that waiting on it counts as pipeline wait. sync: the call that
-        issued it waits on it at once (its wait ends the span)."""
+    def track(self, cell, work, recv=False, sync=False, span=True):
+        """Ends cell when work completes; a point-to-point work (``recv``)
+        is remembered so that waiting on it counts as pipeline wait. sync:
+        the call that issued it waits on it at once (its wait ends the
+        span). span: cell is a span of communication; a receive's is not
+        (issue), and nothing watches for its end."""
         try:
             if work is not None and (recv or not self.prof.cuda):
                 # waiting on the work also ends its span: some works (gloo's
@@ -422,7 +424,8 @@ class Comm:
                 if len(self.recv_works) >= 4096:
                     self.recv_works.clear()
                 self.recv_works[id(work)] = (work, cell, recv)
-            self.end([cell[0], None, self.prof.current, False], work, cell, sync)
+            if span:
+                self.end([cell[0], None, self.prof.current, False], work, cell, sync)
         except Exception:
             self.prof.failed()
 

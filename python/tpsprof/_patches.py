@@ -451,7 +451,7 @@ def _p2p(prof, g, fn, args, kwargs, recv, returns_work):
     if cell is None:
         return out
     if returns_work and out is not None:
-        comm.track(cell, out, True)
+        comm.track(cell, out, True, span=not recv)
     else:
         comm.p2p_blocked(cell, t0)
     return out
