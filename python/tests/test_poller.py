@@ -37,9 +37,9 @@ class PollerTest(unittest.TestCase):
                 time.sleep(0.001)
             self.assertIsNotNone(cell[1], "the completion was not noted")
             self.assertGreaterEqual(cell[1], done, "noted before it completed")
-            # every 0.2 ms for 100 ms would be ~400 looks (300 measured: sleep.s
-            # overshoot); backing off to an eighth of its age, at most 1 ms:
-            # ~120 at the most
+            # every 0.2 ms for 100 ms would be ~400 looks (300 measured before
+            # the back-off: sleep's overshoot); backing off to an eighth of
+            # its age, at most 1 ms: ~120 at the most (87 measured)
             self.assertLess(fut.looks, 150, fut.looks)
             self.assertGreater(fut.looks, 5, fut.looks)
             # a young one is still looked at every 0.2 ms: noted within a
