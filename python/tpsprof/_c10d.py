@@ -207,13 +207,13 @@ def set_ddp_bypass(on):
 # call of which, on the last sampled step, was waited on at once by the
 # call that issued it (FSDP2's all-gathers and reduce-scatters on CPU, the
 # torch.distributed API's default), timed then by their Work.wait() alone
-# (_comm.Comm.work_waited); and functional collectives whose wait_tensor
-# came at once after their issue (tensor parallelism's), with the c10d
-# operators they call, timed by their wait_tensor alone
-# (_comm.Comm.functional_waited). On CPU such a call hands the collective
-# to gloo and waits for it at once, so the wait is its span, less the
-# issuing call's host work, which is not communication. Registrations of
-# their own, apart from DDP's, on for whole steps.
+# (_comm.Comm.work_waited): on CPU such a call hands the collective to
+# gloo and waits for it at once, so the wait is its span, less the issuing
+# call's host work, which is not communication. And functional collectives
+# every call of which was waited on (tensor parallelism's), with the c10d
+# operators they call, timed by their wait_tensor and the hidden part
+# carried from the sampled steps (_comm.Comm.functional_waited).
+# Registrations of their own, apart from DDP's, on for whole steps.
 _sync_bypass = ()  # the registrations while on
 _sync_names = ((), ())  # the operators past our kernels: (c10d, functional)
 

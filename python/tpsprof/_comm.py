@@ -14,6 +14,7 @@ profiler counts the training thread's time in these marks as its own
 (``capture_ns``): tpsprof.torch wraps them.
 """
 
+import collections
 import functools
 import os
 import threading
@@ -151,7 +152,7 @@ class Comm:
         # last HIDDEN_KEPT), and its median, carried to the steps between
         self.fops = set()
         self.inner_ops = set()
-        self.fhidden = []
+        self.fhidden = collections.deque(maxlen=HIDDEN_KEPT)
         self.fcarried = 0
         self.sync_bypassed = False  # some are now (_c10d.set_sync_bypass)
         self.steps = 0  # steps ended in this process
@@ -509,12 +510,9 @@ class Comm:
                     st.blocked.append((t0, end))
                 return
             cell = got[0]
-            if not self.prof.cuda:
+            if not self.prof.cuda and not got[1]:
                 # (a sampled step) the span's part before the wait
-                hid = self.fhidden
-                hid.append(max(min(t0, cell[1] or t0) - cell[0], 0))
-                if len(hid) > HIDDEN_KEPT:
-                    del hid[:-HIDDEN_KEPT]
+                self.fhidden.append(max(min(t0, cell[1] or t0) - cell[0], 0))
             if cell[1] is None or (not self.prof.cuda and cell[1] > end):
                 cell[1] = end  # complete by now, if the poller saw it later
             if st is not None:
