@@ -16,6 +16,13 @@ __all__ = ["Sender", "Poller", "settle", "MAX_PENDING"]
 MAX_PENDING = 64  # finished steps held while their times are unknown; the oldest go past this
 BATCH = 16  # finished steps a drain waits for ...
 MAX_WAIT = 0.25  # ... at most this many seconds after the last drain
+# A drain gives the GIL back between records once it has held it this long
+# (ns): at every record it nearly doubled the sender's CPU a record (the
+# hand-off, and the next record built cold: 154-157 us against 81-87 with
+# none, 105-107 with this, 93-97 with 2 ms, in BenchmarkTorchStepOverhead's
+# near-empty step, torch 1.13); 1 ms bounds the training thread's wait for
+# it well under the interpreter's own 5 ms switch interval
+HOLD_NS = 1_000_000
 
 
 class Sender:
@@ -110,13 +117,15 @@ class Sender:
             if n:
                 batch = [steps.popleft() for _ in range(n)]
                 prof.records.fetch_losses(batch)  # their losses on a GPU, in one copy
-                for i, st in enumerate(batch):
-                    if i:
-                        # the GIL back to the training thread between records,
-                        # if it waits for it: a drain of 16 held it for up to
-                        # Python's 5 ms switch interval on a loaded host,
-                        # delaying the training thread at a collective by that
+                held = time.perf_counter_ns()
+                for st in batch:
+                    if time.perf_counter_ns() - held > HOLD_NS:
+                        # the GIL back to the training thread, if it waits
+                        # for it: a drain of 16 held it for up to Python's
+                        # 5 ms switch interval on a loaded host, delaying the
+                        # training thread at a collective by that
                         time.sleep(0)
+                        held = time.perf_counter_ns()
                     prof.records.send_release(st, final)
             if self._abandon:
                 while steps:
