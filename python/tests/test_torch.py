@@ -1090,6 +1090,50 @@ class SynchronousCollectiveTest(unittest.TestCase):
             torch.distributed.destroy_process_group()
 
 
+def _bypass_steps(test, job, step):
+    """(PyTorch 2, CPU.) Runs 9 steps of a 1-rank gloo job, steps 0-2 and
+    6 sampled; ``step(i, prof)`` issues step i's collectives and returns
+    the time the job's own clock saw them take (ns). Checks that each
+    step's communication lies within that clock and that no bypass
+    outlives the profiler. Returns (the operators past our kernels during
+    each step, the collectives our kernels took each step, rank 0's last
+    ``sync_collectives`` line)."""
+    from tpsprof import _c10d, _comm as comm_mod
+    d = tempfile.mkdtemp()
+    torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+    sampled = comm_mod.sampled
+    comm_mod.sampled = lambda n: n < 3 or n == 6
+    try:
+        sink = Sink()
+        model = torch.nn.Linear(64, 64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        prof = tt.instrument(model, opt, job=job, rank=0, world_size=1, attempt=0, socket_path=sink.path)
+        issued = []
+        issue = prof.comm.issue
+        prof.comm.issue = lambda recv=False: issued.append(1) or issue(recv)
+        own, past, kernel = [], [], []
+        for i in range(9):
+            n = len(issued)
+            model(torch.ones(8, 64)).sum().backward()
+            past.append(_c10d._sync_names)  # (the last step ended as this one's forward began)
+            own.append(step(i, prof))
+            kernel.append(len(issued) - n)
+            opt.step()
+            opt.zero_grad()
+        prof.close(timeout=5)
+        test.assertEqual(_c10d._sync_names, ((), ()), "the bypass outlived its profiler")
+        said = [x["hooks"].get("sync_collectives") for x in sink.lines if x.get("type") == "meta" and "hooks" in x]
+        recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
+        test.assertEqual(len(recs), 9)
+        for r, mine in zip(recs, own):
+            test.assertGreater(r.get("comm_ns", 0), 0, r)
+            test.assertLessEqual(r["comm_ns"], mine + 2_000_000, (r, mine))
+        return past, kernel, said[-1] if said else None
+    finally:
+        comm_mod.sampled = sampled
+        torch.distributed.destroy_process_group()
+
+
 class SyncBypassTest(unittest.TestCase):
     """(PyTorch 2, CPU.) Between sampled steps, the operators whose every
     call on the last sampled step was waited on at once (FSDP2's
@@ -1098,50 +1142,24 @@ class SyncBypassTest(unittest.TestCase):
     communication stays within the job's own clock around its calls."""
 
     def test_synchronous_collectives_timed_by_their_waits_between_samples(self):
-        from tpsprof import _c10d, _comm as comm_mod
+        from tpsprof import _c10d
         if not _c10d.available():
             self.skipTest("PyTorch 1.13: no dispatcher collectives")
-        d = tempfile.mkdtemp()
-        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
-        sampled = comm_mod.sampled
-        comm_mod.sampled = lambda n: n < 3 or n == 6
-        try:
-            sink = Sink()
-            model = torch.nn.Linear(64, 64)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            prof = tt.instrument(model, opt, job="sb", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-            issued = []
-            issue = prof.comm.issue
-            prof.comm.issue = lambda recv=False: issued.append(1) or issue(recv)
-            t, out, small = torch.ones(1 << 20), torch.empty(1 << 20), torch.ones(8)
-            own, past, kernel = [], [], []
-            for i in range(9):
-                n = len(issued)
-                model(torch.ones(8, 64)).sum().backward()
-                past.append(_c10d._sync_names)  # (the last step ended as this one's forward began)
-                t0 = time.perf_counter_ns()
-                torch.distributed.all_gather_into_tensor(out, t)  # FSDP2's, synchronous
-                torch.distributed.reduce_scatter_tensor(out, t)
-                own.append(time.perf_counter_ns() - t0)
-                torch.distributed.broadcast(small, 0, async_op=True).wait()  # asynchronous: never past
-                kernel.append(len(issued) - n)
-                opt.step()
-                opt.zero_grad()
-            prof.close(timeout=5)
-            self.assertEqual(_c10d._sync_names, ((), ()), "the bypass outlived its profiler")
-            both, none = (("_allgather_base_", "_reduce_scatter_base_"), ()), ((), ())
-            self.assertEqual(past, [none, none, none, both, both, both, none, both, both])
-            self.assertEqual(kernel, [3, 3, 3, 1, 1, 1, 3, 1, 1])
-            said = [x["hooks"].get("sync_collectives") for x in sink.lines if x.get("type") == "meta" and "hooks" in x]
-            self.assertEqual(said[-1], "waits between samples: _allgather_base_, _reduce_scatter_base_", said)
-            recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
-            self.assertEqual(len(recs), 9)
-            for r, mine in zip(recs, own):
-                self.assertGreater(r.get("comm_ns", 0), 0, r)
-                self.assertLessEqual(r["comm_ns"], mine + 2_000_000, (r, mine))
-        finally:
-            comm_mod.sampled = sampled
-            torch.distributed.destroy_process_group()
+        t, out, small = torch.ones(1 << 20), torch.empty(1 << 20), torch.ones(8)
+
+        def step(i, prof):
+            t0 = time.perf_counter_ns()
+            torch.distributed.all_gather_into_tensor(out, t)  # FSDP2's, synchronous
+            torch.distributed.reduce_scatter_tensor(out, t)
+            own = time.perf_counter_ns() - t0
+            torch.distributed.broadcast(small, 0, async_op=True).wait()  # asynchronous: never past
+            return own
+
+        past, kernel, said = _bypass_steps(self, "sb", step)
+        both, none = (("_allgather_base_", "_reduce_scatter_base_"), ()), ((), ())
+        self.assertEqual(past, [none, none, none, both, both, both, none, both, both])
+        self.assertEqual(kernel, [3, 3, 3, 1, 1, 1, 3, 1, 1])
+        self.assertEqual(said, "waits between samples: _allgather_base_, _reduce_scatter_base_")
 
 
 class FunctionalBypassTest(unittest.TestCase):
@@ -1152,58 +1170,33 @@ class FunctionalBypassTest(unittest.TestCase):
     asynchronously stays on our kernels, as does that operator."""
 
     def test_functional_collectives_timed_by_their_waits_between_samples(self):
-        from tpsprof import _c10d, _comm as comm_mod
+        from tpsprof import _c10d
         if not _c10d.available():
             self.skipTest("PyTorch 1.13: no dispatcher collectives")
         import torch.distributed._functional_collectives as fc
-        d = tempfile.mkdtemp()
-        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
-        sampled = comm_mod.sampled
-        comm_mod.sampled = lambda n: n < 3 or n == 6
-        try:
-            sink = Sink()
-            model = torch.nn.Linear(64, 64)
-            opt = torch.optim.SGD(model.parameters(), lr=0.1)
-            prof = tt.instrument(model, opt, job="fb", rank=0, world_size=1, attempt=0, socket_path=sink.path)
-            issued = []
-            issue = prof.comm.issue
-            prof.comm.issue = lambda recv=False: issued.append(1) or issue(recv)
-            t, small = torch.ones(1 << 18), torch.ones(8)
+        t, small = torch.ones(1 << 18), torch.ones(8)
+        inner = {}
+
+        def step(i, prof):
+            if i == 3:
+                inner.update(prof.comm.inner_ops)  # (step 2's: functional -> the c10d operator it called)
             world = torch.distributed.group.WORLD
-            own, past, kernel = [], [], []
-            for i in range(9):
-                n = len(issued)
-                model(torch.ones(8, 64)).sum().backward()
-                past.append(_c10d._sync_names)  # (the last step ended as this one's forward began)
-                if i == 3:
-                    inner = dict(prof.comm.inner_ops)  # (step 2's: functional -> the c10d operator it called)
-                t0 = time.perf_counter_ns()
-                g = fc.all_gather_tensor(t, 0, world) * 2  # (waited at its first use)
-                r = fc.all_reduce(t, "sum", world) + 1
-                own.append(time.perf_counter_ns() - t0)
-                self.assertEqual(float(g[0] + r[0]), 4.0)
-                torch.distributed.all_reduce(small, async_op=True).wait()  # allreduce_ asynchronous: never past
-                kernel.append(len(issued) - n)
-                opt.step()
-                opt.zero_grad()
-            prof.close(timeout=5)
-            self.assertEqual(_c10d._sync_names, ((), ()), "the bypass outlived its profiler")
-            self.assertEqual(set(inner), {"all_gather_into_tensor", "all_reduce"}, inner)
-            self.assertEqual(inner["all_reduce"], "allreduce_")
-            # (the all-gather's c10d operator: allgather_into_tensor_coalesced_ on PyTorch 2.14)
-            gather, none = ((inner["all_gather_into_tensor"],), ("all_gather_into_tensor",)), ((), ())
-            self.assertEqual(past, [none, none, none, gather, gather, gather, none, gather, gather])
-            self.assertEqual(kernel, [3, 3, 3, 2, 2, 2, 3, 2, 2])
-            said = [x["hooks"].get("sync_collectives") for x in sink.lines if x.get("type") == "meta" and "hooks" in x]
-            self.assertEqual(said[-1], "waits between samples: _c10d_functional::all_gather_into_tensor, " + gather[0][0], said)
-            recs = sorted(sink.records(9, timeout=5), key=lambda r: r["step"])
-            self.assertEqual(len(recs), 9)
-            for r, mine in zip(recs, own):
-                self.assertGreater(r.get("comm_ns", 0), 0, r)
-                self.assertLessEqual(r["comm_ns"], mine + 2_000_000, (r, mine))
-        finally:
-            comm_mod.sampled = sampled
-            torch.distributed.destroy_process_group()
+            t0 = time.perf_counter_ns()
+            g = fc.all_gather_tensor(t, 0, world) * 2  # (waited at its first use)
+            r = fc.all_reduce(t, "sum", world) + 1
+            own = time.perf_counter_ns() - t0
+            self.assertEqual(float(g[0] + r[0]), 4.0)
+            torch.distributed.all_reduce(small, async_op=True).wait()  # allreduce_ asynchronous: never past
+            return own
+
+        past, kernel, said = _bypass_steps(self, "fb", step)
+        self.assertEqual(set(inner), {"all_gather_into_tensor", "all_reduce"}, inner)
+        self.assertEqual(inner["all_reduce"], "allreduce_")
+        # (the all-gather's c10d operator: allgather_into_tensor_coalesced_ on PyTorch 2.14)
+        gather, none = ((inner["all_gather_into_tensor"],), ("all_gather_into_tensor",)), ((), ())
+        self.assertEqual(past, [none, none, none, gather, gather, gather, none, gather, gather])
+        self.assertEqual(kernel, [3, 3, 3, 2, 2, 2, 3, 2, 2])
+        self.assertEqual(said, "waits between samples: _c10d_functional::all_gather_into_tensor, " + gather[0][0])
 
 
 class ReducerTimedDDPTest(unittest.TestCase):

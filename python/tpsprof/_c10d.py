@@ -225,7 +225,7 @@ def set_sync_bypass(names, functional=()):
     Called on the training thread between steps (tpsprof._comm)."""
     global _sync_bypass, _sync_names
     want = (tuple(sorted(n for n in names if n not in _RECV and n not in _SEND)),
-            tuple(sorted(n for n in functional if n not in _F_RECV and n != "wait_tensor")))
+            tuple(sorted(n for n in functional if n not in _F_RECV)))
     if want == _sync_names:
         return bool(want[0] or want[1])
     for b in _sync_bypass:
