@@ -73,6 +73,34 @@ class CountTokensTest(unittest.TestCase):
         self.assertIsNone(tt.count_tokens(torch.zeros(4, 3, 32, 32)))  # images
         self.assertIsNone(tt.count_tokens("text"))
 
+    def test_counted_together(self):
+        """The sender counts a drain's host batches together (count_many):
+        each fetch resolves to what it resolves to counted alone, across
+        shapes, masks, labels, an ignore index, a lone shape, a fetch with
+        no tokens and one counted at the fetch; the batches stay for the
+        fingerprint."""
+        from tpsprof._tokens import Fetch, count_many
+        g = torch.Generator().manual_seed(3)
+
+        def labels(shape):
+            t = torch.randint(0, 50, shape, generator=g)
+            t[torch.rand(shape, generator=g) < 0.3] = -7
+            return t
+
+        batches = [(torch.zeros(2, 5, dtype=torch.long), labels((2, 5))) for _ in range(5)]
+        batches += [{"input_ids": torch.zeros(3, 4, dtype=torch.long),
+                     "attention_mask": (torch.rand(3, 4, generator=g) < 0.6).long()} for _ in range(3)]
+        batches += [(torch.zeros(1, 9, dtype=torch.long), labels((1, 9))),  # a shape of its own
+                    torch.zeros(4, 3, 8, 8),                                  # no tokens
+                    torch.zeros(2, 6, dtype=torch.long)]                      # bare ids
+        alone = [Fetch(b, None).resolve(-7) for b in batches]
+        together = [Fetch(b, None) for b in batches]
+        together.append(Fetch(None, (11, 12, 2, None)))  # counted at the fetch
+        count_many(together, -7)
+        self.assertTrue(all(f.batch is b for f, b in zip(together, batches)))
+        self.assertEqual([f.resolve(-7) for f in together], alone + [(11, 12, 2, None)])
+        self.assertNotEqual(len({a[0] for a in alone[:5]}), 1)  # the labels' counts differ
+
 
 class PackedBatchTest(unittest.TestCase):
     def test_cu_seqlens_and_restarting_positions(self):

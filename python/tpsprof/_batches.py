@@ -20,7 +20,7 @@ import torch
 from . import _guard
 from ._hooks import host_batch
 from ._steps import totals
-from ._tokens import Fetch, counts_now, is_ids, lazy_int
+from ._tokens import Fetch, count_many, counts_now, is_ids, lazy_int
 
 __all__ = ["Batches", "FINGERPRINT_STEPS"]
 
@@ -146,6 +146,14 @@ class Batches:
                 return
 
     # -- the sender's thread ------------------------------------------------
+    def count(self, steps):
+        """The token counts of steps about to be sent: their host batches
+        counted together (count_many), before each record resolves them."""
+        try:
+            count_many([f for st in steps for f in st.fetches], self.ignore_index)
+        except Exception:
+            self.prof.failed()
+
     def of(self, st):
         """A finished step's batch figures as its record sends them,
         (tokens, padded, samples, seq_sq, fingerprint), what counted them

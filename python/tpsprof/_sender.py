@@ -117,6 +117,7 @@ class Sender:
             if n:
                 batch = [steps.popleft() for _ in range(n)]
                 prof.records.fetch_losses(batch)  # their losses on a GPU, in one copy
+                prof.batches.count(batch)  # their host batches' tokens, counted together
                 held = time.perf_counter_ns()
                 for st in batch:
                     if time.perf_counter_ns() - held > HOLD_NS:

@@ -14,7 +14,7 @@ from typing import Any, Optional, Tuple, Union
 import torch
 
 __all__ = ["count_tokens", "packed_seq_sq", "token_counts", "packed_sq", "is_ids", "Fetch", "counts_now",
-           "CountLater", "sum_later", "lazy_int", "as_int"]
+           "CountLater", "sum_later", "lazy_int", "as_int", "count_many"]
 
 Count = Union[int, torch.Tensor, "CountLater"]
 
@@ -168,16 +168,43 @@ class CountLater:
     sender thread: the mask's sum, or the labels other than the ignore
     index (the training thread keeps a reference, not a reduction)."""
 
-    __slots__ = ("t", "ignore")
+    __slots__ = ("t", "ignore", "n")
 
     def __init__(self, t, ignore=None):
-        self.t, self.ignore = t, ignore
+        self.t, self.ignore, self.n = t, ignore, None
 
     def __int__(self):
+        if self.n is not None:
+            return self.n
         t = self.t
         if self.ignore is None:
             return int(t.sum())
         return int(torch.count_nonzero(t.ne(self.ignore)))
+
+
+def count_many(fetches, ignore_index: int) -> None:
+    """(On the sender thread, before the fetches resolve.) Counts the host
+    batches of many steps at once: the counts of tensors of one shape, dtype
+    and ignore index by one reduction over them stacked. Counted one at a
+    time between the records' other work, each count ran cold (~30-45 us of
+    a near-empty step's ~100 us record on this machine's torch 1.13; 6-7 us
+    a count in a run of them)."""
+    groups = {}
+    for f in fetches:
+        if f.counts is None and f.batch is not None:
+            f.counts = counts_now(f.batch, ignore_index)
+        for c in f.counts or ():
+            if c.__class__ is CountLater and c.n is None:
+                t = c.t
+                groups.setdefault((t.dtype, tuple(t.shape), c.ignore), []).append(c)
+    for (_, _, ignore), cs in groups.items():
+        if len(cs) < 2:
+            continue  # counted by int() as it resolves
+        s = torch.stack([c.t for c in cs]).reshape(len(cs), -1)
+        if ignore is not None:
+            s = s.ne(ignore)
+        for c, v in zip(cs, s.sum(1).tolist()):
+            c.n, c.t = int(v), None
 
 
 def sum_later(t: torch.Tensor, ignore: Optional[int] = None) -> Count:
