@@ -1279,6 +1279,9 @@ class ReducerTimedDDPTest(unittest.TestCase):
             # sampled ones; between, none reach them), and whether DDP's
             # all-reduces were past them once a step was over
             counted, after = [], []
+            regs = []  # DDP's bypass put on for a backward (between samples it is on for whole steps instead)
+            set_ddp = tt._c10d.set_ddp_bypass
+            tt._c10d.set_ddp_bypass = lambda on: (on and regs.append(i)) or set_ddp(on)
             done = prof.comm.grads_done
             prof.comm.grads_done = lambda *a: counted.append(prof.comm.tls.ddp) or done(*a)
             steps = 12
@@ -1300,11 +1303,17 @@ class ReducerTimedDDPTest(unittest.TestCase):
                         ddp(x).sum().backward()
                 opt.step()
                 opt.zero_grad()
-                after.append((tt._c10d._bypass is not None, prof.comm.bypassed))
+                after.append((tt._c10d._bypass is not None, prof.comm.bypassed, tt._c10d.sync_past("allreduce_")))
             prof.close(timeout=5)
+            tt._c10d.set_ddp_bypass = set_ddp
             # one synchronised backward a step, the no_sync ones not counted
             self.assertEqual(prof.comm.ddp_backwards, steps)
-            self.assertEqual(after, [(False, False)] * steps)
+            # between samples (PyTorch 2) DDP's all-reduces are past our
+            # kernels for whole steps: registered once, not every backward
+            n = 4 if tt._c10d.installed else 0
+            self.assertEqual(after, [(False, False, False)] * n + [(False, False, bool(n))] * (steps - n))
+            self.assertEqual(regs, [])
+            self.assertFalse(tt._c10d.sync_past("allreduce_"), "the bypass outlived its profiler")
             recs = sink.records(steps, timeout=5)
             self.assertEqual(len(recs), steps, sink.lines)
             self.assertEqual(guard.installed().get("ddp_buckets"), "reducer")
@@ -1319,7 +1328,6 @@ class ReducerTimedDDPTest(unittest.TestCase):
             # that it counts also holds its own work after the buckets
             # complete (~70-100 us here, world size 1), which the spans
             # do not
-            n = 4 if tt._c10d.installed else 0
             timed = [i for i in truth if i >= n]
             got = sum(recs[i].get("exposed_comm_ns", 0) for i in timed)
             want = sum(truth[i] for i in timed)
@@ -1362,6 +1370,48 @@ class ReducerTimedDDPTest(unittest.TestCase):
                 self.assertEqual(issued, [])
                 self.assertEqual(hidden, [0] * steps)
                 self.assertEqual(len([w for w in said if w]), 1, said)
+        finally:
+            comm_mod.sampled = sampled
+            torch.distributed.destroy_process_group()
+
+    def test_other_all_reduces_timed_by_their_waits(self):
+        """(PyTorch 2.) A DDP job's own synchronous all-reduce outside the
+        backward (its loss, for logging), on steps where DDP's all-reduces
+        are past our kernels: not through our kernel, timed by its wait,
+        in the step's communication."""
+        import tpsprof._comm as comm_mod
+        if not tt._c10d.available():
+            self.skipTest("PyTorch 1.13: no dispatcher collectives")
+        d = tempfile.mkdtemp()
+        torch.distributed.init_process_group("gloo", init_method="file://" + os.path.join(d, "store"), rank=0, world_size=1)
+        sampled, comm_mod.sampled = comm_mod.sampled, lambda n: n < 3
+        try:
+            ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()))
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+            sink = Sink()
+            prof = tt.instrument(ddp, opt, job="ddp-other", rank=0, world_size=1, attempt=0, socket_path=sink.path)
+            issued, waits = [], []
+            issue = prof.comm.issue
+            prof.comm.issue = lambda recv=False: issued.append(i) or issue(recv)
+            waited = prof.comm.work_waited
+            prof.comm.work_waited = lambda w, t0: waits.append((i, prof.mark_now() - t0, prof.comm.sync_bypassed)) or waited(w, t0)
+            steps = 7
+            for i in range(steps):
+                loss = ddp(torch.randn(16, 64)).sum()
+                loss.backward()
+                torch.distributed.all_reduce(loss.detach())
+                opt.step()
+                opt.zero_grad()
+            prof.close(timeout=5)
+            recs = sorted(sink.records(steps, timeout=5), key=lambda r: r["step"])
+            self.assertEqual(len(recs), steps)
+            self.assertEqual([i for i in issued if i >= 3], [], issued)  # past our kernels from step 3
+            self.assertTrue(all(i in issued for i in range(3)), issued)
+            past = [w for w in waits if w[0] >= 3]
+            self.assertEqual([w[0] for w in past], list(range(3, steps)), waits)
+            self.assertTrue(all(w[2] for w in past), waits)
+            for i, wait, _ in past:
+                self.assertGreaterEqual(recs[i].get("comm_ns", 0), wait, (i, recs[i]))
         finally:
             comm_mod.sampled = sampled
             torch.distributed.destroy_process_group()

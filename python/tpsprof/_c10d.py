@@ -241,6 +241,12 @@ def set_sync_bypass(names, functional=()):
     return True
 
 
+def sync_past(name):
+    """Whether the c10d operator ``name`` is past our kernels for whole
+    steps now (set_sync_bypass)."""
+    return name in _sync_names[0]
+
+
 _warned = False  # PyTorch's warning that a kernel (ours) is overridden: said once a process, silenced
 
 
@@ -385,7 +391,7 @@ def _c10d_kernel(op, name, active):
                 comm.started(cell, cpu0, work)
                 sync = _waited_at_once()
             comm.track(cell, work, p2p, sync, not recv)
-            if not p2p:
+            if not p2p and not (ddp and g.ddp is not None):  # (a DDP bucket: the reducer times it)
                 seen = comm.sync_ops
                 if seen.get(name, True):
                     seen[name] = sync  # (all its calls waited at once: past our kernel between samples)

@@ -195,13 +195,16 @@ class Comm:
             if self.sync_bypassed:
                 self.sync_bypassed = _c10d.set_sync_bypass(())
             self.sync_ops, self.fops, self.inner_ops = {}, set(), set()
-        elif not self.sync_bypassed and (self.sync_ops or self.fops):
+        elif not self.sync_bypassed and (self.sync_ops or self.fops or _REDUCER_TIMED):
             names, functional = self.past()
             if names or functional:
                 self.sync_bypassed = _c10d.set_sync_bypass(names, functional)
-                if self.sync_bypassed and not self._said_sync:
+                # (said: those timed by their waits, not DDP's buckets alone)
+                timed = set(self.sync_ops) | {n for _, n in self.inner_ops}
+                said = ["_c10d_functional::" + f for f in functional] + [n for n in names if n in timed]
+                if self.sync_bypassed and said and not self._said_sync:
                     self._said_sync = True
-                    self._say_sync(["_c10d_functional::" + f for f in functional] + names)
+                    self._say_sync(said)
 
     def past(self):
         """The operators to put past our kernels between samples, from the
@@ -210,14 +213,19 @@ class Comm:
         which was waited on (wait_tensor), with the c10d operators it
         called. Neither where one of them must keep our kernel: a c10d
         operator also called asynchronously, or inside a functional
-        collective that stays, a functional collective left unwaited, and
-        DDP's all-reduces while a DDP model is measured from its reducer
-        (its sampled backward passes mark each bucket). The functional
-        collectives' carried hidden part is set here too."""
+        collective that stays, and a functional collective left unwaited.
+        While a DDP model is measured from its reducer, its all-reduces
+        (every call outside its backward passes synchronous, or none) are
+        past our kernels for whole steps too: its buckets are timed by the
+        reducer, any other call by its wait. One registration when the
+        samples stop, not two every backward (~50-75 us a step on torch
+        2.14 in place: PyTorch recomputes the operator's dispatch table).
+        The functional collectives' carried hidden part is set here too."""
         inner = self.inner_ops
         kept = {n for n, v in self.sync_ops.items() if not v}
+        ddp = set()
         if _REDUCER_TIMED:
-            kept |= _c10d._DDP
+            ddp = set(_c10d._DDP) - kept
         unwaited = {v[2] for v in self.fpending.values()}
         functional = self.fops - unwaited
         h = sorted(self.fhidden)
@@ -229,6 +237,10 @@ class Comm:
                 break
             functional -= stay
         names = {n for n, v in self.sync_ops.items() if v} | {n for f, n in inner if f in functional}
+        if ddp and not (kept & _c10d._DDP):
+            names |= ddp  # (kept: DDP's bypass comes on for each backward instead)
+        else:
+            kept |= _c10d._DDP
         return sorted(names - kept), sorted(functional)
 
     def _say_sync(self, names):
@@ -270,11 +282,21 @@ class Comm:
             n = self.ddp_backwards
             g.ddp_mark = sampled(n)
             g.ddp_from = len(st.comm)
-            if not g.ddp_mark and _c10d.installed:
+            if g.ddp_mark:
+                if self.ddp_past():
+                    # a sampled backward on a step past our kernels (a
+                    # backward not the step's first): its buckets marked
+                    self.sync_bypassed = _c10d.set_sync_bypass(())
+            elif _c10d.installed and not self.ddp_past():
                 # between samples DDP's buckets skip our kernels (~40 us
                 # each on PyTorch 2); whether the backward synchronises is
                 # then DDP's own flag (grads_done)
                 self.bypassed = _c10d.set_ddp_bypass(True)
+
+    def ddp_past(self):
+        """Whether DDP's all-reduces are past our kernels now: for this
+        backward (bypassed) or for whole steps (past)."""
+        return self.bypassed or (self.sync_bypassed and _c10d.sync_past("allreduce_"))
 
     def window_closed(self):
         """(The optimizer's step.) No backward's all-reduces are counted
@@ -300,7 +322,7 @@ class Comm:
                 if m is None:
                     continue
                 seen = m._tpsprof_ddp
-                if seen[0] is None and self.bypassed:
+                if seen[0] is None and self.ddp_past():
                     # (PyTorch 2, past our kernels) DDP's own flag: its
                     # forward prepared the reducer for this backward
                     synced = getattr(m, "require_forward_param_sync", False) is True
