@@ -1227,6 +1227,61 @@ class FunctionalBypassTest(unittest.TestCase):
         self.assertEqual(said, "waits between samples: _c10d_functional::all_gather_into_tensor, " + gather[0][0])
 
 
+class FunctionalCarriedByShapeTest(unittest.TestCase):
+    """(PyTorch 2, CPU.) A functional collective past our kernels carries
+    the hidden part its own call site had on the sampled steps (the median
+    of those with its output's element count and dtype), not one figure
+    for every functional collective of the job; a shape no sample saw
+    carries the median of all."""
+
+    def test_carried(self):
+        from tpsprof._comm import carried
+        f, h = torch.float32, torch.float16
+        got = carried([((4, f), 10), ((4, f), 30), ((4, f), 20), ((8, h), 1000), ((8, h), 3000)])
+        self.assertEqual(got, {(4, f): 20, (8, h): 1000, None: 30})
+        self.assertEqual(carried([]), {None: 0})
+
+    def test_each_shape_its_own(self):
+        from tpsprof import _c10d
+        if not _c10d.available():
+            self.skipTest("PyTorch 1.13: no dispatcher collectives")
+        import torch.distributed._functional_collectives as fc
+        big, small, mid = torch.ones(1 << 20), torch.ones(8), torch.ones(16)
+        used = []  # (step, shape key, the hidden part a bypassed wait carried)
+
+        def step(i, prof):
+            step.i = i
+            if i == 3:
+                waited = prof.comm.functional_waited
+
+                def spy(t, t0):
+                    n = len(prof.current.comm)
+                    waited(t, t0)
+                    if len(prof.current.comm) > n:
+                        used.append((step.i, (t.numel(), t.dtype), t0 - prof.current.comm[-1][0]))
+                prof.comm.functional_waited = spy
+            world = torch.distributed.group.WORLD
+            t0 = time.perf_counter_ns()
+            g = fc.all_gather_tensor(big, 0, world)
+            s = fc.all_gather_tensor(small, 0, world)
+            r = fc.all_reduce(mid, "sum", world)  # (its allreduce_ past our kernel with it: no DDP model here)
+            x = float((s * 2)[0]) + float((g * 2)[0]) + float((r * 2)[0])
+            self.assertEqual(x, 6.0)
+            step.prof = prof
+            return time.perf_counter_ns() - t0
+
+        _, kernel, _ = _bypass_steps(self, "fs", step)
+        self.assertEqual(kernel, [3, 3, 3, 0, 0, 0, 3, 0, 0])  # every one past our kernels between samples
+        c = step.prof.comm.fcarried
+        keys = {(big.numel(), big.dtype), (small.numel(), small.dtype), (mid.numel(), mid.dtype)}
+        self.assertEqual(set(c) - {None}, keys, c)
+        self.assertEqual({(i, k) for i, k, _ in used}, {(i, k) for i in (3, 4, 5, 7, 8) for k in keys}, used)
+        # (the steps after the last sample, 7 and 8: its figures)
+        self.assertTrue(all(v == c[k] for i, k, v in used if i > 6), (used, c))
+        for k in keys:  # steps 3-5 carried the first samples' figure
+            self.assertEqual(len({v for i, kk, v in used if kk == k and i < 6}), 1, used)
+
+
 class ReducerTimedDDPTest(unittest.TestCase):
     """A DDP model on CPU is measured from its reducer: each step's exposed
     communication (from autograd's end to the end of DDP's wait for its
@@ -1709,6 +1764,38 @@ class ForwardTokensTest(unittest.TestCase):
         recs = self.run_loop(body)
         self.assertEqual([r.get("tokens") for r in recs], [1000] * 4)
         self.assertEqual(self.sources, ["declared"])
+
+    def test_declared_at_the_top_or_after_the_step(self):
+        """add_tokens and add_bytes at the top of the loop (before the
+        forward: the cost protocol's job, the RL update after its rollout)
+        or after optimizer.step(): each step gets its own (at the top they
+        went to the step before: the first read two steps', the last
+        none). Several a step (one a micro-batch) add up."""
+        def top(i, prof, model, opt):
+            prof.add_tokens(10 + i)
+            prof.add_bytes(20 + i)
+            model(torch.randint(0, 50, (4, 16))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+        def after(i, prof, model, opt):
+            model(torch.randint(0, 50, (4, 16))).sum().backward()
+            opt.step()
+            prof.add_tokens(10 + i)
+            prof.add_bytes(20 + i)
+            opt.zero_grad()
+
+        def micro(i, prof, model, opt):
+            for _ in range(3):
+                prof.add_tokens(10 + i)
+                model(torch.randint(0, 50, (4, 16))).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        for body, want in ((top, [10, 11, 12, 13, 14]), (after, [10, 11, 12, 13, 14]), (micro, [30, 33, 36, 39, 42])):
+            recs = sorted(self.run_loop(body, steps=5), key=lambda r: r["step"])
+            self.assertEqual([r.get("tokens") for r in recs], want, body.__name__)
+            if body is not micro:
+                self.assertEqual([r.get("bytes") for r in recs], [w + 10 for w in want], body.__name__)
 
     def test_source_said_once(self):
         def body(i, prof, model, opt):

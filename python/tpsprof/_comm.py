@@ -61,8 +61,34 @@ CARRIED = 5
 # Functional collectives past our kernels between samples (Comm.past) are
 # timed by their wait_tensor, the exposed part, and the part of the span
 # that compute hid before it is carried from the sampled steps: the
-# median over their last HIDDEN_KEPT collectives
+# median over their last HIDDEN_KEPT collectives of the same output shape
+# (carried)
 HIDDEN_KEPT = 256
+
+
+def _key(t):
+    """A functional collective's output, as the carried hidden parts are
+    kept by: its element count and dtype (one call site's, on sampled
+    steps and between them alike; a bypassed wait does not know which
+    operator issued it)."""
+    return (t.numel(), t.dtype) if isinstance(t, torch.Tensor) else None
+
+
+def carried(samples):
+    """The hidden parts carried to the steps between samples, from the
+    last sampled ones' (shape key, ns): the median of each shape's, and
+    under None the median of all (a shape no sample saw)."""
+    by = {}
+    for k, v in samples:
+        by.setdefault(k, []).append(v)
+    out = {k: _lower_median(v) for k, v in by.items()}
+    out[None] = _lower_median([v for _, v in samples]) if samples else 0
+    return out
+
+
+def _lower_median(v):
+    v = sorted(v)
+    return v[(len(v) - 1) // 2]
 
 
 def sampled(n):
@@ -149,11 +175,13 @@ class Comm:
         # called, and the (functional, c10d) operator pairs of the c10d
         # calls they made; on the last sampled steps, the part of each
         # functional collective's span before its wait_tensor (ns, the
-        # last HIDDEN_KEPT), and its median, carried to the steps between
+        # last HIDDEN_KEPT, with its output's shape key), and their
+        # medians by shape, carried to the steps between
         self.fops = set()
         self.inner_ops = set()
-        self.fhidden = collections.deque(maxlen=HIDDEN_KEPT)
-        self.fcarried = 0
+        self.fhidden = collections.deque(maxlen=HIDDEN_KEPT)  # (shape key, ns)
+        self.fcarried = {}  # shape key -> the median of its samples; None -> of all
+
         self.sync_bypassed = False  # some are now (_c10d.set_sync_bypass)
         self.steps = 0  # steps ended in this process
         self._said_sync = False  # the run told that they are (_say_sync)
@@ -223,24 +251,20 @@ class Comm:
         The functional collectives' carried hidden part is set here too."""
         inner = self.inner_ops
         kept = {n for n, v in self.sync_ops.items() if not v}
-        ddp = set()
-        if _REDUCER_TIMED:
-            ddp = set(_c10d._DDP) - kept
         unwaited = {v[2] for v in self.fpending.values()}
         functional = self.fops - unwaited
-        h = sorted(self.fhidden)
-        self.fcarried = h[(len(h) - 1) // 2] if h else 0
+        self.fcarried = carried(self.fhidden)
         while True:
             kept |= {n for f, n in inner if f not in functional}
+            if _REDUCER_TIMED and kept & _c10d._DDP:
+                kept |= _c10d._DDP  # (DDP's bypass comes on for each backward instead)
             stay = {f for f, n in inner if n in kept and f in functional}
             if not stay:
                 break
             functional -= stay
         names = {n for n, v in self.sync_ops.items() if v} | {n for f, n in inner if f in functional}
-        if ddp and not (kept & _c10d._DDP):
-            names |= ddp  # (kept: DDP's bypass comes on for each backward instead)
-        else:
-            kept |= _c10d._DDP
+        if _REDUCER_TIMED and not kept & _c10d._DDP:
+            names |= _c10d._DDP
         return sorted(names - kept), sorted(functional)
 
     def _say_sync(self, names):
@@ -366,7 +390,7 @@ class Comm:
                 got = seen[2]
                 got.append(length(intersect(cells, [(start, done)])))
                 del got[:-CARRIED]
-                seen[1] = sorted(got)[(len(got) - 1) // 2]  # (the lower median: one of them)
+                seen[1] = _lower_median(got)  # (one of them)
                 return
             if seen[0] is not None and seen[1] is None:
                 seen[1] = 0  # (1.13: said once)
@@ -527,14 +551,15 @@ class Comm:
                     if self.sync_bypassed:
                         # a functional collective past our kernels (past):
                         # its wait is its exposed span, and before it the
-                        # part compute hid, as carried
-                        st.comm.append([t0 - self.fcarried, end])
+                        # part compute hid, as carried for its shape
+                        c = self.fcarried
+                        st.comm.append([t0 - c.get(_key(t), c.get(None, 0)), end])
                     st.blocked.append((t0, end))
                 return
             cell = got[0]
             if not self.prof.cuda and not got[1]:
                 # (a sampled step) the span's part before the wait
-                self.fhidden.append(max(min(t0, cell[1] or t0) - cell[0], 0))
+                self.fhidden.append((_key(t), max(min(t0, cell[1] or t0) - cell[0], 0)))
             if cell[1] is None or (not self.prof.cuda and cell[1] > end):
                 cell[1] = end  # complete by now, if the poller saw it later
             if st is not None:

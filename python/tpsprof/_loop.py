@@ -66,15 +66,28 @@ class Loop(Marks):
 
     def add_tokens(self, n: int) -> None:
         """Adds training tokens to this step, for loops whose batches do not
-        come through a watched data loader (e.g. RL updates on rollouts)."""
+        come through a watched data loader (e.g. RL updates on rollouts).
+        Called before the step's forward or after its optimizer step alike
+        (see _declaring)."""
         try:
             if self.off:
                 return
-            if self._cur is None:
-                self._cur = self._begin()
-            self.batches.declare(self._cur, tokens=n)
+            self.batches.declare(self._declaring(self._cur is not None and self._cur.declared), tokens=n)
         except Exception:
             self._err()
+
+    def _declaring(self, done):
+        """The step a count the job declares belongs to: the one in
+        progress; once its optimizer has stepped, the next one where the
+        job declared that count for it already (``done``: a count made at
+        the top of the loop, before the next forward), else it (a count
+        made after ``optimizer.step()``). The step ends at its last
+        optimizer step; before, a count at the top of the loop went to the
+        step before (the first step read two steps' tokens, the last none)."""
+        st = self._cur
+        if st is None or (st.optimized and done):
+            return self._open()
+        return st
 
     def add_bytes(self, n: int) -> None:
         """Adds the UTF-8 length of text trained on in this step (bytes/s
@@ -82,9 +95,7 @@ class Loop(Marks):
         try:
             if self.off:
                 return
-            if self._cur is None:
-                self._cur = self._begin()
-            self._cur.bytes += max(int(n), 0)
+            self._declaring(self._cur is not None and self._cur.bytes > 0).bytes += max(int(n), 0)
         except Exception:
             self._err()
 
