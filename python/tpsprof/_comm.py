@@ -251,19 +251,21 @@ class Comm:
         The functional collectives' carried hidden part is set here too."""
         inner = self.inner_ops
         kept = {n for n, v in self.sync_ops.items() if not v}
+        _REDUCER_TIMED[:] = [r for r in _REDUCER_TIMED if r() is not None]  # (models gone: not this job's)
+        ddp = bool(_REDUCER_TIMED)
         unwaited = {v[2] for v in self.fpending.values()}
         functional = self.fops - unwaited
         self.fcarried = carried(self.fhidden)
         while True:
             kept |= {n for f, n in inner if f not in functional}
-            if _REDUCER_TIMED and kept & _c10d._DDP:
+            if ddp and kept & _c10d._DDP:
                 kept |= _c10d._DDP  # (DDP's bypass comes on for each backward instead)
             stay = {f for f, n in inner if n in kept and f in functional}
             if not stay:
                 break
             functional -= stay
         names = {n for n, v in self.sync_ops.items() if v} | {n for f, n in inner if f in functional}
-        if _REDUCER_TIMED and not kept & _c10d._DDP:
+        if ddp and not kept & _c10d._DDP:
             names |= _c10d._DDP
         return sorted(names - kept), sorted(functional)
 
