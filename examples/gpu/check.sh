@@ -24,7 +24,8 @@
 #    machine's cores: issue 58's CPU goal, which a 2-core machine cannot
 #    resolve (bare alone spreads by 1.8-2.1 ms a step there; the goal is
 #    56 us), met or MISSED.
-# Parts 6 and 7 take about 3 minutes each (15 fresh torchruns); where one
+# Parts 6 and 7 are 15 fresh torchruns each (~10 s a run on a 2-core CPU
+# machine, so ~2.5 minutes; not yet timed on a GPU machine); where one
 # command may run 10 minutes, run --parts 1,2,3,4,5 and then --parts 6,7.
 # Everything it writes goes under $OUT (default: a new temporary folder);
 # the last line says how many checks failed.
