@@ -125,34 +125,28 @@ kill -INT $COL 2>/dev/null
 wait $COL 2>/dev/null
 trap - EXIT
 
+# cost DEVICE NPROC NAME WHAT: the cost protocol (its own collector; exit
+# status 3: a goal missed, the figures printed) into $OUT/NAME.json and .log
+cost() {
+	local reps=5 steps=150 rc
+	[ -n "$TINY" ] && reps=1 steps=20
+	$PY examples/pytorch/cost_protocol.py --tpsprof "$BIN" --device "$1" --nproc "$2" --repeats $reps --steps $steps \
+		>"$OUT/$3.json" 2>"$OUT/$3.log"
+	rc=$?
+	grep -E "^(met|MISSED)" "$OUT/$3.log"
+	case $rc in
+	0) ;;
+	3) echo "MISSED: $4 (issue 58; $OUT/$3.json)" ;;
+	*) echo "FAIL: $4 protocol (see $OUT/$3.log)"; failed=$((failed + 1)) ;;
+	esac
+}
 if part 6; then
-echo "== 6. the cost by TraceML's protocol (fresh processes, against the bare job)"
-REPEATS=5 STEPS=150
-[ -n "$TINY" ] && REPEATS=1 STEPS=20
-# (its own collector; exit status 3: a goal missed, the figures printed)
-$PY examples/pytorch/cost_protocol.py --tpsprof "$BIN" --device $DEV --nproc 1 --repeats $REPEATS --steps $STEPS \
-	>"$OUT/cost.json" 2>"$OUT/cost.log"
-rc=$?
-grep -E "^(met|MISSED)" "$OUT/cost.log"
-case $rc in
-0) ;;
-3) echo "MISSED: the cost goal (issue 58; $OUT/cost.json)" ;;
-*) echo "FAIL: the cost protocol (see $OUT/cost.log)"; failed=$((failed + 1)) ;;
-esac
+	echo "== 6. the cost by TraceML's protocol (fresh processes, against the bare job)"
+	cost $DEV 1 cost "the cost goal"
 fi
 if part 7; then
-echo "== 7. the cost on CPU by the same protocol (2 ranks over gloo, this machine's cores)"
-REPEATS=5 STEPS=150
-[ -n "$TINY" ] && REPEATS=1 STEPS=20
-$PY examples/pytorch/cost_protocol.py --tpsprof "$BIN" --device cpu --nproc 2 --repeats $REPEATS --steps $STEPS \
-	>"$OUT/cost-cpu.json" 2>"$OUT/cost-cpu.log"
-rc=$?
-grep -E "^(met|MISSED)" "$OUT/cost-cpu.log"
-case $rc in
-0) ;;
-3) echo "MISSED: the CPU cost goal (issue 58; $OUT/cost-cpu.json)" ;;
-*) echo "FAIL: the CPU cost protocol (see $OUT/cost-cpu.log)"; failed=$((failed + 1)) ;;
-esac
+	echo "== 7. the cost on CPU by the same protocol (2 ranks over gloo, this machine's cores)"
+	cost cpu 2 cost-cpu "the CPU cost goal"
 fi
 echo "== verdicts"
 if part 1; then

@@ -181,7 +181,10 @@ class Comm:
         self.inner_ops = set()
         self.fhidden = collections.deque(maxlen=HIDDEN_KEPT)  # (shape key, ns)
         self.fcarried = {}  # shape key -> the median of its samples; None -> of all
-
+        # what past() decided after the last sampled step, and from how
+        # many operators (decided again once one more is seen), put back
+        # at a step's end where a sampled backward took it off
+        self.decided = None, ((), ())
         self.sync_bypassed = False  # some are now (_c10d.set_sync_bypass)
         self.steps = 0  # steps ended in this process
         self._said_sync = False  # the run told that they are (_say_sync)
@@ -223,14 +226,19 @@ class Comm:
             if self.sync_bypassed:
                 self.sync_bypassed = _c10d.set_sync_bypass(())
             self.sync_ops, self.fops, self.inner_ops = {}, set(), set()
-        elif not self.sync_bypassed and (self.sync_ops or self.fops or _REDUCER_TIMED):
-            names, functional = self.past()
-            if names or functional:
-                self.sync_bypassed = _c10d.set_sync_bypass(names, functional)
+            self.decided = None, ((), ())
+            return
+        seen = (len(self.sync_ops), len(self.fops), len(self.inner_ops), len(_REDUCER_TIMED))
+        if self.decided[0] != seen:  # (not every step: past() sorts and loops)
+            self.decided = seen, (self.past() if self.sync_ops or self.fops or _REDUCER_TIMED else ((), ()))
+        names, functional = self.decided[1]
+        if (names or functional) and not self.sync_bypassed:
+            self.sync_bypassed = _c10d.set_sync_bypass(names, functional)
+            if self.sync_bypassed and not self._said_sync:
                 # (said: those timed by their waits, not DDP's buckets alone)
                 timed = set(self.sync_ops) | {n for _, n in self.inner_ops}
                 said = ["_c10d_functional::" + f for f in functional] + [n for n in names if n in timed]
-                if self.sync_bypassed and said and not self._said_sync:
+                if said:
                     self._said_sync = True
                     self._say_sync(said)
 

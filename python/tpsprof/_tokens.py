@@ -186,9 +186,9 @@ def count_many(fetches, ignore_index: int) -> None:
     """(On the sender thread, before the fetches resolve.) Counts the host
     batches of many steps at once: the counts of tensors of one shape, dtype
     and ignore index by one reduction over them stacked. Counted one at a
-    time between the records' other work, each count ran cold (~30-45 us of
-    a near-empty step's ~100 us record on this machine's torch 1.13; 6-7 us
-    a count in a run of them)."""
+    time between the records' other work, each count ran cold (43-62 us of
+    a near-empty step's 88-118 us record on this machine; 6-7 us a count in
+    a run of them: BENCHMARKS.md)."""
     groups = {}
     for f in fetches:
         if f.counts is None and f.batch is not None:
