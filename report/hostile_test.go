@@ -1,8 +1,6 @@
 package report
 
 import (
-	"encoding/binary"
-	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -10,39 +8,16 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/parquet-go/parquet-go/encoding/thrift"
-	"github.com/parquet-go/parquet-go/format"
-
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 	"github.com/tpsprof/tpsprof/trace/tracetest"
 )
 
 // lieRows rewrites a part's footer so that it and its row groups claim
-// rows rows (the data pages unchanged), as a hostile or corrupted file
-// would.
+// rows rows (tracetest.LieRows).
 func lieRows(t *testing.T, path string, rows int64) {
 	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := int(binary.LittleEndian.Uint32(b[len(b)-8:]))
-	var md format.FileMetaData
-	if err := thrift.Unmarshal(new(thrift.CompactProtocol), b[len(b)-8-n:len(b)-8], &md); err != nil {
-		t.Fatal(err)
-	}
-	md.NumRows = rows * int64(len(md.RowGroups))
-	for i := range md.RowGroups {
-		md.RowGroups[i].NumRows = rows
-	}
-	foot, err := thrift.Marshal(new(thrift.CompactProtocol), &md)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := append(b[:len(b)-8-n:len(b)-8-n], foot...)
-	out = binary.LittleEndian.AppendUint32(out, uint32(len(foot)))
-	if err := os.WriteFile(path, append(out, "PAR1"...), 0o644); err != nil {
+	if err := tracetest.LieRows(path, rows, false); err != nil {
 		t.Fatal(err)
 	}
 }

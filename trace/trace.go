@@ -447,6 +447,9 @@ func checkPart(f *os.File, r io.ReaderAt, path string) (*parquet.File, error) {
 	if sum != pf.NumRows() {
 		return nil, fmt.Errorf("trace: %s: %w: the footer claims %d rows, its row groups %d", path, errUnreadable, pf.NumRows(), sum)
 	}
+	if err := footerFits(pf, st.Size()); err != nil {
+		return nil, fmt.Errorf("trace: %s: %w: %v", path, errUnreadable, err)
+	}
 	// A part of another table (a rank_steps part copied into
 	// cluster_steps) would decode into zeros and defaults: skip it, named.
 	if table, ok := pf.Lookup(MetaTable); ok && table != "" {
@@ -455,6 +458,55 @@ func checkPart(f *os.File, r io.ReaderAt, path string) (*parquet.File, error) {
 		}
 	}
 	return pf, nil
+}
+
+// MaxRowsPerByte bounds the rows a row group may claim by the bytes its
+// column chunks take: the densest part tpsprof writes (events whose every
+// field is zero, zstd) holds 4 rows a byte, 64-byte rows of real events
+// 0.15 (6.8 bytes a row), GPU samples 0.28; a footer claiming more rows
+// than 16 a byte is lying, and a reader sizing its rows by it would
+// allocate what the file cannot hold (a 124 KB file claiming 64 row groups
+// of 4 Mi rows asked for tens of GB).
+const MaxRowsPerByte = 16
+
+// footerFits checks a footer's claims against the file: each column
+// chunk within the file, a group's chunks' bytes no more than the file's,
+// a flat column's values as many as its group's rows, and a group's rows
+// at most MaxRowsPerByte a byte of its chunks (and 4,096 for any group, however small).
+func footerFits(pf *parquet.File, size int64) error {
+	md := pf.Metadata()
+	leaves := pf.Schema().Columns()
+	flat := make([]bool, len(leaves))
+	for i, path := range leaves {
+		if leaf, ok := pf.Schema().Lookup(path...); ok {
+			flat[i] = leaf.MaxRepetitionLevel == 0
+		}
+	}
+	var all int64
+	for g, rg := range md.RowGroups {
+		var bytes int64
+		for c, cc := range rg.Columns {
+			m := cc.MetaData
+			off := m.DataPageOffset
+			if m.DictionaryPageOffset > 0 && m.DictionaryPageOffset < off {
+				off = m.DictionaryPageOffset
+			}
+			if m.TotalCompressedSize < 0 || off < 0 || off > size || m.TotalCompressedSize > size-off {
+				return fmt.Errorf("row group %d column %d claims bytes %d-%d of a %d-byte file", g, c, off, off+m.TotalCompressedSize, size)
+			}
+			if c < len(flat) && flat[c] && m.NumValues != rg.NumRows {
+				return fmt.Errorf("row group %d column %d claims %d values for %d rows", g, c, m.NumValues, rg.NumRows)
+			}
+			bytes += m.TotalCompressedSize
+		}
+		if all += bytes; all > size {
+			return fmt.Errorf("the row groups' column chunks claim %d bytes of a %d-byte file", all, size)
+		}
+		if rg.NumRows > 4096 && rg.NumRows > MaxRowsPerByte*bytes {
+			return fmt.Errorf("row group %d claims %d rows in %d bytes (at most %d a byte)", g, rg.NumRows, bytes, MaxRowsPerByte)
+		}
+	}
+	return nil
 }
 
 func openParquet(f io.ReaderAt, size int64) (pf *parquet.File, err error) {
@@ -915,7 +967,7 @@ func FileMetadata(path string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trace: %w", err)
 	}
-	pf, err := parquet.OpenFile(f, st.Size())
+	pf, err := openParquet(f, st.Size())
 	if err != nil {
 		return nil, fmt.Errorf("trace: open %s: %w", path, err)
 	}
