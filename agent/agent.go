@@ -172,6 +172,10 @@ type Stats struct {
 	PublishErrors  int64            `json:"publish_errors"`   //
 	BatchesPending int64            `json:"batches_buffered"` //
 	TracesAnalysed int64            `json:"traces_analysed"`  // sampled profiler traces turned into trace_analysis events
+	// ClaimsReplaced counts records and events that named another node,
+	// or a GPU this node's agent does not have: each was stamped with
+	// this agent's own (a row is charged to the node that sent it).
+	ClaimsReplaced int64 `json:"claims_replaced"`
 }
 
 // Agent is the per-node intake and publisher.
@@ -189,6 +193,7 @@ type Agent struct {
 
 	connections, lines, records, events, metas atomic.Int64
 	gpuSamples, gpuErrors                      atomic.Int64
+	claimsReplaced                             atomic.Int64
 	sampleMu                                   sync.Mutex
 	lastSample                                 time.Time
 
@@ -354,7 +359,7 @@ func (a *Agent) reject(reason string) {
 
 // Stats returns the counters.
 func (a *Agent) Stats() Stats {
-	s := Stats{Connections: a.connections.Load(), Lines: a.lines.Load(), Records: a.records.Load(),
+	s := Stats{Connections: a.connections.Load(), Lines: a.lines.Load(), Records: a.records.Load(), ClaimsReplaced: a.claimsReplaced.Load(),
 		Events: a.events.Load(), Metas: a.metas.Load(), NATSConnected: a.nc != nil && a.nc.IsConnected(),
 		GPUSamples: a.gpuSamples.Load(), GPUErrors: a.gpuErrors.Load(), TracesAnalysed: a.tracesDone.Load()}
 	a.mu.Lock()
@@ -381,12 +386,7 @@ func (a *Agent) SubmitStep(r tps.StepRecord) error {
 // rejection).
 func (a *Agent) checkStep(r *tps.StepRecord) error {
 	r.Normalize()
-	if r.Node == "" {
-		r.Node = a.cfg.Node
-	}
-	if r.GPUUUID == "" && r.LocalRank != nil {
-		r.GPUUUID = a.cfg.GPUUUIDs[*r.LocalRank]
-	}
+	a.stampStep(r)
 	if err := r.Validate(); err != nil {
 		a.rejectErr(err)
 		return err
@@ -396,6 +396,45 @@ func (a *Agent) checkStep(r *tps.StepRecord) error {
 		return err
 	}
 	return nil
+}
+
+// stampStep makes the record's node this agent's and its GPU one this
+// node has: the fleet view charges a row to its node and GPU, so a record
+// naming another (any job could get any host drained, or hide a bad one)
+// is charged to the node that sent it, counted in ClaimsReplaced. Where
+// the agent knows its GPUs, a UUID it does not have is replaced by its
+// local rank's (or none); where it knows none, the record's stays.
+func (a *Agent) stampStep(r *tps.StepRecord) {
+	replaced := false
+	if r.Node != a.cfg.Node {
+		replaced = r.Node != ""
+		r.Node = a.cfg.Node
+	}
+	if len(a.cfg.GPUUUIDs) > 0 {
+		own := ""
+		if r.LocalRank != nil {
+			own = a.cfg.GPUUUIDs[*r.LocalRank]
+		}
+		if r.GPUUUID != "" && r.GPUUUID != own && !a.hasGPU(r.GPUUUID) {
+			replaced = true
+			r.GPUUUID = ""
+		}
+		if r.GPUUUID == "" {
+			r.GPUUUID = own
+		}
+	}
+	if replaced {
+		a.claimsReplaced.Add(1)
+	}
+}
+
+func (a *Agent) hasGPU(uuid string) bool {
+	for _, u := range a.cfg.GPUUUIDs {
+		if u == uuid {
+			return true
+		}
+	}
+	return false
 }
 
 // queueStep queues a checked record for publishing.
@@ -409,7 +448,10 @@ func (a *Agent) queueStep(r tps.StepRecord) {
 
 // SubmitEvent validates and publishes a run event.
 func (a *Agent) SubmitEvent(e tps.Event) error {
-	if e.Node == "" {
+	if e.Node != a.cfg.Node {
+		if e.Node != "" {
+			a.claimsReplaced.Add(1)
+		}
 		e.Node = a.cfg.Node
 	}
 	if err := e.Validate(); err != nil {

@@ -21,13 +21,14 @@ var (
 	descGPU       = prometheus.NewDesc("tpsprof_agent_gpu_samples_total", "GPU samples taken, by device index.", []string{"gpu"}, nil)
 	descGPUErr    = prometheus.NewDesc("tpsprof_agent_gpu_errors_total", "Failed GPU readings.", nil, nil)
 	descConnected = prometheus.NewDesc("tpsprof_agent_nats_connected", "1 when the agent is connected to NATS.", nil, nil)
+	descClaims    = prometheus.NewDesc("tpsprof_agent_claims_replaced_total", "Records and events that named another node or a GPU this node lacks, stamped with this agent's own.", nil, nil)
 	descRefused   = prometheus.NewDesc("tpsprof_agent_nats_credentials_refused", "1 while NATS refuses the agent's credentials (wrong token, user or password): not an outage, fix the credentials.", nil, nil)
 )
 
 type agentMetrics struct{ a *Agent }
 
 func (m agentMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRecv, descSent, descDropped, descRejected, descLines, descBuffer, descBufferMax, descGPU, descGPUErr, descConnected, descRefused} {
+	for _, d := range []*prometheus.Desc{descRecv, descSent, descDropped, descRejected, descLines, descBuffer, descBufferMax, descGPU, descGPUErr, descConnected, descRefused, descClaims} {
 		ch <- d
 	}
 }
@@ -51,6 +52,7 @@ func (m agentMetrics) Collect(ch chan<- prometheus.Metric) {
 		c(descGPU, n, strconv.Itoa(i))
 	}
 	c(descGPUErr, s.GPUErrors)
+	c(descClaims, s.ClaimsReplaced)
 	conn := 0.0
 	if s.NATSConnected {
 		conn = 1

@@ -152,6 +152,10 @@ type Config struct {
 	// jobs that finished since, kept in OUT/nodes/ (default 1 minute;
 	// negative: never). Aggregating roles only.
 	NodesEvery time.Duration
+	// NodesRetention leaves the jobs whose folders last changed longer
+	// ago out of the node view, their kept node rows removed (0: every
+	// job kept).
+	NodesRetention time.Duration
 }
 
 func (c *Config) defaults() error {
@@ -233,6 +237,11 @@ type Stats struct {
 	// Evicted counts jobs closed and forgotten after EvictAfter idle, or
 	// to make room under MaxJobs.
 	Evicted int64 `json:"jobs_evicted"`
+	// NodeFilesUnreadable counts the kept node files the node passes could
+	// not read (each recomputed), NodeKeepFailed the jobs whose node rows
+	// a pass could not keep (a full disk).
+	NodeFilesUnreadable int64 `json:"node_files_unreadable"`
+	NodeKeepFailed      int64 `json:"node_keep_failed"`
 	// Quarantined counts parts found unreadable at a durable start-up and
 	// renamed to *.unreadable.
 	Quarantined int64 `json:"parts_quarantined"`
@@ -310,6 +319,7 @@ type counters struct {
 	writeErrors, rowsLost, slowConsumer, otherPartition, evicted            atomic.Int64
 	quarantined, staleParts, afterClose, resets, streamRecreated            atomic.Int64
 	redelivered, reclosed                                                   atomic.Int64
+	nodeUnreadable, nodeKeepFailed                                          atomic.Int64
 }
 
 // apply counts and says what state calls did; the caller holds no lock
@@ -571,6 +581,7 @@ func (c *Collector) Stats() Stats {
 		WriteErrors: c.n.writeErrors.Load(), RowsLost: c.n.rowsLost.Load(), SlowConsumer: c.n.slowConsumer.Load(),
 		OtherPartition: c.n.otherPartition.Load(), Evicted: c.n.evicted.Load(), Quarantined: c.n.quarantined.Load(),
 		StaleParts: c.n.staleParts.Load(), AfterClose: c.n.afterClose.Load(), StateBytes: c.mem.used.Load(), JobResets: c.n.resets.Load(), Redelivered: c.n.redelivered.Load(), Reclosed: c.n.reclosed.Load(), StreamRecreated: c.n.streamRecreated.Load(),
+		NodeFilesUnreadable: c.n.nodeUnreadable.Load(), NodeKeepFailed: c.n.nodeKeepFailed.Load(),
 	}
 	c.rejMu.Lock()
 	s.Rejected = maps.Clone(c.rejects)

@@ -557,9 +557,9 @@ func TestLiveStragglerEpisodeCause(t *testing.T) {
 			if tc.kind == "compute" {
 				// the slow rank's node runs hot and throttled: the live cause
 				// joins its GPU samples against the other node's
-				var gs []tps.GPUSample
-				for i := range 10 {
-					for _, node := range []string{"n0", "n1"} {
+				for _, node := range []string{"n0", "n1"} { // each node's agent on its own subject
+					var gs []tps.GPUSample
+					for i := range 10 {
 						clk, temp, why := int64(1980), int64(68), int64(0)
 						if node == "n1" {
 							clk, temp, why = 1500, 89, 0x40
@@ -567,8 +567,8 @@ func TestLiveStragglerEpisodeCause(t *testing.T) {
 						gs = append(gs, tps.GPUSample{Node: node, UUID: "GPU-" + node, Name: "H100", UnixNs: time.Now().Add(time.Duration(i-10) * time.Second).UnixNano(),
 							SMClockMHz: &clk, TempC: &temp, ClockEventReason: &why})
 					}
+					nc.Publish(wire.GPUSubject("why", node), wire.AppendGPUSamples(nil, gs))
 				}
-				nc.Publish(wire.GPUSubject("why", "n0"), wire.AppendGPUSamples(nil, gs))
 			}
 			send := func() {
 				publishTracked(t, c, nc, wire.StepsSubject("why", "n0"), recs)

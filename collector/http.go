@@ -297,9 +297,14 @@ func (c *Collector) Handler() http.Handler {
 			http.Error(w, "no node pass yet (or node passes are off: --nodes-every)", http.StatusNotFound)
 			return
 		}
+		b, err := json.Marshal(v)
+		if err != nil { // (a figure JSON cannot carry: an error, not an empty 200)
+			http.Error(w, "the node view cannot be encoded: "+err.Error(), http.StatusInternalServerError)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Cache-Control", "no-store")
-		json.NewEncoder(w).Encode(v)
+		w.Write(append(b, '\n'))
 	})
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")

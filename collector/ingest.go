@@ -508,6 +508,12 @@ func (c *Collector) handleGPU(m message) {
 			t.invalid(err)
 			continue
 		}
+		if m.node != "" && wire.NodeToken(s.Node) != m.node {
+			// an agent publishes its own node's samples on its node's
+			// subject: a sample naming another host is not its agent's
+			t.reject("gpu:node", 1)
+			continue
+		}
 		s.Job = m.job
 		kept = append(kept, s)
 	}

@@ -221,6 +221,10 @@ var collectorMetrics = []*collectorMetric{
 		kind: counter, val: func(_ *Collector, st *Stats, put put) { put(float64(st.Late)) }},
 	{name: "tpsprof_records_redelivered_total", help: "Durable mode: step records of messages handed back after a part could not be written, handled again (not counted again as accepted, duplicate or late).",
 		kind: counter, val: func(_ *Collector, st *Stats, put put) { put(float64(st.Redelivered)) }},
+	{name: "tpsprof_node_files_unreadable_total", help: "Kept node files (OUT/nodes/<job>.parquet) the node passes could not read: corrupt, lying or out of range; each was recomputed from its job's folder.",
+		kind: counter, val: func(_ *Collector, st *Stats, put put) { put(float64(st.NodeFilesUnreadable)) }},
+	{name: "tpsprof_node_keep_failures_total", help: "Jobs whose node rows a node pass could not keep in OUT/nodes/ (a full disk): the view still holds them, computed again next pass.",
+		kind: counter, val: func(_ *Collector, st *Stats, put put) { put(float64(st.NodeKeepFailed)) }},
 	{name: "tpsprof_records_rejected_total", help: "Records and messages rejected, by reason.",
 		labels: []string{"reason"}, kind: counter, val: func(_ *Collector, st *Stats, put put) {
 			for reason, n := range st.Rejected {

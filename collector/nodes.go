@@ -27,8 +27,13 @@ type NodesView struct {
 	Computed int               `json:"computed"`
 	Running  int               `json:"running"`
 	Failed   map[string]string `json:"failed,omitempty"`
-	At       time.Time         `json:"at"`
-	Err      string            `json:"error,omitempty"`
+	// Unreadable are the kept node files that could not be read (each
+	// recomputed from its job); KeepFailed the jobs whose rows could not
+	// be kept this pass (in the view all the same).
+	Unreadable map[string]string `json:"unreadable,omitempty"`
+	KeepFailed int               `json:"keep_failed,omitempty"`
+	At         time.Time         `json:"at"`
+	Err        string            `json:"error,omitempty"`
 }
 
 // nodePass keeps the node health: at start (what earlier collectors kept
@@ -54,7 +59,7 @@ func (c *Collector) nodePass() {
 
 func (c *Collector) refreshNodes() {
 	v := &NodesView{At: time.Now()}
-	s, err := fleet.ScanDirUntil(c.cfg.OutDir, true, c.done)
+	s, err := fleet.ScanDirWith(c.cfg.OutDir, fleet.ScanOptions{Write: true, Stop: c.done, Retention: c.cfg.NodesRetention})
 	if errors.Is(err, fleet.ErrStopped) {
 		return // closing
 	}
@@ -65,6 +70,15 @@ func (c *Collector) refreshNodes() {
 	if s != nil {
 		v.Nodes = fleet.Health(s.Rows, fleet.DefaultOptions())
 		v.Jobs, v.Computed, v.Running, v.Failed = s.Jobs, s.Computed, s.Running, s.Failed
+		v.Unreadable, v.KeepFailed = s.Unreadable, s.KeepFailed
+		for job, why := range s.Unreadable {
+			c.log.Warn("nodes", "kept node rows unreadable: recomputed from the job's folder", "job", job, "err", why)
+		}
+		if s.KeepFailed > 0 {
+			c.log.Warn("nodes", "node rows not kept (the view is whole; computed again next pass)", "jobs", s.KeepFailed, "err", s.KeepErr)
+		}
+		c.n.nodeUnreadable.Add(int64(len(s.Unreadable)))
+		c.n.nodeKeepFailed.Add(int64(s.KeepFailed))
 	}
 	c.nodes.Store(v)
 }

@@ -149,7 +149,11 @@ func Health(rows []JobNode, opt Options) []Node {
 		w, sw := 1.0, 0.0
 		var reasons, strong []string
 		for i, p := range ps {
-			n.Score += w * p.excess
+			// a job that ran faster on it than on its median rank says
+			// nothing about a slow host: clipped at 0, one fast job cannot
+			// hide the slow ones (a forged fast job pulled a slow host's
+			// score to -0.371)
+			n.Score += w * max(p.excess, 0)
 			sw += w
 			w *= opt.Decay
 			if p.excess >= opt.SlowExcess {

@@ -68,6 +68,41 @@ type JobNode struct {
 	PeerPowerW       float64 `json:"peer_power_w" parquet:"peer_power_w"`
 }
 
+// Check reports whether a node row is one JobNodes could have made:
+// every figure finite and in its range (a kept file's NaN made
+// /api/nodes and `tpsprof nodes --json` empty, its table "+NaN%").
+func (n JobNode) Check() error {
+	for _, f := range []struct {
+		name   string
+		v      float64
+		lo, hi float64
+	}{
+		{"own_ns", n.OwnNs, 0, 1e15}, {"median_own_ns", n.MedianOwnNs, 0, 1e15}, {"excess", n.Excess, -1, 1e6},
+		{"cost_gpu_hours", n.CostGPUHours, 0, 1e9}, {"temp_c", n.TempC, -100, 300}, {"peer_temp_c", n.PeerTempC, -100, 300},
+		{"power_w", n.PowerW, 0, 1e5}, {"peer_power_w", n.PeerPowerW, 0, 1e5},
+	} {
+		if math.IsNaN(f.v) || f.v < f.lo || f.v > f.hi {
+			return fmt.Errorf("%s %v out of range [%g, %g]", f.name, f.v, f.lo, f.hi)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		v    int64
+	}{{"ranks", n.Ranks}, {"world_size", n.WorldSize}, {"steps", n.Steps}, {"gpu_samples", n.GPUSamples},
+		{"throttled_samples", n.ThrottledSamples}, {"xid_events", n.XIDEvents}, {"ecc_uncorrected", n.ECCUncorrected}} {
+		if c.v < 0 {
+			return fmt.Errorf("%s %d below 0", c.name, c.v)
+		}
+	}
+	if n.ThrottledSamples > n.GPUSamples {
+		return fmt.Errorf("%d throttled samples of %d", n.ThrottledSamples, n.GPUSamples)
+	}
+	if n.Key == "" || n.Job == "" {
+		return fmt.Errorf("no key or job")
+	}
+	return nil
+}
+
 // ThrottledFraction is the share of the node's GPU samples with a
 // clock-slowing reason (0 without samples).
 func (n JobNode) ThrottledFraction() float64 {
@@ -216,7 +251,10 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 			continue
 		}
 		if r := ranks[t.rank1]; r != nil {
-			r.cost += float64(t.own1-t.own2) * float64(max(t.world, int64(t.n)))
+			// the ranks that reported the step waited: a world size is a
+			// record's claim (one claiming 4 Mi ranks charged its host
+			// 1,630 GPU-hours for 3 s of steps)
+			r.cost += float64(t.own1-t.own2) * float64(t.n)
 		}
 	}
 	means := make([]float64, 0, len(ranks))
@@ -274,13 +312,6 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 // with a clock-slowing reason, XID and uncorrectable ECC events (counter
 // deltas), and mean temperature and power, with the median GPU's.
 func addEvidence(dir string, rows []JobNode) error {
-	samples, err := trace.ReadAll[tps.GPUSample](dir + "/" + trace.GPUSamples)
-	if errors.Is(err, fs.ErrNotExist) || len(samples) == 0 {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
 	type acc struct {
 		n, throttled, reasons int64
 		xid, ecc              [2]int64 // the lowest and highest counter
@@ -308,10 +339,10 @@ func addEvidence(dir string, rows []JobNode) error {
 		}
 		c[0], c[1] = min(c[0], *v), max(c[1], *v)
 	}
-	for _, s := range samples {
+	addSample := func(s *tps.GPUSample) {
 		i, ok := at[s.UUID]
 		if !ok || s.UnixNs < rows[i].StartUnixNs || s.UnixNs > rows[i].EndUnixNs {
-			continue
+			return
 		}
 		a := &accs[i]
 		a.n++
@@ -329,6 +360,16 @@ func addEvidence(dir string, rows []JobNode) error {
 			a.power += *s.PowerW
 			a.powerN++
 		}
+	}
+	// streamed, a row group at a time: a job's samples are never held
+	err := trace.Each(dir+"/"+trace.GPUSamples, func(samples []tps.GPUSample) error {
+		for i := range samples {
+			addSample(&samples[i])
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !trace.IsUnreadable(err) {
+		return err // (an unreadable part is skipped: the others' samples count)
 	}
 	var temps, powers []float64
 	for _, a := range accs {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 
+	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -23,7 +24,7 @@ type fleetRate struct {
 }
 
 // fleetInterruptions reads the events of the other jobs of out (not
-// self): each attempt's start and end events give its run time (attempts
+// self) whose folders the same user owns: each attempt's start and end events give its run time (attempts
 // without both are left out of it), an attempt that ended with a non-zero
 // exit code, or recorded no end before a later attempt, an interruption.
 // Only events tables are read.
@@ -36,6 +37,12 @@ func fleetInterruptions(out, self string) fleetRate {
 		dir string
 		mod int64
 	}
+	// only the jobs of the same user as self's folder: one user's junk
+	// jobs in a shared folder must not set everyone's rate
+	uid, known := -1, false
+	if fi, err := os.Stat(filepath.Join(out, self)); err == nil {
+		uid, known = safefs.Owner(fi)
+	}
 	var jobs []job
 	for _, e := range entries {
 		if !e.IsDir() || e.Name() == self {
@@ -46,12 +53,15 @@ func fleetInterruptions(out, self string) fleetRate {
 		if err != nil || !IsJobDir(dir) {
 			continue
 		}
+		if d, err := os.Stat(dir); known && (err != nil || !sameOwner(d, uid)) {
+			continue
+		}
 		jobs = append(jobs, job{dir, fi.ModTime().UnixNano()})
 	}
 	slices.SortFunc(jobs, func(a, b job) int { return cmp.Compare(b.mod, a.mod) })
 	var r fleetRate
 	for _, j := range jobs[:min(len(jobs), FleetJobsRead)] {
-		events, err := trace.ReadAll[tps.Event](filepath.Join(j.dir, trace.Events))
+		events, err := AttemptEvents(j.dir)
 		if err != nil {
 			continue
 		}
@@ -64,6 +74,11 @@ func fleetInterruptions(out, self string) fleetRate {
 		r.elapsedS += s
 	}
 	return r
+}
+
+func sameOwner(fi os.FileInfo, uid int) bool {
+	u, ok := safefs.Owner(fi)
+	return ok && u == uid
 }
 
 // interruptionsOf is a job's interruptions and run time from its attempt

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
 
@@ -63,7 +62,7 @@ func Jobs(outDir string) ([]JobInfo, error) {
 		j := JobInfo{Name: e.Name(), Dir: dir, Parts: len(files), OpenParts: trace.OpenParts(cl) + trace.OpenParts(filepath.Join(dir, trace.RankSteps)), Modified: fi.ModTime()}
 		if j.OpenParts > 0 {
 			j.Running, j.RunningWhy = true, fmt.Sprintf("%d part(s) still being written", j.OpenParts)
-		} else if events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events)); err == nil {
+		} else if events, err := AttemptEvents(dir); err == nil {
 			if why := openAttempt(events, cl, time.Now()); why != "" {
 				j.Running, j.RunningWhy = true, why
 			}

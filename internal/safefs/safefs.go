@@ -180,3 +180,7 @@ func CreateNew(root *os.Root, name string, data []byte) error {
 	}
 	return f.Close()
 }
+
+// Owner is the uid owning the file fi describes (false where the platform
+// does not say).
+func Owner(fi fs.FileInfo) (int, bool) { return owner(fi) }

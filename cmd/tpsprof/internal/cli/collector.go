@@ -44,6 +44,7 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	replicas := fs.Int("stream-replicas", 1, "durable mode: servers of a NATS cluster that hold the stream (3 on a three-server cluster survives losing one; docs/scale.md)")
 	maxState := fs.Int64("max-state-bytes", 0, "memory the jobs' declared world sizes may claim (open steps sized to the world); past it records are rejected (world_size:memory); 0: a quarter of the machine's or cgroup's memory, at most 4 GiB")
 	maxJobs := fs.Int("max-jobs", 1024, "jobs held at once; past it a new job evicts the longest-idle one, or is rejected (job:limit) when all are active")
+	nodesRetention := fs.Duration("nodes-retention", 0, "leave the jobs whose folders last changed longer ago than this out of the node view, and remove their kept rows from OUT/nodes/ (0: keep every job)")
 	nodesEvery := fs.Duration("nodes-every", time.Minute, "bring the node health across finished jobs up to date this often (OUT/nodes/, /api/nodes, tpsprof_node_* metrics; 0: never)")
 	evictAfter := fs.Duration("evict-after", 10*time.Minute, "close and forget a job idle this long (its parts finalised; it starts new parts if it returns)")
 	codec := fs.String("parquet-codec", "zstd", "Parquet compression: zstd (smallest), zstd-fast (~1.3x faster to write, ~9% larger), snappy (~1.6x faster, ~1.6x larger) or none (~2.3x faster, ~5x larger); see BENCHMARKS.md")
@@ -86,7 +87,10 @@ func runCollector(args []string, stdout, stderr io.Writer) int {
 	cfg.Writer.PartAge, cfg.Writer.Codec = *partAge, *codec
 	cfg.QuietAfter, cfg.MaxJobs, cfg.EvictAfter, cfg.MaxStateBytes = *quietAfter, *maxJobs, *evictAfter, *maxState
 	cfg.MetaWait = *metaWait
-	cfg.NodesEvery = *nodesEvery
+	cfg.NodesEvery, cfg.NodesRetention = *nodesEvery, *nodesRetention
+	if *nodesRetention < 0 {
+		return usageErr(stderr, cmd, "--nodes-retention: 0 or more")
+	}
 	if cfg.NodesEvery == 0 {
 		cfg.NodesEvery = -1 // 0 on the command line: never
 	}

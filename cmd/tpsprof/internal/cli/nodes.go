@@ -66,11 +66,17 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	for job, why := range s.Failed {
 		fmt.Fprintf(stderr, "tpsprof nodes: job %s left out: %s\n", job, why)
 	}
+	for job, why := range s.Unreadable {
+		fmt.Fprintf(stderr, "tpsprof nodes: job %s's kept node rows unreadable, read again from its folder: %s\n", job, why)
+	}
+	if s.KeepFailed > 0 {
+		fmt.Fprintf(stderr, "tpsprof nodes: %d job(s)' node rows not kept: %s\n", s.KeepFailed, s.KeepErr)
+	}
 	switch {
 	case *asJSON:
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(struct {
+		err := enc.Encode(struct {
 			Out     string            `json:"out"`
 			Jobs    int               `json:"jobs"`
 			Running int               `json:"running"`
@@ -78,6 +84,10 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 			Rules   fleet.Options     `json:"rules"`
 			Nodes   []fleet.Node      `json:"nodes"`
 		}{out, s.Jobs, s.Running, s.Failed, opt, nodes})
+		if err != nil {
+			failErr(stderr, cmd, fmt.Errorf("encoding the nodes: %w", err))
+			return exitError
+		}
 	case *asMD:
 		writeNodesMarkdown(stdout, nodes, s, *top)
 	default:

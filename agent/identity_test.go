@@ -1,0 +1,64 @@
+package agent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/tps"
+	"github.com/tpsprof/tpsprof/wire"
+)
+
+// A record or event cannot name another node or a GPU the node lacks
+// (three 10-step jobs whose rank 1 named healthy-17 got it drained): the
+// agent stamps its own node, replaces a foreign GPU by its local rank's,
+// and counts each claim it replaced.
+func TestRecordsCarryTheAgentsIdentity(t *testing.T) {
+	a, nc := startWithNATS(t, Config{Node: "n0", GPUUUIDs: map[int32]string{0: "GPU-own0", 1: "GPU-own1"}, FlushInterval: 5 * time.Millisecond})
+	sub, err := nc.SubscribeSync(wire.StepsSubject("idj", "*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	now := time.Now().UnixNano()
+	lr0, lr1 := int32(0), int32(1)
+	recs := []tps.StepRecord{
+		{Job: "idj", Rank: 0, WorldSize: 3, Node: "healthy-17", GPUUUID: "GPU-victim", LocalRank: &lr0}, // both forged
+		{Job: "idj", Rank: 1, WorldSize: 3, GPUUUID: "GPU-own0", LocalRank: &lr1},                       // another of this node's GPUs: kept
+		{Job: "idj", Rank: 2, WorldSize: 3, Node: "n0"},                                                 // its own node: nothing replaced
+	}
+	for i := range recs {
+		r := &recs[i]
+		r.Tokens, r.StartUnixNs, r.EndUnixNs, r.DurationNs = 10, now-1e6, now, 1e6
+		if err := a.SubmitStep(*r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.SubmitEvent(tps.Event{Job: "idj", Kind: tps.EventEval, Node: "victim-9", StartUnixNs: now - 1e6, EndUnixNs: now}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[int64]tps.StepRecord{}
+	for len(got) < 3 {
+		m, err := sub.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatalf("published %d of 3 records: %v", len(got), err)
+		}
+		if m.Subject != wire.StepsSubject("idj", "n0") {
+			t.Errorf("published on %s", m.Subject)
+		}
+		rs, err := wire.DecodeSteps(m.Data, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rs {
+			got[r.Rank] = r
+		}
+	}
+	for rank, want := range map[int64][2]string{0: {"n0", "GPU-own0"}, 1: {"n0", "GPU-own0"}, 2: {"n0", ""}} {
+		if r := got[rank]; r.Node != want[0] || r.GPUUUID != want[1] {
+			t.Errorf("rank %d published node %q GPU %q, want %q %q", rank, r.Node, r.GPUUUID, want[0], want[1])
+		}
+	}
+	if n := a.Stats().ClaimsReplaced; n != 2 {
+		t.Errorf("%d claims replaced, want 2 (rank 0's record, the event)", n)
+	}
+}
