@@ -307,3 +307,24 @@ class WritableFolderTest(unittest.TestCase):
         os.chown(d, 4242, 4242)
         with self.assertRaisesRegex(ValueError, "tb belongs to uid 4242"):
             _client.writable_folder(d, "rank0")
+
+
+class IdentityTest(unittest.TestCase):
+    """A job name or attempt the agent refuses (TPSPROF_JOB="bad job name",
+    TPSPROF_ATTEMPT=99999999999999999999) is said once on stderr, the job
+    running on: every record was refused at the agent, the job told
+    nothing."""
+
+    def test_bad_job_name_and_attempt_said(self):
+        import contextlib
+        import io
+        for job, attempt, want in (("bad job name", 0, "job name"), ("ok", 99999999999999999999, "attempt"), ("ok-1_x", 3, "")):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                p = _client.Profiler(job=job, attempt=attempt, socket_path="/nonexistent/a.sock")
+            self.assertEqual(bool(p.invalid), bool(want), (job, attempt, p.invalid))
+            if want:
+                self.assertIn(want, p.invalid)
+                self.assertEqual(err.getvalue().count("nothing will be recorded"), 1, err.getvalue())
+            else:
+                self.assertNotIn("nothing will be recorded", err.getvalue())

@@ -25,6 +25,7 @@ restart is its own attempt.
 import contextlib
 import json
 import os
+import re
 import socket
 import sys
 import stat
@@ -99,6 +100,23 @@ def env_attempt():
     return max(restarts, 0) + max(_int_env("SLURM_RESTART_COUNT"), 0)
 
 
+# what the agent accepts (tps.ValidJobID, tps.MaxAttempt): a job name or an
+# attempt outside them had every record refused at the agent, the job told
+# nothing
+_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+MAX_ATTEMPT = 1 << 20
+
+
+def check_identity(job, attempt):
+    """Why the agent would refuse every record of this job and attempt
+    ("" when it would not)."""
+    if not isinstance(job, str) or not _JOB_ID.match(job):
+        return "the job name %r is not 1-64 characters of [A-Za-z0-9_-] (TPSPROF_JOB, or job=)" % (job,)
+    if not 0 <= attempt <= MAX_ATTEMPT:
+        return "the attempt %d is outside 0-%d (TPSPROF_ATTEMPT, or attempt=)" % (attempt, MAX_ATTEMPT)
+    return ""
+
+
 class Profiler:
     """Times steps of one rank and sends one JSON line per step to the agent."""
 
@@ -111,6 +129,11 @@ class Profiler:
         lr = local_rank if local_rank is not None else env.get("LOCAL_RANK")
         self.local_rank = int(lr) if lr is not None else None
         self.attempt = int(attempt) if attempt is not None else env_attempt()
+        # the agent's checks, made here: said once on stderr (not raised:
+        # the job runs), rather than every record refused unsaid
+        self.invalid = check_identity(self.job, self.attempt)
+        if self.invalid:
+            sys.stderr.write("tpsprof: %s: nothing will be recorded for this job\n" % self.invalid)
         self.path = socket_path or env.get("TPSPROF_SOCKET") or default_socket()
         topo = topology or env.get("TPSPROF_TOPOLOGY")
         self.declared_topology = topo or None

@@ -51,6 +51,13 @@ class Sender:
         self._urgent = False  # drain at the next look (something other than a step queued, settled())
         self._items = collections.deque()
         self._stop = threading.Event()
+        # set by settled() and close() (never by put: a step costs no
+        # wake-up): the thread looks at once instead of at its next interval
+        self._wake = threading.Event()
+        # notified at the end of each look (rounds counted under it):
+        # settled() waits on it, not in a sleep loop
+        self._looked = threading.Condition(threading.Lock())
+        self._draining = False  # a drain is under way (its steps off the queue, not yet sent)
         self._lock = threading.Lock()  # starts the thread once
         self._thread = None
         self._done = False  # the thread has ended
@@ -82,6 +89,7 @@ class Sender:
         prof = self._prof
         client = prof.client
         t0 = time.thread_time_ns()
+        self._draining = True
         client.batch()
         try:
             steps = self._steps
@@ -137,6 +145,7 @@ class Sender:
                 prof.pending_dropped += 1
         finally:
             client.unbatch()
+            self._draining = False
             self.cpu_ns += time.thread_time_ns() - t0
 
     def unsent(self) -> int:
@@ -148,31 +157,58 @@ class Sender:
         finished so far are sent: none unsent, and a drain ended after that
         was seen (a drain takes its steps off the queue before it sends
         them: a tracker closed at the job's end lost its last 1-2 rows when
-        the queue alone was watched)."""
+        the queue alone was watched). With nothing unsent and no drain
+        under way it returns at once; otherwise it wakes the thread and
+        waits for the end of its look: a tracker closed every step cost
+        the training thread ~87 ms each (two of the thread's 50 ms looks
+        waited out in a sleep loop)."""
+        t = self._thread
+        if t is None or self._done or (not self._draining and not self.unsent()):
+            return
         deadline = time.monotonic() + timeout
+        with self._looked:
+            n = self.rounds
         self._urgent = True
-        while self.unsent() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        n = self.rounds
-        while self.rounds == n and self._thread is not None and not self._done and time.monotonic() < deadline:
-            time.sleep(0.002)
+        self._wake.set()
+        with self._looked:
+            while not self._done and t.is_alive():
+                if self.rounds != n and not self.unsent():
+                    return
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                if self.rounds != n:
+                    # looked, and steps are still unsent (their times not
+                    # known yet): the thread's next look drains them
+                    # (urgent), not a wake-up at once (no busy loop)
+                    n = self.rounds
+                    self._urgent = True
+                self._looked.wait(left)
 
     def _run(self):
         client = self._prof.client
         self.cpu_base = -time.thread_time_ns()
         last = time.monotonic()
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
             now = time.monotonic()
             if self._urgent or len(self._items) + len(self._steps) >= self.batch or now - last >= self.max_wait:
                 self._urgent = False  # (before the drain: a put meanwhile is drained next time)
                 self._drain()
                 last = now
-            self.rounds += 1
             client.poll_control()
+            with self._looked:
+                self.rounds += 1
+                self._looked.notify_all()
         self._drain(final=True)
         with self._lock:
             self._done = True
             close = self._close_client
+        with self._looked:
+            self._looked.notify_all()
         if close:
             client.close(0)
 
@@ -189,6 +225,7 @@ class Sender:
         every time in the job of test_sender_exit)."""
         self._deadline = time.monotonic() + max(timeout, 0)
         self._stop.set()
+        self._wake.set()
         t = self._thread
         if t is not None:
             t.join(timeout)
