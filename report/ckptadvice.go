@@ -131,6 +131,40 @@ func (rep *Report) checkpointAdvice(events []tps.Event) {
 	a.WasteNow = CheckpointWaste(a.IntervalS, a.SaveS, a.MTBFS)
 	a.WasteOptimal = CheckpointWaste(a.OptimalS, a.SaveS, a.MTBFS)
 	a.GainPoints = 100 * (a.WasteNow - a.WasteOptimal)
+	if a.Unknown = adviceHolds(a); a.Unknown != "" {
+		a.OptimalS, a.WasteNow, a.WasteOptimal, a.GainPoints = 0, 0, 0, 0
+	}
+}
+
+// adviceHolds says why Young's first-order advice does not hold for a
+// (empty when it does): it needs a positive interval, a save shorter than
+// the run and well below the interruption interval (the model's C ≪ M: a
+// tenth), and a waste below the whole time. Without these it printed
+// "+Inf points", "every 949ms instead of -1s", "waste 100.0% now".
+func adviceHolds(a *CheckpointAdvice) string {
+	finite := func(v ...float64) bool {
+		for _, x := range v {
+			if math.IsNaN(x) || math.IsInf(x, 0) {
+				return false
+			}
+		}
+		return true
+	}
+	switch {
+	case a.IntervalS <= 0:
+		return fmt.Sprintf("the saves' interval is %s: not positive", dur(a.IntervalS))
+	case !finite(a.SaveS, a.IntervalS, a.MTBFS, a.OptimalS, a.WasteNow, a.WasteOptimal, a.GainPoints):
+		return "the saves' figures are not finite"
+	case a.SaveS <= 0:
+		return "the saves took no time"
+	case a.SaveS > a.ElapsedS:
+		return fmt.Sprintf("a save of %s is longer than the run's %s", dur(a.SaveS), dur(a.ElapsedS))
+	case a.SaveS > a.MTBFS/10:
+		return fmt.Sprintf("a %s save against an interruption every %s: Young's first-order interval needs the save well below that (a tenth or less)", dur(a.SaveS), dur(a.MTBFS))
+	case a.WasteNow >= 1 || a.WasteOptimal >= 1:
+		return fmt.Sprintf("the first-order waste is %s now, %s at Young's interval: past the whole time, the model does not hold", pct(a.WasteNow), pct(a.WasteOptimal))
+	}
+	return ""
 }
 
 // CheckpointText is the advice on a line.

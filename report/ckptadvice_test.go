@@ -200,3 +200,33 @@ func TestCheckpointAdviceFromTheFleet(t *testing.T) {
 		t.Errorf("alone: %+v", rep.Checkpoint)
 	}
 }
+
+// Degenerate inputs get no advice, and say why (they printed "+Inf
+// points", "every 949ms instead of -1s", a 227,184-hour save, "waste
+// 100.0% now"): a save longer than the run, a save not well below the
+// interruption interval, saves that took no time.
+func TestCheckpointAdviceDegenerate(t *testing.T) {
+	crash := int64(1)
+	crashes := []AttemptRow{{Attempt: 0, ExitCode: &crash}, {Attempt: 1, ExitCode: &crash}, {Attempt: 2}}
+	save := func(attempt, step, start, length int64) tps.Event {
+		return tps.Event{Kind: tps.EventCheckpointSave, Attempt: attempt, Step: step, StartUnixNs: start, EndUnixNs: start + length}
+	}
+	t0 := int64(1.7e18)
+	for name, c := range map[string]struct {
+		elapsed float64
+		events  []tps.Event
+		want    string
+	}{
+		"a save longer than the run": {600, []tps.Event{save(0, 1, t0, 818e15)}, "longer than the run"},
+		"a save near the interruptions' interval": {3600, []tps.Event{save(0, 1, t0, 600e9), save(0, 2, t0+1000e9, 600e9)}, "well below"},
+		"saves at one instant":                    {3600, []tps.Event{save(0, 1, t0, 1), save(0, 2, t0, 1)}, "not positive"},
+	} {
+		rep := &Report{Goodput: Goodput{ElapsedS: c.elapsed}, Attempts: crashes}
+		rep.checkpointAdvice(c.events)
+		a := rep.Checkpoint
+		txt := CheckpointText(a)
+		if !strings.Contains(a.Unknown, c.want) || a.GainPoints != 0 || strings.Contains(txt, "Inf") || strings.Contains(txt, "NaN") {
+			t.Errorf("%s: %+v: %q", name, a, txt)
+		}
+	}
+}

@@ -3,9 +3,12 @@ package cli
 import (
 	"bytes"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
@@ -115,4 +118,56 @@ func grepVerdict(out string) string {
 		}
 	}
 	return strings.Join(keep, "\n")
+}
+
+// A baseline is the run kept, not whatever lies at its path: a run put
+// there later (another user's, or the folder swapped) is refused, with
+// how to keep it again; a FIFO named as the baselines file is refused,
+// not waited on; a file of the older form (names to folders) still reads.
+func TestBaselineFingerprint(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "baselines.json")
+	t.Setenv("TPSPROF_BASELINES", file)
+	root := t.TempDir()
+	run := func(args ...string) (int, string) {
+		var o, e bytes.Buffer
+		rc := Main(append([]string{"report", "--no-plots"}, args...), &o, &e)
+		return rc, o.String() + e.String()
+	}
+	kept := writeJitteredJob(t, root, "kept", 100e6, 1)
+	other := writeJitteredJob(t, t.TempDir(), "kept", 80e6, 2)
+	if rc, out := run("--keep-baseline", "main", kept); rc != exitOK {
+		t.Fatalf("keep: exit %d\n%s", rc, out)
+	}
+	if err := os.RemoveAll(kept); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(other, kept); err != nil {
+		t.Fatal(err)
+	}
+	probe := writeJitteredJob(t, root, "probe", 100e6, 3)
+	if rc, out := run("--baseline", "main", "--fail-above", "5", probe); rc == exitOK || !strings.Contains(out, "changed since it was kept") {
+		t.Errorf("a run swapped in at the kept path: exit %d\n%s", rc, out)
+	}
+	// the older form: a name to a folder
+	if err := os.WriteFile(file, []byte(`{"old": "`+kept+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if rc, out := run("--baseline", "old", probe); rc != exitOK || !strings.Contains(out, "verdict:") {
+		t.Errorf("a baselines file of the older form: exit %d\n%s", rc, out)
+	}
+	os.Remove(file)
+	if err := syscall.Mkfifo(file, 0o600); err != nil {
+		t.Skip("no FIFO here:", err)
+	}
+	done := make(chan string, 1)
+	go func() { _, out := run("--baseline", "main", probe); done <- out }()
+	select {
+	case out := <-done:
+		if !strings.Contains(out, "not a regular file") {
+			t.Errorf("a FIFO as the baselines file: %s", out)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the report hangs on a FIFO named as the baselines file")
+	}
 }
