@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/parquet-go/parquet-go"
@@ -115,7 +116,7 @@ func ScanDirWith(out string, o ScanOptions) (*Scan, error) {
 		}
 		path := filepath.Join(dir, j.Name+".parquet")
 		if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() && !fi.ModTime().Before(changed(j)) {
-			rows, err := readRows(path)
+			rows, err := keptRows(path, fi)
 			if err == nil {
 				s.Rows = append(s.Rows, rows...)
 				s.Jobs++
@@ -257,6 +258,49 @@ func readRows(path string) ([]JobNode, error) {
 	}
 	return slices.Clip(rows), nil
 }
+
+// keptRows is readRows, remembered while the file's time and size are
+// unchanged: a pass after the first costs a finished job its stats (the
+// node files' footers and rows were 1.4 s of a 1.8 s pass over 2,000
+// kept jobs).
+func keptRows(path string, fi os.FileInfo) ([]JobNode, error) {
+	key := keptKey{fi.ModTime(), fi.Size()}
+	keptCache.mu.Lock()
+	had, ok := keptCache.m[path]
+	keptCache.mu.Unlock()
+	if ok && had.key == key {
+		return had.rows, nil
+	}
+	rows, err := readRows(path)
+	if err != nil {
+		return nil, err
+	}
+	keptCache.mu.Lock()
+	if len(keptCache.m) >= keptCacheMax {
+		clear(keptCache.m)
+	}
+	keptCache.m[path] = keptEntry{key, rows}
+	keptCache.mu.Unlock()
+	return rows, nil
+}
+
+// keptCacheMax bounds the node files remembered (a few rows each).
+const keptCacheMax = 100_000
+
+type keptKey struct {
+	mod  time.Time
+	size int64
+}
+
+type keptEntry struct {
+	key  keptKey
+	rows []JobNode
+}
+
+var keptCache = struct {
+	mu sync.Mutex
+	m  map[string]keptEntry
+}{m: map[string]keptEntry{}}
 
 // maxNodeRows bounds a job's node rows (one a GPU: 100,000 GPUs), and
 // maxNodeFile a kept file's bytes (those rows take ~100 B each).

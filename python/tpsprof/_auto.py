@@ -26,6 +26,7 @@ import importlib.util
 import os
 import sys
 import threading
+import types
 
 from . import _active
 
@@ -199,31 +200,77 @@ def install():
         ddp.__init__ = ddp_initialise
     _patches.install_collectives()
     _patches.patch_compile()  # a compiled model is found without global hooks
+    after_import("accelerate.data_loader", _watch_read_ahead_loaders)
 
 
-class _TorchFinder(importlib.abc.MetaPathFinder):
-    """Calls install() once ``torch`` has finished importing."""
+# Loaders of frameworks that wrap a DataLoader and read it one batch ahead
+# inside their own iterator (Accelerate's DataLoaderShard fetches the next
+# batch before it yields the current one, to know the last): watched at
+# the DataLoader alone, each step counted the next step's first
+# micro-batch and the last step lacked its own. Their own iterators are
+# timed instead: a fetch inside another's is not the loop's (LoaderIter).
+_READ_AHEAD = types.MappingProxyType({"accelerate.data_loader": ("DataLoaderShard", "DataLoaderDispatcher")})
+
+
+def _watch_read_ahead_loaders(module):
+    from . import _patches
+    for name in _READ_AHEAD.get(module.__name__, ()):
+        cls = getattr(module, name, None)
+        orig = cls.__dict__.get("__iter__") if isinstance(cls, type) else None
+        if orig is None or getattr(orig, "_tpsprof", False):
+            continue
+
+        def loader_iter(self, _orig=orig):
+            it = _orig(self)
+            return it if _active.profiler is None else _patches.LoaderIter(None, it)
+        loader_iter._tpsprof = True
+        cls.__iter__ = loader_iter
+
+
+def after_import(name, fn):
+    """Calls fn(module) once module ``name`` has been imported (now, if it
+    is already); an fn that raises is said on stderr, the job runs on."""
+    def call(module):
+        try:
+            fn(module)
+        except Exception as e:
+            sys.stderr.write("tpsprof: zero-code capture of %s not installed: %r\n" % (name, e))
+    if name in sys.modules:
+        call(sys.modules[name])
+    else:
+        sys.meta_path.insert(0, _AfterImport(name, call))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls fn(module) once module ``name`` has finished importing."""
+
+    def __init__(self, name, fn):
+        self.name, self.fn = name, fn
 
     def find_spec(self, name, path=None, target=None):
-        if name != "torch":
+        if name != self.name:
             return None
         try:
             sys.meta_path.remove(self)
         except ValueError:
             pass
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        inner = spec.loader.exec_module
+        inner, fn = spec.loader.exec_module, self.fn
 
         def exec_module(module):
             inner(module)
-            try:
-                install()
-            except Exception as e:  # the script runs on, uninstrumented
-                sys.stderr.write("tpsprof: zero-code capture not installed: %r\n" % (e,))
+            fn(module)
         spec.loader.exec_module = exec_module
         return spec
+
+
+def _install_now(module):
+    try:
+        install()
+    except Exception as e:  # the script runs on, uninstrumented
+        sys.stderr.write("tpsprof: zero-code capture not installed: %r\n" % (e,))
 
 
 def arm():
@@ -233,4 +280,4 @@ def arm():
     if "torch" in sys.modules:
         install()
     else:
-        sys.meta_path.insert(0, _TorchFinder())
+        sys.meta_path.insert(0, _AfterImport("torch", _install_now))

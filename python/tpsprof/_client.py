@@ -103,14 +103,14 @@ def env_attempt():
 # what the agent accepts (tps.ValidJobID, tps.MaxAttempt): a job name or an
 # attempt outside them had every record refused at the agent, the job told
 # nothing
-_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_JOB_ID = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_ATTEMPT = 1 << 20
 
 
 def check_identity(job, attempt):
     """Why the agent would refuse every record of this job and attempt
     ("" when it would not)."""
-    if not isinstance(job, str) or not _JOB_ID.match(job):
+    if not isinstance(job, str) or not re.match(_JOB_ID, job):
         return "the job name %r is not 1-64 characters of [A-Za-z0-9_-] (TPSPROF_JOB, or job=)" % (job,)
     if not 0 <= attempt <= MAX_ATTEMPT:
         return "the attempt %d is outside 0-%d (TPSPROF_ATTEMPT, or attempt=)" % (attempt, MAX_ATTEMPT)

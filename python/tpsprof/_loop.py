@@ -14,6 +14,7 @@ Every mark never raises into the training process: a failure is counted
 """
 
 import functools
+import sys
 import time
 import types
 from typing import Any
@@ -30,6 +31,29 @@ __all__ = ["Loop", "StepBlock", "timed_forward", "noted_zero_grad"]
 
 _engine = torch.autograd.Variable._execution_engine  # autograd's (queue_callback)
 
+
+
+def stepping_optimizer(opt):
+    """The optimizer inside a framework's wrapper that really steps:
+    Accelerate's AcceleratedOptimizer (``.optimizer``: its own step() runs
+    every micro-batch and steps this one only when gradients sync, so a
+    step hooked on the wrapper ended every micro-batch, and it skips
+    Optimizer.__init__), Lightning's LightningOptimizer (``._optimizer``),
+    any wrapper holding the torch optimizer it steps under one of those
+    names. Followed while the inner object is a torch optimizer; the
+    object itself otherwise."""
+    try:
+        seen = set()
+        while id(opt) not in seen:
+            seen.add(id(opt))
+            d = getattr(opt, "__dict__", None) or {}
+            inner = next((d[n] for n in ("optimizer", "_optimizer") if isinstance(d.get(n), torch.optim.Optimizer) and d[n] is not opt), None)
+            if inner is None:
+                return opt
+            opt = inner
+    except Exception:
+        pass
+    return opt
 
 class Loop(Marks):
     """The step's life and phases (a base of TorchProfiler, whose
@@ -128,7 +152,19 @@ class Loop(Marks):
                 self._use_device(p.device)
             except Exception:
                 pass
-        if hasattr(optimizer, "register_step_pre_hook") and hasattr(optimizer, "register_step_post_hook"):
+        try:
+            self._place_optimizer_hooks(optimizer)
+        except Exception as e:  # never into the job: said once, the job runs
+            self._err()
+            sys.stderr.write("tpsprof: cannot hook %s.step (%s: %s): its steps will not end tpsprof's steps; "
+                             "pass the optimizer that steps, or mark steps with prof.step()\n"
+                             % (type(optimizer).__name__, type(e).__name__, e))
+
+    def _place_optimizer_hooks(self, optimizer):
+        # an Optimizer subclass that skipped Optimizer.__init__ has the
+        # registering methods but not their dicts: the bound method is
+        # wrapped instead
+        if getattr(optimizer, "_optimizer_step_pre_hooks", None) is not None and hasattr(optimizer, "register_step_post_hook"):
             self._hooks.append(optimizer.register_step_pre_hook(_c10d.skip_dynamo(lambda opt, a, kw: self._optim_pre(opt))))
             self._hooks.append(optimizer.register_step_post_hook(_c10d.skip_dynamo(lambda opt, a, kw: self._optim_post())))
             return

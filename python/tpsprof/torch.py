@@ -45,7 +45,7 @@ from ._batches import FINGERPRINT_STEPS, Batches
 from ._memory import MemoryPeaks
 from ._records import Records
 from ._hooks import InstanceMethod
-from ._loop import Loop, StepBlock, timed_forward
+from ._loop import Loop, StepBlock, stepping_optimizer, timed_forward
 from ._sender import Sender
 from ._tokens import count_tokens, packed_seq_sq
 from ._topology import JobLayout, job_topology, mesh_topology
@@ -285,6 +285,7 @@ class TorchProfiler(Loop):
             for o in optimizer:
                 self.watch_optimizer(o)
             return
+        optimizer = stepping_optimizer(optimizer)
         if any(o is optimizer for o in self._optimizers):
             return
         self._optimizers.append(optimizer)

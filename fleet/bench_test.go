@@ -1,0 +1,84 @@
+package fleet
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tpsprof/tpsprof/trace/tracetest"
+)
+
+// BenchmarkNodePass is a node pass over an output folder of many small
+// finished jobs (2 ranks, 10 steps; TPSPROF_FLEET_JOBS of them, 200 by
+// default): the first pass computes and keeps every job's node rows; a
+// pass of a process started on the folder reads them kept; the pass after
+// it (a collector's next --nodes-every interval) finds them remembered.
+// It reports each pass's time and peak heap.
+func BenchmarkNodePass(b *testing.B) {
+	jobs := 200
+	if v, err := strconv.Atoi(os.Getenv("TPSPROF_FLEET_JOBS")); err == nil && v > 0 {
+		jobs = v
+	}
+	out := b.TempDir()
+	for j := range jobs {
+		if _, err := tracetest.Write(out, fmt.Sprintf("job-%05d", j), tracetest.Run{World: 2, Steps: 10}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pass := func() (time.Duration, uint64, *Scan) {
+		runtime.GC()
+		var peak atomic.Uint64
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() { // samples the heap while the pass runs
+			defer close(done)
+			var m runtime.MemStats
+			for {
+				runtime.ReadMemStats(&m)
+				if m.HeapAlloc > peak.Load() {
+					peak.Store(m.HeapAlloc)
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(5 * time.Millisecond):
+				}
+			}
+		}()
+		t0 := time.Now()
+		s, err := ScanDir(out, true)
+		d := time.Since(t0)
+		close(stop)
+		<-done
+		if err != nil || s.Jobs != jobs {
+			b.Fatalf("%d of %d jobs: %v", s.Jobs, jobs, err)
+		}
+		return d, peak.Load(), s
+	}
+	b.ResetTimer()
+	for range b.N {
+		first, firstPeak, s := pass()
+		if s.Computed != jobs {
+			b.Fatalf("first pass computed %d of %d", s.Computed, jobs)
+		}
+		keptCache.mu.Lock()
+		clear(keptCache.m) // as a process started on the folder
+		keptCache.mu.Unlock()
+		again, againPeak, s := pass()
+		if s.Computed != 0 {
+			b.Fatalf("a pass after it computed %d", s.Computed)
+		}
+		next, nextPeak, _ := pass() // the collector's next interval
+		b.ReportMetric(first.Seconds(), "first_pass_s")
+		b.ReportMetric(again.Seconds(), "kept_pass_s")
+		b.ReportMetric(next.Seconds(), "next_pass_s")
+		b.ReportMetric(float64(firstPeak)/(1<<20), "first_peak_MiB")
+		b.ReportMetric(float64(againPeak)/(1<<20), "kept_peak_MiB")
+		b.ReportMetric(float64(nextPeak)/(1<<20), "next_peak_MiB")
+		os.RemoveAll(out + "/" + Table)
+	}
+}
