@@ -21,6 +21,7 @@ patch measures: docs/capture.md.
   ``torch.distributed`` functions on 1.13; DDP's buckets through a comm hook.
 """
 
+import os
 import sys
 import time
 import types
@@ -38,7 +39,7 @@ def _current():
 
 
 __all__ = ["LoaderIter", "wrapped_loader_class", "watch_in_class", "loss_of", "install_checkpoints", "install_loss",
-           "patch_compile", "install_pipelining", "install_collectives", "ddp_comm_hook", "ddp_buckets"]
+           "patch_compile", "install_pipelining", "install_collectives", "install_ends", "ddp_comm_hook", "ddp_buckets"]
 
 
 class LoaderIter:
@@ -405,6 +406,51 @@ def install_collectives():
                 setattr(mod, name, w)
     _rebind_imported(wrapped)
     return "functions"
+
+
+def install_ends():
+    """The last step of a process arrives whatever ends it: a finished
+    step waits for the next iteration's first activity or close(), which a
+    Ray Train worker that returns (the process lives on), a SIGTERM the job
+    does not catch (torchrun's, Slurm's) or a job that tears its process
+    group down and idles never ran (Ray Train under --auto lost its last
+    step: 29 rows for 30). ``destroy_process_group`` first sends the steps
+    finished (at most 2 s); a SIGTERM whose handler is the default sends
+    them (at most 1 s), then ends the process as the default would.
+    Installed once a process; never raises."""
+    try:
+        if dist.is_available() and not getattr(dist.destroy_process_group, "_tpsprof", False):
+            orig = dist.destroy_process_group
+
+            def destroy_process_group(*args, **kwargs):
+                prof = _active.profiler
+                if prof is not None:
+                    prof.send_finished(2.0)
+                return orig(*args, **kwargs)
+            destroy_process_group._tpsprof = True
+            dist.destroy_process_group = destroy_process_group
+            from torch.distributed import distributed_c10d as c10d
+            if getattr(c10d, "destroy_process_group", None) is orig:
+                c10d.destroy_process_group = destroy_process_group
+    except Exception:
+        pass
+    try:
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            def on_term(signum, frame):
+                prof = _active.profiler
+                if prof is not None:
+                    try:
+                        prof.send_finished(1.0)
+                        prof.close(1.0)
+                    except Exception:
+                        pass
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)  # as the default would have: killed by the signal
+            signal.signal(signal.SIGTERM, on_term)
+    except Exception:
+        pass
 
 
 def _rebind_imported(wrapped):

@@ -203,6 +203,7 @@ class TorchProfiler(Loop):
         _patches.install_loss()
         _patches.install_checkpoints()
         _patches.install_pipelining()
+        _patches.install_ends()
         watch_job_profilers()
         _active.profiler = self
         atexit.register(self.close)
@@ -464,6 +465,18 @@ class TorchProfiler(Loop):
     @property
     def dropped(self) -> int:
         return self.client.dropped
+
+    def send_finished(self, timeout: float = 2.0) -> None:
+        """(The process group torn down, a SIGTERM: the process may never
+        iterate again.) The last step is finished (when its update ran)
+        and the steps finished are sent, at most timeout seconds. Never
+        raises."""
+        try:
+            if not self._closed and threading.current_thread() is threading.main_thread():
+                self._settle_step()
+            self._sender.settled(timeout)
+        except Exception:
+            self._err()
 
     def flush_for_trackers(self, timeout: float = 2.0) -> None:
         """(A tracker of the job closing: SummaryWriter.close, mlflow.end_run,
