@@ -3,8 +3,10 @@ package e2e
 import (
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 )
 
@@ -75,5 +77,38 @@ func TestAccelerateJob(t *testing.T) {
 			dir, log := launchTorch(t, "accelerate-"+mode, mode == "auto", torchrun(py, 2, script, "--truth", truthDir, "--mode", mode))
 			checkAgainstTruth(t, rankRows(t, dir), readTruthLines[frameworkTruth](t, truthDir), log)
 		})
+	}
+}
+
+// Lightning DDP on 2 ranks (torchrun, gloo, current torch), rank 1 sleeping
+// 100 ms in each training_step: Lightning runs forward and backward inside
+// optimizer.step(closure), and the healthy rank's wait in DDP's
+// all-reduce was booked as its optimizer's time ("compute 99.7%, waiting
+// for slower peers 0.0%, straggler ranks none", 3 of 3 runs). The rows
+// hold the job's tokens and periods; the report's waiting is at least 30%
+// (the job's clocks put 40% of rank 0's step in the wait), and rank 1 is
+// named.
+func TestLightningDDPStraggler(t *testing.T) {
+	py := modernTorchPython(t)
+	if out, err := exec.Command(py, "-c", "import lightning").CombinedOutput(); err != nil {
+		t.Fatalf("Lightning is not importable by %s (bash .ci/sid-chroot installs it): %v\n%s", py, err, tail(out))
+	}
+	script := filepath.Join(repoRoot(t), "examples", "pytorch", "lightning_ddp.py")
+	truthDir := t.TempDir()
+	dir, log := launchTorch(t, "lightning-ddp", false, torchrun(py, 2, script, "--truth", truthDir, "--slow-rank", "1"))
+	rows := rankRows(t, dir)
+	checkAgainstTruth(t, rows, readTruthLines[frameworkTruth](t, truthDir), log)
+	rep, err := report.Analyze(dir, report.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var text strings.Builder
+	report.WriteText(&text, rep)
+	t.Logf("%s", text.String())
+	if w := rep.Breakdown.WaitingForPeers; w < 0.30 {
+		t.Errorf("waiting for slower peers %.1f%% of step time, want at least 30%%", 100*w)
+	}
+	if len(rep.Stragglers) == 0 || rep.Stragglers[0].Rank != 1 {
+		t.Errorf("stragglers %+v: want rank 1 first", rep.Stragglers)
 	}
 }
