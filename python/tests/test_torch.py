@@ -844,6 +844,49 @@ class TrackerCloseTest(unittest.TestCase):
             prof.close()
 
 
+class DCPEventsTest(unittest.TestCase):
+    """torch.distributed.checkpoint imported after the profiler exists (as
+    scripts do), on FSDP1: each dcp.save is one checkpoint_save and each
+    dcp.load one checkpoint_restore. Its save went unwrapped, and its own
+    torch.save and torch.load calls (the writer's, the object collectives'
+    unpickling) counted each: 12 saves and 4 restores for 3 saves and a
+    load."""
+
+    @unittest.skipIf(int(torch.__version__.split(".")[0]) < 2, "FSDP1 on CPU and DCP's checkpoint_id: torch 2")
+    def test_one_event_a_save_or_load(self):
+        import subprocess
+        import sys
+        job = r"""
+import os, sys, tempfile, torch, torch.nn as nn, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+import tpsprof.torch as tt
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+model = FSDP(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)), device_id=torch.device("cpu"))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+prof = tt.instrument(model, opt, job="dcp", socket_path="/nonexistent/s.sock")
+kinds = []
+side = prof._side_event
+prof._side_event = lambda kind, a, b: (kinds.append(kind), side(kind, a, b))
+import torch.distributed.checkpoint as dcp
+d = tempfile.mkdtemp()
+for i in range(6):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if i % 2 == 1:
+        dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(d, "c%d" % i))
+dcp.load({"model": model.state_dict()}, checkpoint_id=os.path.join(d, "c5"))
+prof.close()
+print("kinds", ",".join(kinds))
+"""
+        pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        r = subprocess.run([sys.executable, "-W", "ignore", "-c", job, pkg], capture_output=True, text=True, timeout=120)
+        line = [x for x in r.stdout.splitlines() if x.startswith("kinds ")]
+        self.assertTrue(line, r.stderr[-2000:])
+        self.assertEqual(line[0].split(" ", 1)[1].split(","), ["checkpoint_save"] * 3 + ["checkpoint_restore"])
+
+
 class NoImportCycleTest(unittest.TestCase):
     """The patches and zero-code mode read the active profiler from
     tpsprof._active, not tpsprof.torch: only the package's entry points
@@ -875,6 +918,9 @@ class ModuleStateTest(unittest.TestCase):
                # weak references to what torch.compile returned: zero-code mode may meet a
                # model compiled before any profiler exists (process-wide by nature)
                ("_patches", "_compiled"),
+               # the checkpoint saves and loads open now, on any thread: a save's own
+               # parts may run on its writer's threads (process-wide by nature)
+               ("_patches", "_SIDES_OPEN"),
                # constants of the PyTorch build, not state: autograd's engine, a dispatch key set
                ("torch", "_engine"), ("_c10d", "_AFTER")}
 

@@ -21,14 +21,12 @@ training worker, not torchrun's launcher). Nothing here raises into the
 script: a failure to install leaves the script running uninstrumented.
 """
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 import threading
 import types
 
-from . import _active
+from . import _active, _imports
 
 __all__ = ["arm", "install", "profiler"]
 
@@ -200,7 +198,7 @@ def install():
         ddp.__init__ = ddp_initialise
     _patches.install_collectives()
     _patches.patch_compile()  # a compiled model is found without global hooks
-    after_import("accelerate.data_loader", _watch_read_ahead_loaders)
+    _imports.after_import("accelerate.data_loader", _watch_read_ahead_loaders)
 
 
 # Loaders of frameworks that wrap a DataLoader and read it one batch ahead
@@ -227,45 +225,6 @@ def _watch_read_ahead_loaders(module):
         cls.__iter__ = loader_iter
 
 
-def after_import(name, fn):
-    """Calls fn(module) once module ``name`` has been imported (now, if it
-    is already); an fn that raises is said on stderr, the job runs on."""
-    def call(module):
-        try:
-            fn(module)
-        except Exception as e:
-            sys.stderr.write("tpsprof: zero-code capture of %s not installed: %r\n" % (name, e))
-    if name in sys.modules:
-        call(sys.modules[name])
-    else:
-        sys.meta_path.insert(0, _AfterImport(name, call))
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls fn(module) once module ``name`` has finished importing."""
-
-    def __init__(self, name, fn):
-        self.name, self.fn = name, fn
-
-    def find_spec(self, name, path=None, target=None):
-        if name != self.name:
-            return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        inner, fn = spec.loader.exec_module, self.fn
-
-        def exec_module(module):
-            inner(module)
-            fn(module)
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def _install_now(module):
     try:
         install()
@@ -280,4 +239,4 @@ def arm():
     if "torch" in sys.modules:
         install()
     else:
-        sys.meta_path.insert(0, _AfterImport("torch", _install_now))
+        sys.meta_path.insert(0, _imports.AfterImport("torch", _install_now))

@@ -30,7 +30,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from . import _c10d, _comm, _guard
+from . import _c10d, _comm, _guard, _imports
 from . import _active  # the active profiler, read at each call
 
 def _current():
@@ -134,10 +134,15 @@ def side_call(kind, fn):
     step opened by a fetch but not yet training does not count its time."""
     def call(*args, **kwargs):
         prof = _active.profiler
-        if prof is None or prof.off or prof._tls.side:
+        if prof is None or prof.off or prof._tls.side or _SIDES_OPEN:
+            # inside another save or load, on any thread: its own part (the
+            # torch.save of a DCP writer's thread; the torch.load DCP's
+            # object collectives unpickle with, which read as a restore for
+            # every save)
             return fn(*args, **kwargs)
         g = prof._tls
         g.side = True
+        _SIDES_OPEN.append(kind)
         t0 = time.time_ns()
         try:
             prof._settle_step()
@@ -147,6 +152,10 @@ def side_call(kind, fn):
             return fn(*args, **kwargs)
         finally:
             g.side = False
+            try:
+                _SIDES_OPEN.remove(kind)
+            except ValueError:
+                pass
             t1 = time.time_ns()
             try:
                 prof._side_event(kind, t0, t1)
@@ -161,32 +170,44 @@ def side_call(kind, fn):
     return _c10d.skip_dynamo(call)
 
 
+# The save and load calls open now, on any thread (one list for the
+# process: a save's own parts may run on its writer's threads).
+_SIDES_OPEN = []
+
+_DCP_CALLS = (("save", "checkpoint_save"), ("async_save", "checkpoint_save"), ("save_state_dict", "checkpoint_save"),
+              ("load", "checkpoint_restore"), ("load_state_dict", "checkpoint_restore"))
+_SAFETENSORS_CALLS = (("save_file", "checkpoint_save"), ("save_model", "checkpoint_save"),
+                      ("load_file", "checkpoint_restore"), ("load_model", "checkpoint_restore"))
+
+
 @_guard.install("checkpoints")
 def install_checkpoints():
     """torch.save / torch.load, torch.distributed.checkpoint's save and
     load and safetensors' (what framework checkpoint calls go through)
-    become checkpoint events (docs/capture.md)."""
-    targets = [(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")]
+    become checkpoint events (docs/capture.md). DCP and safetensors are
+    wrapped when the job imports them, before or after this: imported
+    after, DCP's save went unwrapped, and its own torch.save and torch.load
+    calls counted each as a save or a restore (6 restores for 3 saves)."""
+    _wrap_sides([(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")])
+    _imports.after_import("torch.distributed.checkpoint", _wrap_dcp)
+    _imports.after_import("safetensors.torch", lambda mod: _wrap_sides([(mod, n, k) for n, k in _SAFETENSORS_CALLS]))
+
+
+def _wrap_dcp(_):
+    targets = []
     for modname in ("torch.distributed.checkpoint", "torch.distributed.checkpoint.state_dict_saver",
                     "torch.distributed.checkpoint.state_dict_loader"):
         mod = sys.modules.get(modname)
-        if mod is None:
-            continue
-        for name, kind in (("save", "checkpoint_save"), ("async_save", "checkpoint_save"),
-                           ("save_state_dict", "checkpoint_save"), ("load", "checkpoint_restore"),
-                           ("load_state_dict", "checkpoint_restore")):
-            if callable(getattr(mod, name, None)):
-                targets.append((mod, name, kind))
-    # safetensors (Hugging Face's model files), when the job has imported it
-    st = sys.modules.get("safetensors.torch")
-    if st is not None:
-        for name, kind in (("save_file", "checkpoint_save"), ("save_model", "checkpoint_save"),
-                           ("load_file", "checkpoint_restore"), ("load_model", "checkpoint_restore")):
-            if callable(getattr(st, name, None)):
-                targets.append((st, name, kind))
+        if mod is not None:
+            targets += [(mod, n, k) for n, k in _DCP_CALLS]
+    _wrap_sides(targets)
+
+
+def _wrap_sides(targets):
+    """Each (module, name, kind) whose function exists made a side call."""
     for mod, name, kind in targets:
         fn = getattr(mod, name, None)
-        if fn is None or getattr(fn, "_tpsprof", False):
+        if not callable(fn) or getattr(fn, "_tpsprof", False):
             continue
         try:
             setattr(mod, name, side_call(kind, fn))
