@@ -186,10 +186,14 @@ type Agent struct {
 	log *ratelog.Logger
 	pub *publisher
 
-	mu        sync.Mutex
-	rejected  map[string]int64
-	conns     map[net.Conn]*connInfo
-	gpuPerDev []int64
+	mu       sync.Mutex
+	rejected map[string]int64
+	conns    map[net.Conn]*connInfo
+	// who holds each rank reported through this agent, and the conflicts
+	// said (ranks.go)
+	rankHeld   map[rankKey]*connInfo
+	rankWarned map[rankKey]bool
+	gpuPerDev  []int64
 
 	connections, lines, records, events, metas atomic.Int64
 	gpuSamples, gpuErrors                      atomic.Int64
@@ -231,7 +235,8 @@ func Start(cfg Config) (*Agent, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, connsOf: map[int64]int{}, done: make(chan struct{}),
+	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, connsOf: map[int64]int{},
+		rankHeld: map[rankKey]*connInfo{}, rankWarned: map[rankKey]bool{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second), traceJobs: traceJobs{traces: make(chan TraceNote, 64)},
 		captureRegistry: captureRegistry{captures: map[string]*liveCapture{}}, ownership: ownership{owners: map[string]*jobOwner{}, ownedBy: map[int64]int{}}}
 	// The trace folder is adopted only when it is this user's alone: in a

@@ -1,6 +1,10 @@
 package agent
 
 import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +64,64 @@ func TestRecordsCarryTheAgentsIdentity(t *testing.T) {
 	}
 	if n := a.Stats().ClaimsReplaced; n != 2 {
 		t.Errorf("%d claims replaced, want 2 (rank 0's record, the event)", n)
+	}
+}
+
+// Two processes reporting one rank of one attempt (two srun tasks with
+// the rank not set: each rank 0 of world 1) are said once, as a
+// rank_conflict event naming the rank and what it means; a process that
+// reconnects (its old connection closed) is no conflict.
+func TestTwoProcessesClaimingOneRank(t *testing.T) {
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: 5 * time.Millisecond})
+	sub, err := nc.SubscribeSync(wire.EventsSubject("rc"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	line := func(step int) string {
+		now := time.Now().UnixNano()
+		return fmt.Sprintf(`{"job":"rc","step":%d,"rank":0,"world_size":1,"tokens":10,"start_unix_ns":%d,"end_unix_ns":%d,"duration_ns":1000000}`+"\n", step, now-1e6, now)
+	}
+	dial := func() net.Conn {
+		c, err := net.Dial("unix", a.Socket())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	waitLines := func(n int64) {
+		for deadline := time.Now().Add(5 * time.Second); a.Stats().Lines < n; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d lines read, want %d", a.Stats().Lines, n)
+			}
+		}
+	}
+	first := dial()
+	fmt.Fprint(first, line(0))
+	waitLines(1)
+	first.Close() // the process reconnects: no conflict
+	time.Sleep(50 * time.Millisecond)
+	again := dial()
+	defer again.Close()
+	fmt.Fprint(again, line(1))
+	waitLines(2)
+	other := dial() // a second process, the first still connected
+	defer other.Close()
+	fmt.Fprint(other, line(1))
+	fmt.Fprint(other, line(2))
+	waitLines(4)
+	var got []tps.Event
+	for {
+		m, err := sub.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		var e tps.Event
+		if json.Unmarshal(m.Data, &e) == nil && e.Kind == tps.EventRankConflict {
+			got = append(got, e)
+		}
+	}
+	if len(got) != 1 || got[0].Rank != 0 || !strings.Contains(got[0].Detail, "two processes on node n0 report rank 0 of job rc") {
+		t.Errorf("rank_conflict events %+v, want one naming rank 0", got)
 	}
 }

@@ -317,6 +317,7 @@ func (a *Agent) stepLineFrom(line []byte, info *connInfo) bool {
 	}
 	if info != nil && info.saw(&r) {
 		a.watchCaptures(r.Job, info.uid)
+		a.claimRank(info, &r)
 	}
 	return true
 }

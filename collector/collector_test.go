@@ -268,6 +268,13 @@ func TestBigBatchHandOff(t *testing.T) {
 	if st.Records != 2*world-1 || st.Duplicates != 13 || st.Late != 1 || st.Rejected["tokens:negative"] != 6 {
 		t.Errorf("stats %+v", st)
 	}
+	// the job's own count, on /metrics: never silent
+	if m := get(t, c, "/metrics"); !strings.Contains(m, `tpsprof_job_records_duplicate_total{job="big"} 13`) {
+		t.Errorf("/metrics lacks the job's 13 duplicates")
+	}
+	if s := get(t, c, "/api/summary"); !strings.Contains(s, `"records_duplicate":13`) || !strings.Contains(s, "two processes may report one rank") {
+		t.Errorf("the live summary does not say the job's 13 duplicates: %.600s", s)
+	}
 	out := c.cfg.OutDir
 	if err := c.Close(); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,7 +60,10 @@ type LiveFinding struct {
 type LiveJob struct {
 	Job       string `json:"job"`
 	WorldSize int64  `json:"world_size"`
-	LastStep  int64  `json:"last_step"`
+	// Duplicates are the job's records dropped as repeats of a rank's step
+	// already taken (Note says what they may mean).
+	Duplicates int64 `json:"records_duplicate,omitempty"`
+	LastStep   int64 `json:"last_step"`
 	// TPS is the headline: tokens over step time of the last
 	// WindowSteps closed steps (null, with TPSUnknown saying why, when
 	// they counted no token); TPSPerGPU is it over the world size.
@@ -202,6 +206,11 @@ func (c *Collector) SummaryPage(offset, limit int) LiveSummary {
 		lj.CaptureCost, lj.Memory = j.st.own.live()
 		if j.st.closedSteps > 0 && j.st.incompleteSteps == j.st.closedSteps {
 			lj.Note = fmt.Sprintf("no step has had all %d declared ranks (at most %d reported): the figures count only the ranks that reported", j.st.world, j.st.mostRanks)
+		}
+		if d := j.st.duplicates; d > 0 {
+			lj.Duplicates = d
+			dup := fmt.Sprintf("%d step records repeated a rank's step already taken and were dropped: two processes may report one rank (rank and world size not set), one's steps and tokens not counted", d)
+			lj.Note = strings.TrimPrefix(lj.Note+"; "+dup, "; ")
 		}
 		steps := j.st.recentSteps()
 		if n := len(steps); n > 0 {

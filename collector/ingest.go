@@ -163,7 +163,12 @@ func (c *Collector) onJob(j *job, t *tally, work func(j *job)) {
 
 // settleJob is the tail both share; the caller holds j's lock.
 func (c *Collector) settleJob(j *job, t *tally, work func(j *job)) {
+	dups := t.duplicates
 	work(j)
+	if d := t.duplicates - dups; d > 0 && !t.replay {
+		j.st.duplicates += d
+		t.liveChanged = true
+	}
 	j.settle(t)
 	j.mu.Unlock()
 	c.apply(t)

@@ -34,7 +34,7 @@ type job struct {
 type liveFigures struct {
 	world, closed, incomplete, tokens int64
 	stragglers, episodesOpen          int
-	episodesEnded                     int64
+	episodesEnded, duplicates         int64
 	last                              *tps.ClusterStep
 	lastClosedAt                      time.Time // the collector's clock when the last step closed
 	ended                             bool      // its last attempt ended
@@ -103,7 +103,8 @@ func (j *job) settle(t *tally) {
 	}
 	t.liveChanged = false
 	f := &liveFigures{world: j.st.world, closed: j.st.closedSteps, incomplete: j.st.incompleteSteps, tokens: j.st.tokens, stepSeconds: j.st.stepSeconds,
-		stragglers: j.st.stragglers(), tokensPerJoule: j.st.lastTPJ, episodesOpen: len(j.st.openEpisodes), episodesEnded: j.st.episodesEnded}
+		stragglers: j.st.stragglers(), tokensPerJoule: j.st.lastTPJ, episodesOpen: len(j.st.openEpisodes), episodesEnded: j.st.episodesEnded,
+		duplicates: j.st.duplicates}
 	if len(j.st.recent) > 0 {
 		last := j.st.lastRow()
 		f.last = &last

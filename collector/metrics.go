@@ -125,6 +125,8 @@ var jobMetrics = []*jobMetric{
 		kind: gauge, when: fresh, val: func(f *liveFigures, put put) { put(f.last.BubbleFractionMean) }},
 	{name: "tpsprof_data_stall_ratio", help: "Data-loader wait as a fraction of step time, mean over ranks, last closed step.",
 		kind: gauge, when: fresh, val: func(f *liveFigures, put put) { put(f.last.DataStallFractionMean) }},
+	{name: "tpsprof_job_records_duplicate_total", help: "The job's step records that repeated an (attempt, step, rank) already taken, dropped: above 0 while records arrive, two processes report one rank (rank and world size not set), and one's steps and tokens are not counted.",
+		kind: counter, when: ranked, val: func(f *liveFigures, put put) { put(float64(f.duplicates)) }},
 	{name: "tpsprof_world_size", help: "Ranks in the job.",
 		kind: gauge, when: ranked, val: func(f *liveFigures, put put) { put(float64(f.world)) }},
 	{name: "tpsprof_stragglers", help: "Ranks whose recent own time (compute, data wait and host work) is more than 1/0.75 of the fastest rank's.",

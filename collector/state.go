@@ -1001,7 +1001,10 @@ func (s *jobState) takeWindows(all bool) []tps.RankWindow {
 // runTotals are a job's running totals for metrics and the live page.
 type runTotals struct {
 	closedSteps, incompleteSteps, tokens int64
-	stepSeconds                          float64   // Σ step time of the closed steps (tpsprof_step_seconds_total)
-	mostRanks                            int64     // the most ranks a closed step had
-	lastClosedAt                         time.Time // when the last step closed, on the collector's clock
+	// duplicates are the job's records that repeated a (attempt, step,
+	// rank) already taken: two processes claiming one rank, or a replay
+	duplicates   int64
+	stepSeconds  float64   // Σ step time of the closed steps (tpsprof_step_seconds_total)
+	mostRanks    int64     // the most ranks a closed step had
+	lastClosedAt time.Time // when the last step closed, on the collector's clock
 }

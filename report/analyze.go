@@ -215,6 +215,17 @@ func (a *analysis) readEvents() error {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("layout contradicted (node %s, attempt %d): %s", e.Node, e.Attempt, e.Detail))
 		}
 	}
+	conflicts := 0
+	for _, e := range a.events {
+		if e.Kind == tps.EventRankConflict {
+			if conflicts++; conflicts <= 3 {
+				rep.Notes = append(rep.Notes, "rank claimed twice: "+e.Detail)
+			}
+		}
+	}
+	if conflicts > 3 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("rank claimed twice: %d more ranks so (rank_conflict events)", conflicts-3))
+	}
 	if !rep.Running && rep.Selection == "" {
 		if why := openAttempt(a.events, a.clusterDir, time.Now()); why != "" {
 			rep.Running, rep.runningWhy = true, why

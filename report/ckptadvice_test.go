@@ -217,7 +217,7 @@ func TestCheckpointAdviceDegenerate(t *testing.T) {
 		events  []tps.Event
 		want    string
 	}{
-		"a save longer than the run": {600, []tps.Event{save(0, 1, t0, 818e15)}, "longer than the run"},
+		"a save longer than the run":              {600, []tps.Event{save(0, 1, t0, 818e15)}, "longer than the run"},
 		"a save near the interruptions' interval": {3600, []tps.Event{save(0, 1, t0, 600e9), save(0, 2, t0+1000e9, 600e9)}, "well below"},
 		"saves at one instant":                    {3600, []tps.Event{save(0, 1, t0, 1), save(0, 2, t0, 1)}, "not positive"},
 	} {

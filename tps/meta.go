@@ -42,6 +42,11 @@ const (
 	// tpsprof trace capture, trace_every): 0.3-1 s that is no step's, a
 	// gap between steps named as such (badput "profiling").
 	EventTraceStop = "trace_stop"
+	// EventRankConflict: two processes on one node report the same rank of
+	// one attempt (a task a rank under srun with the rank not set, so
+	// each is rank 0 of world 1): the collector keeps one's steps and drops
+	// the other's as duplicates (Detail says so; agent/ranks.go).
+	EventRankConflict = "rank_conflict"
 )
 
 // StepsLoop is RunMeta.Steps of a producer whose steps are the loop's
