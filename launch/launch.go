@@ -152,10 +152,25 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 			StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: 127, Detail: truncateDetail(err.Error())})
 		return 127, fmt.Errorf("launch: %w", err)
 	}
-	code = exitCode(cmd, waitForwarding(cmd))
+	sig, waitErr := waitForwarding(cmd)
+	code = exitCode(cmd, waitErr)
 	ag.send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: ag.node, Rank: -1,
-		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code)})
+		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code), Detail: stoppedDetail(sig, code)})
 	return code, nil
+}
+
+// stoppedDetail says, for an attempt_end, that the command was stopped by
+// a signal the launch was sent and forwarded (nil: none): under Slurm a
+// SIGTERM is its requeue or preemption (or scancel), not a crash of the
+// job's (a requeue's first attempt read "crashed (exit 1)").
+func stoppedDetail(sig os.Signal, code int) string {
+	if sig == nil || code == 0 {
+		return ""
+	}
+	if sig == syscall.SIGTERM && underSlurm() {
+		return tps.StoppedPrefix + "stopped by Slurm (preempted, requeued or cancelled)"
+	}
+	return tps.StoppedPrefix + "stopped by " + sig.String() + " sent to the launch"
 }
 
 // check checks the configuration and fills in its defaults.
@@ -197,20 +212,37 @@ func nodeAgent(cfg Config) (launchAgent, int, error) {
 	if err := client.CheckSocket(cfg.Agent.Socket); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return launchAgent{}, 2, fmt.Errorf("launch: %w", err)
 	}
-	if c, err := net.DialTimeout("unix", cfg.Agent.Socket, 200*time.Millisecond); err == nil {
+	join := func() (launchAgent, bool) {
+		c, err := net.DialTimeout("unix", cfg.Agent.Socket, 200*time.Millisecond)
+		if err != nil {
+			return launchAgent{}, false
+		}
 		c.Close()
 		cl := client.New(cfg.Agent.Socket, client.Options{})
 		if hasMeta {
 			cl.SendMeta(cfg.Meta)
 		}
-		node, _ := os.Hostname()
-		return launchAgent{send: cl.SendEvent, stop: func() { cl.Close(5 * time.Second) }, node: node}, 0, nil
+		// (the serving agent stamps its own node on what it relays)
+		return launchAgent{send: cl.SendEvent, stop: func() { cl.Close(5 * time.Second) }, node: cfg.node()}, true
+	}
+	if ag, ok := join(); ok {
+		return ag, 0, nil
 	}
 	if cfg.Agent.NATS.URL == "" {
 		return launchAgent{}, 2, fmt.Errorf("launch: no agent serves %s and no NATS URL was given to start one (run a collector and pass its URL)", cfg.Agent.Socket)
 	}
-	a, err := agent.Start(cfg.Agent)
+	agentCfg := cfg.Agent
+	agentCfg.Node = cfg.node()
+	a, err := agent.Start(agentCfg)
 	if err != nil {
+		// Launches started together on one node (srun, a task a rank)
+		// race to serve the socket: the one that loses uses the winner's
+		// agent, as it would one already serving.
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			if ag, ok := join(); ok {
+				return ag, 0, nil
+			}
+		}
 		return launchAgent{}, 1, err
 	}
 	if hasMeta {
@@ -220,6 +252,19 @@ func nodeAgent(cfg Config) (launchAgent, int, error) {
 		}
 	}
 	return launchAgent{send: func(e tps.Event) { _ = a.SubmitEvent(e) }, stop: func() { a.Close() }, node: a.Node()}, 0, nil
+}
+
+// node is the launch's node name: --node (Agent.Node), else the slurmd's
+// name for the node under Slurm, else the host name.
+func (cfg Config) node() string {
+	if cfg.Agent.Node != "" {
+		return cfg.Agent.Node
+	}
+	if s, ok := SlurmEnv(os.Getenv); ok && s.Node != "" {
+		return s.Node
+	}
+	h, _ := os.Hostname()
+	return h
 }
 
 // rankEnv is the command's environment: the launch's, less its secrets,
@@ -256,19 +301,23 @@ func (cfg Config) rankEnv(node string, pyEnv []string) ([]string, error) {
 }
 
 // waitForwarding waits for the started command, forwarding SIGINT and
-// SIGTERM to it.
-func waitForwarding(cmd *exec.Cmd) error {
+// SIGTERM to it, and says the first it forwarded (nil: none).
+func waitForwarding(cmd *exec.Cmd) (os.Signal, error) {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
 	waitErr := make(chan error, 1)
 	go func() { waitErr <- cmd.Wait() }()
+	var first os.Signal
 	for {
 		select {
 		case s := <-sigs:
+			if first == nil {
+				first = s
+			}
 			cmd.Process.Signal(s)
 		case err := <-waitErr:
-			return err
+			return first, err
 		}
 	}
 }

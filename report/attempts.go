@@ -2,6 +2,7 @@ package report
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/tpsprof/tpsprof/tps"
 )
@@ -22,6 +23,10 @@ type AttemptRow struct {
 	// ExitCode is the attempt_end event's (null: no end recorded, as for
 	// an attempt still running or killed with its launcher).
 	ExitCode *int64 `json:"exit_code"`
+	// Stopped is why its launcher says it was stopped, where it was by a
+	// signal it forwarded ("preempted": Slurm's SIGTERM for a requeue or
+	// a preemption), not a crash of its own.
+	Stopped string `json:"stopped,omitempty"`
 	// WorldSize is the attempt's ranks (the largest of its steps'); Change
 	// names a relaunch with another world size than the attempt before
 	// ("scale-down 4→2", "scale-up 2→4"); CapacityLostS is the wall time
@@ -64,6 +69,8 @@ func (a *AttemptRow) Outcome() string {
 		return "no end recorded"
 	case *a.ExitCode == 0:
 		return "finished"
+	case a.Stopped != "":
+		return fmt.Sprintf("%s (exit %d)", a.Stopped, *a.ExitCode)
 	}
 	return fmt.Sprintf("crashed (exit %d)", *a.ExitCode)
 }
@@ -73,7 +80,8 @@ func (a *AttemptRow) Outcome() string {
 type attemptsAcc struct {
 	launched     map[int64]bool
 	exit         map[int64]int64
-	began, ended map[int64]int64 // its launcher's start and end events
+	stopped      map[int64]string // its launcher's end: stopped by a signal, and whose
+	began, ended map[int64]int64  // its launcher's start and end events
 	out          []AttemptRow
 	tok, ns, mfu float64
 	mfuNs        float64
@@ -88,7 +96,7 @@ type attemptsAcc struct {
 }
 
 func newAttemptsAcc(events []tps.Event) *attemptsAcc {
-	a := &attemptsAcc{launched: map[int64]bool{}, exit: map[int64]int64{}, began: map[int64]int64{}, ended: map[int64]int64{}}
+	a := &attemptsAcc{launched: map[int64]bool{}, exit: map[int64]int64{}, stopped: map[int64]string{}, began: map[int64]int64{}, ended: map[int64]int64{}}
 	for _, e := range events {
 		switch e.Kind {
 		case tps.EventAttemptStart, tps.EventJobStart:
@@ -111,6 +119,9 @@ func newAttemptsAcc(events []tps.Event) *attemptsAcc {
 		case tps.EventAttemptEnd:
 			if c, ok := a.exit[e.Attempt]; !ok || c == 0 {
 				a.exit[e.Attempt] = e.ExitCode // a failing rank's code wins
+			}
+			if why, ok := strings.CutPrefix(e.Detail, tps.StoppedPrefix); ok && e.ExitCode != 0 {
+				a.stopped[e.Attempt] = why
 			}
 		}
 	}
@@ -139,6 +150,7 @@ func (a *attemptsAcc) flush() {
 	r.WallS = float64(to-from) / 1e9
 	if c, ok := a.exit[r.Attempt]; ok {
 		r.ExitCode = &c
+		r.Stopped = a.stopped[r.Attempt]
 	}
 	span := a.last - a.first
 	r.Time = AttemptTime{SpanS: sec(span), StepsS: sec(a.stepsNs), OverlapS: sec(a.overlapNs), GapsS: sec(a.gapsNs),

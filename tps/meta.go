@@ -49,6 +49,12 @@ const (
 	EventRankConflict = "rank_conflict"
 )
 
+// StoppedPrefix begins an attempt_end's detail when its launcher stopped
+// the command on a signal it was sent (the rest says whose and what it
+// means: "preempted or requeued by Slurm"): the attempt is named so, not
+// "crashed".
+const StoppedPrefix = "stopped: "
+
 // StepsLoop is RunMeta.Steps of a producer whose steps are the loop's
 // period: each rank's step runs from the end of its previous step (or
 // of the gap before it) to its own end, so an attempt's steps and its

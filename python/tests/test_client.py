@@ -328,3 +328,49 @@ class IdentityTest(unittest.TestCase):
                 self.assertEqual(err.getvalue().count("nothing will be recorded"), 1, err.getvalue())
             else:
                 self.assertNotIn("nothing will be recorded", err.getvalue())
+
+
+class SlurmRankTest(unittest.TestCase):
+    """A task a rank under srun (the script taking its rank from nowhere):
+    rank and world from SLURM_PROCID and SLURM_NTASKS, the job id
+    slurm-$SLURM_JOB_ID; once the job has made a process group, its rank
+    and world size win (each task read rank 0 of world 1: the collector
+    kept one's records, the report said 1 rank and half the TPS)."""
+
+    def setUp(self):
+        self.saved = dict(os.environ)
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TPSPROF_JOB", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+            os.environ.pop(k, None)
+
+    def tearDown(self):
+        os.environ.clear()
+        os.environ.update(self.saved)
+
+    def test_slurm_variables(self):
+        os.environ.update(SLURM_JOB_ID="4242", SLURM_PROCID="1", SLURM_NTASKS="2", SLURM_LOCALID="1")
+        p = _client.Profiler(socket_path="/nonexistent/a.sock")
+        self.assertEqual((p.job, p.rank, p.world_size, p.local_rank), ("slurm-4242", 1, 2, 1))
+        os.environ.update(SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="3")
+        self.assertEqual(_client.Profiler(socket_path="/nonexistent/a.sock").job, "slurm-4240_3")
+        os.environ.update(RANK="0", WORLD_SIZE="4")  # torchrun's win over srun's
+        p = _client.Profiler(socket_path="/nonexistent/a.sock")
+        self.assertEqual((p.rank, p.world_size), (0, 4))
+
+    def test_process_group_wins(self):
+        import subprocess
+        import sys
+        job = r"""
+import os, sys, tempfile
+sys.path.insert(0, sys.argv[1])
+os.environ.update(SLURM_JOB_ID="1", SLURM_PROCID="3", SLURM_NTASKS="4")
+import torch.distributed as dist
+from tpsprof import _client
+p = _client.Profiler(socket_path="/nonexistent/a.sock")
+before = (p.rank, p.world_size)
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+p.send_step(0, 1, 1000, 10)
+print("ranks", before, (p.rank, p.world_size))
+"""
+        pkg = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+        r = subprocess.run([sys.executable, "-W", "ignore", "-c", job, pkg], capture_output=True, text=True, timeout=120)
+        self.assertIn("ranks (3, 4) (0, 1)", r.stdout, r.stderr[-2000:])

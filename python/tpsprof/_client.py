@@ -13,7 +13,10 @@ counts it once per replica.
 Environment (set by ``tpsprof launch``; torchrun sets RANK, WORLD_SIZE,
 LOCAL_RANK, TORCHELASTIC_RESTART_COUNT): TPSPROF_SOCKET, TPSPROF_JOB,
 TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY ("dp=4,tp=8,pp=2"), RANK, WORLD_SIZE,
-LOCAL_RANK.
+LOCAL_RANK. A rank's rank and world size are the process group's once the
+job has made one, else RANK and WORLD_SIZE, else srun's SLURM_PROCID and
+SLURM_NTASKS (SLURM_LOCALID for the local rank); the job id defaults to
+slurm-$SLURM_JOB_ID under Slurm.
 
 The attempt of a record is TPSPROF_ATTEMPT (the launch's first attempt, which
 ``tpsprof launch`` chooses so that a new launch never reuses an attempt of the
@@ -92,6 +95,17 @@ def _int_env(name, default=0):
         return default
 
 
+def slurm_job():
+    """The job id under Slurm: slurm-<job id>, an array task's
+    slurm-<array job id>_<task id> (None outside Slurm)."""
+    env = os.environ
+    arr, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    if arr and task:
+        return "slurm-%s_%s" % (arr, task)
+    jid = env.get("SLURM_JOB_ID")
+    return "slurm-" + jid if jid else None
+
+
 def env_attempt():
     """The attempt this process belongs to, from the environment (see above)."""
     restarts = _int_env("TORCHELASTIC_RESTART_COUNT")
@@ -123,10 +137,16 @@ class Profiler:
     def __init__(self, job=None, rank=None, world_size=None, local_rank=None, attempt=None,
                  socket_path=None, topology=None, max_pending_bytes=1 << 20, reconnect_interval=1.0):
         env = os.environ
-        self.job = job or env.get("TPSPROF_JOB", "default")
-        self.rank = int(rank if rank is not None else env.get("RANK", 0))
-        self.world_size = int(world_size if world_size is not None else env.get("WORLD_SIZE", 1))
-        lr = local_rank if local_rank is not None else env.get("LOCAL_RANK")
+        self.job = job or env.get("TPSPROF_JOB") or slurm_job() or "default"
+        # rank and world size: given, else the process group the job makes
+        # (read at the first record once it exists: _rank_from_group), else
+        # RANK/WORLD_SIZE, else srun's SLURM_PROCID/SLURM_NTASKS (a task a
+        # rank: each read rank 0 of world 1, and the collector dropped one's
+        # records as duplicates)
+        self._rank_given = rank is not None or world_size is not None
+        self.rank = int(rank if rank is not None else env.get("RANK", env.get("SLURM_PROCID", 0)))
+        self.world_size = int(world_size if world_size is not None else env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1)))
+        lr = local_rank if local_rank is not None else env.get("LOCAL_RANK", env.get("SLURM_LOCALID"))
         self.local_rank = int(lr) if lr is not None else None
         self.attempt = int(attempt) if attempt is not None else env_attempt()
         # the agent's checks, made here: said once on stderr (not raised:
@@ -164,6 +184,28 @@ class Profiler:
         # the job's W&B, TensorBoard and MLflow runs get each sent step's
         # figures (docs/trackers.md); None with TPSPROF_TRACKERS=0
         self.trackers = _trackers.from_env(self.rank)
+
+    def _rank_from_group(self):
+        """The rank and world size of the default process group, once the
+        job has made one (then fixed: a record's world size does not change
+        within an attempt)."""
+        d = sys.modules.get("torch.distributed")
+        if d is None:
+            return
+        try:
+            if not (d.is_available() and d.is_initialized()):
+                return
+            rank, world = d.get_rank(), d.get_world_size()
+        except Exception:
+            return
+        self._rank_given = True
+        if (rank, world) != (self.rank, self.world_size):
+            self.rank, self.world_size = rank, world
+            if self.declared_topology:
+                try:
+                    self._coords = topology_coords(self.declared_topology, self.rank)
+                except (ValueError, ZeroDivisionError):
+                    self._coords = {}
 
     # -- timing -----------------------------------------------------------
     def start(self, step):
@@ -245,6 +287,8 @@ class Profiler:
         agent compares its ranks' (identical batches on separate replicas).
         """
         try:
+            if not self._rank_given:
+                self._rank_from_group()
             dur = max(int(duration_ns), 1)
             rec = {
                 "job": self.job, "attempt": self.attempt, "step": int(step),

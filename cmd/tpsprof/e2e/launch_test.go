@@ -3,8 +3,10 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/tpsprof/tpsprof/collector"
 	"github.com/tpsprof/tpsprof/launch"
 	"github.com/tpsprof/tpsprof/natsconn"
+	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -167,5 +170,86 @@ func TestAutoChainsSiteCustomize(t *testing.T) {
 		if c.name == "raises" && !strings.Contains(out.String(), "script ran") {
 			t.Errorf("the script did not run after the site's error:\n%s", out.String())
 		}
+	}
+}
+
+// Under Slurm, a SIGTERM the launch forwards is Slurm's (a requeue, a
+// preemption, scancel): the attempt ends "stopped by Slurm", not
+// "crashed" (a requeue's first attempt read "crashed (exit 1)"). Two
+// launches started together on one node (srun, a task a rank) share one
+// agent: the one that loses the race to serve the socket uses the
+// winner's (3 of 4 runs one exited 1: "socket already served" or
+// "address already in use").
+func TestSlurmLaunches(t *testing.T) {
+	srv, col, out, sock := launchEnv(t)
+	cfg := launch.Config{Job: "slurm-9", Agent: agent.Config{Socket: sock, NATS: natsconn.Options{URL: srv.URL()}}, PythonDir: "-"}
+	// two at once, each holding the socket a moment
+	cfg.Command = []string{"sh", "-c", "sleep 0.5"}
+	codes := make(chan error, 2)
+	for range 2 {
+		go func() {
+			code, err := launch.Run(context.Background(), cfg)
+			if err == nil && code != 0 {
+				err = fmt.Errorf("exit %d", code)
+			}
+			codes <- err
+		}()
+	}
+	for range 2 {
+		if err := <-codes; err != nil {
+			t.Errorf("a launch of two on one node: %v", err)
+		}
+	}
+	t.Setenv("SLURM_JOB_ID", "9")
+	cfg.Attempt = 1
+	ready := filepath.Join(t.TempDir(), "ready")
+	cfg.Command = []string{"sh", "-c", "touch " + ready + "; exec sleep 30"}
+	done := make(chan int, 1)
+	go func() {
+		code, _ := launch.Run(context.Background(), cfg)
+		done <- code
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("child did not start")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	syscall.Kill(os.Getpid(), syscall.SIGTERM) // as slurmd signals a requeued job's tasks
+	select {
+	case code := <-done:
+		if code != 128+int(syscall.SIGTERM) {
+			t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM was not forwarded")
+	}
+	if err := col.Sync(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := col.Close(); err != nil {
+		t.Fatal(err)
+	}
+	events, err := trace.ReadAll[tps.Event](filepath.Join(out, "slurm-9", trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ends []string
+	for _, e := range events {
+		if e.Kind == tps.EventAttemptEnd {
+			ends = append(ends, fmt.Sprintf("%d:%d:%s", e.Attempt, e.ExitCode, e.Detail))
+		}
+	}
+	slices.Sort(ends)
+	if len(ends) != 3 || ends[0] != "0:0:" || ends[1] != "0:0:" || ends[2] != "1:143:"+tps.StoppedPrefix+"stopped by Slurm (preempted, requeued or cancelled)" {
+		t.Errorf("attempt ends %q", ends)
+	}
+	row := report.AttemptRow{ExitCode: new(int64), Stopped: "stopped by Slurm (preempted, requeued or cancelled)"}
+	*row.ExitCode = 143
+	if got := row.Outcome(); got != "stopped by Slurm (preempted, requeued or cancelled) (exit 143)" {
+		t.Errorf("outcome %q", got)
 	}
 }

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,6 +30,10 @@ TPSPROF_ATTEMPT, TPSPROF_TOPOLOGY and TPSPROF_NODE, puts the tpsprof Python pack
 PYTHONPATH (import tpsprof works with nothing installed), forwards SIGINT and SIGTERM, records
 attempt_start and attempt_end events and exits with the command's exit code.
 
+Under Slurm (srun, sbatch) the job id, node and attempt default to Slurm's (see the flags);
+tasks on one node share one agent (a launch that loses the race to serve the socket uses the
+winner's); a SIGTERM from Slurm (a requeue, a preemption) is named as such, not as a crash.
+
 Attempts: without --attempt, launch asks the collector. Nodes of one launch join the attempt
 the first of them started; a new launch under a job id that has data becomes the next attempt,
 so it is reported apart and never dropped as duplicates. torchrun's elastic restarts add their
@@ -36,8 +41,10 @@ restart count to the attempt inside the ranks.
 `+natsEnvHelp, stderr)
 	var no natsconn.Options
 	natsFlags(fs, &no)
-	job := fs.String("job", os.Getenv(launch.EnvJob), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB)")
-	attempt := fs.Int64("attempt", -1, "attempt of this launch (default: asked of the collector, see below)")
+	slurm, inSlurm := launch.SlurmEnv(os.Getenv)
+	job := fs.String("job", cmp.Or(os.Getenv(launch.EnvJob), slurm.Job), "job id, 1-64 characters of [A-Za-z0-9_-] (default $TPSPROF_JOB; under Slurm slurm-$SLURM_JOB_ID, an array task's slurm-$SLURM_ARRAY_JOB_ID_$SLURM_ARRAY_TASK_ID)")
+	attempt := fs.Int64("attempt", -1, "attempt of this launch (default: under Slurm $SLURM_RESTART_COUNT, else asked of the collector, see below)")
+	node := fs.String("node", "", "this node's name in records and events when the launch starts its own agent, and in TPSPROF_NODE (default: $SLURMD_NODENAME under Slurm, else the host name; a launch that joins a serving agent is stamped with that agent's --node)")
 	auto := fs.Bool("auto", false, "zero-code capture: instrument the Python training script without changing it")
 	flopsEvery := fs.Int64("flops-every", -1, "steps between FLOP counts by PyTorch's FlopCounterMode (torch >= 2.1): the third step is counted, then every N; the counted steps are left out of the figures; 0 for none (default: the package's, 1000)")
 	tokensPerStep := fs.Int64("tokens-per-step", 0, "tokens each rank trains a step (micro-batches × sequence length, over gradient accumulation), for loops whose tokens no DataLoader or model input shows; the job's own tokens= or add_tokens win")
@@ -80,7 +87,10 @@ restart count to the attempt inside the ranks.
 		return usageErr(stderr, cmd, "%s", err)
 	}
 	log := newLogger(stderr, false)
-	acfg := agent.Config{Socket: *socket, NATS: no, Logger: log}
+	if *attempt < 0 && inSlurm && slurm.Attempt >= 0 {
+		*attempt = slurm.Attempt // a requeue is the next attempt; every task of the job agrees
+	}
+	acfg := agent.Config{Socket: *socket, NATS: no, Logger: log, Node: *node}
 	if r, err := agent.OpenNVML(); err == nil {
 		acfg.GPU = r // used only if launch starts its own agent
 	} else {
