@@ -197,6 +197,7 @@ func (a *analysis) readEvents() error {
 	}, rep.read); rep.tolerate(err) != nil {
 		return err
 	}
+	launchEnds(a.events, a.sp.attempts())
 	if rep.Selection != "" {
 		lo, hi := a.sp.span()
 		a.events = selectEvents(a.events, lo, hi, a.opt.Select)

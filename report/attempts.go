@@ -65,6 +65,8 @@ type AttemptTime struct {
 // Outcome says how the attempt ended.
 func (a *AttemptRow) Outcome() string {
 	switch {
+	case a.ExitCode == nil && a.Stopped != "":
+		return a.Stopped
 	case a.ExitCode == nil:
 		return "no end recorded"
 	case *a.ExitCode == 0:
@@ -212,7 +214,55 @@ func (a *attemptsAcc) result() []AttemptRow {
 		a.flush()
 	}
 	elastic(a.out)
+	for i := range a.out[:max(len(a.out)-1, 0)] {
+		if r := &a.out[i]; r.ExitCode == nil && !a.out[i+1].Launch {
+			// its launch's end is a later attempt's (launchEnds): a
+			// restart inside the launch (torchrun's) ended this one
+			r.Stopped = "restarted inside its launch"
+		}
+	}
 	return a.out
+}
+
+// launchEnds moves a launch's end (its attempt_end, a job_end) to the
+// last attempt that ran inside that launch: torchrun's restarts are
+// attempts of their own (TPSPROF_ATTEMPT plus the restart count) with no
+// launcher events, and the launch's end named its first attempt: that
+// one read "finished" with the restart's whole time as its shutdown
+// badput (goodput 21.6% against about 57% by the job's clocks), the
+// attempt that finished "no end recorded". attempts are those the steps
+// hold; events is changed in place.
+func launchEnds(events []tps.Event, attempts []int64) {
+	launched := map[int64]bool{}
+	for _, e := range events {
+		if e.Kind == tps.EventAttemptStart || e.Kind == tps.EventJobStart {
+			launched[e.Attempt] = true
+		}
+	}
+	if len(launched) == 0 {
+		return
+	}
+	last := func(l int64) int64 { // the last attempt of the launch that started l
+		a := l
+		for _, at := range attempts {
+			if at <= a {
+				continue
+			}
+			for b := a + 1; b <= at; b++ {
+				if launched[b] {
+					return a
+				}
+			}
+			a = at
+		}
+		return a
+	}
+	for i := range events {
+		e := &events[i]
+		if (e.Kind == tps.EventAttemptEnd || e.Kind == tps.EventJobEnd) && launched[e.Attempt] {
+			e.Attempt = last(e.Attempt)
+		}
+	}
 }
 
 // elastic names the attempts whose world size differs from the one before

@@ -338,16 +338,18 @@ const RunningQuiet = 10 * time.Minute
 // not): its newest attempt recorded a start (attempt_start or job_start)
 // and no end, and its steps' newest part was written within RunningQuiet.
 func openAttempt(events []tps.Event, clusterDir string, now time.Time) string {
-	last, ended := int64(-1), map[int64]bool{}
+	last, lastEnd := int64(-1), int64(-1)
 	for _, e := range events {
 		switch e.Kind {
 		case tps.EventAttemptStart, tps.EventJobStart:
 			last = max(last, e.Attempt)
 		case tps.EventAttemptEnd, tps.EventJobEnd:
-			ended[e.Attempt] = true
+			lastEnd = max(lastEnd, e.Attempt)
 		}
 	}
-	if last < 0 || ended[last] {
+	// (an end at a later attempt ended the launch: launchEnds moves a
+	// launch's end to the last attempt restarted inside it)
+	if last < 0 || lastEnd >= last {
 		return ""
 	}
 	files, _ := trace.PartFiles(clusterDir)

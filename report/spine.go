@@ -44,6 +44,17 @@ type keys struct {
 	runs []keyRun
 }
 
+// attempts are the attempts the spine's steps hold, in order.
+func (s *spine) attempts() []int64 {
+	var out []int64
+	for r, k := range s.runs {
+		if r == 0 || k.attempt != s.runs[r-1].attempt {
+			out = append(out, int64(k.attempt))
+		}
+	}
+	return out
+}
+
 // keyRun: the steps from index at on are (attempt, step+stride·k) until
 // the next run's.
 type keyRun struct {

@@ -361,6 +361,67 @@ func TestTorchElasticRestartIsAnAttempt(t *testing.T) {
 		t.Fatalf("report: %d restarts (%d launches), %d redone steps; want 1 restart inside the launch and 2 redone",
 			rep.Goodput.Restarts, rep.Goodput.Launches, rep.Goodput.RedoneSteps)
 	}
+	// Each restart its own attempt with its own end: the launch's end is
+	// the last attempt's (attempt 0 read "finished" with the restart's
+	// whole time its shutdown badput: goodput a third of the truth).
+	if len(rep.Attempts) != 2 || rep.Attempts[0].Outcome() != "restarted inside its launch" || rep.Attempts[1].Outcome() != "finished" {
+		var outs []string
+		for _, a := range rep.Attempts {
+			outs = append(outs, a.Outcome())
+		}
+		t.Errorf("attempts %v: want restarted, finished", outs)
+	}
+	if g := rep.Goodput; g.BadputS["restart"] <= 0 {
+		t.Errorf("badput %v: no restart", g.BadputS)
+	}
+}
+
+// torchrun --max_restarts 1 with steps long enough for the goodput to
+// mean something (rank 0 of attempt 0 dies at step 20, the restart
+// resumes from step 10): the report's goodput is within 3 points of the
+// kept steps' own time (each step's slowest rank, the redone steps 10-19
+// of attempt 0 left out) over the launch's span (the restart's whole
+// time was attempt 0's shutdown: 21.6% against about 57%).
+func TestTorchElasticRestartGoodput(t *testing.T) {
+	py := torchPython(t)
+	dir, log := launchTorch(t, "ddp-restart-goodput", false, torchrun(py, 2, "--max_restarts", "1",
+		filepath.Join(repoRoot(t), "examples", "pytorch", "train.py"),
+		"--steps", "30", "--batch", "4", "--seq", "64", "--vocab", "2048", "--dim", "128", "--crash-at", "20"))
+	rows := rankRows(t, dir)
+	rep, err := report.Analyze(dir, report.Options{Warmup: 0}) // (no step left out as warm-up: the truth counts them all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := trace.ReadAll[tps.Event](filepath.Join(dir, trace.Events))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from, to int64
+	for _, e := range events {
+		switch e.Kind {
+		case tps.EventAttemptStart:
+			from = e.StartUnixNs
+		case tps.EventAttemptEnd:
+			to = max(e.EndUnixNs, e.StartUnixNs)
+		}
+	}
+	slowest := map[[2]int64]int64{}
+	for _, r := range rows {
+		k := [2]int64{r.Attempt, r.Step}
+		slowest[k] = max(slowest[k], r.DurationNs)
+	}
+	var kept int64
+	for k, d := range slowest {
+		if (k[0] == 0 && k[1] < 10) || k[0] == 1 { // attempt 0's steps 10-19 were redone
+			kept += d
+		}
+	}
+	g := rep.Goodput
+	truth := float64(kept) / float64(to-from)
+	t.Logf("goodput %.1f%% (badput %v over %.1f s); the kept steps' time over the launch's span %.1f%%", 100*g.Goodput, g.BadputS, g.ElapsedS, 100*truth)
+	if to <= from || math.Abs(g.Goodput-truth) > 0.03 {
+		t.Errorf("goodput %.1f%%, the kept steps' time %.1f%% of the launch's span\n%s", 100*g.Goodput, 100*truth, log)
+	}
 }
 
 func equalSteps(a, b []int64) bool {
