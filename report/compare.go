@@ -102,6 +102,17 @@ func topologyText(m tps.RunMeta) string {
 	return m.Topology.String()
 }
 
+// LayoutText is the run's layout as the report's run line says it: the
+// declared one, or, where the job declared none, that every rank counts
+// as a data-parallel replica (as the cluster rows count them: "dp=1 tp=1
+// pp=1" for a 2-rank DDP job read as one replica).
+func LayoutText(m tps.RunMeta, ranks int64) string {
+	if m.Topology == (tps.Topology{}) {
+		return fmt.Sprintf("no layout declared (every rank a data-parallel replica: dp=%d)", ranks)
+	}
+	return m.Topology.String()
+}
+
 func tokensPerStep(s tps.Summary) *float64 {
 	return known(float64(s.Tokens)/float64(s.SteadySteps), s.SteadySteps > 0)
 }

@@ -312,7 +312,7 @@ func runLine(r *Report) string {
 		if model == "" && m.Model != nil {
 			model = "custom model"
 		}
-		for _, x := range []string{m.Topology.String(), model, m.GPU, m.DType} {
+		for _, x := range []string{LayoutText(*m, r.Summary.WorldSize), model, m.GPU, m.DType} {
 			if x != "" {
 				parts = append(parts, x)
 			}

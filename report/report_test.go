@@ -415,3 +415,14 @@ func checkGolden(t *testing.T, outputs map[string][]byte) {
 		}
 	}
 }
+
+// A job that declared no layout is not "dp=1 tp=1 pp=1" on the run line
+// while its cluster rows count every rank a replica.
+func TestLayoutText(t *testing.T) {
+	if got := LayoutText(tps.RunMeta{}, 2); got != "no layout declared (every rank a data-parallel replica: dp=2)" {
+		t.Errorf("%q", got)
+	}
+	if got := LayoutText(tps.RunMeta{Topology: tps.Topology{DP: 2, TP: 4}}, 8); got != "dp=2 tp=4 pp=1 cp=1 ep=1" {
+		t.Errorf("%q", got)
+	}
+}

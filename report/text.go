@@ -99,7 +99,7 @@ func (l *lines) head(r *Report) {
 		if model == "" && m.Model != nil {
 			model = "custom model"
 		}
-		l.row("run", "%s, %s, %s %s, %d ranks", m.Topology, orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
+		l.row("run", "%s, %s, %s %s, %d ranks", LayoutText(*m, s.WorldSize), orDash(model), orDash(m.GPU), orDash(m.DType), s.WorldSize)
 		if src, ok := tps.TokenSourceText(m.TokenSource); ok {
 			l.row("tokens from", "%s", src)
 		}
