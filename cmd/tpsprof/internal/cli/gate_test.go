@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -170,4 +171,41 @@ func TestBaselineFingerprint(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the report hangs on a FIFO named as the baselines file")
 	}
+}
+
+// The gate decides or says it cannot, never passing what it cannot
+// decide: a run that counted no token ("pass: no verdict" exited 0), a
+// difference inside noise wider than the threshold ("no difference
+// beyond the runs' own noise: -6.0% (noise ±12.6%)" passed a 5% gate)
+// exit 4; a threshold that is no percentage is a usage error.
+func TestGateInconclusive(t *testing.T) {
+	root := t.TempDir()
+	run := func(args ...string) (int, string) {
+		var o, e bytes.Buffer
+		rc := Main(append([]string{"report", "--no-plots"}, args...), &o, &e)
+		return rc, o.String() + e.String()
+	}
+	a := writeJitteredJob(t, root, "a", 100e6, 1)
+	same := writeJitteredJob(t, root, "same", 100e6, 2)
+	if rc, out := run("--compare", "--fail-above", "0.1", a, same); rc != exitInconclusive || !strings.Contains(out, "gate: INCONCLUSIVE") {
+		t.Errorf("noise wider than a 0.1%% gate: exit %d\n%s", rc, grepVerdict(out)+lastLines(out))
+	}
+	if rc, out := run("--compare", "--fail-above", "5", a, same); rc != exitOK {
+		t.Errorf("the same job again against a 5%% gate: exit %d\n%s", rc, lastLines(out))
+	}
+	for _, bad := range []string{"NaN", "-5", "+Inf"} {
+		if rc, _ := run("--compare", "--fail-above", bad, a, same); rc != exitUsage {
+			t.Errorf("--fail-above %s: exit %d, want a usage error", bad, rc)
+		}
+	}
+	v := report.CompareVerdict(&report.Report{}, &report.Report{})
+	var e bytes.Buffer
+	if rc := gate(v, 5, &e); rc != exitInconclusive || !strings.Contains(e.String(), "no throughput") {
+		t.Errorf("runs without throughput: exit %d: %s", rc, e.String())
+	}
+}
+
+func lastLines(out string) string {
+	l := strings.Split(strings.TrimSpace(out), "\n")
+	return strings.Join(l[max(0, len(l)-3):], "\n")
 }

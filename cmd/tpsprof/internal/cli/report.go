@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,6 +69,9 @@ func runReport(args []string, stdout, stderr io.Writer) int {
 		}
 		dirs, *f.compare = []string{base, dirs[0]}, true
 	}
+	if fa := *f.failAbove; math.IsNaN(fa) || math.IsInf(fa, 0) || (fa < 0 && fa != -1) {
+		return usageErr(stderr, cmd, "--fail-above %v: a percentage of 0 or more (-1: off)", fa)
+	}
 	if *f.failAbove >= 0 && !*f.compare {
 		return usageErr(stderr, cmd, "--fail-above gates a comparison: give --compare A B or --baseline NAME")
 	}
@@ -112,7 +116,7 @@ func reportFlagsOf(fs *flagSet) *reportFlags {
 		htmlOut: fs.String("html", "", "where to write the HTML report, one self-contained file to open or share (default PLOTS/report.html; with --compare, only when given)"),
 		warmup:  fs.Int("warmup", tps.AutoWarmup, "leading steps of each attempt to exclude (-1: automatic rule)"),
 	}
-	f.failAbove = fs.Float64("fail-above", -1, "with --compare or --baseline: exit 3 when the second run is more than this many percent slower than the first, beyond the two runs' own step-to-step noise (a CI gate; -1: off)")
+	f.failAbove = fs.Float64("fail-above", -1, "with --compare or --baseline: exit 3 when the second run is more than this many percent slower than the first, beyond the two runs' own step-to-step noise; exit 4 (inconclusive) when a run has no throughput or the noise is wider than this (a CI gate; -1: off)")
 	f.baseline = fs.String("baseline", "", "compare the job folder with the run kept under this name (--keep-baseline)")
 	f.keep = fs.String("keep-baseline", "", "keep the job folder as the baseline NAME, for later --baseline NAME (its Parquet must stay where it is)")
 	fs.Var(&f.train, "train-tokens", "token budget, for the time to finish it at the measured wall TPS")
@@ -242,14 +246,29 @@ func (f *reportFlags) analyze(dirs []string, opt report.Options, stderr io.Write
 	return reps, pd, nil
 }
 
-// exitGate is the exit status of a comparison the gate fails.
-const exitGate = 3
+// exitGate is the exit status of a comparison the gate fails;
+// exitInconclusive of one it cannot decide (never 0: a gate that cannot
+// tell a regression from noise, or has no throughput to compare, must not
+// pass).
+const (
+	exitGate         = 3
+	exitInconclusive = 4
+)
 
 // gate says the verdict against the allowed slowdown, and its status.
 func gate(v report.Verdict, pct float64, stderr io.Writer) int {
-	if v.Fails(pct) {
+	switch {
+	case v.Fails(pct):
 		fmt.Fprintf(stderr, "gate: FAIL: %s (allowed %.1f%%, noise ±%.1f%%)\n", v.Text, pct, v.NoisePct)
 		return exitGate
+	case v.ChangePct == nil:
+		fmt.Fprintf(stderr, "gate: INCONCLUSIVE: %s\n", v.Text)
+		return exitInconclusive
+	case !v.Beyond && v.NoisePct > pct:
+		// a slowdown of pct would hide in the runs' noise: not a pass
+		fmt.Fprintf(stderr, "gate: INCONCLUSIVE: %s: the runs' noise (±%.1f%%) is wider than the %.1f%% allowed, so a slowdown past it could not be told from noise (longer runs, or steadier ones, narrow it)\n",
+			v.Text, v.NoisePct, pct)
+		return exitInconclusive
 	}
 	fmt.Fprintf(stderr, "gate: pass: %s (allowed %.1f%% slower)\n", v.Text, pct)
 	return exitOK
