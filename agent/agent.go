@@ -353,6 +353,14 @@ func (a *Agent) gpuPerDevice() []int64 {
 // Socket is the intake socket path.
 func (a *Agent) Socket() string { return a.cfg.Socket }
 
+// OpenConnections is how many intake connections are open now (ranks,
+// and launches that joined this agent).
+func (a *Agent) OpenConnections() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.conns)
+}
+
 // Node is the node name the agent stamps on records.
 func (a *Agent) Node() string { return a.cfg.Node }
 

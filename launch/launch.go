@@ -197,6 +197,11 @@ func (cfg *Config) check() error {
 	return nil
 }
 
+// ServeOthers bounds how long a launch's own agent, once its command has
+// ended, still serves the connections open to it (other launches that
+// joined it, their ranks).
+var ServeOthers = time.Minute
+
 // launchAgent is the agent the launch writes its events to: the node's,
 // or one of its own.
 type launchAgent struct {
@@ -251,7 +256,17 @@ func nodeAgent(cfg Config) (launchAgent, int, error) {
 			return launchAgent{}, 2, err
 		}
 	}
-	return launchAgent{send: func(e tps.Event) { _ = a.SubmitEvent(e) }, stop: func() { a.Close() }, node: a.Node()}, 0, nil
+	stop := func() {
+		// Other launches on this node may have joined this agent (srun's
+		// tasks, each a launch): it serves them until they are done, at
+		// most ServeOthers (their last records and attempt_end were lost
+		// when the first launch to end closed it)
+		for deadline := time.Now().Add(ServeOthers); a.OpenConnections() > 0 && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+		a.Close()
+	}
+	return launchAgent{send: func(e tps.Event) { _ = a.SubmitEvent(e) }, stop: stop, node: a.Node()}, 0, nil
 }
 
 // node is the launch's node name: --node (Agent.Node), else the slurmd's
