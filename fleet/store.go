@@ -8,11 +8,11 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/parquet-go/parquet-go"
 
+	"github.com/tpsprof/tpsprof/internal/memo"
 	"github.com/tpsprof/tpsprof/internal/safefs"
 	"github.com/tpsprof/tpsprof/report"
 	"github.com/tpsprof/tpsprof/trace"
@@ -264,43 +264,17 @@ func readRows(path string) ([]JobNode, error) {
 // node files' footers and rows were 1.4 s of a 1.8 s pass over 2,000
 // kept jobs).
 func keptRows(path string, fi os.FileInfo) ([]JobNode, error) {
-	key := keptKey{fi.ModTime(), fi.Size()}
-	keptCache.mu.Lock()
-	had, ok := keptCache.m[path]
-	keptCache.mu.Unlock()
-	if ok && had.key == key {
-		return had.rows, nil
-	}
-	rows, err := readRows(path)
-	if err != nil {
-		return nil, err
-	}
-	keptCache.mu.Lock()
-	if len(keptCache.m) >= keptCacheMax {
-		clear(keptCache.m)
-	}
-	keptCache.m[path] = keptEntry{key, rows}
-	keptCache.mu.Unlock()
-	return rows, nil
+	return keptCache.Get(path, keptKey{fi.ModTime(), fi.Size()}, false, func() ([]JobNode, error) { return readRows(path) })
 }
 
-// keptCacheMax bounds the node files remembered (a few rows each).
-const keptCacheMax = 100_000
+// keptCache remembers the node files read (a few rows each), at most
+// 100,000 of them.
+var keptCache = memo.Memo[keptKey, []JobNode]{Max: 100_000}
 
 type keptKey struct {
 	mod  time.Time
 	size int64
 }
-
-type keptEntry struct {
-	key  keptKey
-	rows []JobNode
-}
-
-var keptCache = struct {
-	mu sync.Mutex
-	m  map[string]keptEntry
-}{m: map[string]keptEntry{}}
 
 // maxNodeRows bounds a job's node rows (one a GPU: 100,000 GPUs), and
 // maxNodeFile a kept file's bytes (those rows take ~100 B each).

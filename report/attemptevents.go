@@ -3,9 +3,9 @@ package report
 import (
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
+	"github.com/tpsprof/tpsprof/internal/memo"
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/trace"
 )
@@ -27,42 +27,17 @@ func AttemptEvents(jobDir string) ([]tps.Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	key := attemptKey{fi.ModTime(), len(files)}
-	attemptCache.mu.Lock()
-	had, ok := attemptCache.m[dir]
-	attemptCache.mu.Unlock()
-	if ok && had.key == key {
-		return had.events, had.err
-	}
-	events, err := readAttemptEvents(dir)
-	attemptCache.mu.Lock()
-	if len(attemptCache.m) >= attemptCacheMax {
-		clear(attemptCache.m) // a folder of more jobs than that reads them again
-	}
-	attemptCache.m[dir] = attemptEntry{key, events, err}
-	attemptCache.mu.Unlock()
-	return events, err
+	return attemptCache.Get(dir, attemptKey{fi.ModTime(), len(files)}, true, func() ([]tps.Event, error) { return readAttemptEvents(dir) })
 }
 
-// attemptCacheMax bounds the job folders AttemptEvents remembers (a few
-// events each).
-const attemptCacheMax = 50_000
+// attemptCache remembers the job folders' attempt events (a few each), at
+// most 50,000 folders.
+var attemptCache = memo.Memo[attemptKey, []tps.Event]{Max: 50_000}
 
 type attemptKey struct {
 	mod   time.Time
 	parts int
 }
-
-type attemptEntry struct {
-	key    attemptKey
-	events []tps.Event
-	err    error
-}
-
-var attemptCache = struct {
-	mu sync.Mutex
-	m  map[string]attemptEntry
-}{m: map[string]attemptEntry{}}
 
 func readAttemptEvents(dir string) ([]tps.Event, error) {
 	var out []tps.Event

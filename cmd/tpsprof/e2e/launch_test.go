@@ -99,33 +99,7 @@ func TestLaunchExitCodeAndSignals(t *testing.T) {
 		t.Errorf("missing command: got %d %v, want 127 and an error", code, err)
 	}
 	// SIGTERM to the launcher is forwarded: the child dies of it (128+15).
-	ready := filepath.Join(t.TempDir(), "ready")
-	cfg.Command = []string{"sh", "-c", "touch " + ready + "; exec sleep 30"}
-	done := make(chan int, 1)
-	go func() {
-		code, _ := launch.Run(context.Background(), cfg)
-		done <- code
-	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("child did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond) // let sh exec into sleep
-	syscall.Kill(os.Getpid(), syscall.SIGTERM)
-	select {
-	case code := <-done:
-		if code != 128+int(syscall.SIGTERM) {
-			t.Errorf("signalled child: got exit %d, want %d", code, 128+int(syscall.SIGTERM))
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("SIGTERM was not forwarded")
-	}
+	sigtermDuringLaunch(t, cfg)
 	cfg.Job = "bad job"
 	if code, err := launch.Run(context.Background(), cfg); code != 2 || err == nil {
 		t.Errorf("bad job id: got %d %v", code, err)
@@ -202,31 +176,7 @@ func TestSlurmLaunches(t *testing.T) {
 	}
 	t.Setenv("SLURM_JOB_ID", "9")
 	cfg.Attempt = 1
-	ready := filepath.Join(t.TempDir(), "ready")
-	cfg.Command = []string{"sh", "-c", "touch " + ready + "; exec sleep 30"}
-	done := make(chan int, 1)
-	go func() {
-		code, _ := launch.Run(context.Background(), cfg)
-		done <- code
-	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if _, err := os.Stat(ready); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("child did not start")
-		}
-	}
-	time.Sleep(50 * time.Millisecond)
-	syscall.Kill(os.Getpid(), syscall.SIGTERM) // as slurmd signals a requeued job's tasks
-	select {
-	case code := <-done:
-		if code != 128+int(syscall.SIGTERM) {
-			t.Errorf("exit %d, want %d", code, 128+int(syscall.SIGTERM))
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("SIGTERM was not forwarded")
-	}
+	sigtermDuringLaunch(t, cfg) // as slurmd signals a requeued job's tasks
 	if err := col.Sync(10 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -251,5 +201,37 @@ func TestSlurmLaunches(t *testing.T) {
 	*row.ExitCode = 143
 	if got := row.Outcome(); got != "stopped by Slurm (preempted, requeued or cancelled) (exit 143)" {
 		t.Errorf("outcome %q", got)
+	}
+}
+
+// sigtermDuringLaunch runs cfg with a child that waits, sends this process
+// SIGTERM once the child runs, and checks the launch forwarded it (the
+// child's exit 128+15).
+func sigtermDuringLaunch(t *testing.T, cfg launch.Config) {
+	t.Helper()
+	ready := filepath.Join(t.TempDir(), "ready")
+	cfg.Command = []string{"sh", "-c", "touch " + ready + "; exec sleep 30"}
+	done := make(chan int, 1)
+	go func() {
+		code, _ := launch.Run(context.Background(), cfg)
+		done <- code
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(ready); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("child did not start")
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // let sh exec into sleep
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	select {
+	case code := <-done:
+		if code != 128+int(syscall.SIGTERM) {
+			t.Errorf("signalled child: got exit %d, want %d", code, 128+int(syscall.SIGTERM))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("SIGTERM was not forwarded")
 	}
 }
