@@ -169,3 +169,27 @@ func TestCostCountsTheRanksThatReported(t *testing.T) {
 		t.Errorf("%.6f GPU-hours, want %.6f (the 2 ranks that reported)", cost, want)
 	}
 }
+
+// A job that ran on one host compares that host with nobody: no excess,
+// never a slow job (single-host jobs drained their host against itself).
+func TestSingleHostJobIsNoEvidenceOfSlowness(t *testing.T) {
+	out := t.TempDir()
+	w, err := trace.NewPartWriter[tps.StepRecord](out, "one", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range 12 {
+		at := tracetest.T0 + int64(s)*1e9
+		w.Write([]tps.StepRecord{
+			{Job: "one", Step: int64(s), Rank: 0, WorldSize: 2, Node: "h", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 5e8},
+			{Job: "one", Step: int64(s), Rank: 1, WorldSize: 2, Node: "h", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8},
+		})
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := JobNodes(filepath.Join(out, "one"), "one")
+	if err != nil || len(rows) != 1 || rows[0].Excess != 0 {
+		t.Fatalf("%+v, %v: want one row of excess 0", rows, err)
+	}
+}

@@ -294,9 +294,19 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 			n.OwnNs, n.Rank, n.Steps = own, rk, r.steps
 		}
 	}
+	hosts := map[string]bool{}
+	for _, r := range ranks {
+		hosts[r.where] = true
+	}
 	out := make([]JobNode, 0, len(byKey))
 	for _, n := range byKey {
 		n.Excess = n.OwnNs/median - 1
+		if len(hosts) < 2 {
+			// no peer host: a host is slow only against others (a
+			// single-host job drained its host against itself, "0.000
+			// GPU-hours"); its GPUs' hardware evidence still counts
+			n.Excess = 0
+		}
 		out = append(out, *n)
 	}
 	if err := addEvidence(dir, out); err != nil {
