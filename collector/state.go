@@ -930,9 +930,13 @@ func (s *jobState) liveLine(now time.Time) string {
 	if node != "" {
 		node = " on " + node
 	}
-	return fmt.Sprintf("[%s] %s step %d | %s | %s | comm %.1f%% | waiting for rank %d%s %.1f%% | ranks %d/%d",
+	waiting := fmt.Sprintf("waiting for rank %d%s %.1f%%", last.SlowestRank, node, 100*f.shares.WaitingForPeers)
+	if last.WorldSize <= 1 {
+		waiting = "one rank: no peer to wait for" // ("waiting for rank 0 0.0%")
+	}
+	return fmt.Sprintf("[%s] %s step %d | %s | %s | comm %.1f%% | %s | ranks %d/%d",
 		now.Format("15:04:05"), s.id, last.Step, tpsText,
-		mfuText, 100*f.shares.ExposedComm, last.SlowestRank, node, 100*f.shares.WaitingForPeers, last.RanksReported, last.WorldSize)
+		mfuText, 100*f.shares.ExposedComm, waiting, last.RanksReported, last.WorldSize)
 }
 
 // warnRerun says, rate-limited, why records of closed steps arrive: most

@@ -472,3 +472,18 @@ func TestResetCountsReopenedStepOnce(t *testing.T) {
 		}
 	}
 }
+
+// A one-rank job's live line says it has no peer to wait for (it read
+// "waiting for rank 0 0.0%").
+func TestLiveLineOneRank(t *testing.T) {
+	s, tl := newTestState(8)
+	for step := range int64(3) {
+		r := stateRec(step, 0, 1)
+		s.add(&r, tl)
+	}
+	s.readyRows(false, tl)
+	line := s.liveLine(time.Unix(200, 0))
+	if !strings.Contains(line, "one rank: no peer to wait for") || strings.Contains(line, "waiting for rank 0") {
+		t.Errorf("live line %q", line)
+	}
+}
