@@ -156,8 +156,21 @@ func Run(ctx context.Context, cfg Config) (int, error) {
 	code = exitCode(cmd, waitErr)
 	ag.send(tps.Event{Job: cfg.Job, Attempt: cfg.Attempt, Kind: tps.EventAttemptEnd, Node: ag.node, Rank: -1,
 		StartUnixNs: start.UnixNano(), EndUnixNs: time.Now().UnixNano(), ExitCode: int64(code), Detail: stoppedDetail(sig, code)})
+	if ag.records != nil && ag.records() == 0 && time.Since(start) > silentAfter {
+		// (a job that sent nothing was silent: the collector has no job)
+		hint := "import tpsprof.torch and call instrument(), or launch with --auto"
+		if cfg.Auto {
+			hint = "--auto found no optimizer step: does the script train with torch.optim?"
+		}
+		fmt.Fprintf(cfg.Stderr, "tpsprof launch: the command ran %s and sent no step record: is it instrumented? (%s)\n",
+			time.Since(start).Round(time.Second), hint)
+	}
 	return code, nil
 }
+
+// silentAfter is how long a command must have run for its silence to be
+// said (a command that fails at once has said why itself).
+const silentAfter = 2 * time.Second
 
 // stoppedDetail says, for an attempt_end, that the command was stopped by
 // a signal the launch was sent and forwarded (nil: none): under Slurm a
@@ -208,6 +221,9 @@ type launchAgent struct {
 	send func(tps.Event)
 	stop func()
 	node string
+	// records is how many step records its agent took (nil: another
+	// process's agent, which the launch cannot ask)
+	records func() int64
 }
 
 // nodeAgent uses the node's agent if one serves the socket, else starts
@@ -266,7 +282,8 @@ func nodeAgent(cfg Config) (launchAgent, int, error) {
 		}
 		a.Close()
 	}
-	return launchAgent{send: func(e tps.Event) { _ = a.SubmitEvent(e) }, stop: stop, node: a.Node()}, 0, nil
+	return launchAgent{send: func(e tps.Event) { _ = a.SubmitEvent(e) }, stop: stop, node: a.Node(),
+		records: func() int64 { return a.Stats().Records }}, 0, nil
 }
 
 // node is the launch's node name: --node (Agent.Node), else the slurmd's

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/tpsprof/tpsprof/agent"
+	"github.com/tpsprof/tpsprof/natsconn"
 )
 
 // Launch does not send to a socket another user squats on the default
@@ -70,5 +71,21 @@ func TestLaunchKeepsNATSSecretsFromRanks(t *testing.T) {
 	}
 	if strings.Contains(string(env), "s3cret") || !strings.Contains(string(env), "TPSPROF_UNRELATED=kept") || !strings.Contains(string(env), EnvJob+"=j") {
 		t.Errorf("the command's environment:\n%s", env)
+	}
+}
+
+// A command that ran and sent no step record is said to be silent
+// ("is it instrumented?"): the launch was silent about it.
+func TestSilentCommandSaid(t *testing.T) {
+	srv, err := natsconn.StartEmbedded("127.0.0.1", -1, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	var stderr strings.Builder
+	code, err := Run(context.Background(), Config{Job: "quiet", Agent: agent.Config{Socket: filepath.Join(t.TempDir(), "a.sock"), NATS: natsconn.Options{URL: srv.URL()}},
+		Command: []string{"sleep", "2.2"}, Stdout: io.Discard, Stderr: &stderr, PythonDir: "-"})
+	if code != 0 || err != nil || !strings.Contains(stderr.String(), "sent no step record: is it instrumented?") {
+		t.Errorf("exit %d, %v: %s", code, err, stderr.String())
 	}
 }
