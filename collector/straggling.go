@@ -18,6 +18,7 @@ type stragglerTrack struct {
 	slowSince          []int64 // per rank: first step of its current run of slow own times, -1 for none
 	slowLast           []int64 // per rank: the last step its own time was slow, -1 for none
 	slowRecent         []uint8 // per rank: its last 8 own times, a bit set for each slow one (newest lowest)
+	warm               []uint8 // per rank: its steps seen, up to episodeWarmSteps
 	bestSeen           float64 // the fastest own-time average at the last episode tracking
 	lastAutoCapture    time.Time
 	episodes           []LiveEpisode // closed, the last maxEpisodes
@@ -40,13 +41,20 @@ func (s *stragglerTrack) observeRank(r *tps.StepRecord, world int64) {
 		s.ownEWMA = make([]float64, world)
 		s.dataEWMA, s.workEWMA = make([]float64, world), make([]float64, world)
 		s.slowSince, s.slowLast = make([]int64, world), make([]int64, world)
-		s.slowRecent = make([]uint8, world)
+		s.slowRecent, s.warm = make([]uint8, world), make([]uint8, world)
 		for i := range s.slowSince {
 			s.slowSince[i], s.slowLast[i] = -1, -1
 		}
 	}
 	rank := r.Rank
 	if rank < 0 || rank >= int64(len(s.ownEWMA)) {
+		return
+	}
+	if s.warm[rank] < episodeWarmSteps {
+		// a rank's first steps (compilation, the allocator's and the
+		// loader's warm-up) seed no average: rank 0's first step 220 ms
+		// against 69 opened an episode on the warm-up
+		s.warm[rank]++
 		return
 	}
 	own := float64(r.OwnNs()) // compute, data wait, host work before the forward
@@ -76,6 +84,10 @@ func (s *stragglerTrack) observeRank(r *tps.StepRecord, world int64) {
 		s.slowLast[rank] = max(s.slowLast[rank], r.Step)
 	}
 }
+
+// episodeWarmSteps are each rank's first steps left out of its averages
+// (the report leaves out the warm-up too).
+const episodeWarmSteps = 2
 
 // episodeMinSlow of a rank's last episodeRecent own times must have been
 // slow for its moving average to open an episode: one step descheduled

@@ -44,3 +44,23 @@ func TestStragglerTrack(t *testing.T) {
 	// a rank out of the world is ignored
 	s.observeRank(rec(9, 20, 100), 4)
 }
+
+// A rank's warm-up steps seed nothing (rank 0's first step 220 ms against
+// 69 opened a live episode that the report, which leaves out the warm-up,
+// never had): its average starts after them.
+func TestWarmUpSeedsNoStraggler(t *testing.T) {
+	var s stragglerTrack
+	for step := int64(0); step < 12; step++ {
+		for r := int64(0); r < 2; r++ {
+			ms := int64(69)
+			if r == 0 && step < 2 {
+				ms = 220
+			}
+			s.observeRank(&tps.StepRecord{Rank: r, Step: step, DurationNs: ms * 1e6}, 2)
+		}
+		_, s.bestSeen = s.bestOwn()
+	}
+	if s.keepsSlow(0) || s.ownEWMA[0] > 1.01*s.ownEWMA[1] {
+		t.Errorf("rank 0 after its warm-up: average %.0f against %.0f, keeps slow %v", s.ownEWMA[0], s.ownEWMA[1], s.keepsSlow(0))
+	}
+}
