@@ -169,6 +169,13 @@ func (rep *Report) causeOf(key string) (cause, evidence string) {
 			}
 		}
 	case "exposed_comm":
+		if m := rep.Meta; m != nil && m.Unmeasured["communication"] != "" {
+			// the hidden part was not measured: a 0% overlap is no
+			// finding ("not overlapped" in 116 of 120 reports on torch
+			// 1.13, clean runs too, beside the note that it is unmeasured)
+			evidence = "the overlap is not measured: " + m.Unmeasured["communication"]
+			break
+		}
 		evidence = fmt.Sprintf("%s of communication hidden behind compute", pct(b.CommOverlap))
 		if b.CommOverlap <= 1-ExplainsShare {
 			cause = "communication is not overlapped with compute (bucketed gradients, prefetch, or async collectives would hide it)"

@@ -106,3 +106,17 @@ func TestWaitingNamesAThrottledGPU(t *testing.T) {
 		}
 	}
 }
+
+// "not overlapped" only where the overlap is measured: on torch 1.13
+// DDP's hidden part is not, and a 0% overlap named the cause in clean
+// runs too.
+func TestNotOverlappedOnlyWhereMeasured(t *testing.T) {
+	rep := &Report{Meta: &tps.RunMeta{Unmeasured: map[string]string{"communication": "DDP's all-reduces on CPU on torch 1.13"}}}
+	if cause, ev := rep.causeOf("exposed_comm"); cause != "" || !strings.Contains(ev, "not measured") {
+		t.Errorf("unmeasured overlap: cause %q, evidence %q", cause, ev)
+	}
+	rep.Meta = &tps.RunMeta{}
+	if cause, _ := rep.causeOf("exposed_comm"); !strings.Contains(cause, "not overlapped") {
+		t.Errorf("measured 0%% overlap: cause %q", cause)
+	}
+}
