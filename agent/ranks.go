@@ -26,6 +26,9 @@ const maxRankClaims = 1 << 16
 func (a *Agent) claimRank(info *connInfo, r *tps.StepRecord) {
 	k := rankKey{r.Job, r.Attempt, r.Rank}
 	a.mu.Lock()
+	if a.rankHeld == nil { // (an Agent not made by Start: the tests')
+		a.rankHeld, a.rankWarned = map[rankKey]*connInfo{}, map[rankKey]bool{}
+	}
 	held, ok := a.rankHeld[k]
 	conflict := ok && held != info && a.connOpen(held)
 	if !conflict {
