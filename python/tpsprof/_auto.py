@@ -175,12 +175,7 @@ def install():
     torch.optim.Optimizer.__init__ = optimizer_init
 
     dl = torch.utils.data.DataLoader
-    dl_iter = dl.__iter__
-
-    def loader_iter(self):
-        it = dl_iter(self)
-        return it if _active.profiler is None else _patches.LoaderIter(None, it)
-    dl.__iter__ = loader_iter
+    dl.__iter__ = _patches.timed_iter(dl.__iter__)
 
     ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
     if ddp is not None:
@@ -215,14 +210,8 @@ def _watch_read_ahead_loaders(module):
     for name in _READ_AHEAD.get(module.__name__, ()):
         cls = getattr(module, name, None)
         orig = cls.__dict__.get("__iter__") if isinstance(cls, type) else None
-        if orig is None or getattr(orig, "_tpsprof", False):
-            continue
-
-        def loader_iter(self, _orig=orig):
-            it = _orig(self)
-            return it if _active.profiler is None else _patches.LoaderIter(None, it)
-        loader_iter._tpsprof = True
-        cls.__iter__ = loader_iter
+        if orig is not None and not getattr(orig, "_tpsprof", False):
+            cls.__iter__ = _patches.timed_iter(orig)
 
 
 def _install_now(module):

@@ -9,20 +9,24 @@ import sys
 
 def after_import(name, fn):
     """Calls fn(module) once module ``name`` has been imported (now, if it
-    is already); an fn that raises is said on stderr, the job runs on."""
-    def call(module):
-        try:
-            fn(module)
-        except Exception as e:
-            sys.stderr.write("tpsprof: the patches for %s not installed: %r\n" % (name, e))
+    is already); an fn that raises is said on stderr, the job runs on. The
+    same fn asked again for a module not imported yet is called once."""
     if name in sys.modules:
-        call(sys.modules[name])
+        _call(name, fn, sys.modules[name])
         return
     for f in sys.meta_path:
         if isinstance(f, AfterImport) and f.name == name:
-            f.fns.append(call)  # one finder a module: a second would never see its import
+            if fn not in f.fns:  # (every profiler installs its patches)
+                f.fns.append(fn)  # one finder a module: a second would never see its import
             return
-    sys.meta_path.insert(0, AfterImport(name, call))
+    sys.meta_path.insert(0, AfterImport(name, fn))
+
+
+def _call(name, fn, module):
+    try:
+        fn(module)
+    except Exception as e:
+        sys.stderr.write("tpsprof: the patches for %s not installed: %r\n" % (name, e))
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
@@ -47,6 +51,6 @@ class AfterImport(importlib.abc.MetaPathFinder):
         def exec_module(module):
             inner(module)
             for fn in fns:
-                fn(module)
+                _call(name, fn, module)
         spec.loader.exec_module = exec_module
         return spec

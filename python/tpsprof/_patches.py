@@ -97,6 +97,17 @@ def wrapped_loader_class(cls):
     return sub
 
 
+def timed_iter(orig):
+    """A loader class's ``__iter__`` whose iterators time ``next`` while a
+    profiler is active (zero-code mode: DataLoader's, and the read-ahead
+    wrappers' own)."""
+    def __iter__(self):
+        it = orig(self)
+        return it if _active.profiler is None else LoaderIter(None, it)
+    __iter__._tpsprof = True
+    return __iter__
+
+
 def watch_in_class(cls, loader, prof):
     """For a loader whose class cannot be swapped (accelerate's
     DataLoaderShard makes ``__class__`` a property): its class's
@@ -190,7 +201,11 @@ def install_checkpoints():
     calls counted each as a save or a restore (6 restores for 3 saves)."""
     _wrap_sides([(torch, "save", "checkpoint_save"), (torch, "load", "checkpoint_restore")])
     _imports.after_import("torch.distributed.checkpoint", _wrap_dcp)
-    _imports.after_import("safetensors.torch", lambda mod: _wrap_sides([(mod, n, k) for n, k in _SAFETENSORS_CALLS]))
+    _imports.after_import("safetensors.torch", _wrap_safetensors)
+
+
+def _wrap_safetensors(mod):
+    _wrap_sides([(mod, n, k) for n, k in _SAFETENSORS_CALLS])
 
 
 def _wrap_dcp(_):
