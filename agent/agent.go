@@ -193,6 +193,7 @@ type Agent struct {
 	// said (ranks.go)
 	rankHeld   map[rankKey]*connInfo
 	rankWarned map[rankKey]bool
+	userSaid   map[string]bool // the jobs whose user this agent has said (rank_user)
 	gpuPerDev  []int64
 
 	connections, lines, records, events, metas atomic.Int64
@@ -236,7 +237,7 @@ func Start(cfg Config) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, rejected: map[string]int64{}, conns: map[net.Conn]*connInfo{}, connsOf: map[int64]int{},
-		rankHeld: map[rankKey]*connInfo{}, rankWarned: map[rankKey]bool{}, done: make(chan struct{}),
+		rankHeld: map[rankKey]*connInfo{}, rankWarned: map[rankKey]bool{}, userSaid: map[string]bool{}, done: make(chan struct{}),
 		log: ratelog.New(cfg.Logger, 10*time.Second), traceJobs: traceJobs{traces: make(chan TraceNote, 64)},
 		captureRegistry: captureRegistry{captures: map[string]*liveCapture{}}, ownership: ownership{owners: map[string]*jobOwner{}, ownedBy: map[int64]int{}}}
 	// The trace folder is adopted only when it is this user's alone: in a
@@ -461,6 +462,16 @@ func (a *Agent) queueStep(r tps.StepRecord) {
 
 // SubmitEvent validates and publishes a run event.
 func (a *Agent) SubmitEvent(e tps.Event) error {
+	if err := a.publishEvent(e); err != nil {
+		return err
+	}
+	a.events.Add(1)
+	return nil
+}
+
+// publishEvent is SubmitEvent without the count (Stats.Events counts the
+// events the agent was given, not its own bookkeeping: rank_user).
+func (a *Agent) publishEvent(e tps.Event) error {
 	if e.Node != a.cfg.Node {
 		if e.Node != "" {
 			a.claimsReplaced.Add(1)
@@ -471,7 +482,6 @@ func (a *Agent) SubmitEvent(e tps.Event) error {
 		a.rejectErr(err)
 		return err
 	}
-	a.events.Add(1)
 	return a.pub.publishJSON(eventsSubject(e.Job), e)
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -123,5 +124,53 @@ func TestTwoProcessesClaimingOneRank(t *testing.T) {
 	}
 	if len(got) != 1 || got[0].Rank != 0 || !strings.Contains(got[0].Detail, "two processes on node n0 report rank 0 of job rc") {
 		t.Errorf("rank_conflict events %+v, want one naming rank 0", got)
+	}
+}
+
+// The agent says whose process reported a job's ranks (rank_user, the
+// connection's user), once a job; a line claiming an agent's event kind
+// is refused (a job could name another user, or a conflict that was not).
+func TestAgentSaysTheRanksUser(t *testing.T) {
+	a, nc := startWithNATS(t, Config{Node: "n0", FlushInterval: 5 * time.Millisecond})
+	sub, err := nc.SubscribeSync(wire.EventsSubject("ru"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	c, err := net.Dial("unix", a.Socket())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	now := time.Now().UnixNano()
+	for rank := range 2 {
+		for step := range 3 {
+			fmt.Fprintf(c, `{"job":"ru","step":%d,"rank":%d,"world_size":2,"tokens":10,"start_unix_ns":%d,"end_unix_ns":%d,"duration_ns":1000000}`+"\n", step, rank, now-1e6, now)
+		}
+	}
+	fmt.Fprintf(c, `{"type":"event","job":"ru","kind":"rank_user","start_unix_ns":%d,"detail":"uid=4242"}`+"\n", now)
+	fmt.Fprintf(c, `{"type":"event","job":"ru","kind":"rank_conflict","start_unix_ns":%d,"detail":"forged"}`+"\n", now)
+	for deadline := time.Now().Add(5 * time.Second); a.Stats().Lines < 8; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d lines read, want 8", a.Stats().Lines)
+		}
+	}
+	var got []tps.Event
+	for {
+		m, err := sub.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		var e tps.Event
+		if json.Unmarshal(m.Data, &e) == nil {
+			got = append(got, e)
+		}
+	}
+	want := tps.RankUserDetail(int64(os.Getuid()))
+	if len(got) != 1 || got[0].Kind != tps.EventRankUser || got[0].Detail != want || got[0].Node != "n0" {
+		t.Errorf("events %+v, want one rank_user %q of node n0", got, want)
+	}
+	if r := a.Stats().Rejected["event:agent_kind"]; r != 2 {
+		t.Errorf("%d lines of an agent's event kind refused, want 2", r)
 	}
 }

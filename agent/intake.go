@@ -274,6 +274,11 @@ func (a *Agent) handleLineFrom(line []byte, info *connInfo) bool {
 			a.reject("line:json")
 			return false
 		}
+		if tps.AgentEvent(e.Kind) {
+			a.reject("event:agent_kind")
+			a.log.Warn("event:agent_kind", "an event of a kind only the agent writes was refused", "kind", e.Kind, "job", prefix([]byte(e.Job)))
+			return false
+		}
 		return a.ownerAllows(info, e.Job) && a.SubmitEvent(e) == nil
 	case "trace":
 		var n TraceNote

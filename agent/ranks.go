@@ -27,7 +27,14 @@ func (a *Agent) claimRank(info *connInfo, r *tps.StepRecord) {
 	k := rankKey{r.Job, r.Attempt, r.Rank}
 	a.mu.Lock()
 	if a.rankHeld == nil { // (an Agent not made by Start: the tests')
-		a.rankHeld, a.rankWarned = map[rankKey]*connInfo{}, map[rankKey]bool{}
+		a.rankHeld, a.rankWarned, a.userSaid = map[rankKey]*connInfo{}, map[rankKey]bool{}, map[string]bool{}
+	}
+	sayUser := info.uid >= 0 && !a.userSaid[r.Job]
+	if sayUser {
+		if len(a.userSaid) >= maxRankClaims {
+			clear(a.userSaid) // (a job said again costs an event)
+		}
+		a.userSaid[r.Job] = true
 	}
 	held, ok := a.rankHeld[k]
 	conflict := ok && held != info && a.connOpen(held)
@@ -42,6 +49,12 @@ func (a *Agent) claimRank(info *connInfo, r *tps.StepRecord) {
 		a.rankWarned[k] = true
 	}
 	a.mu.Unlock()
+	if sayUser {
+		// whose process this is, for the fleet view's count of a host's
+		// slow jobs by user: the agent's word, not the record's
+		a.publishEvent(tps.Event{Job: r.Job, Attempt: r.Attempt, Kind: tps.EventRankUser, Rank: r.Rank, Step: r.Step,
+			StartUnixNs: r.StartUnixNs, EndUnixNs: r.StartUnixNs, Detail: tps.RankUserDetail(info.uid)})
+	}
 	if !say {
 		return
 	}

@@ -3,6 +3,7 @@ package fleet
 import (
 	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -75,9 +76,12 @@ type Node struct {
 	XIDEvents       int64   `json:"xid_events"`
 	ECCUncorrected  int64   `json:"ecc_uncorrected"`
 	TempOverPeersC  float64 `json:"temp_over_peers_c"`
-	// Drain: a drain candidate, Why says on what evidence.
+	// Drain: a drain candidate, Why says on what evidence. Held says why
+	// a host slow in enough jobs is not one: its slow jobs were one
+	// user's, while another user's jobs ran well on it meanwhile.
 	Drain bool   `json:"drain_candidate"`
 	Why   string `json:"why,omitempty"`
+	Held  string `json:"held,omitempty"`
 	// LastJob and LastSeen are its newest job and when that ended;
 	// RecentJobs its newest jobs (at most 5), newest first.
 	LastJob    string    `json:"last_job"`
@@ -95,6 +99,34 @@ type hostJob struct {
 	throttledGPU, reasons string
 	xid, ecc              int64
 	tempOver              float64
+	users                 string // its rows' users (JobNode.Users), "" not known
+}
+
+// oneUsersSlowness says why a host's slow jobs do not make it a drain
+// candidate, or "" when they do: they were all one user's (the agent
+// said whose, rank_user) while a job of another user that ended after
+// the first of them ran well on it. One user can make any host they
+// run on look slow (a rank that sleeps); another user's good job in
+// the same span says the host is not. A host only one user ran on
+// meanwhile, or whose users no agent said, is judged on its jobs.
+func oneUsersSlowness(ps []*hostJob, opt Options) string {
+	slowUser, first := "", int64(math.MaxInt64)
+	for _, p := range ps {
+		if p.excess < opt.SlowExcess {
+			continue
+		}
+		if p.users == "" || strings.Contains(p.users, ",") || (slowUser != "" && p.users != slowUser) {
+			return "" // users not known, or more than one
+		}
+		slowUser, first = p.users, min(first, p.end)
+	}
+	for _, p := range ps {
+		if p.excess < opt.SlowExcess && p.end > first && p.users != "" && p.users != slowUser {
+			return fmt.Sprintf("its slow jobs were all of user %s, while job %s of user %s ran well on it after the first of them: one user's jobs alone do not drain a host (docs/nodes.md)",
+				slowUser, p.job, p.users)
+		}
+	}
+	return ""
 }
 
 // Health folds jobs' node rows into each host's health, the drain
@@ -131,6 +163,9 @@ func Health(rows []JobNode, opt Options) []Node {
 		}
 		p.xid += r.XIDEvents
 		p.ecc += r.ECCUncorrected
+		if r.Users != "" && !strings.Contains(","+p.users+",", ","+r.Users+",") {
+			p.users = strings.Trim(p.users+","+r.Users, ",")
+		}
 		if r.PeerTempC > 0 {
 			p.tempOver = max(p.tempOver, r.TempC-r.PeerTempC)
 		}
@@ -188,8 +223,12 @@ func Health(rows []JobNode, opt Options) []Node {
 		if n.ECCUncorrected > 0 {
 			strong = append(strong, fmt.Sprintf("%d uncorrectable ECC error(s)", n.ECCUncorrected))
 		}
+		held := ""
+		if n.SlowJobs >= opt.MinJobs && n.Score >= opt.SlowExcess {
+			held = oneUsersSlowness(ps, opt)
+		}
 		switch {
-		case n.SlowJobs >= opt.MinJobs && n.Score >= opt.SlowExcess:
+		case n.SlowJobs >= opt.MinJobs && n.Score >= opt.SlowExcess && held == "":
 			n.Drain = true
 			n.Why = fmt.Sprintf("slow in %d of its %d jobs (%.1f%% over each job's median rank, decayed mean)", n.SlowJobs, n.Jobs, 100*n.Score)
 			if len(strong) > 0 {
@@ -198,6 +237,9 @@ func Health(rows []JobNode, opt Options) []Node {
 		case len(strong) > 0:
 			n.Drain = true
 			n.Why = "hardware: " + strings.Join(strong, "; ")
+		}
+		if !n.Drain {
+			n.Held = held
 		}
 		out = append(out, n)
 	}

@@ -193,3 +193,61 @@ func TestSingleHostJobIsNoEvidenceOfSlowness(t *testing.T) {
 		t.Fatalf("%+v, %v: want one row of excess 0", rows, err)
 	}
 }
+
+// One user's slow jobs alone do not drain a host another user's jobs ran
+// well on meanwhile (three jobs whose rank slept drained healthy-17);
+// slow jobs of two users do, as do one user's where nobody else ran, or
+// where no agent said whose the jobs were.
+func TestOneUsersSlowJobsDoNotDrain(t *testing.T) {
+	at := time.Unix(1_760_000_000, 0)
+	row := func(job string, excess float64, k int, users string) JobNode {
+		return JobNode{Job: job, Key: "host:h", Host: "h", Excess: excess, Users: users, EndUnixNs: at.Add(time.Duration(k) * time.Hour).UnixNano()}
+	}
+	for _, c := range []struct {
+		name  string
+		rows  []JobNode
+		drain bool
+	}{
+		{"one user's slow jobs, another's good ones between", []JobNode{row("f1", 0.3, 1, "1000"), row("ok1", 0, 2, "1001"), row("f2", 0.3, 3, "1000"), row("f3", 0.3, 4, "1000")}, false},
+		{"two users' slow jobs", []JobNode{row("a1", 0.3, 1, "1000"), row("ok1", 0, 2, "1001"), row("b1", 0.3, 3, "1001"), row("a2", 0.3, 4, "1000")}, true},
+		{"one user's, nobody else since", []JobNode{row("ok0", 0, 0, "1001"), row("a1", 0.3, 1, "1000"), row("a2", 0.3, 2, "1000"), row("a3", 0.3, 3, "1000")}, true},
+		{"users not said", []JobNode{row("a1", 0.3, 1, ""), row("ok1", 0, 2, ""), row("a2", 0.3, 3, ""), row("a3", 0.3, 4, "")}, true},
+	} {
+		n := Health(c.rows, DefaultOptions())
+		if len(n) != 1 || n[0].Drain != c.drain || (n[0].Held != "") == c.drain {
+			t.Errorf("%s: %+v: want drain %v, held said where not", c.name, n, c.drain)
+		}
+	}
+	// JobNodes takes the users from the agents' rank_user events, by node
+	out := t.TempDir()
+	w, err := trace.NewPartWriter[tps.StepRecord](out, "u", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range 12 {
+		st := tracetest.T0 + int64(s)*1e9
+		w.Write([]tps.StepRecord{
+			{Job: "u", Step: int64(s), Rank: 0, WorldSize: 2, Node: "a", StartUnixNs: st, EndUnixNs: st + 9e8, DurationNs: 5e8},
+			{Job: "u", Step: int64(s), Rank: 1, WorldSize: 2, Node: "b", StartUnixNs: st, EndUnixNs: st + 9e8, DurationNs: 9e8},
+		})
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ew, err := trace.NewPartWriter[tps.Event](out, "u", trace.Events, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ew.Write([]tps.Event{
+		{Job: "u", Kind: tps.EventRankUser, Node: "a", StartUnixNs: tracetest.T0, EndUnixNs: tracetest.T0, Detail: tps.RankUserDetail(1000)},
+		{Job: "u", Kind: tps.EventRankUser, Node: "b", Rank: 1, StartUnixNs: tracetest.T0, EndUnixNs: tracetest.T0, Detail: tps.RankUserDetail(1001)},
+		{Job: "u", Kind: tps.EventRankUser, Node: "b", Rank: 1, StartUnixNs: tracetest.T0, EndUnixNs: tracetest.T0, Detail: "uid=x"},
+	})
+	if err := ew.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := JobNodes(filepath.Join(out, "u"), "u")
+	if err != nil || len(rows) != 2 || rows[0].Users != "1000" || rows[1].Users != "1001" {
+		t.Fatalf("%+v, %v: want host a of user 1000, b of 1001", rows, err)
+	}
+}

@@ -66,6 +66,11 @@ type JobNode struct {
 	PeerTempC        float64 `json:"peer_temp_c" parquet:"peer_temp_c"`
 	PowerW           float64 `json:"power_w" parquet:"power_w"`
 	PeerPowerW       float64 `json:"peer_power_w" parquet:"peer_power_w"`
+	// Users are the users (uids, sorted, comma-separated) whose processes
+	// reported the node's ranks, as its agent said (rank_user events);
+	// empty where none said (a file kept before, an agent that cannot
+	// read its peers). Health counts a host's slow jobs by user.
+	Users string `json:"users,omitempty" parquet:"users,dict"`
 }
 
 // Check reports whether a node row is one JobNodes could have made:
@@ -100,6 +105,9 @@ func (n JobNode) Check() error {
 	if n.Key == "" || n.Job == "" {
 		return fmt.Errorf("no key or job")
 	}
+	if len(n.Users) > 1024 || strings.Trim(n.Users, "0123456789,") != "" {
+		return fmt.Errorf("users %.40q: not uids", n.Users)
+	}
 	return nil
 }
 
@@ -121,6 +129,7 @@ const WarmSteps = 2
 type rankOwn struct {
 	host, gpu  string
 	where      string // the host the step's top-two hosts compare (host, else GPU, else "rank N")
+	whereID    int32  // where's number in stepTop
 	steps      int64
 	own        float64 // Σ own time, ns
 	cost       float64 // Σ GPU-ns the others waited for it, as the critical rank
@@ -129,18 +138,18 @@ type rankOwn struct {
 }
 
 // stepTop is a step's two slowest hosts (distinct): the critical rank's
-// own time and host, and the slowest own time on any other host.
+// own time and host, and the slowest own time on any other host. Hosts
+// are numbers from hostIDs (0: none): a job's steps are held, 40 bytes
+// each.
 type stepTop struct {
 	own1, own2   int64
-	host1, host2 string
 	rank1        int64
-	world        int64
-	n            int
+	host1, host2 int32
+	n            int32
 }
 
-func (t *stepTop) add(own int64, host string, rank, world int64) {
+func (t *stepTop) add(own int64, host int32, rank int64) {
 	t.n++
-	t.world = max(t.world, world)
 	switch {
 	case t.n == 1:
 		t.own1, t.host1, t.rank1 = own, host, rank
@@ -153,6 +162,58 @@ func (t *stepTop) add(own int64, host string, rank, world int64) {
 		t.own1, t.host1, t.rank1 = own, host, rank
 	case host == t.host2 || own > t.own2:
 		t.own2, t.host2 = max(t.own2, own), host
+	}
+}
+
+// attemptSteps spans one attempt's step numbers, from the first pass.
+type attemptSteps struct {
+	first, last, rows int64
+}
+
+// stepTops holds a job's steps' tops: an attempt whose steps are
+// numbered closely (the loop's own count: the usual case) in a slice by
+// step, any other in a map. The map of every step was 706 MB at 4 M
+// steps, more than the job's report took.
+type stepTops struct {
+	dense  map[int64][]stepTop // attempt → its steps from first
+	spans  map[int64]attemptSteps
+	sparse map[[2]int64]*stepTop
+}
+
+func newStepTops(spans map[int64]attemptSteps) *stepTops {
+	s := &stepTops{dense: map[int64][]stepTop{}, spans: spans, sparse: map[[2]int64]*stepTop{}}
+	for at, sp := range spans {
+		// dense where the numbers leave at most one gap a row
+		if n := sp.last - sp.first + 1; n <= 2*sp.rows+16 && n <= 1<<28 {
+			s.dense[at] = make([]stepTop, n)
+		}
+	}
+	return s
+}
+
+func (s *stepTops) at(attempt, step int64) *stepTop {
+	if d, ok := s.dense[attempt]; ok {
+		if i := step - s.spans[attempt].first; i >= 0 && i < int64(len(d)) {
+			return &d[i]
+		}
+	}
+	k := [2]int64{attempt, step}
+	t := s.sparse[k]
+	if t == nil {
+		t = &stepTop{}
+		s.sparse[k] = t
+	}
+	return t
+}
+
+func (s *stepTops) each(fn func(*stepTop)) {
+	for _, d := range s.dense {
+		for i := range d {
+			fn(&d[i])
+		}
+	}
+	for _, t := range s.sparse {
+		fn(t)
 	}
 }
 
@@ -179,13 +240,16 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 		}
 	}
 	table := dir + "/" + trace.RankSteps
-	first := map[int64]int64{} // attempt -> its first step
+	spans := map[int64]attemptSteps{} // attempt -> its steps
 	_, err := trace.EachColumnsStrs(table, cols[:2], nil, nil, func(c *trace.Columns) error {
 		at, st := c.Int64[0], c.Int64[1]
 		for i := range c.Rows {
-			if f, ok := first[at[i]]; !ok || st[i] < f {
-				first[at[i]] = st[i]
+			sp, ok := spans[at[i]]
+			if !ok {
+				sp = attemptSteps{first: st[i], last: st[i]}
 			}
+			sp.first, sp.last, sp.rows = min(sp.first, st[i]), max(sp.last, st[i]), sp.rows+1
+			spans[at[i]] = sp
 		}
 		return nil
 	})
@@ -196,13 +260,14 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 		return nil, fmt.Errorf("fleet: %s: %w", job, err)
 	}
 	ranks := map[int64]*rankOwn{}
-	steps := map[[2]int64]*stepTop{}
+	steps := newStepTops(spans)
+	hostIDs := map[string]int32{} // a rank's where → its number in stepTop (from 1)
 	blocked := make([]int64, len(blocking))
 	_, err = trace.EachColumnsStrs(table, cols, []string{"node", "gpu_uuid"}, nil, func(c *trace.Columns) error {
 		at, st, rk, ws := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3]
 		dur, start, end := c.Int64[4], c.Int64[5], c.Int64[6]
 		for i := range c.Rows {
-			if st[i] < first[at[i]]+WarmSteps || rk[i] < 0 {
+			if st[i] < spans[at[i]].first+WarmSteps || rk[i] < 0 {
 				continue
 			}
 			for k := range blocked {
@@ -225,18 +290,16 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 			}
 			if r.where == "" { // (once a rank, not a string a row)
 				r.where = cmp.Or(r.host, r.gpu, fmt.Sprintf("rank %d", rk[i]))
+				if hostIDs[r.where] == 0 {
+					hostIDs[r.where] = int32(len(hostIDs) + 1)
+				}
+				r.whereID = hostIDs[r.where]
 			}
 			r.steps++
 			r.own += float64(own)
 			r.start, r.end = min(r.start, start[i]), max(r.end, end[i])
 			r.world = max(r.world, ws[i])
-			k := [2]int64{at[i], st[i]}
-			t := steps[k]
-			if t == nil {
-				t = &stepTop{}
-				steps[k] = t
-			}
-			t.add(own, r.where, rk[i], ws[i])
+			steps.at(at[i], st[i]).add(own, r.whereID, rk[i])
 		}
 		return nil
 	})
@@ -246,9 +309,9 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 	if len(ranks) < 2 {
 		return nil, nil
 	}
-	for _, t := range steps {
-		if t.n < 2 || t.host2 == "" {
-			continue
+	steps.each(func(t *stepTop) {
+		if t.n < 2 || t.host2 == 0 {
+			return
 		}
 		if r := ranks[t.rank1]; r != nil {
 			// the ranks that reported the step waited: a world size is a
@@ -256,7 +319,7 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 			// 1,630 GPU-hours for 3 s of steps)
 			r.cost += float64(t.own1-t.own2) * float64(t.n)
 		}
-	}
+	})
 	means := make([]float64, 0, len(ranks))
 	var world int64
 	for _, r := range ranks {
@@ -311,6 +374,9 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 	}
 	if err := addEvidence(dir, out); err != nil {
 		return nil, fmt.Errorf("fleet: %s: GPU samples: %w", job, err)
+	}
+	if err := addUsers(dir, out); err != nil {
+		return nil, fmt.Errorf("fleet: %s: events: %w", job, err)
 	}
 	slices.SortFunc(out, func(a, b JobNode) int { return cmp.Compare(a.Key, b.Key) })
 	return out, nil
@@ -405,6 +471,37 @@ func addEvidence(dir string, rows []JobNode) error {
 		}
 		if a.powerN > 0 {
 			r.PowerW, r.PeerPowerW = a.power/float64(a.powerN), tps.Quantile(powers, 0.5)
+		}
+	}
+	return nil
+}
+
+// addUsers gives each row the users its host's agent said reported the
+// job's ranks there (rank_user events: the agent's word, by the node it
+// stamps, not a record's).
+func addUsers(dir string, rows []JobNode) error {
+	users := map[string][]string{} // host → uids
+	_, err := trace.EachColumnsStrs(dir+"/"+trace.Events, []string{"rank"}, []string{"kind", "node", "detail"}, nil, func(c *trace.Columns) error {
+		for i := range c.Rows {
+			if c.Str[0][i] != tps.EventRankUser {
+				continue
+			}
+			uid, ok := tps.ParseRankUser(c.Str[2][i])
+			host := c.Str[1][i]
+			if ok && host != "" && !slices.Contains(users[host], uid) && len(users[host]) < 64 {
+				users[strings.Clone(host)] = append(users[host], strings.Clone(uid))
+			}
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) && !trace.IsUnreadable(err) {
+		return err
+	}
+	for i := range rows {
+		if u := users[rows[i].Host]; len(u) > 0 {
+			u = slices.Clone(u)
+			slices.Sort(u)
+			rows[i].Users = strings.Join(u, ",")
 		}
 	}
 	return nil

@@ -187,6 +187,9 @@ func (a *analysis) readEvents() error {
 	rep.ClockOffsetsNs = readClockOffsets(a.clusterDir)
 	if err := trace.Each(a.job.Table(trace.Events), func(rows []tps.Event) error {
 		for _, e := range rows {
+			if e.Kind == tps.EventRankUser {
+				continue // the agent's bookkeeping for the fleet view
+			}
 			rep.Events[e.Kind]++
 			a.events = append(a.events, e)
 			if (e.Kind == tps.EventCheckpointSave || e.Kind == tps.EventEval) && len(pd.events) < 10000 {

@@ -47,7 +47,34 @@ const (
 	// each is rank 0 of world 1): the collector keeps one's steps and drops
 	// the other's as duplicates (Detail says so; agent/ranks.go).
 	EventRankConflict = "rank_conflict"
+	// EventRankUser: the user whose process reported a job's first rank
+	// to a node's agent (Detail "uid=N", the connection's SO_PEERCRED),
+	// once a job and node: the fleet view counts a host's slow jobs by
+	// user (one user's jobs alone do not drain a host others ran on
+	// well; fleet.Health). Bookkeeping, not something that happened to
+	// the run: reports do not list it.
+	EventRankUser = "rank_user"
 )
+
+// AgentEvent reports whether kind is written by a node's agent alone: a
+// line of it from a connection is refused (a job could otherwise claim
+// another user, or a rank conflict that did not happen).
+func AgentEvent(kind string) bool {
+	return kind == EventRankConflict || kind == EventRankUser
+}
+
+// RankUserDetail is a rank_user event's Detail for a user id.
+func RankUserDetail(uid int64) string { return fmt.Sprintf("uid=%d", uid) }
+
+// ParseRankUser reads a rank_user event's Detail back: the user id, or
+// false when it is not one.
+func ParseRankUser(detail string) (string, bool) {
+	v, ok := strings.CutPrefix(detail, "uid=")
+	if !ok || v == "" || len(v) > 10 || strings.Trim(v, "0123456789") != "" {
+		return "", false
+	}
+	return v, true
+}
 
 // StoppedPrefix begins an attempt_end's detail when its launcher stopped
 // the command on a signal it was sent (the rest says whose and what it

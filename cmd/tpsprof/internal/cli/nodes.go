@@ -119,6 +119,9 @@ func verdictText(n fleet.Node) string {
 	if n.Drain {
 		return "DRAIN: " + n.Why
 	}
+	if n.Held != "" {
+		return "ok (held: " + n.Held + ")"
+	}
 	return "ok"
 }
 
