@@ -251,3 +251,37 @@ func TestOneUsersSlowJobsDoNotDrain(t *testing.T) {
 		t.Fatalf("%+v, %v: want host a of user 1000, b of 1001", rows, err)
 	}
 }
+
+// A job whose steps are numbered far apart (a sample count) is held by
+// step as one numbered by the loop: the same rows either way.
+func TestSparseStepNumbersSameRows(t *testing.T) {
+	rowsOf := func(every int64) []JobNode {
+		out := t.TempDir()
+		w, err := trace.NewPartWriter[tps.StepRecord](out, "s", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for s := range int64(40) {
+			at := tracetest.T0 + s*1e9
+			w.Write([]tps.StepRecord{
+				{Job: "s", Step: s * every, Rank: 0, WorldSize: 3, Node: "a", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 5e8 + (s%3)*1e8},
+				{Job: "s", Step: s * every, Rank: 1, WorldSize: 3, Node: "b", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 6e8},
+				{Job: "s", Step: s * every, Rank: 2, WorldSize: 3, Node: "c", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8 - (s%5)*1e8},
+			})
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := JobNodes(filepath.Join(out, "s"), "s")
+		if err != nil || len(rows) != 3 {
+			t.Fatalf("%+v, %v", rows, err)
+		}
+		return rows
+	}
+	dense, sparse := rowsOf(1), rowsOf(100_000)
+	for i := range dense {
+		if dense[i].CostGPUHours != sparse[i].CostGPUHours || dense[i].OwnNs != sparse[i].OwnNs || dense[i].CostGPUHours == 0 && i == 2 {
+			t.Errorf("host %s: dense %+v, sparse %+v", dense[i].Host, dense[i], sparse[i])
+		}
+	}
+}

@@ -165,9 +165,36 @@ func (t *stepTop) add(own int64, host int32, rank int64) {
 	}
 }
 
-// attemptSteps spans one attempt's step numbers, from the first pass.
+// attemptSteps spans one attempt's step numbers, from the first pass,
+// with its lowest WarmSteps+1 distinct numbers: the warm-up is its first
+// steps by order, not by number (a job numbering its steps by samples
+// left only its first step out).
 type attemptSteps struct {
 	first, last, rows int64
+	low               [WarmSteps + 1]int64
+	lows              int
+}
+
+func (sp *attemptSteps) add(step int64) {
+	if sp.rows == 0 {
+		sp.first, sp.last = step, step
+	}
+	sp.first, sp.last, sp.rows = min(sp.first, step), max(sp.last, step), sp.rows+1
+	i := sp.lows
+	for i > 0 && sp.low[i-1] > step {
+		i--
+	}
+	if (i > 0 && sp.low[i-1] == step) || i == len(sp.low) {
+		return
+	}
+	copy(sp.low[i+1:], sp.low[i:])
+	sp.low[i] = step
+	sp.lows = min(sp.lows+1, len(sp.low))
+}
+
+// warm reports whether step is of the attempt's warm-up.
+func (sp *attemptSteps) warm(step int64) bool {
+	return sp.lows <= WarmSteps || step < sp.low[WarmSteps]
 }
 
 // stepTops holds a job's steps' tops: an attempt whose steps are
@@ -244,11 +271,8 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 	_, err := trace.EachColumnsStrs(table, cols[:2], nil, nil, func(c *trace.Columns) error {
 		at, st := c.Int64[0], c.Int64[1]
 		for i := range c.Rows {
-			sp, ok := spans[at[i]]
-			if !ok {
-				sp = attemptSteps{first: st[i], last: st[i]}
-			}
-			sp.first, sp.last, sp.rows = min(sp.first, st[i]), max(sp.last, st[i]), sp.rows+1
+			sp := spans[at[i]]
+			sp.add(st[i])
 			spans[at[i]] = sp
 		}
 		return nil
@@ -267,7 +291,7 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 		at, st, rk, ws := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3]
 		dur, start, end := c.Int64[4], c.Int64[5], c.Int64[6]
 		for i := range c.Rows {
-			if st[i] < spans[at[i]].first+WarmSteps || rk[i] < 0 {
+			if sp := spans[at[i]]; sp.warm(st[i]) || rk[i] < 0 {
 				continue
 			}
 			for k := range blocked {
