@@ -95,6 +95,8 @@ def main():
     p.add_argument("--eval-steps", type=int, default=5)
     p.add_argument("--save-steps", type=int, default=6)
     p.add_argument("--resume", metavar="CHECKPOINT", help="resume from this checkpoint folder")
+    p.add_argument("--no-callback", action="store_true",
+                   help="leave tpsprof's callback out (tpsprof launch --auto adds it to every Trainer)")
     p.add_argument("--tensorboard", metavar="DIR",
                    help="the Trainer logs every step to TensorBoard in DIR (and closes its writer at the end)")
     a = p.parse_args()
@@ -115,7 +117,7 @@ def main():
     truth = Truth(os.path.join(a.truth, "truth.%d.jsonl" % os.getpid()))
     trainer = Measured(model=model, args=args, train_dataset=rows(8 * a.steps, seq, vocab, 1),
                        eval_dataset=rows(16, seq, vocab, 2), data_collator=default_data_collator,
-                       callbacks=[truth, TpsprofCallback()])
+                       callbacks=[truth] if a.no_callback else [truth, TpsprofCallback()])
     trainer.truth = truth
     trainer.train(resume_from_checkpoint=a.resume)
     print("tpsprof hf: %d steps" % trainer.state.global_step)

@@ -194,6 +194,32 @@ def install():
     _patches.install_collectives()
     _patches.patch_compile()  # a compiled model is found without global hooks
     _imports.after_import("accelerate.data_loader", _watch_read_ahead_loaders)
+    _imports.after_import("transformers.trainer", _trainer_callback)
+
+
+def _trainer_callback(module):
+    """Every Hugging Face Trainer (its subclasses too) gets tpsprof's
+    callback unless it has one: the Trainer's own token count (labels
+    after the shift), its evaluations and saves as events, and tracker rows
+    at its global_step. Without it, a zero-code Trainer job's tokens came
+    from the forward's inputs and its rows sat one step behind its loss."""
+    cls = getattr(module, "Trainer", None)
+    init = cls.__dict__.get("__init__") if isinstance(cls, type) else None
+    if init is None or getattr(init, "_tpsprof", False):
+        return
+
+    def trainer_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        try:
+            from .hf import TpsprofCallback
+            handler = getattr(self, "callback_handler", None)
+            if handler is not None and not any(isinstance(c, TpsprofCallback) for c in handler.callbacks):
+                self.add_callback(TpsprofCallback())
+        except Exception:
+            pass  # never into the job: zero-code mode measures it without
+    trainer_init._tpsprof = True
+    trainer_init.__wrapped__ = init
+    cls.__init__ = trainer_init
 
 
 # Loaders of frameworks that wrap a DataLoader and read it one batch ahead

@@ -41,6 +41,11 @@ func TestHFTrainerCallback(t *testing.T) {
 	// Under tpsprof launch --auto the callback adds its token count and
 	// metadata to the profiler zero-code mode set up.
 	t.Run("auto", func(t *testing.T) { callbackRun(t, py, hf, true) })
+	// With no callback in the job, zero-code mode adds it to the Trainer:
+	// the same tokens, events and step numbers.
+	zc := hf
+	zc.job, zc.args = "hf-trainer-zc", []string{"--no-callback"}
+	t.Run("auto-no-callback", func(t *testing.T) { callbackRun(t, py, zc, true) })
 }
 
 // callbackCase is a framework's example job measured by its callback: 12
@@ -48,7 +53,8 @@ func TestHFTrainerCallback(t *testing.T) {
 // at step 6 to resume from (resume: its name in the --out folder).
 type callbackCase struct {
 	job, script, resume string
-	modelMeta           bool // the callback sends the model's shape
+	modelMeta           bool     // the callback sends the model's shape
+	args                []string // the script's further arguments
 }
 
 // callbackRun runs c's job under tpsprof launch and holds its rows to the
@@ -61,7 +67,7 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 		job += "-auto"
 	}
 	tb := t.TempDir()
-	dir, log := launchTorch(t, job, auto, []string{py, c.script, "--out", ckpt, "--truth", truthDir, "--tensorboard", tb})
+	dir, log := launchTorch(t, job, auto, append([]string{py, c.script, "--out", ckpt, "--truth", truthDir, "--tensorboard", tb}, c.args...))
 	rows := rankRows(t, dir)
 	rowsAtJobSteps(t, py, tb, len(rows))
 	truth := readTruthLines[hfTruth](t, truthDir)
@@ -177,7 +183,7 @@ func callbackRun(t *testing.T, py string, c callbackCase, auto bool) {
 	headlineHolds(t, dir, tok)
 
 	// Resumed from its checkpoint at step 6: steps 6-11 again, numbered so.
-	dir2, log2 := launchTorch(t, job+"-resume", auto, []string{py, c.script, "--out", ckpt, "--truth", t.TempDir(), "--resume", filepath.Join(ckpt, c.resume)})
+	dir2, log2 := launchTorch(t, job+"-resume", auto, append([]string{py, c.script, "--out", ckpt, "--truth", t.TempDir(), "--resume", filepath.Join(ckpt, c.resume)}, c.args...))
 	rows2 := rankRows(t, dir2)
 	var nums []int64
 	for _, r := range rows2 {
