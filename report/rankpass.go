@@ -79,6 +79,7 @@ var (
 	rcMemAlloc   = rankCols.Col("?mem_peak_allocated_bytes")
 	rcMemResv    = rankCols.Col("?mem_peak_reserved_bytes")
 	rcMemCap     = rankCols.Col("?mem_capacity_bytes")
+	rcEnd        = rankCols.Col("end_unix_ns")
 	// every blocking measure (tps.BlockingMeasures), for compute
 	rcBlocking = func() []trace.Col {
 		names, core := tps.BlockingMeasures()
@@ -115,6 +116,24 @@ type rankOut struct {
 	leastPPSteps                        int
 	own                                 ownAcc
 	notes                               []string // unreadable parts skipped
+	// steady steps whose ranks' rows were seen together (a row group's),
+	// and of them those whose ranks' ends lay further apart than the
+	// longest of their steps, with the widest spread (ns): ranks of a
+	// synchronous job end each step within a step of each other
+	together, apart, widest int64
+}
+
+// unsynced says the ranks were not one job's: in a quarter or more of
+// the steps seen together their ends lay further apart than a step (the
+// Trainer with use_cpu and no backend under torchrun trains a copy a
+// process, world 1 each: their steps were merged, ends 9 s apart).
+func (o *rankOut) unsynced() string {
+	if o.together < 8 || 4*o.apart < o.together {
+		return ""
+	}
+	return fmt.Sprintf("ranks not synchronised: in %d of %d steps the ranks' ends lie further apart than a step (up to %.1f s): "+
+		"they look like separate copies of the job (no process group made, each its own world), not ranks of one; its figures add them as one job",
+		o.apart, o.together, float64(o.widest)/1e9)
 }
 
 // into sets the report's rank figures from o.
@@ -124,6 +143,9 @@ func (o *rankOut) into(rep *Report) {
 	rep.leastPP, rep.leastPPSteps = o.leastPP, o.leastPPSteps
 	rep.own = o.own
 	rep.Notes = append(rep.Notes, o.notes...)
+	if n := o.unsynced(); n != "" {
+		rep.Notes = append(rep.Notes, n)
+	}
 }
 
 // tolerate is Report.tolerate into o's notes.
@@ -202,7 +224,7 @@ func newStepRows(a *analysis, k *rankSink, out *rankOut) *stepRows {
 // rowCols are a row group's columns the step pass reads, taken out of
 // the Columns once a group (a lookup per value was a fifth of the pass).
 type rowCols struct {
-	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded        []int64
+	rank, dur, data, host, pp, fwd, bwd, optim, tokens, padded, end   []int64
 	capture, captureCPU, commCost, commCPU, memAlloc, memResv, memCap []int64
 	blocking                                                          [8][]int64
 	node                                                              []string
@@ -214,7 +236,7 @@ type rowCols struct {
 }
 
 func (rc *rowCols) take(c *trace.Columns) {
-	*rc = rowCols{rank: c.Col(rcRank), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), pp: c.Col(rcPP), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
+	*rc = rowCols{rank: c.Col(rcRank), end: c.Col(rcEnd), dur: c.Col(rcDuration), data: c.Col(rcData), host: c.Col(rcHost), pp: c.Col(rcPP), fwd: c.Col(rcFwd), bwd: c.Col(rcBwd),
 		optim: c.Col(rcOptim), tokens: c.Col(rcTokens), padded: c.Col(rcPadded), capture: c.Col(rcCapture),
 		captureCPU: c.Col(rcCaptureCPU), commCost: c.Col(rcCommCost), commCPU: c.Col(rcCommCPU), memAlloc: c.Col(rcMemAlloc), memResv: c.Col(rcMemResv), memCap: c.Col(rcMemCap),
 		node: c.Strings}
@@ -308,6 +330,9 @@ func (p *stepRows) run(rc *rowCols, lo, hi, si int) {
 	if !warm {
 		win = k.wins.of(si)
 	}
+	if !warm && hi-lo >= 2 {
+		p.together(rc, lo, hi)
+	}
 	// (a cut step's stages' waits are the save's; a warm step is skipped too)
 	pp := f&flagSkip == 0
 	profiled := f&(flagSkip|flagCut) == flagSkip
@@ -359,6 +384,28 @@ func (p *stepRows) run(rc *rowCols, lo, hi, si int) {
 		// the straggler verdict is on own time, as the episodes': a rank slow
 		// in its data loading is as late for the others as one slow in compute
 		p.median(r, inRange).Add(own)
+	}
+}
+
+// together takes one steady step's rows [lo, hi) seen together: is the
+// spread of their ends more than the longest of their steps? Only the
+// rows of the first row's node are compared: one clock (nodes' clocks
+// differ by more than a short step).
+func (p *stepRows) together(rc *rowCols, lo, hi int) {
+	e0, e1, d, n := rc.end[lo], rc.end[lo], int64(0), 0
+	for i := lo; i < hi; i++ {
+		if rc.node[i] != rc.node[lo] {
+			continue
+		}
+		e0, e1, d, n = min(e0, rc.end[i]), max(e1, rc.end[i]), max(d, rc.dur[i]), n+1
+	}
+	if n < 2 {
+		return
+	}
+	p.out.together++
+	if e1-e0 > d {
+		p.out.apart++
+		p.out.widest = max(p.out.widest, e1-e0)
 	}
 }
 
