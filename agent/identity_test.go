@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/tpsprof/tpsprof/tps"
 	"github.com/tpsprof/tpsprof/wire"
 )
@@ -112,13 +114,8 @@ func TestTwoProcessesClaimingOneRank(t *testing.T) {
 	fmt.Fprint(other, line(2))
 	waitLines(4)
 	var got []tps.Event
-	for {
-		m, err := sub.NextMsg(500 * time.Millisecond)
-		if err != nil {
-			break
-		}
-		var e tps.Event
-		if json.Unmarshal(m.Data, &e) == nil && e.Kind == tps.EventRankConflict {
+	for _, e := range eventsUntilQuiet(sub) {
+		if e.Kind == tps.EventRankConflict {
 			got = append(got, e)
 		}
 	}
@@ -155,22 +152,28 @@ func TestAgentSaysTheRanksUser(t *testing.T) {
 			t.Fatalf("%d lines read, want 8", a.Stats().Lines)
 		}
 	}
-	var got []tps.Event
-	for {
-		m, err := sub.NextMsg(500 * time.Millisecond)
-		if err != nil {
-			break
-		}
-		var e tps.Event
-		if json.Unmarshal(m.Data, &e) == nil {
-			got = append(got, e)
-		}
-	}
+	got := eventsUntilQuiet(sub)
 	want := tps.RankUserDetail(int64(os.Getuid()))
 	if len(got) != 1 || got[0].Kind != tps.EventRankUser || got[0].Detail != want || got[0].Node != "n0" {
 		t.Errorf("events %+v, want one rank_user %q of node n0", got, want)
 	}
 	if r := a.Stats().Rejected["event:agent_kind"]; r != 2 {
 		t.Errorf("%d lines of an agent's event kind refused, want 2", r)
+	}
+}
+
+// eventsUntilQuiet reads the events sub receives until none comes for
+// half a second.
+func eventsUntilQuiet(sub *nats.Subscription) []tps.Event {
+	var got []tps.Event
+	for {
+		m, err := sub.NextMsg(500 * time.Millisecond)
+		if err != nil {
+			return got
+		}
+		var e tps.Event
+		if json.Unmarshal(m.Data, &e) == nil {
+			got = append(got, e)
+		}
 	}
 }

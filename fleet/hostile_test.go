@@ -142,20 +142,12 @@ func TestFastJobCannotHideASlowHost(t *testing.T) {
 // world size its records claim (4 Mi ranks charged 1,630 GPU-hours for 3 s).
 func TestCostCountsTheRanksThatReported(t *testing.T) {
 	out := t.TempDir()
-	w, err := trace.NewPartWriter[tps.StepRecord](out, "w", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for s := range 12 {
-		at := tracetest.T0 + int64(s)*1e9
-		w.Write([]tps.StepRecord{
-			{Job: "w", Step: int64(s), Rank: 0, WorldSize: 1 << 22, Node: "a", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 8e8},
-			{Job: "w", Step: int64(s), Rank: 1, WorldSize: 1 << 22, Node: "b", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8},
-		})
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeRankSteps(t, out, "w", 12, func(s, at int64) []tps.StepRecord {
+		return []tps.StepRecord{
+			{Job: "w", Step: s, Rank: 0, WorldSize: 1 << 22, Node: "a", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 8e8},
+			{Job: "w", Step: s, Rank: 1, WorldSize: 1 << 22, Node: "b", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8},
+		}
+	})
 	rows, err := JobNodes(filepath.Join(out, "w"), "w")
 	if err != nil {
 		t.Fatal(err)
@@ -174,20 +166,12 @@ func TestCostCountsTheRanksThatReported(t *testing.T) {
 // never a slow job (single-host jobs drained their host against itself).
 func TestSingleHostJobIsNoEvidenceOfSlowness(t *testing.T) {
 	out := t.TempDir()
-	w, err := trace.NewPartWriter[tps.StepRecord](out, "one", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for s := range 12 {
-		at := tracetest.T0 + int64(s)*1e9
-		w.Write([]tps.StepRecord{
-			{Job: "one", Step: int64(s), Rank: 0, WorldSize: 2, Node: "h", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 5e8},
-			{Job: "one", Step: int64(s), Rank: 1, WorldSize: 2, Node: "h", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8},
-		})
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeRankSteps(t, out, "one", 12, func(s, at int64) []tps.StepRecord {
+		return []tps.StepRecord{
+			{Job: "one", Step: s, Rank: 0, WorldSize: 2, Node: "h", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 5e8},
+			{Job: "one", Step: s, Rank: 1, WorldSize: 2, Node: "h", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8},
+		}
+	})
 	rows, err := JobNodes(filepath.Join(out, "one"), "one")
 	if err != nil || len(rows) != 1 || rows[0].Excess != 0 {
 		t.Fatalf("%+v, %v: want one row of excess 0", rows, err)
@@ -220,20 +204,12 @@ func TestOneUsersSlowJobsDoNotDrain(t *testing.T) {
 	}
 	// JobNodes takes the users from the agents' rank_user events, by node
 	out := t.TempDir()
-	w, err := trace.NewPartWriter[tps.StepRecord](out, "u", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for s := range 12 {
-		st := tracetest.T0 + int64(s)*1e9
-		w.Write([]tps.StepRecord{
-			{Job: "u", Step: int64(s), Rank: 0, WorldSize: 2, Node: "a", StartUnixNs: st, EndUnixNs: st + 9e8, DurationNs: 5e8},
-			{Job: "u", Step: int64(s), Rank: 1, WorldSize: 2, Node: "b", StartUnixNs: st, EndUnixNs: st + 9e8, DurationNs: 9e8},
-		})
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeRankSteps(t, out, "u", 12, func(s, at int64) []tps.StepRecord {
+		return []tps.StepRecord{
+			{Job: "u", Step: s, Rank: 0, WorldSize: 2, Node: "a", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 5e8},
+			{Job: "u", Step: s, Rank: 1, WorldSize: 2, Node: "b", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8},
+		}
+	})
 	ew, err := trace.NewPartWriter[tps.Event](out, "u", trace.Events, trace.WriterOptions{WriterID: "t"})
 	if err != nil {
 		t.Fatal(err)
@@ -257,21 +233,13 @@ func TestOneUsersSlowJobsDoNotDrain(t *testing.T) {
 func TestSparseStepNumbersSameRows(t *testing.T) {
 	rowsOf := func(every int64) []JobNode {
 		out := t.TempDir()
-		w, err := trace.NewPartWriter[tps.StepRecord](out, "s", trace.RankSteps, trace.WriterOptions{WriterID: "t"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for s := range int64(40) {
-			at := tracetest.T0 + s*1e9
-			w.Write([]tps.StepRecord{
+		writeRankSteps(t, out, "s", 40, func(s, at int64) []tps.StepRecord {
+			return []tps.StepRecord{
 				{Job: "s", Step: s * every, Rank: 0, WorldSize: 3, Node: "a", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 5e8 + (s%3)*1e8},
 				{Job: "s", Step: s * every, Rank: 1, WorldSize: 3, Node: "b", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 6e8},
 				{Job: "s", Step: s * every, Rank: 2, WorldSize: 3, Node: "c", StartUnixNs: at, EndUnixNs: at + 9e8, DurationNs: 9e8 - (s%5)*1e8},
-			})
-		}
-		if err := w.Close(); err != nil {
-			t.Fatal(err)
-		}
+			}
+		})
 		rows, err := JobNodes(filepath.Join(out, "s"), "s")
 		if err != nil || len(rows) != 3 {
 			t.Fatalf("%+v, %v", rows, err)
@@ -283,5 +251,21 @@ func TestSparseStepNumbersSameRows(t *testing.T) {
 		if dense[i].CostGPUHours != sparse[i].CostGPUHours || dense[i].OwnNs != sparse[i].OwnNs || dense[i].CostGPUHours == 0 && i == 2 {
 			t.Errorf("host %s: dense %+v, sparse %+v", dense[i].Host, dense[i], sparse[i])
 		}
+	}
+}
+
+// writeRankSteps writes job's rank_steps under out, rows(s, at) for each
+// of steps steps (at: the step's start, a second apart).
+func writeRankSteps(t *testing.T, out, job string, steps int, rows func(s, at int64) []tps.StepRecord) {
+	t.Helper()
+	w, err := trace.NewPartWriter[tps.StepRecord](out, job, trace.RankSteps, trace.WriterOptions{WriterID: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range int64(steps) {
+		w.Write(rows(s, tracetest.T0+s*1e9))
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

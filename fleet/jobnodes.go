@@ -202,27 +202,44 @@ func (sp *attemptSteps) warm(step int64) bool {
 // step, any other in a map. The map of every step was 706 MB at 4 M
 // steps, more than the job's report took.
 type stepTops struct {
-	dense  map[int64][]stepTop // attempt → its steps from first
-	spans  map[int64]attemptSteps
-	sparse map[[2]int64]*stepTop
+	attempts map[int64]*attemptTops
+	sparse   map[[2]int64]*stepTop
+	last     *attemptTops // the attempt looked up last: rows come by attempt
+	lastAt   int64
+}
+
+// attemptTops is one attempt's span and, where its steps are numbered
+// closely, its steps' tops by step from its first.
+type attemptTops struct {
+	attemptSteps
+	dense []stepTop
 }
 
 func newStepTops(spans map[int64]attemptSteps) *stepTops {
-	s := &stepTops{dense: map[int64][]stepTop{}, spans: spans, sparse: map[[2]int64]*stepTop{}}
+	s := &stepTops{attempts: make(map[int64]*attemptTops, len(spans)), sparse: map[[2]int64]*stepTop{}}
 	for at, sp := range spans {
+		a := &attemptTops{attemptSteps: sp}
 		// dense where the numbers leave at most one gap a row
 		if n := sp.last - sp.first + 1; n <= 2*sp.rows+16 && n <= 1<<28 {
-			s.dense[at] = make([]stepTop, n)
+			a.dense = make([]stepTop, n)
 		}
+		s.attempts[at] = a
 	}
 	return s
 }
 
-func (s *stepTops) at(attempt, step int64) *stepTop {
-	if d, ok := s.dense[attempt]; ok {
-		if i := step - s.spans[attempt].first; i >= 0 && i < int64(len(d)) {
-			return &d[i]
-		}
+// attempt is the attempt's span and tops (every attempt of the rows the
+// first pass read has one).
+func (s *stepTops) attempt(at int64) *attemptTops {
+	if s.last == nil || s.lastAt != at {
+		s.last, s.lastAt = s.attempts[at], at
+	}
+	return s.last
+}
+
+func (s *stepTops) at(a *attemptTops, attempt, step int64) *stepTop {
+	if i := step - a.first; i >= 0 && i < int64(len(a.dense)) {
+		return &a.dense[i]
 	}
 	k := [2]int64{attempt, step}
 	t := s.sparse[k]
@@ -234,9 +251,9 @@ func (s *stepTops) at(attempt, step int64) *stepTop {
 }
 
 func (s *stepTops) each(fn func(*stepTop)) {
-	for _, d := range s.dense {
-		for i := range d {
-			fn(&d[i])
+	for _, a := range s.attempts {
+		for i := range a.dense {
+			fn(&a.dense[i])
 		}
 	}
 	for _, t := range s.sparse {
@@ -291,7 +308,8 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 		at, st, rk, ws := c.Int64[0], c.Int64[1], c.Int64[2], c.Int64[3]
 		dur, start, end := c.Int64[4], c.Int64[5], c.Int64[6]
 		for i := range c.Rows {
-			if sp := spans[at[i]]; sp.warm(st[i]) || rk[i] < 0 {
+			a := steps.attempt(at[i])
+			if a == nil || a.warm(st[i]) || rk[i] < 0 {
 				continue
 			}
 			for k := range blocked {
@@ -323,7 +341,7 @@ func JobNodes(dir, job string) ([]JobNode, error) {
 			r.own += float64(own)
 			r.start, r.end = min(r.start, start[i]), max(r.end, end[i])
 			r.world = max(r.world, ws[i])
-			steps.at(at[i], st[i]).add(own, r.whereID, rk[i])
+			steps.at(a, at[i], st[i]).add(own, r.whereID, rk[i])
 		}
 		return nil
 	})
